@@ -1,0 +1,59 @@
+"""privguard: the privacy-budget layer for differentially private training.
+
+Every private computation is charged to a :class:`Ledger`, which holds a
+hard (ε, δ) budget (a filter that refuses before anything is released) and a
+running ε that stays valid under adaptive choices and early stopping (an
+odometer), over a grid of Rényi orders.
+
+Example:
+    >>> from privguard import Ledger, mechanisms as M
+    >>> ledger = Ledger(epsilon=8.0, delta=1e-5)
+    >>> _ = ledger.charge(M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.004))
+    >>> ledger.epsilon() < 8.0
+    True
+"""
+
+from privguard import mechanisms
+from privguard._conversion import CLASSIC, IMPROVED
+from privguard._curve import RDPCurve
+from privguard._errors import (
+    BudgetExhausted,
+    InvalidArgumentError,
+    LedgerStateError,
+    PrivguardError,
+    UnknownMechanismError,
+)
+from privguard._ledger import ChargeRecord, Ledger, LedgerEvent, Remaining
+from privguard._odometer import PAPER, TIGHT, Odometer
+from privguard._orders import DEFAULT_ORDERS
+from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
+from privguard.mechanisms import Mechanism, mechanism_from_dict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Ledger",
+    "ChargeRecord",
+    "LedgerEvent",
+    "Remaining",
+    "mechanisms",
+    "Mechanism",
+    "mechanism_from_dict",
+    "RDPCurve",
+    "DEFAULT_ORDERS",
+    "DeltaShares",
+    "Concentrated",
+    "Uniform",
+    "Explicit",
+    "single_order",
+    "Odometer",
+    "PAPER",
+    "TIGHT",
+    "IMPROVED",
+    "CLASSIC",
+    "PrivguardError",
+    "InvalidArgumentError",
+    "UnknownMechanismError",
+    "BudgetExhausted",
+    "LedgerStateError",
+]

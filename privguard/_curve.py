@@ -1,0 +1,175 @@
+"""An immutable RDP curve on a fixed grid of orders.
+
+:class:`RDPCurve` is both the value the ledger computes with (composition,
+k-fold composition, order-wise maximum, conversions) and a mechanism in its
+own right: a raw curve that can be charged.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from privguard import _conversion as conv
+from privguard import _validation as check
+from privguard._base import Mechanism
+from privguard._errors import InvalidArgumentError
+
+
+class RDPCurve(Mechanism):
+    """An RDP curve ε(α) on a grid of orders; immutable and hashable.
+
+    Charged as a mechanism on another grid, the curve is extended by
+    monotonicity of Rényi divergence in α (formulas.md §1): the value at α is
+    the value at the smallest own order ≥ α, and +inf above the largest own
+    order. That is an upper bound, never an interpolation.
+
+    Args:
+        orders: strictly increasing finite orders > 1.
+        epsilons: one RDP value per order, >= 0 (``inf`` allowed, NaN not).
+
+    Example:
+        >>> from privguard import RDPCurve
+        >>> c = RDPCurve([2.0, 4.0], [0.5, 1.0])
+        >>> (3 * c + c).epsilons
+        (2.0, 4.0)
+        >>> round(c.epsilon(delta=1e-5), 3)
+        4.088
+    """
+
+    type_name = "RDPCurve"
+    __slots__ = ("_orders", "_values", "_hash")
+
+    def __init__(self, orders, epsilons) -> None:
+        grid = check.orders("orders", orders)
+        values = check.rdp_values("epsilons", epsilons, grid.size)
+        object.__setattr__(self, "_orders", grid)
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_hash", hash((grid.tobytes(), values.tobytes())))
+
+    @classmethod
+    def _trusted(cls, grid: np.ndarray, values: np.ndarray) -> "RDPCurve":
+        """Build from arrays already validated (internal fast path)."""
+        self = object.__new__(cls)
+        values = np.array(values, dtype=np.float64)
+        values.setflags(write=False)
+        object.__setattr__(self, "_orders", grid)
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_hash", hash((grid.tobytes(), values.tobytes())))
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("RDPCurve is immutable")
+
+    # -- value semantics --------------------------------------------------
+    @property
+    def orders(self) -> tuple[float, ...]:
+        """The grid, as a tuple of floats."""
+        return tuple(self._orders.tolist())
+
+    @property
+    def epsilons(self) -> tuple[float, ...]:
+        """The RDP values, one per order, as a tuple of floats."""
+        return tuple(self._values.tolist())
+
+    def as_array(self) -> np.ndarray:
+        """The RDP values as a new numpy array."""
+        return np.array(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RDPCurve):
+            return NotImplemented
+        return bool(np.array_equal(self._orders, other._orders)
+                    and np.array_equal(self._values, other._values))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        n = self._orders.size
+        if n <= 4:
+            return f"RDPCurve(orders={self.orders}, epsilons={self.epsilons})"
+        return (f"RDPCurve({n} orders {self._orders[0]:g}..{self._orders[-1]:g}, "
+                f"epsilons {self._values[0]:.4g}..{self._values[-1]:.4g})")
+
+    def __reduce__(self):
+        return (RDPCurve, (self.orders, self.epsilons))
+
+    # -- composition ------------------------------------------------------
+    def _same_grid(self, other: "RDPCurve", op: str) -> None:
+        if not isinstance(other, RDPCurve):
+            raise InvalidArgumentError("other", other, f"{op} needs an RDPCurve")
+        if not np.array_equal(self._orders, other._orders):
+            raise InvalidArgumentError(
+                "other.orders", other.orders,
+                f"{op} needs curves on the same grid (got {self._orders.size} "
+                f"and {other._orders.size} orders that differ)")
+
+    def __add__(self, other: "RDPCurve") -> "RDPCurve":
+        """Composition (adaptive too, with fixed parameters): curves add."""
+        if isinstance(other, numbers.Number) and other == 0:
+            return self
+        self._same_grid(other, "composition")
+        return RDPCurve._trusted(self._orders, self._values + other._values)
+
+    __radd__ = __add__  # so that sum([...]) works
+
+    def __mul__(self, k: int) -> "RDPCurve":
+        """k-fold composition: k × the curve (k a non-negative integer)."""
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise InvalidArgumentError("k", k, "k-fold composition needs an integer k >= 0")
+        return RDPCurve._trusted(self._orders, self._values * int(k))
+
+    __rmul__ = __mul__
+
+    def maximum(self, other: "RDPCurve") -> "RDPCurve":
+        """Order-wise maximum: the uniform bound over two candidates (seed 000 Lemma 9)."""
+        self._same_grid(other, "maximum")
+        return RDPCurve._trusted(self._orders, np.maximum(self._values, other._values))
+
+    # -- conversions ------------------------------------------------------
+    def epsilon_and_order(self, delta: float, method: str = conv.IMPROVED
+                          ) -> tuple[float, float]:
+        """The smallest ε over the grid with (ε, δ)-DP, and the order achieving it.
+
+        Valid for a sequence whose parameters were fixed in advance (or under
+        a filter); for an adaptively chosen, adaptively stopped sequence use a
+        ledger's odometer instead.
+        """
+        d = check.delta("delta", delta)
+        _check_method(method)
+        return conv.best(self._orders, conv.epsilon_per_order(self._orders, self._values, d, method))
+
+    def epsilon(self, delta: float, method: str = conv.IMPROVED) -> float:
+        """The smallest ε with (ε, δ)-DP (see :meth:`epsilon_and_order`)."""
+        return self.epsilon_and_order(delta, method)[0]
+
+    def optimal_order(self, delta: float, method: str = conv.IMPROVED) -> float:
+        """The order at which the conversion to (ε, δ) is tightest."""
+        return self.epsilon_and_order(delta, method)[1]
+
+    def delta(self, epsilon: float, method: str = conv.IMPROVED) -> float:
+        """The smallest δ with (ε, δ)-DP over the grid (capped at 1)."""
+        e = check.non_negative_finite("epsilon", epsilon)
+        _check_method(method)
+        log_d = conv.log_delta_per_order(self._orders, self._values, e, method)
+        return float(min(1.0, np.exp(np.min(log_d))))
+
+    # -- as a mechanism ---------------------------------------------------
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        if orders.size == self._orders.size and np.array_equal(orders, self._orders):
+            return np.array(self._values)
+        # Monotone extension: value at the smallest own order >= alpha.
+        idx = np.searchsorted(self._orders, orders, side="left")
+        ext = np.append(self._values, np.inf)
+        return ext[idx]
+
+    def _params(self) -> dict[str, Any]:
+        return {"orders": list(self.orders), "epsilons": list(self.epsilons)}
+
+
+def _check_method(method: str) -> None:
+    if method not in conv.METHODS:
+        raise InvalidArgumentError("method", method, f"must be one of {conv.METHODS}")

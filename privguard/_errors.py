@@ -1,0 +1,55 @@
+"""The few exception types privguard raises.
+
+Every exception derives from :class:`PrivguardError`, so ``except
+PrivguardError`` catches anything privguard refuses. Bad arguments are also
+``ValueError`` so code written against the standard library keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PrivguardError(Exception):
+    """Base class of every error privguard raises on purpose."""
+
+
+class InvalidArgumentError(PrivguardError, ValueError):
+    """An argument is out of its domain; the message names it and its value.
+
+    Nothing is charged, loaded or recorded by a call that raises this.
+    """
+
+    def __init__(self, name: str, value: Any, requirement: str) -> None:
+        self.argument = name
+        self.value = value
+        self.requirement = requirement
+        super().__init__(f"{name}={value!r} is invalid: {requirement}")
+
+
+class UnknownMechanismError(InvalidArgumentError):
+    """A serialised mechanism names a type privguard does not know."""
+
+
+class BudgetExhausted(PrivguardError):
+    """A charge was refused because it would overspend a filter.
+
+    Nothing was recorded. ``requested`` is the mechanism that was refused,
+    ``label`` its label and ``remaining`` what is left (a
+    :class:`privguard.Remaining`).
+    """
+
+    def __init__(self, message: str, *, requested: Any, label: str | None,
+                 remaining: Any) -> None:
+        self.requested = requested
+        self.label = label
+        self.remaining = remaining
+        super().__init__(message)
+
+
+class LedgerStateError(PrivguardError):
+    """The ledger's state is unreadable, inconsistent or ambiguous.
+
+    privguard fails closed: a ledger in this condition refuses to load and
+    refuses every charge; it never silently starts a fresh budget.
+    """

@@ -1,0 +1,140 @@
+"""Privacy filters: admit or refuse a charge before anything is released.
+
+Pure accounting rules with no I/O. A filter only answers "would the spent
+curve after this charge still be admissible?"; the ledger asks it in the one
+code path that both checks and applies, so ``can_afford`` and ``charge``
+cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privguard import _conversion as conv
+from privguard import _validation as check
+from privguard._errors import LedgerStateError
+from privguard._shares import DeltaShares, shares_from_dict
+
+
+class DPFilter:
+    """An (ε, δ)-DP filter over the whole grid (formulas.md §2, docs/theory.md §2).
+
+    Each order α gets a share w_α of δ (Σ w_α ≤ 1), fixed before any output
+    is seen. A charge is admitted while at least one order α keeps the
+    improved conversion of its spent RDP, at δ_α = w_α·δ, within ε:
+
+        ∃α: spent(α) + new(α) − (log δ_α + log α)/(α−1) + log((α−1)/α) ≤ ε.
+
+    On the views where α survives, the interaction is the single-order filter
+    of seed 001 Theorem 1 at budget b(α), hence (ε, δ_α)-DP; partitioning the
+    views by a surviving order gives (ε, Σ δ_α)-DP. The comparison is made in
+    ε space with Opacus' own expression, so with all of δ on one order the
+    filter admits exactly the steps Opacus' accountant would.
+    """
+
+    kind = "dp"
+
+    def __init__(self, epsilon: float, delta: float, shares: DeltaShares,
+                 orders: np.ndarray, weights: np.ndarray | None = None) -> None:
+        self.epsilon = check.positive_finite("epsilon", epsilon)
+        self.delta = check.delta("delta", delta)
+        self.shares = shares
+        self.orders = orders
+        self.weights = weights  # fixed at the first admitted charge
+        self._terms_for: np.ndarray | None = None
+
+    def resolve_weights(self, plan: np.ndarray | None) -> np.ndarray:
+        """The weights in force, fixing them from ``plan`` if not yet fixed."""
+        if self.weights is not None:
+            return self.weights
+        w = np.asarray(self.shares.weights(self.orders, self.epsilon, self.delta, plan), dtype=float)
+        if w.shape != self.orders.shape or np.any(w < 0) or w.sum() > 1 + 1e-12:
+            raise LedgerStateError(f"delta shares {self.shares} gave invalid weights {w}")
+        return w
+
+    def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        if weights is not self._terms_for:
+            # Opacus' expression split into its two per-order terms, evaluated
+            # in the same order: (spent − a) + b; cached per weight vector.
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a = (np.log(weights * self.delta) + np.log(self.orders)) / (self.orders - 1)
+                b = np.log((self.orders - 1) / self.orders)
+            self._terms, self._terms_for = (a, b), weights
+        a, b = self._terms
+        # a is finite or -inf (zero share), so no inf - inf can arise here.
+        return bool(((spent_after - a) + b <= self.epsilon).any())
+
+    def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per-order RDP budget left (negative where an order is exhausted)."""
+        return conv.rdp_budget_per_order(self.orders, self.epsilon, weights * self.delta) - spent
+
+    def describe(self) -> str:
+        return f"(ε={self.epsilon:g}, δ={self.delta:g}) filter"
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "epsilon": self.epsilon, "delta": self.delta,
+                "shares": self.shares.to_dict()}
+
+    def state(self) -> dict[str, Any]:
+        return {"weights": None if self.weights is None else self.weights.tolist()}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], orders: np.ndarray, state: dict[str, Any]
+                    ) -> "DPFilter":
+        w = state.get("weights")
+        weights = None if w is None else check.rdp_values("filter weights", w, orders.size)
+        return cls(config["epsilon"], config["delta"], shares_from_dict(config["shares"]),
+                   orders, None if weights is None else np.array(weights))
+
+
+class StrictFilter:
+    """An RDP filter that refuses if ANY order would exceed its budget.
+
+    By seed 001 Theorem 1 applied at each order (the proof only needs every
+    admitted sequence to stay within budget at that order, with refusals
+    decided from past outputs), the interaction is (α, budget(α))-RDP at
+    every order of the grid simultaneously. This is what a tuning theorem
+    assuming a uniform per-candidate curve needs.
+    """
+
+    kind = "strict"
+
+    def __init__(self, budget: np.ndarray, orders: np.ndarray) -> None:
+        self.budget = check.rdp_values("rdp_budget", budget, orders.size)
+        self.orders = orders
+        self.weights = None
+
+    def resolve_weights(self, plan: np.ndarray | None) -> None:
+        return None
+
+    def admits(self, spent_after: np.ndarray, weights: Any) -> bool:
+        return bool((spent_after <= self.budget).all())
+
+    def headroom(self, spent: np.ndarray, weights: Any) -> np.ndarray:
+        return self.budget - spent
+
+    def describe(self) -> str:
+        return "strict per-order RDP filter"
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "budget": self.budget.tolist()}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], orders: np.ndarray, state: dict[str, Any]
+                    ) -> "StrictFilter":
+        return cls(np.array(config["budget"], dtype=float), orders)
+
+
+def filter_from_config(config: dict[str, Any] | None, orders: np.ndarray,
+                       state: dict[str, Any]):
+    if config is None:
+        return None
+    kinds = {"dp": DPFilter, "strict": StrictFilter}
+    if not isinstance(config, dict) or config.get("kind") not in kinds:
+        raise LedgerStateError(f"unknown filter configuration {config!r}")
+    return kinds[config["kind"]].from_config(config, orders, state)

@@ -1,0 +1,551 @@
+"""The Ledger: the object users hold; every private computation is charged to it.
+
+A ledger accounts on one grid of Rényi orders. It holds an optional filter
+(a hard budget, checked before anything is recorded), an odometer (a running
+ε valid at any adaptively chosen stopping time) when it knows δ, the journal
+of charges, and listeners. Deciding and applying a charge happen in one code
+path under one lock, so ``can_afford`` and ``charge`` cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from privguard import _conversion as conv
+from privguard import _validation as check
+from privguard._base import Mechanism, mechanism_from_dict
+from privguard._curve import RDPCurve
+from privguard._errors import (
+    BudgetExhausted,
+    InvalidArgumentError,
+    LedgerStateError,
+    PrivguardError,
+)
+from privguard._filters import DPFilter, StrictFilter, filter_from_config
+from privguard._odometer import MODES, TIGHT, Odometer
+from privguard._orders import DEFAULT_ORDERS
+from privguard._shares import Concentrated, DeltaShares
+
+STATE_FORMAT = "privguard.Ledger"
+STATE_VERSION = 1
+_CACHE_LIMIT = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ChargeRecord:
+    """One admitted charge: what was charged, when, and under which label."""
+
+    index: int
+    label: str | None
+    mechanism: Mechanism
+    time: float
+    pid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "label": self.label, "mechanism": self.mechanism.to_dict(),
+                "time": self.time, "pid": self.pid}
+
+
+@dataclasses.dataclass(frozen=True)
+class Remaining:
+    """What is left of a ledger's budget, in forms a user can act on.
+
+    Attributes:
+        epsilon_target: the filter's ε (None without a (ε, δ) filter).
+        delta: the ledger's δ (None if it has none).
+        epsilon_spent: the running ε (odometer, capped by the target); None
+            without δ.
+        headroom: per-order RDP budget left (negative where an order is
+            exhausted); None without a filter.
+        repeats: how many more times the queried mechanism would be admitted
+            (``math.inf`` if the ledger has no filter); None if no mechanism
+            was given.
+    """
+
+    epsilon_target: float | None
+    delta: float | None
+    epsilon_spent: float | None
+    headroom: np.ndarray | None
+    repeats: float | None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.epsilon_spent is not None:
+            parts.append(f"running ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}")
+        if self.epsilon_target is not None:
+            parts.append(f"target ε = {self.epsilon_target:g}")
+        if self.repeats is not None:
+            parts.append(f"{self.repeats:g} more of the queried mechanism fit")
+        return "; ".join(parts) or "no budget configured"
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEvent:
+    """What listeners receive: ``kind`` is ``"charge"`` or ``"refused"``."""
+
+    kind: str
+    ledger: "Ledger"
+    mechanism: Mechanism
+    label: str | None
+    record: ChargeRecord | None
+
+
+class _hybridmethod:
+    """``Ledger.load_state_dict(sd)`` builds a ledger; ``ledger.load_state_dict(sd)`` loads in place."""
+
+    def __init__(self, cls_func: Callable, inst_func: Callable) -> None:
+        self.cls_func, self.inst_func = cls_func, inst_func
+        self.__doc__ = inst_func.__doc__
+
+    def __get__(self, obj, cls):
+        if obj is None:
+            return self.cls_func.__get__(None, cls)
+        return self.inst_func.__get__(obj, cls)
+
+
+class Ledger:
+    """The privacy ledger: filters, odometer, journal and listeners over a grid of orders.
+
+    Args:
+        epsilon: target ε of a hard (ε, δ)-DP budget (a filter). Needs ``delta``.
+        delta: δ of the filter and of the running odometer. Without ``epsilon``
+            the ledger only reports (odometer, no refusals).
+        orders: the grid of Rényi orders (default :data:`DEFAULT_ORDERS`).
+        shares: how the (ε, δ) filter splits δ over orders (default
+            ``Concentrated(0.9)``: 90% on the order optimal for ``plan``).
+        plan: the mechanism the run intends to repeat (e.g. one DP-SGD step);
+            fixes the order that gets most of δ. Default: the first charged
+            mechanism, which is chosen before any output exists.
+        rdp_budget: instead of (ε, δ), a per-order RDP budget (a mechanism,
+            an :class:`RDPCurve` or one value per order), enforced strictly:
+            refuse if ANY order would exceed.
+        odometer: ``"tight"`` (default) or ``"paper"`` (seed 001 §4.5 exactly).
+        listeners: callables receiving a :class:`LedgerEvent` per charge and
+            per refusal.
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
+
+    Example:
+        >>> from privguard import Ledger, BudgetExhausted, mechanisms as M
+        >>> ledger = Ledger(epsilon=3.0, delta=1e-5)
+        >>> step = M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.01)
+        >>> for _ in range(100):
+        ...     _ = ledger.charge(step, label="step")
+        >>> 0 < ledger.epsilon() < 3.0
+        True
+        >>> ledger.can_afford(M.Gaussian(noise_multiplier=0.1))
+        False
+    """
+
+    def __init__(
+        self,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        *,
+        orders=None,
+        shares: DeltaShares | None = None,
+        plan: Mechanism | None = None,
+        rdp_budget: Any = None,
+        odometer: str = TIGHT,
+        listeners=(),
+    ) -> None:
+        self._orders = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
+        if odometer not in MODES:
+            raise InvalidArgumentError("odometer", odometer, f"must be one of {MODES}")
+        self._delta = None if delta is None else check.delta("delta", delta)
+        if plan is not None and not isinstance(plan, Mechanism):
+            raise InvalidArgumentError("plan", plan, "must be a privguard mechanism")
+        if shares is not None and not isinstance(shares, DeltaShares):
+            raise InvalidArgumentError("shares", shares, "must be Uniform(), Concentrated(...) or Explicit(...)")
+        self._plan = plan
+        self._odometer_mode = odometer
+        self._filter: DPFilter | StrictFilter | None = None
+        if epsilon is not None and rdp_budget is not None:
+            raise InvalidArgumentError("rdp_budget", rdp_budget, "give either (epsilon, delta) or rdp_budget, not both")
+        if epsilon is not None:
+            eps = check.positive_finite("epsilon", epsilon)
+            if self._delta is None:
+                raise InvalidArgumentError("delta", delta, "an (ε, δ) budget needs delta in (0, 1)")
+            self._filter = DPFilter(eps, self._delta, shares or Concentrated(), self._orders)
+            if not self._filter.shares.needs_plan:  # fixed now, checked now
+                self._filter.weights = self._filter.resolve_weights(None)
+        elif rdp_budget is not None:
+            self._filter = StrictFilter(self._budget_values(rdp_budget), self._orders)
+        elif shares is not None:
+            raise InvalidArgumentError("shares", shares, "only applies to an (epsilon, delta) budget")
+        self._odometer = Odometer(self._orders, odometer)
+        self._listeners: list[Callable[[LedgerEvent], None]] = []
+        for fn in listeners:
+            self.add_listener(fn)
+        self._lock = threading.RLock()
+        self._curves: dict[Mechanism, np.ndarray] = {}
+        self._reset_journal()
+
+    # ------------------------------------------------------------------ state
+    def _reset_journal(self) -> None:
+        self._records: list[ChargeRecord] = []
+        # spent = base + run_count * run_curve: T identical consecutive charges
+        # add up as T × curve, exactly as Opacus' compute_rdp(steps=T).
+        self._base = np.zeros(self._orders.size)
+        self._run_key: Mechanism | None = None
+        self._run_curve = np.zeros(self._orders.size)
+        self._run_count = 0
+        self._broken: str | None = None
+
+    def _budget_values(self, budget: Any) -> np.ndarray:
+        if isinstance(budget, Mechanism):
+            return budget._rdp_checked(self._orders)
+        return check.rdp_values("rdp_budget", budget, self._orders.size)
+
+    def _curve(self, mechanism: Mechanism) -> np.ndarray:
+        curve = self._curves.get(mechanism)
+        if curve is None:
+            curve = mechanism._rdp_checked(self._orders)
+            if len(self._curves) >= _CACHE_LIMIT:
+                self._curves.clear()
+            self._curves[mechanism] = curve
+        return curve
+
+    def _spent_after(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> np.ndarray:
+        if mechanism == self._run_key:
+            return self._base + (self._run_count + times) * self._run_curve
+        return (self._base + self._run_count * self._run_curve) + times * curve
+
+    def _fail_if_broken(self) -> None:
+        if self._broken is not None:
+            raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
+
+    # ------------------------------------------------ the one decision path
+    def _decide(self, mechanism: Any, label: Any, times: int = 1):
+        """Check a charge; return (admitted, spent_after, weights, curve). Records nothing."""
+        if not isinstance(mechanism, Mechanism):
+            raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+        if label is not None and not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string or None")
+        self._fail_if_broken()
+        curve = self._curve(mechanism)
+        spent_after = self._spent_after(mechanism, curve, times)
+        if self._filter is None:
+            return True, spent_after, None, curve
+        plan = self._curve(self._plan) if self._plan is not None else curve
+        weights = self._filter.resolve_weights(plan)
+        return self._filter.admits(spent_after, weights), spent_after, weights, curve
+
+    def _check_and_apply(self, mechanism: Any, label: Any, apply: bool):
+        with self._lock:
+            admitted, _, weights, curve = self._decide(mechanism, label)
+            if not apply:
+                return admitted
+            if not admitted:
+                remaining = self._remaining_locked(mechanism)
+                self._notify(LedgerEvent("refused", self, mechanism, label, None))
+                raise BudgetExhausted(
+                    f"charge {label!r} of {mechanism!r} refused: it would exceed the "
+                    f"{self._filter.describe()}; nothing was recorded ({remaining})",
+                    requested=mechanism, label=label, remaining=remaining)
+            if weights is not None and self._filter.weights is None:
+                self._filter.weights = weights  # fixed at the first admitted charge
+            if mechanism == self._run_key:
+                self._run_count += 1
+            else:
+                self._base = self._base + self._run_count * self._run_curve
+                self._run_key, self._run_curve, self._run_count = mechanism, curve, 1
+            record = ChargeRecord(len(self._records), label, mechanism, time.time(), os.getpid())
+            self._records.append(record)
+            self._notify(LedgerEvent("charge", self, mechanism, label, record))
+            return record
+
+    def _notify(self, event: LedgerEvent) -> None:
+        for fn in list(self._listeners):
+            fn(event)
+
+    # ------------------------------------------------------------ public API
+    def charge(self, mechanism: Mechanism, label: str | None = None) -> ChargeRecord:
+        """Charge one run of ``mechanism``; refuse before recording if it would overspend.
+
+        Returns:
+            The :class:`ChargeRecord` appended to the journal.
+
+        Raises:
+            BudgetExhausted: the filter refuses; nothing was recorded.
+            InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
+            LedgerStateError: the ledger's state is unusable (fail closed).
+        """
+        return self._check_and_apply(mechanism, label, apply=True)
+
+    def can_afford(self, mechanism: Mechanism) -> bool:
+        """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records nothing)."""
+        return self._check_and_apply(mechanism, None, apply=False)
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """The running ε: valid whatever was adapted and whenever you stop.
+
+        It is the odometer's bound (seed 001 Thm 2 and eq. 5, in the mode
+        chosen at construction): with probability ≥ 1 − δ the privacy loss of
+        everything charged so far is at most this value, even though noise,
+        batch size and stopping were chosen adaptively. With an (ε, δ)
+        filter and ``delta`` ≥ its δ, the value is capped at the filter's
+        target, which the filter guarantees for the whole interaction. Each
+        of those two statements holds at δ on its own; a report that takes
+        the smaller one after the fact is covered at 2δ by a union bound
+        (docs/theory.md §4). Returns 0.0 before any charge.
+
+        Raises:
+            InvalidArgumentError: no ``delta`` given and the ledger has none.
+        """
+        with self._lock:
+            d = self._query_delta(delta)
+            if not self._records:
+                return 0.0
+            eps = self._odometer.epsilon(self._spent_locked(), d)
+            if isinstance(self._filter, DPFilter) and d >= self._filter.delta:
+                eps = min(eps, self._filter.epsilon)
+            return eps
+
+    def nonadaptive_epsilon(self, delta: float | None = None) -> float:
+        """ε of the spent curve by the improved conversion (what Opacus reports).
+
+        NOT a guarantee when noise, batch size or stopping were chosen
+        adaptively: it is valid only for a sequence fixed in advance. Use
+        :meth:`epsilon` for a number you may report.
+        """
+        with self._lock:
+            d = self._query_delta(delta)
+            return conv.best(self._orders, conv.epsilon_per_order(self._orders, self._spent_locked(), d))[0]
+
+    def remaining(self, mechanism: Mechanism | None = None) -> Remaining:
+        """What is left; with ``mechanism``, how many more of it would be admitted."""
+        with self._lock:
+            return self._remaining_locked(mechanism)
+
+    def _remaining_locked(self, mechanism: Mechanism | None) -> Remaining:
+        f = self._filter
+        spent = self._spent_locked()
+        weights = None
+        if f is not None:
+            plan = self._plan or mechanism or self._run_key
+            weights = f.weights if f.weights is not None else (
+                f.resolve_weights(self._curve(plan)) if plan is not None else None)
+        headroom = f.headroom(spent, weights) if (f is not None and (weights is not None or isinstance(f, StrictFilter))) else None
+        repeats = None if mechanism is None else self._repeats(mechanism)
+        return Remaining(
+            epsilon_target=f.epsilon if isinstance(f, DPFilter) else None,
+            delta=self._delta,
+            epsilon_spent=self.epsilon() if self._delta is not None else None,
+            headroom=headroom,
+            repeats=repeats,
+        )
+
+    def _repeats(self, mechanism: Mechanism) -> float:
+        """Largest k such that k more charges of ``mechanism`` would each be admitted."""
+        if self._filter is None:
+            return math.inf
+        fits = lambda k: self._decide(mechanism, None, times=k)[0]  # noqa: E731
+        if not fits(1):
+            return 0
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+            if hi > 2**62:
+                return math.inf
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def _query_delta(self, delta: float | None) -> float:
+        if delta is None:
+            if self._delta is None:
+                raise InvalidArgumentError("delta", None, "this ledger has no δ; pass delta=...")
+            return self._delta
+        return check.delta("delta", delta)
+
+    def _spent_locked(self) -> np.ndarray:
+        return self._base + self._run_count * self._run_curve
+
+    @property
+    def orders(self) -> np.ndarray:
+        """The grid of Rényi orders (a read-only numpy array)."""
+        return self._orders
+
+    @property
+    def spent(self) -> np.ndarray:
+        """The composed RDP curve of everything charged, on :attr:`orders` (a new array)."""
+        with self._lock:
+            return np.array(self._spent_locked())
+
+    @property
+    def spent_curve(self) -> RDPCurve:
+        """:attr:`spent` as an :class:`RDPCurve`."""
+        return RDPCurve._trusted(self._orders, self.spent)
+
+    @property
+    def delta(self) -> float | None:
+        """The ledger's δ (filter and odometer), or None."""
+        return self._delta
+
+    @property
+    def target(self) -> tuple[float, float] | None:
+        """The filter's (ε, δ), or None without an (ε, δ) filter."""
+        return (self._filter.epsilon, self._filter.delta) if isinstance(self._filter, DPFilter) else None
+
+    @property
+    def history(self) -> tuple[ChargeRecord, ...]:
+        """The journal: one :class:`ChargeRecord` per admitted charge, in order."""
+        with self._lock:
+            return tuple(self._records)
+
+    def add_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
+        """Call ``fn(event)`` after every admitted charge and every refusal.
+
+        The event is delivered after the journal is updated; an exception
+        raised by ``fn`` propagates to the caller of ``charge``.
+        """
+        if not callable(fn):
+            raise InvalidArgumentError("listener", fn, "must be callable")
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
+        self._listeners.remove(fn)
+
+    def child(self, budget: Any, *, delta: float | None = None) -> "Ledger":
+        """A strict sub-ledger for one tuning candidate.
+
+        It refuses any charge that would exceed ``budget`` (a mechanism, an
+        :class:`RDPCurve` or per-order values) at ANY order, so the candidate
+        stays within the per-candidate curve a tuning theorem assumed. The
+        parent is not charged by the child: the caller charges the parent the
+        tuning bound, which covers every candidate. A candidate that spends
+        exactly its declared run (T charges of one step declared as a T-step
+        mechanism) is admitted: T identical charges add up as T × curve.
+
+        Example:
+            >>> from privguard import Ledger, mechanisms as M
+            >>> parent = Ledger(epsilon=8.0, delta=1e-5)
+            >>> run = M.SubsampledGaussian(1.0, 0.01, steps=50)
+            >>> kid = parent.child(run)
+            >>> for _ in range(50):
+            ...     _ = kid.charge(M.SubsampledGaussian(1.0, 0.01))
+            >>> kid.can_afford(M.SubsampledGaussian(1.0, 0.01))
+            False
+        """
+        return Ledger(orders=self._orders, rdp_budget=self._budget_values(budget),
+                      delta=delta, odometer=self._odometer_mode)
+
+    # ------------------------------------------------------- serialisation
+    def _config(self) -> dict[str, Any]:
+        return {
+            "orders": self._orders.tolist(),
+            "delta": self._delta,
+            "odometer": self._odometer_mode,
+            "filter": None if self._filter is None else self._filter.config(),
+            "plan": None if self._plan is None else self._plan.to_dict(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot: configuration, journal, totals and a checksum."""
+        with self._lock:
+            body = {
+                "format": STATE_FORMAT,
+                "version": STATE_VERSION,
+                "config": self._config(),
+                "filter_state": {} if self._filter is None else self._filter.state(),
+                "records": [r.to_dict() for r in self._records],
+                "spent": self._spent_locked().tolist(),
+            }
+            body["checksum"] = _checksum(body)
+            return body
+
+    @classmethod
+    def _from_state_dict(cls, state: Any) -> "Ledger":
+        """Build a ledger from :meth:`state_dict` output, validating everything first."""
+        if not isinstance(state, dict):
+            raise LedgerStateError(f"state must be a dict, got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise LedgerStateError(f"not a privguard ledger state (format={state.get('format')!r})")
+        version = state.get("version")
+        if not isinstance(version, int) or version > STATE_VERSION or version < 1:
+            raise LedgerStateError(
+                f"state version {version!r} is not supported by this privguard "
+                f"(supports up to {STATE_VERSION}); refusing to load")
+        body = {k: v for k, v in state.items() if k != "checksum"}
+        if state.get("checksum") != _checksum(body):
+            raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+        try:
+            cfg = state["config"]
+            orders = check.orders("orders", cfg["orders"])
+            self = cls(orders=orders, delta=cfg["delta"], odometer=cfg["odometer"],
+                       plan=None if cfg["plan"] is None else mechanism_from_dict(cfg["plan"]))
+            self._filter = filter_from_config(cfg["filter"], orders, {})
+            records = [(r["label"], mechanism_from_dict(r["mechanism"]), r["time"], r["pid"])
+                       for r in state["records"]]
+            recorded_weights = state["filter_state"].get("weights")
+            recorded_spent = np.array(state["spent"], dtype=float)
+        except PrivguardError as exc:
+            raise LedgerStateError(f"state does not load: {exc}") from exc
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+        if isinstance(self._filter, DPFilter) and not self._filter.shares.needs_plan:
+            self._filter.weights = self._filter.resolve_weights(None)
+        # Replay the journal through the same decision path.
+        for label, mechanism, t, pid in records:
+            try:
+                record = self._check_and_apply(mechanism, label, apply=True)
+            except BudgetExhausted:
+                raise LedgerStateError(
+                    f"journal does not replay: charge {len(self._records)} ({label!r}) would be "
+                    "refused by the recorded budget") from None
+            self._records[-1] = dataclasses.replace(record, time=t, pid=pid)
+        if recorded_weights is not None and (
+                self._filter is None or self._filter.weights is None
+                or not np.array_equal(np.array(recorded_weights), self._filter.weights)):
+            raise LedgerStateError("recorded filter weights do not match the journal's replay")
+        if recorded_spent.shape != orders.shape or not np.array_equal(recorded_spent, self._spent_locked()):
+            raise LedgerStateError("journal does not replay to the recorded spent totals")
+        return self
+
+    def _load_state_dict_inplace(self, state: Any) -> "Ledger":
+        """Replace this ledger's journal with ``state`` after validating it fully.
+
+        The state must have this ledger's configuration (grid, δ, budget,
+        odometer); anything else raises :class:`LedgerStateError` and leaves
+        this ledger unchanged.
+        """
+        loaded = Ledger._from_state_dict(state)
+        with self._lock:
+            if loaded._config() != self._config():
+                raise LedgerStateError(
+                    "state was written by a ledger with another configuration "
+                    f"(grid, δ, budget or odometer): {loaded._config()} != {self._config()}")
+            for name in ("_records", "_base", "_run_key", "_run_curve", "_run_count"):
+                setattr(self, name, getattr(loaded, name))
+            if self._filter is not None:
+                self._filter.weights = loaded._filter.weights
+            self._broken = None
+        return self
+
+    load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)
+
+    def __repr__(self) -> str:
+        parts = [f"{self._orders.size} orders"]
+        if self._filter is not None:
+            parts.append(self._filter.describe())
+        if self._delta is not None:
+            parts.append(f"odometer={self._odometer_mode!r} at δ={self._delta:g}")
+        parts.append(f"{len(self._records)} charges")
+        return f"Ledger({', '.join(parts)})"
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()

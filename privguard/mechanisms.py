@@ -1,0 +1,28 @@
+"""Mechanisms privguard can charge: frozen value objects with an RDP curve.
+
+Every mechanism has ``rdp(orders) -> numpy.ndarray`` and ``to_dict()``;
+:func:`mechanism_from_dict` rebuilds one from its dict.
+"""
+
+from privguard._base import Mechanism, mechanism_from_dict
+from privguard._curve import RDPCurve
+from privguard._mechanisms import (
+    ZCDP,
+    Composed,
+    Gaussian,
+    Laplace,
+    PureDP,
+    SubsampledGaussian,
+)
+
+__all__ = [
+    "Mechanism",
+    "mechanism_from_dict",
+    "RDPCurve",
+    "Gaussian",
+    "SubsampledGaussian",
+    "Laplace",
+    "PureDP",
+    "ZCDP",
+    "Composed",
+]

@@ -1,0 +1,77 @@
+"""RDP→DP conversions: Opacus, dp-accounting, round trips, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
+from opacus.accountants.analysis.rdp import get_privacy_spent
+
+from privguard import CLASSIC, DEFAULT_ORDERS, InvalidArgumentError, RDPCurve
+from privguard import mechanisms as M
+
+ORDERS = np.array(DEFAULT_ORDERS)
+
+
+def curve(sigma=1.0, q=0.01, steps=2000) -> RDPCurve:
+    return RDPCurve(ORDERS, M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS))
+
+
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])
+def test_improved_conversion_equals_opacus(delta):
+    c = curve()
+    eps, order = c.epsilon_and_order(delta)
+    ref_eps, ref_order = get_privacy_spent(orders=list(DEFAULT_ORDERS), rdp=c.as_array(), delta=delta)
+    assert eps == ref_eps and order == ref_order
+
+
+@pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])
+def test_improved_conversion_agrees_with_dp_accounting(delta):
+    c = curve()
+    ref, _ = dpa_rdp.compute_epsilon(ORDERS, c.as_array(), delta)
+    assert c.epsilon(delta) == pytest.approx(ref, rel=1e-9)
+    ref_delta, _ = dpa_rdp.compute_delta(ORDERS, c.as_array(), 3.0)
+    # dp-accounting also takes a KL-based bound; ours is the RDP one, never smaller.
+    assert c.delta(3.0) >= ref_delta * (1 - 1e-9)
+
+
+def test_classic_is_mironov_and_looser():
+    c = curve()
+    d = 1e-5
+    expected = np.min(c.as_array() + np.log(1 / d) / (ORDERS - 1))
+    assert c.epsilon(d, method=CLASSIC) == pytest.approx(expected, rel=1e-12)
+    assert c.epsilon(d, method=CLASSIC) > c.epsilon(d)
+
+
+@pytest.mark.parametrize("method", ["improved", "classic"])
+@pytest.mark.parametrize("delta", [1e-2, 1e-5, 1e-9])
+def test_epsilon_delta_epsilon_round_trip(method, delta):
+    c = curve()
+    eps = c.epsilon(delta, method)
+    back = c.delta(eps, method)
+    assert back == pytest.approx(delta, rel=1e-6)
+    assert c.epsilon(back, method) == pytest.approx(eps, rel=1e-9)
+
+
+def test_optimal_order_and_maximum():
+    a, b = curve(1.0), curve(2.0)
+    assert a.maximum(b) == a  # more noise, smaller curve
+    assert a.optimal_order(1e-5) in DEFAULT_ORDERS
+
+
+def test_composition_needs_same_grid():
+    with pytest.raises(InvalidArgumentError, match="other.orders"):
+        RDPCurve([2.0, 3.0], [1.0, 1.0]) + RDPCurve([2.0, 4.0], [1.0, 1.0])
+    with pytest.raises(InvalidArgumentError, match="k=-1"):
+        RDPCurve([2.0], [1.0]) * -1
+
+
+@pytest.mark.parametrize("delta", [0, 1, -0.1, 1.5, float("nan"), "x"])
+def test_bad_delta(delta):
+    with pytest.raises(InvalidArgumentError, match="delta"):
+        curve().epsilon(delta)
+
+
+def test_bad_method():
+    with pytest.raises(InvalidArgumentError, match="method='exact'"):
+        curve().epsilon(1e-5, method="exact")

@@ -1,0 +1,180 @@
+"""The Ledger: agreement with Opacus and dp-accounting, state, threads, listeners."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+
+import dp_accounting
+import numpy as np
+import pytest
+from opacus.accountants import RDPAccountant
+
+from privguard import (
+    DEFAULT_ORDERS,
+    BudgetExhausted,
+    Ledger,
+    LedgerStateError,
+    RDPCurve,
+)
+from privguard import mechanisms as M
+
+DELTA = 1e-5
+
+
+def test_t_steps_convert_to_opacus_rdp_accountant_epsilon():
+    ledger = Ledger(delta=DELTA)
+    acc = RDPAccountant()
+    for sigma, q, t in [(1.1, 0.004, 700), (0.9, 0.004, 300), (1.1, 0.01, 50)]:
+        for _ in range(t):
+            ledger.charge(M.SubsampledGaussian(sigma, q))
+            acc.step(noise_multiplier=sigma, sample_rate=q)
+    assert ledger.nonadaptive_epsilon() == acc.get_epsilon(DELTA, alphas=list(DEFAULT_ORDERS))
+    assert ledger.epsilon() > ledger.nonadaptive_epsilon()  # the odometer pays for adaptivity
+
+
+def test_fixed_run_agrees_with_dp_accounting_rdp_accountant():
+    ledger = Ledger(delta=DELTA)
+    for _ in range(1000):
+        ledger.charge(M.SubsampledGaussian(1.1, 0.004))
+    acc = dp_accounting.rdp.RdpAccountant(orders=list(DEFAULT_ORDERS))
+    acc.compose(dp_accounting.PoissonSampledDpEvent(
+        0.004, dp_accounting.GaussianDpEvent(1.1)), 1000)
+    # dp-accounting's fractional orders are conservative (see test_mechanisms),
+    # so its ε is an upper bound within a small relative tolerance.
+    ref = acc.get_epsilon(DELTA)
+    assert ledger.nonadaptive_epsilon() <= ref * (1 + 1e-9)
+    assert ledger.nonadaptive_epsilon() == pytest.approx(ref, rel=0.01)
+
+
+def test_state_dict_round_trip_is_json_and_exact():
+    ledger = Ledger(3.0, DELTA)
+    for i in range(50):
+        ledger.charge(M.SubsampledGaussian(1.0 + (i % 3) / 10, 0.01), label=f"s{i % 2}")
+    ledger.charge(M.Laplace(10.0), label="count")
+    state = json.loads(json.dumps(ledger.state_dict()))
+    again = Ledger.load_state_dict(state)
+    np.testing.assert_array_equal(again.spent, ledger.spent)
+    assert again.epsilon() == ledger.epsilon()
+    assert [r.label for r in again.history] == [r.label for r in ledger.history]
+    assert [r.mechanism for r in again.history] == [r.mechanism for r in ledger.history]
+    assert again.can_afford(M.Gaussian(5.0)) == ledger.can_afford(M.Gaussian(5.0))
+    fresh = Ledger(3.0, DELTA)
+    assert fresh.load_state_dict(state) is fresh
+    np.testing.assert_array_equal(fresh.spent, ledger.spent)
+
+
+def _state():
+    ledger = Ledger(3.0, DELTA)
+    for _ in range(5):
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01))
+    return ledger.state_dict()
+
+
+def _reseal(state):
+    from privguard._ledger import _checksum
+
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    state["checksum"] = _checksum(body)
+    return state
+
+
+@pytest.mark.parametrize("tamper,match", [
+    (lambda s: s["spent"].__setitem__(0, 0.0), "checksum"),
+    (lambda s: _reseal(s) if s["spent"].__setitem__(3, 0.0) is None else None, "replay"),
+    (lambda s: _reseal(s) if s["records"].pop() else None, "replay"),
+    (lambda s: _reseal(s) if s.__setitem__("version", 99) is None else None, "version 99"),
+    (lambda s: s.__setitem__("format", "other"), "format"),
+    (lambda s: _reseal(s) if s["records"][0]["mechanism"].__setitem__("type", "Bogus") is None
+     else None, "Bogus"),
+    (lambda s: _reseal(s) if s["config"].__setitem__("orders", [3.0, 2.0]) is None else None,
+     "increasing"),
+])
+def test_tampered_or_foreign_state_refuses_to_load(tamper, match):
+    state = _state()
+    tamper(state)
+    with pytest.raises(LedgerStateError, match=match):
+        Ledger.load_state_dict(state)
+
+
+def test_state_from_another_configuration_is_refused_in_place():
+    state = _state()
+    other = Ledger(3.0, DELTA, orders=[2.0, 4.0, 8.0])
+    with pytest.raises(LedgerStateError, match="another configuration"):
+        other.load_state_dict(state)
+    assert other.history == ()
+    with pytest.raises(LedgerStateError):
+        Ledger(4.0, DELTA).load_state_dict(state)
+
+
+def test_broken_ledger_fails_closed():
+    ledger = Ledger(3.0, DELTA)
+    ledger._broken = "journal unreadable"
+    with pytest.raises(LedgerStateError, match="journal unreadable"):
+        ledger.charge(M.Gaussian(10.0))
+    with pytest.raises(LedgerStateError):
+        ledger.can_afford(M.Gaussian(10.0))
+
+
+def test_concurrent_charges_never_overspend():
+    step = M.SubsampledGaussian(1.0, 0.01)
+    expected = Ledger(1.0, DELTA, plan=step).remaining(step).repeats
+    ledger = Ledger(1.0, DELTA, plan=step)
+    admitted = []
+
+    def worker():
+        n = 0
+        for _ in range(expected):
+            try:
+                ledger.charge(step)
+                n += 1
+            except BudgetExhausted:
+                pass
+        admitted.append(n)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(admitted) == expected == len(ledger.history)
+
+
+def test_history_listeners_and_cache():
+    seen = []
+    ledger = Ledger(delta=DELTA)
+    ledger.add_listener(seen.append)
+    step = M.SubsampledGaussian(1.0, 0.01)
+    rec = ledger.charge(step, label="a")
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="b")  # equal value: cached curve
+    assert rec.index == 0 and rec.label == "a" and rec.mechanism == step
+    assert [e.record.label for e in seen] == ["a", "b"]
+    assert len(ledger._curves) == 1
+    ledger.remove_listener(seen.append)
+    ledger.charge(step)
+    assert len(seen) == 2
+
+
+def test_spent_is_a_copy_and_orders_read_only():
+    ledger = Ledger(delta=DELTA)
+    ledger.charge(M.Gaussian(2.0))
+    s = ledger.spent
+    s[:] = 0
+    assert ledger.spent.max() > 0
+    with pytest.raises(ValueError):
+        ledger.orders[0] = 5.0
+    assert isinstance(ledger.spent_curve, RDPCurve)
+
+
+def test_epsilon_is_zero_before_any_charge():
+    assert Ledger(delta=DELTA).epsilon() == 0.0
+    assert Ledger(1.0, DELTA).epsilon() == 0.0
+
+
+def test_copy_of_state_is_independent():
+    ledger = Ledger(3.0, DELTA)
+    ledger.charge(M.Gaussian(4.0))
+    state = copy.deepcopy(ledger.state_dict())
+    ledger.charge(M.Gaussian(4.0))
+    assert len(Ledger.load_state_dict(state).history) == 1

@@ -1,0 +1,65 @@
+"""Property-based tests (hypothesis): monotonicity and no overspend."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from privguard import BudgetExhausted, Ledger, single_order
+from privguard import _conversion as conv
+from privguard import mechanisms as M
+
+steps = st.tuples(st.floats(0.5, 5.0), st.floats(1e-3, 1.0))
+ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=40), st.floats(0.5, 10.0))
+def test_filter_never_overspends_and_epsilon_is_monotone(seq, eps):
+    delta = 1e-5
+    ledger = Ledger(eps, delta, orders=ORDERS)
+    last = 0.0
+    for sigma, q in seq:
+        try:
+            ledger.charge(M.SubsampledGaussian(sigma, q))
+        except BudgetExhausted:
+            pass
+        now = ledger.epsilon()
+        assert last <= now <= eps
+        last = now
+    if ledger.history:
+        # some order still converts within ε at its share of δ
+        w = ledger._filter.weights
+        per_order = conv.epsilon_per_order(ledger.orders, ledger.spent, w * delta)
+        assert per_order.min() <= eps
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(steps, min_size=1, max_size=30))
+def test_single_order_filter_stays_within_its_rdp_budget(seq):
+    eps, delta, order = 3.0, 1e-5, 8.0
+    ledger = Ledger(eps, delta, orders=ORDERS, shares=single_order(order))
+    for sigma, q in seq:
+        if ledger.can_afford(M.SubsampledGaussian(sigma, q)):
+            ledger.charge(M.SubsampledGaussian(sigma, q))
+    i = ORDERS.index(order)
+    budget = conv.rdp_budget_per_order(np.array([order]), eps, delta)[0]
+    assert ledger.spent[i] <= budget * (1 + 1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(1e-4, 1e3), st.floats(1e-4, 1e3), st.sampled_from(["tight", "paper"]),
+       st.floats(1e-9, 0.1))
+def test_odometer_is_monotone_in_the_spend(a, b, mode, delta):
+    lo, hi = sorted((a, b))
+    orders = np.array(ORDERS)
+    odo = Ledger(delta=delta, orders=ORDERS, odometer=mode)._odometer
+    assert odo.epsilon(lo * orders, delta) <= odo.epsilon(hi * orders, delta)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.3, 10.0), st.floats(1e-3, 1.0), st.integers(1, 5000))
+def test_curves_are_non_decreasing_in_the_order(sigma, q, t):
+    c = M.SubsampledGaussian(sigma, q, t).rdp(ORDERS)
+    assert np.all(c[1:] >= c[:-1] * (1 - 1e-9))
