@@ -14,6 +14,18 @@ CLASSIC = "classic"
 METHODS = (IMPROVED, CLASSIC)
 
 
+def improved_terms(orders: np.ndarray, delta) -> tuple[np.ndarray, np.ndarray]:
+    """The two per-order terms of the improved conversion, ε = (ε(α) − a) + b.
+
+    a = (log δ + log α)/(α−1) and b = log((α−1)/α), as Opacus writes them. A
+    filter caches them once its δ shares are fixed. A zero share gives
+    a = −inf, hence ε = +inf at that order.
+    """
+    with np.errstate(divide="ignore"):
+        a = (np.log(delta) + np.log(orders)) / (orders - 1)
+    return a, np.log((orders - 1) / orders)
+
+
 def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = IMPROVED
                       ) -> np.ndarray:
     """ε at which each order's RDP value gives (ε, δ)-DP.
@@ -31,9 +43,8 @@ def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = 
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         if method == IMPROVED:
-            eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log(
-                (orders - 1) / orders
-            )
+            a, b = improved_terms(orders, delta)
+            eps = (rdp - a) + b
         elif method == CLASSIC:
             eps = rdp - np.log(delta) / (orders - 1)
         else:  # pragma: no cover - guarded by callers
@@ -63,11 +74,10 @@ def rdp_budget_per_order(orders: np.ndarray, epsilon: float, delta) -> np.ndarra
     The inverse of :func:`epsilon_per_order` in ``rdp``: a run whose RDP at α
     stays at or below this value is (ε, δ)-DP by the improved conversion.
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b = epsilon + (np.log(delta) + np.log(orders)) / (orders - 1) - np.log(
-            (orders - 1) / orders
-        )
-    return np.where(np.isnan(b), -np.inf, b)
+    a, b = improved_terms(orders, delta)
+    with np.errstate(invalid="ignore"):
+        budget = (epsilon + a) - b
+    return np.where(np.isnan(budget), -np.inf, budget)
 
 
 def best(orders: np.ndarray, eps: np.ndarray) -> tuple[float, float]:

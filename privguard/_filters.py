@@ -55,13 +55,9 @@ class DPFilter:
         return w
 
     def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
-        if weights is not self._terms_for:
-            # Opacus' expression split into its two per-order terms, evaluated
-            # in the same order: (spent − a) + b; cached per weight vector.
-            with np.errstate(divide="ignore", invalid="ignore"):
-                a = (np.log(weights * self.delta) + np.log(self.orders)) / (self.orders - 1)
-                b = np.log((self.orders - 1) / self.orders)
-            self._terms, self._terms_for = (a, b), weights
+        if weights is not self._terms_for:  # cached once the weights are fixed
+            self._terms = conv.improved_terms(self.orders, weights * self.delta)
+            self._terms_for = weights
         a, b = self._terms
         # a is finite or -inf (zero share), so no inf - inf can arise here.
         return bool(((spent_after - a) + b <= self.epsilon).any())

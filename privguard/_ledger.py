@@ -330,13 +330,14 @@ class Ledger:
 
     def _remaining_locked(self, mechanism: Mechanism | None) -> Remaining:
         f = self._filter
-        spent = self._spent_locked()
-        weights = None
-        if f is not None:
+        headroom = None
+        if isinstance(f, StrictFilter):
+            headroom = f.headroom(self._spent_locked(), None)
+        elif f is not None:
             plan = self._plan or mechanism or self._run_key
-            weights = f.weights if f.weights is not None else (
-                f.resolve_weights(self._curve(plan)) if plan is not None else None)
-        headroom = f.headroom(spent, weights) if (f is not None and (weights is not None or isinstance(f, StrictFilter))) else None
+            if f.weights is not None or plan is not None:
+                weights = f.resolve_weights(None if plan is None else self._curve(plan))
+                headroom = f.headroom(self._spent_locked(), weights)
         repeats = None if mechanism is None else self._repeats(mechanism)
         return Remaining(
             epsilon_target=f.epsilon if isinstance(f, DPFilter) else None,

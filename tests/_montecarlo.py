@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from privguard import Ledger
+from privguard import _conversion as conv
 from privguard import mechanisms as M
 
 
@@ -43,8 +44,6 @@ def naive_curve(delta: float, grid: np.ndarray) -> np.ndarray:
     """The improved conversion of the spent curve R·α (NOT a running guarantee)."""
     ledger = Ledger(delta=delta)
     spent = grid[:, None] * ledger.orders[None, :]
-    from privguard import _conversion as conv
-
     eps = conv.epsilon_per_order(ledger.orders, spent, delta)
     return np.maximum(eps.min(axis=1), 0.0)
 

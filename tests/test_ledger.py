@@ -178,3 +178,21 @@ def test_copy_of_state_is_independent():
     state = copy.deepcopy(ledger.state_dict())
     ledger.charge(M.Gaussian(4.0))
     assert len(Ledger.load_state_dict(state).history) == 1
+
+
+def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
+    from privguard import _mechanisms
+
+    calls = []
+    real = _mechanisms._opacus_rdp.compute_rdp
+
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(_mechanisms._opacus_rdp, "compute_rdp", counting)
+    ledger = Ledger(epsilon=1e6, delta=DELTA)
+    for _ in range(100_000):
+        ledger.charge(M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.004))
+    assert len(calls) == 1
+    assert len(ledger.history) == 100_000
