@@ -9,10 +9,9 @@ allows on the same grid), the default Concentrated(0.9), and Uniform().
 
 from __future__ import annotations
 
-import numpy as np
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
-from privguard import DEFAULT_ORDERS, BudgetExhausted, Concentrated, Ledger, Uniform
+from privguard import DEFAULT_ORDERS, Concentrated, Ledger, Uniform
 from privguard import mechanisms as M
 
 
