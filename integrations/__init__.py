@@ -1,7 +1,9 @@
 """Integrations of privguard with training frameworks (``privguard.integrations``).
 
-Each integration lives in its own module and imports its framework lazily,
-with an install hint when the optional extra is missing. None ships yet: the
-Opacus, Lightning, Hugging Face and Ray integrations are tracked as separate
-issues.
+* :mod:`privguard.integrations.opacus` — ``attach(optimizer, ledger)`` charges
+  every real noisy step of an Opacus ``DPOptimizer``; ``LedgerAccountant``
+  stands in for Opacus' accountant.
+
+Each integration lives in its own module; optional frameworks are imported
+lazily with an install hint.
 """
