@@ -152,9 +152,10 @@ class AttachHandle:
         self._engine = None
         self._engine_accountant = None
         optimizer.attach_step_hook(self._hook)
+        self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         if on_exhausted == "stop":
             self._original_step = optimizer.step
-            optimizer.step = self._graceful_step  # instance attribute; removed on detach
+            optimizer.step = self._graceful_step  # instance attribute; restored on detach
 
     # The mechanism of the next real step, read live from the optimizer.
     def next_mechanism(self) -> M.SubsampledGaussian:
@@ -200,8 +201,11 @@ class AttachHandle:
         if self.optimizer.step_hook == self._hook:
             self.optimizer.step_hook = self._previous_hook
         # else: another hook wraps ours; ours stays in its chain as a pass-through.
-        if "step" in vars(self.optimizer):
-            del self.optimizer.step
+        if vars(self.optimizer).get("step") == self._graceful_step:
+            if self._own_step_attr is None:
+                del self.optimizer.step
+            else:
+                self.optimizer.step = self._own_step_attr
         if self._engine is not None:
             self._engine.accountant = self._engine_accountant
 

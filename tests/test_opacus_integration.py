@@ -230,3 +230,22 @@ def test_bad_arguments():
     opt.step_hook = None
     with pytest.raises(InvalidArgumentError, match="sample_rate"):
         attach(opt, Ledger(delta=DELTA))
+
+
+def test_detach_restores_a_step_wrapper_set_by_someone_else():
+    engine, model, opt, loader = make_private()
+    scheduler = torch.optim.lr_scheduler.StepLR(opt.original_optimizer, step_size=1)
+    wrapper = lambda *a, **k: type(opt).step(opt, *a, **k)  # noqa: E731
+    opt.step = wrapper  # what some schedulers and frameworks do
+    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, on_exhausted="stop")
+    train(model, opt, loader, 2)
+    handle.detach()
+    assert vars(opt)["step"] is wrapper and len(handle.ledger.history) == 2
+    del scheduler
+
+
+def test_missing_optional_framework_gives_an_install_hint():
+    from privguard.integrations._frameworks import require
+
+    with pytest.raises(ImportError, match=r"pip install 'privguard\[lightning\]'"):
+        require("privguard_no_such_framework", "lightning")
