@@ -1,0 +1,48 @@
+"""The examples run end to end and say what they claim (reduced sizes)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import runpy
+import sys
+
+import pytest
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+sys.path.insert(0, EXAMPLES)
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_adaptive_noise_both_policies_exhaust_the_same_filter():
+    import adaptive_noise
+
+    summary = adaptive_noise.main(["--seeds", "1", "--epsilon", "6"])
+    for policy in ("baseline", "adaptive"):
+        assert summary[policy]["reported_epsilon"] == 6.0
+        assert 0.5 < summary[policy]["accuracy_mean"] <= 1.0
+    out = os.path.join(EXAMPLES, "out")
+    assert os.path.getsize(os.path.join(out, "adaptive_noise.png")) > 0
+    rows = list(csv.DictReader(open(os.path.join(out, "adaptive_noise.csv"))))
+    assert {r["policy"] for r in rows} == {"baseline", "adaptive"}
+    assert json.load(open(os.path.join(out, "adaptive_noise.json")))["adaptive"]["delta"] == 1e-5
+
+
+def test_early_stopping_reports_the_odometer_at_the_stop():
+    import early_stopping_odometer as ex
+
+    summary = ex.main(["--seeds", "1"])
+    rows = list(csv.DictReader(open(os.path.join(EXAMPLES, "out", "early_stopping_odometer.csv"))))
+    assert len(rows) == 1
+    row = rows[0]
+    assert 1 <= int(row["stop_epoch"]) <= 30
+    assert 0 < float(row["odometer_epsilon_at_stop"]) == pytest.approx(summary["odometer_epsilon_mean"])
+    assert float(row["planned_run_epsilon"]) > 0
+
+
+def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
+    env = runpy.run_path(os.path.join(EXAMPLES, "wrap_opacus_loop.py"), run_name="__main__")
+    ledger = env["ledger"]
+    assert ledger.epsilon() == 3.0 and len(ledger.history) > 0
+    assert "stopped:" in capsys.readouterr().out
