@@ -16,6 +16,14 @@ account — the virtual steps of ``BatchMemoryManager``, steps skipped with
 ``signal_skip_step`` — never reach the hook and are not charged, so the count
 matches Opacus' own accountant.
 
+In a hand-written loop the handle is also a context manager and a stop flag::
+
+    with attach(optimizer, ledger, data_loader=loader, on_exhausted="stop") as guard:
+        for x, y in loader:
+            optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+            if guard.should_stop:    # refused, or the next step would be
+                break
+
 Existing step hooks (Opacus' accountant hook among them) keep running, after
 the charge; nothing of Opacus' is replaced unless you pass ``privacy_engine=``,
 which makes ``privacy_engine.get_epsilon(delta)`` report the ledger's valid

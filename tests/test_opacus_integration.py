@@ -249,3 +249,20 @@ def test_missing_optional_framework_gives_an_install_hint():
 
     with pytest.raises(ImportError, match=r"pip install 'privguard\[lightning\]'"):
         require("privguard_no_such_framework", "lightning")
+
+
+def test_optimizer_from_make_private_with_epsilon():
+    torch.manual_seed(0)
+    x, y = torch.randn(512, 10), torch.randint(0, 2, (512,))
+    model = nn.Linear(10, 2)
+    engine = PrivacyEngine(accountant="rdp")  # Opacus' default is PRV; compare like with like
+    model, opt, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=32),
+        target_epsilon=4.0, target_delta=DELTA, epochs=2, max_grad_norm=1.0)
+    ledger = Ledger(delta=DELTA)
+    attach(opt, ledger, data_loader=loader)
+    train(model, opt, loader, 2 * len(loader))
+    assert ledger.nonadaptive_epsilon() == engine.accountant.get_epsilon(
+        DELTA, alphas=list(ledger.orders))
+    assert {r.mechanism.noise_multiplier for r in ledger.history} == {opt.noise_multiplier}
