@@ -106,3 +106,11 @@ def test_opacus_adaptive_run(benchmark):
         return acc.get_epsilon(DELTA, alphas=ALPHAS)
 
     benchmark.pedantic(run, rounds=3, iterations=1)
+
+
+@pytest.mark.benchmark(group="per-charge (cached mechanism)")
+def test_privguard_charge_sqlite_durable(benchmark, tmp_path):
+    ledger = Ledger(epsilon=1e6, delta=DELTA, path=tmp_path / "bench.db")
+    step = M.SubsampledGaussian(1.1, 0.004)
+    ledger.charge(step)
+    benchmark.pedantic(ledger.charge, args=(step,), rounds=2000, iterations=1)

@@ -15,7 +15,7 @@ import numpy as np
 from privguard import _conversion as conv
 from privguard import _validation as check
 from privguard._errors import LedgerStateError
-from privguard._shares import DeltaShares, shares_from_dict
+from privguard._shares import DeltaShares
 
 
 class DPFilter:
@@ -76,14 +76,6 @@ class DPFilter:
     def state(self) -> dict[str, Any]:
         return {"weights": None if self.weights is None else self.weights.tolist()}
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any], orders: np.ndarray, state: dict[str, Any]
-                    ) -> "DPFilter":
-        w = state.get("weights")
-        weights = None if w is None else check.rdp_values("filter weights", w, orders.size)
-        return cls(config["epsilon"], config["delta"], shares_from_dict(config["shares"]),
-                   orders, None if weights is None else np.array(weights))
-
 
 class StrictFilter:
     """An RDP filter that refuses if ANY order would exceed its budget.
@@ -119,18 +111,3 @@ class StrictFilter:
 
     def state(self) -> dict[str, Any]:
         return {}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], orders: np.ndarray, state: dict[str, Any]
-                    ) -> "StrictFilter":
-        return cls(np.array(config["budget"], dtype=float), orders)
-
-
-def filter_from_config(config: dict[str, Any] | None, orders: np.ndarray,
-                       state: dict[str, Any]):
-    if config is None:
-        return None
-    kinds = {"dp": DPFilter, "strict": StrictFilter}
-    if not isinstance(config, dict) or config.get("kind") not in kinds:
-        raise LedgerStateError(f"unknown filter configuration {config!r}")
-    return kinds[config["kind"]].from_config(config, orders, state)

@@ -9,6 +9,7 @@ path under one lock, so ``can_afford`` and ``charge`` cannot disagree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,10 +31,11 @@ from privguard._errors import (
     LedgerStateError,
     PrivguardError,
 )
-from privguard._filters import DPFilter, StrictFilter, filter_from_config
+from privguard._filters import DPFilter, StrictFilter
 from privguard._odometer import MODES, TIGHT, Odometer
 from privguard._orders import DEFAULT_ORDERS
-from privguard._shares import Concentrated, DeltaShares
+from privguard._shares import Concentrated, DeltaShares, shares_from_dict
+from privguard._sqlite import SQLiteStore
 
 STATE_FORMAT = "privguard.Ledger"
 STATE_VERSION = 1
@@ -131,9 +133,19 @@ class Ledger:
         odometer: ``"tight"`` (default) or ``"paper"`` (seed 001 §4.5 exactly).
         listeners: callables receiving a :class:`LedgerEvent` per charge and
             per refusal.
+        path: keep the journal in this SQLite file (created if missing).
+            Reopening the same path resumes the same ledger; several processes
+            may share it. The file's configuration must equal this one
+            (use :meth:`Ledger.open` to adopt the stored configuration).
+        retarget: with ``path``, a reason for opening an existing file with
+            another (ε, δ) target or budget. The change is logged in the file;
+            from then on the target no longer caps :meth:`epsilon`, since it
+            was not fixed before the outputs were seen.
 
     Raises:
         InvalidArgumentError: any argument out of its domain.
+        LedgerStateError: the file at ``path`` is unreadable, inconsistent,
+            of a newer schema or of another configuration.
 
     Example:
         >>> from privguard import Ledger, BudgetExhausted, mechanisms as M
@@ -158,6 +170,8 @@ class Ledger:
         rdp_budget: Any = None,
         odometer: str = TIGHT,
         listeners=(),
+        path: str | os.PathLike | None = None,
+        retarget: str | None = None,
     ) -> None:
         self._orders = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
         if odometer not in MODES:
@@ -190,6 +204,100 @@ class Ledger:
         self._lock = threading.RLock()
         self._curves: dict[Mechanism, np.ndarray] = {}
         self._reset_journal()
+        self._store: SQLiteStore | None = None
+        self._txn_depth = 0
+        self._events: list[dict[str, Any]] = []
+        if retarget is not None and path is None:
+            raise InvalidArgumentError("retarget", retarget, "only applies with path=")
+        if path is not None:
+            self._store = SQLiteStore(path)
+            _, self._events = self._store.initialise_or_check(self._config(), retarget)
+            with self._lock, self._transaction(write=False):
+                pass  # replay and verify the journal now: fail at open, not at first charge
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, listeners=()) -> "Ledger":
+        """Open an existing ledger file with the configuration stored in it.
+
+        Raises:
+            LedgerStateError: no such file, or it is unreadable or inconsistent.
+        """
+        config, _ = SQLiteStore(path).read_config()
+        return cls(**_init_kwargs(config), listeners=listeners, path=path)
+
+    def close(self) -> None:
+        """Close the ledger's file (if any). The ledger can no longer be charged."""
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._broken = "closed"
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def path(self) -> str | None:
+        """The ledger's file, or None for an in-memory ledger."""
+        return None if self._store is None else self._store.path
+
+    @property
+    def events(self) -> tuple[dict[str, Any], ...]:
+        """Explicit, logged actions recorded in the ledger's file (e.g. retargets)."""
+        return tuple(self._events)
+
+    @property
+    def _retargeted(self) -> bool:
+        return any(e.get("event") == "retarget" for e in self._events)
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool):
+        """Sync with the file (replaying other processes' charges) inside a transaction.
+
+        Reentrant: nested uses share the outer transaction. Yields the
+        connection, or None for an in-memory ledger. Any inconsistency marks
+        the ledger broken (it then refuses everything) and raises.
+        """
+        if self._store is None or self._txn_depth > 0:
+            yield None if self._store is None else self._conn
+            return
+        self._fail_if_broken()
+        with self._store.transaction(write) as conn:
+            self._txn_depth, self._conn = 1, conn
+            try:
+                self._sync(conn)
+                yield conn
+            finally:
+                self._txn_depth, self._conn = 0, None
+
+    def _sync(self, conn) -> None:
+        store = self._store
+        try:
+            store.verify_config(conn)
+            for idx, t, label, mdict, curve, pid in store.rows_after(conn, len(self._records)):
+                mechanism = mechanism_from_dict(mdict)
+                if curve.shape != self._orders.shape:
+                    raise LedgerStateError(f"journal row {idx}: curve is not on the ledger's grid")
+                admitted, _, weights, _ = self._decide(mechanism, label, curve=curve)
+                if not admitted:
+                    raise LedgerStateError(
+                        f"journal row {idx} ({label!r}) would be refused by the recorded budget")
+                self._apply(mechanism, curve, label, weights, t, pid)
+            store.accept_rows()
+            count, spent, digest = store.totals(conn)
+            if (count != len(self._records) or digest != store.last_digest
+                    or not np.array_equal(spent, self._spent_locked())):
+                raise LedgerStateError(
+                    f"{store.path}: the journal does not replay to the recorded totals "
+                    f"({len(self._records)} rows replayed, totals say {count})")
+        except LedgerStateError as exc:
+            self._broken = str(exc)
+            raise
+        except PrivguardError as exc:
+            self._broken = f"{store.path}: journal unreadable ({exc})"
+            raise LedgerStateError(self._broken) from exc
 
     # ------------------------------------------------------------------ state
     def _reset_journal(self) -> None:
@@ -226,14 +334,15 @@ class Ledger:
             raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
 
     # ------------------------------------------------ the one decision path
-    def _decide(self, mechanism: Any, label: Any, times: int = 1):
+    def _decide(self, mechanism: Any, label: Any, times: int = 1, curve: np.ndarray | None = None):
         """Check a charge; return (admitted, spent_after, weights, curve). Records nothing."""
         if not isinstance(mechanism, Mechanism):
             raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
         if label is not None and not isinstance(label, str):
             raise InvalidArgumentError("label", label, "must be a string or None")
-        self._fail_if_broken()
-        curve = self._curve(mechanism)
+        if curve is None:
+            self._fail_if_broken()
+            curve = self._curve(mechanism)
         spent_after = self._spent_after(mechanism, curve, times)
         if self._filter is None:
             return True, spent_after, None, curve
@@ -243,27 +352,41 @@ class Ledger:
 
     def _check_and_apply(self, mechanism: Any, label: Any, apply: bool):
         with self._lock:
-            admitted, _, weights, curve = self._decide(mechanism, label)
-            if not apply:
-                return admitted
-            if not admitted:
-                remaining = self._remaining_locked(mechanism)
-                self._notify(LedgerEvent("refused", self, mechanism, label, None))
-                raise BudgetExhausted(
-                    f"charge {label!r} of {mechanism!r} refused: it would exceed the "
-                    f"{self._filter.describe()}; nothing was recorded ({remaining})",
-                    requested=mechanism, label=label, remaining=remaining)
-            if weights is not None and self._filter.weights is None:
-                self._filter.weights = weights  # fixed at the first admitted charge
-            if mechanism == self._run_key:
-                self._run_count += 1
-            else:
-                self._base = self._base + self._run_count * self._run_curve
-                self._run_key, self._run_curve, self._run_count = mechanism, curve, 1
-            record = ChargeRecord(len(self._records), label, mechanism, time.time(), os.getpid())
-            self._records.append(record)
+            with self._transaction(write=apply) as conn:
+                admitted, spent_after, weights, curve = self._decide(mechanism, label)
+                if not apply:
+                    return admitted
+                if not admitted:
+                    remaining = self._remaining_locked(mechanism)
+                    self._notify(LedgerEvent("refused", self, mechanism, label, None))
+                    raise BudgetExhausted(
+                        f"charge {label!r} of {mechanism!r} refused: it would exceed the "
+                        f"{self._filter.describe()}; nothing was recorded ({remaining})",
+                        requested=mechanism, label=label, remaining=remaining)
+                t, pid = time.time(), os.getpid()
+                if conn is not None:
+                    digest = self._store.append(conn, len(self._records), t, label,
+                                                mechanism.to_dict(), curve, pid, spent_after)
+            # Committed (durable) before anything in memory changes or the caller acts.
+            if conn is not None:
+                self._store.last_digest = digest
+            record = self._apply(mechanism, curve, label, weights, t, pid)
             self._notify(LedgerEvent("charge", self, mechanism, label, record))
             return record
+
+    def _apply(self, mechanism: Mechanism, curve: np.ndarray, label: str | None,
+               weights: np.ndarray | None, t: float, pid: int) -> ChargeRecord:
+        """Record an admitted charge in memory (the one place state changes)."""
+        if weights is not None and self._filter.weights is None:
+            self._filter.weights = weights  # fixed at the first admitted charge
+        if mechanism == self._run_key:
+            self._run_count += 1
+        else:
+            self._base = self._base + self._run_count * self._run_curve
+            self._run_key, self._run_curve, self._run_count = mechanism, curve, 1
+        record = ChargeRecord(len(self._records), label, mechanism, t, pid)
+        self._records.append(record)
+        return record
 
     def _notify(self, event: LedgerEvent) -> None:
         for fn in list(self._listeners):
@@ -303,12 +426,13 @@ class Ledger:
         Raises:
             InvalidArgumentError: no ``delta`` given and the ledger has none.
         """
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             d = self._query_delta(delta)
             if not self._records:
                 return 0.0
             eps = self._odometer.epsilon(self._spent_locked(), d)
-            if isinstance(self._filter, DPFilter) and d >= self._filter.delta:
+            if (isinstance(self._filter, DPFilter) and d >= self._filter.delta
+                    and not self._retargeted):
                 eps = min(eps, self._filter.epsilon)
             return eps
 
@@ -319,13 +443,13 @@ class Ledger:
         adaptively: it is valid only for a sequence fixed in advance. Use
         :meth:`epsilon` for a number you may report.
         """
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             d = self._query_delta(delta)
             return conv.best(self._orders, conv.epsilon_per_order(self._orders, self._spent_locked(), d))[0]
 
     def remaining(self, mechanism: Mechanism | None = None) -> Remaining:
         """What is left; with ``mechanism``, how many more of it would be admitted."""
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             return self._remaining_locked(mechanism)
 
     def _remaining_locked(self, mechanism: Mechanism | None) -> Remaining:
@@ -382,7 +506,7 @@ class Ledger:
     @property
     def spent(self) -> np.ndarray:
         """The composed RDP curve of everything charged, on :attr:`orders` (a new array)."""
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             return np.array(self._spent_locked())
 
     @property
@@ -403,7 +527,7 @@ class Ledger:
     @property
     def history(self) -> tuple[ChargeRecord, ...]:
         """The journal: one :class:`ChargeRecord` per admitted charge, in order."""
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             return tuple(self._records)
 
     def add_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
@@ -455,7 +579,7 @@ class Ledger:
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal, totals and a checksum."""
-        with self._lock:
+        with self._lock, self._transaction(write=False):
             body = {
                 "format": STATE_FORMAT,
                 "version": STATE_VERSION,
@@ -483,11 +607,8 @@ class Ledger:
         if state.get("checksum") != _checksum(body):
             raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
         try:
-            cfg = state["config"]
-            orders = check.orders("orders", cfg["orders"])
-            self = cls(orders=orders, delta=cfg["delta"], odometer=cfg["odometer"],
-                       plan=None if cfg["plan"] is None else mechanism_from_dict(cfg["plan"]))
-            self._filter = filter_from_config(cfg["filter"], orders, {})
+            self = cls(**_init_kwargs(state["config"]))
+            orders = self._orders
             records = [(r["label"], mechanism_from_dict(r["mechanism"]), r["time"], r["pid"])
                        for r in state["records"]]
             recorded_weights = state["filter_state"].get("weights")
@@ -496,8 +617,6 @@ class Ledger:
             raise LedgerStateError(f"state does not load: {exc}") from exc
         except (KeyError, TypeError, ValueError) as exc:
             raise LedgerStateError(f"state is malformed: {exc!r}") from exc
-        if isinstance(self._filter, DPFilter) and not self._filter.shares.needs_plan:
-            self._filter.weights = self._filter.resolve_weights(None)
         # Replay the journal through the same decision path.
         for label, mechanism, t, pid in records:
             try:
@@ -523,7 +642,16 @@ class Ledger:
         this ledger unchanged.
         """
         loaded = Ledger._from_state_dict(state)
-        with self._lock:
+        with self._lock, self._transaction(write=False):
+            if self._store is not None:
+                # The file is the journal: accept a state only if the file already holds it.
+                mine = [(r.label, r.mechanism) for r in self._records[:len(loaded._records)]]
+                theirs = [(r.label, r.mechanism) for r in loaded._records]
+                if loaded._config() != self._config() or mine != theirs:
+                    raise LedgerStateError(
+                        f"{self._store.path}: the state to load is not a prefix of this "
+                        "file's journal; a file-backed ledger never replaces its journal")
+                return self
             if loaded._config() != self._config():
                 raise LedgerStateError(
                     "state was written by a ledger with another configuration "
@@ -545,6 +673,23 @@ class Ledger:
             parts.append(f"odometer={self._odometer_mode!r} at δ={self._delta:g}")
         parts.append(f"{len(self._records)} charges")
         return f"Ledger({', '.join(parts)})"
+
+
+def _init_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """Ledger constructor arguments that reproduce a stored configuration."""
+    kwargs = {"orders": config["orders"], "delta": config["delta"],
+              "odometer": config["odometer"],
+              "plan": None if config["plan"] is None else mechanism_from_dict(config["plan"])}
+    budget = config["filter"]
+    if budget is None:
+        return kwargs
+    if budget.get("kind") == "dp" and budget.get("delta") == config["delta"]:
+        kwargs.update(epsilon=budget["epsilon"], shares=shares_from_dict(budget["shares"]))
+    elif budget.get("kind") == "strict":
+        kwargs["rdp_budget"] = budget["budget"]
+    else:
+        raise LedgerStateError(f"unknown budget configuration {budget!r}")
+    return kwargs
 
 
 def _checksum(body: dict[str, Any]) -> str:

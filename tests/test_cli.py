@@ -1,0 +1,72 @@
+"""The privguard command on a fixture ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard._cli import main, trajectory
+
+
+@pytest.fixture()
+def fixture_ledger(tmp_path):
+    path = tmp_path / "budget.db"
+    ledger = Ledger(4.0, 1e-5, path=path)
+    for _ in range(300):
+        ledger.charge(M.SubsampledGaussian(1.1, 0.01), label="train")
+    for _ in range(3):
+        ledger.charge(M.Gaussian(20.0), label="noisy eval")
+    for _ in range(200):
+        ledger.charge(M.SubsampledGaussian(0.9, 0.01), label="train")
+    ledger.close()
+    return path
+
+
+def test_report_text(fixture_ledger, capsys):
+    assert main(["report", str(fixture_ledger)]) == 0
+    out = capsys.readouterr().out
+    assert "(ε = 4, δ = 1e-05) filter" in out
+    assert "NOT a guarantee" in out
+    assert "train" in out and "noisy eval" in out
+    assert "503" in out  # charges
+
+
+def test_report_json_matches_the_ledger(fixture_ledger, capsys):
+    assert main(["report", str(fixture_ledger), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ledger = Ledger.open(fixture_ledger)
+    assert data["charges"] == 503 and data["running_epsilon"] == ledger.epsilon()
+    assert {g["label"]: g["charges"] for g in data["by_label"]} == {"train": 500, "noisy eval": 3}
+    assert [t["charges"] for t in data["timeline"]] == [300, 3, 200]
+    assert data["remaining_repeats_of_last_mechanism"] == ledger.remaining(
+        M.SubsampledGaussian(0.9, 0.01)).repeats
+
+
+def test_plot_writes_a_png(fixture_ledger, tmp_path, capsys):
+    out = tmp_path / "eps.png"
+    assert main(["plot", str(fixture_ledger), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tr = trajectory(Ledger.open(fixture_ledger))
+    assert tr["charges"][-1] == 503
+    assert all(r >= n for r, n in zip(tr["running_epsilon"], tr["naive_epsilon"]))
+
+
+def test_errors_exit_non_zero(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing.db")]) == 2
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    assert main(["report", str(bad)]) == 2
+    assert "privguard:" in capsys.readouterr().err
+
+
+def test_console_script_is_installed(fixture_ledger):
+    exe = os.path.join(os.path.dirname(sys.executable), "privguard")
+    done = subprocess.run([exe, "report", str(fixture_ledger), "--json"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout)["charges"] == 503
