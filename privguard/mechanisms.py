@@ -14,6 +14,7 @@ from privguard._mechanisms import (
     PureDP,
     SubsampledGaussian,
 )
+from privguard._repeat_select import RepeatAndSelect
 
 __all__ = [
     "Mechanism",
@@ -25,4 +26,5 @@ __all__ = [
     "PureDP",
     "ZCDP",
     "Composed",
+    "RepeatAndSelect",
 ]

@@ -1,0 +1,112 @@
+"""The privacy cost of random-K tuning: run the base algorithm K times, release the best.
+
+Seed 002 (Papernot & Steinke 2022), formulas.md §4. The base algorithm Q is
+one tuning candidate: a random draw of hyperparameters, training, and the
+score, all of it private; its curve must bound every candidate that can be
+drawn (the order-wise maximum over them, seed 000 Lemma 9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from privguard._base import Mechanism, mechanism_from_dict
+from privguard._errors import InvalidArgumentError
+from privguard._mechanisms import PureDP
+from privguard._runs import Poisson, RunsDistribution, TruncatedNegativeBinomial, runs_from_dict
+
+
+def _monotone_envelope(orders: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """ε(α) ≤ ε(α') for α ≤ α' (Rényi divergence is non-decreasing in α):
+    a bound at a larger order also bounds every smaller one."""
+    return np.minimum.accumulate(curve[::-1])[::-1]
+
+
+def _log_delta_hat(orders: np.ndarray, base: np.ndarray, eps_hat: np.ndarray) -> np.ndarray:
+    """log δ̂ at each ε̂: the smallest δ for which the base curve gives (ε̂, δ̂)-DP.
+
+    Per base order, the improved RDP conversion (formulas.md §1), and
+    δ ≤ TV ≤ sqrt(1 − e^(−KL)) (Bretagnolle–Huber) with KL ≤ ε(α) for every
+    α > 1; minimised over the grid.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        kl = 0.5 * np.log1p(-np.exp(-base))  # per order; -inf where base = 0
+        kl_best = np.min(np.where(np.isnan(kl), np.inf, kl))
+        a = orders[None, :]
+        log_d = (a - 1) * (base[None, :] - eps_hat[:, None]) - np.log(a) + (a - 1) * np.log1p(-1 / a)
+        log_d = np.where(np.isnan(log_d), np.inf, log_d)
+    return np.minimum(np.min(log_d, axis=1), kl_best)
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatAndSelect(Mechanism):
+    """Run ``base`` K times, K ~ ``runs``, and release only the best run.
+
+    Its curve is the tuning bound:
+
+    * ``runs`` = TruncatedNegativeBinomial(η, γ) — seed 002 Theorem 2: if the
+      base is (λ, ε)- and (λ̂, ε̂)-RDP, the tuner is (λ, ε')-RDP with
+      ε' = ε + (1+η)(1 − 1/λ̂)ε̂ + (1+η)·log(1/γ)/λ̂ + log(E[K])/(λ−1),
+      minimised over λ̂ on the grid. If the base is pure ε₀-DP, Corollary 3
+      also gives (2+η)ε₀-DP; the curve is the smaller of the two.
+    * ``runs`` = Poisson(μ) — seed 002 Theorem 6: if the base is (λ, ε)-RDP
+      and (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ−1), the tuner is (λ, ε')-RDP with
+      ε' = ε + μ·δ̂ + log(μ)/(λ−1), taking ε̂ = log(1 + 1/(λ−1)) and δ̂ from the
+      base curve.
+
+    Both are then made non-decreasing in λ (a bound at a larger order holds
+    at every smaller one), as dp-accounting does.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Geometric
+        >>> t = M.RepeatAndSelect(M.PureDP(0.1), Geometric(mean=10.0))
+        >>> round(t.pure_epsilon, 6)   # Corollary 3 with η = 1: 3ε (Liu & Talwar)
+        0.3
+    """
+
+    base: Mechanism
+    runs: RunsDistribution
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mechanism):
+            raise InvalidArgumentError("base", self.base, "must be a privguard mechanism")
+        if not isinstance(self.runs, (Poisson, TruncatedNegativeBinomial)):
+            raise InvalidArgumentError("runs", self.runs,
+                                       "must be Poisson(...) or TruncatedNegativeBinomial(...)")
+
+    @property
+    def pure_epsilon(self) -> float | None:
+        """(2+η)ε₀ when the base is ε₀-DP and K ~ D_{η,γ} (seed 002 Corollary 3), else None."""
+        if isinstance(self.base, PureDP) and isinstance(self.runs, TruncatedNegativeBinomial):
+            return (2 + self.runs.eta) * self.base.epsilon
+        return None
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        base = self.base._rdp_checked(orders)
+        runs = self.runs
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if isinstance(runs, TruncatedNegativeBinomial):
+                # Theorem 2; the λ̂ term is minimised over the grid.
+                aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
+                out = base + (1 + runs.eta) * aux + math.log(runs.mean) / (orders - 1)
+            else:
+                # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
+                eps_hat = np.log1p(1 / (orders - 1))
+                delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
+                out = base + runs.mean * delta_hat + math.log(runs.mean) / (orders - 1)
+        out = np.where(np.isnan(out), np.inf, out)
+        if self.pure_epsilon is not None:
+            out = np.minimum(out, PureDP(self.pure_epsilon)._rdp(orders))
+        return np.maximum(_monotone_envelope(orders, out), 0.0)
+
+    def _params(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "runs": self.runs.to_dict()}
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> "RepeatAndSelect":
+        return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]))

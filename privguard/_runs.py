@@ -1,0 +1,180 @@
+"""Distributions of the number of tuning runs K (seed 002, Papernot & Steinke 2022).
+
+Frozen value objects: they sample K, give its pmf, mean and probability
+generating function, and serialise. The tuning theorems need K random and
+drawn independently of the data; ``sample`` takes the generator to use, and
+tuners default to one seeded from OS entropy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+
+
+class RunsDistribution:
+    """Base class of the distributions of the number of runs."""
+
+    def sample(self, rng: np.random.Generator) -> int:
+        raise NotImplementedError
+
+    def pmf(self, k: int) -> float:
+        raise NotImplementedError
+
+    @property
+    def mean(self) -> float:
+        raise NotImplementedError
+
+    def pgf(self, x: float) -> float:
+        """E[x^K]."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": type(self).__name__,
+                "params": {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Poisson(RunsDistribution):
+    """K ~ Poisson(μ); K = 0 is possible (then nothing is selected). Seed 002 Thm 6.
+
+    Example:
+        >>> Poisson(10.0).mean
+        10.0
+    """
+
+    mean_runs: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean_runs", check.positive_finite("mean", self.mean_runs))
+
+    @property
+    def mean(self) -> float:
+        return self.mean_runs
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(rng.poisson(self.mean_runs))
+
+    def pmf(self, k: int) -> float:
+        if k < 0:
+            return 0.0
+        return math.exp(k * math.log(self.mean_runs) - self.mean_runs - math.lgamma(k + 1))
+
+    def pgf(self, x: float) -> float:
+        return math.exp(self.mean_runs * (x - 1))
+
+
+def _tnb_mean(eta: float, gamma: float) -> float:
+    # formulas.md §4: η ≠ 0: E[K] = η(1−γ)/(γ(1−γ^η)); η = 0: (1/γ − 1)/log(1/γ)
+    if eta == 0:
+        return (1 / gamma - 1) / math.log(1 / gamma)
+    return eta * (1 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncatedNegativeBinomial(RunsDistribution):
+    """K ~ D_{η,γ}, the truncated negative binomial of seed 002 (support K ≥ 1).
+
+    P[K=k] = (1−γ)^k / (γ^(−η) − 1) · Π_{l<k} (l+η)/(l+1) for η ≠ 0, and the
+    logarithmic distribution (1−γ)^k / (k·log(1/γ)) for η = 0; η = 1 is the
+    geometric distribution. Give ``gamma``, or ``mean`` (γ is then solved for).
+
+    Example:
+        >>> d = TruncatedNegativeBinomial(eta=1.0, mean=10.0)
+        >>> round(d.gamma, 6), round(d.mean, 6)
+        (0.1, 10.0)
+    """
+
+    eta: float
+    gamma: float | None = None
+
+    def __init__(self, eta: float, gamma: float | None = None, mean: float | None = None) -> None:
+        eta_f = check._as_float("eta", eta)
+        if not (math.isfinite(eta_f) and eta_f > -1):
+            raise InvalidArgumentError("eta", eta, "must be finite and > -1")
+        if (gamma is None) == (mean is None):
+            raise InvalidArgumentError("gamma", gamma, "give exactly one of gamma and mean")
+        if gamma is not None:
+            g = check._as_float("gamma", gamma)
+            if not (0 < g < 1):
+                raise InvalidArgumentError("gamma", gamma, "must lie in the open interval (0, 1)")
+        else:
+            m = check.positive_finite("mean", mean)
+            if m <= 1:
+                raise InvalidArgumentError("mean", mean, "must be > 1 (K >= 1 always)")
+            g = _solve_gamma(eta_f, m)
+        object.__setattr__(self, "eta", eta_f)
+        object.__setattr__(self, "gamma", g)
+
+    @property
+    def mean(self) -> float:
+        return _tnb_mean(self.eta, self.gamma)
+
+    def pmf(self, k: int) -> float:
+        if k < 1:
+            return 0.0
+        g, eta = self.gamma, self.eta
+        if eta == 0:
+            return math.exp(k * math.log1p(-g)) / (k * math.log(1 / g))
+        # Π_{l<k}(l+η)/(l+1) = Γ(k+η)/(Γ(η)·k!); lgamma gives log|Γ(η)|, and for
+        # η ∈ (−1, 0) both the product and γ^(−η) − 1 are negative.
+        log_prod = math.lgamma(k + eta) - math.lgamma(eta) - math.lgamma(k + 1)
+        norm = math.expm1(-eta * math.log(g))  # γ^(−η) − 1, same sign as η
+        return math.exp(k * math.log1p(-g) + log_prod) / abs(norm)
+
+    def pgf(self, x: float) -> float:
+        g, eta = self.gamma, self.eta
+        if eta == 0:
+            return math.log1p(-(1 - g) * x) / math.log(g)
+        return math.expm1(-eta * math.log1p(-(1 - g) * x)) / math.expm1(-eta * math.log(g))
+
+    def sample(self, rng: np.random.Generator) -> int:
+        # Inverse CDF with the recursion pmf(k+1) = pmf(k)·(1−γ)(k+η)/(k+1)
+        # (η = 0: pmf(k+1) = pmf(k)·(1−γ)k/(k+1)); valid for every η > −1.
+        u = rng.random()
+        k, p = 1, self.pmf(1)
+        cdf = p
+        while cdf < u and k < 10_000_000:
+            p *= (1 - self.gamma) * (k + self.eta) / (k + 1)
+            k += 1
+            cdf += p
+        return k
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "TruncatedNegativeBinomial", "params": {"eta": self.eta, "gamma": self.gamma}}
+
+
+def _solve_gamma(eta: float, mean: float) -> float:
+    """γ with E[K] = mean (E[K] is decreasing in γ)."""
+    f = lambda g: _tnb_mean(eta, g) - mean  # noqa: E731
+    lo, hi = 1e-300, 1 - 1e-15
+    if f(hi) > 0 or f(lo) < 0:
+        raise InvalidArgumentError("mean", mean, f"is not reachable with eta={eta}")
+    return float(optimize.brentq(f, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def Logarithmic(gamma: float | None = None, mean: float | None = None) -> TruncatedNegativeBinomial:
+    """The logarithmic distribution, D_{0,γ}."""
+    return TruncatedNegativeBinomial(0.0, gamma=gamma, mean=mean)
+
+
+def Geometric(gamma: float | None = None, mean: float | None = None) -> TruncatedNegativeBinomial:
+    """The geometric distribution on K ≥ 1, D_{1,γ}."""
+    return TruncatedNegativeBinomial(1.0, gamma=gamma, mean=mean)
+
+
+def runs_from_dict(data: Any) -> RunsDistribution:
+    """Inverse of ``RunsDistribution.to_dict``."""
+    if not isinstance(data, dict) or data.get("type") not in ("Poisson", "TruncatedNegativeBinomial"):
+        raise InvalidArgumentError("runs", data, "must describe Poisson or TruncatedNegativeBinomial")
+    params = data.get("params") or {}
+    if data["type"] == "Poisson":
+        return Poisson(params["mean_runs"])
+    return TruncatedNegativeBinomial(params["eta"], gamma=params["gamma"])

@@ -1,0 +1,46 @@
+"""Hyperparameter tuning as a client of the ledger (``privguard.tuning``).
+
+Every tuner charges its whole tuning bound to the ledger before any candidate
+runs, runs each candidate under a strict child ledger, and releases only the
+selected result. See :class:`RandomSearch`.
+"""
+
+from privguard._runs import (
+    Geometric,
+    Logarithmic,
+    Poisson,
+    RunsDistribution,
+    TruncatedNegativeBinomial,
+)
+from privguard.tuning._base import SLACK, Tuner, TuningPlan, TuningResult
+from privguard.tuning._calibration import (
+    calibrate_noise_multiplier,
+    calibrate_tuning_noise,
+    dpsgd_cost,
+)
+from privguard.tuning._random_search import RandomSearch
+from privguard.tuning._space import Choice, IntUniform, LogUniform, SearchSpace, UniformFloat
+from privguard.tuning._utility import expected_quantile, prob_top
+
+__all__ = [
+    "Tuner",
+    "RandomSearch",
+    "TuningPlan",
+    "TuningResult",
+    "SLACK",
+    "SearchSpace",
+    "Choice",
+    "UniformFloat",
+    "LogUniform",
+    "IntUniform",
+    "Poisson",
+    "TruncatedNegativeBinomial",
+    "Logarithmic",
+    "Geometric",
+    "RunsDistribution",
+    "calibrate_noise_multiplier",
+    "calibrate_tuning_noise",
+    "dpsgd_cost",
+    "expected_quantile",
+    "prob_top",
+]

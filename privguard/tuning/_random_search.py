@@ -1,0 +1,146 @@
+"""Random search with a random number of runs (seed 002, Papernot & Steinke 2022)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._base import Mechanism
+from privguard._curve import RDPCurve
+from privguard._errors import BudgetExhausted, InvalidArgumentError
+from privguard._ledger import Ledger
+from privguard._orders import DEFAULT_ORDERS
+from privguard._repeat_select import RepeatAndSelect
+from privguard._runs import Poisson, RunsDistribution, TruncatedNegativeBinomial
+from privguard.tuning._base import (
+    SLACK,
+    Tuner,
+    TuningResult,
+    check_objective,
+    make_rng,
+    unpack,
+)
+from privguard.tuning._space import SearchSpace
+
+
+class RandomSearch(Tuner):
+    """Draw K ~ ``runs`` candidates at random from ``space``; release only the best.
+
+    Args:
+        space: a :class:`SearchSpace` or a ``{name: values}`` mapping.
+        runs: ``Poisson(mean)`` or ``TruncatedNegativeBinomial(eta, ...)``
+            (``Logarithmic``, ``Geometric``). A fixed K is not private.
+        cost: the privacy cost of ONE candidate — training and scoring — as a
+            mechanism, or a function ``params -> mechanism`` (then ``space``
+            must be finite, so the uniform bound can be the order-wise maximum
+            over every candidate that can be drawn; seed 000 Lemma 9).
+        mode: ``"max"`` (default) or ``"min"``: which score is best.
+        seed: ONLY for tests: makes K and the draws predictable, which breaks
+            the guarantee. Default: OS entropy.
+        progress: show a progress bar (counts only, never a score).
+
+    Example:
+        >>> from privguard import Ledger, mechanisms as M
+        >>> from privguard.tuning import RandomSearch, Poisson
+        >>> tuner = RandomSearch({"lr": [0.1, 0.3, 1.0]}, Poisson(3.0),
+        ...                      cost=M.Gaussian(10.0), progress=False)
+        >>> ledger = Ledger(epsilon=5.0, delta=1e-5)
+        >>> def objective(params, child):
+        ...     child.charge(M.Gaussian(10.0))    # the candidate's private work
+        ...     return -abs(params["lr"] - 0.3)     # its (private) score
+        >>> result = tuner.run(objective, ledger)
+        >>> len(ledger.history)                     # one charge: the whole tuning bound
+        1
+    """
+
+    def __init__(self, space: SearchSpace | Mapping[str, Any], runs: RunsDistribution, *,
+                 cost: Mechanism | Callable[[dict], Mechanism], mode: str = "max",
+                 seed: int | None = None, progress: bool = True) -> None:
+        self.space = space if isinstance(space, SearchSpace) else SearchSpace(space)
+        if not isinstance(runs, (Poisson, TruncatedNegativeBinomial)):
+            raise InvalidArgumentError("runs", runs,
+                                       "must be Poisson(...) or TruncatedNegativeBinomial(...)")
+        self.runs = runs
+        if not isinstance(cost, Mechanism) and not callable(cost):
+            raise InvalidArgumentError("cost", cost, "must be a mechanism or params -> mechanism")
+        if not isinstance(cost, Mechanism) and not self.space.is_finite:
+            raise InvalidArgumentError(
+                "cost", cost, "a per-candidate cost function needs a finite space (its maximum "
+                "over every candidate is the bound); give one mechanism that bounds them all")
+        if mode not in ("max", "min"):
+            raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")
+        self.cost_of = cost
+        self.mode = mode
+        self.seed = seed
+        self.progress = progress
+
+    # -- privacy -----------------------------------------------------------
+    def _declared(self, params: dict, grid: np.ndarray) -> np.ndarray:
+        mech = self.cost_of if isinstance(self.cost_of, Mechanism) else self.cost_of(params)
+        if not isinstance(mech, Mechanism):
+            raise InvalidArgumentError("cost(params)", mech, "must return a privguard mechanism")
+        return mech._rdp_checked(grid)
+
+    def _per_candidate_curve(self, orders: np.ndarray) -> np.ndarray:
+        """Uniform per-candidate bound: order-wise max over candidates (seed 000 Lemma 9),
+        inflated by SLACK as the child ledgers enforce it."""
+        if isinstance(self.cost_of, Mechanism):
+            worst = self.cost_of._rdp_checked(orders)
+        else:
+            worst = np.max([self._declared(p, orders) for p in self.space.candidates()], axis=0)
+        return worst * (1 + SLACK)
+
+    def cost(self, orders=None) -> RepeatAndSelect:
+        """``RepeatAndSelect(per-candidate bound, runs)`` on ``orders`` (default grid)."""
+        grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
+        return RepeatAndSelect(RDPCurve._trusted(grid, self._per_candidate_curve(grid)), self.runs)
+
+    def _expected_runs(self) -> float:
+        return self.runs.mean
+
+    # -- running -----------------------------------------------------------
+    def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
+            label: str = "tuning") -> TuningResult:
+        """Charge the tuning bound, run K candidates, return only the best.
+
+        ``objective(params, child_ledger)`` trains and scores one candidate,
+        charging its private work to ``child_ledger`` (e.g. through
+        :func:`privguard.integrations.opacus.attach`); it returns a score,
+        ``(score, artifact)`` or ``{"score": ..., "artifact": ...}``. A
+        candidate whose child ledger refuses a charge is counted as failed.
+
+        Raises:
+            BudgetExhausted: the ledger refuses the tuning bound; nothing ran.
+        """
+        check_objective(objective)
+        mech = self._charge(ledger, label)
+        rng = make_rng(self.seed)
+        k = self.runs.sample(rng)
+        best = None  # (score, params, artifact) of the best so far; nothing else is kept
+        failed = 0
+        from tqdm.auto import tqdm
+
+        with tqdm(total=k, desc=label, unit="run", disable=not self.progress, leave=False) as bar:
+            for _ in range(k):
+                params = self.space.sample(rng)
+                budget = RDPCurve._trusted(ledger.orders, self._declared(params, ledger.orders)
+                                           * (1 + SLACK))
+                child = ledger.child(budget)
+                try:
+                    score, artifact = unpack(objective(dict(params), child))
+                except BudgetExhausted:
+                    failed += 1
+                else:
+                    if self._better(score, None if best is None else best[0]):
+                        best = (score, params, artifact)
+                bar.update(1)
+        if best is None:
+            return TuningResult(False, None, None, None, k, failed, mech, self.seed is not None)
+        return TuningResult(True, dict(best[1]), best[0], best[2], k, failed, mech,
+                            self.seed is not None)
+
+    def __repr__(self) -> str:
+        return f"RandomSearch({self.space}, runs={self.runs}, mode={self.mode!r})"
+

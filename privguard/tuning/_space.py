@@ -1,0 +1,123 @@
+"""Search spaces: named hyperparameters, each a finite choice or a distribution."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One of finitely many values, uniformly."""
+
+    values: tuple
+
+    def __init__(self, values) -> None:
+        vals = tuple(values)
+        if not vals:
+            raise InvalidArgumentError("values", values, "a choice needs at least one value")
+        object.__setattr__(self, "values", vals)
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return self.values[int(rng.integers(len(self.values)))]
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformFloat:
+    """A float uniform on [low, high]."""
+
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise InvalidArgumentError("low, high", (self.low, self.high), "need finite low < high")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogUniform:
+    """A float whose logarithm is uniform on [log low, log high] (learning rates)."""
+
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        check.positive_finite("low", self.low)
+        check.positive_finite("high", self.high)
+        if not self.low < self.high:
+            raise InvalidArgumentError("low, high", (self.low, self.high), "need low < high")
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+
+
+@dataclasses.dataclass(frozen=True)
+class IntUniform:
+    """An integer uniform on {low, ..., high}."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.low, int) and isinstance(self.high, int) and self.low <= self.high):
+            raise InvalidArgumentError("low, high", (self.low, self.high), "need integers low <= high")
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.low, self.high + 1))
+
+
+_DIMENSIONS = (Choice, UniformFloat, LogUniform, IntUniform)
+
+
+class SearchSpace:
+    """Named hyperparameters. Lists/tuples become :class:`Choice`; a scalar is fixed.
+
+    Example:
+        >>> import numpy as np
+        >>> space = SearchSpace({"lr": [0.1, 0.3], "clip": 1.0})
+        >>> space.is_finite, len(space.candidates())
+        (True, 2)
+        >>> sorted(space.sample(np.random.default_rng(0)))
+        ['clip', 'lr']
+    """
+
+    def __init__(self, dimensions: Mapping[str, Any]) -> None:
+        if not isinstance(dimensions, Mapping) or not dimensions:
+            raise InvalidArgumentError("space", dimensions, "must be a non-empty {name: values} mapping")
+        dims = {}
+        for name, dim in dimensions.items():
+            if isinstance(dim, _DIMENSIONS):
+                dims[name] = dim
+            elif isinstance(dim, (list, tuple)):
+                dims[name] = Choice(dim)
+            else:
+                dims[name] = Choice((dim,))
+        self.dimensions = dims
+
+    @property
+    def is_finite(self) -> bool:
+        return all(isinstance(d, Choice) for d in self.dimensions.values())
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every point of a finite space (its Cartesian product)."""
+        if not self.is_finite:
+            raise InvalidArgumentError("space", self, "has continuous dimensions; it cannot be enumerated")
+        names = list(self.dimensions)
+        return [dict(zip(names, combo))
+                for combo in itertools.product(*(self.dimensions[n].values for n in names))]
+
+    def sample(self, rng: np.random.Generator) -> dict[str, Any]:
+        return {name: dim.sample(rng) for name, dim in self.dimensions.items()}
+
+    def __repr__(self) -> str:
+        return f"SearchSpace({self.dimensions})"
