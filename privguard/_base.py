@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,9 +46,15 @@ class Mechanism(abc.ABC):
         return np.array(self._rdp_checked(grid))
 
     def _rdp_checked(self, grid: np.ndarray) -> np.ndarray:
-        """The curve on an already validated grid, checked for NaN/negatives."""
-        values = self._rdp(grid)
-        return check.rdp_values(f"rdp of {self!r}", values, grid.size)
+        """The curve on an already validated grid, checked for NaN/negatives (read-only).
+
+        Cached process-wide per (mechanism, grid): mechanisms are immutable
+        values, so equal parameters always give the same curve.
+        """
+        try:
+            return _cached_curve(self, grid.tobytes())
+        except TypeError:  # an unhashable parameter: compute without the cache
+            return check.rdp_values(f"rdp of {self!r}", self._rdp(grid), grid.size)
 
     @abc.abstractmethod
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
@@ -63,6 +70,12 @@ class Mechanism(abc.ABC):
 
     def _params(self) -> dict[str, Any]:
         return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_curve(mechanism: "Mechanism", grid_bytes: bytes) -> np.ndarray:
+    grid = np.frombuffer(grid_bytes, dtype=np.float64)
+    return check.rdp_values(f"rdp of {mechanism!r}", mechanism._rdp(grid), grid.size)
 
 
 def _encode(value: Any) -> Any:

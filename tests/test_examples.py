@@ -46,3 +46,12 @@ def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
     ledger = env["ledger"]
     assert ledger.epsilon() == 3.0 and len(ledger.history) > 0
     assert "stopped:" in capsys.readouterr().out
+
+
+def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():
+    import tune_random_k
+
+    summary = tune_random_k.main(["--seed", "0", "--mean", "3"])
+    assert summary["selected"]["lr"] in [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
+    assert summary["tuning_epsilon"] < summary["naive_composition_epsilon"]
+    assert 0.1 < summary["test_accuracy"] <= 1.0

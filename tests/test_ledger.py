@@ -191,6 +191,9 @@ def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
         return real(**kwargs)
 
     monkeypatch.setattr(_mechanisms._opacus_rdp, "compute_rdp", counting)
+    from privguard._base import _cached_curve
+
+    _cached_curve.cache_clear()
     ledger = Ledger(epsilon=1e6, delta=DELTA)
     for _ in range(100_000):
         ledger.charge(M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.004))
