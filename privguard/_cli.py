@@ -2,6 +2,7 @@
 
     privguard report budget.db [--json]
     privguard plot budget.db -o eps.png
+    privguard demo [--db PATH] [--quick]
 
 Exit status: 0 on success, 2 when the ledger cannot be read (it fails
 closed: an inconsistent file is reported, never repaired), 1 on other errors.
@@ -43,10 +44,19 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
 
 
 def _describe(mechanism) -> str:
-    params = mechanism.to_dict()["params"]
-    if mechanism.type_name == "RDPCurve":
-        return "RDPCurve(...)"
-    return f"{mechanism.type_name}({', '.join(f'{k}={v}' for k, v in params.items())})"
+    return _short(mechanism.to_dict())
+
+
+def _short(value: Any) -> str:
+    """A one-line description of a serialised mechanism (curves abbreviated)."""
+    if isinstance(value, dict) and set(value) == {"type", "params"}:
+        if value["type"] == "RDPCurve":
+            return f"RDPCurve({len(value['params']['orders'])} orders)"
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in value["params"].items())
+        return f"{value['type']}({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value[:4]) + (", ...]" if len(value) > 4 else "]")
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _time(t: float) -> str:
@@ -165,8 +175,19 @@ def main(argv: list[str] | None = None) -> int:
     plo = sub.add_parser("plot", help="PNG of ε over charges")
     plo.add_argument("path")
     plo.add_argument("-o", "--output", required=True)
+    demo = sub.add_parser("demo", help="tune, train and report a private model (the main job)")
+    demo.add_argument("--db", default=None, help="ledger file (default: a new one under "
+                      "./privguard-demo/)")
+    demo.add_argument("--quick", action="store_true", default=None,
+                      help="reduced size (the default when CI=true)")
+    demo.add_argument("--epsilon", type=float, default=10.0, help="total budget")
     args = parser.parse_args(argv)
     try:
+        if args.command == "demo":
+            from privguard._demo import run
+
+            run(db=args.db, quick=args.quick, epsilon=args.epsilon)
+            return 0
         ledger = Ledger.open(args.path)
         if args.command == "report":
             data = report(ledger)

@@ -70,3 +70,16 @@ def test_console_script_is_installed(fixture_ledger):
     done = subprocess.run([exe, "report", str(fixture_ledger), "--json"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and json.loads(done.stdout)["charges"] == 503
+
+
+def test_demo_runs_end_to_end(tmp_path, capsys):
+    db = tmp_path / "demo.db"
+    assert main(["demo", "--quick", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "reduced size" in out and "What to report" in out
+    ledger = Ledger.open(db)
+    labels = {r.label for r in ledger.history}
+    assert {"random-K tuning", "final training", "early-stopping check"} <= labels
+    assert ledger.history[0].label == "random-K tuning"  # charged before anything else
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"{ledger.epsilon():.3f}" in out
