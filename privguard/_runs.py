@@ -28,9 +28,7 @@ class RunsDistribution:
     def pmf(self, k: int) -> float:
         raise NotImplementedError
 
-    @property
-    def mean(self) -> float:
-        raise NotImplementedError
+    # Every distribution also has ``mean``, E[K] (a field or a property).
 
     def pgf(self, x: float) -> float:
         """E[x^K]."""
@@ -50,25 +48,21 @@ class Poisson(RunsDistribution):
         10.0
     """
 
-    mean_runs: float
+    mean: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mean_runs", check.positive_finite("mean", self.mean_runs))
-
-    @property
-    def mean(self) -> float:
-        return self.mean_runs
+        object.__setattr__(self, "mean", check.positive_finite("mean", self.mean))
 
     def sample(self, rng: np.random.Generator) -> int:
-        return int(rng.poisson(self.mean_runs))
+        return int(rng.poisson(self.mean))
 
     def pmf(self, k: int) -> float:
         if k < 0:
             return 0.0
-        return math.exp(k * math.log(self.mean_runs) - self.mean_runs - math.lgamma(k + 1))
+        return math.exp(k * math.log(self.mean) - self.mean - math.lgamma(k + 1))
 
     def pgf(self, x: float) -> float:
-        return math.exp(self.mean_runs * (x - 1))
+        return math.exp(self.mean * (x - 1))
 
 
 def _tnb_mean(eta: float, gamma: float) -> float:
@@ -176,5 +170,5 @@ def runs_from_dict(data: Any) -> RunsDistribution:
         raise InvalidArgumentError("runs", data, "must describe Poisson or TruncatedNegativeBinomial")
     params = data.get("params") or {}
     if data["type"] == "Poisson":
-        return Poisson(params["mean_runs"])
+        return Poisson(params["mean"])
     return TruncatedNegativeBinomial(params["eta"], gamma=params["gamma"])
