@@ -55,3 +55,15 @@ def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():
     assert summary["selected"]["lr"] in [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
     assert summary["tuning_epsilon"] < summary["naive_composition_epsilon"]
     assert 0.1 < summary["test_accuracy"] <= 1.0
+
+
+def test_propose_test_example():
+    import propose_test
+
+    summary = propose_test.main(["--seeds", "100"])
+    sim, real = summary["simulation"], summary["digits"]
+    assert sim["max_rounds"] <= 201 and sim["mean_rounds"] > 1
+    means = [v[1] for v in sim["growth"].values()]
+    assert means == sorted(means)  # more rounds as (u* − u0)/g grows
+    assert real["selected_lr"] in [0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
+    assert real["rounds"] >= 1 and real["total_epsilon"] <= 12.0

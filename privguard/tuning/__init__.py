@@ -18,6 +18,7 @@ from privguard.tuning._calibration import (
     calibrate_tuning_noise,
     dpsgd_cost,
 )
+from privguard.tuning._propose_test import ProposeTest, ProposeTestResult
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import Choice, IntUniform, LogUniform, SearchSpace, UniformFloat
 from privguard.tuning._utility import expected_quantile, prob_top
@@ -25,6 +26,8 @@ from privguard.tuning._utility import expected_quantile, prob_top
 __all__ = [
     "Tuner",
     "RandomSearch",
+    "ProposeTest",
+    "ProposeTestResult",
     "TuningPlan",
     "TuningResult",
     "SLACK",

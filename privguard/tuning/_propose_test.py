@@ -1,0 +1,215 @@
+"""Propose-test tuning with doubling steps (seed 004, Ding & Wu 2022; formulas.md §7).
+
+Utility: subsample-and-aggregate. Every training example is assigned to one
+of k partitions independently at random, each candidate is trained on each
+partition (privately or not), and its utility is the mean validation accuracy
+over the k partitions. Adding or removing one example changes one partition,
+hence one accuracy in [0, 1] by at most 1, hence the utility by at most 1/k.
+
+Loop (Algorithm 1): propose û = u + step·g + Lap(2/(kε₀)); scan the
+candidates in order with noise Lap(4/(kε₀)) each and record the first whose
+noisy utility reaches û (AboveThreshold); on a record, u += step·g and the
+step doubles, otherwise the step halves (integer division); stop when the
+step is 0 or u ≥ 1. Each round is ε₀-DP (seed 004, Theorem, eq. 1). The
+number of rounds depends on the data, so each round is charged to the
+ledger as a pure ε₀-DP mechanism just before it runs; the ledger's filter
+refuses a round that would overspend and its odometer bounds any number of
+rounds. A refused round stops the tuner, which returns the best candidate
+recorded so far. Only the selected hyperparameters are released.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._errors import BudgetExhausted, InvalidArgumentError
+from privguard._ledger import Ledger
+from privguard._mechanisms import PureDP
+from privguard.tuning._base import check_objective, make_rng
+from privguard.tuning._space import SearchSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposeTestResult:
+    """What propose-test tuning releases.
+
+    Attributes:
+        selected: False if no candidate was ever recorded.
+        params: the last recorded candidate's hyperparameters.
+        rounds: rounds run (each charged as PureDP(ε₀)).
+        stopped_by_refusal: True if the ledger refused a round.
+        utility_level: the accumulated threshold u (a function of the outputs).
+        seeded: True if the noise came from a fixed seed (tests only).
+    """
+
+    selected: bool
+    params: dict[str, Any] | None
+    rounds: int
+    stopped_by_refusal: bool
+    utility_level: float
+    seeded: bool
+
+
+def partitions(n: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Assign each of n examples to one of k partitions independently; return index arrays."""
+    labels = rng.integers(k, size=n)
+    return [np.flatnonzero(labels == i) for i in range(k)]
+
+
+class ProposeTest:
+    """Propose-test tuning with doubling steps.
+
+    Args:
+        candidates: a finite :class:`SearchSpace`, a ``{name: values}``
+            mapping, or a list of hyperparameter dicts (scanned in order).
+        epsilon0: the privacy cost ε₀ of one round.
+        partitions: k, the number of disjoint training partitions.
+        granularity: g, the utility step.
+        lower_bound: u₀, the starting utility level.
+        seed: ONLY for tests (predictable noise breaks the guarantee).
+        progress: show a progress bar of rounds.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> tuner = ProposeTest([{"lr": 0.1}, {"lr": 1.0}], epsilon0=0.5, partitions=5,
+        ...                     granularity=0.05, progress=False)
+        >>> ledger = Ledger(delta=1e-5)
+        >>> result = tuner.select([0.2, 0.9], ledger)
+        >>> result.rounds == len(ledger.history)
+        True
+    """
+
+    def __init__(self, candidates: SearchSpace | Mapping | Sequence[dict], *, epsilon0: float,
+                 partitions: int, granularity: float = 0.01, lower_bound: float = 0.0,
+                 seed: int | None = None, progress: bool = True) -> None:
+        if isinstance(candidates, (SearchSpace, Mapping)):
+            space = candidates if isinstance(candidates, SearchSpace) else SearchSpace(candidates)
+            candidates = space.candidates()
+        self.candidates = [dict(c) for c in candidates]
+        if not self.candidates:
+            raise InvalidArgumentError("candidates", candidates, "need at least one candidate")
+        self.epsilon0 = check.positive_finite("epsilon0", epsilon0)
+        self.k = check.positive_int("partitions", partitions)
+        self.g = check.fraction("granularity", granularity)
+        u0 = check.non_negative_finite("lower_bound", lower_bound)
+        if u0 >= 1:
+            raise InvalidArgumentError("lower_bound", lower_bound, "must lie in [0, 1)")
+        self.u0 = u0
+        self.seed = seed
+        self.progress = progress
+
+    @property
+    def threshold_scale(self) -> float:
+        """Scale of the threshold noise: 2/(kε₀) (Algorithm 1, line 14)."""
+        return 2.0 / (self.k * self.epsilon0)
+
+    @property
+    def candidate_scale(self) -> float:
+        """Scale of each candidate's noise: 4/(kε₀) (Algorithm 1, line 17)."""
+        return 4.0 / (self.k * self.epsilon0)
+
+    def round_mechanism(self) -> PureDP:
+        """What one round costs: pure ε₀-DP (seed 004, Theorem, eq. 1)."""
+        return PureDP(self.epsilon0)
+
+    def utilities(self, objective: Callable[[dict, np.ndarray], float], n_examples: int,
+                  rng: np.random.Generator | None = None) -> np.ndarray:
+        """Subsample-and-aggregate utilities, one per candidate (sensitivity 1/k).
+
+        ``objective(params, indices)`` trains on the training examples at
+        ``indices`` and returns a validation accuracy in [0, 1].
+        """
+        n = check.positive_int("n_examples", n_examples)
+        rng = make_rng(self.seed) if rng is None else rng
+        return self.aggregate(objective, partitions(n, self.k, rng))
+
+    def aggregate(self, objective: Callable[[dict, np.ndarray], float],
+                  parts: Sequence[np.ndarray]) -> np.ndarray:
+        """Mean accuracy over the given partitions, per candidate.
+
+        With the assignment of the other examples held fixed (the coupling
+        in the sensitivity argument), adding or removing one example changes
+        one partition, so each utility moves by at most 1/k.
+        """
+        check_objective(objective)
+        if len(parts) != self.k:
+            raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
+        out = np.empty(len(self.candidates))
+        for s, params in enumerate(self.candidates):
+            accs = []
+            for part in parts:
+                acc = float(objective(dict(params), np.asarray(part)))
+                if not 0.0 <= acc <= 1.0:
+                    raise InvalidArgumentError("objective(...)", acc,
+                                               "must be an accuracy in [0, 1] (sensitivity)")
+                accs.append(acc)
+            out[s] = sum(accs) / self.k
+        return out
+
+    def select(self, utilities: Sequence[float], ledger: Ledger,
+               rng: np.random.Generator | None = None, label: str = "propose-test round"
+               ) -> ProposeTestResult:
+        """The propose-test loop on precomputed utilities, charging each round to ``ledger``."""
+        u_s = np.asarray(utilities, dtype=float)
+        if u_s.shape != (len(self.candidates),) or np.any((u_s < 0) | (u_s > 1)):
+            raise InvalidArgumentError("utilities", utilities,
+                                       f"need {len(self.candidates)} values in [0, 1]")
+        if not isinstance(ledger, Ledger):
+            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        rng = make_rng(self.seed) if rng is None else rng
+        mech = self.round_mechanism()
+        u, step, chosen, rounds, refused = self.u0, 1, None, 0, False
+        from tqdm.auto import tqdm
+
+        with tqdm(desc="propose-test", unit="round", disable=not self.progress, leave=False) as bar:
+            while step != 0 and u < 1:
+                try:
+                    ledger.charge(mech, label=label)  # before the round's noise is drawn
+                except BudgetExhausted:
+                    refused = True
+                    break
+                rounds += 1
+                proposal = u + step * self.g + rng.laplace(0.0, self.threshold_scale)
+                hit = None
+                for s in range(len(u_s)):
+                    if u_s[s] + rng.laplace(0.0, self.candidate_scale) >= proposal:
+                        hit = s
+                        break
+                if hit is not None:
+                    chosen = hit
+                    u += step * self.g
+                    step *= 2
+                else:
+                    step //= 2
+                bar.update(1)
+        params = None if chosen is None else dict(self.candidates[chosen])
+        return ProposeTestResult(chosen is not None, params, rounds, refused, u,
+                                 self.seed is not None)
+
+    def run(self, objective: Callable[[dict, np.ndarray], float], ledger: Ledger,
+            n_examples: int) -> ProposeTestResult:
+        """Utilities by subsample-and-aggregate, then the charged propose-test loop."""
+        rng = make_rng(self.seed)
+        return self.select(self.utilities(objective, n_examples, rng), ledger, rng)
+
+    def worst_case_rounds(self) -> int:
+        """Rounds never exceed 2⌈(1 − u₀)/g⌉ + 1.
+
+        Each recorded round adds at least g to u (stop at u ≥ 1) and doubles
+        the step; each other round halves it, and the loop stops at step 0, so
+        unrecorded rounds are at most recorded rounds + 1.
+        """
+        return 2 * math.ceil((1 - self.u0) / self.g - 1e-12) + 1
+
+    def worst_case_epsilon(self, delta: float) -> float:
+        """The paper's bound: advanced composition (Dwork, Rothblum & Vadhan 2010,
+        Thm III.3) of the worst-case number of ε₀-DP rounds, at δ:
+        ε = sqrt(2T·log(1/δ))·ε₀ + T·ε₀·(e^ε₀ − 1)."""
+        d = check.delta("delta", delta)
+        t, e = self.worst_case_rounds(), self.epsilon0
+        return math.sqrt(2 * t * math.log(1 / d)) * e + t * e * math.expm1(e)

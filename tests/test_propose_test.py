@@ -1,0 +1,121 @@
+"""Propose-test tuning: per-round charges, termination, refusal, noise scales, sensitivity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privguard import InvalidArgumentError, Ledger
+from privguard import mechanisms as M
+from privguard.tuning import ProposeTest
+from privguard.tuning._propose_test import partitions
+
+CANDS = [{"i": i} for i in range(100)]
+
+
+def tuner(**kw):
+    kw.setdefault("epsilon0", 0.1)
+    kw.setdefault("partitions", 10)
+    kw.setdefault("granularity", 0.01)
+    return ProposeTest(CANDS, progress=False, **kw)
+
+
+def test_each_round_is_charged_as_pure_epsilon0():
+    ledger = Ledger(delta=1e-5)
+    result = tuner(seed=1).select(np.random.default_rng(1).uniform(0, 1, 100), ledger)
+    assert result.rounds == len(ledger.history) > 0
+    assert all(r.mechanism == M.PureDP(0.1) for r in ledger.history)
+    np.testing.assert_allclose(ledger.spent, result.rounds * M.PureDP(0.1).rdp(ledger.orders))
+
+
+def test_terminates_in_every_seed_within_the_worst_case():
+    rng = np.random.default_rng(0)
+    for seed in range(2000):
+        g = float(rng.choice([0.2, 0.05, 0.01, 0.003]))
+        u0 = float(rng.choice([0.0, 0.5, 0.9]))
+        eps0 = float(rng.choice([0.05, 0.5, 5.0]))
+        t = tuner(seed=seed, granularity=g, lower_bound=u0, epsilon0=eps0)
+        result = t.select(rng.uniform(0, 1, 100), Ledger(delta=1e-5))
+        assert 1 <= result.rounds <= t.worst_case_rounds()
+
+
+def test_refused_round_stops_cleanly_with_the_best_so_far():
+    # a filter with room for a few rounds only
+    ledger = Ledger(epsilon=0.4, delta=1e-5, plan=M.PureDP(0.1))
+    room = ledger.remaining(M.PureDP(0.1)).repeats
+    assert room == 3  # fewer than the ~7 rounds this run needs
+    result = tuner(seed=4).select(np.full(100, 0.99), ledger)
+    assert result.stopped_by_refusal and result.rounds == room == len(ledger.history)
+    assert result.selected and result.params in CANDS
+
+
+class SpyRng:
+    """Records the scale of every Laplace draw; returns 0 noise."""
+
+    def __init__(self):
+        self.scales = []
+
+    def laplace(self, loc, scale):
+        self.scales.append(scale)
+        return 0.0
+
+
+@pytest.mark.parametrize("k,eps0", [(10, 0.1), (4, 2.0), (1, 0.5)])
+def test_noise_scales_are_exactly_2_and_4_over_k_epsilon0(k, eps0):
+    t = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=eps0, partitions=k, granularity=0.1,
+                    progress=False)
+    spy = SpyRng()
+    result = t.select([0.0, 0.95], Ledger(delta=1e-5), rng=spy)
+    threshold, candidate = 2 / (k * eps0), 4 / (k * eps0)
+    assert result.rounds > 1 and spy.scales[0] == threshold
+    assert set(spy.scales) == {threshold, candidate}
+    assert spy.scales.count(threshold) == result.rounds  # one proposal per round
+    assert t.threshold_scale == 2 / (k * eps0) and t.candidate_scale == 4 / (k * eps0)
+
+
+def test_partitions_are_disjoint_and_cover():
+    parts = partitions(1000, 7, np.random.default_rng(0))
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+
+
+def test_one_example_moves_each_utility_by_at_most_one_over_k():
+    k = 5
+    t = ProposeTest([{"w": w} for w in (0.1, 0.5, 0.9)], epsilon0=1.0, partitions=k,
+                    progress=False)
+    rng = np.random.default_rng(3)
+    data = rng.uniform(0, 1, 200)
+
+    def objective(params, idx):  # any accuracy-like value in [0, 1] of one partition
+        if len(idx) == 0:
+            return 0.0
+        return float(np.clip(np.mean(data[idx] > params["w"]) + 0.3 * np.max(data[idx]), 0, 1))
+
+    parts = partitions(200, k, rng)
+    base = t.aggregate(objective, parts)
+    for removed in (0, 57, 199):  # neighbour: one example removed, others' partitions kept
+        neighbour = [p[p != removed] for p in parts]
+        changed = [i for i in range(k) if len(neighbour[i]) != len(parts[i])]
+        assert len(changed) == 1
+        assert np.max(np.abs(t.aggregate(objective, neighbour) - base)) <= 1 / k + 1e-12
+
+
+def test_utility_outside_unit_interval_is_refused():
+    t = ProposeTest([{"a": 1}], epsilon0=1.0, partitions=2, progress=False)
+    with pytest.raises(InvalidArgumentError, match="accuracy"):
+        t.utilities(lambda p, idx: 1.5, 10)
+
+
+def test_worst_case_bound_is_advanced_composition():
+    t = tuner(granularity=0.01)
+    T = t.worst_case_rounds()
+    assert T == 201
+    expected = np.sqrt(2 * T * np.log(1e5)) * 0.1 + T * 0.1 * np.expm1(0.1)
+    assert t.worst_case_epsilon(1e-5) == pytest.approx(expected)
+
+
+def test_run_end_to_end_releases_only_the_selection():
+    t = ProposeTest({"lr": [0.1, 1.0]}, epsilon0=1.0, partitions=3, granularity=0.1, seed=0,
+                    progress=False)
+    result = t.run(lambda p, idx: 0.9 if p["lr"] == 1.0 else 0.1, Ledger(delta=1e-5), 30)
+    assert set(vars(result)) == {"selected", "params", "rounds", "stopped_by_refusal",
+                                 "utility_level", "seeded"}
