@@ -42,6 +42,27 @@ def _log_delta_hat(orders: np.ndarray, base: np.ndarray, eps_hat: np.ndarray) ->
     return np.minimum(np.min(log_d, axis=1), kl_best)
 
 
+def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBinomial,
+               log_ratio: float = 0.0) -> np.ndarray:
+    """Seed 003 Theorem 1 (seed 002 Theorem 2 when log_ratio = log(C/c) = 0):
+    ε' = ε + (1+θ)(1 − 1/λ̂)ε̂ + (λ/(λ−1) + 1 + θ)·log(C/c) + (1+θ)·log(1/γ)/λ̂
+         + log(E[T])/(λ−1), the auxiliary order λ̂ minimised over the grid."""
+    theta = runs.eta
+    aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
+    out = base + (1 + theta) * aux + math.log(runs.mean) / (orders - 1)
+    if log_ratio:
+        out = out + (orders / (orders - 1) + 1 + theta) * log_ratio
+    return out
+
+
+def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
+    """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
+    out = np.where(np.isnan(out), np.inf, out)
+    if pure_epsilon is not None:
+        out = np.minimum(out, PureDP(pure_epsilon)._rdp(orders))
+    return np.maximum(_monotone_envelope(orders, out), 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class RepeatAndSelect(Mechanism):
     """Run ``base`` K times, K ~ ``runs``, and release only the best run.
@@ -91,18 +112,13 @@ class RepeatAndSelect(Mechanism):
         runs = self.runs
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if isinstance(runs, TruncatedNegativeBinomial):
-                # Theorem 2; the λ̂ term is minimised over the grid.
-                aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
-                out = base + (1 + runs.eta) * aux + math.log(runs.mean) / (orders - 1)
+                out = _tnb_bound(orders, base, runs)
             else:
                 # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
                 eps_hat = np.log1p(1 / (orders - 1))
                 delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
                 out = base + runs.mean * delta_hat + math.log(runs.mean) / (orders - 1)
-        out = np.where(np.isnan(out), np.inf, out)
-        if self.pure_epsilon is not None:
-            out = np.minimum(out, PureDP(self.pure_epsilon)._rdp(orders))
-        return np.maximum(_monotone_envelope(orders, out), 0.0)
+        return _finish(orders, out, self.pure_epsilon)
 
     def _params(self) -> dict[str, Any]:
         return {"base": self.base.to_dict(), "runs": self.runs.to_dict()}
@@ -110,3 +126,69 @@ class RepeatAndSelect(Mechanism):
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> "RepeatAndSelect":
         return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPHyPO(Mechanism):
+    """Adaptive tuning whose sampling densities stay within [c, C] × the prior (seed 003).
+
+    T ~ ``runs`` (a TruncatedNegativeBinomial D_{θ,γ}; the theorem covers
+    only this family) candidates are drawn from densities π⁽ʲ⁾ updated from
+    past results, each within c·π⁽⁰⁾ ≤ π⁽ʲ⁾ ≤ C·π⁽⁰⁾; the best is released.
+    The curve is seed 003 Theorem 1 (auxiliary order minimised over the grid),
+    and for a pure ε-DP base also Theorem 2, ((2+θ)(ε + log(C/c)), 0)-DP; then
+    the monotone envelope. With C = c = 1 it is exactly
+    :class:`RepeatAndSelect` (the same code path).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Geometric
+        >>> t = M.DPHyPO(M.PureDP(0.1), Geometric(mean=10.0), C=2.0, c=0.75)
+        >>> round(t.pure_epsilon, 6)   # (2 + 1)(0.1 + log(2/0.75))
+        3.242488
+    """
+
+    base: Mechanism
+    runs: TruncatedNegativeBinomial
+    C: float
+    c: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mechanism):
+            raise InvalidArgumentError("base", self.base, "must be a privguard mechanism")
+        if not isinstance(self.runs, TruncatedNegativeBinomial):
+            raise InvalidArgumentError(
+                "runs", self.runs, "must be a TruncatedNegativeBinomial: seed 003's theorem "
+                "covers that family only (docs/theory.md §9)")
+        big, small = float(self.C), float(self.c)
+        if not (math.isfinite(big) and big >= 1):
+            raise InvalidArgumentError("C", self.C, "must be finite and >= 1")
+        if not (0 < small <= 1):
+            raise InvalidArgumentError("c", self.c, "must lie in (0, 1]")
+        object.__setattr__(self, "C", big)
+        object.__setattr__(self, "c", small)
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.C / self.c)
+
+    @property
+    def pure_epsilon(self) -> float | None:
+        """(2+θ)(ε + log(C/c)) for a pure ε-DP base (seed 003 Theorem 2), else None."""
+        if isinstance(self.base, PureDP):
+            return (2 + self.runs.eta) * (self.base.epsilon + self.log_ratio)
+        return None
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        base = self.base._rdp_checked(orders)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out = _tnb_bound(orders, base, self.runs, self.log_ratio)
+        return _finish(orders, out, self.pure_epsilon)
+
+    def _params(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "runs": self.runs.to_dict(), "C": self.C, "c": self.c}
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> "DPHyPO":
+        return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]),
+                   params["C"], params["c"])

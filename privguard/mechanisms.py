@@ -14,7 +14,7 @@ from privguard._mechanisms import (
     PureDP,
     SubsampledGaussian,
 )
-from privguard._repeat_select import RepeatAndSelect
+from privguard._repeat_select import DPHyPO, RepeatAndSelect
 
 __all__ = [
     "Mechanism",
@@ -27,4 +27,5 @@ __all__ = [
     "ZCDP",
     "Composed",
     "RepeatAndSelect",
+    "DPHyPO",
 ]

@@ -67,3 +67,13 @@ def test_propose_test_example():
     assert means == sorted(means)  # more rounds as (u* − u0)/g grows
     assert real["selected_lr"] in [0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
     assert real["rounds"] >= 1 and real["total_epsilon"] <= 12.0
+
+
+def test_dp_hypo_example_on_the_shipped_landscape():
+    import dp_hypo
+
+    table = dp_hypo.main(["--reps", "20"])
+    for key, (acc, se, eps) in table.items():
+        assert 0.0 < acc <= 1.0 and se >= 0
+        if key.endswith("@0.1"):
+            assert eps == pytest.approx(8.0, abs=1e-3)  # both calibrated to ε = 8 at mean 10

@@ -18,6 +18,8 @@ from privguard.tuning._calibration import (
     calibrate_tuning_noise,
     dpsgd_cost,
 )
+from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate
+from privguard.tuning._projection import project_bounded_simplex, project_density
 from privguard.tuning._propose_test import ProposeTest, ProposeTestResult
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import Choice, IntUniform, LogUniform, SearchSpace, UniformFloat
@@ -27,6 +29,10 @@ __all__ = [
     "Tuner",
     "RandomSearch",
     "ProposeTest",
+    "DPHyPOSearch",
+    "GPUpdate",
+    "project_bounded_simplex",
+    "project_density",
     "ProposeTestResult",
     "TuningPlan",
     "TuningResult",
