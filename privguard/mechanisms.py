@@ -15,6 +15,7 @@ from privguard._mechanisms import (
     SubsampledGaussian,
 )
 from privguard._repeat_select import DPHyPO, RepeatAndSelect
+from privguard._subset import SubsetTuning
 
 __all__ = [
     "Mechanism",
@@ -28,4 +29,5 @@ __all__ = [
     "Composed",
     "RepeatAndSelect",
     "DPHyPO",
+    "SubsetTuning",
 ]

@@ -23,12 +23,16 @@ from privguard.tuning._projection import project_bounded_simplex, project_densit
 from privguard.tuning._propose_test import ProposeTest, ProposeTestResult
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import Choice, IntUniform, LogUniform, SearchSpace, UniformFloat
+from privguard.tuning._subset_search import SubsetResult, SubsetSearch, paper_extrapolation
 from privguard.tuning._utility import expected_quantile, prob_top
 
 __all__ = [
     "Tuner",
     "RandomSearch",
     "ProposeTest",
+    "SubsetSearch",
+    "SubsetResult",
+    "paper_extrapolation",
     "DPHyPOSearch",
     "GPUpdate",
     "project_bounded_simplex",
