@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -43,6 +44,13 @@ def digits(seed: int = 0, public_fraction: float = 0.0):
     if public_fraction:
         out.append(TensorDataset(torch.tensor(x_pub), torch.tensor(y_pub)))
     return out
+
+
+def opacus_rate_and_steps(n: int, batch_size: int, epochs: int) -> tuple[float, int]:
+    """The sample rate and step count Opacus' make_private will use for a DataLoader
+    of n examples: q = 1/len(loader) with len(loader) = ceil(n / batch_size)."""
+    batches = math.ceil(n / batch_size)
+    return 1.0 / batches, epochs * batches
 
 
 def mlp() -> nn.Module:

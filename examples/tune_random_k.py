@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from _common import accuracy, correct_count, digits, make_private, mlp, train_epoch
+from _common import (
+    accuracy,
+    correct_count,
+    digits,
+    make_private,
+    mlp,
+    opacus_rate_and_steps,
+    train_epoch,
+)
 from privguard import Ledger
 from privguard import mechanisms as M
 from privguard.integrations.opacus import attach
@@ -51,16 +59,15 @@ def main(argv=None) -> dict:
 
     train_all, test = digits(0)
     train, val = split_validation(train_all, 0)
-    steps = EPOCHS * round(len(train) / BATCH)
-    per_candidate = M.Composed((M.SubsampledGaussian(SIGMA, BATCH / len(train), steps),
-                                M.Gaussian(VAL_STD)))
+    q, steps = opacus_rate_and_steps(len(train), BATCH, EPOCHS)  # what Opacus will charge
+    per_candidate = M.Composed((M.SubsampledGaussian(SIGMA, q, steps), M.Gaussian(VAL_STD)))
     runs = Poisson(args.mean) if args.runs == "poisson" else Logarithmic(mean=args.mean)
     rng = np.random.default_rng(args.seed)  # OS entropy unless seeded (tests only)
 
     def objective(params: dict, child: Ledger):
         model, opt, loader = make_private(mlp(), train, BATCH, SIGMA, lr=params["lr"],
                                           clip=params["clip"], seed=int(rng.integers(1 << 30)))
-        assert round(1 / loader.sample_rate) * EPOCHS == steps
+        assert loader.sample_rate == q and len(loader) * EPOCHS == steps
         attach(opt, child, data_loader=loader)
         for _ in range(EPOCHS):
             train_epoch(model, opt, loader)

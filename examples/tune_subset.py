@@ -34,7 +34,7 @@ from opacus import PrivacyEngine
 from opacus.data_loader import DPDataLoader
 from sklearn.datasets import make_classification
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from _common import OUT, write_outputs
 from privguard import DEFAULT_ORDERS, Ledger, RDPCurve

@@ -4,6 +4,10 @@
   every real noisy step of an Opacus ``DPOptimizer``; ``LedgerAccountant``
   stands in for Opacus' accountant.
 
+* :mod:`privguard.integrations.lightning` — ``LedgerCallback``.
+* :mod:`privguard.integrations.huggingface` — ``LedgerTrainerCallback``.
+* :mod:`privguard.integrations.ray` — ``RayExecutor``, a tuning backend.
+
 Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
 """

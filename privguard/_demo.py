@@ -14,6 +14,7 @@ On scikit-learn's digits (ships with the package; nothing is downloaded):
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -112,8 +113,9 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
         db = os.path.join(folder, time.strftime("budget-%Y%m%d-%H%M%S.db"))
     rng = np.random.default_rng()  # OS entropy: noise and K must be unpredictable
     train, val, test = _data()
-    steps_per_epoch = round(len(train) / BATCH)
-    q = BATCH / len(train)
+    # exactly what Opacus' make_private will use: q = 1/len(loader), ceil(n/batch) batches
+    steps_per_epoch = math.ceil(len(train) / BATCH)
+    q = 1.0 / steps_per_epoch
 
     print(f"privguard demo{' (reduced size: CI=true)' if quick else ''}: digits, "
           f"{len(train)} private training examples, DP-SGD σ={SIGMA}, batch {BATCH}")

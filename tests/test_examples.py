@@ -89,3 +89,15 @@ def test_tune_subset_example_calibrates_every_method_to_the_budget():
     # (tested with many draws in test_subset.py); σ ordering is deterministic.
     assert all(s["grad_evals"] > 0 for s in summary.values())
     assert summary["variant 1"]["sigma"] < summary["variant 2"]["sigma"] < summary["baseline"]["sigma"]
+
+
+def test_tune_on_ray_matches_the_serial_run():
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    import tune_on_ray
+
+    summary = tune_on_ray.main([])
+    assert summary["same"] and summary["runs"] > 0
+    assert not ray.is_initialized()

@@ -16,12 +16,13 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._curve import RDPCurve
-from privguard._errors import BudgetExhausted, InvalidArgumentError
+from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import DPHyPO
 from privguard._runs import TruncatedNegativeBinomial
-from privguard.tuning._base import SLACK, Tuner, TuningResult, check_objective, make_rng, unpack
+from privguard.tuning._base import SLACK, Tuner, TuningResult, check_objective, make_rng
+from privguard.tuning._executors import resolve
 from privguard.tuning._projection import project_density
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import SearchSpace
@@ -148,9 +149,14 @@ class DPHyPOSearch(Tuner):
                                self.prior, self.C, self.c)
 
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
-            label: str = "DP-HyPO tuning") -> TuningResult:
-        """Charge Theorem 1's bound, run T adaptively sampled candidates, return the best."""
+            label: str = "DP-HyPO tuning", backend: Any = None) -> TuningResult:
+        """Charge Theorem 1's bound, run T adaptively sampled candidates, return the best.
+
+        The adaptive part (densities, sampling) stays here at the driver;
+        each training run goes to ``backend`` ("serial", "ray" or an executor).
+        """
         check_objective(objective)
+        executor = resolve(backend)
         mech = self._charge(ledger, label)
         rng = make_rng(self.seed)
         t = self.runs.sample(rng)
@@ -163,11 +169,10 @@ class DPHyPOSearch(Tuner):
                 pi = self.density(history)
                 i = int(rng.choice(len(pi), p=pi / pi.sum()))
                 params = self.candidates[i]
-                budget = RDPCurve._trusted(ledger.orders,
-                                           self._rs._declared(params, ledger.orders) * (1 + SLACK))
-                try:
-                    score, artifact = unpack(objective(dict(params), ledger.child(budget)))
-                except BudgetExhausted:
+                budget = self._rs._declared(params, ledger.orders) * (1 + SLACK)
+                [(status, score, artifact, _)] = executor.map(
+                    [(objective, params, ledger.orders, budget)])
+                if status != "ok":
                     failed += 1
                 else:
                     history.append((i, score))

@@ -9,7 +9,7 @@ import numpy as np
 from privguard import _validation as check
 from privguard._base import Mechanism
 from privguard._curve import RDPCurve
-from privguard._errors import BudgetExhausted, InvalidArgumentError
+from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import RepeatAndSelect
@@ -20,8 +20,8 @@ from privguard.tuning._base import (
     TuningResult,
     check_objective,
     make_rng,
-    unpack,
 )
+from privguard.tuning._executors import resolve
 from privguard.tuning._space import SearchSpace
 
 
@@ -102,7 +102,7 @@ class RandomSearch(Tuner):
 
     # -- running -----------------------------------------------------------
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
-            label: str = "tuning") -> TuningResult:
+            label: str = "tuning", backend: Any = None) -> TuningResult:
         """Charge the tuning bound, run K candidates, return only the best.
 
         ``objective(params, child_ledger)`` trains and scores one candidate,
@@ -110,32 +110,33 @@ class RandomSearch(Tuner):
         :func:`privguard.integrations.opacus.attach`); it returns a score,
         ``(score, artifact)`` or ``{"score": ..., "artifact": ...}``. A
         candidate whose child ledger refuses a charge is counted as failed.
+        ``backend``: ``"serial"`` (default), ``"ray"`` or a
+        :class:`privguard.integrations.ray.RayExecutor`; K and every
+        candidate's hyperparameters are drawn here either way, so a seeded
+        run selects the same candidate on every backend.
 
         Raises:
             BudgetExhausted: the ledger refuses the tuning bound; nothing ran.
         """
         check_objective(objective)
+        executor = resolve(backend)
         mech = self._charge(ledger, label)
         rng = make_rng(self.seed)
         k = self.runs.sample(rng)
-        best = None  # (score, params, artifact) of the best so far; nothing else is kept
-        failed = 0
+        drawn = [self.space.sample(rng) for _ in range(k)]
+        tasks = [(objective, params, ledger.orders,
+                  self._declared(params, ledger.orders) * (1 + SLACK)) for params in drawn]
         from tqdm.auto import tqdm
 
         with tqdm(total=k, desc=label, unit="run", disable=not self.progress, leave=False) as bar:
-            for _ in range(k):
-                params = self.space.sample(rng)
-                budget = RDPCurve._trusted(ledger.orders, self._declared(params, ledger.orders)
-                                           * (1 + SLACK))
-                child = ledger.child(budget)
-                try:
-                    score, artifact = unpack(objective(dict(params), child))
-                except BudgetExhausted:
-                    failed += 1
-                else:
-                    if self._better(score, None if best is None else best[0]):
-                        best = (score, params, artifact)
-                bar.update(1)
+            outcomes = executor.map(tasks, lambda: bar.update(1))
+        best, failed = None, 0  # only the best so far is kept; nothing else
+        for params, (status, score, artifact, _spent) in zip(drawn, outcomes):
+            if status != "ok":
+                failed += 1
+            elif self._better(score, None if best is None else best[0]):
+                best = (score, params, artifact)
+        del outcomes, tasks
         if best is None:
             return TuningResult(False, None, None, None, k, failed, mech, self.seed is not None)
         return TuningResult(True, dict(best[1]), best[0], best[2], k, failed, mech,

@@ -1,0 +1,98 @@
+"""Tuning on a local Ray instance (2 CPUs): same result as serial, sealed results, dead workers."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import ray  # privguard[ray], installed by the test extra
+
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard.integrations.ray import RayExecutor
+from privguard.tuning import DPHyPOSearch, Geometric, Poisson, RandomSearch
+
+RUN = M.SubsampledGaussian(1.0, 0.01, steps=50)
+STEP = M.SubsampledGaussian(1.0, 0.01)
+SCORES = {0.01: 0.4127391, 0.02: 0.5238462, 0.05: 0.6349573, 0.1: 0.7451684, 0.2: 0.8562795}
+
+
+@pytest.fixture(scope="module")
+def ray_dir(tmp_path_factory):
+    tmp = "/tmp/pg_ray_" + str(os.getpid())  # Ray needs a short socket path
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
+             _node_ip_address="127.0.0.1", configure_logging=False)
+    yield tmp
+    ray.shutdown()
+
+
+def objective(params, child):
+    for _ in range(50):
+        child.charge(STEP)
+    return SCORES[params["lr"]], f"model-{params['lr']}"
+
+
+def tuner(seed):
+    return RandomSearch({"lr": list(SCORES)}, Poisson(6.0), cost=RUN, seed=seed, progress=False)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_selection_and_charge_as_serial(ray_dir, seed):
+    serial_ledger, ray_ledger = Ledger(epsilon=30.0, delta=1e-5), Ledger(epsilon=30.0, delta=1e-5)
+    a = tuner(seed).run(objective, serial_ledger)
+    b = tuner(seed).run(objective, ray_ledger, backend=RayExecutor(num_cpus=1))
+    assert (a.params, a.score, a.artifact, a.runs, a.failed) == \
+           (b.params, b.score, b.artifact, b.runs, b.failed)
+    assert (serial_ledger.spent == ray_ledger.spent).all() and len(ray_ledger.history) == 1
+
+
+def test_only_the_selected_result_leaves_the_workers(ray_dir, capsys):
+    result = tuner(5).run(objective, Ledger(epsilon=30.0, delta=1e-5), backend="ray")
+    others = [s for lr, s in SCORES.items() if lr != result.params["lr"]]
+    captured = "".join(capsys.readouterr()) + repr(result)
+    for s in others:
+        assert repr(s) not in captured
+    # nothing of the other candidates in any file Ray wrote for the run, as text or as
+    # the 8 bytes of a pickled float
+    needles = [repr(s).encode() for s in others] + [struct.pack("<d", s) for s in others]
+    needles += [f"model-{lr}".encode() for lr in SCORES if lr != result.params["lr"]]
+    checked = 0
+    for root, _, files in os.walk(ray_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                data = open(path, "rb").read()
+            except OSError:
+                continue
+            checked += 1
+            for needle in needles:
+                assert needle not in data, f"{needle!r} found in {path}"
+    assert checked > 0
+
+
+def dies(params, child):
+    if params["lr"] == 0.05:
+        os._exit(1)  # the worker dies mid-candidate
+    for _ in range(50):
+        child.charge(STEP)
+    return SCORES[params["lr"]]
+
+
+def test_dead_worker_is_a_failed_candidate_and_the_ledger_is_unchanged(ray_dir):
+    t = RandomSearch({"lr": [0.05, 0.1]}, Poisson(8.0), cost=RUN, seed=4, progress=False)
+    ledger = Ledger(epsilon=30.0, delta=1e-5)
+    result = t.run(dies, ledger, backend="ray")
+    assert result.failed > 0 and result.failed < result.runs
+    assert result.params == {"lr": 0.1}
+    assert len(ledger.history) == 1  # only the bound charged before anything ran
+    assert (ledger.spent == t.cost(ledger.orders).rdp(ledger.orders)).all()
+
+
+def test_adaptive_tuner_farms_out_its_runs(ray_dir):
+    t = DPHyPOSearch({"lr": list(SCORES)}, Geometric(mean=4.0), cost=RUN, seed=1, progress=False)
+    serial = t.run(objective, Ledger(epsilon=30.0, delta=1e-5))
+    remote = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend=RayExecutor())
+    assert (serial.params, serial.score, serial.runs) == (remote.params, remote.score, remote.runs)
