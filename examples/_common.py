@@ -21,7 +21,6 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
 warnings.filterwarnings("ignore", message=".*Optimal order is the.*")
 warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
@@ -35,7 +34,6 @@ def digits(seed: int = 0, public_fraction: float = 0.0):
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
-    out = []
     if public_fraction:
         x_tr, x_pub, y_tr, y_pub = train_test_split(x_tr, y_tr, test_size=public_fraction,
                                                     random_state=seed, stratify=y_tr)

@@ -277,14 +277,10 @@ class Ledger:
         try:
             store.verify_config(conn)
             for idx, t, label, mdict, curve, pid in store.rows_after(conn, len(self._records)):
-                mechanism = mechanism_from_dict(mdict)
                 if curve.shape != self._orders.shape:
                     raise LedgerStateError(f"journal row {idx}: curve is not on the ledger's grid")
-                admitted, _, weights, _ = self._decide(mechanism, label, curve=curve)
-                if not admitted:
-                    raise LedgerStateError(
-                        f"journal row {idx} ({label!r}) would be refused by the recorded budget")
-                self._apply(mechanism, curve, label, weights, t, pid)
+                self._replay(mechanism_from_dict(mdict), label, t, pid, f"journal row {idx}",
+                             curve=curve)
             store.accept_rows()
             count, spent, digest = store.totals(conn)
             if (count != len(self._records) or digest != store.last_digest
@@ -373,6 +369,14 @@ class Ledger:
             record = self._apply(mechanism, curve, label, weights, t, pid)
             self._notify(LedgerEvent("charge", self, mechanism, label, record))
             return record
+
+    def _replay(self, mechanism: Mechanism, label: str | None, t: float, pid: int, where: str,
+                curve: np.ndarray | None = None) -> ChargeRecord:
+        """Re-admit a recorded charge through the decision path; refusal = inconsistent state."""
+        admitted, _, weights, curve = self._decide(mechanism, label, curve=curve)
+        if not admitted:
+            raise LedgerStateError(f"{where} ({label!r}) would be refused by the recorded budget")
+        return self._apply(mechanism, curve, label, weights, t, pid)
 
     def _apply(self, mechanism: Mechanism, curve: np.ndarray, label: str | None,
                weights: np.ndarray | None, t: float, pid: int) -> ChargeRecord:
@@ -619,13 +623,8 @@ class Ledger:
             raise LedgerStateError(f"state is malformed: {exc!r}") from exc
         # Replay the journal through the same decision path.
         for label, mechanism, t, pid in records:
-            try:
-                record = self._check_and_apply(mechanism, label, apply=True)
-            except BudgetExhausted:
-                raise LedgerStateError(
-                    f"journal does not replay: charge {len(self._records)} ({label!r}) would be "
-                    "refused by the recorded budget") from None
-            self._records[-1] = dataclasses.replace(record, time=t, pid=pid)
+            self._replay(mechanism, label, t, pid,
+                         f"journal does not replay: charge {len(self._records)}")
         if recorded_weights is not None and (
                 self._filter is None or self._filter.weights is None
                 or not np.array_equal(np.array(recorded_weights), self._filter.weights)):

@@ -136,18 +136,9 @@ class SQLiteStore:
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     raise LedgerStateError(f"{self.path}: database integrity check failed: {check}")
-                version = self._get(conn, "schema_version")
-                if not version.isdigit() or int(version) > SCHEMA_VERSION:
-                    raise LedgerStateError(
-                        f"{self.path}: schema version {version} is newer than this privguard "
-                        f"supports ({SCHEMA_VERSION}); refusing to open")
-                stored = json.loads(self._get(conn, "config"))
-                events = json.loads(self._get(conn, "events"))
-                self.config_rev = self._get(conn, "config_rev")
             except sqlite3.DatabaseError as exc:
                 raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
-            except ValueError as exc:
-                raise LedgerStateError(f"{self.path}: ledger metadata unreadable ({exc})") from exc
+            stored, events, self.config_rev = self._read_meta(conn)
             if stored == config:
                 return stored, events
             differs = sorted(k for k in set(stored) | set(config) if stored.get(k) != config.get(k))
@@ -171,15 +162,23 @@ class SQLiteStore:
         if not os.path.exists(self.path):
             raise LedgerStateError(f"{self.path}: no such ledger file")
         with self.transaction(write=False) as conn:
-            try:
-                version = self._get(conn, "schema_version")
-                if not version.isdigit() or int(version) > SCHEMA_VERSION:
-                    raise LedgerStateError(
-                        f"{self.path}: schema version {version} is newer than this privguard "
-                        f"supports ({SCHEMA_VERSION}); refusing to open")
-                return json.loads(self._get(conn, "config")), json.loads(self._get(conn, "events"))
-            except sqlite3.DatabaseError as exc:
-                raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
+            config, events, _ = self._read_meta(conn)
+            return config, events
+
+    def _read_meta(self, conn: sqlite3.Connection) -> tuple[dict[str, Any], list, str]:
+        """Schema check, then (config, events, config_rev); fails closed on anything odd."""
+        try:
+            version = self._get(conn, "schema_version")
+            if not version.isdigit() or int(version) > SCHEMA_VERSION:
+                raise LedgerStateError(
+                    f"{self.path}: schema version {version} is newer than this privguard "
+                    f"supports ({SCHEMA_VERSION}); refusing to open")
+            return (json.loads(self._get(conn, "config")), json.loads(self._get(conn, "events")),
+                    self._get(conn, "config_rev"))
+        except sqlite3.DatabaseError as exc:
+            raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
+        except ValueError as exc:
+            raise LedgerStateError(f"{self.path}: ledger metadata unreadable ({exc})") from exc
 
     @staticmethod
     def _put(conn: sqlite3.Connection, key: str, value: str) -> None:

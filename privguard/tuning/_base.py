@@ -149,6 +149,41 @@ class Tuner(abc.ABC):
         return best is None or (score > best if self.mode == "max" else score < best)
 
 
+def check_cost(cost: Any, space: Any, name: str = "cost") -> Any:
+    """A per-candidate cost: a mechanism, or ``params -> mechanism`` over a finite space."""
+    if not isinstance(cost, Mechanism) and not callable(cost):
+        raise InvalidArgumentError(name, cost, "must be a mechanism or params -> mechanism")
+    if not isinstance(cost, Mechanism) and not space.is_finite:
+        raise InvalidArgumentError(
+            name, cost, "a per-candidate cost function needs a finite space (its maximum "
+            "over every candidate is the bound); give one mechanism that bounds them all")
+    return cost
+
+
+def check_mode(mode: str) -> str:
+    if mode not in ("max", "min"):
+        raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")
+    return mode
+
+
+def declared_curve(cost: Any, params: dict, grid: np.ndarray, name: str = "cost") -> np.ndarray:
+    """The curve one candidate declared (``cost`` or ``cost(params)``) on ``grid``."""
+    mech = cost if isinstance(cost, Mechanism) else cost(params)
+    if not isinstance(mech, Mechanism):
+        raise InvalidArgumentError(f"{name}(params)", mech, "must return a privguard mechanism")
+    return mech._rdp_checked(grid)
+
+
+def uniform_bound(cost: Any, space: Any, grid: np.ndarray, name: str = "cost") -> np.ndarray:
+    """Order-wise maximum of the declared curves over every candidate that can be
+    drawn (seed 000 Lemma 9), inflated by SLACK as the child ledgers enforce it."""
+    if isinstance(cost, Mechanism):
+        worst = cost._rdp_checked(grid)
+    else:
+        worst = np.max([declared_curve(cost, p, grid, name) for p in space.candidates()], axis=0)
+    return worst * (1 + SLACK)
+
+
 def check_objective(objective: Callable) -> Callable:
     if not callable(objective):
         raise InvalidArgumentError("objective", objective, "must be callable(params, ledger)")

@@ -21,10 +21,19 @@ from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import DPHyPO
 from privguard._runs import TruncatedNegativeBinomial
-from privguard.tuning._base import SLACK, Tuner, TuningResult, check_objective, make_rng
+from privguard.tuning._base import (
+    SLACK,
+    Tuner,
+    TuningResult,
+    check_cost,
+    check_mode,
+    check_objective,
+    declared_curve,
+    make_rng,
+    uniform_bound,
+)
 from privguard.tuning._executors import resolve
 from privguard.tuning._projection import project_density
-from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import SearchSpace
 
 History = list  # of (candidate index, score), in the order run
@@ -107,9 +116,9 @@ class DPHyPOSearch(Tuner):
         space = space if isinstance(space, SearchSpace) else SearchSpace(space)
         if not space.is_finite:
             raise InvalidArgumentError("space", space, "DP-HyPO works on a finite grid of candidates")
-        # Reuse random search's validation of space, cost and mode.
-        self._rs = RandomSearch(space, runs, cost=cost, mode=mode, seed=seed, progress=progress)
-        self.space, self.runs, self.mode = space, runs, mode
+        self.space, self.runs = space, runs
+        self.cost_of = check_cost(cost, space)
+        self.mode = check_mode(mode)
         self.seed, self.progress = seed, progress
         DPHyPO(RDPCurve([2.0], [0.0]), runs, C, c)  # validates c <= 1 <= C
         self.C, self.c = float(C), float(c)
@@ -130,7 +139,7 @@ class DPHyPOSearch(Tuner):
         self.update = update
 
     def _per_candidate_curve(self, orders: np.ndarray) -> np.ndarray:
-        return self._rs._per_candidate_curve(orders)
+        return uniform_bound(self.cost_of, self.space, orders)
 
     def _expected_runs(self) -> float:
         return self.runs.mean
@@ -169,7 +178,7 @@ class DPHyPOSearch(Tuner):
                 pi = self.density(history)
                 i = int(rng.choice(len(pi), p=pi / pi.sum()))
                 params = self.candidates[i]
-                budget = self._rs._declared(params, ledger.orders) * (1 + SLACK)
+                budget = declared_curve(self.cost_of, params, ledger.orders) * (1 + SLACK)
                 [(status, score, artifact, _)] = executor.map(
                     [(objective, params, ledger.orders, budget)])
                 if status != "ok":

@@ -16,6 +16,7 @@ import numpy as np
 
 from privguard._errors import BudgetExhausted
 from privguard._ledger import Ledger
+from privguard.tuning._base import unpack
 
 Task = tuple  # (objective, params, orders, budget)
 Outcome = tuple  # (status, score, artifact, spent)
@@ -26,8 +27,6 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
     """Run one candidate under a strict child ledger (the same code on every executor)."""
     child = Ledger(orders=orders, rdp_budget=budget)
     try:
-        from privguard.tuning._base import unpack
-
         score, artifact = unpack(objective(dict(params), child))
     except BudgetExhausted:
         return ("failed", None, None, child.spent)

@@ -18,8 +18,12 @@ from privguard.tuning._base import (
     SLACK,
     Tuner,
     TuningResult,
+    check_cost,
+    check_mode,
     check_objective,
+    declared_curve,
     make_rng,
+    uniform_bound,
 )
 from privguard.tuning._executors import resolve
 from privguard.tuning._space import SearchSpace
@@ -63,34 +67,17 @@ class RandomSearch(Tuner):
             raise InvalidArgumentError("runs", runs,
                                        "must be Poisson(...) or TruncatedNegativeBinomial(...)")
         self.runs = runs
-        if not isinstance(cost, Mechanism) and not callable(cost):
-            raise InvalidArgumentError("cost", cost, "must be a mechanism or params -> mechanism")
-        if not isinstance(cost, Mechanism) and not self.space.is_finite:
-            raise InvalidArgumentError(
-                "cost", cost, "a per-candidate cost function needs a finite space (its maximum "
-                "over every candidate is the bound); give one mechanism that bounds them all")
-        if mode not in ("max", "min"):
-            raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")
-        self.cost_of = cost
-        self.mode = mode
+        self.cost_of = check_cost(cost, self.space)
+        self.mode = check_mode(mode)
         self.seed = seed
         self.progress = progress
 
     # -- privacy -----------------------------------------------------------
     def _declared(self, params: dict, grid: np.ndarray) -> np.ndarray:
-        mech = self.cost_of if isinstance(self.cost_of, Mechanism) else self.cost_of(params)
-        if not isinstance(mech, Mechanism):
-            raise InvalidArgumentError("cost(params)", mech, "must return a privguard mechanism")
-        return mech._rdp_checked(grid)
+        return declared_curve(self.cost_of, params, grid)
 
     def _per_candidate_curve(self, orders: np.ndarray) -> np.ndarray:
-        """Uniform per-candidate bound: order-wise max over candidates (seed 000 Lemma 9),
-        inflated by SLACK as the child ledgers enforce it."""
-        if isinstance(self.cost_of, Mechanism):
-            worst = self.cost_of._rdp_checked(orders)
-        else:
-            worst = np.max([self._declared(p, orders) for p in self.space.candidates()], axis=0)
-        return worst * (1 + SLACK)
+        return uniform_bound(self.cost_of, self.space, orders)
 
     def cost(self, orders=None) -> RepeatAndSelect:
         """``RepeatAndSelect(per-candidate bound, runs)`` on ``orders`` (default grid)."""

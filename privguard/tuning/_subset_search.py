@@ -27,7 +27,13 @@ from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 from privguard._subset import SubsetTuning
-from privguard.tuning._base import SLACK, TuningPlan, TuningResult, make_rng
+from privguard.tuning._base import (
+    TuningPlan,
+    TuningResult,
+    check_cost,
+    make_rng,
+    uniform_bound,
+)
 from privguard.tuning._random_search import RandomSearch
 
 
@@ -106,9 +112,7 @@ class SubsetSearch:
         if variant not in (1, 2):
             raise InvalidArgumentError("variant", variant, "must be 1 or 2")
         self.variant = variant
-        if not isinstance(final_cost, Mechanism) and not callable(final_cost):
-            raise InvalidArgumentError("final_cost", final_cost, "must be a mechanism or params -> mechanism")
-        self.final_cost = final_cost
+        self.final_cost = check_cost(final_cost, tuner.space, "final_cost")
         self.extrapolate = extrapolate or paper_extrapolation("sgd")
         self.seed = seed
 
@@ -117,23 +121,11 @@ class SubsetSearch:
         """Expected |final set| / |X₁|: (1−q)/q (variant 1) or 1/q (variant 2)."""
         return (1 - self.q) / self.q if self.variant == 1 else 1 / self.q
 
-    def _final_of(self, params: dict, grid: np.ndarray) -> np.ndarray:
-        mech = self.final_cost if isinstance(self.final_cost, Mechanism) else self.final_cost(params)
-        if not isinstance(mech, Mechanism):
-            raise InvalidArgumentError("final_cost(params)", mech, "must return a mechanism")
-        return mech._rdp_checked(grid)
-
-    def _final_bound(self, grid: np.ndarray) -> np.ndarray:
-        if isinstance(self.final_cost, Mechanism):
-            worst = self._final_of({}, grid)
-        else:
-            worst = np.max([self._final_of(p, grid) for p in self.tuner.space.candidates()], axis=0)
-        return worst * (1 + SLACK)
-
     def cost(self, orders=None) -> SubsetTuning:
         """The whole plan as one mechanism (tuning on X₁ + final training)."""
         grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
-        return SubsetTuning(self.tuner.cost(grid), RDPCurve._trusted(grid, self._final_bound(grid)),
+        final = uniform_bound(self.final_cost, self.tuner.space, grid, "final_cost")
+        return SubsetTuning(self.tuner.cost(grid), RDPCurve._trusted(grid, final),
                             self.q, self.variant)
 
     def plan(self, delta: float, orders=None) -> TuningPlan:
