@@ -20,7 +20,7 @@ import numpy as np
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError, UnknownMechanismError
 
-_REGISTRY: dict[str, type["Mechanism"]] = {}
+_REGISTRY: dict[str, type[Mechanism]] = {}
 
 
 class Mechanism(abc.ABC):
@@ -65,7 +65,7 @@ class Mechanism(abc.ABC):
         return {"type": self.type_name, "params": self._params()}
 
     @classmethod
-    def _from_params(cls, params: dict[str, Any]) -> "Mechanism":
+    def _from_params(cls, params: dict[str, Any]) -> Mechanism:
         return cls(**params)
 
     def _params(self) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class Mechanism(abc.ABC):
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_curve(mechanism: "Mechanism", grid_bytes: bytes) -> np.ndarray:
+def _cached_curve(mechanism: Mechanism, grid_bytes: bytes) -> np.ndarray:
     grid = np.frombuffer(grid_bytes, dtype=np.float64)
     return check.rdp_values(f"rdp of {mechanism!r}", mechanism._rdp(grid), grid.size)
 

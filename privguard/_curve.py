@@ -40,7 +40,7 @@ class RDPCurve(Mechanism):
     """
 
     type_name = "RDPCurve"
-    __slots__ = ("_orders", "_values", "_hash")
+    __slots__ = ("_hash", "_orders", "_values")
 
     def __init__(self, orders, epsilons) -> None:
         grid = check.orders("orders", orders)
@@ -50,7 +50,7 @@ class RDPCurve(Mechanism):
         object.__setattr__(self, "_hash", hash((grid.tobytes(), values.tobytes())))
 
     @classmethod
-    def _trusted(cls, grid: np.ndarray, values: np.ndarray) -> "RDPCurve":
+    def _trusted(cls, grid: np.ndarray, values: np.ndarray) -> RDPCurve:
         """Build from arrays already validated (internal fast path)."""
         self = object.__new__(cls)
         values = np.array(values, dtype=np.float64)
@@ -98,7 +98,7 @@ class RDPCurve(Mechanism):
         return (RDPCurve, (self.orders, self.epsilons))
 
     # -- composition ------------------------------------------------------
-    def _same_grid(self, other: "RDPCurve", op: str) -> None:
+    def _same_grid(self, other: RDPCurve, op: str) -> None:
         if not isinstance(other, RDPCurve):
             raise InvalidArgumentError("other", other, f"{op} needs an RDPCurve")
         if not np.array_equal(self._orders, other._orders):
@@ -107,7 +107,7 @@ class RDPCurve(Mechanism):
                 f"{op} needs curves on the same grid (got {self._orders.size} "
                 f"and {other._orders.size} orders that differ)")
 
-    def __add__(self, other: "RDPCurve") -> "RDPCurve":
+    def __add__(self, other: RDPCurve) -> RDPCurve:
         """Composition (adaptive too, with fixed parameters): curves add."""
         if isinstance(other, numbers.Number) and other == 0:
             return self
@@ -116,7 +116,7 @@ class RDPCurve(Mechanism):
 
     __radd__ = __add__  # so that sum([...]) works
 
-    def __mul__(self, k: int) -> "RDPCurve":
+    def __mul__(self, k: int) -> RDPCurve:
         """k-fold composition: k × the curve (k a non-negative integer)."""
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
             raise InvalidArgumentError("k", k, "k-fold composition needs an integer k >= 0")
@@ -124,7 +124,7 @@ class RDPCurve(Mechanism):
 
     __rmul__ = __mul__
 
-    def maximum(self, other: "RDPCurve") -> "RDPCurve":
+    def maximum(self, other: RDPCurve) -> RDPCurve:
         """Order-wise maximum: the uniform bound over two candidates (seed 000 Lemma 9)."""
         self._same_grid(other, "maximum")
         return RDPCurve._trusted(self._orders, np.maximum(self._values, other._values))

@@ -24,18 +24,15 @@ import numpy as np
 from privguard import mechanisms as M
 from privguard._errors import BudgetExhausted
 from privguard._ledger import Ledger
+from privguard._optional import require
 
 DELTA = 1e-5
 BATCH, SIGMA, VAL_STD = 64, 1.0, 5.0
 
 
 def _require_extras():
-    try:
-        import matplotlib  # noqa: F401
-        import sklearn  # noqa: F401
-    except ImportError as exc:
-        raise ImportError("privguard demo needs scikit-learn and matplotlib: "
-                          "pip install 'privguard[examples]'") from exc
+    require("matplotlib", "examples")
+    require("sklearn", "examples")
 
 
 def _data(seed: int = 0):
@@ -49,7 +46,7 @@ def _data(seed: int = 0):
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
     x_tr, x_va, y_tr, y_va = train_test_split(x_tr, y_tr, test_size=0.2, random_state=seed,
                                               stratify=y_tr)
-    t = lambda a, b: TensorDataset(torch.tensor(a), torch.tensor(b))  # noqa: E731
+    t = lambda a, b: TensorDataset(torch.tensor(a), torch.tensor(b))
     return t(x_tr, y_tr), t(x_va, y_va), t(x_te, y_te)
 
 
@@ -97,7 +94,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     _require_extras()
     from tqdm.auto import tqdm
 
-    from privguard._cli import _print_report, plot, report
+    from privguard._report import plot, print_report, report
     from privguard.integrations.opacus import attach
     from privguard.tuning import Poisson, RandomSearch
 
@@ -173,7 +170,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     # 3. Report, plot, and what to report.
     print("3. report (privguard report " + db + ")\n")
     data = report(ledger)
-    _print_report(data)
+    print_report(data)
     png = plot(ledger, os.path.splitext(db)[0] + ".png")
     eps, naive = ledger.epsilon(), ledger.nonadaptive_epsilon()
     capped = eps >= epsilon

@@ -17,7 +17,8 @@ import math
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class LedgerEvent:
     """What listeners receive: ``kind`` is ``"charge"`` or ``"refused"``."""
 
     kind: str
-    ledger: "Ledger"
+    ledger: Ledger
     mechanism: Mechanism
     label: str | None
     record: ChargeRecord | None
@@ -216,7 +217,7 @@ class Ledger:
                 pass  # replay and verify the journal now: fail at open, not at first charge
 
     @classmethod
-    def open(cls, path: str | os.PathLike, *, listeners=()) -> "Ledger":
+    def open(cls, path: str | os.PathLike, *, listeners=()) -> Ledger:
         """Open an existing ledger file with the configuration stored in it.
 
         Raises:
@@ -232,10 +233,10 @@ class Ledger:
                 self._store.close()
                 self._broken = "closed"
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property
@@ -479,7 +480,7 @@ class Ledger:
         """Largest k such that k more charges of ``mechanism`` would each be admitted."""
         if self._filter is None:
             return math.inf
-        fits = lambda k: self._decide(mechanism, None, times=k)[0]  # noqa: E731
+        fits = lambda k: self._decide(mechanism, None, times=k)[0]
         if not fits(1):
             return 0
         lo, hi = 1, 2
@@ -547,7 +548,7 @@ class Ledger:
     def remove_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
         self._listeners.remove(fn)
 
-    def child(self, budget: Any, *, delta: float | None = None) -> "Ledger":
+    def child(self, budget: Any, *, delta: float | None = None) -> Ledger:
         """A strict sub-ledger for one tuning candidate.
 
         It refuses any charge that would exceed ``budget`` (a mechanism, an
@@ -596,7 +597,7 @@ class Ledger:
             return body
 
     @classmethod
-    def _from_state_dict(cls, state: Any) -> "Ledger":
+    def _from_state_dict(cls, state: Any) -> Ledger:
         """Build a ledger from :meth:`state_dict` output, validating everything first."""
         if not isinstance(state, dict):
             raise LedgerStateError(f"state must be a dict, got {type(state).__name__}")
@@ -633,7 +634,7 @@ class Ledger:
             raise LedgerStateError("journal does not replay to the recorded spent totals")
         return self
 
-    def _load_state_dict_inplace(self, state: Any) -> "Ledger":
+    def _load_state_dict_inplace(self, state: Any) -> Ledger:
         """Replace this ledger's journal with ``state`` after validating it fully.
 
         The state must have this ledger's configuration (grid, δ, budget,

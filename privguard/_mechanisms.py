@@ -10,8 +10,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from opacus.accountants.analysis import rdp as _opacus_rdp
 
+from privguard import _opacus_rdp
 from privguard import _validation as check
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._errors import InvalidArgumentError
@@ -71,7 +71,7 @@ class SubsampledGaussian(Mechanism):
         # compute_rdp multiplies the one-step curve by `steps` (k-fold
         # composition), exactly as k × one step.
         return np.asarray(
-            _opacus_rdp.compute_rdp(q=self.sample_rate, noise_multiplier=self.noise_multiplier,
+            _opacus_rdp.compute_rdp()(q=self.sample_rate, noise_multiplier=self.noise_multiplier,
                                     steps=self.steps, orders=list(orders.tolist())),
             dtype=np.float64,
         )
@@ -171,5 +171,5 @@ class Composed(Mechanism):
         return np.sum([m._rdp_checked(orders) for m in self.mechanisms], axis=0)
 
     @classmethod
-    def _from_params(cls, params: dict[str, Any]) -> "Composed":
+    def _from_params(cls, params: dict[str, Any]) -> Composed:
         return cls(tuple(mechanism_from_dict(m) for m in params["mechanisms"]))

@@ -124,7 +124,7 @@ class RepeatAndSelect(Mechanism):
         return {"base": self.base.to_dict(), "runs": self.runs.to_dict()}
 
     @classmethod
-    def _from_params(cls, params: dict[str, Any]) -> "RepeatAndSelect":
+    def _from_params(cls, params: dict[str, Any]) -> RepeatAndSelect:
         return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]))
 
 
@@ -189,6 +189,6 @@ class DPHyPO(Mechanism):
         return {"base": self.base.to_dict(), "runs": self.runs.to_dict(), "C": self.C, "c": self.c}
 
     @classmethod
-    def _from_params(cls, params: dict[str, Any]) -> "DPHyPO":
+    def _from_params(cls, params: dict[str, Any]) -> DPHyPO:
         return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]),
                    params["C"], params["c"])

@@ -147,7 +147,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
 
 def _solve_gamma(eta: float, mean: float) -> float:
     """γ with E[K] = mean (E[K] is decreasing in γ)."""
-    f = lambda g: _tnb_mean(eta, g) - mean  # noqa: E731
+    f = lambda g: _tnb_mean(eta, g) - mean
     lo, hi = 1e-300, 1 - 1e-15
     if f(hi) > 0 or f(lo) < 0:
         raise InvalidArgumentError("mean", mean, f"is not reachable with eta={eta}")

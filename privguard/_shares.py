@@ -9,7 +9,8 @@ seed 001 Cor. 1; proof in docs/theory.md §2). These value objects say how.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

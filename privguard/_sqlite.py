@@ -28,7 +28,8 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -151,6 +151,6 @@ class SubsetTuning(Mechanism):
                 "variant": self.variant}
 
     @classmethod
-    def _from_params(cls, params: dict[str, Any]) -> "SubsetTuning":
+    def _from_params(cls, params: dict[str, Any]) -> SubsetTuning:
         return cls(mechanism_from_dict(params["tuning"]), mechanism_from_dict(params["final"]),
                    params["q"], params["variant"])

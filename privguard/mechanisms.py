@@ -18,16 +18,16 @@ from privguard._repeat_select import DPHyPO, RepeatAndSelect
 from privguard._subset import SubsetTuning
 
 __all__ = [
-    "Mechanism",
-    "mechanism_from_dict",
-    "RDPCurve",
-    "Gaussian",
-    "SubsampledGaussian",
-    "Laplace",
-    "PureDP",
     "ZCDP",
     "Composed",
-    "RepeatAndSelect",
     "DPHyPO",
+    "Gaussian",
+    "Laplace",
+    "Mechanism",
+    "PureDP",
+    "RDPCurve",
+    "RepeatAndSelect",
+    "SubsampledGaussian",
     "SubsetTuning",
+    "mechanism_from_dict",
 ]

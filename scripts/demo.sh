@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh examples
-. .venv/bin/activate
-privguard demo "$@"
+.venv/bin/privguard demo "$@"

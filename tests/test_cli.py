@@ -11,7 +11,8 @@ import pytest
 
 from privguard import Ledger
 from privguard import mechanisms as M
-from privguard._cli import main, trajectory
+from privguard._cli import main
+from privguard._report import trajectory
 
 
 @pytest.fixture()

@@ -23,7 +23,8 @@ import abc
 import dataclasses
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -8,7 +8,7 @@ privacy loss), and returns a σ at which the target was checked to hold.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -102,7 +102,7 @@ def dpsgd_cost(epsilon: float, delta: float, *, orders=None, rate_key: str = "sa
     """
     grid = tuple(_grid(orders).tolist())
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def sigma(q: float, t: int) -> float:
         return calibrate_noise_multiplier(q, t, epsilon, delta, orders=grid)
 

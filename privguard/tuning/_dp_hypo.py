@@ -10,7 +10,8 @@ The densities and the surrogate model live only inside ``run``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from privguard import _validation as check
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
+from privguard._optional import require
 from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import DPHyPO
 from privguard._runs import TruncatedNegativeBinomial
@@ -63,11 +65,9 @@ class GPUpdate:
         self.noise = check.positive_finite("noise", noise)
 
     def __call__(self, history: History, coords: np.ndarray) -> np.ndarray:
-        try:
-            from sklearn.gaussian_process import GaussianProcessRegressor
-            from sklearn.gaussian_process.kernels import RBF, WhiteKernel
-        except ImportError as exc:  # pragma: no cover - sklearn is in the test extra
-            raise ImportError("the GP update needs scikit-learn: pip install scikit-learn") from exc
+        gaussian_process = require("sklearn.gaussian_process", "gp")
+        GaussianProcessRegressor = gaussian_process.GaussianProcessRegressor
+        RBF, WhiteKernel = gaussian_process.kernels.RBF, gaussian_process.kernels.WhiteKernel
         idx = np.array([i for i, _ in history])
         y = np.array([s for _, s in history], dtype=float)
         kernel = RBF(self.length_scale, "fixed") + WhiteKernel(self.noise, "fixed")

@@ -10,7 +10,8 @@ sees the outcomes, and it keeps only the best.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
@@ -35,7 +36,7 @@ from privguard.integrations.opacus import attach
 
 _tf = require("transformers", "huggingface")
 
-__all__ = ["LedgerTrainerCallback", "LEDGER_FILE"]
+__all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 
 LEDGER_FILE = "privguard_ledger.json"
 

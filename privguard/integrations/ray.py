@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard.integrations._frameworks import require

@@ -17,11 +17,12 @@ Lightning checkpoints.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
+from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import attach
 
 _pl = require("lightning.pytorch", "lightning")

@@ -33,7 +33,8 @@ running ε.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from privguard import mechanisms as M
 from privguard._errors import BudgetExhausted, InvalidArgumentError
@@ -46,7 +47,7 @@ try:  # opacus is a runtime dependency of privguard
 except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
     raise ImportError("privguard.integrations.opacus needs opacus: pip install opacus") from exc
 
-__all__ = ["attach", "AttachHandle", "LedgerAccountant", "NonPoissonSamplingError"]
+__all__ = ["AttachHandle", "LedgerAccountant", "NonPoissonSamplingError", "attach"]
 
 
 class NonPoissonSamplingError(InvalidArgumentError):
@@ -217,10 +218,10 @@ class AttachHandle:
         if self._engine is not None:
             self._engine.accountant = self._engine_accountant
 
-    def __enter__(self) -> "AttachHandle":
+    def __enter__(self) -> AttachHandle:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.detach()
 
     def __repr__(self) -> str:
@@ -281,14 +282,14 @@ def attach(
         _check_poisson(data_loader)
     if sample_rate is None and data_loader is not None:
         if isinstance(data_loader, DPDataLoader):
-            rate: Callable[[], float] = lambda: float(data_loader.sample_rate)  # noqa: E731
+            rate: Callable[[], float] = lambda: float(data_loader.sample_rate)
         else:
-            rate = lambda: 1.0 / len(data_loader)  # noqa: E731  (Opacus' own convention)
+            rate = lambda: 1.0 / len(data_loader)
     elif callable(sample_rate):
         rate = sample_rate
     elif sample_rate is not None:
         fixed = M.SubsampledGaussian(1.0, sample_rate).sample_rate  # validates (0, 1]
-        rate = lambda: fixed  # noqa: E731
+        rate = lambda: fixed
     else:
         found = _sample_rate_from_opacus_hook(optimizer.step_hook)
         if found is None:
@@ -296,7 +297,7 @@ def attach(
                 "sample_rate", None,
                 "cannot be inferred: pass sample_rate=... or data_loader=... (no Opacus "
                 "accountant hook is attached to this optimizer)")
-        rate = lambda: found  # noqa: E731
+        rate = lambda: found
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted)
     if privacy_engine is not None:
         handle._engine = privacy_engine

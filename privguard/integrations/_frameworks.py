@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
+from privguard._optional import require
 
-
-def require(module: str, extra: str) -> Any:
-    """Import an optional framework, or fail with an install hint."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(
-            f"this privguard integration needs {module!r}: pip install 'privguard[{extra}]' "
-            f"(install torch==2.13.0 first on a CPU-only machine)") from exc
+__all__ = ["find_dp_optimizer", "require"]
 
 
 def find_dp_optimizer(candidates: Any):

@@ -1,0 +1,167 @@
+"""The package users install: complete wheel, declared imports, light import.
+
+``bash scripts/test.sh`` runs the suite against the installed wheel and sets
+``PRIVGUARD_WHEEL`` and ``PRIVGUARD_REQUIRE_INSTALLED``; run from a
+development checkout, the wheel is built here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import privguard
+
+SOURCE = Path(__file__).resolve().parents[1]
+PACKAGE = SOURCE / "privguard"
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the tomli backport, from the [test] extra
+    import tomli as tomllib
+
+
+def _source_files() -> set[str]:
+    """Every file the wheel must ship, as wheel paths (privguard/...)."""
+    out = set()
+    for path in PACKAGE.rglob("*"):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        if path.suffix in (".py", ".typed"):
+            out.add(path.relative_to(SOURCE).as_posix())
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    given = os.environ.get("PRIVGUARD_WHEEL")
+    if given:
+        return Path(given)
+    # Build from a clean copy: an in-tree build would reuse a stale build/lib.
+    tree = tmp_path_factory.mktemp("tree")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(SOURCE / name, tree / name)
+    shutil.copytree(PACKAGE, tree / "privguard", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
+                    str(tree)], check=True, timeout=300)
+    return next(out.glob("privguard-*.whl"))
+
+
+def test_the_suite_runs_against_the_installed_package_when_ci_asks():
+    installed = Path(privguard.__file__).resolve()
+    if os.environ.get("PRIVGUARD_REQUIRE_INSTALLED") != "1":
+        pytest.skip("development run (editable install); scripts/test.sh sets "
+                    "PRIVGUARD_REQUIRE_INSTALLED=1 and tests the wheel")
+    assert PACKAGE not in installed.parents, f"privguard imported from the source tree: {installed}"
+    assert "site-packages" in installed.parts
+
+
+def test_the_wheel_ships_every_source_file_and_nothing_else(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n for n in names if n.startswith("privguard/")}
+    assert shipped == _source_files()
+    packages = {os.path.dirname(n) for n in shipped if n.endswith("/__init__.py")}
+    expected = {p.parent.relative_to(SOURCE).as_posix() for p in PACKAGE.rglob("__init__.py")
+                if "__pycache__" not in p.parts}
+    assert packages == expected and "privguard/tuning" in packages
+    assert "privguard/py.typed" in shipped
+
+
+def test_every_module_of_the_installed_package_imports():
+    names = [m.name for m in pkgutil.walk_packages(privguard.__path__, "privguard.")]
+    assert "privguard.tuning" in names and "privguard.integrations.opacus" in names
+    for name in names:
+        importlib.import_module(name)
+
+
+def _declared_distributions() -> set[str]:
+    project = tomllib.loads((SOURCE / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += extra
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    return {norm(re.match(r"\s*([A-Za-z0-9_.\-]+)", r).group(1)) for r in reqs}
+
+
+def _third_party_imports() -> dict[str, str]:
+    """Top-level module -> first file importing it, over the package's source."""
+    found: dict[str, str] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("privguard", "__future__"):
+                    found.setdefault(top, str(path.relative_to(SOURCE)))
+    return found
+
+
+def _undeclared(imports: dict[str, str]) -> dict[str, str]:
+    declared = _declared_distributions()
+    dists = metadata.packages_distributions()
+    missing = {}
+    for module, where in imports.items():
+        names = {re.sub(r"[-_.]+", "-", d).lower() for d in dists.get(module, [module])}
+        if not names & declared:
+            missing[module] = where
+    return missing
+
+
+def test_every_third_party_import_is_declared_in_pyproject():
+    imports = _third_party_imports()
+    assert {"numpy", "scipy", "tqdm", "opacus"} <= set(imports)
+    missing = _undeclared(imports)
+    assert not missing, f"imported but declared neither as a dependency nor an extra: {missing}"
+
+
+def test_the_declaration_check_catches_an_undeclared_import():
+    # PyYAML is installed (a dependency of dependencies) but not declared.
+    assert _undeclared({"yaml": "privguard/x.py", "numpy": "privguard/y.py"}) == {
+        "yaml": "privguard/x.py"}
+
+
+@pytest.mark.parametrize("code", [
+    "import privguard",
+    "import privguard, privguard.mechanisms as M; M.SubsampledGaussian(1.0, 0.01).rdp([2.0])",
+    "import privguard._cli",
+    "import privguard.tuning",
+])
+def test_torch_and_opacus_are_not_imported_until_needed(code):
+    probe = f"{code}; import sys; print(sorted(m for m in ('torch', 'opacus') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_curve_loaded_without_torch_is_opacus_own():
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from privguard import mechanisms as M
+
+    orders = [1.5, 2.0, 7.5, 64.0]
+    expected = compute_rdp(q=0.004, noise_multiplier=1.1, steps=3, orders=orders)
+    assert M.SubsampledGaussian(1.1, 0.004, steps=3).rdp(orders).tolist() == list(expected)
+
+
+def test_a_missing_optional_dependency_names_its_extra(monkeypatch):
+    from privguard._optional import require
+
+    with pytest.raises(ImportError, match=r"pip install 'privguard\[plot\]'"):
+        require("privguard_no_such_module", "plot")
