@@ -635,11 +635,15 @@ class Ledger:
         return self
 
     def _load_state_dict_inplace(self, state: Any) -> Ledger:
-        """Replace this ledger's journal with ``state`` after validating it fully.
+        """Bring this ledger forward to ``state`` after validating it fully.
 
         The state must have this ledger's configuration (grid, δ, budget,
-        odometer); anything else raises :class:`LedgerStateError` and leaves
-        this ledger unchanged.
+        odometer) and its journal must extend this ledger's journal (a
+        checkpoint written later by this ledger, say): a ledger never goes
+        backwards. A file-backed ledger accepts only a state its file already
+        holds. Anything else raises :class:`LedgerStateError` and leaves this
+        ledger unchanged. ``Ledger.load_state_dict(state)``, called on the
+        class, builds a separate ledger from any valid state instead.
         """
         loaded = Ledger._from_state_dict(state)
         with self._lock, self._transaction(write=False):
@@ -656,6 +660,14 @@ class Ledger:
                 raise LedgerStateError(
                     "state was written by a ledger with another configuration "
                     f"(grid, δ, budget or odometer): {loaded._config()} != {self._config()}")
+            mine = [r.to_dict() for r in self._records]
+            theirs = [r.to_dict() for r in loaded._records[:len(mine)]]
+            if mine != theirs:
+                raise LedgerStateError(
+                    f"the state to load ({len(loaded._records)} charges) does not extend this "
+                    f"ledger's journal ({len(mine)} charges): loading it would rewind or "
+                    "rewrite spent budget. A ledger never goes backwards; build a separate "
+                    "ledger with Ledger.load_state_dict(state) if that is what you mean")
             for name in ("_records", "_base", "_run_key", "_run_curve", "_run_count"):
                 setattr(self, name, getattr(loaded, name))
             if self._filter is not None:
@@ -664,6 +676,22 @@ class Ledger:
         return self
 
     load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)
+
+    # -------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """An in-memory ledger pickles as its verified state; a file-backed one as
+        a reference to its file, reopened and verified on load. Listeners are
+        not pickled (register them again)."""
+        if self._store is not None:
+            return {"path": self._store.path}
+        return {"state": self.state_dict()}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        if "path" in data:
+            other = Ledger.open(data["path"])
+        else:
+            other = Ledger._from_state_dict(data["state"])
+        self.__dict__.update(other.__dict__)
 
     def __repr__(self) -> str:
         parts = [f"{self._orders.size} orders"]

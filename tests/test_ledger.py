@@ -199,3 +199,50 @@ def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
         ledger.charge(M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.004))
     assert len(calls) == 1
     assert len(ledger.history) == 100_000
+
+
+def test_loading_an_earlier_state_into_a_ledger_cannot_rewind_it():
+    ledger = Ledger(3.0, 1e-5)
+    step = M.SubsampledGaussian(1.0, 0.01)
+    early = ledger.state_dict()
+    while ledger.can_afford(step):
+        ledger.charge(step)
+    spent = ledger.spent
+    with pytest.raises(LedgerStateError, match="never goes backwards"):
+        ledger.load_state_dict(early)
+    np.testing.assert_array_equal(ledger.spent, spent)
+    assert not ledger.can_afford(step)
+    # Loading a later state of the same journal moves a ledger forward ...
+    behind = Ledger.load_state_dict(early)
+    behind.load_state_dict(ledger.state_dict())
+    np.testing.assert_array_equal(behind.spent, spent)
+    # ... and building a separate ledger from any valid state stays allowed.
+    assert len(Ledger.load_state_dict(early).history) == 0
+
+
+@pytest.mark.parametrize("copier", ["pickle", "deepcopy"])
+def test_an_in_memory_ledger_pickles_with_its_state(copier):
+    import copy
+    import pickle
+
+    ledger = Ledger(3.0, 1e-5, listeners=[lambda e: None])
+    for _ in range(20):
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+    again = pickle.loads(pickle.dumps(ledger)) if copier == "pickle" else copy.deepcopy(ledger)
+    assert again.state_dict()["records"] == ledger.state_dict()["records"]
+    assert again.epsilon() == ledger.epsilon() and again.target == ledger.target
+    again.charge(M.Gaussian(10.0))  # a fresh lock: usable
+    assert len(ledger.history) == 20
+
+
+def test_a_file_ledger_pickles_as_a_reference_to_its_file(tmp_path):
+    import pickle
+
+    path = tmp_path / "b.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0), label="a")
+    blob = pickle.dumps(ledger)
+    assert b"records" not in blob
+    ledger.charge(M.Gaussian(5.0), label="b")  # after pickling: the file is the truth
+    again = pickle.loads(blob)
+    assert again.path == str(path) and [r.label for r in again.history] == ["a", "b"]
