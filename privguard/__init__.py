@@ -26,6 +26,7 @@ from privguard._errors import (
 from privguard._ledger import ChargeRecord, Ledger, LedgerEvent, Remaining
 from privguard._odometer import PAPER, TIGHT, Odometer
 from privguard._orders import DEFAULT_ORDERS
+from privguard._plan import Plan
 from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
 from privguard.mechanisms import Mechanism, mechanism_from_dict
 
@@ -48,6 +49,7 @@ __all__ = [
     "LedgerStateError",
     "Mechanism",
     "Odometer",
+    "Plan",
     "PrivguardError",
     "RDPCurve",
     "Remaining",
