@@ -76,7 +76,7 @@ def run(policy: str, seed: int, epsilon: float, delta: float, max_epochs: int):
     except BudgetExhausted:
         pass  # the filter refused the next charge before it ran
     return {"policy": policy, "seed": seed, "epochs": epochs, "test_accuracy": accuracy(model, test),
-            "reported_epsilon": ledger.epsilon(), "delta": delta,
+            "reported_epsilon": ledger.guarantee().epsilon, "delta": delta,
             "charges": len(ledger.history), "final_sigma": sigma,
             "max_sigma": max(sigmas)}, trace
 

@@ -120,7 +120,7 @@ def real_run(epsilon: float) -> dict:
             "worst_case_tuning_epsilon": tuner.worst_case_epsilon(DELTA),
             "final_epochs": epochs,
             "test_accuracy": accuracy(model, torch.utils.data.TensorDataset(test_x, test_y)),
-            "total_epsilon": ledger.epsilon(), "delta": DELTA}
+            "total_epsilon": ledger.guarantee().epsilon, "delta": DELTA}
 
 
 def main(argv=None) -> dict:

@@ -51,10 +51,9 @@ def main(argv: list[str] | None = None) -> Ledger:
               f"{ledger.nonadaptive_epsilon():28.3f}")
         print(f"\nstopped in epoch {epoch} after {steps} steps: the filter refused the next step "
               f"before it ran.\n  {exc.remaining}")
-    print(f"\nReport: (ε = {ledger.epsilon():.3f}, δ = {args.delta:g}) for this adaptive run "
-          f"({len(ledger.history)} charges).\nBefore the budget ran out, the running ε was the "
-          "odometer's bound, valid at any stopping\ntime; once the filter refuses, the filter's "
-          "target is the guarantee (docs/theory.md).\nThe naive column is for comparison only.")
+    print(f"\nReport: {ledger.guarantee()} ({len(ledger.history)} charges).\nThe running ε "
+          "column is the odometer's bound, valid at any stopping time; the naive\ncolumn is "
+          "for comparison only (docs/theory.md §3–4).")
     return ledger
 
 

@@ -33,4 +33,4 @@ try:
         print(f"epoch {epoch}: ε = {engine.get_epsilon(1e-5):.3f} (the ledger's running ε)")
 except BudgetExhausted as exc:
     print(f"stopped: {exc.remaining}")
-print(f"{len(ledger.history)} steps charged; report (ε = {ledger.epsilon():.3f}, δ = 1e-5)")
+print(f"{len(ledger.history)} steps charged; report: {ledger.guarantee()}")

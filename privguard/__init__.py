@@ -23,10 +23,12 @@ from privguard._errors import (
     PrivguardError,
     UnknownMechanismError,
 )
-from privguard._ledger import ChargeRecord, Ledger, LedgerEvent, Remaining
+from privguard._journal import ChargeRecord, History, Run
+from privguard._ledger import Ledger
 from privguard._odometer import PAPER, TIGHT, Odometer
 from privguard._orders import DEFAULT_ORDERS
 from privguard._plan import Plan
+from privguard._results import Guarantee, LedgerEvent, Remaining
 from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
 from privguard.mechanisms import Mechanism, mechanism_from_dict
 
@@ -43,6 +45,8 @@ __all__ = [
     "Concentrated",
     "DeltaShares",
     "Explicit",
+    "Guarantee",
+    "History",
     "InvalidArgumentError",
     "Ledger",
     "LedgerEvent",
@@ -53,6 +57,7 @@ __all__ = [
     "PrivguardError",
     "RDPCurve",
     "Remaining",
+    "Run",
     "Uniform",
     "UnknownMechanismError",
     "mechanism_from_dict",

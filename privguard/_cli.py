@@ -1,10 +1,13 @@
-"""The ``privguard`` command: report on and plot a ledger file, run the demo.
+"""The ``privguard`` command: inspect, verify and upgrade ledger files; run the demo.
 
-    privguard report budget.db [--json]
-    privguard plot budget.db -o eps.png
+    privguard report budget.db [--json] [--compare-prv]
+    privguard plot budget.db -o eps.png [--no-prv]
+    privguard verify budget.db
+    privguard upgrade budget.db
     privguard demo [--db PATH] [--quick]
 
-Exit status: 0 on success, 2 when the ledger cannot be read (it fails
+``report``, ``plot`` and ``verify`` open the file read-only. Exit status: 0
+on success, 2 when the ledger cannot be read or fails verification (it fails
 closed: an inconsistent file is reported, never repaired), 1 on other errors.
 """
 
@@ -16,41 +19,74 @@ import sys
 
 from privguard._errors import PrivguardError
 from privguard._ledger import Ledger
-from privguard._report import plot, print_report, report
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="privguard", description="Inspect privguard ledgers.")
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="privguard",
+                                     description="Inspect, verify and upgrade privguard ledgers.")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="targets, running ε, remaining budget, charges, timeline")
     rep.add_argument("path")
     rep.add_argument("--json", action="store_true", help="machine-readable output")
+    rep.add_argument("--compare-prv", action="store_true",
+                     help="also show Opacus' PRV ε for the same sequence (loads torch)")
     plo = sub.add_parser("plot", help="PNG of ε over charges")
     plo.add_argument("path")
     plo.add_argument("-o", "--output", required=True)
+    plo.add_argument("--no-prv", action="store_true", help="leave out Opacus' PRV line")
+    ver = sub.add_parser("verify", help="replay and check the whole journal; non-zero exit "
+                         "on any inconsistency")
+    ver.add_argument("path")
+    upg = sub.add_parser("upgrade", help="upgrade a privguard 0.1 file (verified first; "
+                         "logged; the original is kept as PATH.v1)")
+    upg.add_argument("path")
     demo = sub.add_parser("demo", help="tune, train and report a private model (the main job)")
     demo.add_argument("--db", default=None, help="ledger file (default: a new one under "
                       "./privguard-demo/)")
     demo.add_argument("--quick", action="store_true", default=None,
                       help="reduced size (the default when CI=true)")
     demo.add_argument("--epsilon", type=float, default=10.0, help="total budget")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
             from privguard._demo import run
 
             run(db=args.db, quick=args.quick, epsilon=args.epsilon)
-            return 0
-        ledger = Ledger.open(args.path)
-        if args.command == "report":
-            data = report(ledger)
-            if args.json:
-                json.dump(data, sys.stdout, indent=2, default=str)
-                print()
-            else:
-                print_report(data)
+        elif args.command == "upgrade":
+            from privguard._migrate import upgrade
+
+            print(json.dumps(upgrade(args.path), indent=2))
+        elif args.command == "verify":
+            from privguard._stores import open_store
+
+            store = open_store(args.path, read_only=True)
+            try:
+                store.open(None, None, None)
+                result = store.verify()
+            finally:
+                store.close()
+            print(f"{args.path}: OK — {result['rows']} journal rows ({result['charges']} "
+                  f"charges in {result['runs']} runs, {result['checkpoints']} checkpoints) "
+                  f"replayed and verified in {result['seconds']:.3f} s "
+                  f"({result['rows_per_second']:,.0f} rows/s)"
+                  f"{'; keyed' if result['keyed'] else ''}")
         else:
-            print(plot(ledger, args.output))
+            from privguard._report import plot, print_report, report
+
+            ledger = Ledger.open(args.path, read_only=True)
+            if args.command == "report":
+                data = report(ledger, compare_prv=args.compare_prv)
+                if args.json:
+                    json.dump(data, sys.stdout, indent=2, default=str, allow_nan=False)
+                    print()
+                else:
+                    print_report(data)
+            else:
+                print(plot(ledger, args.output, compare_prv=not args.no_prv))
     except PrivguardError as exc:
         print(f"privguard: {exc}", file=sys.stderr)
         return 2

@@ -1,9 +1,17 @@
 """Privacy filters: admit or refuse a charge before anything is released.
 
-Pure accounting rules with no I/O. A filter only answers "would the spent
-curve after this charge still be admissible?"; the ledger asks it in the one
-code path that both checks and applies, so ``can_afford`` and ``charge``
-cannot disagree.
+Pure accounting rules with no I/O. Every filter has the same small protocol,
+which the ledger drives in the one code path that both checks and applies
+(so ``can_afford`` and ``charge`` cannot disagree):
+
+* ``fix(plan_curve)`` fixes, once and before any output, what the filter
+  derives from the plan (e.g. δ shares); ``fixed()`` / ``load_fixed(d)``
+  serialise that choice, which the journal records;
+* ``decide(spent_after, mechanism, times) -> (admitted, state)`` is pure;
+* ``apply(state)`` commits the state a decision returned (a filter whose
+  only state is the spent curve returns None);
+* ``state()`` / ``load_state(d)`` for checkpoints; ``config()`` for the
+  ledger's configuration.
 """
 
 from __future__ import annotations
@@ -46,13 +54,32 @@ class DPFilter:
         self._terms_for: np.ndarray | None = None
 
     def resolve_weights(self, plan: np.ndarray | None) -> np.ndarray:
-        """The weights in force, fixing them from ``plan`` if not yet fixed."""
+        """The weights in force, or the ones ``plan`` would fix (fixes nothing)."""
         if self.weights is not None:
             return self.weights
         w = np.asarray(self.shares.weights(self.orders, self.epsilon, self.delta, plan), dtype=float)
-        if w.shape != self.orders.shape or np.any(w < 0) or w.sum() > 1 + 1e-12:
-            raise LedgerStateError(f"delta shares {self.shares} gave invalid weights {w}")
-        return w
+        return _valid_weights(w, self.orders, f"delta shares {self.shares}")
+
+    # -- the filter protocol --------------------------------------------------
+    def fix(self, plan_curve: np.ndarray | None) -> None:
+        """Fix the δ shares from the planned step's curve (once; later calls keep them)."""
+        self.weights = self.resolve_weights(plan_curve)
+
+    def fixed(self) -> dict[str, Any]:
+        return {"weights": None if self.weights is None else self.weights.tolist()}
+
+    def load_fixed(self, data: dict[str, Any]) -> None:
+        self.weights = _valid_weights(np.array(data["weights"], dtype=float), self.orders,
+                                      "recorded delta shares")
+
+    def decide(self, spent_after: np.ndarray, mechanism: Any, times: int) -> tuple[bool, None]:
+        return self.admits(spent_after, self.resolve_weights(None)), None
+
+    def apply(self, state: None) -> None:
+        pass
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
 
     def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
         if weights is not self._terms_for:  # cached once the weights are fixed
@@ -74,7 +101,16 @@ class DPFilter:
                 "shares": self.shares.to_dict()}
 
     def state(self) -> dict[str, Any]:
-        return {"weights": None if self.weights is None else self.weights.tolist()}
+        return {}
+
+
+def _valid_weights(w: np.ndarray, orders: np.ndarray, what: str) -> np.ndarray:
+    if w.shape != orders.shape or not np.all(np.isfinite(w)) or np.any(w < 0) \
+            or w.sum() > 1 + 1e-12:
+        raise LedgerStateError(f"{what} gave invalid weights {w}")
+    w = np.array(w, dtype=float)
+    w.setflags(write=False)
+    return w
 
 
 class StrictFilter:
@@ -102,6 +138,25 @@ class StrictFilter:
 
     def headroom(self, spent: np.ndarray, weights: Any) -> np.ndarray:
         return self.budget - spent
+
+    # -- the filter protocol (nothing to fix, no state) -----------------------
+    def fix(self, plan_curve: np.ndarray | None) -> None:
+        pass
+
+    def fixed(self) -> dict[str, Any]:
+        return {}
+
+    def load_fixed(self, data: dict[str, Any]) -> None:
+        pass
+
+    def decide(self, spent_after: np.ndarray, mechanism: Any, times: int) -> tuple[bool, None]:
+        return self.admits(spent_after, None), None
+
+    def apply(self, state: None) -> None:
+        pass
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
 
     def describe(self) -> str:
         return "strict per-order RDP filter"

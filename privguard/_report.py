@@ -1,98 +1,148 @@
 """What ``privguard report`` and ``privguard plot`` show, as data, text and a PNG.
 
 Used by the command line (:mod:`privguard._cli`) and the demo; it imports
-neither.
+neither. Every ε shown names the statement it is and the δ it holds at:
+
+* the running ε (the odometer): P(privacy loss > ε) ≤ δ at any stopping time,
+  under adaptive choices — the number to report for an adaptive run;
+* the filter's target, when there is one: the whole interaction is
+  (ε_target, δ)-DP (a hockey-stick statement, not a tail bound);
+* the non-adaptive RDP ε (what Opacus' RDP accountant prints) and, on
+  request, Opacus' PRV ε for the same sequence: NOT guarantees when anything
+  was chosen adaptively, shown so you can see what validity costs.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from privguard._accounting import Accounting, nonadaptive_epsilon
+from privguard._journal import Run
 from privguard._ledger import Ledger
 from privguard._optional import require
+from privguard._results import describe
+
+#: Opacus' PRV accountant is only asked about journals of at most this many runs.
+PRV_MAX_SEGMENTS = 10_000
+
+
+def _replayer(ledger: Ledger) -> Accounting:
+    """A fresh accounting with the ledger's configuration and fixed choices."""
+    acc = Accounting(ledger._acc.config, fix_now=False)
+    if ledger._acc.fixed is not None:
+        acc.install_fixed(ledger._acc.fixed)
+    return acc
 
 
 def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
-    """Running (odometer) and naive ε after evenly spaced charges, by replay."""
-    history = ledger.history
-    replay = Ledger(delta=ledger.delta, orders=ledger.orders,
-                    odometer=ledger._odometer_mode) if ledger.delta is not None else None
-    if replay is None or not history:
-        return {"charges": [], "running_epsilon": [], "naive_epsilon": []}
-    marks = set(np.unique(np.linspace(1, len(history), min(points, len(history))).astype(int)))
-    cap = ledger.target[0] if ledger.target and not ledger._retargeted else None
-    out = {"charges": [], "running_epsilon": [], "naive_epsilon": []}
-    for i, record in enumerate(history, start=1):
-        replay.charge(record.mechanism)
-        if i in marks:
-            eps = replay.epsilon()
-            out["charges"].append(i)
-            out["running_epsilon"].append(min(eps, cap) if cap is not None else eps)
-            out["naive_epsilon"].append(replay.nonadaptive_epsilon())
+    """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs."""
+    runs = ledger.runs
+    total = runs[-1].start + runs[-1].count if runs else 0
+    out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": []}
+    if ledger.delta is None or not total:
+        return out
+    acc, delta = _replayer(ledger), ledger.delta
+    odometer = acc.odometer(delta)
+    marks = np.unique(np.linspace(1, total, min(points, total)).astype(int))
+    base = np.zeros(ledger.orders.size)
+    i = 0
+    for run in runs:
+        curve = acc.curve(run.mechanism)
+        while i < marks.size and marks[i] <= run.start + run.count:
+            spent = base + (marks[i] - run.start) * curve
+            out["charges"].append(int(marks[i]))
+            out["running_epsilon"].append(odometer.epsilon(spent, delta))
+            out["naive_epsilon"].append(nonadaptive_epsilon(acc.orders, spent, delta))
+            i += 1
+        base = base + run.count * curve
     return out
 
 
-def _describe(mechanism) -> str:
-    return _short(mechanism.to_dict())
+def prv_epsilon(runs: tuple[Run, ...] | list[Run], delta: float) -> float | None:
+    """Opacus' PRV ε for the same sequence, fixed in advance (NOT a guarantee under adaptivity).
+
+    None when a run is not a (subsampled) Gaussian, or there are more than
+    :data:`PRV_MAX_SEGMENTS` runs. Loads Opacus (and torch).
+    """
+    history = []
+    for run in runs:
+        m = run.mechanism
+        name = type(m).__name__
+        if name == "SubsampledGaussian":
+            history.append((m.noise_multiplier, m.sample_rate, run.count * m.steps))
+        elif name == "Gaussian":
+            history.append((m.noise_multiplier, 1.0, run.count))
+        else:
+            return None
+    if not history or len(history) > PRV_MAX_SEGMENTS:
+        return None
+    from opacus.accountants import PRVAccountant  # loads torch: only when asked
+
+    prv = PRVAccountant()
+    prv.history = history
+    return float(prv.get_epsilon(delta=delta))
 
 
-def _short(value: Any) -> str:
-    """A one-line description of a serialised mechanism (curves abbreviated)."""
-    if isinstance(value, dict) and set(value) == {"type", "params"}:
-        if value["type"] == "RDPCurve":
-            return f"RDPCurve({len(value['params']['orders'])} orders)"
-        inner = ", ".join(f"{k}={_short(v)}" for k, v in value["params"].items())
-        return f"{value['type']}({inner})"
-    if isinstance(value, list):
-        return "[" + ", ".join(_short(v) for v in value[:4]) + (", ...]" if len(value) > 4 else "]")
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _time(t: float) -> str:
+def _time(t: float | None) -> str:
+    if t is None:
+        return "?"
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def report(ledger: Ledger) -> dict[str, Any]:
-    """Everything ``privguard report`` shows, as plain data."""
-    history = ledger.history
+def _finite(x: float | None) -> float | str | None:
+    """JSON has no infinity: an unlimited count is reported as the string "unlimited"."""
+    if x is None:
+        return None
+    return "unlimited" if math.isinf(x) else x
+
+
+def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
+    """Everything ``privguard report`` shows, as plain (JSON-ready) data."""
+    runs = ledger.runs
+    cfg = ledger._acc.config
     groups: OrderedDict[str, dict] = OrderedDict()
-    for r in history:
+    for r in runs:
         g = groups.setdefault(str(r.label), {"label": r.label, "charges": 0, "mechanisms": [],
-                                             "first": r.time, "last": r.time})
-        g["charges"] += 1
-        g["last"] = r.time
-        d = _describe(r.mechanism)
+                                             "first": r.first_time, "last": r.last_time})
+        g["charges"] += r.count
+        g["last"] = r.last_time
+        d = describe(r.mechanism.to_dict())
         if d not in g["mechanisms"]:
             g["mechanisms"].append(d)
-    timeline: list[dict] = []
-    for r in history:
-        if timeline and timeline[-1]["label"] == r.label and timeline[-1]["mechanism"] == _describe(r.mechanism):
-            timeline[-1]["charges"] += 1
-            timeline[-1]["end"] = r.time
-        else:
-            timeline.append({"label": r.label, "mechanism": _describe(r.mechanism), "charges": 1,
-                             "start": r.time, "end": r.time})
-    target = ledger.target
-    last = history[-1].mechanism if history else None
-    remaining = ledger.remaining(last) if last is not None else ledger.remaining()
+    timeline = [{"label": r.label, "mechanism": describe(r.mechanism.to_dict()),
+                 "charges": r.count, "start": r.first_time, "end": r.last_time} for r in runs]
+    last = runs[-1].mechanism if runs else None
+    remaining = ledger.remaining(last)
+    delta = ledger.delta
+    charges = runs[-1].start + runs[-1].count if runs else 0
     return {
         "path": ledger.path,
         "orders": len(ledger.orders),
-        "odometer": ledger._odometer_mode,
-        "delta": ledger.delta,
-        "target_epsilon": None if target is None else target[0],
-        "strict_budget": ledger._filter is not None and target is None,
-        "charges": len(history),
-        "running_epsilon": ledger.epsilon() if ledger.delta is not None else None,
-        "naive_epsilon_not_a_guarantee": (ledger.nonadaptive_epsilon()
-                                          if ledger.delta is not None else None),
-        "remaining_repeats_of_last_mechanism": (None if remaining.repeats is None
-                                                else float(remaining.repeats)),
-        "last_mechanism": None if last is None else _describe(last),
+        "odometer": cfg.odometer,
+        "delta": delta,
+        "filter": cfg.filter,
+        "target_epsilon": cfg.epsilon,
+        "target_statement": (None if cfg.epsilon is None else
+                             f"the whole interaction is ({cfg.epsilon:g}, {delta:g})-DP"
+                             + (" — but the target was changed after charges were made "
+                                "(retarget), so it was not fixed in advance"
+                                if ledger._acc.retargeted else "")),
+        "strict_budget": cfg.filter == "strict",
+        "charges": charges,
+        "runs": len(runs),
+        "running_epsilon": None if delta is None else ledger.epsilon(),
+        "running_statement": (None if delta is None else
+                              f"P(privacy loss > running ε) ≤ {delta:g}, at any stopping time"),
+        "naive_epsilon_not_a_guarantee": None if delta is None else ledger.nonadaptive_epsilon(),
+        "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, delta)
+                                               if compare_prv and delta is not None else None),
+        "remaining_repeats_of_last_mechanism": _finite(remaining.repeats),
+        "last_mechanism": None if last is None else describe(last.to_dict()),
         "by_label": list(groups.values()),
         "timeline": timeline,
         "events": list(ledger.events),
@@ -101,31 +151,37 @@ def report(ledger: Ledger) -> dict[str, Any]:
 
 def print_report(data: dict[str, Any]) -> None:
     print(f"ledger      {data['path']}")
-    budget = (f"(ε = {data['target_epsilon']:g}, δ = {data['delta']:g}) filter"
-              if data["target_epsilon"] is not None else
+    budget = (f"(ε = {data['target_epsilon']:g}, δ = {data['delta']:g}) "
+              f"{'hybrid ' if data['filter'] == 'hybrid' else ''}filter: "
+              f"{data['target_statement']}" if data["target_epsilon"] is not None else
               "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
     print(f"budget      {budget}")
     print(f"grid        {data['orders']} Rényi orders; odometer {data['odometer']!r}")
-    print(f"charges     {data['charges']}")
+    print(f"charges     {data['charges']} in {data['runs']} runs")
     if data["running_epsilon"] is not None:
         print(f"running ε   {data['running_epsilon']:.4f} at δ = {data['delta']:g} "
-              "(valid under adaptivity and at any stopping time)")
+              f"({data['running_statement']}; valid under adaptivity)")
         print(f"naive ε     {data['naive_epsilon_not_a_guarantee']:.4f} "
-              "(conversion of the spent curve: NOT a guarantee under adaptivity)")
+              "(RDP conversion of the spent curve, as Opacus' RDP accountant: NOT a "
+              "guarantee under adaptivity)")
+        prv = data["opacus_prv_epsilon_not_a_guarantee"]
+        if prv is not None:
+            print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence: "
+                  "NOT a guarantee under adaptivity)")
     if data["last_mechanism"] is not None:
         reps = data["remaining_repeats_of_last_mechanism"]
-        print(f"remaining   {'unlimited' if reps == float('inf') else int(reps)} more of "
+        print(f"remaining   {reps if reps == 'unlimited' else int(reps)} more of "
               f"the last mechanism, {data['last_mechanism']}")
-    if data["events"]:
-        for e in data["events"]:
-            print(f"event       {e['event']} at {_time(e['time'])}: {e.get('reason')!r}")
+    for e in data["events"]:
+        print(f"event       {e['event']} at {_time(e.get('time'))}: "
+              f"{e.get('reason', e.get('from'))!r}")
     print("\ncharges by label")
     for g in data["by_label"]:
         mechs = "; ".join(g["mechanisms"][:3]) + (" ..." if len(g["mechanisms"]) > 3 else "")
         print(f"  {g['label']!s:24s} {g['charges']:8d}  {mechs}")
     print("\ntimeline (runs of identical charges)")
     rows = data["timeline"]
-    shown = rows if len(rows) <= 12 else [*rows[:6], None, *rows[-5:]]
+    shown: list[dict | None] = rows if len(rows) <= 12 else [*rows[:6], None, *rows[-5:]]
     for row in shown:
         if row is None:
             print(f"  ... {len(rows) - 11} more runs ...")
@@ -134,8 +190,8 @@ def print_report(data: dict[str, Any]) -> None:
               f"{row['mechanism']}")
 
 
-def plot(ledger: Ledger, out: str) -> str:
-    """Write a PNG of ε over charges: odometer, filter budget, naive (labelled)."""
+def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
+    """Write a PNG of ε over charges: odometer (valid), non-adaptive RDP and PRV (labelled)."""
     matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -144,10 +200,16 @@ def plot(ledger: Ledger, out: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(tr["charges"], tr["running_epsilon"], label="running ε (odometer; valid)")
     ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
-            label="naive conversion (NOT a guarantee under adaptivity)")
+            label="non-adaptive RDP (NOT a guarantee under adaptivity)")
+    runs = ledger.runs
+    if compare_prv and ledger.delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
+        xs, ys = _prv_points(runs, ledger.delta)
+        if xs:
+            ax.plot(xs, ys, linestyle="--", marker=".",
+                    label="Opacus PRV (NOT a guarantee under adaptivity)")
     if ledger.target is not None:
         ax.axhline(ledger.target[0], color="k", linestyle="--",
-                   label=f"filter budget ε = {ledger.target[0]:g}")
+                   label=f"filter target ε = {ledger.target[0]:g}")
     ax.set_xlabel("charges")
     ax.set_ylabel(f"ε at δ = {ledger.delta:g}" if ledger.delta else "ε")
     ax.set_title(str(ledger.path))
@@ -156,3 +218,23 @@ def plot(ledger: Ledger, out: str) -> str:
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def _prv_points(runs: tuple[Run, ...], delta: float, points: int = 12
+                ) -> tuple[list[int], list[float]]:
+    """Opacus' PRV ε at a few charge counts (each prefix of the journal, cut inside a run)."""
+    total = runs[-1].start + runs[-1].count
+    xs, ys = [], []
+    for mark in np.unique(np.linspace(1, total, min(points, total)).astype(int)):
+        prefix = []
+        for run in runs:
+            if run.start >= mark:
+                break
+            prefix.append(Run(run.index, run.start, min(run.count, int(mark) - run.start),
+                              run.label, run.mechanism, run.first_time, run.last_time, run.pid))
+        eps = prv_epsilon(prefix, delta)
+        if eps is None:
+            return [], []
+        xs.append(int(mark))
+        ys.append(eps)
+    return xs, ys

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from privguard import Ledger
+from privguard import Ledger, Odometer
 from privguard import _conversion as conv
 from privguard import mechanisms as M
 
@@ -37,7 +37,7 @@ def odometer_curve(mode: str, delta: float, grid: np.ndarray) -> np.ndarray:
     """The real ledger's running ε after a Gaussian run of total ρ = R, for each R in grid."""
     ledger = Ledger(delta=delta, odometer=mode)
     spent = grid[:, None] * ledger.orders[None, :]
-    return ledger._odometer.epsilon_batch(spent, delta)
+    return Odometer(ledger.orders, mode).epsilon_batch(spent, delta)
 
 
 def naive_curve(delta: float, grid: np.ndarray) -> np.ndarray:

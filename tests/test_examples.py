@@ -44,7 +44,8 @@ def test_early_stopping_reports_the_odometer_at_the_stop():
 def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
     env = runpy.run_path(os.path.join(EXAMPLES, "wrap_opacus_loop.py"), run_name="__main__")
     ledger = env["ledger"]
-    assert ledger.epsilon() == 3.0 and len(ledger.history) > 0
+    assert ledger.guarantee().epsilon == 3.0 and len(ledger.history) > 0
+    assert not ledger.can_afford(ledger.history[-1].mechanism)
     assert "stopped:" in capsys.readouterr().out
 
 

@@ -91,10 +91,10 @@ def test_default_shares_admit_at_least_90_percent_and_uniform_fewer(sigma, q):
 def test_weights_are_fixed_by_the_first_charge():
     ledger = Ledger(EPS, DELTA)
     ledger.charge(M.SubsampledGaussian(1.0, 0.01))
-    w = ledger._filter.weights.copy()
+    w = ledger._acc.filter.weights.copy()
     assert w.sum() == pytest.approx(1.0) and w.max() == pytest.approx(0.9 + 0.1 / w.size)
     ledger.charge(M.Gaussian(50.0))
-    np.testing.assert_array_equal(ledger._filter.weights, w)
+    np.testing.assert_array_equal(ledger._acc.filter.weights, w)
 
 
 def test_strict_filter_refuses_if_any_order_would_exceed():

@@ -73,23 +73,31 @@ def _state():
 
 
 def _reseal(state):
-    from privguard._ledger import _checksum
+    from privguard._integrity import Integrity
 
     body = {k: v for k, v in state.items() if k != "checksum"}
-    state["checksum"] = _checksum(body)
+    state["checksum"] = Integrity.from_environment().digest("state", body)
     return state
+
+
+def _set(d, key, value):
+    d[key] = value
 
 
 @pytest.mark.parametrize("tamper,match", [
     (lambda s: s["spent"].__setitem__(0, 0.0), "checksum"),
     (lambda s: _reseal(s) if s["spent"].__setitem__(3, 0.0) is None else None, "replay"),
-    (lambda s: _reseal(s) if s["records"].pop() else None, "replay"),
-    (lambda s: _reseal(s) if s.__setitem__("version", 99) is None else None, "version 99"),
-    (lambda s: s.__setitem__("format", "other"), "format"),
-    (lambda s: _reseal(s) if s["records"][0]["mechanism"].__setitem__("type", "Bogus") is None
-     else None, "Bogus"),
-    (lambda s: _reseal(s) if s["config"].__setitem__("orders", [3.0, 2.0]) is None else None,
+    (lambda s: _reseal(s) if s["journal"][-1].__setitem__(4, 4) is None else None, "replay"),
+    (lambda s: _reseal(s) if s["journal"][-1].__setitem__(4, 6) is None else None, "replay"),
+    (lambda s: _reseal(s) if s["journal"].pop() else None, "replay"),
+    (lambda s: _reseal(s) if _set(s, "version", 99) is None else None, "version 99"),
+    (lambda s: _set(s, "format", "other"), "format"),
+    (lambda s: _reseal(s) if _set(s["mechanisms"][0], "type", "Bogus") is None else None,
+     "Bogus"),
+    (lambda s: _reseal(s) if _set(s["config"], "orders", [3.0, 2.0]) is None else None,
      "increasing"),
+    (lambda s: _reseal(s) if s["fixed"]["filter"]["weights"].__setitem__(0, 0.5) is None
+     else None, "fixed"),
 ])
 def test_tampered_or_foreign_state_refuses_to_load(tamper, match):
     state = _state()
@@ -150,7 +158,7 @@ def test_history_listeners_and_cache():
     ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="b")  # equal value: cached curve
     assert rec.index == 0 and rec.label == "a" and rec.mechanism == step
     assert [e.record.label for e in seen] == ["a", "b"]
-    assert len(ledger._curves) == 1
+    assert len(ledger._acc._curves) == 1
     ledger.remove_listener(seen.append)
     ledger.charge(step)
     assert len(seen) == 2
@@ -229,7 +237,7 @@ def test_an_in_memory_ledger_pickles_with_its_state(copier):
     for _ in range(20):
         ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
     again = pickle.loads(pickle.dumps(ledger)) if copier == "pickle" else copy.deepcopy(ledger)
-    assert again.state_dict()["records"] == ledger.state_dict()["records"]
+    assert again.state_dict()["journal"] == ledger.state_dict()["journal"]
     assert again.epsilon() == ledger.epsilon() and again.target == ledger.target
     again.charge(M.Gaussian(10.0))  # a fresh lock: usable
     assert len(ledger.history) == 20
@@ -242,7 +250,7 @@ def test_a_file_ledger_pickles_as_a_reference_to_its_file(tmp_path):
     ledger = Ledger(3.0, 1e-5, path=path)
     ledger.charge(M.Gaussian(5.0), label="a")
     blob = pickle.dumps(ledger)
-    assert b"records" not in blob
+    assert b"journal" not in blob
     ledger.charge(M.Gaussian(5.0), label="b")  # after pickling: the file is the truth
     again = pickle.loads(blob)
     assert again.path == str(path) and [r.label for r in again.history] == ["a", "b"]

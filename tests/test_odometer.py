@@ -84,10 +84,15 @@ def test_monotone_under_mixed_adaptive_charges():
         last = eps
 
 
-def test_filter_caps_the_running_epsilon():
+def test_the_running_epsilon_is_the_odometer_alone_even_under_a_filter():
+    # The filter's (2, δ)-DP and the odometer's tail bound each hold at δ; the smaller
+    # of the two would hold only at 2δ, so epsilon() is never capped by the target.
     ledger = Ledger(2.0, 1e-5)
+    report_only = Ledger(delta=1e-5)
     step = M.SubsampledGaussian(1.0, 0.01)
     for _ in range(ledger.remaining(step).repeats):
         ledger.charge(step)
-    assert ledger.epsilon() == 2.0
-    assert ledger.epsilon(delta=1e-6) > 2.0  # the cap only holds at δ >= the filter's δ
+        report_only.charge(step)
+    assert not ledger.can_afford(step) and ledger.target == (2.0, 1e-5)
+    assert ledger.epsilon() == report_only.epsilon() > 2.0
+    assert ledger.remaining().epsilon_spent == ledger.epsilon()

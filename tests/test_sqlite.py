@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import _workers
-from privguard import BudgetExhausted, Ledger, LedgerStateError
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -68,13 +69,19 @@ def test_another_configuration_is_refused(tmp_path, kwargs, what):
         Ledger(eps, 1e-5, path=path, **kwargs)
 
 
-def test_retarget_is_explicit_logged_and_uncaps(tmp_path):
+def test_retarget_is_explicit_logged_and_keeps_the_journal(tmp_path):
     path = tmp_path / "b.db"
     old = filled(path, n=1500)
-    assert old.epsilon() == 3.0  # capped by the target
+    eps = old.epsilon()
     new = Ledger(4.0, 1e-5, path=path, retarget="DPO approved ε = 4 on 2026-11-21")
     assert new.events[-1]["reason"].startswith("DPO approved")
-    assert new.epsilon() > 3.0  # the new target was not fixed in advance: no cap
+    assert new.target == (4.0, 1e-5) and new.can_afford(STEP)
+    assert new.epsilon() == eps  # the running ε is the journal's, whatever the target
+    from privguard._report import report
+
+    assert "not fixed in advance" in report(new)["target_statement"]
+    with pytest.raises(InvalidArgumentError, match="retarget"):
+        Ledger(5.0, 1e-5, path=path, retarget="")  # a reason is required
     with pytest.raises(LedgerStateError, match="changed by another process"):
         old.charge(STEP)  # the other instance fails closed
     with pytest.raises(LedgerStateError, match="orders"):
@@ -132,12 +139,12 @@ def test_sigkill_never_loses_an_applied_step(tmp_path):
     ledger = Ledger.open(path)
     q = 16 / 1024
     assert not ledger.can_afford(M.SubsampledGaussian(1.0, q))
-    assert ledger.epsilon() == 6.0
+    assert ledger.target == (6.0, 1e-5) and ledger.epsilon() > 0
 
 
 def _closed_copy(tmp_path, name="b.db"):
     path = tmp_path / name
-    filled(path).close()  # closing checkpoints the WAL into the main file
+    filled(path).close()
     return path
 
 
@@ -156,7 +163,7 @@ def test_flipped_bytes_in_a_journal_row_fail_closed(tmp_path):
     assert at > 0
     data[at + 5] ^= 0x01  # step-17 -> step-07 on disk
     path.write_bytes(bytes(data))
-    with pytest.raises(LedgerStateError, match="hash chain|integrity"):
+    with pytest.raises(LedgerStateError, match="digest chain|integrity"):
         Ledger(3.0, 1e-5, path=path)
 
 
@@ -177,13 +184,14 @@ def _edit(path, sql, *args):
 
 
 @pytest.mark.parametrize("sql,args,match", [
-    ("UPDATE totals SET spent = ? WHERE id = 1", ("[" + ",".join(["0.0"] * 157) + "]",),
-     "recorded totals"),
-    ("UPDATE totals SET count = 3 WHERE id = 1", (), "recorded totals"),
-    ("DELETE FROM journal WHERE idx = 30", (), "recorded totals"),
-    ("UPDATE journal SET label = 'edited' WHERE idx = 3", (), "hash chain"),
+    ("UPDATE head SET entries = 3 WHERE id = 1", (), "head fails its digest"),
+    ("DELETE FROM entries WHERE idx = 31", (), "head"),
+    ("DELETE FROM entries WHERE idx = 20", (), "out of sequence|missing"),
+    ("UPDATE entries SET label = 'edited' WHERE idx = 3", (), "digest chain"),
+    ("UPDATE entries SET count = 5 WHERE idx = 3", (), "digest chain"),
     ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", (), "schema version 99"),
     ("UPDATE meta SET value = 'not json' WHERE key = 'config'", (), "unreadable"),
+    ("UPDATE mechanisms SET body = replace(body, '1.0', '9.0')", (), "digest"),
 ])
 def test_edited_database_fails_closed_and_charges_nothing(tmp_path, sql, args, match):
     path = _closed_copy(tmp_path)
@@ -191,16 +199,145 @@ def test_edited_database_fails_closed_and_charges_nothing(tmp_path, sql, args, m
     with pytest.raises(LedgerStateError, match=match):
         Ledger(3.0, 1e-5, path=path)
     conn = sqlite3.connect(path)
-    rows = conn.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
+    rows = conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
     conn.close()
-    assert rows <= 31  # nothing was appended
+    assert rows <= 32  # nothing was appended
+
+
+def _config_with(path, **changes):
+    conn = sqlite3.connect(path)
+    config = json.loads(conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0])
+    conn.close()
+    config.update(changes)
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("key", ["config", "genesis_config"])
+@pytest.mark.parametrize("change", [{"epsilon": 100.0}, {"delta": 0.5}])
+def test_an_edited_target_never_refunds_budget(tmp_path, key, change):
+    path = _closed_copy(tmp_path)
+    _edit(path, "UPDATE meta SET value = ? WHERE key = ?", _config_with(path, **change), key)
+    with pytest.raises(LedgerStateError, match="edited"):
+        Ledger.open(path)
+
+
+def test_a_deleted_retarget_event_is_detected(tmp_path):
+    path = _closed_copy(tmp_path)
+    Ledger(4.0, 1e-5, path=path, retarget="approved").close()
+    conn = sqlite3.connect(path)
+    idx = conn.execute("SELECT idx FROM entries WHERE kind = 'event'").fetchone()[0]
+    conn.close()
+    _edit(path, "DELETE FROM entries WHERE idx = ?", idx)
+    with pytest.raises(LedgerStateError):
+        Ledger.open(path)
+
+
+def _rechain(path):
+    """What a forger with privguard in hand does: delete the newest rows and recompute
+    every digest (genesis, rows, head) with the library's own code, without any key."""
+    from privguard._stores._sqlite import SQLiteStore, _Cursor
+
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM entries WHERE idx >= 20")
+    conn.execute("DELETE FROM checkpoints")
+    forger = SQLiteStore(str(path))
+    forger.file_id = conn.execute("SELECT value FROM meta WHERE key='file_id'").fetchone()[0]
+    genesis_config = json.loads(conn.execute(
+        "SELECT value FROM meta WHERE key='genesis_config'").fetchone()[0])
+    forger.genesis = forger._genesis_digest(genesis_config)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'genesis'", (forger.genesis,))
+    prev, cur, count = forger.genesis, forger.genesis, 0
+    mech = {i: (b, d) for i, b, d in conn.execute("SELECT id, body, digest FROM mechanisms")}
+    for idx, kind, m, label, pid, n, first, last, body in conn.execute(
+            "SELECT idx, kind, mech, label, pid, count, first, last, body FROM entries "
+            "ORDER BY idx").fetchall():
+        if kind == "run":
+            digest = forger.integrity.digest("mechanism", mech[m][0])
+            conn.execute("UPDATE mechanisms SET digest = ? WHERE id = ?", (digest, m))
+            fields = [digest, label, pid, n, first, last]
+        else:
+            fields = [body]
+        prev, cur = cur, forger._entry_digest(cur, idx, kind, fields)
+        count = n if kind == "run" else 0
+        conn.execute("UPDATE entries SET digest = ? WHERE idx = ?", (cur, idx))
+    head = _Cursor(20, count, cur, prev, None)
+    conn.execute("UPDATE head SET entries = ?, last_count = ?, digest = ?, prev = ?, mac = ?",
+                 (*head.as_tuple(), forger._head_mac(head)))
+    conn.commit()
+    conn.close()
+
+
+def test_a_rechained_deletion_is_seen_by_an_open_ledger(tmp_path):
+    path = tmp_path / "b.db"
+    ledger = filled(path)  # 32 rows: fix + 31 runs (every label differs)
+    _rechain(path)
+    with pytest.raises(LedgerStateError, match="backwards"):
+        ledger.charge(STEP)
+
+
+def test_a_keyed_ledger_refuses_forgeries_and_wrong_or_missing_keys(tmp_path, monkeypatch):
+    path = tmp_path / "b.db"
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "correct horse battery staple")
+    filled(path).close()
+    assert len(Ledger.open(path).history) == 31
+    monkeypatch.delenv("PRIVGUARD_LEDGER_KEY")
+    with pytest.raises(LedgerStateError, match="protected by a ledger key"):
+        Ledger.open(path)
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "wrong")
+    with pytest.raises(LedgerStateError, match="not this ledger's key"):
+        Ledger.open(path)
+    key_file = tmp_path / "key"
+    key_file.write_text("correct horse battery staple\n")
+    monkeypatch.delenv("PRIVGUARD_LEDGER_KEY")
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY_FILE", str(key_file))
+    assert len(Ledger.open(path).history) == 31
+    # A forger without the key re-chains with the unkeyed digest: refused.
+    monkeypatch.delenv("PRIVGUARD_LEDGER_KEY_FILE")
+    _rechain(path)
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY_FILE", str(key_file))
+    with pytest.raises(LedgerStateError, match="digest|edited"):
+        Ledger.open(path)
+
+
+def test_an_unkeyed_file_is_refused_while_a_key_is_configured(tmp_path, monkeypatch):
+    path = _closed_copy(tmp_path)
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "k")
+    with pytest.raises(LedgerStateError, match="not keyed"):
+        Ledger.open(path)
+
+
+def test_a_file_replaced_under_an_open_ledger_fails_it_closed(tmp_path):
+    path = tmp_path / "b.db"
+    ledger = filled(path, n=3)
+    other = tmp_path / "other.db"
+    filled(other, n=1).close()
+    os.replace(other, path)
+    with pytest.raises(LedgerStateError, match="replaced"):
+        ledger.charge(STEP)
+    with pytest.raises(LedgerStateError):
+        ledger.can_afford(STEP)
+
+
+def test_committed_charges_live_in_the_main_file(tmp_path):
+    # The rollback journal, not WAL: deleting side files can never lose a committed charge.
+    path = tmp_path / "b.db"
+    ledger = filled(path, n=10)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    conn.close()
+    for suffix in ("-journal", "-wal", "-shm"):
+        if os.path.exists(str(path) + suffix):
+            os.remove(str(path) + suffix)
+    assert len(Ledger.open(path).history) == 11
+    ledger.charge(STEP)
+    assert len(Ledger.open(path).history) == 12
 
 
 def test_tampering_while_open_breaks_the_ledger(tmp_path):
     path = tmp_path / "b.db"
     ledger = filled(path)
-    _edit(path, "UPDATE totals SET count = 99 WHERE id = 1")
-    with pytest.raises(LedgerStateError, match="recorded totals"):
+    _edit(path, "UPDATE head SET entries = 99 WHERE id = 1")
+    with pytest.raises(LedgerStateError, match="head"):
         ledger.charge(STEP)
     with pytest.raises(LedgerStateError):  # and stays refused
         ledger.can_afford(STEP)

@@ -1,0 +1,343 @@
+"""A ledger's accounting state and its one decision path. Pure: no I/O, no locks.
+
+:class:`Accounting` holds the configuration, the choices fixed from the plan
+before the first output (δ shares, mixture weights, the hybrid envelope), the
+filter with its state, the odometer and the journal. ``decide`` checks a
+charge without changing anything; ``apply`` commits a decision and returns
+the journal changes a store must persist; ``replay_*`` re-applies changes a
+store read back, verifying that each one is what this code would have
+admitted. Deciding, applying and replaying share one code path, so a check,
+a charge and a replay can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from privguard import _conversion as conv
+from privguard._base import Mechanism
+from privguard._config import Config
+from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
+from privguard._filters import DPFilter, StrictFilter
+from privguard._journal import Journal, Run
+from privguard._odometer import Odometer
+from privguard._plan import Plan
+
+_CACHE_LIMIT = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The outcome of :meth:`Accounting.decide`: nothing has changed yet."""
+
+    admitted: bool
+    mechanism: Mechanism
+    curve: np.ndarray
+    times: int
+    spent_after: np.ndarray
+    filter_state: Any
+    fix: dict[str, Any] | None  # the plan-derived choices this charge would fix
+    filter: Any  # the filter that decided (a fresh one when ``fix`` is set)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One journal change for a store: ``kind`` is "fix", "run" or "event"."""
+
+    kind: str
+    run: Run | None = None
+    extended: bool = False
+    body: dict[str, Any] | None = None
+
+
+def nonadaptive_epsilon(orders: np.ndarray, spent: np.ndarray, delta: float) -> float:
+    """The improved conversion of a spent curve (Opacus' number; valid only for a
+    sequence fixed in advance: formulas.md §1)."""
+    return conv.best(orders, conv.epsilon_per_order(orders, spent, delta))[0]
+
+
+def check_label(label: Any) -> str | None:
+    """A label is None or a string that UTF-8 can encode (every store can keep it)."""
+    if label is None:
+        return None
+    if not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string or None")
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("label", label, "must be encodable as UTF-8 (no lone "
+                                   "surrogates), so that every store can keep it") from None
+    return label
+
+
+class Accounting:
+    """Configuration, fixed choices, filter, odometer and journal of one ledger."""
+
+    def __init__(self, config: Config, *, fix_now: bool = True) -> None:
+        self.config = config
+        self.orders = config.orders
+        self.journal = Journal(self.orders.size)
+        self.fixed: dict[str, Any] | None = None
+        self.filter: Any = None
+        self.events: list[dict[str, Any]] = []
+        # ("fix" | "event", body) with the number of runs before it, in journal order.
+        self.marks: list[tuple[int, list[Any]]] = []
+        self._odometers: dict[float, Odometer] = {}
+        self._curves: dict[Mechanism, np.ndarray] = {}
+        if fix_now and config.plan is not None:  # declared: fixed now, before any output
+            flt = self._make_filter(config.plan)
+            self.install_fixed(self.derive_fixed(config.plan, flt), flt)
+            self.marks.append((0, ["fix", self.fixed]))
+
+    # -- curves ----------------------------------------------------------------
+    def curve(self, mechanism: Mechanism) -> np.ndarray:
+        curve = self._curves.get(mechanism)
+        if curve is None:
+            curve = mechanism._rdp_checked(self.orders)
+            if len(self._curves) >= _CACHE_LIMIT:
+                self._curves.clear()
+            self._curves[mechanism] = curve
+        return curve
+
+    # -- choices fixed from the plan ---------------------------------------------
+    def _make_filter(self, plan: Plan | None) -> Any:
+        cfg = self.config
+        if cfg.filter is None:
+            return None
+        if cfg.filter == "strict":
+            return StrictFilter(cfg.rdp_budget, self.orders)
+        if cfg.filter == "hybrid":
+            from privguard._hybrid import HybridFilter, envelope_of
+
+            assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+            envelope = None if plan is None else envelope_of(plan.step)
+            flt: Any = HybridFilter(cfg.epsilon, cfg.delta, envelope, self.orders, cfg.shares)
+        else:
+            assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+            flt = DPFilter(cfg.epsilon, cfg.delta, cfg.shares, self.orders)
+        if plan is not None:
+            flt.fix(self.curve(plan.step))
+        return flt
+
+    def derive_fixed(self, plan: Plan, flt: Any = None) -> dict[str, Any]:
+        """The record of what is fixed from ``plan`` (chosen before any output)."""
+        flt = self._make_filter(plan) if flt is None else flt
+        return {"plan": plan.to_dict(), "filter": None if flt is None else flt.fixed(),
+                "odometer": self._odometer_fixed(plan)}
+
+    def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:
+        weights_of = getattr(Odometer, "plan_weights", None)
+        if self.config.delta is None or weights_of is None:
+            return None
+        return {"weights": weights_of(self.orders, plan, self.config.delta)}
+
+    def items(self) -> list[Any]:
+        """The held journal in order: runs, and ["fix" | "event", body] entries."""
+        out: list[Any] = []
+        marks = iter(self.marks)
+        mark = next(marks, None)
+        for run in self.journal.held_runs():
+            while mark is not None and mark[0] <= run.index:
+                out.append(mark[1])
+                mark = next(marks, None)
+            out.append(run)
+        while mark is not None:
+            out.append(mark[1])
+            mark = next(marks, None)
+        return out
+
+    def install_fixed(self, fixed: dict[str, Any], flt: Any = None) -> None:
+        if flt is None and self.config.filter is not None:
+            flt = self._make_filter(None)
+            flt.load_fixed(fixed["filter"])
+        self.fixed, self.filter = fixed, flt
+        self._odometers.clear()
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in force: declared, or fixed from the first charge."""
+        return None if self.fixed is None else Plan.from_dict(self.fixed["plan"])
+
+    # -- the one decision path -----------------------------------------------------
+    def decide(self, mechanism: Any, label: Any, pid: int, times: int = 1) -> Verdict:
+        """Would ``times`` more charges of ``mechanism`` be admitted? Changes nothing."""
+        if not isinstance(mechanism, Mechanism):
+            raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+        check_label(label)
+        curve = self.curve(mechanism)
+        spent_after = self.journal.spent_after(mechanism, curve, times)
+        fix, flt = None, self.filter
+        if self.fixed is None:  # the first charge fixes the plan-derived choices
+            plan = self.config.plan or Plan(mechanism)
+            flt = self._make_filter(plan)
+            fix = self.derive_fixed(plan, flt)
+        if flt is None:
+            return Verdict(True, mechanism, curve, times, spent_after, None, fix, flt)
+        admitted, state = flt.decide(spent_after, mechanism, times)
+        return Verdict(bool(admitted), mechanism, curve, times, spent_after, state, fix, flt)
+
+    def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
+        """Commit an admitted verdict; returns the journal changes to persist."""
+        assert verdict.admitted
+        changes = []
+        if verdict.fix is not None:
+            self.install_fixed(verdict.fix, verdict.filter)
+            self.marks.append((self.journal.run_count, ["fix", verdict.fix]))
+            changes.append(Change("fix", body=verdict.fix))
+        if self.filter is not None:
+            self.filter.apply(verdict.filter_state)
+        run, extended = self.journal.append(verdict.mechanism, label, pid, verdict.curve, t,
+                                            verdict.times)
+        changes.append(Change("run", run=run, extended=extended))
+        return changes
+
+    # -- replay -----------------------------------------------------------------------
+    def replay_fix(self, fixed: dict[str, Any]) -> None:
+        if self.fixed is not None:
+            if self.fixed != fixed:
+                raise LedgerStateError("the journal fixes the plan twice, differently")
+            return
+        try:
+            Plan.from_dict(fixed["plan"])
+            self.install_fixed(fixed)
+        except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+            raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
+        self.marks.append((self.journal.run_count, ["fix", fixed]))
+
+    def replay_run(self, run: Run, where: str) -> None:
+        """Re-admit a run read back from a store (new, or the current one extended)."""
+        last = self.journal.last
+        if last is not None and run.index == last.index:
+            if (run.key() != last.key() or run.start != last.start
+                    or run.first_time != last.first_time or run.count < last.count):
+                raise LedgerStateError(f"{where}: the current run changed behind this ledger")
+            more = run.count - last.count
+            if more:
+                verdict = self._readmit(run, more, where)
+                self.journal.extend_current(run.count, run.last_time, verdict.curve)
+            return
+        if run.index != self.journal.run_count or run.start != self.journal.charges \
+                or run.count < 1 or run.last_time < run.first_time:
+            raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
+        verdict = self._readmit(run, run.count, where)
+        self.journal.close_current()  # a new row is a new run even if its key matches
+        run_now, _ = self.journal.append(run.mechanism, run.label, run.pid, verdict.curve,
+                                         run.first_time, run.count)
+        self.journal.extend_current(run.count, run.last_time, verdict.curve)
+        assert run_now.index == run.index
+
+    def _readmit(self, run: Run, times: int, where: str) -> Verdict:
+        if self.fixed is None:
+            raise LedgerStateError(f"{where}: a charge precedes the fixing of the plan")
+        try:
+            verdict = self.decide(run.mechanism, run.label, run.pid, times)
+        except PrivguardError as exc:
+            raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
+        if not verdict.admitted:
+            raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
+                                   "would be refused by the recorded budget")
+        if self.filter is not None:
+            self.filter.apply(verdict.filter_state)
+        return verdict
+
+    def replay_event(self, body: dict[str, Any], config: Config | None = None) -> None:
+        """An explicit, logged event; a retarget brings its new configuration."""
+        self.events.append(body)
+        self.marks.append((self.journal.run_count, ["event", body]))
+        self.journal.close_current()  # the journal's rows: an event ends the current run
+        if config is not None:
+            self.retarget(config)
+
+    def retarget(self, config: Config) -> None:
+        """Adopt a new target (an explicit, logged decision). The fixed plan stays."""
+        self.config = config
+        if self.fixed is not None:
+            plan = Plan.from_dict(self.fixed["plan"])
+            flt = self._make_filter(plan)
+            self.fixed = {**self.fixed, "filter": None if flt is None else flt.fixed()}
+            self.filter = flt
+        self._odometers.clear()
+
+    @property
+    def retargeted(self) -> bool:
+        """Whether the target was changed after charges were made (then not fixed in advance)."""
+        return any(e.get("event") == "retarget" or e.get("retargets") for e in self.events)
+
+    # -- queries ------------------------------------------------------------------------
+    def spent(self) -> np.ndarray:
+        return self.journal.spent()
+
+    def odometer(self, delta: float) -> Odometer:
+        odo = self._odometers.get(delta)
+        if odo is None:
+            odo = Odometer(self.orders, self.config.odometer)
+            self._odometers[delta] = odo
+        return odo
+
+    def epsilon(self, delta: float) -> float:
+        """The odometer's running ε at ``delta`` (0.0 before any charge)."""
+        if self.journal.charges == 0:
+            return 0.0
+        return self.odometer(delta).epsilon(self.spent(), delta)
+
+    def nonadaptive_epsilon(self, delta: float) -> float:
+        return nonadaptive_epsilon(self.orders, self.spent(), delta)
+
+    def repeats(self, mechanism: Mechanism, label: str | None, pid: int) -> float:
+        """Largest k such that k more charges of ``mechanism`` would each be admitted."""
+        if self.config.filter is None:
+            return math.inf
+
+        def fits(k: int) -> bool:
+            return self.decide(mechanism, label, pid, times=k).admitted
+
+        if not fits(1):
+            return 0
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+            if hi > 2**62:
+                return math.inf
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def headroom(self, mechanism: Mechanism | None) -> np.ndarray | None:
+        flt = self.filter
+        if flt is None and self.config.filter is not None and mechanism is not None:
+            flt = self._make_filter(self.config.plan or Plan(mechanism))
+        if flt is None:
+            return None
+        if isinstance(flt, (DPFilter, StrictFilter)):
+            return flt.headroom(self.spent(), flt.resolve_weights(None))
+        return flt.headroom(self.spent())
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "fixed": self.fixed,
+                "journal": self.journal.snapshot(),
+                "filter_state": None if self.filter is None else self.filter.state(),
+                "events": list(self.events)}
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> Accounting:
+        from privguard import _config
+
+        try:
+            acc = cls(_config.from_dict(snap["config"]), fix_now=False)
+            if snap["fixed"] is not None:
+                acc.install_fixed(snap["fixed"])
+            acc.journal = Journal.from_snapshot(acc.orders.size, snap["journal"], acc.curve)
+            if acc.filter is not None:
+                acc.filter.load_state(snap["filter_state"] or {})
+            acc.events = list(snap["events"])
+        except LedgerStateError:
+            raise
+        except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+            raise LedgerStateError(f"checkpoint unreadable ({exc})") from exc
+        return acc

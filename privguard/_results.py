@@ -1,0 +1,96 @@
+"""Values a ledger hands out: what is left, and what listeners receive."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privguard._base import Mechanism
+from privguard._journal import ChargeRecord
+
+if TYPE_CHECKING:
+    from privguard._ledger import Ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class Remaining:
+    """What is left of a ledger's budget, in forms a user can act on.
+
+    Attributes:
+        epsilon_target: the filter's ε (None without an (ε, δ) filter).
+        delta: the ledger's δ (None if it has none).
+        epsilon_spent: the running ε (the odometer's bound at ``delta``);
+            None without δ.
+        headroom: per-order RDP budget left of the RDP filter (negative where
+            an order is exhausted); None without a filter.
+        repeats: how many more times the queried mechanism would be admitted
+            (``math.inf`` if the ledger has no filter); None if no mechanism
+            was given.
+    """
+
+    epsilon_target: float | None
+    delta: float | None
+    epsilon_spent: float | None
+    headroom: np.ndarray | None
+    repeats: float | None
+
+    def __str__(self) -> str:
+        parts = []
+        if self.epsilon_spent is not None:
+            parts.append(f"running ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}")
+        if self.epsilon_target is not None:
+            parts.append(f"target ε = {self.epsilon_target:g}")
+        if self.repeats is not None:
+            parts.append(f"{self.repeats:g} more of the queried mechanism fit")
+        return "; ".join(parts) or "no budget configured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Guarantee:
+    """The privacy statement a ledger supports, in the form its theorem gives.
+
+    Attributes:
+        kind: ``"filter"`` — the whole interaction is (epsilon, delta)-DP, a
+            hockey-stick bound fixed before any output (docs/theory.md §2);
+            or ``"odometer"`` — P(privacy loss > epsilon) ≤ delta, a tail
+            bound valid at any stopping time (docs/theory.md §3).
+        epsilon, delta: the numbers, each holding at exactly this δ.
+        statement: the sentence to put in a report.
+    """
+
+    kind: str
+    epsilon: float
+    delta: float
+    statement: str
+
+    def __str__(self) -> str:
+        return self.statement
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEvent:
+    """What listeners receive: ``kind`` is ``"charge"`` or ``"refused"``."""
+
+    kind: str
+    ledger: Ledger
+    mechanism: Mechanism
+    label: str | None
+    record: ChargeRecord | None
+
+    def __repr__(self) -> str:
+        return f"LedgerEvent({self.kind!r}, {self.mechanism!r}, label={self.label!r})"
+
+
+def describe(value: Any) -> str:
+    """A one-line description of a serialised mechanism (curves abbreviated)."""
+    if isinstance(value, dict) and set(value) == {"type", "params"}:
+        if value["type"] == "RDPCurve":
+            return f"RDPCurve({len(value['params']['orders'])} orders)"
+        inner = ", ".join(f"{k}={describe(v)}" for k, v in value["params"].items())
+        return f"{value['type']}({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(describe(v) for v in value[:4]) + (", ...]" if len(value) > 4
+                                                                  else "]")
+    return f"{value:g}" if isinstance(value, float) else str(value)

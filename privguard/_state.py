@@ -1,0 +1,159 @@
+"""A ledger's state as plain data: ``state_dict()`` and back, validated before use.
+
+Format 2 (privguard ≥ 0.2)::
+
+    {"format": "privguard.Ledger", "version": 2, "config": {...}, "fixed": {...} | None,
+     "mechanisms": [mechanism dicts, each once],
+     "journal": [["fix", {...}] | ["run", mechanism index, label, pid, count, first, last]
+                 | ["event", {...}], ...],
+     "spent": [...], "filter_state": {...}, "keyed": bool, "key_check": str | None,
+     "checksum": hex}
+
+The checksum is an HMAC when a ledger key is configured (see
+:mod:`privguard._integrity`), SHA-256 otherwise. Loading checks format,
+version, checksum and key, rebuilds the accounting from the configuration
+and replays the journal through the one decision path, then compares the
+result with the recorded spent curve and filter state: a state that does
+not replay exactly is refused. Format 1 (privguard 0.1: one record per
+charge) still loads; its charges are grouped into runs and a ``migrate``
+event records that it happened.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+from typing import Any
+
+import numpy as np
+
+from privguard import _config
+from privguard._accounting import Accounting
+from privguard._base import mechanism_from_dict
+from privguard._errors import LedgerStateError, PrivguardError
+from privguard._integrity import Integrity
+from privguard._journal import Run
+from privguard._plan import Plan
+
+FORMAT = "privguard.Ledger"
+VERSION = 2
+
+
+def state_dict(acc: Accounting, items: list[Any]) -> dict[str, Any]:
+    """The state of ``acc``; ``items`` is its whole journal in order (runs, fix, events)."""
+    mechanisms: dict[Any, int] = {}
+    journal: list[list[Any]] = []
+    for item in items:
+        if isinstance(item, Run):
+            index = mechanisms.setdefault(item.mechanism, len(mechanisms))
+            journal.append(["run", index, item.label, item.pid, item.count, item.first_time,
+                            item.last_time])
+        else:
+            journal.append(list(item))
+    integrity = Integrity.from_environment()
+    body = {
+        "format": FORMAT, "version": VERSION,
+        "config": acc.config.to_dict(), "fixed": acc.fixed,
+        "mechanisms": [m.to_dict() for m in mechanisms],
+        "journal": journal,
+        "spent": acc.spent().tolist(),
+        "filter_state": None if acc.filter is None else acc.filter.state(),
+        "keyed": integrity.keyed, "key_check": integrity.key_check(),
+    }
+    body["checksum"] = integrity.digest("state", body)
+    return body
+
+
+def load(state: Any) -> tuple[Accounting, list[Run]]:
+    """Validate and replay a state; returns the accounting and every run.
+
+    Raises:
+        LedgerStateError: anything unreadable, inconsistent, edited or of a
+            newer version.
+    """
+    if not isinstance(state, dict):
+        raise LedgerStateError(f"state must be a dict, got {type(state).__name__}")
+    if state.get("format") != FORMAT:
+        raise LedgerStateError(f"not a privguard ledger state (format={state.get('format')!r})")
+    version = state.get("version")
+    if version == 1:
+        return _load_v1(state)
+    if version != VERSION:
+        raise LedgerStateError(f"state version {version!r} is not supported by this privguard "
+                               f"(it reads 1 and {VERSION}); refusing to load")
+    integrity = Integrity.from_environment()
+    integrity.require_matches(bool(state.get("keyed")), state.get("key_check"), "this state")
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    if not hmac.compare_digest(str(state.get("checksum")), integrity.digest("state", body)):
+        raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    try:
+        acc = Accounting(_config.from_dict(state["config"]), fix_now=False)
+        mechanisms = [mechanism_from_dict(m) for m in state["mechanisms"]]
+        for i, entry in enumerate(state["journal"]):
+            where = f"state journal entry {i}"
+            if entry[0] == "fix":
+                acc.replay_fix(entry[1])
+            elif entry[0] == "event":
+                body = entry[1]
+                new = body.get("new") if body.get("event") == "retarget" else None
+                acc.replay_event(body, None if new is None else _config.from_dict(new))
+            elif entry[0] == "run":
+                _, m, label, pid, count, first, last = entry
+                acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,
+                                   mechanisms[m], first, last, pid), where)
+            else:
+                raise LedgerStateError(f"{where} has an unknown kind {entry[0]!r}")
+        recorded = np.array(state["spent"], dtype=float)
+        filter_state = state["filter_state"]
+    except LedgerStateError:
+        raise
+    except (PrivguardError, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+    if acc.fixed != state["fixed"]:
+        raise LedgerStateError("the state's fixed plan does not match its journal")
+    _check_replay(acc, recorded, filter_state)
+    return acc, acc.journal.held_runs()
+
+
+def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> None:
+    if recorded.shape != acc.orders.shape or not np.array_equal(recorded, acc.spent()):
+        raise LedgerStateError("journal does not replay to the recorded spent totals")
+    if (None if acc.filter is None else acc.filter.state()) != filter_state:
+        raise LedgerStateError("journal does not replay to the recorded filter state")
+
+
+def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
+    """privguard 0.1's format: one record per charge, SHA-256 checksum, weights at the top."""
+    import hashlib
+
+    from privguard._integrity import canonical
+
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    if state.get("checksum") != hashlib.sha256(canonical(body)).hexdigest():
+        raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    try:
+        config = _config.from_dict(state["config"])
+        acc = Accounting(config, fix_now=False)
+        records = [(r["label"], mechanism_from_dict(r["mechanism"]), r["time"], r["pid"])
+                   for r in state["records"]]
+        weights = state["filter_state"].get("weights")
+        recorded = np.array(state["spent"], dtype=float)
+    except PrivguardError as exc:
+        raise LedgerStateError(f"state does not load: {exc}") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+    if records:
+        plan = config.plan or Plan(records[0][1])
+        fixed = acc.derive_fixed(plan)
+        if weights is not None:
+            fixed["filter"] = {"weights": weights}
+        acc.replay_fix(fixed)
+        acc.replay_event({"event": "migrate", "from": "privguard 0.1 state (version 1)",
+                          "records": len(records)})
+    for (label, mech, pid), group in itertools.groupby(records, key=lambda r: (r[0], r[1], r[3])):
+        times = [r[2] for r in group]
+        acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, len(times), label, mech,
+                           float(times[0]), float(times[-1]), int(pid)),
+                       f"version-1 record {acc.journal.charges}")
+    _check_replay(acc, recorded, None if acc.filter is None else acc.filter.state())
+    return acc, acc.journal.held_runs()

@@ -1,0 +1,38 @@
+"""Where a ledger's journal lives: one small protocol, several stores.
+
+A store persists the journal changes an :class:`~privguard._accounting.Accounting`
+produces and brings an accounting up to date with changes other processes
+made. Every store passes one contract suite (tests/test_store_contract.py).
+
+* :class:`MemoryStore` keeps nothing beyond the process (the default).
+* :class:`SQLiteStore` is one file on a local disk, shared by processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from privguard._errors import InvalidArgumentError
+from privguard._stores._memory import MemoryStore
+from privguard._stores._protocol import Store, Transaction
+from privguard._stores._sqlite import SQLiteStore
+
+__all__ = ["MemoryStore", "SQLiteStore", "Store", "Transaction", "open_store"]
+
+
+def open_store(path: Any, *, read_only: bool = False) -> Store:
+    """The store for ``Ledger(path=...)``: a SQLite file path.
+
+    Raises:
+        InvalidArgumentError: ``path`` is not a usable location.
+    """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError("path", path, "must be a file path (str or os.PathLike)")
+    text = os.fspath(path)
+    if not text.strip() or text == ":memory:" or text.startswith("file:"):
+        raise InvalidArgumentError(
+            "path", path, "must name a ledger file (SQLite's ':memory:', '' and URIs make a "
+            "private temporary database whose charges vanish on close; omit path= for an "
+            "in-memory ledger)")
+    return SQLiteStore(text, read_only=read_only)

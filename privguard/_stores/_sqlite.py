@@ -1,0 +1,633 @@
+"""A durable, multi-process, tamper-evident journal in one SQLite file.
+
+Layout (schema version 2):
+
+* ``meta(key, value)``: ``schema_version``, ``file_id`` (random, chosen at
+  creation), ``created``, ``keyed`` and ``key_check`` (see
+  :mod:`privguard._integrity`), ``genesis_config`` (the configuration at
+  creation), ``genesis`` (its digest), ``config`` (the configuration in
+  force, which the journal's retarget events must reproduce).
+* ``mechanisms(id, body, digest)``: each distinct mechanism once, as JSON.
+* ``entries(idx, kind, mech, label, pid, count, first, last, body, digest)``:
+  the journal. ``kind`` is ``run`` (``count`` identical consecutive charges
+  of mechanism ``mech``, first and last time), ``fix`` (what was fixed from
+  the plan before the first charge) or ``event`` (an explicit, logged action
+  such as a retarget). Only the last row ever changes: charging the current
+  run's mechanism again raises its count. Each row's digest chains it to the
+  previous row, from a genesis digest over the file's identity and
+  configuration.
+* ``head(id=1, ...)``: the number of rows, the last row's count, the chain
+  head and the digest before it, with a MAC; rewritten by every charge.
+  Deleting the newest rows therefore breaks the head, and a ledger that
+  already saw them notices a shorter or changed journal at its next sync.
+* ``checkpoints``: every ``CHECKPOINT_EVERY`` rows, the accounting state
+  (spent curve, current run, filter state), MAC'd and tied to the chain, so
+  that opening replays only the rows after the newest checkpoint.
+  ``privguard verify FILE`` replays everything from the genesis instead.
+
+Every charge is one transaction under an exclusive ``flock`` of the file
+(taken before ``BEGIN IMMEDIATE``, so concurrent processes queue in the
+kernel instead of in SQLite's sleep-and-retry backoff): it checks that the
+file is still the file it opened (inode and ``file_id``), replays the rows
+other processes appended (verifying the chain and that no row it had already
+seen changed), decides, writes and commits with ``synchronous=FULL`` before
+the ledger returns. The rollback journal (not WAL) is used, so a committed
+charge is in the main file: no side file whose loss could silently drop it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from privguard import _config
+from privguard._accounting import Accounting, Change
+from privguard._base import Mechanism, mechanism_from_dict
+from privguard._config import Config
+from privguard._errors import LedgerStateError, PrivguardError
+from privguard._integrity import Integrity, canonical
+from privguard._journal import Run
+
+SCHEMA_VERSION = 2
+CHECKPOINT_EVERY = 512
+_GENESIS = "privguard-journal-v2"
+
+_SCHEMA = [
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE mechanisms (id INTEGER PRIMARY KEY, body TEXT NOT NULL UNIQUE, "
+    "digest TEXT NOT NULL)",
+    "CREATE TABLE entries (idx INTEGER PRIMARY KEY, kind TEXT NOT NULL, mech INTEGER, "
+    "label TEXT, pid INTEGER, count INTEGER, first REAL, last REAL, body TEXT, "
+    "digest TEXT NOT NULL)",
+    "CREATE TABLE checkpoints (entries INTEGER PRIMARY KEY, last_count INTEGER NOT NULL, "
+    "head TEXT NOT NULL, prev TEXT NOT NULL, snapshot TEXT NOT NULL, mac TEXT NOT NULL)",
+    "CREATE TABLE head (id INTEGER PRIMARY KEY CHECK (id = 1), entries INTEGER NOT NULL, "
+    "last_count INTEGER NOT NULL, digest TEXT NOT NULL, prev TEXT NOT NULL, "
+    "mac TEXT NOT NULL)",
+]
+
+
+def _dumps(value: Any) -> str:
+    return canonical(value).decode("utf-8")
+
+
+class _Cursor:
+    """How far this process has replayed: rows, last row's count, chain head, previous digest."""
+
+    __slots__ = ("digest", "entries", "last_count", "last_kind", "prev")
+
+    def __init__(self, entries: int, last_count: int, digest: str, prev: str,
+                 last_kind: str | None) -> None:
+        self.entries, self.last_count, self.digest, self.prev = entries, last_count, digest, prev
+        self.last_kind = last_kind
+
+    def as_tuple(self) -> tuple[int, int, str, str]:
+        return (self.entries, self.last_count, self.digest, self.prev)
+
+
+class _Txn:
+    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection) -> None:
+        self.store, self.conn = store, conn
+
+    def write(self, acc: Accounting, changes: list[Change]) -> None:
+        self.store._write(self.conn, acc, changes)
+
+
+class SQLiteStore:
+    """The SQLite journal behind ``Ledger(..., path=...)``. Not used directly."""
+
+    def __init__(self, path: str, *, read_only: bool = False, timeout: float = 60.0) -> None:
+        self.path = path
+        self.read_only = read_only
+        self.timeout = timeout
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self.integrity = Integrity.from_environment()
+        self.file_id: str | None = None
+        self.genesis: str | None = None
+        self._cursor: _Cursor | None = None
+        self._mechs: dict[int, tuple[Mechanism, str]] = {}
+        self._mech_ids: dict[str, int] = {}
+        self._body_of: dict[Mechanism, str] = {}
+        self._depth = 0  # transactions are reentrant within one ledger
+        self.live = False  # True once the owning ledger is open: retargets then fail it closed
+
+    # -- connection and locking ------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        try:
+            if self.read_only:
+                uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, timeout=self.timeout,
+                                       isolation_level=None, check_same_thread=False)
+            else:
+                conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("PRAGMA journal_mode = TRUNCATE")
+                conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+            self._lock_fd = os.open(self.path, os.O_RDONLY)
+            st = os.fstat(self._lock_fd)
+            self._identity = (st.st_dev, st.st_ino)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _check_identity(self) -> None:
+        """Fail closed if the path now names another file than the one opened."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise LedgerStateError(f"{self.path}: the ledger file is gone ({exc}); "
+                                   "its charges can no longer be verified") from exc
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise LedgerStateError(f"{self.path} was replaced by another file while this "
+                                   "ledger was open; reopen it to use the new file")
+
+    @contextlib.contextmanager
+    def _locked(self, write: bool) -> Iterator[sqlite3.Connection]:
+        """flock, then BEGIN; COMMIT (or ROLLBACK) and unlock at exit. Reentrant."""
+        conn = self._connect()
+        if self._depth:
+            if write and not self._writing:
+                raise LedgerStateError(f"{self.path}: a write inside a read transaction")
+            yield conn
+            return
+        assert self._lock_fd is not None
+        if write and self.read_only:
+            raise LedgerStateError(f"{self.path} was opened read-only")
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+        self._depth, self._writing = 1, write
+        try:
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise LedgerStateError(f"{self.path}: cannot start a transaction ({exc})") from exc
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise LedgerStateError(f"{self.path}: commit failed ({exc})") from exc
+        finally:
+            self._depth, self._writing = 0, False
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    _writing = False
+
+    # -- digests -------------------------------------------------------------------------
+    def _genesis_digest(self, config: dict[str, Any]) -> str:
+        return self.integrity.digest("genesis", _GENESIS, self.file_id, config,
+                                     self.integrity.keyed)
+
+    def _entry_digest(self, prev: str, idx: int, kind: str, fields: list[Any]) -> str:
+        return self.integrity.digest("entry", prev, idx, kind, fields)
+
+    def _run_fields(self, run: Run, mech_digest: str) -> list[Any]:
+        return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
+
+    def _head_mac(self, c: _Cursor) -> str:
+        return self.integrity.digest("head", self.file_id, *c.as_tuple())
+
+    def _checkpoint_mac(self, c: _Cursor, snapshot: str) -> str:
+        return self.integrity.digest("checkpoint", self.file_id, *c.as_tuple(), snapshot)
+
+    # -- meta ------------------------------------------------------------------------------
+    @staticmethod
+    def _get(conn: sqlite3.Connection, key: str, path: str) -> str:
+        row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise LedgerStateError(f"{path}: ledger metadata {key!r} is missing")
+        return str(row[0])
+
+    def _read_meta(self, conn: sqlite3.Connection) -> tuple[Config, Config]:
+        """Check schema, identity, key and genesis; return (genesis config, current config)."""
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if {"meta", "journal", "totals"} <= tables:
+            version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if version is not None and version[0] == "1":
+                raise LedgerStateError(
+                    f"{self.path} was written by privguard 0.1 (schema 1). Upgrade it "
+                    f"explicitly, as a logged step that verifies it first: privguard upgrade "
+                    f"{self.path}")
+        if not {"meta", "mechanisms", "entries", "checkpoints", "head"} <= tables:
+            raise LedgerStateError(f"{self.path}: not a privguard ledger (tables {sorted(tables)})")
+        version = self._get(conn, "schema_version", self.path)
+        if not version.isdigit() or int(version) != SCHEMA_VERSION:
+            raise LedgerStateError(
+                f"{self.path}: schema version {version} is not supported by this privguard "
+                f"(it reads {SCHEMA_VERSION}); refusing to open")
+        self.file_id = self._get(conn, "file_id", self.path)
+        keyed = self._get(conn, "keyed", self.path)
+        check = conn.execute("SELECT value FROM meta WHERE key='key_check'").fetchone()
+        self.integrity.require_matches(keyed == "1", None if check is None else check[0],
+                                       self.path)
+        try:
+            genesis_dict = json.loads(self._get(conn, "genesis_config", self.path))
+            current_dict = json.loads(self._get(conn, "config", self.path))
+        except ValueError as exc:
+            raise LedgerStateError(f"{self.path}: ledger metadata unreadable ({exc})") from exc
+        genesis = self._genesis_digest(genesis_dict)
+        if genesis != self._get(conn, "genesis", self.path):
+            raise LedgerStateError(f"{self.path}: the configuration it was created with was "
+                                   "edited (its genesis digest does not match)")
+        self.genesis = genesis
+        return _config.from_dict(genesis_dict), _config.from_dict(current_dict)
+
+    # -- opening -----------------------------------------------------------------------------
+    def open(self, config: Config | None, acc: Accounting | None,
+             retarget: str | None) -> Accounting:
+        if config is None and not os.path.exists(self.path):
+            raise LedgerStateError(f"{self.path}: no such ledger file")
+        if self.read_only and not os.path.exists(self.path):
+            raise LedgerStateError(f"{self.path}: no such ledger file")
+        with self._locked(write=not self.read_only) as conn:
+            try:
+                tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if tables == 0:
+                    if acc is None or config is None or self.read_only:
+                        raise LedgerStateError(f"{self.path}: not a privguard ledger (empty)")
+                    self._create(conn, acc)
+                    return acc
+                quick = conn.execute("PRAGMA quick_check").fetchone()[0]
+                if quick != "ok":
+                    raise LedgerStateError(f"{self.path}: database integrity check failed: "
+                                           f"{quick}")
+                genesis_config, current = self._read_meta(conn)
+                stored = self._resume(conn, genesis_config)
+                if stored.config != current:
+                    raise LedgerStateError(
+                        f"{self.path}: the stored configuration was edited (the journal's "
+                        "retarget events do not lead to it)")
+                if config is not None and config != stored.config:
+                    self._retarget(conn, stored, config, retarget)
+                return stored
+            except sqlite3.Error as exc:
+                raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
+
+    def _create(self, conn: sqlite3.Connection, acc: Accounting) -> None:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        self.file_id = uuid.uuid4().hex
+        config = acc.config.to_dict()
+        self.genesis = self._genesis_digest(config)
+        meta = {"schema_version": str(SCHEMA_VERSION), "file_id": self.file_id,
+                "created": repr(time.time()), "keyed": "1" if self.integrity.keyed else "0",
+                "genesis_config": _dumps(config), "genesis": self.genesis, "config": _dumps(config)}
+        check = self.integrity.key_check()
+        if check is not None:
+            meta["key_check"] = check
+        conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
+        self._cursor = _Cursor(0, 0, self.genesis, self.genesis, None)
+        conn.execute("INSERT INTO head VALUES (1, 0, 0, ?, ?, ?)",
+                     (self.genesis, self.genesis, self._head_mac(self._cursor)))
+        if acc.fixed is not None:  # a declared plan: its choices are the first entry
+            self._write(conn, acc, [Change("fix", body=acc.fixed)])
+
+    def _resume(self, conn: sqlite3.Connection, genesis_config: Config) -> Accounting:
+        """The accounting at the newest checkpoint, then the rows after it replayed."""
+        row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
+                           "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
+        if row is None:
+            acc = Accounting(genesis_config, fix_now=False)
+            self._cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
+        else:
+            entries, last_count, head, prev, snapshot, mac = row
+            cursor = _Cursor(int(entries), int(last_count), head, prev, None)
+            if mac != self._checkpoint_mac(cursor, snapshot):
+                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its "
+                                       "digest (edited or corrupted)")
+            try:
+                snap = json.loads(snapshot)
+                acc = Accounting.from_snapshot(snap["accounting"])
+                cursor.last_kind = snap["last_kind"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{self.path}: checkpoint unreadable ({exc})") from exc
+            self._cursor = cursor
+            before = acc.journal.runs_before
+            acc.journal.load_prefix = lambda: self.runs()[:before]
+        # _sync checks that the rows the checkpoint ends on still carry its digests.
+        self._sync(conn, acc)
+        return acc
+
+    def _retarget(self, conn: sqlite3.Connection, acc: Accounting, config: Config,
+                  reason: str | None) -> None:
+        differs = acc.config.differences(config)
+        if reason is None or set(differs) - {"epsilon", "delta", "filter", "shares", "plan"}:
+            raise LedgerStateError(
+                f"{self.path} was created with another configuration ({', '.join(differs)} "
+                f"differ): stored {acc.config.to_dict()}, requested {config.to_dict()}. Open "
+                "it with Ledger.open(path) to use the stored configuration; changing the "
+                "target needs an explicit, logged Ledger(..., retarget='reason'), and the "
+                "grid and odometer can never change")
+        body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
+                "old": acc.config.to_dict(), "new": config.to_dict()}
+        acc.replay_event(body, config)
+        self._write(conn, acc, [Change("event", body=body)])
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'config'", (_dumps(config.to_dict()),))
+
+    # -- transactions ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self, acc: Accounting, write: bool) -> Iterator[_Txn]:
+        with self._locked(write) as conn:
+            try:
+                self._sync(conn, acc)
+                yield _Txn(self, conn)
+            except sqlite3.Error as exc:
+                raise LedgerStateError(f"{self.path}: database error ({exc})") from exc
+
+    def _read_head(self, conn: sqlite3.Connection) -> _Cursor:
+        row = conn.execute("SELECT entries, last_count, digest, prev, mac FROM head "
+                           "WHERE id = 1").fetchone()
+        if row is None:
+            raise LedgerStateError(f"{self.path}: the journal head is missing")
+        head = _Cursor(int(row[0]), int(row[1]), row[2], row[3], None)
+        if row[4] != self._head_mac(head):
+            raise LedgerStateError(f"{self.path}: the journal head fails its digest "
+                                   "(edited, truncated or corrupted)")
+        return head
+
+    def _sync(self, conn: sqlite3.Connection, acc: Accounting) -> None:
+        """Replay what other processes appended; fail closed on anything else."""
+        self._check_identity()
+        fid = conn.execute("SELECT value FROM meta WHERE key = 'file_id'").fetchone()
+        if fid is None or fid[0] != self.file_id:
+            raise LedgerStateError(f"{self.path} is no longer the ledger file this ledger "
+                                   "opened (its identity changed)")
+        head, mine = self._read_head(conn), self._cursor
+        assert mine is not None
+        if head.as_tuple() == mine.as_tuple():
+            return
+        if head.entries < mine.entries or (head.entries == mine.entries
+                                           and head.last_count < mine.last_count):
+            raise LedgerStateError(
+                f"{self.path}: the journal went backwards ({mine.entries} rows seen, "
+                f"{head.entries} now): rows were deleted or the file was restored from an "
+                "older copy. A ledger never goes backwards; refusing every charge")
+        start = max(mine.entries - 2, 0)
+        rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
+                            "digest FROM entries WHERE idx >= ? ORDER BY idx", (start,)).fetchall()
+        known = list(range(start, mine.entries))  # the last one or two rows already replayed
+        if [r[0] for r in rows[:len(known)]] != known:
+            raise LedgerStateError(f"{self.path}: journal rows this ledger replayed are missing "
+                                   "(deleted or truncated)")
+        for row in rows:
+            idx = row[0]
+            if idx == mine.entries - 2:
+                if row[9] != mine.prev:
+                    raise LedgerStateError(f"{self.path}: journal row {idx} changed after this "
+                                           "ledger replayed it")
+                continue
+            self._replay_row(conn, acc, row, mine)
+        if mine.as_tuple() != head.as_tuple():
+            raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
+                                   f"({mine.entries} rows replayed, the head says {head.entries})")
+
+    def _replay_row(self, conn: sqlite3.Connection, acc: Accounting, row: tuple,
+                    c: _Cursor) -> None:
+        idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+        where = f"{self.path}: journal row {idx}"
+        extends = idx == c.entries - 1
+        if not extends and idx != c.entries:
+            raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
+        prev = c.prev if extends else c.digest
+        if kind == "run":
+            mechanism, mech_digest = self._mechanism(conn, mech_id, where)
+            run = Run(-1, -1, int(count), label, mechanism, float(first), float(last), int(pid))
+            fields = self._run_fields(run, mech_digest)
+        elif kind in ("fix", "event"):
+            if extends:
+                if digest != c.digest:
+                    raise LedgerStateError(f"{where} changed after this ledger replayed it")
+                return
+            try:
+                parsed = json.loads(body)
+            except (TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+            fields = [body]
+        else:
+            raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
+        if self._entry_digest(prev, idx, kind, fields) != digest:
+            raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
+                                   "corrupted)")
+        if extends and int(count) == c.last_count and digest != c.digest:
+            raise LedgerStateError(f"{where} changed after this ledger replayed it")
+        if kind == "run":
+            last_run = acc.journal.last
+            index = last_run.index if extends and last_run is not None else acc.journal.run_count
+            start = last_run.start if extends and last_run is not None else acc.journal.charges
+            acc.replay_run(Run(index, start, int(count), label, mechanism, float(first),
+                               float(last), int(pid)), where)
+            c.last_count = int(count)
+        elif kind == "fix":
+            acc.replay_fix(parsed)
+            c.last_count = 0
+        else:
+            if parsed.get("event") == "retarget" and acc.config != _config.from_dict(
+                    parsed.get("old")):
+                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
+            if parsed.get("event") == "retarget" and self.live:
+                raise LedgerStateError(
+                    f"{self.path}: the ledger's configuration was changed by another process "
+                    "(an explicit retarget); reopen the ledger to continue")
+            acc.replay_event(parsed, _config.from_dict(parsed["new"])
+                             if parsed.get("event") == "retarget" else None)
+            c.last_count = 0
+        if not extends:
+            c.prev, c.entries = c.digest, idx + 1
+        c.digest, c.last_kind = digest, kind
+
+    def _mechanism(self, conn: sqlite3.Connection, mech_id: Any, where: str
+                   ) -> tuple[Mechanism, str]:
+        got = self._mechs.get(mech_id)
+        if got is not None:
+            return got
+        row = conn.execute("SELECT body, digest FROM mechanisms WHERE id = ?",
+                           (mech_id,)).fetchone()
+        if row is None:
+            raise LedgerStateError(f"{where} names a mechanism that is not in the file")
+        body, digest = row
+        if self.integrity.digest("mechanism", body) != digest:
+            raise LedgerStateError(f"{where}: its mechanism fails its digest (edited)")
+        try:
+            mechanism = mechanism_from_dict(json.loads(body))
+        except (PrivguardError, ValueError) as exc:
+            raise LedgerStateError(f"{where}: its mechanism is unreadable ({exc})") from exc
+        self._mechs[mech_id] = (mechanism, digest)
+        self._mech_ids[body] = mech_id
+        self._body_of[mechanism] = body
+        return mechanism, digest
+
+    # -- writing ------------------------------------------------------------------------------
+    def _mechanism_id(self, conn: sqlite3.Connection, mechanism: Mechanism) -> tuple[int, str]:
+        body = self._body_of.get(mechanism)
+        if body is None:
+            body = _dumps(mechanism.to_dict())
+            self._body_of[mechanism] = body
+        mech_id = self._mech_ids.get(body)
+        if mech_id is None:
+            row = conn.execute("SELECT id FROM mechanisms WHERE body = ?", (body,)).fetchone()
+            if row is None:
+                digest = self.integrity.digest("mechanism", body)
+                mech_id = conn.execute("INSERT INTO mechanisms (body, digest) VALUES (?, ?)",
+                                       (body, digest)).lastrowid
+            else:
+                mech_id = row[0]
+            self._mechanism(conn, mech_id, f"{self.path}: mechanism {mech_id}")
+        return mech_id, self._mechs[mech_id][1]
+
+    def _write(self, conn: sqlite3.Connection, acc: Accounting, changes: list[Change]) -> None:
+        c = self._cursor
+        assert c is not None
+        for change in changes:
+            if change.kind == "run" and change.extended:
+                assert change.run is not None and c.last_kind == "run"
+                mech_id, mech_digest = self._mechanism_id(conn, change.run.mechanism)
+                idx = c.entries - 1
+                digest = self._entry_digest(c.prev, idx, "run",
+                                            self._run_fields(change.run, mech_digest))
+                conn.execute("UPDATE entries SET count = ?, last = ?, digest = ? WHERE idx = ?",
+                             (change.run.count, change.run.last_time, digest, idx))
+                c.digest, c.last_count = digest, change.run.count
+                continue
+            idx = c.entries
+            if change.kind == "run":
+                run = change.run
+                assert run is not None
+                mech_id, mech_digest = self._mechanism_id(conn, run.mechanism)
+                digest = self._entry_digest(c.digest, idx, "run",
+                                            self._run_fields(run, mech_digest))
+                conn.execute("INSERT INTO entries VALUES (?, 'run', ?, ?, ?, ?, ?, ?, NULL, ?)",
+                             (idx, mech_id, run.label, run.pid, run.count, run.first_time,
+                              run.last_time, digest))
+                last_count = run.count
+            else:
+                body = _dumps(change.body)
+                digest = self._entry_digest(c.digest, idx, change.kind, [body])
+                conn.execute("INSERT INTO entries (idx, kind, body, digest) VALUES (?, ?, ?, ?)",
+                             (idx, change.kind, body, digest))
+                last_count = 0
+            c.prev, c.digest, c.entries = c.digest, digest, idx + 1
+            c.last_count, c.last_kind = last_count, change.kind
+            if c.entries % CHECKPOINT_EVERY == 0:
+                self._checkpoint(conn, acc, c)
+        conn.execute("UPDATE head SET entries = ?, last_count = ?, digest = ?, prev = ?, "
+                     "mac = ? WHERE id = 1", (*c.as_tuple(), self._head_mac(c)))
+
+    def _checkpoint(self, conn: sqlite3.Connection, acc: Accounting, c: _Cursor) -> None:
+        snapshot = _dumps({"accounting": acc.snapshot(), "last_kind": c.last_kind})
+        conn.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
+                     (*c.as_tuple(), snapshot, self._checkpoint_mac(c, snapshot)))
+
+    # -- whole-journal views ---------------------------------------------------------------------
+    def items(self, acc: Accounting | None = None) -> list[Any]:
+        """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
+        items: list[Any] = []
+        runs = 0
+        with self._locked(write=False) as conn:
+            rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
+                                "digest FROM entries ORDER BY idx").fetchall()
+            prev, start = str(self.genesis), 0
+            for position, row in enumerate(rows):
+                idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+                where = f"{self.path}: journal row {idx}"
+                if idx != position:
+                    raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
+                if kind == "run":
+                    mechanism, mech_digest = self._mechanism(conn, mech_id, where)
+                    run = Run(runs, start, int(count), label, mechanism, float(first),
+                              float(last), int(pid))
+                    fields = self._run_fields(run, mech_digest)
+                    items.append(run)
+                    runs, start = runs + 1, start + int(count)
+                else:
+                    fields = [body]
+                    try:
+                        items.append([kind, json.loads(body)])
+                    except (TypeError, ValueError) as exc:
+                        raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+                if self._entry_digest(prev, idx, kind, fields) != digest:
+                    raise LedgerStateError(f"{where} fails its digest chain (edited, "
+                                           "reordered or corrupted)")
+                prev = digest
+        return items
+
+    def runs(self) -> list[Run]:
+        """Every run from the first row, verifying the chain from the genesis."""
+        return [item for item in self.items() if isinstance(item, Run)]
+
+    def verify(self) -> dict[str, Any]:
+        """Replay every row from the genesis; check every checkpoint, the head, the config."""
+        started = time.perf_counter()
+        with self._locked(write=False) as conn:
+            genesis_config, current = self._read_meta(conn)
+            acc = Accounting(genesis_config, fix_now=False)
+            cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
+            checkpoints = {int(r[0]): r for r in conn.execute(
+                "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints")}
+            found = len(checkpoints)
+            rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
+                                "digest FROM entries ORDER BY idx").fetchall()
+            live, self.live = self.live, False
+            try:
+                for row in rows:
+                    self._replay_row(conn, acc, row, cursor)
+                    cp = checkpoints.pop(cursor.entries, None)
+                    if cp is not None:
+                        self._verify_checkpoint(cp, cursor, acc)
+            finally:
+                self.live = live
+            if checkpoints:
+                raise LedgerStateError(f"{self.path}: checkpoints at rows {sorted(checkpoints)} "
+                                       "are not on the journal")
+            if self._read_head(conn).as_tuple() != cursor.as_tuple():
+                raise LedgerStateError(f"{self.path}: the journal does not replay to its head")
+            if acc.config != current:
+                raise LedgerStateError(f"{self.path}: the stored configuration was edited")
+        seconds = time.perf_counter() - started
+        return {"rows": len(rows), "runs": acc.journal.run_count,
+                "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
+                "rows_per_second": len(rows) / seconds if seconds > 0 else float("inf"),
+                "keyed": self.integrity.keyed}
+
+    def _verify_checkpoint(self, cp: tuple, cursor: _Cursor, acc: Accounting) -> None:
+        entries, last_count, head, prev, snapshot, mac = cp
+        recorded = _Cursor(int(entries), int(last_count), head, prev, None)
+        if mac != self._checkpoint_mac(recorded, snapshot):
+            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its digest")
+        snap = json.loads(snapshot)["accounting"]
+        now = acc.snapshot()
+        # The row it ends on may have grown since it was written; all else must agree.
+        same = recorded.prev == cursor.prev and all(
+            snap[k] == now[k] for k in ("config", "fixed", "events"))
+        same = same and snap["journal"]["base"] == now["journal"]["base"]
+        if recorded.last_count == cursor.last_count:
+            same = same and recorded.digest == cursor.digest and snap == now
+        if not same:
+            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} does not match "
+                                   "the replayed journal")
+
+    def reference(self) -> dict[str, Any]:
+        return {"path": self.path}

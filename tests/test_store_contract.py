@@ -1,0 +1,142 @@
+"""One contract suite that every store passes (memory, SQLite; the server store joins).
+
+A store keeps the journal as runs, replays it to exactly the spent curve the
+writer had, refuses nothing it admitted and admits nothing it refused,
+survives a reopen (or a state round trip in memory), and never lets a ledger
+go backwards.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from opacus.accountants.analysis.rdp import compute_rdp
+
+from privguard import DEFAULT_ORDERS, BudgetExhausted, Ledger, LedgerStateError, Plan
+from privguard import mechanisms as M
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+
+class MemoryKind:
+    name = "memory"
+
+    def __init__(self, tmp_path):
+        pass
+
+    def make(self, *args, **kw):
+        return Ledger(*args, **kw)
+
+    def reopen(self, ledger):
+        return Ledger.load_state_dict(ledger.state_dict())
+
+
+class SQLiteKind:
+    name = "sqlite"
+
+    def __init__(self, tmp_path):
+        self.dir, self.n = tmp_path, 0
+
+    def make(self, *args, **kw):
+        self.n += 1
+        return Ledger(*args, path=self.dir / f"l{self.n}.db", **kw)
+
+    def reopen(self, ledger):
+        return Ledger.open(ledger.path)
+
+
+KINDS = {"memory": MemoryKind, "sqlite": SQLiteKind}
+
+
+@pytest.fixture(params=list(KINDS), ids=list(KINDS))
+def kind(request, tmp_path):
+    return KINDS[request.param](tmp_path)
+
+
+def test_identical_consecutive_charges_form_one_run_and_replay_exactly(kind):
+    ledger = kind.make(delta=1e-5)
+    for _ in range(500):
+        ledger.charge(STEP, label="train")
+    ledger.charge(M.Gaussian(10.0), label="eval")
+    for _ in range(250):
+        ledger.charge(STEP, label="train")
+    runs = ledger.runs
+    assert [(r.label, r.count, r.start) for r in runs] == [("train", 500, 0), ("eval", 1, 500),
+                                                           ("train", 250, 501)]
+    assert runs[0].pid == os.getpid() and runs[0].first_time <= runs[0].last_time
+    again = kind.reopen(ledger)
+    assert again.runs == runs
+    np.testing.assert_array_equal(again.spent, ledger.spent)
+    assert again.epsilon() == ledger.epsilon()
+
+
+def test_t_identical_charges_equal_opacus_t_steps_bit_for_bit(kind):
+    ledger = kind.make(delta=1e-5)
+    for _ in range(1000):
+        ledger.charge(STEP, label="a" if _ % 2 else "b")  # labels do not break exactness
+    expected = compute_rdp(q=0.01, noise_multiplier=1.0, steps=1000, orders=list(DEFAULT_ORDERS))
+    assert kind.reopen(ledger).spent.tolist() == list(expected)
+
+
+def test_history_expands_runs_with_their_first_and_last_times(kind):
+    ledger = kind.make(delta=1e-5)
+    records = [ledger.charge(STEP, label="s") for _ in range(5)]
+    history = kind.reopen(ledger).history
+    assert len(history) == 5 and [r.index for r in history] == list(range(5))
+    assert history[0].time == records[0].time and history[-1].time == records[-1].time
+    assert all(r.time is None for r in history[1:4])
+    assert history[2:4] == list(history)[2:4] and history[-1] == history[4]
+
+
+def test_refusals_record_nothing_and_survive_reopening(kind):
+    ledger = kind.make(1.0, 1e-5, plan=Plan(STEP, steps=100))
+    n = 0
+    while True:
+        try:
+            ledger.charge(STEP)
+            n += 1
+        except BudgetExhausted:
+            break
+    spent = ledger.spent
+    again = kind.reopen(ledger)
+    assert len(again.history) == n and not again.can_afford(STEP)
+    np.testing.assert_array_equal(again.spent, spent)
+    assert again.plan == Plan(STEP, steps=100)
+
+
+def test_the_plan_fixed_by_the_first_charge_is_kept(kind):
+    ledger = kind.make(2.0, 1e-5)
+    assert ledger.plan is None
+    ledger.charge(STEP)
+    ledger.charge(M.Gaussian(3.0))
+    assert ledger.plan == Plan(STEP)
+    again = kind.reopen(ledger)
+    assert again.plan == Plan(STEP)
+    np.testing.assert_array_equal(again._acc.filter.weights, ledger._acc.filter.weights)
+
+
+def test_state_round_trip_and_forward_only_loading(kind):
+    ledger = kind.make(3.0, 1e-5)
+    early = Ledger.load_state_dict(ledger.state_dict()) if kind.name == "memory" else None
+    for _ in range(30):
+        ledger.charge(STEP, label="x")
+    state = ledger.state_dict()
+    copy = Ledger.load_state_dict(state)
+    assert copy.runs == ledger.runs and copy.epsilon() == ledger.epsilon()
+    assert ledger.load_state_dict(state) is ledger
+    if early is not None:
+        assert early.load_state_dict(state) is early  # forward: allowed
+        with pytest.raises(LedgerStateError, match="backwards"):
+            ledger.load_state_dict(Ledger(3.0, 1e-5).state_dict())
+
+
+def test_pickling_round_trips(kind):
+    import pickle
+
+    ledger = kind.make(3.0, 1e-5)
+    for _ in range(7):
+        ledger.charge(STEP)
+    again = pickle.loads(pickle.dumps(ledger))
+    assert again.runs == ledger.runs and again.epsilon() == ledger.epsilon()
