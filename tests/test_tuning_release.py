@@ -101,6 +101,10 @@ def test_released_output_meets_the_charged_bound_exactly():
     # neighbouring datasets: the private bit is 1 (D) or 0 (D')
     on_d, on_d2 = laws(runs, KEEP), laws(runs, 1 - KEEP)
     winner, winner_and_k, runs_and_failed = (hockey_stick(a, b, eps) for a, b in zip(on_d, on_d2))
+    ratio = math.log(on_d[0][0] / on_d2[0][0])
+    print(f"\ncharged ε = {eps:.4f} at δ = 1e-5; hockey-stick δ at that ε: winner {winner:.3g} "
+          f"(log-ratio of P[no winner] {ratio:.3f}), (winner, K) {winner_and_k:.3g}, "
+          f"(runs, failed) {runs_and_failed:.3g}")
     assert winner <= 1e-5            # what is released: covered at the ledger's δ
     assert winner == 0.0             # in fact pure here: log(P[⊥|D]/P[⊥|D']) = 0.196 < 0.313
     assert winner_and_k > 1e-5       # releasing K with the winner would NOT be covered

@@ -20,7 +20,7 @@ K, not how many candidates failed, not any other candidate's score. K is
 independent of the data, but releasing it with the winner is NOT covered:
 given K the winner is a best-of-K with K fixed, which is no better than
 composing K runs (seed 002 §3.2, App. D.1). In
-``tests/test_tuning.py::test_released_output_meets_the_charged_bound_exactly``
+``tests/test_tuning_release.py::test_released_output_meets_the_charged_bound_exactly``
 each candidate is a 0.1-DP randomized response under K ~ Geometric(mean 50);
 at the charged ε = 0.313 the released winner has hockey-stick δ = 0, while
 (winner, K) would have δ = 4.9e-4 and the former (runs, failed) 0.149, both
@@ -88,6 +88,13 @@ class TuningAborted(PrivguardError):
     carry candidates' scores, artifacts or hyperparameters. Nothing about
     the candidates is released; to debug an objective, call it directly,
     outside the tuner.
+
+    Example:
+        >>> from privguard import PrivguardError
+        >>> from privguard.tuning import TuningAborted
+        >>> err = TuningAborted()
+        >>> isinstance(err, PrivguardError), err.__cause__ is None
+        (True, True)
     """
 
     def __init__(self) -> None:
