@@ -203,3 +203,33 @@ def test_run_end_to_end_releases_only_the_selection():
     result = t.run(lambda p, idx: 0.9 if p["lr"] == 1.0 else 0.1, Ledger(delta=1e-5), 30)
     assert set(vars(result)) == {"selected", "params", "rounds", "stopped_by_refusal",
                                  "utility_level", "seeded"}
+
+
+def test_an_interrupt_leaks_no_utility():
+    accuracies = {i: 0.31 + (i + 1) / 7919 for i in range(6)}  # distinctive values
+    calls = []
+
+    def objective(params, idx):
+        calls.append(1)
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+        return accuracies[params["i"]]
+
+    t = ProposeTest([{"i": i} for i in range(6)], epsilon0=0.5, partitions=3, progress=False)
+    ledger = Ledger(delta=1e-5)
+    exc = interrupt_of(lambda: t.run(objective, ledger, 60))
+    assert exc.__context__ is None and exc.__cause__ is None and ledger.history == ()
+    text = "".join(traceback.TracebackException.from_exception(exc, capture_locals=True).format())
+    text += repr([f.f_locals for f, _ in traceback.walk_tb(exc.__traceback__)])
+    for value in accuracies.values():
+        assert repr(value) not in text and repr(value / 3) not in text
+    assert [f.f_code.co_name for f, _ in traceback.walk_tb(exc.__traceback__)] == \
+        ["interrupt_of", "<lambda>", "run", "sealed"]
+
+
+def interrupt_of(call):
+    try:
+        call()
+    except KeyboardInterrupt as exc:
+        return exc
+    raise AssertionError("not interrupted")

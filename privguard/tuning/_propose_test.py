@@ -62,6 +62,7 @@ from privguard.tuning._base import (
     check_objective,
     check_seed,
     make_rng,
+    sealed,
 )
 from privguard.tuning._space import SearchSpace
 
@@ -186,20 +187,10 @@ class ProposeTest:
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
             raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
-        out = np.empty(len(self.candidates))
-        in_range = True
-        for s, params in enumerate(self.candidates):
-            accs = [_accuracy(objective, params, part) for part in parts]
-            if any(a is None for a in accs):
-                in_range = False
-                break
-            out[s] = sum(accs) / self.k  # type: ignore[arg-type]
-        if in_range:
-            return out
-        del out, accs  # nothing of the utilities reaches the traceback
-        raise InvalidArgumentError(
-            "objective", objective, "returned an accuracy outside [0, 1] (its value and "
-            "candidate are withheld); utilities must be accuracies for sensitivity 1/k")
+        out = _collect(objective, self.candidates, parts, self.k)
+        if out is None:
+            raise _out_of_range(objective)
+        return out
 
     def select(self, utilities: Sequence[float] | np.ndarray, ledger: Ledger,
                rng: np.random.Generator | None = None, label: str | None = "propose-test round"
@@ -259,13 +250,34 @@ class ProposeTest:
         """Utilities by subsample-and-aggregate, then the charged propose-test loop.
 
         Every argument is checked before the objective runs or anything is
-        charged. Only the :class:`ProposeTestResult` leaves this call.
+        charged. Only the :class:`ProposeTestResult` leaves this call: the
+        utilities and the partitions live in a frame that is dropped before
+        anything is raised (as in :meth:`RandomSearch.run`).
+
+        Raises:
+            InvalidArgumentError: a bad argument, or an accuracy outside
+                [0, 1] (its value withheld); nothing was charged.
+            KeyboardInterrupt: interrupted (a fresh one, carrying nothing of
+                the run); rounds already charged stay charged.
+            TuningAborted: anything else escaped (cause withheld), e.g. the
+                ledger failing mid-loop; rounds already charged stay charged.
         """
         check_objective(objective)
         check_ledger(ledger)
         n = check.positive_int("n_examples", n_examples)
         rng = make_rng(self.seed)
-        return self.select(self.utilities(objective, n, rng), ledger, rng)
+        result = sealed(lambda: self._run(objective, ledger, n, rng))
+        if result is None:
+            raise _out_of_range(objective)
+        return result
+
+    def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
+             ) -> ProposeTestResult | None:
+        """Everything that touches the data; None if an accuracy was out of range (no charge)."""
+        u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
+        if u_s is None:
+            return None
+        return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:
         """Rounds never exceed 2⌈(1 − u₀)/g⌉ + 1.
@@ -283,6 +295,27 @@ class ProposeTest:
         d = check.delta("delta", delta)
         t, e = self.worst_case_rounds(), self.epsilon0
         return math.sqrt(2 * t * math.log(1 / d)) * e + t * e * math.expm1(e)
+
+
+def _collect(objective: Callable, candidates: list[dict], parts: Sequence[np.ndarray],
+             k: int) -> np.ndarray | None:
+    """Mean accuracy per candidate over ``parts``; None if some accuracy is outside [0, 1]."""
+    out = np.empty(len(candidates))
+    for s, params in enumerate(candidates):
+        total = 0.0
+        for part in parts:
+            acc = _accuracy(objective, params, part)
+            if acc is None:
+                return None
+            total += acc
+        out[s] = total / k
+    return out
+
+
+def _out_of_range(objective: Callable) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        "objective", objective, "returned an accuracy outside [0, 1] (its value and candidate "
+        "are withheld); utilities must be accuracies for sensitivity 1/k")
 
 
 def _accuracy(objective: Callable, params: dict, part: Any) -> float | None:
