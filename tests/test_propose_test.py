@@ -233,3 +233,11 @@ def interrupt_of(call):
     except KeyboardInterrupt as exc:
         return exc
     raise AssertionError("not interrupted")
+
+
+def test_no_room_for_one_round_runs_nothing():
+    ran = []
+    ledger = Ledger(epsilon=0.05, delta=1e-5)
+    result = tuner(epsilon0=0.1).run(lambda p, idx: ran.append(1) or 0.5, ledger, 100)
+    assert ran == [] and ledger.history == ()
+    assert (result.selected, result.rounds, result.stopped_by_refusal) == (False, 0, True)

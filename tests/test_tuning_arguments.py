@@ -247,3 +247,22 @@ def test_refused_bound_runs_nothing_for_every_tuner():
     with pytest.raises(BudgetExhausted):
         subset().run(lambda *a: ran.append(1), lambda *a: ran.append(1), ledger, 100)
     assert ran == [] and ledger.history == ()
+
+
+def test_an_unusable_ledger_raises_before_anything_runs(tmp_path):
+    from privguard import LedgerStateError
+
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=tmp_path / "closed.db")
+    ledger.close()
+    for tuner in (random_search(), dp_hypo()):
+        ran = []
+        with pytest.raises(LedgerStateError):
+            tuner.run(lambda p, c: ran.append(1) or 1.0, ledger)
+        assert ran == []
+    ran = []
+    with pytest.raises(LedgerStateError):
+        subset().run(lambda *a: ran.append(1), lambda *a: ran.append(1), ledger, 100)
+    with pytest.raises(LedgerStateError):
+        propose().run(lambda p, i: ran.append(1) or 0.5, ledger, 10)
+    assert ran == []
+    assert len(Ledger.open(tmp_path / "closed.db").history) == 0

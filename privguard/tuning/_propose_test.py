@@ -257,6 +257,7 @@ class ProposeTest:
         Raises:
             InvalidArgumentError: a bad argument, or an accuracy outside
                 [0, 1] (its value withheld); nothing was charged.
+            LedgerStateError: the ledger is unusable; the objective did not run.
             KeyboardInterrupt: interrupted (a fresh one, carrying nothing of
                 the run); rounds already charged stay charged.
             TuningAborted: anything else escaped (cause withheld), e.g. the
@@ -265,6 +266,10 @@ class ProposeTest:
         check_objective(objective)
         check_ledger(ledger)
         n = check.positive_int("n_examples", n_examples)
+        # an unusable ledger raises here (LedgerStateError), before the objective runs;
+        # one without room for a single round ends the run before it touches the data
+        if not ledger.can_afford(self.round_mechanism()):
+            return ProposeTestResult(False, None, 0, True, self.u0, self.seed is not None)
         rng = make_rng(self.seed)
         result = sealed(lambda: self._run(objective, ledger, n, rng))
         if result is None:
