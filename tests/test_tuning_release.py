@@ -179,7 +179,8 @@ def test_all_failures_select_nothing():
 @pytest.mark.parametrize("value,score", [
     (0.5, 0.5), (np.float32(0.25), 0.25), (np.int64(3), 3.0), (Decimal("0.5"), 0.5),
     (Fraction(1, 4), 0.25), (np.array(0.75), 0.75), (7, 7.0),
-    (math.nan, None), (math.inf, None), (-math.inf, None), (True, None), ("1.0", None),
+    (math.nan, None), (math.inf, None), (-math.inf, None), (True, None), (np.True_, None),
+    ("1.0", None),
     (b"1", None), (None, None), (1j, None), (np.ones(2), None), (object(), None),
 ])
 def test_what_counts_as_a_score(value, score):

@@ -24,10 +24,16 @@ from the object store as soon as it is read; only the current best is kept.
 Sealed results: privguard logs nothing about candidates. It starts a local
 Ray instance without the dashboard and without forwarding worker output. A
 task's return value crosses Ray's in-memory object store on its way back and
-is not persisted by privguard. Ray's own logs record that a worker died (not
-which candidate, nor its score). What your own objective prints or logs is
+is not persisted by privguard. What your own objective prints or logs is
 yours to control. If the tuning run is interrupted, the tasks still pending
 are cancelled.
+
+What Ray itself records: its task table and logs (``ray.util.state``, the
+session's log files, the dashboard if you enable it) hold one task per
+candidate, so they show K and which workers died — not the hyperparameters'
+outcomes, scores or exceptions. K is not part of what a tuning run releases
+(see :mod:`privguard.tuning`), so keep the Ray cluster's logs as private as
+the data.
 """
 
 from __future__ import annotations

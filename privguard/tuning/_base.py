@@ -158,10 +158,10 @@ class TuningResult:
 def as_score(value: Any) -> float | None:
     """A finite real score as a float, or None (⊥) for anything else.
 
-    NaN, ±inf, bools, strings, None and objects without ``__float__`` are ⊥;
-    so is anything whose ``float()`` raises.
+    NaN, ±inf, bools (numpy's too), strings, None and objects without
+    ``__float__`` are ⊥; so is anything whose ``float()`` raises.
     """
-    if isinstance(value, (bool, str, bytes)) or not (
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not (
             isinstance(value, numbers.Real) or hasattr(type(value), "__float__")):
         return None
     try:
