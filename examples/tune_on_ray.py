@@ -65,7 +65,8 @@ def main(argv=None) -> dict:
           f"(starting the local Ray instance took another {ray_start:.1f} s)")
     return {"same": same, "ray_start_seconds": ray_start, "serial_seconds": out["serial"]["seconds"],
             "ray_seconds": out["ray"]["seconds"],
-            "ray_warm_seconds": out["ray (warm workers)"]["seconds"], "runs": out["ray"]["runs"]}
+            "ray_warm_seconds": out["ray (warm workers)"]["seconds"],
+            "selected": out["ray"]["selected"]}
 
 
 def _compare(space, cost) -> dict:
@@ -77,9 +78,9 @@ def _compare(space, cost) -> dict:
         backend = RayExecutor(num_cpus=1) if name.startswith("ray") else None
         result = tuner.run(objective, ledger, backend=backend)
         out[name] = {"seconds": time.time() - start, "selected": result.params,
-                     "runs": result.runs, "tuning_epsilon": tuner.plan(1e-5).epsilon}
+                     "tuning_epsilon": tuner.plan(1e-5).epsilon}
         out[name]["spent"] = ledger.spent
-        print(f"{name:18s}: K = {result.runs}, selected lr = {result.params['lr']} "
+        print(f"{name:18s}: selected lr = {result.params['lr']} "
               f"(candidate seed {result.params['seed']}), tuning ε = "
               f"{out[name]['tuning_epsilon']:.3f} at δ = 1e-5, {out[name]['seconds']:.1f} s")
     return out

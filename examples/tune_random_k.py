@@ -84,15 +84,14 @@ def main(argv=None) -> dict:
     print(plan)
     result = tuner.run(objective, ledger)
     if not result.selected:
-        print(f"no candidate selected (K = {result.runs})")
+        print("no candidate selected")
         return {"selected": False}
     test_acc = accuracy(result.artifact, test)
-    summary = {"selected": result.params, "runs": result.runs, "failed": result.failed,
-               "test_accuracy": test_acc, "tuning_epsilon": plan.epsilon,
+    summary = {"selected": result.params, "test_accuracy": test_acc, "tuning_epsilon": plan.epsilon,
                "naive_composition_epsilon": plan.naive_epsilon, "delta": args.delta,
                "ledger_running_epsilon": ledger.epsilon()}
-    print(f"\nselected {result.params} after K = {result.runs} candidates "
-          f"({result.failed} stopped by their child ledger)")
+    print(f"\nselected {result.params} (the winner is all a tuning run releases: "
+          f"not K, not failures)")
     print(f"test accuracy of the selected model: {test_acc:.4f}")
     print(f"tuning ε = {plan.epsilon:.3f} at δ = {args.delta:g} (seed 002, charged up front); "
           f"naive composition of {int(np.ceil(runs.mean))} runs would charge ε = "

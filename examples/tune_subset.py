@@ -143,7 +143,7 @@ def run(method: str, sigma: float, seed: int, train_xy, val_xy, test_xy) -> dict
     return {"method": method, "seed": seed, "sigma": sigma,
             "test_accuracy": accuracy(model, test_xy) if model is not None else float("nan"),
             "epsilon": plan_epsilon(method, sigma), "grad_evals": counter[0],
-            "seconds": time.time() - start, "runs": result.runs}
+            "seconds": time.time() - start}
 
 
 def main(argv=None) -> dict:

@@ -136,8 +136,8 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     print(f"1. tuning the learning rate: {plan}")
     result = tuner.run(objective, ledger, label="random-K tuning")
     lr = result.params["lr"] if result.selected else 0.5
-    print(f"   selected lr = {lr} from K = {result.runs} candidates"
-          + ("" if result.selected else " (none ran; using lr = 0.5)") + "\n")
+    print(f"   selected lr = {lr}"  # K is not released with the winner (privguard.tuning)
+          + ("" if result.selected else " (no candidate selected; using lr = 0.5)") + "\n")
 
     # 2. Final training under the same ledger, with early stopping.
     model, opt, loader = _private_model(train, lr, int(rng.integers(1 << 30)))
@@ -185,7 +185,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
           "smaller of the two after seeing both would hold only at 2δ. The naive conversion of "
           f"the spent curve ({naive:.3f}) assumes every choice was fixed in advance and is not "
           f"a guarantee for this run (docs/theory.md §3–4). ({time.time() - start:.0f} s)")
-    return {"db": db, "png": png, "epsilon": eps, "guarantee": claim.epsilon, "naive_epsilon": naive,
-            "tuning_epsilon": plan.epsilon, "selected_lr": lr, "runs": result.runs,
+    return {"db": db, "png": png, "epsilon": eps, "guarantee": claim.epsilon,
+            "naive_epsilon": naive, "tuning_epsilon": plan.epsilon, "selected_lr": lr,
             "final_epochs": epochs, "test_accuracy": test_acc, "charges": len(ledger.history),
             "quick": quick}

@@ -147,8 +147,53 @@ def test_tuner_charges_theorem_1_once_before_running():
                          seed=2, progress=False)
     result = tuner.run(objective, ledger)
     assert len(ledger.history) == 1 and isinstance(ledger.history[0].mechanism, M.DPHyPO)
-    assert all(n == 1 for n in seen) and len(seen) == result.runs
+    assert seen and all(n == 1 for n in seen)
     assert result.selected and result.params in tuner.candidates
+    assert set(vars(result)) == {"selected", "params", "score", "artifact", "cost", "seeded"}
     plan = tuner.plan(1e-5)
     rk = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, 100), Geometric(mean=6.0))
     assert plan.epsilon > RDPCurve(ORDERS, rk.rdp(ORDERS)).epsilon(1e-5)  # adaptivity costs
+
+
+def test_failed_runs_are_bottom_and_stay_out_of_the_history():
+    histories = []
+
+    def update(history, coords):
+        histories.append(list(history))
+        return np.ones(len(coords))
+
+    def objective(params, child):
+        child.charge(M.Gaussian(5.0))
+        if params["lr"] == 10.0:
+            raise FloatingPointError("diverged")
+        if params["lr"] == 1.0:
+            return math.nan
+        return -abs(math.log10(params["lr"]) + 2)  # best: lr = 0.01
+
+    tuner = DPHyPOSearch(SPACE, Geometric(mean=30.0), cost=M.Gaussian(5.0), update=update,
+                         seed=0, progress=False)  # T = 30 for this seed
+    result = tuner.run(objective, Ledger(epsilon=50.0, delta=1e-5))
+    assert result.params["lr"] == 0.01 and result.score == 0.0
+    bad = {i for i, c in enumerate(tuner.candidates) if c["lr"] in (1.0, 10.0)}
+    assert len(histories) == 30  # the probe before the charge, then one per step after the first
+    assert all(i not in bad and math.isfinite(s) for h in histories for i, s in h)
+
+
+def test_an_update_rule_that_fails_mid_run_falls_back_to_the_prior():
+    calls = []
+
+    def update(history, coords):
+        calls.append(len(history))
+        if len(history) in (2, 4):
+            raise RuntimeError("surrogate failed")
+        if len(history) == 3:
+            return np.full(len(coords), np.nan)  # not a density
+        return np.ones(len(coords))
+
+    tuner = DPHyPOSearch(SPACE, Geometric(mean=20.0), cost=M.Gaussian(5.0), update=update,
+                         seed=0, progress=False)  # T = 20 for this seed
+    assert np.array_equal(tuner._density_or_prior([(0, 0.1), (1, 0.2)]), tuner.prior)
+    result = tuner.run(lambda p, c: -abs(math.log10(p["lr"])), Ledger(epsilon=50.0, delta=1e-5))
+    assert result.selected and max(calls) >= 5  # the run went on past the failures
+    with pytest.raises(InvalidArgumentError, match="update"):
+        tuner.density([(0, 0.1), (1, 0.2), (2, 0.3)])  # the public method says what is wrong

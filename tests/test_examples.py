@@ -100,5 +100,5 @@ def test_tune_on_ray_matches_the_serial_run():
     import tune_on_ray
 
     summary = tune_on_ray.main([])
-    assert summary["same"] and summary["runs"] > 0
+    assert summary["same"] and summary["selected"] is not None
     assert not ray.is_initialized()

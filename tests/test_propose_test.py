@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 import pytest
 
@@ -99,10 +101,92 @@ def test_one_example_moves_each_utility_by_at_most_one_over_k():
         assert np.max(np.abs(t.aggregate(objective, neighbour) - base)) <= 1 / k + 1e-12
 
 
-def test_utility_outside_unit_interval_is_refused():
-    t = ProposeTest([{"a": 1}], epsilon0=1.0, partitions=2, progress=False)
-    with pytest.raises(InvalidArgumentError, match="accuracy"):
-        t.utilities(lambda p, idx: 1.5, 10)
+def test_utility_outside_unit_interval_is_refused_without_its_value():
+    t = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=1.0, partitions=2, progress=False)
+    with pytest.raises(InvalidArgumentError, match="accuracy") as info:
+        t.utilities(lambda p, idx: 0.4321987 if p["a"] == 1 else 87.6543, 10)
+    text = str(info.value) + repr(info.value.value)
+    assert "0.4321987" not in text and "87.6543" not in text
+    locals_text = repr([f.f_locals for f, _ in traceback.walk_tb(info.value.__traceback__)])
+    assert "0.4321987" not in locals_text and "87.6543" not in locals_text
+
+
+def test_a_failing_partition_counts_as_accuracy_zero():
+    t = ProposeTest([{"a": 1}, {"a": 2}, {"a": 3}], epsilon0=1.0, partitions=4, progress=False)
+    parts = partitions(40, 4, np.random.default_rng(0))
+
+    def objective(params, idx):
+        if params["a"] == 2 and 0 in idx:
+            raise FloatingPointError("diverged")
+        if params["a"] == 3 and 1 in idx:
+            return float("nan")
+        return 0.8
+
+    u = t.aggregate(objective, parts)
+    np.testing.assert_allclose(u, [0.8, 0.6, 0.6])  # one of four partitions at 0
+
+
+class ScriptedRng:
+    """Laplace draws from a generator, recorded, so a test can replay the rounds."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.draws = []
+
+    def laplace(self, loc, scale):
+        x = self.rng.laplace(loc, scale)
+        self.draws.append((scale, x))
+        return x
+
+
+def transcript(u_s, draws, g, u0):
+    """Independent transcription of Algorithm 1: each round's output, from utilities + noise."""
+    out, draws, u, step = [], list(draws), u0, 1
+    while draws:
+        _, noise = draws.pop(0)
+        proposal = u + step * g + noise
+        hit = None
+        for s in range(len(u_s)):
+            _, z = draws.pop(0)
+            if u_s[s] + z >= proposal:
+                hit = s
+                break
+        out.append(hit)
+        u, step = (u + step * g, step * 2) if hit is not None else (u, step // 2)
+    return out
+
+
+def release_from(rounds_out, g, u0):
+    """(rounds, u, last recorded, whether the loop wanted another round) as a function
+    of the round outputs ONLY."""
+    u, step, last = u0, 1, None
+    for hit in rounds_out:
+        if hit is not None:
+            u, step, last = u + step * g, step * 2, hit
+        else:
+            step //= 2
+    return len(rounds_out), u, last, step != 0 and u < 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rounds_and_level_are_post_processing_of_the_round_outputs(seed):
+    rng = np.random.default_rng(1000 + seed)
+    n = 30 if seed % 4 < 2 else 2  # few, poor candidates: rounds without a record too
+    u_s = rng.uniform(0, 1 if n == 30 else 0.3, n)
+    t = ProposeTest([{"i": i} for i in range(n)], epsilon0=0.5, partitions=10,
+                    granularity=0.05, lower_bound=0.2, progress=False)
+    ledger = Ledger(epsilon=2.0, delta=1e-5, plan=M.PureDP(0.5)) if seed % 2 else Ledger(delta=1e-5)
+    spy = ScriptedRng(seed)
+    result = t.select(u_s, ledger, rng=spy)
+    outs = transcript(u_s, spy.draws, 0.05, 0.2)
+    rounds, u, last, wanted_more = release_from(outs, 0.05, 0.2)
+    assert result.rounds == rounds == len(ledger.history)  # every round was charged
+    assert result.utility_level == pytest.approx(u, abs=1e-12)
+    assert result.params == (None if last is None else {"i": last})
+    # a refusal ends the loop only when it wanted another round; the ledger (which holds
+    # only data-independent PureDP(ε₀) charges) decides it from the number of rounds
+    assert result.stopped_by_refusal == wanted_more
+    assert result.stopped_by_refusal == (not ledger.can_afford(M.PureDP(0.5)) and wanted_more)
 
 
 def test_worst_case_bound_is_advanced_composition():
@@ -119,3 +203,41 @@ def test_run_end_to_end_releases_only_the_selection():
     result = t.run(lambda p, idx: 0.9 if p["lr"] == 1.0 else 0.1, Ledger(delta=1e-5), 30)
     assert set(vars(result)) == {"selected", "params", "rounds", "stopped_by_refusal",
                                  "utility_level", "seeded"}
+
+
+def test_an_interrupt_leaks_no_utility():
+    accuracies = {i: 0.31 + (i + 1) / 7919 for i in range(6)}  # distinctive values
+    calls = []
+
+    def objective(params, idx):
+        calls.append(1)
+        if len(calls) == 10:
+            raise KeyboardInterrupt
+        return accuracies[params["i"]]
+
+    t = ProposeTest([{"i": i} for i in range(6)], epsilon0=0.5, partitions=3, progress=False)
+    ledger = Ledger(delta=1e-5)
+    exc = interrupt_of(lambda: t.run(objective, ledger, 60))
+    assert exc.__context__ is None and exc.__cause__ is None and ledger.history == ()
+    text = "".join(traceback.TracebackException.from_exception(exc, capture_locals=True).format())
+    text += repr([f.f_locals for f, _ in traceback.walk_tb(exc.__traceback__)])
+    for value in accuracies.values():
+        assert repr(value) not in text and repr(value / 3) not in text
+    assert [f.f_code.co_name for f, _ in traceback.walk_tb(exc.__traceback__)] == \
+        ["interrupt_of", "<lambda>", "run", "sealed"]
+
+
+def interrupt_of(call):
+    try:
+        call()
+    except KeyboardInterrupt as exc:
+        return exc
+    raise AssertionError("not interrupted")
+
+
+def test_no_room_for_one_round_runs_nothing():
+    ran = []
+    ledger = Ledger(epsilon=0.05, delta=1e-5)
+    result = tuner(epsilon0=0.1).run(lambda p, idx: ran.append(1) or 0.5, ledger, 100)
+    assert ran == [] and ledger.history == ()
+    assert (result.selected, result.rounds, result.stopped_by_refusal) == (False, 0, True)

@@ -1,14 +1,17 @@
-"""Tuning on a local Ray instance (2 CPUs): same result as serial, sealed results, dead workers."""
+"""Tuning on a local Ray instance (2 CPUs): same result as serial, sealed results, and
+failures (a dead worker, a raising task, a NaN score) that are ⊥ exactly as in this process."""
 
 from __future__ import annotations
 
+import math
 import os
 import struct
+import threading
 
 import pytest
 import ray  # privguard[ray], installed by the test extra
 
-from privguard import Ledger
+from privguard import InvalidArgumentError, Ledger
 from privguard import mechanisms as M
 from privguard.integrations.ray import RayExecutor
 from privguard.tuning import DPHyPOSearch, Geometric, Poisson, RandomSearch
@@ -44,8 +47,7 @@ def test_same_selection_and_charge_as_serial(ray_dir, seed):
     serial_ledger, ray_ledger = Ledger(epsilon=30.0, delta=1e-5), Ledger(epsilon=30.0, delta=1e-5)
     a = tuner(seed).run(objective, serial_ledger)
     b = tuner(seed).run(objective, ray_ledger, backend=RayExecutor(num_cpus=1))
-    assert (a.params, a.score, a.artifact, a.runs, a.failed) == \
-           (b.params, b.score, b.artifact, b.runs, b.failed)
+    assert a == b and a.selected
     assert (serial_ledger.spent == ray_ledger.spent).all() and len(ray_ledger.history) == 1
 
 
@@ -73,26 +75,87 @@ def test_only_the_selected_result_leaves_the_workers(ray_dir, capsys):
     assert checked > 0
 
 
-def dies(params, child):
-    if params["lr"] == 0.05:
+SECRET = "s3cr3t-ray-8c2e"
+
+
+def fails_in_every_way(params, child):
+    lr = params["lr"]
+    if lr == 0.05:
         os._exit(1)  # the worker dies mid-candidate
     for _ in range(50):
         child.charge(STEP)
-    return SCORES[params["lr"]]
+    if lr == 0.2:
+        raise FloatingPointError(f"loss diverged {SECRET}")
+    if lr == 0.01:
+        return math.nan
+    if lr == 0.02:
+        return "0.99", threading.Lock()  # not a number, and an artifact Ray cannot pickle
+    return SCORES[lr]
 
 
-def test_dead_worker_is_a_failed_candidate_and_the_ledger_is_unchanged(ray_dir):
-    t = RandomSearch({"lr": [0.05, 0.1]}, Poisson(8.0), cost=RUN, seed=4, progress=False)
+def test_dead_worker_raising_task_and_nan_are_bottom_as_in_serial(ray_dir):
+    t = RandomSearch({"lr": list(SCORES)}, Poisson(12.0), cost=RUN, seed=4, progress=False)
     ledger = Ledger(epsilon=30.0, delta=1e-5)
-    result = t.run(dies, ledger, backend="ray")
-    assert result.failed > 0 and result.failed < result.runs
-    assert result.params == {"lr": 0.1}
+    result = t.run(fails_in_every_way, ledger, backend="ray")
+    assert result.selected and result.params == {"lr": 0.1} and result.score == SCORES[0.1]
     assert len(ledger.history) == 1  # only the bound charged before anything ran
     assert (ledger.spent == t.cost(ledger.orders).rdp(ledger.orders)).all()
+    # the same draws in this process (where a dying candidate raises instead) select the same
+    seen = []
+
+    def in_process(params, child):
+        seen.append(params["lr"])
+        if params["lr"] == 0.05:
+            raise SystemError("the worker would have died")
+        return fails_in_every_way(params, child)
+
+    serial = t.run(in_process, Ledger(30.0, 1e-5))
+    assert set(seen) == set(SCORES)  # every kind of failure was drawn
+    assert serial == result
+    # the raising task left nothing in Ray's records: the task caught it
+    for root, _, files in os.walk(ray_dir):
+        for name in files:
+            try:
+                data = open(os.path.join(root, name), "rb").read()
+            except OSError:
+                continue
+            assert SECRET.encode() not in data and b"FloatingPointError" not in data
+
+
+def test_every_candidate_failing_selects_nothing(ray_dir):
+    t = RandomSearch({"lr": [0.05, 0.2]}, Poisson(6.0), cost=RUN, seed=2, progress=False)
+    result = t.run(fails_in_every_way, Ledger(epsilon=30.0, delta=1e-5), backend="ray")
+    assert not result.selected and result.params is None
+
+
+def test_an_objective_ray_cannot_ship_is_refused_before_the_charge(ray_dir):
+    lock = threading.Lock()
+
+    def unpicklable(params, child):
+        with lock:
+            return 1.0
+
+    ledger = Ledger(epsilon=30.0, delta=1e-5)
+    with pytest.raises(InvalidArgumentError) as info:
+        tuner(0).run(unpicklable, ledger, backend=RayExecutor())
+    assert info.value.argument == "objective" and ledger.history == ()
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(address=5), "address"), (dict(address=""), "address"),
+    (dict(num_cpus=-1), "num_cpus"), (dict(num_cpus="1"), "num_cpus"),
+    (dict(num_cpus=math.nan), "num_cpus"), (dict(num_cpus=True), "num_cpus"),
+    (dict(num_gpus=math.inf), "num_gpus"), (dict(num_gpus=-0.5), "num_gpus"),
+    (dict(init_kwargs=5), "init_kwargs"), (dict(init_kwargs={1: 2}), "init_kwargs"),
+])
+def test_executor_arguments(kwargs, name):
+    with pytest.raises(InvalidArgumentError) as info:
+        RayExecutor(**kwargs)
+    assert info.value.argument == name
 
 
 def test_adaptive_tuner_farms_out_its_runs(ray_dir):
     t = DPHyPOSearch({"lr": list(SCORES)}, Geometric(mean=4.0), cost=RUN, seed=1, progress=False)
     serial = t.run(objective, Ledger(epsilon=30.0, delta=1e-5))
     remote = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend=RayExecutor())
-    assert (serial.params, serial.score, serial.runs) == (remote.params, remote.score, remote.runs)
+    assert serial == remote and serial.selected

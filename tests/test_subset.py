@@ -168,3 +168,32 @@ def test_extrapolation_rules_and_bad_input():
     with pytest.raises(InvalidArgumentError, match="q"):
         counting_search(1, 0).__class__(RandomSearch({"lr": [1]}, Poisson(2.0), cost=RUN), q=1.0,
                                         final_cost=RUN)
+
+
+def test_failed_candidates_and_a_failed_final_training_are_bottom():
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    search = counting_search(1, seed=3)
+
+    def tune(params, child, idx):
+        if params["lr"] == 0.2:
+            raise FloatingPointError("diverged")
+        return 1.0, "tuned"
+
+    def final(params, child, idx, tuned):
+        raise MemoryError("out of memory in the final training")
+
+    result = search.run(tune, final, ledger, 1000)
+    assert result.selected and result.tuned_params == {"lr": 0.1}
+    assert not result.trained and result.artifact is None
+    assert len(ledger.history) == 1
+    assert set(vars(result)) == {"selected", "params", "tuned_params", "artifact", "trained",
+                                 "cost", "seeded"}
+    ok = counting_search(1, seed=3).run(tune, lambda *a: "model", Ledger(50.0, 1e-5), 1000)
+    assert ok.trained and ok.artifact == "model"
+
+
+def test_no_selection_trains_nothing():
+    finals = []
+    result = counting_search(2, seed=0).run(lambda *a: math.nan, lambda *a: finals.append(1),
+                                            Ledger(epsilon=50.0, delta=1e-5), 100)
+    assert not result.selected and not result.trained and finals == []

@@ -3,33 +3,52 @@
     from privguard.integrations.ray import RayExecutor
     result = tuner.run(objective, ledger, backend=RayExecutor(num_cpus=1))
 
-The ledger stays at the driver: the tuner charges its bound there before any
-task is submitted, and draws K and every candidate's hyperparameters there.
-Each candidate runs as one Ray task (with the CPUs/GPUs you request) that
-builds the candidate's strict child ledger inside the worker, runs the
-objective under it, and reports its spend back. A worker that dies is a
-failed candidate, which the tuning bound already covers. Tasks are never
-retried (``max_retries=0``), because a retry would change the distribution
-of the number of runs.
+The ledger stays at the driver. Before the tuner charges its bound, the
+executor starts (or connects to) Ray and puts the objective in the object
+store, so a Ray that cannot start or an objective that cannot be pickled
+raises :class:`privguard.InvalidArgumentError` with nothing charged. The
+tuner then draws K and every candidate's hyperparameters at the driver, and
+each candidate runs as one Ray task (with the CPUs/GPUs you request) that
+builds the candidate's strict child ledger inside the worker and runs the
+objective under it. Tasks are never retried (``max_retries=0``): a retry
+would change the distribution of the number of runs.
+
+Failures are ⊥, exactly as in this process: the task itself catches every
+exception of the objective and returns ⊥, so no exception, message or
+traceback of a candidate is stored by Ray; a task whose worker dies, whose
+result cannot be pickled or that Ray loses is ⊥ too. Outcomes are streamed to
+the tuner's reducer as they finish (ties go to the earlier draw, so a seeded
+run selects what the serial backend selects), and each result is released
+from the object store as soon as it is read; only the current best is kept.
 
 Sealed results: privguard logs nothing about candidates. It starts a local
-Ray instance without the dashboard and without forwarding worker output, and
-it drops every outcome but the best at the driver. A task's return value
-crosses Ray's in-memory object store on its way back and is not persisted
-by privguard. What your own objective prints or logs is yours to control.
+Ray instance without the dashboard and without forwarding worker output. A
+task's return value crosses Ray's in-memory object store on its way back and
+is not persisted by privguard. What your own objective prints or logs is
+yours to control. If the tuning run is interrupted, the tasks still pending
+are cancelled.
+
+What Ray itself records: its task table and logs (``ray.util.state``, the
+session's log files, the dashboard if you enable it) hold one task per
+candidate, so they show K and which workers died — not the hyperparameters'
+outcomes, scores or exceptions. K is not part of what a tuning run releases
+(see :mod:`privguard.tuning`), so keep the Ray cluster's logs as private as
+the data.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import sys
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard.integrations._frameworks import require
-from privguard.tuning._executors import Outcome, Task, run_candidate
+from privguard.tuning._executors import Outcome, Reduce, Task, run_candidate
 
 ray = require("ray", "ray")
 
@@ -39,7 +58,20 @@ _SHIPPED: set[str] = set()
 
 
 def _remote_candidate(objective, params, orders, budget) -> Outcome:
-    return run_candidate(objective, params, orders, budget)
+    outcome = run_candidate(objective, params, orders, budget)
+    if outcome is not None:
+        try:  # an artifact Ray cannot send back is ⊥ here, not an error Ray records
+            ray.cloudpickle.dumps(outcome)
+        except Exception:
+            return None
+    return outcome
+
+
+def _resource(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(float(value)) and float(value) >= 0):
+        raise InvalidArgumentError(name, value, "must be a finite number >= 0")
+    return float(value)
 
 
 class RayExecutor:
@@ -48,19 +80,28 @@ class RayExecutor:
     Args:
         address: a cluster address for ``ray.init``; default: an already
             initialised Ray, else a new local instance.
-        num_cpus, num_gpus: resources requested per candidate.
+        num_cpus, num_gpus: resources requested per candidate (finite, >= 0).
         init_kwargs: extra arguments for ``ray.init`` when this executor
             starts Ray (e.g. ``num_cpus`` of a local instance).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
     """
 
     def __init__(self, address: str | None = None, *, num_cpus: float = 1, num_gpus: float = 0,
                  init_kwargs: dict | None = None) -> None:
-        if num_cpus < 0 or num_gpus < 0:
-            raise InvalidArgumentError("num_cpus/num_gpus", (num_cpus, num_gpus), "must be >= 0")
+        if address is not None and (not isinstance(address, str) or not address):
+            raise InvalidArgumentError("address", address, "must be None or a non-empty string")
+        self.num_cpus = _resource("num_cpus", num_cpus)
+        self.num_gpus = _resource("num_gpus", num_gpus)
+        if init_kwargs is not None and (not isinstance(init_kwargs, dict) or not all(
+                isinstance(k, str) for k in init_kwargs)):
+            raise InvalidArgumentError("init_kwargs", init_kwargs,
+                                       "must be None or a dict of ray.init keyword arguments")
         self.address = address
-        self.num_cpus, self.num_gpus = num_cpus, num_gpus
         self.init_kwargs = dict(init_kwargs or {})
-        self._task = None
+        self._task: Any = None
+        self._prepared: tuple[Callable, Any] | None = None
 
     def _ensure(self) -> None:
         if not ray.is_initialized():
@@ -70,7 +111,13 @@ class RayExecutor:
                 kwargs["address"] = self.address
             else:
                 kwargs.setdefault("_node_ip_address", "127.0.0.1")  # a local instance stays local
-            ray.init(**kwargs)
+            try:
+                ray.init(**kwargs)
+            except Exception as exc:
+                name = "address" if self.address is not None else "init_kwargs"
+                raise InvalidArgumentError(
+                    name, getattr(self, name),
+                    f"ray.init failed ({type(exc).__name__}: {exc})") from None
         if self._task is None:
             self._task = ray.remote(max_retries=0)(_remote_candidate).options(
                 num_cpus=self.num_cpus, num_gpus=self.num_gpus)
@@ -100,23 +147,53 @@ class RayExecutor:
             ray.cloudpickle.register_pickle_by_value(module)
             _SHIPPED.add(name)
 
-    def map(self, tasks: Sequence[Task], on_done: Callable[[], None] = lambda: None
-            ) -> list[Outcome]:
-        """Submit every task, wait for all; a dead worker gives a failed outcome."""
+    def prepare(self, objective: Callable) -> None:
+        """Start or join Ray and put ``objective`` in the object store (before the charge).
+
+        Raises:
+            InvalidArgumentError: Ray cannot start, or ``objective`` cannot be
+                pickled by Ray.
+        """
         self._ensure()
-        for task in tasks[:1]:
-            self._ship_by_value(task[0])
-        refs = [self._task.remote(*task) for task in tasks]
-        index = {ref: i for i, ref in enumerate(refs)}
-        out: list[Any] = [None] * len(refs)
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ref = done[0]
-            try:
-                out[index[ref]] = ray.get(ref)
-            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
-                    ray.exceptions.TaskCancelledError):
-                out[index[ref]] = ("failed", None, None, None)
-            on_done()
-        return out
+        self._ship_by_value(objective)
+        try:
+            ref = ray.put(objective)
+        except Exception as exc:
+            raise InvalidArgumentError(
+                "objective", objective,
+                f"must be picklable by Ray to run on workers ({type(exc).__name__})") from None
+        self._prepared = (objective, ref)
+
+    def run(self, tasks: Iterable[Task], reduce: Reduce) -> None:
+        """Submit every task; hand each outcome to ``reduce`` as it finishes, keep none.
+
+        A task that Ray reports as failed (its worker died, its result was
+        lost) is ⊥. Tasks still pending when this call is left by an
+        exception (e.g. ``KeyboardInterrupt``) are cancelled.
+        """
+        self._ensure()
+        pending: dict[Any, tuple[int, dict]] = {}
+        try:
+            for index, (objective, params, orders, budget) in enumerate(tasks):
+                if self._prepared is not None and objective is self._prepared[0]:
+                    objective = self._prepared[1]  # shipped once, by reference
+                else:
+                    self._ship_by_value(objective)
+                pending[self._task.remote(objective, params, orders, budget)] = (index, params)
+            while pending:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+                index, params = pending.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayError:
+                    outcome = None  # ⊥: worker died, result lost or unpicklable
+                del ref  # the object store may free the result now
+                reduce(index, params, outcome)
+                outcome = None
+        finally:
+            for ref in pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:
+                    pass
+            pending.clear()

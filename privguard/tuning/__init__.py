@@ -1,8 +1,11 @@
 """Hyperparameter tuning as a client of the ledger (``privguard.tuning``).
 
-Every tuner charges its whole tuning bound to the ledger before any candidate
-runs, runs each candidate under a strict child ledger, and releases only the
-selected result. See :class:`RandomSearch`.
+Every tuner checks its arguments and charges its whole tuning bound to the
+ledger before any candidate runs, runs each candidate under a strict child
+ledger, and releases the winner and nothing else: not the number of runs,
+not failures, nothing about another candidate. A candidate that raises or
+scores NaN, ±inf or a non-number is ⊥ (never selected). See
+:class:`RandomSearch` and :class:`TuningResult`.
 """
 
 from privguard._runs import (
@@ -12,7 +15,7 @@ from privguard._runs import (
     RunsDistribution,
     TruncatedNegativeBinomial,
 )
-from privguard.tuning._base import SLACK, Tuner, TuningPlan, TuningResult
+from privguard.tuning._base import SLACK, Tuner, TuningAborted, TuningPlan, TuningResult
 from privguard.tuning._calibration import (
     calibrate_noise_multiplier,
     calibrate_tuning_noise,
@@ -45,6 +48,7 @@ __all__ = [
     "SubsetSearch",
     "TruncatedNegativeBinomial",
     "Tuner",
+    "TuningAborted",
     "TuningPlan",
     "TuningResult",
     "UniformFloat",

@@ -1,20 +1,51 @@
-"""The tuner protocol shared by every tuner.
+"""The tuner protocol shared by every tuner, and what a tuning run releases.
 
 A tuner has a search space, a per-candidate privacy cost, and
 ``run(objective, ledger)``, which
 
-1. charges the whole tuning bound to ``ledger`` BEFORE any candidate runs
-   (a refused charge raises :class:`privguard.BudgetExhausted` and nothing
-   runs);
-2. runs the candidates, each with a child ledger that strictly enforces the
+1. checks every argument, computes every candidate's declared curve and the
+   tuning bound, and prepares the backend — anything wrong raises here,
+   before the charge;
+2. charges the whole tuning bound to ``ledger`` (a refused charge raises
+   :class:`privguard.BudgetExhausted` and nothing runs);
+3. runs the candidates, each under a child ledger that strictly enforces the
    per-candidate curve the bound assumed (refuse if any order would exceed);
-3. returns only the selected result.
+4. releases the winner and nothing else.
 
-Nothing about a non-selected candidate — its score, hyperparameters or
-artifact — is logged, shown in the progress bar, put in an exception message
-or returned. The number of runs and all tuner randomness come from OS entropy
-unless a seed is given; a seed makes K predictable, which breaks the
-guarantee, and is for tests only.
+What is released. The tuning theorems (seed 002 Theorems 2 and 6, seed 003
+Theorem 1) bound the privacy loss of the BEST of K runs, K drawn at random
+and kept hidden. A :class:`TuningResult` therefore holds the winner — its
+hyperparameters, score and artifact — or "no winner", and nothing else: not
+K, not how many candidates failed, not any other candidate's score. K is
+independent of the data, but releasing it with the winner is NOT covered:
+given K the winner is a best-of-K with K fixed, which is no better than
+composing K runs (seed 002 §3.2, App. D.1). In
+``tests/test_tuning_release.py::test_released_output_meets_the_charged_bound_exactly``
+each candidate is a 0.1-DP randomized response under K ~ Geometric(mean 50);
+at the charged ε = 0.313 the released winner has hockey-stick δ = 0, while
+(winner, K) would have δ = 4.9e-4 and the former (runs, failed) 0.149, both
+far above the ledger's δ = 1e-5.
+
+Failures. A candidate that raises any ``Exception`` (a diverged loss, its
+child ledger refusing a charge, a dead Ray worker), or returns NaN, ±inf or
+something that is not a real number, is ⊥: the lowest element of the order
+on outputs, never selected. ⊥ is an output of the candidate, which the bound
+covers; the run goes on, and nothing about it — exception, message,
+hyperparameters, count — is logged, shown or returned. Only the current best
+outcome is kept in memory while the run goes on.
+
+Interruptions. Once the bound is charged, the run's state (the current best,
+K, the draws) lives only in frames that are dropped before anything leaves
+``run``: a ``KeyboardInterrupt`` is re-raised as a fresh
+``KeyboardInterrupt()``, and any other exception that escapes the search
+(an error of the tuner's machinery, ``SystemExit``, a framework's
+cancellation) as :class:`TuningAborted`; either is raised outside the
+original handler, with no cause, no context and no frame holding a
+candidate's data. The charged bound stays charged.
+
+The number of runs and all tuner randomness come from OS entropy unless a
+seed is given; a seed makes K predictable, which breaks the guarantee, and is
+for tests only.
 """
 
 from __future__ import annotations
@@ -23,15 +54,17 @@ import abc
 import dataclasses
 import logging
 import math
+import numbers
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from privguard import _validation as check
 from privguard._base import Mechanism
 from privguard._curve import RDPCurve
-from privguard._errors import InvalidArgumentError
+from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 
@@ -42,6 +75,32 @@ log = logging.getLogger("privguard.tuning")
 #: rounding; tuning bounds are computed from the same inflated curve, so the
 #: guarantee covers everything a child can admit.
 SLACK = 1e-9
+
+T = TypeVar("T")
+
+
+class TuningAborted(PrivguardError):
+    """A tuning run stopped after its bound was charged; the charge stands.
+
+    Raised when something other than a candidate failed mid-run (the
+    executor's infrastructure, a ``SystemExit``, a framework's cancellation).
+    The original exception is withheld on purpose: it and its traceback may
+    carry candidates' scores, artifacts or hyperparameters. Nothing about
+    the candidates is released; to debug an objective, call it directly,
+    outside the tuner.
+
+    Example:
+        >>> from privguard import PrivguardError
+        >>> from privguard.tuning import TuningAborted
+        >>> err = TuningAborted()
+        >>> isinstance(err, PrivguardError), err.__cause__ is None
+        (True, True)
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the tuning run was aborted after its bound was charged (the charge stands); "
+            "the cause is withheld because it may carry candidates' data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,17 +124,20 @@ class TuningPlan:
 
 @dataclasses.dataclass(frozen=True)
 class TuningResult:
-    """The only thing a tuner releases: the selected candidate.
+    """Everything a tuning run releases: the winner, or that there is none.
+
+    Not released, on purpose: the number of runs K (with the winner it is
+    not covered by the theorems, see :mod:`privguard.tuning._base`), how many
+    candidates failed, and anything about a candidate that was not selected.
 
     Attributes:
-        selected: False when no candidate produced a result (e.g. K = 0 under
-            Poisson, or every candidate failed).
-        params: the selected hyperparameters (None if not selected).
-        score: the selected candidate's score (None if not selected).
-        artifact: what the selected objective returned besides its score.
-        runs: how many candidates were run (K, independent of the data).
-        failed: how many candidates were stopped by their child ledger.
-        cost: the mechanism charged to the ledger for the whole tuning.
+        selected: False when no candidate produced a result (K = 0 under
+            Poisson, or every candidate was ⊥).
+        params: the winner's hyperparameters (None if not selected).
+        score: the winner's score (None if not selected).
+        artifact: what the winner's objective returned besides its score.
+        cost: the mechanism charged to the ledger for the whole tuning
+            (fixed before anything ran).
         seeded: True if K and the draws came from a fixed seed (tests only).
     """
 
@@ -83,29 +145,261 @@ class TuningResult:
     params: dict[str, Any] | None
     score: float | None
     artifact: Any
-    runs: int
-    failed: int
     cost: Mechanism
     seeded: bool
 
     def __repr__(self) -> str:
         if not self.selected:
-            return f"TuningResult(no candidate selected; runs={self.runs})"
-        return f"TuningResult(params={self.params}, score={self.score!r}, runs={self.runs})"
+            return "TuningResult(no candidate selected)"
+        return f"TuningResult(params={self.params}, score={self.score!r})"
 
 
-def unpack(outcome: Any) -> tuple[float, Any]:
-    """An objective returns a score, (score, artifact) or {'score': ..., 'artifact': ...}."""
-    if isinstance(outcome, dict) and "score" in outcome:
-        return float(outcome["score"]), outcome.get("artifact")
-    if isinstance(outcome, tuple) and len(outcome) == 2:
-        return float(outcome[0]), outcome[1]
-    return float(outcome), None
+# --------------------------------------------------------------- outcomes
+def as_score(value: Any) -> float | None:
+    """A finite real score as a float, or None (⊥) for anything else.
+
+    NaN, ±inf, bools (numpy's too), strings, None and objects without
+    ``__float__`` are ⊥; so is anything whose ``float()`` raises.
+    """
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not (
+            isinstance(value, numbers.Real) or hasattr(type(value), "__float__")):
+        return None
+    try:
+        score = float(value)
+    except Exception:
+        return None
+    return score if math.isfinite(score) else None
 
 
+def accept(result: Any) -> tuple[float, Any] | None:
+    """An objective's return value as (score, artifact), or None (⊥).
+
+    Accepted forms: a score, ``(score, artifact)`` or
+    ``{"score": ..., "artifact": ...}``.
+    """
+    if isinstance(result, dict):
+        score, artifact = (result.get("score"), result.get("artifact")) if "score" in result \
+            else (None, None)
+    elif isinstance(result, tuple) and len(result) == 2:
+        score, artifact = result
+    else:
+        score, artifact = result, None
+    value = as_score(score)
+    return None if value is None else (value, artifact)
+
+
+def is_outcome(outcome: Any) -> bool:
+    """True for a (finite float score, artifact) pair; False for ⊥ (None) or anything else."""
+    return (isinstance(outcome, tuple) and len(outcome) == 2
+            and isinstance(outcome[0], float) and math.isfinite(outcome[0]))
+
+
+class Best:
+    """The running winner: the only outcome a tuner keeps.
+
+    Outputs are totally ordered by (score, draw index): a better score wins,
+    and among equal scores the earlier draw wins, whatever order the backend
+    finished them in. ⊥ (``None``) is below everything.
+    """
+
+    __slots__ = ("artifact", "index", "mode", "params", "score")
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.score: float | None = None
+        self.index = -1
+        self.params: dict | None = None
+        self.artifact: Any = None
+
+    def offer(self, index: int, params: dict, outcome: Any) -> bool:
+        """Keep ``outcome`` if it beats the current best; True if it was kept."""
+        if not is_outcome(outcome):
+            return False  # ⊥
+        score = outcome[0]
+        if self.score is not None:
+            better = score > self.score if self.mode == "max" else score < self.score
+            if not (better or (score == self.score and index < self.index)):
+                return False
+        self.score, self.index, self.params, self.artifact = score, index, params, outcome[1]
+        return True
+
+    def result(self, cost: Mechanism, seeded: bool) -> TuningResult:
+        if self.score is None:
+            return TuningResult(False, None, None, None, cost, seeded)
+        return TuningResult(True, dict(self.params or {}), self.score, self.artifact, cost, seeded)
+
+
+def sealed(search: Callable[[], T]) -> T:
+    """Run the part of a tuning run that follows the charge; nothing escapes but its result.
+
+    A ``KeyboardInterrupt`` becomes a fresh ``KeyboardInterrupt()``; any
+    other exception (``BaseException`` included) becomes :class:`TuningAborted`.
+    Either is raised after the handler has ended, so the original exception,
+    its traceback and every frame of ``search`` (which hold the current best
+    and K) are gone: the new exception has no cause, no context, and its
+    traceback starts here.
+    """
+    failure: type[BaseException] = TuningAborted
+    try:
+        return search()
+    except KeyboardInterrupt:
+        failure = KeyboardInterrupt
+    except BaseException:  # by design: every escape is replaced
+        pass
+    raise failure() from None
+
+
+class Elapsed:
+    """A progress indicator that shows the elapsed time and nothing else.
+
+    It never shows a count: the number of runs is not released. It redraws
+    once a second on a timer, never per candidate, so what it writes does
+    not depend on K or on any outcome (only on the run's duration).
+    """
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled = label, enabled
+        self._bar: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Elapsed:
+        if self.enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(desc=self.label, bar_format="{desc}: running for {elapsed}",
+                             leave=False)
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self._bar.refresh()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._bar is not None:
+            self._bar.close()
+
+
+# ------------------------------------------------------------- arguments
 def make_rng(seed: int | None) -> np.random.Generator:
     """A generator from OS entropy, or (tests only) from ``seed``."""
     return np.random.default_rng() if seed is None else np.random.default_rng(seed)
+
+
+def check_seed(seed: Any) -> int | None:
+    """None (OS entropy) or an integer >= 0 (tests only)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise InvalidArgumentError("seed", seed, "must be None (OS entropy) or an integer >= 0")
+    return int(seed)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(name, value, "must be True or False")
+    return value
+
+
+def check_mode(mode: Any) -> str:
+    if not isinstance(mode, str) or mode not in ("max", "min"):
+        raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")
+    return mode
+
+
+def check_objective(objective: Any, name: str = "objective") -> Callable:
+    if not callable(objective):
+        raise InvalidArgumentError(name, objective, "must be callable")
+    return objective
+
+
+def check_ledger(ledger: Any) -> Ledger:
+    if not isinstance(ledger, Ledger):
+        raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+    return ledger
+
+
+def check_label(label: Any) -> str | None:
+    """A charge label: a string that any ledger (in memory or in a file) can store."""
+    if label is None:
+        return None
+    if not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string or None")
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("label", label, "must be encodable as UTF-8") from None
+    return label
+
+
+class CandidateCosts:
+    """The declared privacy cost of every candidate, checked before anything is charged.
+
+    ``cost`` is one mechanism that bounds every candidate, or a function
+    ``params -> mechanism`` over a finite space; the function is evaluated
+    for every candidate here, so a candidate that has no valid cost is found
+    before the run, not after the charge.
+    """
+
+    def __init__(self, cost: Any, space: Any, name: str = "cost") -> None:
+        self.name = name
+        self.single: Mechanism | None = None
+        self.per_candidate: list[Mechanism] = []
+        if isinstance(cost, Mechanism):
+            self.single = cost
+        elif callable(cost):
+            if not space.is_finite:
+                raise InvalidArgumentError(
+                    name, cost, "a per-candidate cost function needs a finite space (its "
+                    "maximum over every candidate is the bound); give one mechanism that "
+                    "bounds them all")
+            for params in space.candidates():
+                try:
+                    mech = cost(dict(params))
+                except Exception as exc:
+                    raise InvalidArgumentError(
+                        name, cost, f"raised {type(exc).__name__} for {params!r}") from None
+                if not isinstance(mech, Mechanism):
+                    raise InvalidArgumentError(
+                        name, cost, f"returned {mech!r} for {params!r}, not a privguard mechanism")
+                self.per_candidate.append(mech)
+        else:
+            raise InvalidArgumentError(name, cost, "must be a mechanism or params -> mechanism")
+
+    def budgets(self, grid: np.ndarray) -> list[np.ndarray]:
+        """Each candidate's child budget on ``grid``: its declared curve × (1 + SLACK).
+
+        One entry (shared by every candidate) for a single mechanism, else one
+        per candidate in ``space.candidates()`` order.
+        """
+        if self.single is not None:
+            return [self.single._rdp_checked(grid) * (1 + SLACK)]
+        cache: dict[Any, np.ndarray] = {}
+        out = []
+        for mech in self.per_candidate:
+            key: Any = mech
+            try:
+                hash(mech)
+            except TypeError:  # an unhashable mechanism: computed on its own
+                key = None
+            curve = None if key is None else cache.get(key)
+            if curve is None:
+                curve = mech._rdp_checked(grid) * (1 + SLACK)
+                if key is not None:
+                    cache[key] = curve
+            out.append(curve)
+        return out
+
+    def bound(self, grid: np.ndarray) -> np.ndarray:
+        """Order-wise maximum of the declared curves over every candidate that can be
+        drawn (seed 000 Lemma 9: a random mixture of ε(α)-RDP mechanisms is
+        ε(α)-RDP), inflated by SLACK as the child ledgers enforce it."""
+        return np.max(self.budgets(grid), axis=0)
 
 
 class Tuner(abc.ABC):
@@ -136,56 +430,6 @@ class Tuner(abc.ABC):
         return TuningPlan(mech, grid, curve, RDPCurve._trusted(grid, curve).epsilon(d), d,
                           self._expected_runs(), naive)
 
-    def _charge(self, ledger: Ledger, label: str) -> Mechanism:
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-        mech = self.cost(ledger.orders)
+    def _charge(self, ledger: Ledger, mech: Mechanism, label: str | None) -> None:
         ledger.charge(mech, label=label)  # raises BudgetExhausted: nothing runs
         log.info("charged the tuning bound (%s) as %r", label, type(mech).__name__)
-        return mech
-
-    def _better(self, score: float, best: float | None) -> bool:
-        if math.isnan(score):
-            return False
-        return best is None or (score > best if self.mode == "max" else score < best)
-
-
-def check_cost(cost: Any, space: Any, name: str = "cost") -> Any:
-    """A per-candidate cost: a mechanism, or ``params -> mechanism`` over a finite space."""
-    if not isinstance(cost, Mechanism) and not callable(cost):
-        raise InvalidArgumentError(name, cost, "must be a mechanism or params -> mechanism")
-    if not isinstance(cost, Mechanism) and not space.is_finite:
-        raise InvalidArgumentError(
-            name, cost, "a per-candidate cost function needs a finite space (its maximum "
-            "over every candidate is the bound); give one mechanism that bounds them all")
-    return cost
-
-
-def check_mode(mode: str) -> str:
-    if mode not in ("max", "min"):
-        raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")
-    return mode
-
-
-def declared_curve(cost: Any, params: dict, grid: np.ndarray, name: str = "cost") -> np.ndarray:
-    """The curve one candidate declared (``cost`` or ``cost(params)``) on ``grid``."""
-    mech = cost if isinstance(cost, Mechanism) else cost(params)
-    if not isinstance(mech, Mechanism):
-        raise InvalidArgumentError(f"{name}(params)", mech, "must return a privguard mechanism")
-    return mech._rdp_checked(grid)
-
-
-def uniform_bound(cost: Any, space: Any, grid: np.ndarray, name: str = "cost") -> np.ndarray:
-    """Order-wise maximum of the declared curves over every candidate that can be
-    drawn (seed 000 Lemma 9), inflated by SLACK as the child ledgers enforce it."""
-    if isinstance(cost, Mechanism):
-        worst = cost._rdp_checked(grid)
-    else:
-        worst = np.max([declared_curve(cost, p, grid, name) for p in space.candidates()], axis=0)
-    return worst * (1 + SLACK)
-
-
-def check_objective(objective: Callable) -> Callable:
-    if not callable(objective):
-        raise InvalidArgumentError("objective", objective, "must be callable(params, ledger)")
-    return objective

@@ -5,11 +5,14 @@ current density, run it, and update the density from the history by ANY rule,
 privatised by projecting onto S_{C,c} = {c·π⁽⁰⁾ ≤ f ≤ C·π⁽⁰⁾, Σ f = 1}
 (:func:`project_density`); release the best run. The cost is
 ``privguard.mechanisms.DPHyPO`` (Theorem 1), charged before anything runs.
-The densities and the surrogate model live only inside ``run``.
+The densities, the history and the surrogate model live only inside
+``run``; a run releases the best run's (hyperparameters, score, artifact) or
+that there is none — not T, not failures (see :class:`TuningResult`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,32 +27,47 @@ from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import DPHyPO
 from privguard._runs import TruncatedNegativeBinomial
 from privguard.tuning._base import (
-    SLACK,
+    Best,
+    CandidateCosts,
+    Elapsed,
     Tuner,
     TuningResult,
-    check_cost,
+    check_flag,
+    check_label,
+    check_ledger,
     check_mode,
     check_objective,
-    declared_curve,
+    check_seed,
+    is_outcome,
     make_rng,
-    uniform_bound,
+    sealed,
 )
-from privguard.tuning._executors import resolve
+from privguard.tuning._executors import prepare, resolve
 from privguard.tuning._projection import project_density
-from privguard.tuning._space import SearchSpace
+from privguard.tuning._space import Choice, SearchSpace
 
 History = list  # of (candidate index, score), in the order run
 
 
-def ordinal_coordinates(candidates: list[dict]) -> np.ndarray:
-    """Each hyperparameter's values mapped to their rank, scaled to [0, 1] (n × d)."""
-    names = list(candidates[0])
-    cols = []
-    for name in names:
-        values = sorted({c[name] for c in candidates}, key=lambda v: (str(type(v)), v))
-        rank = {v: i / max(len(values) - 1, 1) for i, v in enumerate(values)}
-        cols.append([rank[c[name]] for c in candidates])
-    return np.array(cols, dtype=float).T
+def _ranks(values: tuple) -> list[float]:
+    """Each value's rank among ``values``, scaled to [0, 1]; values that cannot be
+    ordered keep the order they were given in."""
+    n = len(values)
+    try:
+        order = sorted(range(n), key=lambda i: (str(type(values[i])), values[i]))
+    except TypeError:
+        order = list(range(n))
+    rank = [0.0] * n
+    for r, i in enumerate(order):
+        rank[i] = r / max(n - 1, 1)
+    return rank
+
+
+def ordinal_coordinates(space: SearchSpace) -> np.ndarray:
+    """Each candidate's hyperparameters as ranks in [0, 1] (n × d), in ``candidates()`` order."""
+    grids = [_ranks(dim.values) for dim in space.dimensions.values()
+             if isinstance(dim, Choice)]  # a finite space: every dimension is a Choice
+    return np.array(list(itertools.product(*grids)), dtype=float).reshape(-1, len(grids))
 
 
 class GPUpdate:
@@ -82,6 +100,10 @@ class GPUpdate:
 class DPHyPOSearch(Tuner):
     """Adaptive random search with densities kept within [c, C] × the prior.
 
+    A run releases the best run's hyperparameters, score and artifact, or
+    that there is none, and nothing else (not T, not failures; see
+    :class:`TuningResult`).
+
     Args:
         space: a finite :class:`SearchSpace` or ``{name: values}`` mapping.
         runs: T ~ ``TruncatedNegativeBinomial`` (only this family is covered
@@ -90,9 +112,20 @@ class DPHyPOSearch(Tuner):
         C, c: density bounds, c ≤ 1 ≤ C (paper defaults 2 and 0.75).
         update: ``"gp"`` (Algorithm 3, :class:`GPUpdate`) or any
             ``(history, coords) -> density`` over the candidates, where history
-            is a list of (candidate index, score); its output is projected.
+            is a list of (candidate index, score) of the runs that were not ⊥;
+            its output is projected. If the rule raises, or returns anything
+            but one finite weight per candidate, that step samples from the
+            prior π⁽⁰⁾ (which lies in S_{C,c}): the rule with this fallback
+            is itself an update rule, and Theorem 1 holds for any rule. The
+            rule is tried once, on the history [(0, 0.0)], before anything
+            is charged.
         prior: π⁽⁰⁾ over the candidates (default uniform; App. D).
-        seed: ONLY for tests (breaks the guarantee). progress: bar of runs.
+        mode: ``"max"`` (default) or ``"min"``.
+        seed: ONLY for tests (breaks the guarantee).
+        progress: show the elapsed time while running (never a count or a score).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
 
     Example:
         >>> from privguard import Ledger, mechanisms as M
@@ -117,29 +150,38 @@ class DPHyPOSearch(Tuner):
         if not space.is_finite:
             raise InvalidArgumentError("space", space, "DP-HyPO works on a finite grid of candidates")
         self.space, self.runs = space, runs
-        self.cost_of = check_cost(cost, space)
         self.mode = check_mode(mode)
-        self.seed, self.progress = seed, progress
-        DPHyPO(RDPCurve([2.0], [0.0]), runs, C, c)  # validates c <= 1 <= C
-        self.C, self.c = float(C), float(c)
+        self.seed = check_seed(seed)
+        self.progress = check_flag("progress", progress)
+        big, small = check._as_float("C", C), check._as_float("c", c)
+        DPHyPO(RDPCurve([2.0], [0.0]), runs, big, small)  # validates c <= 1 <= C
+        self.C, self.c = big, small
+        self.costs = CandidateCosts(cost, space)
+        self.cost_of = cost
         self.candidates = space.candidates()
-        self.coords = ordinal_coordinates(self.candidates)
+        self.coords = ordinal_coordinates(space)
         n = len(self.candidates)
         if prior is None:
             self.prior = np.full(n, 1.0 / n)
         else:
-            p = np.asarray(prior, dtype=float)
-            if p.shape != (n,) or np.any(p < 0) or not np.isclose(p.sum(), 1.0):
-                raise InvalidArgumentError("prior", prior, f"must be {n} non-negative weights summing to 1")
+            try:
+                p = np.array(prior, dtype=float)
+            except (TypeError, ValueError):
+                p = np.full(1, np.nan)
+            if (p.shape != (n,) or not np.all(np.isfinite(p)) or np.any(p < 0)
+                    or not np.isclose(p.sum(), 1.0)):
+                raise InvalidArgumentError("prior", prior,
+                                           f"must be {n} non-negative weights summing to 1")
             self.prior = p
-        if update == "gp":
+        if isinstance(update, str) and update == "gp":
+            require("sklearn.gaussian_process", "gp")  # before anything is charged
             update = GPUpdate()
-        if not callable(update):
+        if isinstance(update, str) or not callable(update):
             raise InvalidArgumentError("update", update, "must be 'gp' or callable(history, coords)")
         self.update = update
 
     def _per_candidate_curve(self, orders: np.ndarray) -> np.ndarray:
-        return uniform_bound(self.cost_of, self.space, orders)
+        return self.costs.bound(orders)
 
     def _expected_runs(self) -> float:
         return self.runs.mean
@@ -150,45 +192,80 @@ class DPHyPOSearch(Tuner):
                       self.C, self.c)
 
     def density(self, history: History) -> np.ndarray:
-        """The projected sampling density after ``history`` (inside the tuner only)."""
-        raw = self.prior if not history else np.asarray(self.update(history, self.coords), float)
+        """The projected sampling density after ``history`` (public for inspection).
+
+        Raises:
+            InvalidArgumentError: the update rule's output is not one finite
+                weight per candidate.
+        """
+        if not history:
+            return project_density(self.prior, self.prior, self.C, self.c)
+        raw = np.asarray(self.update(history, self.coords), float)
         if raw.shape != self.prior.shape or not np.all(np.isfinite(raw)):
-            raise InvalidArgumentError("update(...)", raw, "must return one finite weight per candidate")
+            raise InvalidArgumentError("update(...)", raw,
+                                       "must return one finite weight per candidate")
         return project_density(raw / raw.sum() if raw.sum() > 0 else self.prior,
                                self.prior, self.C, self.c)
 
+    def _density_or_prior(self, history: History) -> np.ndarray:
+        """:meth:`density`, or the prior when the rule fails (inside a run: nothing is raised)."""
+        try:
+            return self.density(history)
+        except Exception:  # the fallback is part of the update rule
+            return self.prior
+
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
-            label: str = "DP-HyPO tuning", backend: Any = None) -> TuningResult:
-        """Charge Theorem 1's bound, run T adaptively sampled candidates, return the best.
+            label: str | None = "DP-HyPO tuning", backend: Any = None) -> TuningResult:
+        """Charge Theorem 1's bound, run T adaptively sampled candidates, release the winner.
 
         The adaptive part (densities, sampling) stays here at the driver;
-        each training run goes to ``backend`` ("serial", "ray" or an executor).
+        each training run goes to ``backend`` ("serial", "ray" or an
+        executor). Candidates that raise or score NaN/±inf/non-numbers are ⊥,
+        as in :meth:`RandomSearch.run`, and do not enter the history.
+
+        Raises:
+            InvalidArgumentError: a bad argument or an update rule that fails
+                on a one-run history; raised before the charge.
+            BudgetExhausted: the ledger refuses the bound; nothing ran.
+            KeyboardInterrupt: interrupted mid-run (a fresh one, carrying
+                nothing of the run); the bound stays charged.
+            TuningAborted: anything else escaped mid-run (cause withheld).
         """
         check_objective(objective)
+        check_ledger(ledger)
+        label = check_label(label)
         executor = resolve(backend)
-        mech = self._charge(ledger, label)
+        try:
+            self.density([(0, 0.0)])  # the rule must work on a data-independent history
+        except Exception as exc:
+            raise InvalidArgumentError(
+                "update", self.update,
+                f"fails on the one-run history [(0, 0.0)] ({type(exc).__name__})") from None
+        grid = ledger.orders
+        budgets = self.costs.budgets(grid)
+        mech = self.cost(grid)
+        mech._rdp_checked(grid)
+        prepare(executor, objective)
+        with Elapsed(label or "DP-HyPO tuning", self.progress):
+            self._charge(ledger, mech, label)
+            return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
+
+    def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],
+                executor: Any, mech: DPHyPO) -> TuningResult:
+        """Everything after the charge. T, the history and the best live only in this frame."""
         rng = make_rng(self.seed)
         t = self.runs.sample(rng)
         history: History = []
-        best, failed = None, 0
-        from tqdm.auto import tqdm
+        best = Best(self.mode)
+        for step in range(t):
+            pi = self._density_or_prior(history)
+            i = int(rng.choice(len(pi), p=pi / pi.sum()))
+            budget = budgets[0] if len(budgets) == 1 else budgets[i]
 
-        with tqdm(total=t, desc=label, unit="run", disable=not self.progress, leave=False) as bar:
-            for _ in range(t):
-                pi = self.density(history)
-                i = int(rng.choice(len(pi), p=pi / pi.sum()))
-                params = self.candidates[i]
-                budget = declared_curve(self.cost_of, params, ledger.orders) * (1 + SLACK)
-                [(status, score, artifact, _)] = executor.map(
-                    [(objective, params, ledger.orders, budget)])
-                if status != "ok":
-                    failed += 1
-                else:
-                    history.append((i, score))
-                    if self._better(score, None if best is None else best[0]):
-                        best = (score, params, artifact)
-                bar.update(1)
-        seeded = self.seed is not None
-        if best is None:
-            return TuningResult(False, None, None, None, t, failed, mech, seeded)
-        return TuningResult(True, dict(best[1]), best[0], best[2], t, failed, mech, seeded)
+            def reduce(_: int, params: dict, outcome: Any, step: int = step, i: int = i) -> None:
+                if is_outcome(outcome):  # ⊥ neither enters the history nor wins
+                    history.append((i, outcome[0]))
+                    best.offer(step, params, outcome)
+
+            executor.run([(objective, self.candidates[i], grid, budget)], reduce)
+        return best.result(mech, self.seed is not None)

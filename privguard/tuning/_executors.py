@@ -1,61 +1,86 @@
 """Where tuning candidates run: in this process, or on Ray (privguard.integrations.ray).
 
-A tuner draws K and every candidate's hyperparameters at the driver, then
-hands the executor one task per candidate. Each task builds its own strict
-child ledger from the grid and the declared budget, runs the objective under
-it, and returns (status, score, artifact, spent); ``status`` is "ok" or
-"failed" (the child refused a charge, or the worker died). Only the tuner
-sees the outcomes, and it keeps only the best.
+A tuner draws K and every candidate's hyperparameters at the driver and
+hands the executor a stream of tasks, one per candidate. Each task builds
+its own strict child ledger from the grid and the declared budget, runs the
+objective under it, and yields an outcome: ``(score, artifact)``, or
+``None`` for ⊥ (the objective raised, its child refused a charge, its score
+is not a finite real number, or the worker died). The executor streams each
+outcome to the tuner's reducer as soon as it exists and keeps none of them:
+only the reducer's current best survives.
+
+The executor protocol (duck-typed; see :class:`SerialExecutor`):
+
+* ``prepare(objective)``: everything that can fail for a reason other than
+  a candidate (starting Ray, shipping the objective), called BEFORE the
+  tuning bound is charged; raises :class:`privguard.InvalidArgumentError`.
+* ``run(tasks, reduce)``: runs every task of the iterable ``tasks`` and
+  calls ``reduce(index, params, outcome)`` once per task, ``index`` being
+  the task's position in ``tasks``. It must not raise for a candidate's
+  failure, and must not keep outcomes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
-from privguard._errors import BudgetExhausted
+from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
-from privguard.tuning._base import unpack
+from privguard.tuning._base import accept
 
 Task = tuple  # (objective, params, orders, budget)
-Outcome = tuple  # (status, score, artifact, spent)
+Outcome = Any  # (score: float, artifact) or None (⊥)
+Reduce = Callable[[int, dict, Outcome], Any]
 
 
 def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget: np.ndarray
                   ) -> Outcome:
-    """Run one candidate under a strict child ledger (the same code on every executor)."""
+    """Run one candidate under a strict child ledger (the same code on every executor).
+
+    Returns ``(score, artifact)`` or None (⊥). Every ``Exception`` the
+    objective raises — a refusal of its child ledger included — is ⊥ and is
+    dropped here, with its message and traceback. A ``BaseException``
+    (``KeyboardInterrupt``, ``SystemExit``) is not a candidate's output: it
+    propagates, and the tuner replaces it (:func:`privguard.tuning._base.sealed`).
+    """
     child = Ledger(orders=orders, rdp_budget=budget)
     try:
-        score, artifact = unpack(objective(dict(params), child))
-    except BudgetExhausted:
-        return ("failed", None, None, child.spent)
-    return ("ok", score, artifact, child.spent)
+        return accept(objective(dict(params), child))
+    except Exception:  # by design: a failed candidate is ⊥
+        return None
 
 
 class SerialExecutor:
     """Runs candidates one after the other in this process (the default)."""
 
-    def map(self, tasks: Sequence[Task], on_done: Callable[[], None] = lambda: None
-            ) -> list[Outcome]:
-        out = []
-        for task in tasks:
-            out.append(run_candidate(*task))
-            on_done()
-        return out
+    def prepare(self, objective: Callable) -> None:
+        """Nothing to prepare in this process."""
+
+    def run(self, tasks: Iterable[Task], reduce: Reduce) -> None:
+        """Run each task and hand its outcome to ``reduce``; keep nothing."""
+        for index, task in enumerate(tasks):
+            reduce(index, task[1], run_candidate(*task))
 
 
 def resolve(backend: Any):
     """``None``/"serial" → SerialExecutor; "ray" → a local RayExecutor; or an executor object."""
-    if backend is None or backend == "serial":
+    if backend is None or (isinstance(backend, str) and backend == "serial"):
         return SerialExecutor()
-    if backend == "ray":
+    if isinstance(backend, str) and backend == "ray":
         from privguard.integrations.ray import RayExecutor
 
         return RayExecutor()
-    if hasattr(backend, "map"):
+    if not isinstance(backend, str) and callable(getattr(backend, "run", None)):
         return backend
-    from privguard._errors import InvalidArgumentError
+    raise InvalidArgumentError("backend", backend,
+                               "must be 'serial', 'ray' or an executor with run(tasks, reduce)")
 
-    raise InvalidArgumentError("backend", backend, "must be 'serial', 'ray' or an executor")
+
+def prepare(executor: Any, objective: Callable) -> None:
+    """Call the executor's ``prepare`` (if it has one) before the charge."""
+    hook = getattr(executor, "prepare", None)
+    if callable(hook):
+        hook(objective)

@@ -15,7 +15,30 @@ number of rounds depends on the data, so each round is charged to the
 ledger as a pure ε₀-DP mechanism just before it runs; the ledger's filter
 refuses a round that would overspend and its odometer bounds any number of
 rounds. A refused round stops the tuner, which returns the best candidate
-recorded so far. Only the selected hyperparameters are released.
+recorded so far.
+
+What a run releases, and why each part is covered. Each round's output is
+AboveThreshold's: the index of the first candidate whose noisy utility
+clears the noisy threshold, or "none"; that is what each ε₀ charge pays for.
+The ledger covers the whole transcript of round outputs by adaptive
+composition (its filter refuses a round that would overspend, its odometer
+bounds any number of rounds). Everything in :class:`ProposeTestResult` is a
+function of that transcript, hence post-processing:
+
+* ``params``: the candidate of the last recorded round;
+* ``rounds``: the transcript's length — every round is charged before its
+  noise is drawn, so ``rounds`` equals the number of charges;
+* ``utility_level`` u: u₀ plus step·g at each recorded round, where the step
+  starts at 1, doubles after a record and halves after a miss — a
+  deterministic function of the transcript;
+* ``stopped_by_refusal``: whether the ledger refused the next round, a
+  function of the ledger's journal, which holds only data-independent
+  mechanisms (PureDP(ε₀) once per round, and what else was charged to it).
+
+The utilities themselves are never released by :meth:`ProposeTest.run`. A
+partition on which the objective raises, or returns NaN or a non-number,
+counts as accuracy 0 (⊥; also ±inf): still a function of that partition alone, in
+[0, 1], so the sensitivity stays 1/k; nothing about it is raised or logged.
 """
 
 from __future__ import annotations
@@ -31,20 +54,30 @@ from privguard import _validation as check
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._mechanisms import PureDP
-from privguard.tuning._base import check_objective, make_rng
+from privguard.tuning._base import (
+    as_score,
+    check_flag,
+    check_label,
+    check_ledger,
+    check_objective,
+    check_seed,
+    make_rng,
+    sealed,
+)
 from privguard.tuning._space import SearchSpace
 
 
 @dataclasses.dataclass(frozen=True)
 class ProposeTestResult:
-    """What propose-test tuning releases.
+    """Everything propose-test tuning releases; each field is a function of the
+    transcript of round outputs, which the ledger accounted round by round.
 
     Attributes:
         selected: False if no candidate was ever recorded.
         params: the last recorded candidate's hyperparameters.
-        rounds: rounds run (each charged as PureDP(ε₀)).
+        rounds: rounds run, equal to the number of PureDP(ε₀) charges.
         stopped_by_refusal: True if the ledger refused a round.
-        utility_level: the accumulated threshold u (a function of the outputs).
+        utility_level: the accumulated threshold u: u₀ plus step·g per record.
         seeded: True if the noise came from a fixed seed (tests only).
     """
 
@@ -91,6 +124,10 @@ class ProposeTest:
         if isinstance(candidates, (SearchSpace, Mapping)):
             space = candidates if isinstance(candidates, SearchSpace) else SearchSpace(candidates)
             candidates = space.candidates()
+        if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence) or any(
+                not isinstance(c, Mapping) for c in candidates):
+            raise InvalidArgumentError("candidates", candidates,
+                                       "must be a search space or a list of hyperparameter dicts")
         self.candidates = [dict(c) for c in candidates]
         if not self.candidates:
             raise InvalidArgumentError("candidates", candidates, "need at least one candidate")
@@ -101,8 +138,8 @@ class ProposeTest:
         if u0 >= 1:
             raise InvalidArgumentError("lower_bound", lower_bound, "must lie in [0, 1)")
         self.u0 = u0
-        self.seed = seed
-        self.progress = progress
+        self.seed = check_seed(seed)
+        self.progress = check_flag("progress", progress)
 
     @property
     def threshold_scale(self) -> float:
@@ -123,8 +160,10 @@ class ProposeTest:
         """Subsample-and-aggregate utilities, one per candidate (sensitivity 1/k).
 
         ``objective(params, indices)`` trains on the training examples at
-        ``indices`` and returns a validation accuracy in [0, 1].
+        ``indices`` and returns a validation accuracy in [0, 1]. These
+        utilities are NOT private: :meth:`run` never releases them.
         """
+        check_objective(objective)
         n = check.positive_int("n_examples", n_examples)
         rng = make_rng(self.seed) if rng is None else rng
         return self.aggregate(objective, partitions(n, self.k, rng))
@@ -135,34 +174,48 @@ class ProposeTest:
 
         With the assignment of the other examples held fixed (the coupling
         in the sensitivity argument), adding or removing one example changes
-        one partition, so each utility moves by at most 1/k.
+        one partition, so each utility moves by at most 1/k. A partition on
+        which the objective raises or returns NaN, ±inf or a non-number
+        counts as accuracy 0.
+
+        Raises:
+            InvalidArgumentError: ``objective`` returned a number outside
+                [0, 1] (e.g. a percentage); the value is withheld.
         """
         check_objective(objective)
+        if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence):
+            raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
             raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
-        out = np.empty(len(self.candidates))
-        for s, params in enumerate(self.candidates):
-            accs = []
-            for part in parts:
-                acc = float(objective(dict(params), np.asarray(part)))
-                if not 0.0 <= acc <= 1.0:
-                    raise InvalidArgumentError("objective(...)", acc,
-                                               "must be an accuracy in [0, 1] (sensitivity)")
-                accs.append(acc)
-            out[s] = sum(accs) / self.k
+        out = _collect(objective, self.candidates, parts, self.k)
+        if out is None:
+            raise _out_of_range(objective)
         return out
 
-    def select(self, utilities: Sequence[float], ledger: Ledger,
-               rng: np.random.Generator | None = None, label: str = "propose-test round"
+    def select(self, utilities: Sequence[float] | np.ndarray, ledger: Ledger,
+               rng: np.random.Generator | None = None, label: str | None = "propose-test round"
                ) -> ProposeTestResult:
-        """The propose-test loop on precomputed utilities, charging each round to ``ledger``."""
-        u_s = np.asarray(utilities, dtype=float)
-        if u_s.shape != (len(self.candidates),) or np.any((u_s < 0) | (u_s > 1)):
+        """The propose-test loop on precomputed utilities, charging each round to ``ledger``.
+
+        Raises:
+            InvalidArgumentError: a bad argument (before any round is charged).
+        """
+        try:
+            u_s = np.array(utilities, dtype=float)
+        except (TypeError, ValueError):
+            u_s = np.full(1, np.nan)
+        if (u_s.shape != (len(self.candidates),) or not np.all(np.isfinite(u_s))
+                or np.any((u_s < 0) | (u_s > 1))):
             raise InvalidArgumentError("utilities", utilities,
                                        f"need {len(self.candidates)} values in [0, 1]")
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-        rng = make_rng(self.seed) if rng is None else rng
+        check_ledger(ledger)
+        label = check_label(label)
+        if rng is not None and not callable(getattr(rng, "laplace", None)):
+            raise InvalidArgumentError("rng", rng, "must be None or a numpy Generator")
+        return self._loop(u_s, ledger, make_rng(self.seed) if rng is None else rng, label)
+
+    def _loop(self, u_s: np.ndarray, ledger: Ledger, rng: Any, label: str | None
+              ) -> ProposeTestResult:
         mech = self.round_mechanism()
         u, step, chosen, rounds, refused = self.u0, 1, None, 0, False
         from tqdm.auto import tqdm
@@ -181,22 +234,55 @@ class ProposeTest:
                     if u_s[s] + rng.laplace(0.0, self.candidate_scale) >= proposal:
                         hit = s
                         break
-                if hit is not None:
+                if hit is not None:  # the round's output: hit (or none)
                     chosen = hit
                     u += step * self.g
                     step *= 2
                 else:
                     step //= 2
-                bar.update(1)
+                bar.update(1)  # rounds are released: a function of the transcript
         params = None if chosen is None else dict(self.candidates[chosen])
         return ProposeTestResult(chosen is not None, params, rounds, refused, u,
                                  self.seed is not None)
 
     def run(self, objective: Callable[[dict, np.ndarray], float], ledger: Ledger,
             n_examples: int) -> ProposeTestResult:
-        """Utilities by subsample-and-aggregate, then the charged propose-test loop."""
+        """Utilities by subsample-and-aggregate, then the charged propose-test loop.
+
+        Every argument is checked before the objective runs or anything is
+        charged. Only the :class:`ProposeTestResult` leaves this call: the
+        utilities and the partitions live in a frame that is dropped before
+        anything is raised (as in :meth:`RandomSearch.run`).
+
+        Raises:
+            InvalidArgumentError: a bad argument, or an accuracy outside
+                [0, 1] (its value withheld); nothing was charged.
+            LedgerStateError: the ledger is unusable; the objective did not run.
+            KeyboardInterrupt: interrupted (a fresh one, carrying nothing of
+                the run); rounds already charged stay charged.
+            TuningAborted: anything else escaped (cause withheld), e.g. the
+                ledger failing mid-loop; rounds already charged stay charged.
+        """
+        check_objective(objective)
+        check_ledger(ledger)
+        n = check.positive_int("n_examples", n_examples)
+        # an unusable ledger raises here (LedgerStateError), before the objective runs;
+        # one without room for a single round ends the run before it touches the data
+        if not ledger.can_afford(self.round_mechanism()):
+            return ProposeTestResult(False, None, 0, True, self.u0, self.seed is not None)
         rng = make_rng(self.seed)
-        return self.select(self.utilities(objective, n_examples, rng), ledger, rng)
+        result = sealed(lambda: self._run(objective, ledger, n, rng))
+        if result is None:
+            raise _out_of_range(objective)
+        return result
+
+    def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
+             ) -> ProposeTestResult | None:
+        """Everything that touches the data; None if an accuracy was out of range (no charge)."""
+        u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
+        if u_s is None:
+            return None
+        return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:
         """Rounds never exceed 2⌈(1 − u₀)/g⌉ + 1.
@@ -214,3 +300,36 @@ class ProposeTest:
         d = check.delta("delta", delta)
         t, e = self.worst_case_rounds(), self.epsilon0
         return math.sqrt(2 * t * math.log(1 / d)) * e + t * e * math.expm1(e)
+
+
+def _collect(objective: Callable, candidates: list[dict], parts: Sequence[np.ndarray],
+             k: int) -> np.ndarray | None:
+    """Mean accuracy per candidate over ``parts``; None if some accuracy is outside [0, 1]."""
+    out = np.empty(len(candidates))
+    for s, params in enumerate(candidates):
+        total = 0.0
+        for part in parts:
+            acc = _accuracy(objective, params, part)
+            if acc is None:
+                return None
+            total += acc
+        out[s] = total / k
+    return out
+
+
+def _out_of_range(objective: Callable) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        "objective", objective, "returned an accuracy outside [0, 1] (its value and candidate "
+        "are withheld); utilities must be accuracies for sensitivity 1/k")
+
+
+def _accuracy(objective: Callable, params: dict, part: Any) -> float | None:
+    """One partition's accuracy; 0.0 for ⊥ (raised, NaN, ±inf, non-number); None if
+    it is a finite number outside [0, 1]."""
+    try:
+        value = as_score(objective(dict(params), np.asarray(part)))
+    except Exception:  # a failed partition is ⊥
+        return 0.0
+    if value is None:
+        return 0.0
+    return value if 0.0 <= value <= 1.0 else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,22 +16,34 @@ from privguard._orders import DEFAULT_ORDERS
 from privguard._repeat_select import RepeatAndSelect
 from privguard._runs import Poisson, RunsDistribution, TruncatedNegativeBinomial
 from privguard.tuning._base import (
-    SLACK,
+    Best,
+    CandidateCosts,
+    Elapsed,
     Tuner,
     TuningResult,
-    check_cost,
+    check_flag,
+    check_label,
+    check_ledger,
     check_mode,
     check_objective,
-    declared_curve,
+    check_seed,
     make_rng,
-    uniform_bound,
+    sealed,
 )
-from privguard.tuning._executors import resolve
+from privguard.tuning._executors import Task, prepare, resolve
 from privguard.tuning._space import SearchSpace
+
+
+def check_space(space: Any) -> SearchSpace:
+    return space if isinstance(space, SearchSpace) else SearchSpace(space)
 
 
 class RandomSearch(Tuner):
     """Draw K ~ ``runs`` candidates at random from ``space``; release only the best.
+
+    A run releases the winner — its hyperparameters, score and artifact — or
+    that there is none, and nothing else (not K, not failures; see
+    :class:`TuningResult`).
 
     Args:
         space: a :class:`SearchSpace` or a ``{name: values}`` mapping.
@@ -40,11 +52,15 @@ class RandomSearch(Tuner):
         cost: the privacy cost of ONE candidate — training and scoring — as a
             mechanism, or a function ``params -> mechanism`` (then ``space``
             must be finite, so the uniform bound can be the order-wise maximum
-            over every candidate that can be drawn; seed 000 Lemma 9).
+            over every candidate that can be drawn; seed 000 Lemma 9). The
+            function is called for every candidate here.
         mode: ``"max"`` (default) or ``"min"``: which score is best.
         seed: ONLY for tests: makes K and the draws predictable, which breaks
             the guarantee. Default: OS entropy.
-        progress: show a progress bar (counts only, never a score).
+        progress: show the elapsed time while running (never a count or a score).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
 
     Example:
         >>> from privguard import Ledger, mechanisms as M
@@ -58,27 +74,27 @@ class RandomSearch(Tuner):
         >>> result = tuner.run(objective, ledger)
         >>> len(ledger.history)                     # one charge: the whole tuning bound
         1
+        >>> sorted(vars(result))                    # the winner (if any), nothing else
+        ['artifact', 'cost', 'params', 'score', 'seeded', 'selected']
     """
 
     def __init__(self, space: SearchSpace | Mapping[str, Any], runs: RunsDistribution, *,
                  cost: Mechanism | Callable[[dict], Mechanism], mode: str = "max",
                  seed: int | None = None, progress: bool = True) -> None:
-        self.space = space if isinstance(space, SearchSpace) else SearchSpace(space)
+        self.space = check_space(space)
         if not isinstance(runs, (Poisson, TruncatedNegativeBinomial)):
             raise InvalidArgumentError("runs", runs,
                                        "must be Poisson(...) or TruncatedNegativeBinomial(...)")
         self.runs = runs
-        self.cost_of = check_cost(cost, self.space)
         self.mode = check_mode(mode)
-        self.seed = seed
-        self.progress = progress
+        self.seed = check_seed(seed)
+        self.progress = check_flag("progress", progress)
+        self.costs = CandidateCosts(cost, self.space)
+        self.cost_of = cost
 
     # -- privacy -----------------------------------------------------------
-    def _declared(self, params: dict, grid: np.ndarray) -> np.ndarray:
-        return declared_curve(self.cost_of, params, grid)
-
     def _per_candidate_curve(self, orders: np.ndarray) -> np.ndarray:
-        return uniform_bound(self.cost_of, self.space, orders)
+        return self.costs.bound(orders)
 
     def cost(self, orders=None) -> RepeatAndSelect:
         """``RepeatAndSelect(per-candidate bound, runs)`` on ``orders`` (default grid)."""
@@ -90,46 +106,57 @@ class RandomSearch(Tuner):
 
     # -- running -----------------------------------------------------------
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
-            label: str = "tuning", backend: Any = None) -> TuningResult:
-        """Charge the tuning bound, run K candidates, return only the best.
+            label: str | None = "tuning", backend: Any = None) -> TuningResult:
+        """Charge the tuning bound, run K candidates, release only the winner.
 
         ``objective(params, child_ledger)`` trains and scores one candidate,
         charging its private work to ``child_ledger`` (e.g. through
         :func:`privguard.integrations.opacus.attach`); it returns a score,
         ``(score, artifact)`` or ``{"score": ..., "artifact": ...}``. A
-        candidate whose child ledger refuses a charge is counted as failed.
-        ``backend``: ``"serial"`` (default), ``"ray"`` or a
-        :class:`privguard.integrations.ray.RayExecutor`; K and every
-        candidate's hyperparameters are drawn here either way, so a seeded
-        run selects the same candidate on every backend.
+        candidate that raises (its child ledger refusing a charge included)
+        or whose score is not a finite real number is ⊥: never selected, and
+        nothing about it is released. ``backend``: ``"serial"`` (default),
+        ``"ray"`` or a :class:`privguard.integrations.ray.RayExecutor`; K
+        and every candidate's hyperparameters are drawn here either way, and
+        ties go to the earlier draw, so a seeded run selects the same
+        candidate on every backend.
 
         Raises:
+            InvalidArgumentError: a bad argument; raised before the charge.
             BudgetExhausted: the ledger refuses the tuning bound; nothing ran.
+            KeyboardInterrupt: interrupted mid-run (a fresh one, carrying
+                nothing of the run); the bound stays charged.
+            TuningAborted: anything else escaped mid-run (cause withheld);
+                the bound stays charged.
         """
         check_objective(objective)
+        check_ledger(ledger)
+        label = check_label(label)
         executor = resolve(backend)
-        mech = self._charge(ledger, label)
+        grid = ledger.orders
+        budgets = self.costs.budgets(grid)
+        mech = self.cost(grid)
+        mech._rdp_checked(grid)  # the bound's curve, computed before the charge
+        prepare(executor, objective)
+        with Elapsed(label or "tuning", self.progress):
+            self._charge(ledger, mech, label)
+            return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
+
+    def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],
+                executor: Any, mech: Mechanism) -> TuningResult:
+        """Everything after the charge. K, the draws and the best live only in this frame."""
         rng = make_rng(self.seed)
         k = self.runs.sample(rng)
-        drawn = [self.space.sample(rng) for _ in range(k)]
-        tasks = [(objective, params, ledger.orders,
-                  self._declared(params, ledger.orders) * (1 + SLACK)) for params in drawn]
-        from tqdm.auto import tqdm
 
-        with tqdm(total=k, desc=label, unit="run", disable=not self.progress, leave=False) as bar:
-            outcomes = executor.map(tasks, lambda: bar.update(1))
-        best, failed = None, 0  # only the best so far is kept; nothing else
-        for params, (status, score, artifact, _spent) in zip(drawn, outcomes):
-            if status != "ok":
-                failed += 1
-            elif self._better(score, None if best is None else best[0]):
-                best = (score, params, artifact)
-        del outcomes, tasks
-        if best is None:
-            return TuningResult(False, None, None, None, k, failed, mech, self.seed is not None)
-        return TuningResult(True, dict(best[1]), best[0], best[2], k, failed, mech,
-                            self.seed is not None)
+        def tasks() -> Iterator[Task]:
+            for _ in range(k):
+                index, params = self.space.draw(rng)
+                budget = budgets[0] if index is None or len(budgets) == 1 else budgets[index]
+                yield (objective, params, grid, budget)
+
+        best = Best(self.mode)
+        executor.run(tasks(), best.offer)
+        return best.result(mech, self.seed is not None)
 
     def __repr__(self) -> str:
         return f"RandomSearch({self.space}, runs={self.runs}, mode={self.mode!r})"
-

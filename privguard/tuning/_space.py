@@ -21,13 +21,22 @@ class Choice:
     values: tuple
 
     def __init__(self, values) -> None:
-        vals = tuple(values)
+        if isinstance(values, (str, bytes)):
+            raise InvalidArgumentError("values", values, "must be a list or tuple of values")
+        try:
+            vals = tuple(values)
+        except TypeError:
+            raise InvalidArgumentError("values", values, "must be a list or tuple of values") from None
         if not vals:
             raise InvalidArgumentError("values", values, "a choice needs at least one value")
         object.__setattr__(self, "values", vals)
 
     def sample(self, rng: np.random.Generator) -> Any:
-        return self.values[int(rng.integers(len(self.values)))]
+        return self.values[self.position(rng)]
+
+    def position(self, rng: np.random.Generator) -> int:
+        """The position of a uniformly drawn value (what :meth:`sample` draws)."""
+        return int(rng.integers(len(self.values)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +47,8 @@ class UniformFloat:
     high: float
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+        low, high = check._as_float("low", self.low), check._as_float("high", self.high)
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise InvalidArgumentError("low, high", (self.low, self.high), "need finite low < high")
 
     def sample(self, rng: np.random.Generator) -> float:
@@ -70,7 +80,9 @@ class IntUniform:
     high: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.low, int) and isinstance(self.high, int) and self.low <= self.high):
+        if not (isinstance(self.low, int) and isinstance(self.high, int)
+                and not isinstance(self.low, bool) and not isinstance(self.high, bool)
+                and self.low <= self.high):
             raise InvalidArgumentError("low, high", (self.low, self.high), "need integers low <= high")
 
     def sample(self, rng: np.random.Generator) -> int:
@@ -119,6 +131,19 @@ class SearchSpace:
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         return {name: dim.sample(rng) for name, dim in self.dimensions.items()}
+
+    def draw(self, rng: np.random.Generator) -> tuple[int | None, dict[str, Any]]:
+        """Like :meth:`sample` (the same draws from ``rng``), also returning the
+        candidate's position in :meth:`candidates` when the space is finite."""
+        if not self.is_finite:
+            return None, self.sample(rng)
+        index, params = 0, {}
+        for name, dim in self.dimensions.items():
+            assert isinstance(dim, Choice)
+            pos = dim.position(rng)
+            index = index * len(dim.values) + pos  # itertools.product order
+            params[name] = dim.values[pos]
+        return index, params
 
     def __repr__(self) -> str:
         return f"SearchSpace({self.dimensions})"

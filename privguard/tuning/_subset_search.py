@@ -16,6 +16,7 @@ curve the plan assumed.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +30,15 @@ from privguard._ledger import Ledger
 from privguard._orders import DEFAULT_ORDERS
 from privguard._subset import SubsetTuning
 from privguard.tuning._base import (
+    CandidateCosts,
     TuningPlan,
     TuningResult,
-    check_cost,
+    check_label,
+    check_ledger,
+    check_objective,
+    check_seed,
     make_rng,
-    uniform_bound,
+    sealed,
 )
 from privguard.tuning._random_search import RandomSearch
 
@@ -60,17 +65,28 @@ def paper_extrapolation(optimizer: str = "sgd", lr_key: str = "lr") -> Callable[
 
 @dataclasses.dataclass(frozen=True)
 class SubsetResult:
-    """What subset tuning releases: the final hyperparameters and the final model.
+    """Everything subset tuning releases: the winner on X₁ and the final model.
 
-    ``tuned_params`` are the hyperparameters selected on the subset,
-    ``params`` after extrapolation; ``runs`` is K (data-independent).
+    Not released, on purpose: K, how many candidates failed, the subset X₁
+    and its size (see :class:`TuningResult`).
+
+    Attributes:
+        selected: False if no candidate on the subset produced a result
+            (then no final model is trained).
+        params: the final hyperparameters (``tuned_params`` after extrapolation).
+        tuned_params: the hyperparameters selected on the subset.
+        artifact: what ``final_objective`` returned (None if it failed).
+        trained: True if the final training returned; False if it raised
+            (⊥: its exception is dropped, as a candidate's is) or did not run.
+        cost: the whole plan charged to the ledger.
+        seeded: True if the subset, K or the draws came from a fixed seed.
     """
 
     selected: bool
     params: dict | None
     tuned_params: dict | None
     artifact: Any
-    runs: int
+    trained: bool
     cost: Mechanism
     seeded: bool
 
@@ -81,15 +97,20 @@ class SubsetSearch:
     Args:
         tuner: a :class:`RandomSearch` (Poisson runs by default in the paper)
             whose ``cost`` describes ONE candidate on the subset.
-        q: the rate of the Poisson subsample X₁.
+        q: the rate of the Poisson subsample X₁, in (0, 1).
         final_cost: the final training's mechanism, or ``params -> mechanism``
             (the plan then uses the order-wise maximum over the candidates).
             The extrapolation must not change it (the default rule only
             scales the learning rate); the final child ledger enforces it.
         variant: 1 (final model on X ∖ X₁) or 2 (on X).
         extrapolate: ``(params, scale) -> params``; default
-            :func:`paper_extrapolation` ("sgd").
+            :func:`paper_extrapolation` ("sgd"). It must be a function of
+            its arguments only; it is tried on every candidate of a finite
+            space (one draw of an infinite one) before anything is charged.
         seed: ONLY for tests (a predictable subset breaks the guarantee).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
 
     Example:
         >>> from privguard import Ledger, mechanisms as M
@@ -110,12 +131,33 @@ class SubsetSearch:
         self.q = check.fraction("q", q)
         if self.q == 1.0:
             raise InvalidArgumentError("q", q, "must be < 1 (a subset)")
-        if variant not in (1, 2):
+        if (isinstance(variant, bool) or not isinstance(variant, numbers.Integral)
+                or variant not in (1, 2)):
             raise InvalidArgumentError("variant", variant, "must be 1 or 2")
-        self.variant = variant
-        self.final_cost = check_cost(final_cost, tuner.space, "final_cost")
+        self.variant = int(variant)
+        self.final_costs = CandidateCosts(final_cost, tuner.space, "final_cost")
+        self.final_cost = final_cost
+        if extrapolate is not None and not callable(extrapolate):
+            raise InvalidArgumentError("extrapolate", extrapolate,
+                                       "must be None or callable(params, scale) -> params")
         self.extrapolate = extrapolate or paper_extrapolation("sgd")
-        self.seed = seed
+        self.seed = check_seed(seed)
+        self._check_extrapolation()
+
+    def _check_extrapolation(self) -> None:
+        space = self.tuner.space
+        probes = space.candidates() if space.is_finite else [space.sample(np.random.default_rng(0))]
+        for params in probes:
+            try:
+                out = self.extrapolate(dict(params), self.scale)
+            except Exception as exc:
+                raise InvalidArgumentError(
+                    "extrapolate", self.extrapolate,
+                    f"raised {type(exc).__name__} for {params!r}") from None
+            if not isinstance(out, dict):
+                raise InvalidArgumentError(
+                    "extrapolate", self.extrapolate,
+                    f"returned {out!r} for {params!r}, not a dict of hyperparameters")
 
     @property
     def scale(self) -> float:
@@ -125,7 +167,7 @@ class SubsetSearch:
     def cost(self, orders=None) -> SubsetTuning:
         """The whole plan as one mechanism (tuning on X₁ + final training)."""
         grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
-        final = uniform_bound(self.final_cost, self.tuner.space, grid, "final_cost")
+        final = self.final_costs.bound(grid)
         return SubsetTuning(self.tuner.cost(grid), RDPCurve._trusted(grid, final),
                             self.q, self.variant)
 
@@ -140,34 +182,55 @@ class SubsetSearch:
 
     def run(self, tune_objective: Callable[[dict, Ledger, np.ndarray], Any],
             final_objective: Callable[[dict, Ledger, np.ndarray, Any], Any], ledger: Ledger,
-            n_examples: int, *, label: str = "subset tuning") -> SubsetResult:
+            n_examples: int, *, label: str | None = "subset tuning") -> SubsetResult:
         """Charge the plan, tune on X₁, extrapolate, train the final model.
 
         ``tune_objective(params, child, subset_indices)`` trains and scores
-        one candidate on X₁; ``final_objective(params, child, indices,
-        tuned_artifact)`` trains the final model on the final indices (it may
-        start from the tuned artifact, Remark 8) and returns it.
+        one candidate on X₁ (⊥ rules as in :meth:`RandomSearch.run`);
+        ``final_objective(params, child, indices, tuned_artifact)`` trains
+        the final model on the final indices (it may start from the tuned
+        artifact, Remark 8) and returns it. If it raises, the result has
+        ``trained=False`` and no artifact, and its exception is dropped.
 
         Raises:
+            InvalidArgumentError: a bad argument; raised before the charge.
             BudgetExhausted: the ledger refuses the plan; nothing ran.
+            KeyboardInterrupt: interrupted mid-run (a fresh one, carrying
+                nothing of the run; the subset is not released either).
+            TuningAborted: anything else escaped mid-run (cause withheld).
         """
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        check_objective(tune_objective, "tune_objective")
+        check_objective(final_objective, "final_objective")
+        check_ledger(ledger)
         n = check.positive_int("n_examples", n_examples)
+        label = check_label(label)
+        inner_label = f"{label}: tuning on the subset"
         mech = self.cost(ledger.orders)
+        mech._rdp_checked(ledger.orders)
         ledger.charge(mech, label=label)  # the whole plan, before anything runs
+        return sealed(lambda: self._search(tune_objective, final_objective, ledger, n, mech,
+                                           inner_label))
+
+    def _search(self, tune_objective: Callable, final_objective: Callable, ledger: Ledger,
+                n: int, mech: SubsetTuning, inner_label: str) -> SubsetResult:
+        """Everything after the charge; the subset lives only in this frame."""
         rng = make_rng(self.seed)
         in_subset = rng.random(n) < self.q  # Poisson sampling with rate q
         subset = np.flatnonzero(in_subset)
         final_idx = np.flatnonzero(~in_subset) if self.variant == 1 else np.arange(n)
+        del in_subset
         tuning_ledger = ledger.child(mech.tuning)
         result: TuningResult = self.tuner.run(
-            lambda p, child: tune_objective(p, child, subset), tuning_ledger,
-            label=f"{label}: tuning on the subset")
+            lambda p, child: tune_objective(p, child, subset), tuning_ledger, label=inner_label)
         seeded = self.seed is not None or result.seeded
         if not result.selected:
-            return SubsetResult(False, None, None, None, result.runs, mech, seeded)
-        params = self.extrapolate(dict(result.params), self.scale)
+            return SubsetResult(False, None, None, None, False, mech, seeded)
+        params = self.extrapolate(dict(result.params or {}), self.scale)
         final_ledger = ledger.child(mech.final)
-        artifact = final_objective(params, final_ledger, final_idx, result.artifact)
-        return SubsetResult(True, params, dict(result.params), artifact, result.runs, mech, seeded)
+        try:
+            artifact, trained = final_objective(dict(params), final_ledger, final_idx,
+                                                result.artifact), True
+        except Exception:  # the final training's failure is its output ⊥
+            artifact, trained = None, False
+        return SubsetResult(True, params, dict(result.params or {}), artifact, trained, mech,
+                            seeded)
