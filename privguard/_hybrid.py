@@ -162,7 +162,7 @@ def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
     remove = ((1−q)N(0,σ²) + qN(1,σ²), N(0,σ²)), add = the swap
     (Zhu, Dong & Wang 2022, Thm 11 with the Gaussian pair).
     """
-    from dp_accounting.pld import privacy_loss_mechanism as plm  # type: ignore[import-untyped]
+    from dp_accounting.pld import privacy_loss_mechanism as plm
 
     deltas = []
     for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
@@ -181,7 +181,7 @@ def _one_step_pld(envelope: Envelope):
     Manurangsi 2022, Algorithm 1): the discrete pair dominates the true pair
     at every ε; the noise-tail mass beyond e^−50 is put at infinite loss.
     """
-    from dp_accounting.pld import privacy_loss_mechanism as plm  # type: ignore[import-untyped]
+    from dp_accounting.pld import privacy_loss_mechanism as plm
 
     interval = DISCRETISATION
     loss = plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
