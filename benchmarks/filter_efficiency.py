@@ -26,6 +26,7 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from privguard import DEFAULT_ORDERS, Concentrated, Ledger, Uniform
+from privguard import _hybrid as H
 from privguard import mechanisms as M
 from privguard._hybrid import HybridFilter, envelope_of
 
@@ -91,6 +92,26 @@ def hybrid_on_plan(step, eps: float, delta: float) -> tuple[HybridFilter, int, f
     return f, total, seconds
 
 
+def print_error_terms(f: HybridFilter, step, eps: float) -> None:
+    """The numbers behind T_A (docs/theory.md §2b, "Certifying T_A")."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    env, t = f.envelope, f.steps_a
+    composed = H._one_step_pld(env).self_compose(t, tail_mass_truncation=H.TAIL_MASS)
+    plain = float(composed.get_delta_for_epsilon(eps))
+    allowance = H.ROUNDOFF_FACTOR * H._negative_mass(composed)
+    finer = pld_lib.from_gaussian_mechanism(
+        env.noise_multiplier, sampling_prob=env.sample_rate,
+        value_discretization_interval=H.DISCRETISATION / 5).self_compose(t)
+    acc = PRVAccountant()
+    acc.history = [(env.noise_multiplier, env.sample_rate, t)]
+    print(f"  at T_A: PLD δ = {plain:.5e} (interval {H.DISCRETISATION:g}); "
+          f"{float(finer.get_delta_for_epsilon(eps)):.5e} (interval {H.DISCRETISATION / 5:g})")
+    print(f"          round-off allowance {allowance:.1e}; target δ_A(1 − {H.MARGIN:g}) = "
+          f"{f.delta_a * (1 - H.MARGIN):.5e}; PRV ε(T_A, δ_A) = {acc.get_epsilon(f.delta_a):.4f}"
+          " (an upper estimate, eps_error 0.01)")
+
+
 def main() -> None:
     eps, delta = 3.0, 1e-5
     cases = [(1.1, 256 / 60000), (1.0, 0.01)]
@@ -131,6 +152,7 @@ def main() -> None:
         for name, t in rows:
             print(f"  {name:50s} {t:6d}  {t / prv:6.1%} of PRV  {t / rdp:6.1%} of RDP")
         print(f"  (T_A computed in {seconds:.2f} s CPU at filter construction)")
+        print_error_terms(f, step, eps)
 
     print("\n3. The hybrid filter's split of δ: on plan (T_A) against the fallback alone")
     for sigma, q in cases:

@@ -489,6 +489,10 @@ class HybridFilter:
         if not isinstance(state, HybridState):
             raise LedgerStateError(f"not a hybrid filter state: {state!r}")
         self._check(state)
+        old = self._state
+        if state.a_count < old.a_count or (state.a_alive and not old.a_alive):
+            raise LedgerStateError(f"hybrid filter state cannot go from {old} to {state}: "
+                                   "part A's count never decreases and a closed A stays closed")
         self._state = state
 
     # ------------------------------------------------------------ reporting

@@ -364,9 +364,13 @@ def test_inflated_or_corrupt_state_fails_closed():
                 "nope"]:
         with pytest.raises(LedgerStateError):
             f.load_state(bad)
-    assert (f.a_count, f.a_alive) == (0, True)
+    assert (f.a_count, f.a_alive) == (0, True)  # nothing loaded
     with pytest.raises(LedgerStateError):
         f.apply(HybridState(f.steps_a + 1, True))
+    f.apply(HybridState(5, False))
+    for backwards in (HybridState(4, False), HybridState(5, True)):
+        with pytest.raises(LedgerStateError):
+            f.apply(backwards)
     unfixed = HybridFilter(EPS, DELTA, Envelope(1.0, 0.01), ORDERS, Concentrated())
     with pytest.raises(LedgerStateError):
         unfixed.decide(np.zeros(ORDERS.size), step, 1)
