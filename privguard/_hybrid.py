@@ -16,6 +16,13 @@ Issue 16, proof in docs/theory.md §2b. Pure accounting code: no I/O, no ledger.
 
 Then on every view either every admitted step was A-admissible or every one
 was B-admissible, and the interaction is (ε, δ_A + δ_B)-DP (theory §2b).
+
+Sources: PLD accounting by FFT (Koskela, Jälkö & Honkela 2020; Koskela et
+al. 2021) as implemented by dp-accounting with pessimistic connect-the-dots
+discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022);
+dominating pairs and their adaptive composition (Zhu, Dong & Wang 2022);
+f-DP / Gaussian DP closed forms used by the tests (Dong, Roth & Su 2022);
+part B's filter (Lécuyer 2021, Thm 1; docs/theory.md §2).
 """
 
 from __future__ import annotations
@@ -160,7 +167,7 @@ def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
 
     dp-accounting's closed-form hockey-stick of the subsampled Gaussian pair:
     remove = ((1−q)N(0,σ²) + qN(1,σ²), N(0,σ²)), add = the swap
-    (Zhu, Dong & Wang 2022, Thm 11 with the Gaussian pair).
+    (docs/theory.md §2b, Lemma 1; dp-accounting's GaussianPrivacyLoss).
     """
     from dp_accounting.pld import privacy_loss_mechanism as plm
 

@@ -161,3 +161,39 @@ def hockey_stick(L: np.ndarray, eps: float) -> tuple[float, float]:
     """E[(1 − e^(ε − L))₊] and a 4-standard-error tolerance (CLT)."""
     x = np.maximum(0.0, -np.expm1(eps - L))
     return float(x.mean()), 4.0 * float(x.std(ddof=1)) / math.sqrt(x.size)
+
+
+def report(n: int = 100_000) -> None:
+    """Print the statistic for the hybrid and three wrong variants against every adversary.
+
+    Run: python tests/_hybrid_mc.py  (the setting of tests/test_hybrid.py; docs/theory.md §2b)
+    """
+    from privguard import DEFAULT_ORDERS, Concentrated
+    from privguard import mechanisms as M
+    from privguard._hybrid import envelope_of
+
+    eps, delta, sigma0 = 2.0, 0.02, 10.0
+    step = M.Gaussian(sigma0)
+    f = HybridFilter(eps, delta, envelope_of(step), np.array(DEFAULT_ORDERS), Concentrated())
+    f.fix(step.rdp(DEFAULT_ORDERS))
+    cap, t = b_cap(f), f.steps_a
+    print(f"q0 = 1, σ0 = {sigma0}, ε = {eps}, δ = {delta}: T_A = {t}, "
+          f"B alone affords Σρ = {cap:.4f} = {cap * 2 * sigma0**2:.1f} envelope steps; {n} runs")
+    print("E[(1 - e^(ε-L))+] / δ  (± 4 standard errors)")
+    variants = {"hybrid": Variant(t, cap),
+                "C1 broken (no kill)": Variant(t, cap, kill=False),
+                "C2 broken (B late)": Variant(t, cap, charge_b_always=False),
+                "T_A + 15%": Variant(math.floor(1.15 * t), cap)}
+    print(f"{'adversary':22s}" + "".join(f"{name:>26s}" for name in variants))
+    for name, adversary in ADVERSARIES.items():
+        cells = []
+        for v in variants.values():
+            L = simulate(v, adversary, sigma0, n, seed=5, inside_only=name in ONLY_INSIDE)
+            hs, tol = hockey_stick(L, eps)
+            cells.append(f"{hs / delta:8.3f} ± {tol / delta:.3f}" + (" FAIL" if hs > delta + tol
+                                                                    else "     "))
+        print(f"{name:22s}" + "".join(f"{c:>26s}" for c in cells))
+
+
+if __name__ == "__main__":
+    report()
