@@ -428,3 +428,15 @@ def test_bad_charge_changes_nothing():
         with pytest.raises(InvalidArgumentError):
             f.decide(np.zeros(ORDERS.size), *bad)
     assert (f.a_count, f.a_alive) == (0, True)
+
+
+def test_dp_accounting_is_imported_only_when_T_A_is_computed():
+    import subprocess
+    import sys
+
+    probe = ("import sys, privguard._hybrid as H; a = 'dp_accounting' in sys.modules; "
+             "H.envelope_steps(H.Envelope(5.0, 1.0), 1.0, 0.01); "
+             "print(a, 'dp_accounting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
