@@ -262,8 +262,9 @@ def test_T_A_is_the_largest_certified_count(sigma, q):
     t = envelope_steps(env, EPS, 0.9 * DELTA)
     target = 0.9 * DELTA * (1 - H.MARGIN)
     assert certified_delta(env, EPS, t) <= target < certified_delta(env, EPS, t + 1)
-    # and below dp-accounting's non-adaptive count at the full δ
-    assert certified_delta(env, EPS, t) < DELTA
+    # within 2% below what the same PLD certifies non-adaptively at the full δ
+    full = envelope_steps(env, EPS, DELTA)
+    assert 0.98 * full <= t < full
 
 
 @pytest.mark.parametrize("steps", [1, 12, 95, 400])
