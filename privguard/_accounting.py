@@ -105,28 +105,65 @@ class Accounting:
 
     # -- choices fixed from the plan ---------------------------------------------
     def _make_filter(self, plan: Plan | None) -> Any:
+        """The filter the configuration asks for, fixed from ``plan`` when given.
+
+        ``filter="hybrid"`` needs a plan whose step has an envelope (a
+        subsampled or plain Gaussian) and a positive T_A; otherwise — a choice
+        made from the plan alone, before any output — it is the RDP filter at
+        the full δ (docs/theory.md §2b).
+        """
         cfg = self.config
         if cfg.filter is None:
             return None
         if cfg.filter == "strict":
             return StrictFilter(cfg.rdp_budget, self.orders)
-        if cfg.filter == "hybrid":
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+        flt: Any = None
+        if cfg.filter == "hybrid" and plan is not None and not self.retargeted:
             from privguard._hybrid import HybridFilter, envelope_of
 
-            assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
-            envelope = None if plan is None else envelope_of(plan.step)
-            flt: Any = HybridFilter(cfg.epsilon, cfg.delta, envelope, self.orders, cfg.shares)
-        else:
-            assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+            envelope = envelope_of(plan.step)
+            if envelope is not None:
+                flt = HybridFilter(cfg.epsilon, cfg.delta, envelope, self.orders, cfg.shares)
+                flt = flt if flt.steps_a > 0 else None
+        if flt is None:
             flt = DPFilter(cfg.epsilon, cfg.delta, cfg.shares, self.orders)
         if plan is not None:
             flt.fix(self.curve(plan.step))
         return flt
 
+    def _filter_record(self, flt: Any) -> dict[str, Any] | None:
+        if flt is None:
+            return None
+        if flt.kind == "hybrid":
+            return {"kind": "hybrid", "config": flt.config(), "weights": flt.weights.tolist()}
+        return {"kind": flt.kind, **flt.fixed()}
+
+    def _filter_from_record(self, record: dict[str, Any]) -> Any:
+        cfg = self.config
+        kind = record.get("kind", "dp")
+        if kind == "strict" or cfg.filter == "strict":
+            return StrictFilter(cfg.rdp_budget, self.orders)
+        if kind == "hybrid":
+            from privguard._hybrid import Envelope, HybridFilter
+
+            c = record["config"]
+            if (c["epsilon"], c["delta"]) != (cfg.epsilon, cfg.delta):
+                raise LedgerStateError("the recorded hybrid filter has another target")
+            flt: Any = HybridFilter(c["epsilon"], c["delta"], Envelope.from_dict(c["envelope"]),
+                                    self.orders, cfg.shares, delta_a=c["delta_a"],
+                                    steps_a=c["steps_a"], certify=False)
+            flt.load_state({"a_count": 0, "a_alive": True, "weights": record["weights"]})
+            return flt
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+        flt = DPFilter(cfg.epsilon, cfg.delta, cfg.shares, self.orders)
+        flt.load_fixed(record)
+        return flt
+
     def derive_fixed(self, plan: Plan, flt: Any = None) -> dict[str, Any]:
         """The record of what is fixed from ``plan`` (chosen before any output)."""
         flt = self._make_filter(plan) if flt is None else flt
-        return {"plan": plan.to_dict(), "filter": None if flt is None else flt.fixed(),
+        return {"plan": plan.to_dict(), "filter": self._filter_record(flt),
                 "odometer": self._odometer_fixed(plan)}
 
     def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:
@@ -152,8 +189,7 @@ class Accounting:
 
     def install_fixed(self, fixed: dict[str, Any], flt: Any = None) -> None:
         if flt is None and self.config.filter is not None:
-            flt = self._make_filter(None)
-            flt.load_fixed(fixed["filter"])
+            flt = self._filter_from_record(fixed["filter"])
         self.fixed, self.filter = fixed, flt
         self._odometers.clear()
 
@@ -257,8 +293,8 @@ class Accounting:
         self.config = config
         if self.fixed is not None:
             plan = Plan.from_dict(self.fixed["plan"])
-            flt = self._make_filter(plan)
-            self.fixed = {**self.fixed, "filter": None if flt is None else flt.fixed()}
+            flt = self._make_filter(plan)  # a retargeted hybrid is the RDP filter (fresh A: no)
+            self.fixed = {**self.fixed, "filter": self._filter_record(flt)}
             self.filter = flt
         self._odometers.clear()
 

@@ -43,10 +43,12 @@ from privguard._orders import DEFAULT_ORDERS
 from privguard._shares import DeltaShares, shares_from_dict
 from privguard.mechanisms import Gaussian, SubsampledGaussian
 
-#: Part A's default share of δ (issue 16 reference): on plan it admits ≥ 99% of
-#: Opacus' PRV steps in both benchmark settings, and δ_B = 0.1·δ costs the
-#: fallback only log(10)/(α−1) in the conversion (docs/theory.md §2b).
-DEFAULT_SHARE_A = 0.9
+#: Part A's default share of δ. A run on plan then admits at least what Opacus'
+#: PRV accountant calibrated it for, also for short runs with little noise
+#: (0.9 admits only 60 of 64 PRV-calibrated steps at q = 256/60000, ε = 3); the
+#: price is a fallback at δ_B = 0.01·δ for a run that leaves its envelope
+#: (docs/theory.md §2b, "Choosing δ_A").
+DEFAULT_SHARE_A = 0.99
 
 #: PLD loss discretisation interval (dp-accounting's default). Pessimistic
 #: connect-the-dots rounding makes δ larger, never smaller, so this only trades
@@ -398,7 +400,7 @@ class HybridFilter:
         >>> f = HybridFilter(3.0, 1e-5, envelope_of(step), np.array(DEFAULT_ORDERS), Concentrated())
         >>> f.fix(step.rdp(DEFAULT_ORDERS))
         >>> f.steps_a
-        2632
+        2662
         >>> ok, state = f.decide(step.rdp(DEFAULT_ORDERS), step, 1)
         >>> ok, state
         (True, HybridState(a_count=1, a_alive=True))
@@ -408,7 +410,7 @@ class HybridFilter:
 
     def __init__(self, epsilon: float, delta: float, envelope: Envelope, orders: Any,
                  shares: DeltaShares, *, delta_a: float | None = None,
-                 steps_a: int | None = None) -> None:
+                 steps_a: int | None = None, certify: bool = True) -> None:
         self.epsilon = check.positive_finite("epsilon", epsilon)
         self.delta = check.delta("delta", delta)
         if not isinstance(envelope, Envelope):
@@ -428,7 +430,10 @@ class HybridFilter:
         delta_b = self.delta - self.delta_a
         while delta_b + self.delta_a > self.delta:  # δ_A + δ_B ≤ δ in floating point
             delta_b = math.nextafter(delta_b, 0.0)
-        certified = envelope_steps(envelope, self.epsilon, self.delta_a)
+        # certify=False only for a T_A read back from a ledger's own (chained, possibly
+        # keyed) journal, where it was certified when fixed; privguard verify re-certifies.
+        certified = (envelope_steps(envelope, self.epsilon, self.delta_a)
+                     if certify or steps_a is None else int(steps_a))
         if steps_a is None:
             steps_a = certified
         else:

@@ -606,6 +606,7 @@ class SQLiteStore:
                 raise LedgerStateError(f"{self.path}: the journal does not replay to its head")
             if acc.config != current:
                 raise LedgerStateError(f"{self.path}: the stored configuration was edited")
+            _recertify(acc, self.path)
         seconds = time.perf_counter() - started
         return {"rows": len(rows), "runs": acc.journal.run_count,
                 "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
@@ -631,3 +632,14 @@ class SQLiteStore:
 
     def reference(self) -> dict[str, Any]:
         return {"path": self.path}
+
+
+def _recertify(acc: Accounting, path: str) -> None:
+    """A hybrid filter's T_A, read back without certification, certified again."""
+    flt = acc.filter
+    if flt is not None and flt.kind == "hybrid":
+        from privguard._hybrid import envelope_steps
+
+        if flt.steps_a > envelope_steps(flt.envelope, flt.epsilon, flt.delta_a):
+            raise LedgerStateError(f"{path}: the recorded hybrid filter admits more envelope "
+                                   "steps than PLD accounting certifies")
