@@ -324,7 +324,12 @@ def mixture_weights(orders: Any, plan: Plan | Any | None, delta: float) -> np.nd
     """
     grid = check.orders("orders", orders)
     delta = check.delta("delta", delta)
-    plan = as_plan(plan)
+    return _weights(grid, as_plan(plan), delta, PLAN_SHARE, OPEN_SHARE, OPEN_READS, SMOOTHING)
+
+
+def _weights(grid: np.ndarray, plan: Plan | None, delta: float, plan_share: float,
+             open_share: float, open_reads: int, smoothing: float) -> np.ndarray:
+    """:func:`mixture_weights` with its constants as arguments (benchmarks vary them)."""
     n = grid.size
     if plan is None:
         return _at_most_one(np.full(n, 1.0 / n))
@@ -332,22 +337,25 @@ def mixture_weights(orders: Any, plan: Plan | Any | None, delta: float) -> np.nd
     curve = np.asarray(plan.step.rdp(grid), dtype=float)
     every = plan.read_every
     if plan.steps is None:
-        share, count = OPEN_SHARE, OPEN_READS
+        share, count = open_share, open_reads
         times = lambda k: float(every) * 2.0 ** (k - 1)
     else:
         steps = plan.steps
-        share, count = PLAN_SHARE, -(-steps // every)  # reads at every, 2·every, ..., steps
+        share, count = plan_share, -(-steps // every)  # reads at every, 2·every, ..., steps
         times = lambda k: float(min(k * every, steps))
     per_read = share / count
     targets = _read_targets(curve, am1, times, count, -math.log(per_read * delta))
     log_am1 = np.log(am1)
-    width = SMOOTHING / math.sqrt(2.0 * -math.log(delta))
+    width = smoothing / math.sqrt(2.0 * -math.log(delta))
     w = np.full(n, (1.0 - share) / n)
     for j, k in sorted(targets.items()):
         if j < 0:  # the plan's curve is infinite everywhere: this read's share goes uniform
             w += per_read * k / n
             continue
-        kernel = np.exp(-0.5 * ((log_am1 - log_am1[j]) / width) ** 2)
+        if width > 0:
+            kernel = np.exp(-0.5 * ((log_am1 - log_am1[j]) / width) ** 2)
+        else:
+            kernel = (np.arange(n) == j).astype(float)
         w += per_read * k * kernel / kernel.sum()
     return _at_most_one(w)
 
