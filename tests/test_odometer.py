@@ -261,9 +261,9 @@ def test_mixture_lies_between_chernoff_and_union_and_solves_its_equation(spent, 
         return
     assert eps >= chernoff(spent, ORDERS, delta) * (1 - 1e-13)
     assert eps <= union(spent, odo.weights, ORDERS, delta) * (1 + 1e-12)
-    lhs = mixture_lhs(eps, spent, odo.weights, ORDERS, delta)
-    assert lhs >= 1, "the value returned is below the root"
-    assert lhs <= 1 + 1e-9 * max(1.0, eps) * ORDERS[-1], "the value returned is not the root"
+    assert mixture_lhs(eps, spent, odo.weights, ORDERS, delta) >= 1, "below the root"
+    below = eps - 1e-9 * max(1.0, eps)
+    assert mixture_lhs(below, spent, odo.weights, ORDERS, delta) < 1, "not within 1e-9 of the root"
 
 
 @settings(max_examples=150, deadline=None)
@@ -288,6 +288,16 @@ def test_without_a_declared_horizon_never_above_paper(spent, kind, sigma, log_d,
     mix = Odometer(ORDERS, weights=w).epsilon(spent, 10**log_d_read)
     paper = Odometer(ORDERS, "paper").epsilon(spent, 10**log_d_read)
     assert mix <= paper * (1 + 1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spent_curves(), st.floats(-12, -0.3))
+def test_uniform_mixture_never_above_tight(spent, log_d):
+    # Each "tight" member (α, size >= S(α), weight <= 1/|Λ|) is dominated by the union form
+    # with w_α = 1/|Λ|, hence by the uniform mixture (docs/theory.md §3).
+    delta = 10**log_d
+    mix = Odometer(ORDERS).epsilon(spent, delta)
+    assert mix <= Odometer(ORDERS, "tight").epsilon(spent, delta) * (1 + 1e-12)
 
 
 @settings(max_examples=150, deadline=None)
@@ -321,6 +331,25 @@ def test_the_bound_over_paper_is_nearly_attained():
         assert ratio <= factor * (1 + 1e-12)  # the value is rounded up
         worst = max(worst, ratio)
     assert worst >= factor * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("scale", [1e100, 1e250, 1e300, 1e305])
+def test_huge_spends_stay_finite(scale):
+    spent = scale * ORDERS / ORDERS[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eps = Odometer(ORDERS).epsilon(spent, 1e-6)
+    assert math.isfinite(eps)
+    assert chernoff(spent, ORDERS, 1e-6) <= eps <= union(spent, np.full(N, 1 / N), ORDERS, 1e-6) * (
+        1 + 1e-12)
+
+
+def test_no_usable_order_gives_infinity():
+    w = np.zeros(N)
+    w[:10] = 0.1
+    spent = np.where(np.arange(N) < 10, np.inf, 1.0)
+    assert Odometer(ORDERS, weights=w).epsilon(spent, 1e-6) == math.inf
+    assert Odometer(ORDERS, weights=w).epsilon(np.where(spent == 1.0, np.inf, 1.0), 1e-6) < math.inf
 
 
 # ---------------------------------------------------------------------------
