@@ -37,8 +37,9 @@ Its weights sum to π²/12 ≈ 0.822, not 1.
 ``"tight"`` (legacy; files and states written with it keep it) — the paper's
 family unchanged plus a finer family on the unused mass 1 − π²/12: sizes
 0.2·ε^1(α)·√2^(g−1), weights (1 − π²/12)·6/(π²g²)/|Λ|, g ≥ 1. Valid by the
-same partition argument (docs/theory.md §3); the mixture dominates it on the
-runs measured there, and new ledgers do not offer it (:data:`NEW_MODES`).
+same partition argument (docs/theory.md §3.9). Its total weight on each order
+is 1/|Λ|, so the uniform mixture is never above it, for any spent curve
+(§3.2); new ledgers do not offer it (:data:`NEW_MODES`).
 """
 
 from __future__ import annotations
