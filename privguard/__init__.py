@@ -25,7 +25,7 @@ from privguard._errors import (
 )
 from privguard._journal import ChargeRecord, History, Run
 from privguard._ledger import Ledger
-from privguard._odometer import PAPER, TIGHT, Odometer
+from privguard._odometer import MIXTURE, PAPER, TIGHT, Odometer
 from privguard._orders import DEFAULT_ORDERS
 from privguard._plan import Plan
 from privguard._results import Guarantee, LedgerEvent, Remaining
@@ -38,6 +38,7 @@ __all__ = [
     "CLASSIC",
     "DEFAULT_ORDERS",
     "IMPROVED",
+    "MIXTURE",
     "PAPER",
     "TIGHT",
     "BudgetExhausted",

@@ -24,7 +24,7 @@ from privguard._config import Config
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._filters import DPFilter, StrictFilter
 from privguard._journal import Journal, Run
-from privguard._odometer import Odometer
+from privguard._odometer import MIXTURE, Odometer, mixture_weights
 from privguard._plan import Plan
 
 _CACHE_LIMIT = 4096
@@ -167,10 +167,10 @@ class Accounting:
                 "odometer": self._odometer_fixed(plan)}
 
     def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:
-        weights_of = getattr(Odometer, "plan_weights", None)
-        if self.config.delta is None or weights_of is None:
+        """The mixture odometer's weights, from the plan and the ledger's δ (issue 15)."""
+        if self.config.delta is None or self.config.odometer != MIXTURE:
             return None
-        return {"weights": weights_of(self.orders, plan, self.config.delta)}
+        return {"weights": mixture_weights(self.orders, plan, self.config.delta).tolist()}
 
     def items(self) -> list[Any]:
         """The held journal in order: runs, and ["fix" | "event", body] entries."""
@@ -308,9 +308,21 @@ class Accounting:
         return self.journal.spent()
 
     def odometer(self, delta: float) -> Odometer:
+        """The odometer to read at ``delta``.
+
+        The mixture's weights are the ones fixed with the plan. A ledger
+        without δ fixed none; it derives them at the queried δ from the plan
+        recorded at the first charge — a function of that plan alone, hence
+        also fixed before any output.
+        """
         odo = self._odometers.get(delta)
         if odo is None:
-            odo = Odometer(self.orders, self.config.odometer)
+            weights = None
+            if self.config.odometer == MIXTURE and self.fixed is not None:
+                record = self.fixed.get("odometer")
+                weights = (record["weights"] if record is not None else
+                           mixture_weights(self.orders, Plan.from_dict(self.fixed["plan"]), delta))
+            odo = Odometer(self.orders, self.config.odometer, weights=weights)
             self._odometers[delta] = odo
         return odo
 

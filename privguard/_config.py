@@ -19,17 +19,17 @@ import numpy as np
 from privguard import _validation as check
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._odometer import MIXTURE, NEW_MODES
 from privguard._odometer import MODES as ODOMETER_MODES
-from privguard._odometer import TIGHT
 from privguard._orders import DEFAULT_ORDERS
 from privguard._plan import Plan, as_plan
 from privguard._shares import Concentrated, DeltaShares, shares_from_dict
 
 FILTERS = ("rdp", "hybrid")
-#: The odometer of new ledgers.
-DEFAULT_ODOMETER = TIGHT
-#: Modes a new ledger may choose.
-NEW_ODOMETER_MODES = ODOMETER_MODES
+#: The odometer of new ledgers (docs/theory.md §3).
+DEFAULT_ODOMETER = MIXTURE
+#: Modes a new ledger may choose; "tight" is retired (files written with it still open).
+NEW_ODOMETER_MODES = NEW_MODES
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -74,3 +74,11 @@ def test_a_0_1_state_loads_with_a_logged_migration():
     state["records"].pop()
     with pytest.raises(LedgerStateError):
         Ledger.load_state_dict(state)
+
+
+def test_new_ledgers_cannot_choose_the_retired_odometer():
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="retired"):
+        Ledger(delta=1e-5, odometer="tight")
+    assert Ledger(delta=1e-5)._acc.config.odometer == "mixture"

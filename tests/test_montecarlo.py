@@ -2,10 +2,14 @@
 
 Each guarantee is checked in the form its theorem gives:
 
-* odometer (seed 001 Thm 2, eq. 5): a TAIL bound. The adversary stops at the
-  first moment its realised loss exceeds the odometer's current ε; the
-  fraction of runs that ever exceed must be ≤ δ (+ binomial tolerance).
-  The naive conversion of the spent curve fails the same check by far.
+* odometer (Ville's inequality for the mixture; seed 001 Thm 2, eq. 5 for
+  "paper"): a time-uniform TAIL bound. The adversary adapts ρ to its
+  realised loss, reads ε after every step and stops at the first moment its
+  loss exceeds it; the fraction of runs that ever exceed must be ≤ δ
+  (+ a binomial tolerance). δ = 0.01, 200,000 runs, 1,000 steps, the spent ρ
+  growing ≥ 1,000× (issue 15 item 5). The naive conversion of the spent
+  curve, and the improved conversion plugged into the mixture, fail the same
+  check: it has power.
 * (ε, δ) filter (seed 001 Thm 1 + formulas.md §2, improved conversion as
   Opacus): (ε, δ)-DP, i.e. the hockey-stick divergence
   E[(1 − e^(ε − L))_+] ≤ δ. A filter that overspends fails it.
@@ -18,61 +22,70 @@ holds with a wide margin. docs/theory.md §5 reports both numbers.
 
 from __future__ import annotations
 
-import math
+import functools
 
 import numpy as np
 import pytest
+from _montecarlo import (
+    DELTA,
+    INVALID,
+    RUNS,
+    STRATEGIES,
+    VALID,
+    binomial_tolerance,
+    filter_rho_cap,
+    odometer_bounds,
+    run_adversary,
+    run_filter_adversary,
+)
 
 from privguard import Concentrated, Ledger, Uniform
 from privguard import mechanisms as M
 
-from _montecarlo import (
-    filter_rho_cap,
-    lookup_lower,
-    lookup_upper,
-    naive_curve,
-    odometer_curve,
-    r_grid,
-    run_filter_adversary,
-    run_stopping_adversary,
-)
-
-DELTA = 1e-2
-N = 100_000
-# 300 steps with ρ growing 2.5% a step: the spent ρ grows ~1,600× over the horizon.
-STEPS, RHO0, GROWTH = 300, 1e-3, 1.025
-GRID = r_grid(1e-4, 400.0)
-
-
-def tolerance(p: float, n: int) -> float:
-    return 4 * math.sqrt(p * (1 - p) / n)
+# "aim" needs one simulation per bound: the required ones only.
+AIM_VALID = ("mixture, plan", "mixture, no plan", "paper")
+SEEDS = {"plan": 101, "ahead": 202, "aim": 303}
 
 
 @pytest.fixture(scope="module")
-def naive_crossing() -> float:
-    values = naive_curve(DELTA, GRID[::10])
-    crossed, _, _ = run_stopping_adversary(lambda r: lookup_upper(GRID[::10], values, r),
-                                           N, STEPS, RHO0, GROWTH, seed=11)
-    return float(crossed.mean())
+def outcome():
+    bounds = odometer_bounds()
+
+    @functools.cache
+    def run(strategy: str, name: str | None):
+        if strategy == "aim":
+            seed = SEEDS["aim"] + (VALID + INVALID).index(name)
+            return run_adversary("aim", {name: bounds[name]}, seed)
+        return run_adversary(strategy, bounds, SEEDS[strategy])  # every bound at once
+
+    return lambda strategy, name: run(strategy, name if strategy == "aim" else None)
 
 
-@pytest.mark.parametrize("mode", ["tight", "paper"])
-def test_odometer_tail_bound_holds_under_adaptive_stopping(mode):
-    eps = odometer_curve(mode, DELTA, GRID)
-    assert np.all(np.diff(eps) >= 0), "odometer must be non-decreasing in the spend"
-    # Lower grid value: the adversary stops at least as often as with the exact ε.
-    crossed, _, R = run_stopping_adversary(lambda r: lookup_lower(GRID, eps, r),
-                                           N, STEPS, RHO0, GROWTH, seed=7)
-    assert R.max() / RHO0 > 1000  # the horizon is long enough for stopping to matter
-    p = crossed.mean()
-    assert p <= DELTA + tolerance(DELTA, N), f"{mode}: P(loss > ε) = {p:.4g} > δ = {DELTA}"
+def cases(names, aim_names):
+    return [(s, n) for s in STRATEGIES for n in names if s != "aim" or n in aim_names]
 
 
-def test_naive_conversion_fails_the_same_check(naive_crossing):
-    # The check has power: the naive conversion's ε (upper grid value, so the
-    # adversary crosses no more often than with the exact one) is exceeded in
-    # far more than δ of the runs.
-    assert naive_crossing > 10 * DELTA
+@pytest.mark.parametrize(("strategy", "name"), cases(VALID, AIM_VALID))
+def test_running_epsilon_is_a_tail_bound_under_adaptive_stopping(outcome, strategy, name):
+    result = outcome(strategy, name)
+    p = result.crossed[name]
+    assert result.runs >= 200_000
+    assert p <= DELTA + binomial_tolerance(DELTA, RUNS), (
+        f"{name} vs {strategy}: P(∃t: loss > ε_t) = {p:.4g} > δ = {DELTA}")
+
+
+@pytest.mark.parametrize(("strategy", "name"), cases(INVALID, INVALID))
+def test_known_wrong_running_bounds_fail_the_same_check(outcome, strategy, name):
+    # Upper grid values: the adversary crosses no more often than against the exact ones.
+    p = outcome(strategy, name).crossed[name]
+    assert p > DELTA + binomial_tolerance(DELTA, RUNS), (
+        f"{name} vs {strategy}: P = {p:.4g} should exceed δ = {DELTA}")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_spend_grows_at_least_1000x(outcome, strategy):
+    name = "mixture, plan"
+    assert outcome(strategy, name).growth >= 1000 * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("shares", [Concentrated(), Uniform(), Concentrated(1.0)],
@@ -83,7 +96,7 @@ def test_filter_is_eps_delta_dp_under_adaptive_noise(shares):
     cap = filter_rho_cap(ledger)
     L = run_filter_adversary(cap, eps_t, 200_000, 0.002, seed=3)
     hockey = np.mean(np.maximum(0.0, 1 - np.exp(eps_t - L)))
-    assert hockey <= DELTA + tolerance(DELTA, 200_000)
+    assert hockey <= DELTA + binomial_tolerance(DELTA, 200_000)
 
 
 def test_overspending_filter_is_detected():
