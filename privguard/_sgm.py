@@ -3,16 +3,19 @@
 privguard charges the subsampled Gaussian with Opacus' own analysis
 (``compute_rdp``, Mironov, Talwar & Zhang 2019, §3.3) so that a ledger agrees
 with Opacus' ``RDPAccountant`` bit for bit. That code has three failure modes
-outside the usual range (measured on Opacus 1.6 with
-``python scripts/sgm_limits.py`` — see the tests in tests/test_mechanisms.py):
+outside the usual range (measured on Opacus 1.6 by
+``.venv/bin/python scripts/sgm_limits.py``; the tests in
+tests/test_mechanisms.py check each):
 
-* integer orders above about 1029: ``special.binom`` overflows and the result
-  is NaN (every σ and q);
+* integer orders from 1030 on: ``special.binom`` overflows and the result is
+  NaN, for every σ and q (and the loop takes O(α) Python steps);
 * fractional orders: the series loop stops at the first term below e^-30,
-  which (a) may never come (a NaN term: the loop never returns; q near 1/2
-  with large σ: ~10^5 terms at α = 1.1 for σ = 10^4, and more beyond), and
-  (b) may come before the terms that matter (σ ≳ 10, α·log(1/(1−q)) > 30):
-  the value is then garbage, e.g. −0.69 for (σ, q, α) = (100, 0.5, 100.5);
+  which (a) may take very long to come (q = 1/2, α = 1.1: 86,561 terms for
+  σ = 10^4, more than 10^5 from σ = 10^5 on; a NaN term never passes the
+  test), and (b) may come before the terms that matter (large σ and
+  α·log(1/(1−q)) > 30, e.g. σ = 8, q = 0.3, α = 100.5): the value is then
+  garbage, in 53 of the script's 448 (σ, q, α), down to −0.70 at
+  (10^4, 0.5, 63.5);
 * σ² overflowing or underflowing in Python floats: OverflowError or
   ZeroDivisionError.
 
@@ -42,9 +45,11 @@ NaN turned into a smaller number:
    value at a smaller order; values only ever go up): the curve is a supremum
    of Rényi divergences, each non-decreasing in α.
 
-On every grid and parameters where Opacus' values are reliable and
-non-decreasing (all realistic DP-SGD settings), the result equals Opacus'
-``compute_rdp`` bit for bit.
+Wherever Opacus' values are reliable and non-decreasing on the grid (e.g. the
+default grid for every (σ, q) in tests/test_mechanisms.py), the result equals
+Opacus' ``compute_rdp`` bit for bit. Near α = 1, Opacus' own values can
+decrease by round-off (up to 1.8e-11 in the script's scan): step 5 raises
+them by that much.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ OPACUS_MAX_ORDER = 1024
 """Largest order passed to Opacus: its binomials overflow (NaN) from about 1030."""
 
 MAX_SERIES_TERMS = 100_000
-"""Most terms of Opacus' fractional-order series privguard lets it sum (~1 s)."""
+"""Most terms of Opacus' fractional-order series privguard lets it sum (about 0.3 s)."""
 
 _STOP = -30.0  # Opacus' stopping rule: both log-terms below this
 
@@ -112,7 +117,8 @@ def series_terms(q: float, sigma: float, alpha: float, cap: int = MAX_SERIES_TER
     Opacus stops after the first i at which both are below −30. This
     evaluates the same terms in numpy, chunk by chunk, and requires them below
     −30 by a margin (1e-9 relative to the terms' parts) so that Opacus'
-    scalar arithmetic stops no later. A NaN term never stops: None.
+    scalar arithmetic stops no later (tests/test_mechanisms.py checks the
+    count against Opacus' own). A NaN term never stops: None.
     """
     try:
         var = sigma**2
