@@ -190,14 +190,16 @@ def _opacus_values(q: float, sigma: float, orders: list[float]) -> dict[float, f
         return {}
     compute = _opacus_rdp.compute_rdp()
     try:
-        batch = compute(q=q, noise_multiplier=sigma, steps=1, orders=orders)
+        batch = np.asarray(compute(q=q, noise_multiplier=sigma, steps=1, orders=orders),
+                           dtype=np.float64)
         return {a: float(v) for a, v in zip(orders, batch)}
     except (ArithmeticError, ValueError):
         pass
     values = {}
     for a in orders:
         try:
-            values[a] = float(compute(q=q, noise_multiplier=sigma, steps=1, orders=[a])[0])
+            one = compute(q=q, noise_multiplier=sigma, steps=1, orders=[a])
+            values[a] = float(np.asarray(one, dtype=np.float64)[0])
         except (ArithmeticError, ValueError):
             values[a] = math.nan
     return values
