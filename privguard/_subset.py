@@ -136,7 +136,10 @@ class SubsetTuning(Mechanism):
         object.__setattr__(self, "_nesting", check.nesting("tuning", (self.tuning, self.final)))
 
     def integer_curve(self, n: int) -> np.ndarray:
-        """The bound at integer orders 0..n (entries 0 and 1 unused)."""
+        """The bound at integer orders 0..n, 2 <= n <= 256 (entries 0 and 1 unused)."""
+        n = check.positive_int("n", n, maximum=MAX_INTEGER_ORDER)
+        if n < 2:
+            raise InvalidArgumentError("n", n, "must be an integer >= 2")
         ints = np.arange(2, n + 1, dtype=float)
         ints.setflags(write=False)
         eps_t = _on_integers(self.tuning._rdp_checked(ints))

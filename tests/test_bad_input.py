@@ -491,3 +491,12 @@ def test_fuzz_constructors_raise_only_privguard_errors(kind, args):
         assert not np.isnan(curve).any() and (curve >= 0).all()
     else:
         assert math.isfinite(obj.mean) and obj.mean > 0
+
+
+@pytest.mark.parametrize("n", [1, 257, 2.0, "8", True])
+def test_subset_integer_curve_needs_an_integer_order_count(n):
+    plan = M.SubsetTuning(M.PureDP(0.1), M.ZCDP(0.01), 0.1)
+    with pytest.raises(InvalidArgumentError) as info:
+        plan.integer_curve(n)
+    _assert_names(info, "n")
+    assert plan.integer_curve(np.int64(8)).shape == (9,)
