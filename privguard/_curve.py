@@ -26,9 +26,23 @@ class RDPCurve(Mechanism):
     the value at the smallest own order ≥ α, and +inf above the largest own
     order. That is an upper bound, never an interpolation.
 
+    Rényi divergence is non-decreasing in the order, so a curve that
+    decreases is refused: each value must be at least the largest value at a
+    smaller order minus the round-off tolerance ``1e-9 × that value + 1e-9``
+    (``_validation.RDP_RTOL`` relative plus ``RDP_ATOL`` absolute; it
+    absorbs the last-bit noise of curves computed in floating point, and is
+    checked against the running maximum so that small decreases cannot
+    accumulate). The same check applies to every mechanism's computed curve.
+
     Args:
-        orders: strictly increasing finite orders > 1.
-        epsilons: one RDP value per order, >= 0 (``inf`` allowed, NaN not).
+        orders: strictly increasing orders in [1 + 10^-5, 10^6], as numbers
+            (Python or numpy ints and floats; bools and strings are refused).
+        epsilons: one RDP value per order, >= 0 (``inf`` allowed, NaN not),
+            non-decreasing in the order up to the tolerance above.
+
+    Raises:
+        InvalidArgumentError: an argument breaks one of these rules; the
+            message names it, its value and the rule.
 
     Example:
         >>> from privguard import RDPCurve
@@ -45,6 +59,7 @@ class RDPCurve(Mechanism):
     def __init__(self, orders, epsilons) -> None:
         grid = check.orders("orders", orders)
         values = check.rdp_values("epsilons", epsilons, grid.size)
+        check.non_decreasing("epsilons", epsilons, grid, values)
         object.__setattr__(self, "_orders", grid)
         object.__setattr__(self, "_values", values)
         object.__setattr__(self, "_hash", hash((grid.tobytes(), values.tobytes())))
@@ -117,10 +132,13 @@ class RDPCurve(Mechanism):
     __radd__ = __add__  # so that sum([...]) works
 
     def __mul__(self, k: int) -> RDPCurve:
-        """k-fold composition: k × the curve (k a non-negative integer)."""
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise InvalidArgumentError("k", k, "k-fold composition needs an integer k >= 0")
-        return RDPCurve._trusted(self._orders, self._values * int(k))
+        """k-fold composition: k × the curve (k an integer, 0 <= k <= 2^53)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise InvalidArgumentError("k", check.short(k), "k-fold composition needs an integer k >= 0")
+        n = check._as_int("k", k)
+        if not 0 <= n <= check.MAX_STEPS:
+            raise InvalidArgumentError("k", k, f"k-fold composition needs 0 <= k <= {check.MAX_STEPS}")
+        return RDPCurve._trusted(self._orders, self._values * n)
 
     __rmul__ = __mul__
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from privguard import _opacus_rdp
+from privguard import (
+    _opacus_rdp,  # noqa: F401  (tests/test_ledger.py patches it here)
+    _sgm,
+)
 from privguard import _validation as check
-from privguard._base import Mechanism, mechanism_from_dict
+from privguard._base import Mechanism, mechanism_from_dict, take
 from privguard._errors import InvalidArgumentError
 
 
@@ -34,8 +37,9 @@ class Gaussian(Mechanism):
                            check.positive_finite("noise_multiplier", self.noise_multiplier))
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
-        # Mironov 2017, Prop. 7 (formulas.md §1): ε(α) = α / (2σ²).
-        return orders / (2 * self.noise_multiplier**2)
+        # Mironov 2017, Prop. 7 (formulas.md §1): ε(α) = α / (2σ²), rounded
+        # as floats round it: 0 when σ² overflows, +inf when it underflows.
+        return _sgm.gaussian_bound(orders, self.noise_multiplier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +50,11 @@ class SubsampledGaussian(Mechanism):
     ``sample_rate`` and adds Gaussian noise with multiplier
     ``noise_multiplier`` to the clipped sum. The curve is Opacus' own analysis
     (``opacus.accountants.analysis.rdp.compute_rdp``), so a ledger agrees with
-    Opacus' ``RDPAccountant`` bit for bit on the same grid.
+    Opacus' ``RDPAccountant`` bit for bit on the same grid, wherever Opacus'
+    value is reliable; elsewhere (integer orders above 1024, fractional
+    orders whose series Opacus cannot sum, extreme σ) it is a valid upper
+    bound instead of Opacus' NaN, garbage or endless loop (see
+    ``privguard._sgm``). ``steps`` is at most 2^53.
 
     Example:
         >>> from privguard import mechanisms as M
@@ -64,17 +72,15 @@ class SubsampledGaussian(Mechanism):
         object.__setattr__(self, "noise_multiplier",
                            check.positive_finite("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "sample_rate", check.sample_rate("sample_rate", self.sample_rate))
-        object.__setattr__(self, "steps", check.positive_int("steps", self.steps))
+        object.__setattr__(self, "steps",
+                           check.positive_int("steps", self.steps, maximum=check.MAX_STEPS))
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
-        # Mironov, Talwar & Zhang 2019, §3.3 (formulas.md §1), via Opacus.
-        # compute_rdp multiplies the one-step curve by `steps` (k-fold
-        # composition), exactly as k × one step.
-        return np.asarray(
-            _opacus_rdp.compute_rdp()(q=self.sample_rate, noise_multiplier=self.noise_multiplier,
-                                    steps=self.steps, orders=list(orders.tolist())),
-            dtype=np.float64,
-        )
+        # Mironov, Talwar & Zhang 2019, §3.3 (formulas.md §1): Opacus' value
+        # where it is reliable, a valid upper bound elsewhere (privguard._sgm).
+        # k-fold composition is k × one step, as compute_rdp(steps=k) computes it.
+        with np.errstate(over="ignore"):
+            return _sgm.curve(self.sample_rate, self.noise_multiplier, orders) * self.steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +103,9 @@ class Laplace(Mechanism):
         # ε(α) = 1/(α−1) · log( α/(2α−1)·e^((α−1)/b) + (α−1)/(2α−1)·e^(−α/b) ),
         # evaluated in log space.
         a, b = orders, self.scale
-        log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) / b,
-                                 np.log((a - 1) / (2 * a - 1)) - a / b)
+        with np.errstate(over="ignore"):  # (α−1)/b = inf for tiny b: the curve is inf
+            log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) / b,
+                                     np.log((a - 1) / (2 * a - 1)) - a / b)
         return np.maximum(log_terms / (a - 1), 0.0)
 
 
@@ -123,9 +130,11 @@ class PureDP(Mechanism):
         # (formulas.md §1; Mironov 2017, Prop. 5 gives the RR curve):
         # ε(α) = 1/(α−1) · log( (e^(αε₀) + e^(−(α−1)ε₀)) / (1 + e^(ε₀)) ),
         # which is ≤ min(ε₀, αε₀²/2). Evaluated in log space.
+        # ε₀·α overflowing gives inf − inf = NaN: ε₀ itself bounds the curve there.
         e, a = self.epsilon, orders
-        val = (np.logaddexp(a * e, -(a - 1) * e) - np.logaddexp(0.0, e)) / (a - 1)
-        return np.clip(val, 0.0, e)
+        with np.errstate(invalid="ignore", over="ignore"):
+            val = (np.logaddexp(a * e, -(a - 1) * e) - np.logaddexp(0.0, e)) / (a - 1)
+        return np.clip(np.where(np.isnan(val), e, val), 0.0, e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +153,8 @@ class ZCDP(Mechanism):
         object.__setattr__(self, "rho", check.positive_finite("rho", self.rho))
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
-        return self.rho * orders
+        with np.errstate(over="ignore"):  # ρα beyond the float range: +inf
+            return self.rho * orders
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,8 +172,9 @@ class Composed(Mechanism):
     def __post_init__(self) -> None:
         parts = tuple(self.mechanisms) if isinstance(self.mechanisms, (list, tuple)) else None
         if not parts or not all(isinstance(m, Mechanism) for m in parts):
-            raise InvalidArgumentError("mechanisms", self.mechanisms,
+            raise InvalidArgumentError("mechanisms", check.short(self.mechanisms),
                                        "must be a non-empty sequence of mechanisms")
+        object.__setattr__(self, "_nesting", check.nesting("mechanisms", parts))
         object.__setattr__(self, "mechanisms", parts)
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
@@ -172,4 +183,8 @@ class Composed(Mechanism):
 
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> Composed:
-        return cls(tuple(mechanism_from_dict(m) for m in params["mechanisms"]))
+        (parts,) = take(params, "Composed", ("mechanisms",))
+        if not isinstance(parts, list):
+            raise InvalidArgumentError("mechanisms", check.short(parts),
+                                       "must be a list of mechanism dicts")
+        return cls(tuple(mechanism_from_dict(m) for m in parts))

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from privguard._base import Mechanism, mechanism_from_dict
+from privguard import _validation as check
+from privguard._base import Mechanism, mechanism_from_dict, take
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms import PureDP
 from privguard._runs import Poisson, RunsDistribution, TruncatedNegativeBinomial, runs_from_dict
@@ -95,10 +96,11 @@ class RepeatAndSelect(Mechanism):
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, Mechanism):
-            raise InvalidArgumentError("base", self.base, "must be a privguard mechanism")
+            raise InvalidArgumentError("base", check.short(self.base), "must be a privguard mechanism")
         if not isinstance(self.runs, (Poisson, TruncatedNegativeBinomial)):
-            raise InvalidArgumentError("runs", self.runs,
+            raise InvalidArgumentError("runs", check.short(self.runs),
                                        "must be Poisson(...) or TruncatedNegativeBinomial(...)")
+        object.__setattr__(self, "_nesting", check.nesting("base", (self.base,)))
 
     @property
     def pure_epsilon(self) -> float | None:
@@ -125,7 +127,8 @@ class RepeatAndSelect(Mechanism):
 
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> RepeatAndSelect:
-        return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]))
+        base, runs = take(params, "RepeatAndSelect", ("base", "runs"))
+        return cls(mechanism_from_dict(base), runs_from_dict(runs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,18 +158,19 @@ class DPHyPO(Mechanism):
 
     def __post_init__(self) -> None:
         if not isinstance(self.base, Mechanism):
-            raise InvalidArgumentError("base", self.base, "must be a privguard mechanism")
+            raise InvalidArgumentError("base", check.short(self.base), "must be a privguard mechanism")
         if not isinstance(self.runs, TruncatedNegativeBinomial):
             raise InvalidArgumentError(
-                "runs", self.runs, "must be a TruncatedNegativeBinomial: seed 003's theorem "
-                "covers that family only (docs/theory.md §9)")
-        big, small = float(self.C), float(self.c)
+                "runs", check.short(self.runs), "must be a TruncatedNegativeBinomial: seed 003's "
+                "theorem covers that family only (docs/theory.md §9)")
+        big, small = check._as_float("C", self.C), check._as_float("c", self.c)
         if not (math.isfinite(big) and big >= 1):
             raise InvalidArgumentError("C", self.C, "must be finite and >= 1")
-        if not (0 < small <= 1):
+        if not (0 < small <= 1):  # also rejects NaN
             raise InvalidArgumentError("c", self.c, "must lie in (0, 1]")
         object.__setattr__(self, "C", big)
         object.__setattr__(self, "c", small)
+        object.__setattr__(self, "_nesting", check.nesting("base", (self.base,)))
 
     @property
     def log_ratio(self) -> float:
@@ -190,5 +194,5 @@ class DPHyPO(Mechanism):
 
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> DPHyPO:
-        return cls(mechanism_from_dict(params["base"]), runs_from_dict(params["runs"]),
-                   params["C"], params["c"])
+        base, runs, big, small = take(params, "DPHyPO", ("base", "runs", "C", "c"))
+        return cls(mechanism_from_dict(base), runs_from_dict(runs), big, small)

@@ -20,7 +20,12 @@ from privguard._errors import InvalidArgumentError
 
 
 class RunsDistribution:
-    """Base class of the distributions of the number of runs."""
+    """Base class of the distributions of the number of runs.
+
+    ``pmf(k)`` takes an integer k, ``pgf(x)`` a real x in [0, 1] and
+    ``sample(rng)`` a ``numpy.random.Generator``; anything else raises
+    :class:`InvalidArgumentError`.
+    """
 
     def sample(self, rng: np.random.Generator) -> int:
         raise NotImplementedError
@@ -51,25 +56,53 @@ class Poisson(RunsDistribution):
     mean: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", check.positive_finite("mean", self.mean))
+        mean = check.positive_finite("mean", self.mean)
+        if mean > MAX_POISSON_MEAN:
+            raise InvalidArgumentError("mean", self.mean,
+                                       f"must be <= {MAX_POISSON_MEAN:g} (numpy's Poisson sampler)")
+        object.__setattr__(self, "mean", mean)
 
     def sample(self, rng: np.random.Generator) -> int:
-        return int(rng.poisson(self.mean))
+        return int(_generator(rng).poisson(self.mean))
 
     def pmf(self, k: int) -> float:
+        k = check._as_int("k", k)
         if k < 0:
             return 0.0
         return math.exp(k * math.log(self.mean) - self.mean - math.lgamma(k + 1))
 
     def pgf(self, x: float) -> float:
-        return math.exp(self.mean * (x - 1))
+        return math.exp(self.mean * (_unit("x", x) - 1))
+
+
+MAX_POISSON_MEAN = 1e18
+"""The largest Poisson mean: numpy's sampler refuses means above about 9.2e18."""
+
+
+def _generator(rng: Any) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise InvalidArgumentError("rng", check.short(rng), "must be a numpy.random.Generator")
+    return rng
+
+
+def _unit(name: str, x: Any) -> float:
+    v = check._as_float(name, x)
+    if not 0.0 <= v <= 1.0:  # also rejects NaN
+        raise InvalidArgumentError(name, x, "must lie in [0, 1]")
+    return v
 
 
 def _tnb_mean(eta: float, gamma: float) -> float:
     # formulas.md §4: η ≠ 0: E[K] = η(1−γ)/(γ(1−γ^η)); η = 0: (1/γ − 1)/log(1/γ)
     if eta == 0:
         return (1 / gamma - 1) / math.log(1 / gamma)
-    return eta * (1 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
+    x = -eta * math.log(gamma)  # η·log(1/γ)
+    if abs(x) < 1e-8:  # η/(1 − γ^η) = (1 + x/2 + O(x²))/log(1/γ): exact to ~1e-17 here
+        return (1 / gamma - 1) * (1 + x / 2) / math.log(1 / gamma)
+    try:
+        return eta * (1 - gamma) / (gamma * -math.expm1(-x))
+    except ZeroDivisionError:  # the denominator underflowed: E[K] beyond the float range
+        return math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +127,9 @@ class TruncatedNegativeBinomial(RunsDistribution):
         if not (math.isfinite(eta_f) and eta_f > -1):
             raise InvalidArgumentError("eta", eta, "must be finite and > -1")
         if (gamma is None) == (mean is None):
-            raise InvalidArgumentError("gamma", gamma, "give exactly one of gamma and mean")
+            given = gamma is not None  # both given: name gamma; neither: name mean
+            raise InvalidArgumentError("gamma" if given else "mean", gamma if given else mean,
+                                       "give exactly one of gamma and mean")
         if gamma is not None:
             g = check._as_float("gamma", gamma)
             if not (0 < g < 1):
@@ -104,6 +139,13 @@ class TruncatedNegativeBinomial(RunsDistribution):
             if m <= 1:
                 raise InvalidArgumentError("mean", mean, "must be > 1 (K >= 1 always)")
             g = _solve_gamma(eta_f, m)
+        with np.errstate(all="ignore"):
+            m = _tnb_mean(eta_f, g)
+        if not (math.isfinite(m) and m >= 1):
+            raise InvalidArgumentError("gamma" if mean is None else "mean",
+                                       gamma if mean is None else mean,
+                                       f"gives E[K] = {m} with eta={eta_f}: not a usable "
+                                       f"number of runs")
         object.__setattr__(self, "eta", eta_f)
         object.__setattr__(self, "gamma", g)
 
@@ -112,6 +154,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
         return _tnb_mean(self.eta, self.gamma)
 
     def pmf(self, k: int) -> float:
+        k = check._as_int("k", k)
         if k < 1:
             return 0.0
         g, eta = self.gamma, self.eta
@@ -124,6 +167,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
         return math.exp(k * math.log1p(-g) + log_prod) / abs(norm)
 
     def pgf(self, x: float) -> float:
+        x = _unit("x", x)
         g, eta = self.gamma, self.eta
         if eta == 0:
             return math.log1p(-(1 - g) * x) / math.log(g)
@@ -132,7 +176,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
     def sample(self, rng: np.random.Generator) -> int:
         # Inverse CDF with the recursion pmf(k+1) = pmf(k)·(1−γ)(k+η)/(k+1)
         # (η = 0: pmf(k+1) = pmf(k)·(1−γ)k/(k+1)); valid for every η > −1.
-        u = rng.random()
+        u = _generator(rng).random()
         k, p = 1, self.pmf(1)
         cdf = p
         while cdf < u and k < 10_000_000:
@@ -149,9 +193,16 @@ def _solve_gamma(eta: float, mean: float) -> float:
     """γ with E[K] = mean (E[K] is decreasing in γ)."""
     f = lambda g: _tnb_mean(eta, g) - mean
     lo, hi = 1e-300, 1 - 1e-15
-    if f(hi) > 0 or f(lo) < 0:
+    with np.errstate(all="ignore"):
+        f_lo, f_hi = f(lo), f(hi)
+    if not (f_hi <= 0 <= f_lo):  # also NaN (E[K] not computable at the ends)
         raise InvalidArgumentError("mean", mean, f"is not reachable with eta={eta}")
-    return float(optimize.brentq(f, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500))
+    try:
+        return float(optimize.brentq(f, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps,
+                                     maxiter=500))
+    except (RuntimeError, ValueError, ArithmeticError) as exc:
+        raise InvalidArgumentError("mean", mean, f"gamma cannot be solved for with eta={eta}: "
+                                   f"{exc}") from None
 
 
 def Logarithmic(gamma: float | None = None, mean: float | None = None) -> TruncatedNegativeBinomial:
@@ -165,10 +216,22 @@ def Geometric(gamma: float | None = None, mean: float | None = None) -> Truncate
 
 
 def runs_from_dict(data: Any) -> RunsDistribution:
-    """Inverse of ``RunsDistribution.to_dict``."""
-    if not isinstance(data, dict) or data.get("type") not in ("Poisson", "TruncatedNegativeBinomial"):
-        raise InvalidArgumentError("runs", data, "must describe Poisson or TruncatedNegativeBinomial")
-    params = data.get("params") or {}
+    """Inverse of ``RunsDistribution.to_dict``; anything else raises InvalidArgumentError.
+
+    Example:
+        >>> runs_from_dict(Poisson(10.0).to_dict())
+        Poisson(mean=10.0)
+    """
+    keys = {"Poisson": ("mean",), "TruncatedNegativeBinomial": ("eta", "gamma")}
+    if (not isinstance(data, dict) or set(data) != {"type", "params"}
+            or not isinstance(data["type"], str) or data["type"] not in keys
+            or not isinstance(data["params"], dict)
+            or set(data["params"]) != set(keys[data["type"]])):
+        raise InvalidArgumentError(
+            "runs", check.short(data),
+            "must be {'type': 'Poisson', 'params': {'mean': ...}} or {'type': "
+            "'TruncatedNegativeBinomial', 'params': {'eta': ..., 'gamma': ...}}")
+    params = data["params"]
     if data["type"] == "Poisson":
         return Poisson(params["mean"])
     return TruncatedNegativeBinomial(params["eta"], gamma=params["gamma"])

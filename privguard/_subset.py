@@ -18,7 +18,7 @@ import numpy as np
 from scipy.special import gammaln, logsumexp, xlogy
 
 from privguard import _validation as check
-from privguard._base import Mechanism, mechanism_from_dict
+from privguard._base import Mechanism, mechanism_from_dict, take
 from privguard._errors import InvalidArgumentError
 
 MAX_INTEGER_ORDER = 256
@@ -123,16 +123,23 @@ class SubsetTuning(Mechanism):
     def __post_init__(self) -> None:
         for name in ("tuning", "final"):
             if not isinstance(getattr(self, name), Mechanism):
-                raise InvalidArgumentError(name, getattr(self, name), "must be a privguard mechanism")
+                raise InvalidArgumentError(name, check.short(getattr(self, name)),
+                                           "must be a privguard mechanism")
         q = check._as_float("q", self.q)
-        if not 0.0 <= q <= 1.0:
+        if not 0.0 <= q <= 1.0:  # also rejects NaN
             raise InvalidArgumentError("q", self.q, "must lie in [0, 1]")
         object.__setattr__(self, "q", q)
-        if self.variant not in (1, 2):
-            raise InvalidArgumentError("variant", self.variant, "must be 1 or 2")
+        if isinstance(self.variant, bool) or not isinstance(self.variant, (int, np.integer)) or \
+                check._as_int("variant", self.variant) not in (1, 2):
+            raise InvalidArgumentError("variant", check.short(self.variant), "must be 1 or 2")
+        object.__setattr__(self, "variant", check._as_int("variant", self.variant))
+        object.__setattr__(self, "_nesting", check.nesting("tuning", (self.tuning, self.final)))
 
     def integer_curve(self, n: int) -> np.ndarray:
-        """The bound at integer orders 0..n (entries 0 and 1 unused)."""
+        """The bound at integer orders 0..n, 2 <= n <= 256 (entries 0 and 1 unused)."""
+        n = check.positive_int("n", n, maximum=MAX_INTEGER_ORDER)
+        if n < 2:
+            raise InvalidArgumentError("n", n, "must be an integer >= 2")
         ints = np.arange(2, n + 1, dtype=float)
         ints.setflags(write=False)
         eps_t = _on_integers(self.tuning._rdp_checked(ints))
@@ -144,7 +151,10 @@ class SubsetTuning(Mechanism):
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         n = int(min(math.ceil(orders.max()), MAX_INTEGER_ORDER))
         n = max(n, 2)
-        return _extend(orders, self.integer_curve(n))
+        curve = _extend(orders, self.integer_curve(n))
+        # A bound at a larger order also bounds every smaller one (formulas.md
+        # §1): the theorems' bounds need not be monotone themselves.
+        return np.minimum.accumulate(curve[::-1])[::-1]
 
     def _params(self) -> dict[str, Any]:
         return {"tuning": self.tuning.to_dict(), "final": self.final.to_dict(), "q": self.q,
@@ -152,5 +162,5 @@ class SubsetTuning(Mechanism):
 
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> SubsetTuning:
-        return cls(mechanism_from_dict(params["tuning"]), mechanism_from_dict(params["final"]),
-                   params["q"], params["variant"])
+        tuning, final, q, variant = take(params, "SubsetTuning", ("tuning", "final", "q", "variant"))
+        return cls(mechanism_from_dict(tuning), mechanism_from_dict(final), q, variant)

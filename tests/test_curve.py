@@ -75,3 +75,43 @@ def test_bad_delta(delta):
 def test_bad_method():
     with pytest.raises(InvalidArgumentError, match="method='exact'"):
         curve().epsilon(1e-5, method="exact")
+
+
+# ------------------------------------------------------ a curve is non-decreasing in α
+def test_decreasing_curve_is_refused_with_the_orders_that_decrease():
+    with pytest.raises(InvalidArgumentError, match="epsilons") as info:
+        RDPCurve([2.0, 4.0, 8.0], [0.1, 0.3, 0.2])
+    assert "ε(4) = 0.29999999999999999 > ε(8) = 0.20000000000000001" in str(info.value)
+
+
+def test_round_off_decreases_are_accepted_and_kept_as_given():
+    values = [1.0, 1.0 - 0.9e-9, 1.0 - 1.8e-9]  # within 1e-9·1 + 1e-9 of the running max
+    assert RDPCurve([2.0, 3.0, 4.0], values).epsilons == tuple(values)
+    assert RDPCurve([2.0, 3.0], [0.0, 0.0]).epsilons == (0.0, 0.0)
+    with pytest.raises(InvalidArgumentError, match="non-decreasing"):
+        RDPCurve([2.0, 3.0], [1.0, 1.0 - 2.1e-9])
+    with pytest.raises(InvalidArgumentError, match="non-decreasing"):  # relative part
+        RDPCurve([2.0, 3.0], [1e6, 1e6 * (1 - 2e-9)])
+
+
+def test_small_decreases_cannot_accumulate():
+    orders = np.arange(2.0, 102.0)
+    steps = 1.0 - 1.5e-9 * np.arange(100)  # each step within tolerance, the total is not
+    with pytest.raises(InvalidArgumentError, match="non-decreasing"):
+        RDPCurve(orders, steps)
+
+
+def test_infinite_then_finite_is_a_decrease():
+    assert RDPCurve([2.0, 3.0], [1.0, np.inf]).epsilons == (1.0, np.inf)
+    with pytest.raises(InvalidArgumentError, match="non-decreasing"):
+        RDPCurve([2.0, 3.0], [np.inf, 1.0])
+
+
+@pytest.mark.parametrize("grid", [np.geomspace(1.00001, 1e6, 400), np.linspace(1.00001, 1.01, 300)])
+def test_every_built_in_curve_passes_the_check_on_fine_grids(grid):
+    from privguard.tuning import Poisson
+    for mech in [M.Gaussian(0.7), M.Laplace(0.01), M.Laplace(3.0), M.Laplace(1e6), M.PureDP(1e-6),
+                 M.PureDP(0.3), M.PureDP(20.0), M.ZCDP(1e-9), M.SubsampledGaussian(1.0, 0.01, 100),
+                 M.RepeatAndSelect(M.PureDP(0.1), Poisson(5.0))]:
+        curve = mech.rdp(grid)  # raises if a curve decreased beyond round-off
+        assert not np.isnan(curve).any()

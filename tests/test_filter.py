@@ -100,11 +100,11 @@ def test_weights_are_fixed_by_the_first_charge():
 def test_strict_filter_refuses_if_any_order_would_exceed():
     orders = [2.0, 4.0, 8.0]
     ledger = Ledger(orders=orders, rdp_budget=[1.0, 10.0, 10.0])
-    ledger.charge(M.RDPCurve(orders, [0.5, 0.1, 0.1]))
-    assert not ledger.can_afford(M.RDPCurve(orders, [0.6, 0.0, 0.0]))  # only order 2 exceeds
-    assert ledger.can_afford(M.RDPCurve(orders, [0.5, 9.9, 9.9]))  # exactly at budget is fine
+    ledger.charge(M.RDPCurve(orders, [0.5, 0.5, 0.5]))
+    assert not ledger.can_afford(M.RDPCurve(orders, [0.6, 0.6, 0.6]))  # only order 2 exceeds
+    assert ledger.can_afford(M.RDPCurve(orders, [0.5, 9.5, 9.5]))  # exactly at budget is fine
     with pytest.raises(BudgetExhausted):
-        ledger.charge(M.RDPCurve(orders, [0.6, 0.0, 0.0]))
+        ledger.charge(M.RDPCurve(orders, [0.6, 0.6, 0.6]))
     assert len(ledger.history) == 1
 
 

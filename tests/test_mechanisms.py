@@ -101,3 +101,108 @@ def test_round_trip_and_value_semantics(mech):
 def test_raw_curve_on_another_grid_is_a_monotone_upper_bound():
     c = RDPCurve([2.0, 4.0, 8.0], [0.1, 0.3, 0.9])
     np.testing.assert_array_equal(c.rdp([1.5, 2.0, 3.0, 8.0, 9.0]), [0.1, 0.1, 0.3, 0.9, np.inf])
+
+
+# ---------------------------------------------- the subsampled Gaussian beyond Opacus' range
+from privguard import _opacus_rdp, _sgm  # noqa: E402
+
+
+def _exact_sgm(q, sigma, alpha):
+    """Independent reference: log E_{z~N(0,σ²)}[(1−q+q·e^((2z−1)/(2σ²)))^α]/(α−1) by mpmath.
+
+    Integer α: the finite binomial sum with exact binomials; fractional α: quadrature.
+    """
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    q, s, a = mp.mpf(q), mp.mpf(sigma), mp.mpf(alpha)
+    if float(alpha).is_integer():
+        n = int(alpha)
+        total = mp.fsum(mp.binomial(n, k) * (1 - q) ** (n - k) * q**k * mp.e ** ((k * k - k) / (2 * s**2))
+                        for k in range(n + 1))
+    else:
+        f = lambda z: mp.npdf(z, 0, s) * (1 - q + q * mp.e ** ((2 * z - 1) / (2 * s**2))) ** a
+        cuts = [mp.mpf(x) for x in range(-20 * int(sigma) - 50, 2 * int(alpha) + 50, 10)]
+        total = mp.quad(f, [-mp.inf, *cuts, mp.inf])
+    return float(mp.log(total) / (a - 1))
+
+
+@pytest.mark.parametrize("sigma,q", [(0.5, 0.01), (1.0, 0.004), (2.0, 0.3), (5.0, 0.9),
+                                     (0.8, 1e-5), (30.0, 0.5)])
+def test_own_integer_order_sum_equals_opacus_up_to_1024(sigma, q):
+    module = _opacus_rdp._module()
+    for a in [*range(2, 70), 128, 255, 512, 1000, 1024]:
+        ref = module._compute_rdp(q, sigma, float(a))
+        assert _sgm.integer_order(q, sigma, a) == pytest.approx(ref, rel=1e-10, abs=1e-13)
+
+
+@pytest.mark.parametrize("sigma,q,alpha", [(1.0, 0.01, 1500), (1.0, 0.01, 2000), (3.0, 0.1, 4096),
+                                           (10.0, 0.5, 3000)])
+def test_above_1024_opacus_is_nan_and_ours_is_the_exact_sum(sigma, q, alpha):
+    if alpha >= 1030:
+        assert math.isnan(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=[float(alpha)])[0])
+    ours = M.SubsampledGaussian(sigma, q).rdp([float(alpha)])[0]
+    assert ours == pytest.approx(_exact_sgm(q, sigma, alpha), rel=1e-12)
+
+
+@pytest.mark.parametrize("sigma,q,alpha", [(100.0, 0.5, 100.5), (8.0, 0.3, 100.5), (10.0, 0.1, 300.25)])
+def test_opacus_garbage_at_fractional_orders_becomes_a_valid_bound(sigma, q, alpha):
+    raw = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=[alpha])[0]
+    exact = _exact_sgm(q, sigma, alpha)
+    assert raw < 0 < exact  # Opacus' series stopped before the terms that matter
+    ours = M.SubsampledGaussian(sigma, q).rdp([alpha])[0]
+    assert ours == M.SubsampledGaussian(sigma, q).rdp([math.ceil(alpha)])[0]  # ε(⌈α⌉)
+    assert exact <= ours <= exact * 1.01
+
+
+@pytest.mark.parametrize("sigma,q,alpha", [(1e100, 0.5, 1.1), (1e6, 0.5, 1.1), (1e5, 0.5, 1.2)])
+def test_fractional_orders_whose_series_opacus_cannot_sum_terminate_with_a_bound(sigma, q, alpha):
+    # Opacus would sum over 10^5 terms, for seconds to forever (scripts/sgm_limits.py).
+    assert _sgm.series_terms(q, sigma, alpha) is None
+    ours = M.SubsampledGaussian(sigma, q, steps=10).rdp([alpha, 2.0])
+    gaussian = 10 * M.Gaussian(sigma).rdp([alpha, 2.0])
+    assert 0 < ours[1] <= gaussian[1]
+    assert ours[0] == min(ours[1], gaussian[0])  # ε(2) bounds ε(α ≤ 2), and so does α/(2σ²)
+
+
+@pytest.mark.parametrize("sigma,q,alpha", [(1.0, 0.01, 1.1), (0.5, 0.5, 1.1), (1e4, 0.5, 1.1),
+                                           (10.0, 0.5, 7.3), (0.3, 0.2, 63.5), (2.0, 0.9, 500.5),
+                                           (20.0, 0.4, 63.5)])
+def test_predicted_series_length_is_what_opacus_sums(sigma, q, alpha, monkeypatch):
+    module = _opacus_rdp._module()
+    calls = []
+
+    class Counting:  # scipy.special as Opacus sees it, counting one binom per term
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def binom(self, n, k):
+            calls.append(k)
+            return real.binom(n, k)
+
+    real = module.special
+    monkeypatch.setattr(module, "special", Counting())
+    module._compute_rdp(q, sigma, alpha)
+    predicted = _sgm.series_terms(q, sigma, alpha)
+    # Never fewer (Opacus must stop by then); a few more where terms hover near e^-30.
+    assert len(calls) <= predicted <= 1.05 * len(calls) + 2
+
+
+def test_round_off_decreases_in_opacus_are_raised_never_lowered():
+    grid = sorted({1.0001, 1.001, 1.01, *DEFAULT_ORDERS})
+    decreasing = 0
+    for sigma, q in [(0.5, 1e-5), (0.8, 1e-5), (10.0, 1e-5)]:
+        ref = compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=grid)
+        ours = M.SubsampledGaussian(sigma, q).rdp(grid)
+        running = np.maximum.accumulate(ref)
+        decreasing += (ref < running).any()  # Opacus itself decreases (round-off near α = 1)
+        np.testing.assert_array_equal(ours, running)  # the envelope: raised to the running max
+        assert (ours - ref).max() < 1e-10
+    assert decreasing
+
+
+@pytest.mark.parametrize("sigma,q", [(0.5, 0.05), (0.8, 0.01), (1.1, 0.004), (2.0, 0.3), (5.0, 0.5),
+                                     (10.0, 0.9), (1.0, 1e-5)])
+def test_equals_opacus_bit_for_bit_on_the_default_grid(sigma, q):
+    for steps in (1, 999):
+        ref = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(DEFAULT_ORDERS))
+        np.testing.assert_array_equal(M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS), ref)
