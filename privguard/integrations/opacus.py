@@ -324,6 +324,8 @@ class AttachHandle:
         self._rate = rate
         self._coordinator = coordinator
         self._next_ok = True
+        self._last_key: tuple[float, float] | None = None
+        self._last_mechanism: M.SubsampledGaussian | None = None
         self._active = False
         self._engine: Any = None
         self._engine_accountant: Any = None
@@ -358,8 +360,11 @@ class AttachHandle:
             accumulated = self.optimizer.accumulated_iterations or 1
         except ValueError:  # no per-sample gradients yet (before the first backward)
             pass
-        return M.SubsampledGaussian(float(self.optimizer.noise_multiplier),
-                                    self._rate() * accumulated)
+        key = (float(self.optimizer.noise_multiplier), self._rate() * accumulated)
+        if key != self._last_key:  # a frozen value object: reuse it while σ and q hold
+            self._last_mechanism = M.SubsampledGaussian(*key)
+            self._last_key = key
+        return self._last_mechanism
 
     def can_step(self) -> bool:
         """Whether the ledger would admit the next real step (nothing is charged).
