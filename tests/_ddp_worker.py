@@ -135,4 +135,41 @@ def shared_file(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"replicas": replicas, "shared_file": shared_file}
+def checkpoint(rank: int, workdir: str, epsilon: float) -> dict:
+    """In-memory replicas through Opacus' checkpoint (saved by rank 0, loaded by every rank,
+    Opacus' order); then a load on rank 0 alone meets a step on rank 1: both raise."""
+    import torch.distributed as dist
+
+    from privguard import Ledger
+    from privguard.integrations.opacus import RankDisagreementError, attach
+
+    engine, model, opt, loader = _setup()
+    attach(opt, Ledger(epsilon, DELTA), data_loader=loader, privacy_engine=engine)
+    batches = _batches(loader)
+    for _ in range(4):
+        _one_step(model, opt, next(batches))
+    path = f"{workdir}/ddp.pt"
+    if rank == 0:
+        engine.save_checkpoint(path=path, module=model, optimizer=opt)
+    dist.barrier()
+    engine, model, opt, loader = _setup()
+    ckpt = engine.load_checkpoint(path=path, module=model, optimizer=opt)
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
+    out: dict = {"resumed": len(ledger.history), "replayed": handle.steps_replayed}
+    batches = _batches(loader)
+    for _ in range(2):
+        _one_step(model, opt, next(batches))
+    out["journal"] = len(ledger.history)
+    try:
+        if rank == 0:
+            engine.load_checkpoint(path=path, module=model, optimizer=opt)
+        else:
+            _one_step(model, opt, next(batches))
+        out["mismatch"] = "not detected"
+    except RankDisagreementError:
+        out["mismatch"] = "refused"
+    return out
+
+
+SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "checkpoint": checkpoint}

@@ -97,3 +97,11 @@ def test_one_shared_file_is_charged_once_per_global_step_and_refuses_on_every_ra
     journal = Ledger.open(db).history
     assert len(journal) == k  # not 2k: one charge per global step
     assert len({rec.pid for rec in journal}) == 1  # only one rank charged the shared file
+
+
+def test_checkpoints_under_ddp_and_ranks_out_of_step_are_refused_not_hung(tmp_path):
+    r0, r1 = launch("checkpoint", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        assert r["resumed"] == 4 and r["replayed"] == 0  # each replica took the state
+        assert r["journal"] == 6
+        assert r["mismatch"] == "refused"  # a load on one rank met a step on the other

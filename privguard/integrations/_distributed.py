@@ -21,7 +21,7 @@ The protocol (every rank runs it, at the same point):
    :class:`RankDisagreementError`.
 2. **Each step.** Each charger charges its ledger (one atomic
    check-and-charge) and asks whether the next step of the same σ and q
-   would fit. Every rank then all-gathers ``(status, σ, q, next fits)`` and
+   would fit. Every rank then all-gathers ``(operation, status, σ, q, next fits)`` and
    decides from the same table: all chargers admitted → every rank updates;
    all refused → every rank raises :class:`privguard.BudgetExhausted` before
    any update; anything else (mixed verdicts, an error on some rank, ranks
@@ -31,8 +31,10 @@ The protocol (every rank runs it, at the same point):
 
 So each distinct ledger is charged exactly once per global step (a shared
 file once in all), ledger replicas stay equal, and no rank enters the
-gradient ``all_reduce`` alone. The cost is one ``all_gather`` of four numbers
-per step. A ledger that is not on a file local to the host (a future server
+gradient ``all_reduce`` alone. The cost is one ``all_gather`` of five numbers
+per step. Loading a checkpoint through the engine is collective too (every
+rank loads, as every rank attached); ranks found in different operations
+raise :class:`RankDisagreementError` instead of pairing the wrong rows. A ledger that is not on a file local to the host (a future server
 store) is shared when its ``path`` is equal on every rank.
 """
 
@@ -52,6 +54,10 @@ from privguard._ledger import Ledger
 __all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
 
 NOT_CHARGER, ADMITTED, REFUSED, ERROR = 0.0, 1.0, 2.0, 3.0
+# Which collective a row belongs to: ranks at different points (one loading a checkpoint,
+# another stepping) meet in the same all_gather; the tag turns that into an error on both.
+_STEP, _RUN, _FIT = 1.0, 2.0, 3.0
+_OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach"}
 
 
 class RankDisagreementError(LedgerStateError):
@@ -157,7 +163,7 @@ class Coordinator:
                     status, err = REFUSED, exc
         except Exception as exc:  # reported to every rank below
             status, err = ERROR, exc
-        table = self._gather([status, sigma, q, next_ok])
+        table = self._gather(_STEP, [status, sigma, q, next_ok])
         self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
                             for r, row in enumerate(table)],
                            err if status == ERROR else None, "while charging a step")
@@ -179,7 +185,7 @@ class Coordinator:
                 status = ADMITTED if attempt() else REFUSED
         except Exception as exc:
             status, err = ERROR, exc
-        table = self._gather([status, 0.0, 0.0, 1.0])
+        table = self._gather(_RUN, [status, 0.0, 0.0, 1.0])
         self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
                             for r, row in enumerate(table)], err, what)
         verdicts = {table[r][0] for r in self.chargers}
@@ -197,16 +203,24 @@ class Coordinator:
                 ok = float(fits())
         except Exception:
             ok = 0.0
-        table = self._gather([NOT_CHARGER, 0.0, 0.0, ok])
+        table = self._gather(_FIT, [NOT_CHARGER, 0.0, 0.0, ok])
         return all(table[r][3] > 0.5 for r in self.chargers)
 
     # --------------------------------------------------------------- helpers
-    def _gather(self, row: list[float]) -> list[list[float]]:
+    def _gather(self, op: float, row: list[float]) -> list[list[float]]:
+        """All-gather one row per rank; every rank must be in the same operation."""
         torch = self._torch
-        mine = torch.tensor(row, dtype=torch.float64, device=self._device)
+        mine = torch.tensor([op, *row], dtype=torch.float64, device=self._device)
         out = [torch.empty_like(mine) for _ in range(self.world)]
         self._dist.all_gather(out, mine)
-        return [t.tolist() for t in out]
+        table = [t.tolist() for t in out]
+        for r, other in enumerate(table):
+            if other[0] != op:
+                raise RankDisagreementError(
+                    f"rank {r} is in {_OPS.get(other[0], 'another operation')} while rank "
+                    f"{self.rank} is in {_OPS[op]}: every rank must attach, step and load "
+                    "checkpoints together")
+        return [row[1:] for row in table]
 
     def _raise_errors(self, errors: list[Any], local: BaseException | None, what: str) -> None:
         if local is not None:
