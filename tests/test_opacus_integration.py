@@ -549,3 +549,17 @@ def test_bad_arguments_name_the_argument():
             attach(opt, Ledger(delta=DELTA), data_loader=loader, **kwargs)
         assert info.value.argument == name
     assert opt.step_hook is not None and "step" not in vars(opt)  # nothing was attached
+
+
+def test_ledger_accountant_refuses_a_distributed_optimizer(monkeypatch):
+    import privguard.integrations.opacus as integration
+
+    ledger = Ledger(delta=DELTA)
+    hook = LedgerAccountant(ledger).get_optimizer_hook_fn(sample_rate=0.01)
+    engine, model, opt, loader = make_private()
+    monkeypatch.setattr(integration, "is_distributed", lambda optimizer: True)
+    with pytest.raises(InvalidArgumentError, match="attach"):
+        hook(opt)  # what every rank would run: each raises, before any update
+    assert len(ledger.history) == 0
+    with pytest.raises(InvalidArgumentError, match="label"):
+        LedgerAccountant(ledger, label=7)

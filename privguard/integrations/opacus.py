@@ -148,9 +148,11 @@ class LedgerAccountant(IAccountant):
         super().__init__()
         if not isinstance(ledger, Ledger):
             raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if label is not None and not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string or None")
         self.ledger = ledger
         self.label = label
-        self._charge = charge
+        self._charge = bool(charge)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         if self._charge:
@@ -358,7 +360,7 @@ class AttachHandle:
         accumulated = 1
         try:
             accumulated = self.optimizer.accumulated_iterations or 1
-        except ValueError:  # no per-sample gradients yet (before the first backward)
+        except (ValueError, AttributeError):  # no per-sample gradients yet (before a backward)
             pass
         key = (float(self.optimizer.noise_multiplier), self._rate() * accumulated)
         if key != self._last_key:  # a frozen value object: reuse it while σ and q hold
