@@ -505,15 +505,16 @@ def _replay(ledger: Ledger, todo: History, label: str, coordinator: Coordinator 
 
     def refusal() -> BudgetExhausted:
         step = refused[0] if refused else steps[0]
+        outcome = ("nothing was charged and nothing was attached" if label == REPLAY_LABEL
+                   else "nothing was charged; do not train on from this checkpoint")
         return BudgetExhausted(
             f"the {len(steps)} steps Opacus' accountant recorded ({_describe(todo)}) do not "
-            f"fit the ledger's budget ({label!r}); nothing was charged and nothing was "
-            "attached. Start a new ledger only if these steps were already accounted "
-            "elsewhere; otherwise the budget is spent",
+            f"fit the ledger's budget ({label!r}); {outcome}. Start a new ledger only if "
+            "these steps were already accounted elsewhere; otherwise the budget is spent",
             requested=step, label=label, remaining=ledger.remaining(step))
 
     if coordinator is not None:
-        coordinator.run(attempt, "while charging the steps recorded before attach", refusal)
+        coordinator.run(attempt, f"while charging the steps Opacus recorded ({label!r})", refusal)
     elif not attempt():
         raise refusal()
     return len(steps)
