@@ -552,12 +552,12 @@ def test_bad_arguments_name_the_argument():
 
 
 def test_ledger_accountant_refuses_a_distributed_optimizer(monkeypatch):
-    import privguard.integrations.opacus as integration
+    import privguard.integrations._accountants as accountants
 
     ledger = Ledger(delta=DELTA)
     hook = LedgerAccountant(ledger).get_optimizer_hook_fn(sample_rate=0.01)
     engine, model, opt, loader = make_private()
-    monkeypatch.setattr(integration, "is_distributed", lambda optimizer: True)
+    monkeypatch.setattr(accountants, "is_distributed", lambda optimizer: True)
     with pytest.raises(InvalidArgumentError, match="attach"):
         hook(opt)  # what every rank would run: each raises, before any update
     assert len(ledger.history) == 0

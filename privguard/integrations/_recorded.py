@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["History", "find_opacus_hook", "history_of", "steps_beyond", "total_steps"]
+from privguard import mechanisms as M
+from privguard._errors import BudgetExhausted
+
+__all__ = ["History", "find_opacus_hook", "history_of", "replay", "steps_beyond", "total_steps"]
 
 History = list[tuple[float, float, int]]
 
@@ -114,3 +117,56 @@ def _expand_runs(history: History) -> History:
         else:
             out.append((s, q, k))
     return out
+
+
+def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = None,
+           error: Exception | None = None, *, attach_label: str | None = None) -> int:
+    """Charge ``todo`` to ``ledger`` one record per step, all or nothing.
+
+    The whole sequence is first tried on a separate in-memory copy of the
+    ledger, so a refusal charges nothing. Returns the number of steps charged.
+    """
+    steps = [step for s, q, k in todo for step in [M.SubsampledGaussian(s, q)] * k]
+    refused: list[M.SubsampledGaussian] = []
+
+    def attempt() -> bool:
+        if error is not None:
+            raise error
+        if not steps:
+            return True
+        trial = type(ledger).load_state_dict(ledger.state_dict())
+        for step in steps:
+            try:
+                trial.charge(step, label=label)
+            except BudgetExhausted:
+                refused.append(step)
+                return False
+        for i, step in enumerate(steps):
+            try:
+                ledger.charge(step, label=label)
+            except BudgetExhausted as exc:  # another process charged the file meanwhile
+                raise BudgetExhausted(
+                    f"{i} of the {len(steps)} steps Opacus recorded were charged ({label!r}); "
+                    f"then the ledger refused: {exc}", requested=step, label=label,
+                    remaining=exc.remaining) from exc
+        return True
+
+    def refusal() -> BudgetExhausted:
+        step = refused[0] if refused else steps[0]
+        outcome = ("nothing was charged and nothing was attached" if label == attach_label
+                   else "nothing was charged; do not train on from this checkpoint")
+        return BudgetExhausted(
+            f"the {len(steps)} steps Opacus' accountant recorded ({_describe(todo)}) do not "
+            f"fit the ledger's budget ({label!r}); {outcome}. Start a new ledger only if "
+            "these steps were already accounted elsewhere; otherwise the budget is spent",
+            requested=step, label=label, remaining=ledger.remaining(step))
+
+    if coordinator is not None:
+        coordinator.run(attempt, f"while charging the steps Opacus recorded ({label!r})", refusal)
+    elif not attempt():
+        raise refusal()
+    return len(steps)
+
+
+def _describe(history: History) -> str:
+    return ", ".join(f"{k} × (σ={s:g}, q={q:g})" for s, q, k in history)
