@@ -26,13 +26,19 @@ DELTA = 1e-5
 Q = 64 / 4096
 
 
-def small_cnn_step(with_ledger: bool):
+def _model(kind: str) -> nn.Module:
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(16 * 16, 64), nn.ReLU(), nn.Linear(64, 2))
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8 * 12 * 12, 2))
+
+
+def dp_sgd_step(with_ledger: bool, kind: str = "cnn"):
     torch.manual_seed(0)
     x = torch.randn(4096, 1, 16, 16)
     data = TensorDataset(x, (x.mean((1, 2, 3)) > 0).long())
-    model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(8 * 12 * 12, 2))
-    engine = PrivacyEngine()  # Opacus' own RDP accountant stays attached in both cases
+    model = _model(kind)
+    engine = PrivacyEngine(accountant="rdp")  # Opacus' own accountant stays attached in both
     model, opt, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(data, batch_size=64), noise_multiplier=1.0, max_grad_norm=1.0)
@@ -50,12 +56,22 @@ def small_cnn_step(with_ledger: bool):
 
 @pytest.mark.benchmark(group="DP-SGD step, small CNN, batch 64 (CPU)")
 def test_opacus_step_with_rdp_accountant(benchmark):
-    benchmark.pedantic(small_cnn_step(False), rounds=200, iterations=1, warmup_rounds=10)
+    benchmark.pedantic(dp_sgd_step(False), rounds=200, iterations=1, warmup_rounds=10)
 
 
 @pytest.mark.benchmark(group="DP-SGD step, small CNN, batch 64 (CPU)")
 def test_privguard_attached_step(benchmark):
-    benchmark.pedantic(small_cnn_step(True), rounds=200, iterations=1, warmup_rounds=10)
+    benchmark.pedantic(dp_sgd_step(True), rounds=200, iterations=1, warmup_rounds=10)
+
+
+@pytest.mark.benchmark(group="DP-SGD step, small MLP, batch 64 (CPU)")
+def test_opacus_mlp_step_with_rdp_accountant(benchmark):
+    benchmark.pedantic(dp_sgd_step(False, "mlp"), rounds=500, iterations=1, warmup_rounds=20)
+
+
+@pytest.mark.benchmark(group="DP-SGD step, small MLP, batch 64 (CPU)")
+def test_privguard_attached_mlp_step(benchmark):
+    benchmark.pedantic(dp_sgd_step(True, "mlp"), rounds=500, iterations=1, warmup_rounds=20)
 
 
 def _histories(adaptive: bool, steps: int = 2000):
@@ -101,3 +117,32 @@ for _adaptive in (False, True):
     globals()[f"test_privguard_epsilon_{_suffix}"] = _privguard
     globals()[f"test_opacus_rdp_get_epsilon_{_suffix}"] = _opacus_rdp
     globals()[f"test_opacus_prv_get_epsilon_{_suffix}"] = _opacus_prv
+
+
+def interleaved_ratio(kind: str = "mlp", rounds: int = 400) -> tuple[float, float, float]:
+    """Median step time with the ledger attached over Opacus alone, the two steps
+    alternated in one loop so that load on a shared machine hits both alike.
+
+    Returns (median Opacus µs, median attached µs, ratio).
+    """
+    import time
+
+    torch.set_num_threads(1)
+    plain, attached = dp_sgd_step(False, kind), dp_sgd_step(True, kind)
+    for _ in range(20):
+        plain(), attached()
+    a, b = [], []
+    for i in range(rounds):
+        for fn, out in ((plain, a), (attached, b)) if i % 2 else ((attached, b), (plain, a)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    ma, mb = float(np.median(a)) * 1e6, float(np.median(b)) * 1e6
+    return ma, mb, mb / ma
+
+
+if __name__ == "__main__":  # python benchmarks/test_bench_integration.py
+    for _kind in ("mlp", "cnn"):
+        _a, _b, _r = interleaved_ratio(_kind)
+        print(f"small {_kind.upper()}, batch 64, 1 thread: Opacus {_a:.1f} µs, attached "
+              f"{_b:.1f} µs per step (medians, interleaved): {_r:.3f}×")

@@ -1,10 +1,15 @@
-"""Put a privguard ledger under an existing Opacus training loop: two added lines.
+"""Put a privguard ledger under an existing Opacus training loop: two added lines,
+a checkpoint and a resumed run that keeps the spent budget.
 
 Run: python examples/wrap_opacus_loop.py
 """
 
+import os
+import tempfile
+
 import torch
 from opacus import PrivacyEngine
+from opacus.accountants import PRVAccountant
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -14,23 +19,53 @@ from privguard.integrations.opacus import attach
 torch.manual_seed(0)
 x = torch.randn(2048, 20)
 data = TensorDataset(x, (x[:, :2].sum(1) > 0).long())
-model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 2))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
-engine = PrivacyEngine()
-model, optimizer, loader = engine.make_private(
-    module=model, optimizer=optimizer, data_loader=DataLoader(data, batch_size=64),
-    noise_multiplier=1.0, max_grad_norm=1.0)
 
-ledger = Ledger(epsilon=3.0, delta=1e-5)                          # added line 1
-attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)  # added line 2
 
-try:
-    for epoch in range(100):
+def make_private():
+    """The user's Opacus setup. accountant="rdp": Opacus then counts as the ledger does."""
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+        data_loader=DataLoader(data, batch_size=128), noise_multiplier=1.5, max_grad_norm=1.0)
+    return engine, model, optimizer, loader
+
+
+def train(model, optimizer, loader, epochs, engine):
+    for epoch in range(epochs):
         for xb, yb in loader:
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
-            optimizer.step()             # charged here; refused before the update if over budget
-        print(f"epoch {epoch}: ε = {engine.get_epsilon(1e-5):.3f} (the ledger's running ε)")
+            optimizer.step()         # charged here; refused before the update if over budget
+        eps = engine.get_epsilon(1e-5)  # the ledger's running ε (odometer)
+        print(f"epoch {epoch}: ε = {eps:.3f} (the ledger's running ε)")
+
+
+# ---- first run: two epochs, then a checkpoint
+engine, model, optimizer, loader = make_private()
+ledger = Ledger(epsilon=3.0, delta=1e-5)                               # added line 1
+attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)   # added line 2
+train(model, optimizer, loader, 2, engine)
+checkpoint = os.path.join(tempfile.mkdtemp(), "checkpoint.pt")
+engine.save_checkpoint(path=checkpoint, module=model, optimizer=optimizer)  # ledger included
+print(f"checkpoint after {len(ledger.history)} steps")
+
+# ---- resumed run (a new process would start here): Opacus' usual order
+engine, model, optimizer, loader = make_private()
+ckpt = engine.load_checkpoint(path=checkpoint, module=model, optimizer=optimizer)
+ledger = Ledger(epsilon=3.0, delta=1e-5)  # in memory: its state comes from the checkpoint
+attach(optimizer, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
+print(f"resumed with {len(ledger.history)} steps already charged")
+try:
+    train(model, optimizer, loader, 100, engine)
 except BudgetExhausted as exc:
     print(f"stopped: {exc.remaining}")
-print(f"{len(ledger.history)} steps charged; report: {ledger.guarantee()}")
+
+steps = sum(n for _, _, n in engine.accountant.history)  # Opacus' own record, kept too
+prv = PRVAccountant()
+prv.history = list(engine.accountant.history)
+print(f"{len(ledger.history)} steps charged ({steps} recorded by Opacus); "
+      f"report: {ledger.guarantee()}; running ε (odometer) {ledger.epsilon():.3f}")
+print(f"the same steps by Opacus' RDP accountant: ε = {ledger.nonadaptive_epsilon():.3f} "
+      "(valid only for a run fixed in advance); by Opacus' default PRV accountant: "
+      f"ε = {prv.get_epsilon(1e-5):.3f}")

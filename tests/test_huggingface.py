@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 import transformers  # privguard[huggingface], installed by the test extra
@@ -11,9 +13,10 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from privguard import Ledger
+from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard.integrations.huggingface import LEDGER_FILE, LedgerTrainerCallback
+from privguard.integrations.opacus import NonPoissonSamplingError, attach
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 N, BATCH = 256, 32
@@ -51,7 +54,7 @@ class PoissonTrainer(transformers.Trainer):
         return DPDataLoader.from_data_loader(base)
 
 
-def make_trainer(tmp_path, ledger, **kw):
+def make_trainer(tmp_path, ledger, trainer_cls=None, cb_kwargs=None, **kw):
     torch.manual_seed(0)
     model = GradSampleModule(Tiny())
     opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
@@ -59,9 +62,9 @@ def make_trainer(tmp_path, ledger, **kw):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=BATCH, logging_steps=1,
         report_to=[], use_cpu=True, remove_unused_columns=False, disable_tqdm=True, **kw)
-    cb = LedgerTrainerCallback(ledger, sample_rate=BATCH / N)
-    return PoissonTrainer(model=model, args=args, train_dataset=Pairs(),
-                          optimizers=(opt, None), callbacks=[cb]), cb
+    cb = LedgerTrainerCallback(ledger, **(cb_kwargs or {}))  # the rate: from the loader
+    return (trainer_cls or PoissonTrainer)(model=model, args=args, train_dataset=Pairs(),
+                                           optimizers=(opt, None), callbacks=[cb]), cb
 
 
 def test_charges_logs_and_stops_at_exhaustion(tmp_path):
@@ -85,3 +88,76 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
     trainer2, _ = make_trainer(tmp_path, fresh, max_steps=6, save_strategy="no")
     trainer2.train(resume_from_checkpoint=str(ckpt))
     assert len(fresh.history) == 6  # 4 restored + 2 new
+    assert {r.mechanism.sample_rate for r in fresh.history} == {BATCH / N}  # read from the loader
+
+
+def test_a_plain_trainer_shuffled_loader_is_refused_before_any_step(tmp_path):
+    ledger = Ledger(delta=1e-5)
+    trainer, cb = make_trainer(tmp_path, ledger, trainer_cls=transformers.Trainer, max_steps=3,
+                               save_strategy="no")
+    with pytest.raises(NonPoissonSamplingError) as info:
+        trainer.train()
+    assert info.value.argument == "train_dataloader" and len(ledger.history) == 0
+    opted_out = Ledger(delta=1e-5)
+    trainer, cb = make_trainer(tmp_path, opted_out, trainer_cls=transformers.Trainer,
+                               cb_kwargs={"check_poisson": False, "sample_rate": BATCH / N},
+                               max_steps=3, save_strategy="no")
+    trainer.train()
+    assert len(opted_out.history) == 3  # the explicit, documented opt-out
+
+
+def _train_and_save(tmp_path, ledger):
+    trainer, cb = make_trainer(tmp_path, ledger, max_steps=4, save_strategy="steps",
+                               save_steps=4)
+    trainer.train()
+    return tmp_path / "checkpoint-4"
+
+
+def test_a_resume_never_rewinds_and_never_starts_a_fresh_budget(tmp_path):
+    ledger = Ledger(delta=1e-5)
+    ckpt = _train_and_save(tmp_path, ledger)
+    ledger.charge(M.SubsampledGaussian(1.0, BATCH / N), label="a later step")
+    trainer, _ = make_trainer(tmp_path, ledger, max_steps=6, save_strategy="no")
+    trainer.train(resume_from_checkpoint=str(ckpt))
+    assert len(ledger.history) == 7  # 4 + the later one (not rewound) + 2 new
+    foreign = Ledger(delta=1e-5)
+    foreign.charge(M.Gaussian(5.0), label="another run")
+    trainer, _ = make_trainer(tmp_path, foreign, max_steps=6, save_strategy="no")
+    with pytest.raises(LedgerStateError):
+        trainer.train(resume_from_checkpoint=str(ckpt))
+    (ckpt / LEDGER_FILE).unlink()
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_strategy="no")
+    with pytest.raises(LedgerStateError, match="fresh budget"):
+        trainer.train(resume_from_checkpoint=str(ckpt))
+
+
+def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
+    db = str(tmp_path / "ledger.db")
+    ckpt = _train_and_save(tmp_path, Ledger(delta=1e-5, path=db))
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_strategy="no")
+    with pytest.raises(LedgerStateError, match="ledger.db"):
+        trainer.train(resume_from_checkpoint=str(ckpt))
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db), max_steps=6,
+                              save_strategy="no")
+    trainer.train(resume_from_checkpoint=str(ckpt))
+    assert len(Ledger.open(db).history) == 6
+
+
+def test_the_callback_pickles_without_its_live_attachment():
+    ledger = Ledger(delta=1e-5)
+    model = GradSampleModule(Tiny())
+    opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+                      max_grad_norm=1.0, expected_batch_size=BATCH)
+    cb = LedgerTrainerCallback(ledger)
+    cb.handle = attach(opt, ledger, sample_rate=BATCH / N, check_poisson=False)
+    ledger.charge(M.SubsampledGaussian(1.0, BATCH / N))
+    copy = pickle.loads(pickle.dumps(cb))
+    assert copy.handle is None and len(copy.ledger.history) == 1
+
+
+def test_bad_arguments():
+    for kwargs, name in [({"check_poisson": "no"}, "check_poisson"), ({"label": 1}, "label"),
+                         ({"log_name": None}, "log_name")]:
+        with pytest.raises(InvalidArgumentError) as info:
+            LedgerTrainerCallback(Ledger(delta=1e-5), **kwargs)
+        assert info.value.argument == name

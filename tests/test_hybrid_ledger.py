@@ -77,3 +77,42 @@ def test_the_first_charge_fixes_the_envelope_when_no_plan_is_declared():
     declared = Ledger(3.0, 1e-5, plan=step, filter="hybrid")
     assert admitted(ledger, step) == declared._acc.filter.steps_a == admitted(declared, step)
     assert ledger.plan == Plan(step)
+
+
+def test_make_private_with_epsilon_and_attach_run_the_planned_steps():
+    # Issue 16: Opacus calibrates σ with PRV (its default); a ledger at the same target
+    # with the plan and filter="hybrid", attached the README's way, admits the run.
+    import warnings
+
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    x = torch.randn(1024, 8)
+    data = TensorDataset(x, (x[:, 0] > 0).long())
+    engine = PrivacyEngine()  # accountant="prv", Opacus' default
+    epochs = 4
+    net = nn.Linear(8, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, loader = engine.make_private_with_epsilon(
+            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=64), target_epsilon=3.0, target_delta=1e-5,
+            epochs=epochs, max_grad_norm=1.0)
+    planned = epochs * len(loader)
+    step = M.SubsampledGaussian(optimizer.noise_multiplier, loader.sample_rate)
+    ledger = Ledger(3.0, 1e-5, plan=Plan(step, planned), filter="hybrid")
+    handle = attach(optimizer, ledger, data_loader=loader, on_exhausted="stop")
+    for _ in range(epochs):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            if len(xb):
+                nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+    assert handle.steps_charged >= 0.97 * planned
+    rdp_only = Ledger(3.0, 1e-5, plan=Plan(step, planned))
+    assert rdp_only.remaining(step).repeats < handle.steps_charged

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pytest
@@ -15,9 +16,10 @@ from opacus import GradSampleModule  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
 
-from privguard import Ledger  # noqa: E402
+from privguard import InvalidArgumentError, Ledger, LedgerStateError  # noqa: E402
 from privguard import mechanisms as M  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
+from privguard.integrations.opacus import NonPoissonSamplingError, attach  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -25,11 +27,12 @@ N, BATCH = 512, 32
 
 
 class Tiny(pl.LightningModule):
-    def __init__(self, noise: float = 1.0):
+    def __init__(self, noise: float = 1.0, poisson: bool = True):
         super().__init__()
         torch.manual_seed(0)
         self.net = GradSampleModule(nn.Linear(10, 2))
         self.noise = noise
+        self.poisson = poisson
         x = torch.randn(N, 10)
         self.data = TensorDataset(x, (x[:, 0] > 0).long())
 
@@ -43,7 +46,8 @@ class Tiny(pl.LightningModule):
                            expected_batch_size=BATCH)
 
     def train_dataloader(self):
-        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH))
+        plain = DataLoader(self.data, batch_size=BATCH, shuffle=True)
+        return DPDataLoader.from_data_loader(plain) if self.poisson else plain
 
 
 def trainer(cb, **kw):
@@ -76,3 +80,72 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
     t2.fit(Tiny(), ckpt_path=path)
     assert len(fresh.ledger.history) == 8  # 5 restored + 3 new
     assert [r.index for r in fresh.ledger.history] == list(range(8))
+
+
+def test_a_plain_shuffled_loader_is_refused_before_any_step():
+    ledger = Ledger(delta=1e-5)
+    model = Tiny(poisson=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonPoissonSamplingError) as info:
+        trainer(LedgerCallback(ledger), max_steps=3).fit(model)
+    assert info.value.argument == "train_dataloader"
+    assert len(ledger.history) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    opted_out = Ledger(delta=1e-5)
+    trainer(LedgerCallback(opted_out, check_poisson=False), max_steps=3).fit(Tiny(poisson=False))
+    assert len(opted_out.history) == 3  # the explicit, documented opt-out
+
+
+def _fit_and_save(tmp_path, ledger, steps=5):
+    t = trainer(LedgerCallback(ledger), max_steps=steps)
+    t.fit(Tiny())
+    path = tmp_path / "at5.ckpt"
+    t.save_checkpoint(path)
+    return path
+
+
+def test_a_resume_never_rewinds_and_refuses_a_foreign_ledger(tmp_path):
+    ledger = Ledger(delta=1e-5)
+    path = _fit_and_save(tmp_path, ledger)
+    trainer(LedgerCallback(ledger), max_steps=3).fit(Tiny())  # 3 more steps, same ledger
+    assert len(ledger.history) == 8
+    cb = LedgerCallback(ledger)
+    trainer(cb, max_steps=7).fit(Tiny(), ckpt_path=path)  # back to step 5, then 2 steps
+    assert len(ledger.history) == 10  # not rewound to 5: the 3 later steps stay spent
+    foreign = Ledger(delta=1e-5)
+    foreign.charge(M.Gaussian(5.0), label="another run")
+    with pytest.raises(LedgerStateError):
+        trainer(LedgerCallback(foreign), max_steps=7).fit(Tiny(), ckpt_path=path)
+    assert len(foreign.history) == 1
+
+
+def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
+    db = str(tmp_path / "ledger.db")
+    path = _fit_and_save(tmp_path, Ledger(delta=1e-5, path=db))
+    with pytest.raises(LedgerStateError, match="ledger.db"):
+        trainer(LedgerCallback(Ledger(delta=1e-5)), max_steps=8).fit(Tiny(), ckpt_path=path)
+    reopened = Ledger(delta=1e-5, path=db)
+    trainer(LedgerCallback(reopened), max_steps=8).fit(Tiny(), ckpt_path=path)
+    assert len(Ledger.open(db).history) == 8
+
+
+def test_the_callback_pickles_without_its_live_attachment():
+    ledger = Ledger(delta=1e-5)
+    model = Tiny()
+    cb = LedgerCallback(ledger)
+    cb.handle = attach(model.configure_optimizers(), ledger, sample_rate=BATCH / N,
+                       check_poisson=False)
+    ledger.charge(M.SubsampledGaussian(1.0, BATCH / N), label="step")
+    copy = pickle.loads(pickle.dumps(cb))
+    assert copy.handle is None and cb.handle is not None
+    assert [r.mechanism for r in copy.ledger.history] == [r.mechanism for r in ledger.history]
+
+
+def test_bad_arguments():
+    for kwargs, name in [({"check_poisson": 1}, "check_poisson"), ({"label": None}, "label"),
+                         ({"log_name": 3}, "log_name")]:
+        with pytest.raises(InvalidArgumentError) as info:
+            LedgerCallback(Ledger(delta=1e-5), **kwargs)
+        assert info.value.argument == name
+    with pytest.raises(InvalidArgumentError, match="ledger"):
+        LedgerCallback("not a ledger")

@@ -3,19 +3,32 @@
 Install: ``pip install 'privguard[huggingface]'``.
 
     from privguard.integrations.huggingface import LedgerTrainerCallback
-    trainer = Trainer(..., optimizers=(dp_optimizer, None),
-                      callbacks=[LedgerTrainerCallback(ledger, sample_rate=q)])
+    trainer = MyPoissonTrainer(..., optimizers=(dp_optimizer, None),
+                               callbacks=[LedgerTrainerCallback(ledger)])
 
 The model is an Opacus ``GradSampleModule`` and the optimizer an Opacus
-``DPOptimizer``; feed the Trainer Poisson-sampled batches (Opacus'
-``DPDataLoader``) — the accounting assumes Poisson sampling at rate
-``sample_rate``. When training begins the callback attaches the ledger to the
-optimizer (unwrapping accelerate's wrapper; "stop" mode): each real noisy
-step is charged before its update. After each step it sets
-``control.should_training_stop`` when the ledger would refuse the next one;
-at each log it adds the running ε to the Trainer's logs. At each checkpoint
-it writes the ledger state as ``privguard_ledger.json`` into the checkpoint
-folder, and reloads it when training resumes from that checkpoint.
+``DPOptimizer``. The accounting assumes Poisson-sampled batches, which the
+default Trainer does not produce (it shuffles into fixed-size batches):
+override ``get_train_dataloader`` to return Opacus' ``DPDataLoader``. When
+training begins the callback checks the training loader the Trainer passes
+to callbacks and refuses a non-Poisson one with
+:class:`~privguard.integrations.opacus.NonPoissonSamplingError`
+(``check_poisson=False`` is the explicit opt-out); the sample rate is read
+from the loader's Poisson sampler unless ``sample_rate`` is given. It then
+attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
+"stop" mode): each real noisy step is charged before its update. After each
+step it sets ``control.should_training_stop`` when the ledger would refuse
+the next one; at each log it adds the running ε to the Trainer's logs.
+
+Checkpoints: at each save it writes the ledger's checkpoint entry as
+``privguard_ledger.json`` into the checkpoint folder (an in-memory ledger's
+whole state, a file-backed ledger's path and journal fingerprint). When
+training resumes (``state.global_step > 0``) it brings the ledger to the
+entry of the checkpoint resumed from, looked up in
+``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``:
+a fresh in-memory ledger loads it, a file-backed ledger must be the same
+file, and a ledger is never rewound. A resume without an entry raises
+:class:`privguard.LedgerStateError` rather than start a fresh budget.
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
@@ -29,8 +42,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from privguard._errors import InvalidArgumentError
+from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._ledger import Ledger
+from privguard.integrations import _sampling
+from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import attach
 
@@ -47,30 +62,75 @@ class LedgerTrainerCallback(_tf.TrainerCallback):
     Args:
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
-            default: the rate of Opacus' accountant hook on the optimizer.
+            default: the rate of the training loader's Poisson sampler, else
+            of Opacus' accountant hook on the optimizer.
         log_name: key of the running ε in the Trainer's logs.
         label: label of each charge.
+        check_poisson: refuse a training loader that does not sample by
+            Poisson sampling (default True). ``False`` is the explicit
+            opt-out: the reported ε then does not hold unless the batches are
+            Poisson.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> LedgerTrainerCallback(Ledger(delta=1e-5)).log_name
+        'privacy_epsilon'
     """
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
-                 log_name: str = "privacy_epsilon", label: str = "step") -> None:
+                 log_name: str = "privacy_epsilon", label: str = "step",
+                 check_poisson: bool = True) -> None:
         if not isinstance(ledger, Ledger):
             raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if not isinstance(log_name, str):
+            raise InvalidArgumentError("log_name", log_name, "must be a string")
+        if not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string")
+        if not isinstance(check_poisson, bool):
+            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
         self.label = label
+        self.check_poisson = check_poisson
         self.handle = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                       **kwargs: Any) -> None:
-        if state.global_step > 0:  # resuming: restore the journal saved with the checkpoint
-            path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}", LEDGER_FILE)
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
+        self._detach()  # a previous train() that ended in an exception
+        optimizer = find_dp_optimizer(optimizer)
+        if train_dataloader is not None and self.check_poisson:
+            _sampling.check_poisson(train_dataloader, "train_dataloader")
+        if state.global_step > 0:
+            self._resume(args, state)
+        self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
+                             data_loader=train_dataloader, label=self.label,
+                             on_exhausted="stop", check_poisson=self.check_poisson)
+
+    def _resume(self, args: Any, state: Any) -> None:
+        """Bring the ledger to the entry saved with the checkpoint resumed from."""
+        folders = []
+        if isinstance(getattr(args, "resume_from_checkpoint", None), str):
+            folders.append(args.resume_from_checkpoint)
+        folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        for folder in folders:
+            path = os.path.join(folder, LEDGER_FILE)
             if os.path.exists(path):
-                with open(path) as fh:
-                    self.ledger.load_state_dict(json.load(fh))
-        self.handle = attach(find_dp_optimizer(optimizer), self.ledger,
-                             sample_rate=self.sample_rate, label=self.label, on_exhausted="stop")
+                try:
+                    with open(path) as fh:
+                        saved = json.load(fh)
+                except (OSError, ValueError) as exc:
+                    raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+                if is_entry(saved):
+                    restore(self.ledger, saved, where=path)
+                else:  # a bare ledger state, written by privguard 0.1
+                    self.ledger.load_state_dict(saved)
+                return
+        raise LedgerStateError(
+            f"training resumes at step {state.global_step} but no {LEDGER_FILE} was found in "
+            f"{folders}: the ledger would start a fresh budget. Resume from a checkpoint "
+            "written with this callback (set TrainingArguments(resume_from_checkpoint=<folder>) "
+            "when it is outside output_dir)")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:
@@ -89,12 +149,22 @@ class LedgerTrainerCallback(_tf.TrainerCallback):
             state.log_history[-1][self.log_name] = eps
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not getattr(state, "is_world_process_zero", True):
+            return  # one writer per checkpoint
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
-            json.dump(self.ledger.state_dict(), fh)
+            json.dump(ledger_entry(self.ledger), fh)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
         if self.handle is not None:
             self.handle.detach()
             self.handle = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["handle"] = None  # a live link to this process's optimizer
+        return state

@@ -6,13 +6,28 @@ Install: ``pip install 'privguard[lightning]'``.
     trainer = Trainer(callbacks=[LedgerCallback(ledger)])
 
 The LightningModule trains with an Opacus ``DPOptimizer`` (returned from
-``configure_optimizers``). The callback attaches the ledger to it when
-training starts (:func:`privguard.integrations.opacus.attach`, in "stop"
-mode): each real noisy step is charged before its update; steps Opacus does
-not account are not charged. After every batch it logs the running ε with
-``pl_module.log`` and sets ``trainer.should_stop`` when the ledger would
-refuse the next step. The ledger's state is saved in and restored from
-Lightning checkpoints.
+``configure_optimizers``) on Poisson-sampled batches (Opacus'
+``DPDataLoader``). When training starts the callback checks the training
+loader(s) Lightning will use — a loader that does not sample by Poisson
+sampling raises :class:`~privguard.integrations.opacus.NonPoissonSamplingError`
+before any step (``check_poisson=False`` is the explicit opt-out) — and
+attaches the ledger to the optimizer
+(:func:`privguard.integrations.opacus.attach`, in "stop" mode): each real
+noisy step is charged before its update; steps Opacus does not account are
+not charged. After every batch it logs the running ε with ``pl_module.log``
+and sets ``trainer.should_stop`` when the ledger would refuse the next step
+(under DDP the same flag on every rank).
+
+Checkpoints: the callback's state is the ledger's checkpoint entry (an
+in-memory ledger's whole state, a file-backed ledger's path and journal
+fingerprint). Resuming (``trainer.fit(..., ckpt_path=...)``) brings the
+ledger to it: a fresh in-memory ledger loads it, a file-backed ledger must be
+the same file, and a ledger is never rewound (one that already holds the
+checkpoint's journal and more keeps everything; one that holds something
+else raises :class:`privguard.LedgerStateError`). Pickling the callback (as
+spawn-based strategies do) pickles the ledger, not the live attachment; a
+copy of an in-memory ledger is a separate ledger, so prefer a file-backed
+ledger when the trainer runs in other processes.
 """
 
 from __future__ import annotations
@@ -22,6 +37,8 @@ from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
+from privguard.integrations import _sampling
+from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import attach
 
@@ -30,9 +47,17 @@ _pl = require("lightning.pytorch", "lightning")
 __all__ = ["LedgerCallback"]
 
 
-def _train_loader(trainer: Any) -> Any:
+def _train_loaders(trainer: Any) -> list:
+    """The training loaders Lightning iterates (unwrapping its CombinedLoader)."""
     loader = getattr(trainer, "train_dataloader", None)
-    return getattr(loader, "iterables", loader)  # Lightning's CombinedLoader
+    loaders = getattr(loader, "iterables", loader)
+    if loaders is None:
+        return []
+    if isinstance(loaders, dict):
+        return list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
 
 
 class LedgerCallback(_pl.Callback):
@@ -41,24 +66,40 @@ class LedgerCallback(_pl.Callback):
     Args:
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
-            default: read from the training DPDataLoader, else from Opacus'
-            accountant hook on the optimizer.
+            default: read from the training loader's Poisson sampler, else
+            from Opacus' accountant hook on the optimizer.
         log_name: the metric name for the running ε (logged when the ledger
             has a δ).
         label: label of each charge.
         prog_bar: show ε in the progress bar.
+        check_poisson: refuse training loaders that do not sample by Poisson
+            sampling (default True). ``False`` is the explicit opt-out: the
+            reported ε then does not hold unless the batches are Poisson.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> cb = LedgerCallback(Ledger(delta=1e-5))
+        >>> cb.state_key
+        'privguard.LedgerCallback[step]'
     """
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
-                 prog_bar: bool = True) -> None:
+                 prog_bar: bool = True, check_poisson: bool = True) -> None:
         if not isinstance(ledger, Ledger):
             raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if not isinstance(log_name, str):
+            raise InvalidArgumentError("log_name", log_name, "must be a string")
+        if not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string")
+        if not isinstance(check_poisson, bool):
+            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
         self.label = label
         self.prog_bar = prog_bar
+        self.check_poisson = check_poisson
         self.handle = None
 
     @property
@@ -66,13 +107,16 @@ class LedgerCallback(_pl.Callback):
         return f"privguard.LedgerCallback[{self.label}]"
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._detach()  # a previous fit that ended in an exception
         optimizer = find_dp_optimizer(trainer.optimizers)
-        loader = _train_loader(trainer)
-        from opacus.data_loader import DPDataLoader
-
-        data_loader = loader if isinstance(loader, DPDataLoader) else None
+        loaders = _train_loaders(trainer)
+        if self.check_poisson:
+            for loader in loaders:
+                _sampling.check_poisson(loader, "train_dataloader")
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
-                             data_loader=data_loader, label=self.label, on_exhausted="stop")
+                             data_loader=loaders[0] if len(loaders) == 1 else None,
+                             label=self.label, on_exhausted="stop",
+                             check_poisson=False)  # checked above, or opted out
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -85,12 +129,29 @@ class LedgerCallback(_pl.Callback):
             trainer.should_stop = True
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._detach()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
         if self.handle is not None:
             self.handle.detach()
             self.handle = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ledger": self.ledger.state_dict()}
+        return {"privguard": ledger_entry(self.ledger)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.ledger.load_state_dict(state_dict["ledger"])
+        if isinstance(state_dict, dict) and "privguard" in state_dict:
+            restore(self.ledger, state_dict["privguard"], where="LedgerCallback state")
+        elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
+            self.ledger.load_state_dict(state_dict["ledger"])
+        else:
+            raise InvalidArgumentError("state_dict", type(state_dict).__name__,
+                                       "is not a LedgerCallback state")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["handle"] = None  # a live link to this process's optimizer
+        return state

@@ -3,7 +3,7 @@
 Two lines::
 
     from privguard.integrations.opacus import attach
-    handle = attach(optimizer, ledger)      # optimizer: an Opacus DPOptimizer
+    handle = attach(optimizer, ledger, data_loader=loader)  # optimizer: an Opacus DPOptimizer
 
 Every real noisy step is then charged to the ledger exactly once, as a
 Poisson-subsampled Gaussian with the noise multiplier and sample rate in force
@@ -16,6 +16,37 @@ account — the virtual steps of ``BatchMemoryManager``, steps skipped with
 ``signal_skip_step`` — never reach the hook and are not charged, so the count
 matches Opacus' own accountant.
 
+What ``attach`` checks and does, so that the ε the ledger reports holds:
+
+* **Sampling.** The accounting assumes Poisson sampling. ``data_loader=`` is
+  checked (:class:`NonPoissonSamplingError` otherwise); without it attach
+  cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
+  ``check_poisson=False`` is the explicit opt-out.
+* **Steps taken before attach.** The steps Opacus' accountant on this
+  optimizer already recorded are charged at attach, one record per step with
+  its σ and q, labelled ``"before attach"`` (the same records an attach at the
+  start would have written). If the ledger's filter refuses them, attach
+  raises :class:`privguard.BudgetExhausted`, charges nothing and attaches
+  nothing.
+* **Once per optimizer.** A second ``attach`` on an attached optimizer raises;
+  ``handle.detach()`` restores exactly what was there (step hook, ``step``,
+  the engine's accountant).
+* **Opacus' accountant.** Opacus' default accountant is PRV; the ledger
+  accounts in RDP, which gives a larger ε for the same σ and q. Attach warns
+  (:class:`AccountantWarning`) with what the run costs by RDP.
+* **DDP.** Under Opacus' distributed optimizers, call ``attach`` on every
+  rank: each global step is charged once (once per distinct ledger: a file
+  shared by the ranks once in all, or one in-memory replica per rank) and
+  every rank takes the same admit/refuse decision before any rank updates
+  (protocol in ``privguard/integrations/_distributed.py``).
+* **Checkpoints.** With ``privacy_engine=``, ``engine.get_epsilon(delta)``
+  reports the ledger's running ε, and ``engine.save_checkpoint`` stores
+  Opacus' accountant state together with the ledger's entry (an in-memory
+  ledger's whole state; a file-backed ledger's path and journal
+  fingerprint). Resume in Opacus' usual order, ``make_private →
+  engine.load_checkpoint → attach(..., privacy_engine=engine, resume=ckpt)``,
+  or attach first and then ``engine.load_checkpoint``.
+
 In a hand-written loop the handle is also a context manager and a stop flag::
 
     with attach(optimizer, ledger, data_loader=loader, on_exhausted="stop") as guard:
@@ -23,148 +54,121 @@ In a hand-written loop the handle is also a context manager and a stop flag::
             optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
             if guard.should_stop:    # refused, or the next step would be
                 break
-
-Existing step hooks (Opacus' accountant hook among them) keep running, after
-the charge; nothing of Opacus' is replaced unless you pass ``privacy_engine=``,
-which makes ``privacy_engine.get_epsilon(delta)`` report the ledger's valid
-running ε.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+from privguard import _validation as check
 from privguard import mechanisms as M
-from privguard._errors import BudgetExhausted, InvalidArgumentError
+from privguard._errors import (
+    BudgetExhausted,
+    InvalidArgumentError,
+    LedgerStateError,
+    PrivguardError,
+)
 from privguard._ledger import Ledger
+from privguard.integrations import _sampling
+from privguard.integrations._accountants import EngineView, LedgerAccountant
+from privguard.integrations._checkpoint import is_entry, restore
+from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._recorded import (
+    History,
+    find_opacus_hook,
+    history_of,
+    replay,
+    steps_beyond,
+    total_steps,
+)
+from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
-    from opacus.data_loader import DPDataLoader
     from opacus.optimizers import DPOptimizer
 except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
     raise ImportError("privguard.integrations.opacus needs opacus: pip install opacus") from exc
 
-__all__ = ["AttachHandle", "LedgerAccountant", "NonPoissonSamplingError", "attach"]
+__all__ = ["REPLAY_LABEL", "AccountantWarning", "AttachHandle", "LedgerAccountant",
+           "NonPoissonSamplingError", "PoissonUnverifiedWarning", "RankDisagreementError",
+           "attach"]
+
+REPLAY_LABEL = "before attach"
+"""Label of the charges for steps Opacus' accountant recorded before attach."""
+
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class NonPoissonSamplingError(InvalidArgumentError):
-    """The data loader does not sample by Poisson sampling, which the accounting assumes."""
+class AccountantWarning(UserWarning):
+    """About Opacus' accountant: a PRV/GDP accountant, or steps that may be charged twice."""
 
 
-class LedgerAccountant(IAccountant):
-    """An Opacus accountant backed by a privguard ledger.
-
-    Usable wherever Opacus expects an accountant: ``get_epsilon(delta)``
-    returns the ledger's valid running ε (the odometer, capped by a filter's
-    target), and ``step(...)`` charges the ledger (raising
-    :class:`privguard.BudgetExhausted` if the filter refuses). Set it on a
-    ``PrivacyEngine`` before ``make_private`` to have Opacus' own hook charge
-    the ledger::
-
-        engine = PrivacyEngine()
-        engine.accountant = LedgerAccountant(ledger)
-        model, optimizer, loader = engine.make_private(...)
-
-    ``make_private_with_epsilon`` calibrates σ through Opacus' accountants
-    by name and cannot use this one; keep Opacus' accountant there and
-    :func:`attach` the ledger to the optimizer instead.
-
-    Example:
-        >>> from privguard import Ledger
-        >>> acc = LedgerAccountant(Ledger(delta=1e-5))
-        >>> acc.step(noise_multiplier=1.0, sample_rate=0.01)
-        >>> len(acc), acc.get_epsilon(1e-5) > 0
-        (1, True)
-    """
-
-    def __init__(self, ledger: Ledger, label: str = "step", charge: bool = True) -> None:
-        super().__init__()
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-        self.ledger = ledger
-        self.label = label
-        self._charge = charge
-
-    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
-        if self._charge:
-            self.ledger.charge(M.SubsampledGaussian(noise_multiplier, sample_rate), label=self.label)
-
-    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
-        return self.ledger.epsilon(delta)
-
-    def __len__(self) -> int:
-        return len(self.ledger.history)
-
-    @classmethod
-    def mechanism(cls) -> str:
-        return "privguard"
-
-    def state_dict(self, destination: Any = None) -> dict:
-        destination = {} if destination is None else destination
-        destination["privguard_ledger"] = self.ledger.state_dict()
-        return destination
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.ledger.load_state_dict(state_dict["privguard_ledger"])
-
-
-def _sample_rate_from_opacus_hook(hook: Callable | None) -> float | None:
-    """The sample rate Opacus' accountant hook was created with, if ``hook`` is one."""
-    code = getattr(hook, "__code__", None)
-    if code is None or hook.__closure__ is None or "sample_rate" not in code.co_freevars:
-        return None
-    value = hook.__closure__[code.co_freevars.index("sample_rate")].cell_contents
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def _check_poisson(data_loader: Any) -> None:
-    if isinstance(data_loader, DPDataLoader):
-        return
-    sampler = getattr(data_loader, "batch_sampler", None)
-    if type(sampler).__name__ in ("UniformWithReplacementSampler",
-                                  "DistributedUniformWithReplacementSampler"):
-        return
-    raise NonPoissonSamplingError(
-        "data_loader", type(data_loader).__name__,
-        "does not do Poisson sampling, which the subsampled-Gaussian accounting "
-        "assumes (use Opacus' DPDataLoader, i.e. make_private(..., poisson_sampling=True)); "
-        "pass check_poisson=False only if you accept that the reported ε does not "
-        "hold for this sampling")
-
-
+# --------------------------------------------------------------------------- the handle
 class AttachHandle:
     """What :func:`attach` returns: the live link between an optimizer and a ledger.
 
     Attributes:
         ledger: the ledger charged.
-        steps_charged: real noisy steps charged through this handle.
+        optimizer: the Opacus optimizer.
+        steps_charged: real noisy steps admitted through this handle (under
+            DDP: global steps, the same on every rank).
+        steps_replayed: steps Opacus' accountant had recorded before attach
+            (or loaded from a checkpoint without the ledger) and that were
+            charged for them.
         exhausted: True once a step was refused (``on_exhausted="stop"``).
+        last_refusal: the last :class:`privguard.BudgetExhausted` (``"stop"``).
+        distributed: whether the ranks coordinate (DDP).
 
-    Use it as a context manager to detach on exit.
+    Use it as a context manager to detach on exit. It cannot be pickled
+    (it is a link to a live optimizer): pickle the ledger instead.
     """
 
     def __init__(self, optimizer: DPOptimizer, ledger: Ledger, rate: Callable[[], float],
-                 label: str, on_exhausted: str) -> None:
+                 label: str, on_exhausted: str, coordinator: Coordinator | None,
+                 recorder: Any) -> None:
         self.optimizer = optimizer
         self.ledger = ledger
         self.label = label
         self.on_exhausted = on_exhausted
         self.steps_charged = 0
+        self.steps_replayed = 0
         self.exhausted = False
         self.last_refusal: BudgetExhausted | None = None
+        self.recorder = recorder
         self._rate = rate
-        self._active = True
+        self._coordinator = coordinator
+        self._next_ok = True
+        self._last_key: tuple[float, float] | None = None
+        self._last_mechanism: M.SubsampledGaussian | None = None
+        self._active = False
+        self._engine: Any = None
+        self._engine_accountant: Any = None
+        self._view: EngineView | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self._coordinator is not None
+
+    # Installed last, once every check passed (nothing is changed on refusal).
+    def _install(self, privacy_engine: Any) -> None:
+        optimizer = self.optimizer
         self._previous_hook = optimizer.step_hook
-        self._engine = None
-        self._engine_accountant = None
-        optimizer.attach_step_hook(self._hook)
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
-        if on_exhausted == "stop":
+        optimizer.attach_step_hook(self._hook)
+        if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
+        if privacy_engine is not None:
+            self._engine = privacy_engine
+            self._engine_accountant = privacy_engine.accountant
+            self._view = EngineView(self, privacy_engine.accountant)
+            privacy_engine.accountant = self._view
+        self._active = True
+        _ATTACHED[optimizer] = self
 
     # The mechanism of the next real step, read live from the optimizer.
     def next_mechanism(self) -> M.SubsampledGaussian:
@@ -172,19 +176,32 @@ class AttachHandle:
         accumulated = 1
         try:
             accumulated = self.optimizer.accumulated_iterations or 1
-        except ValueError:  # no per-sample gradients yet (before the first backward)
+        except (ValueError, AttributeError):  # no per-sample gradients yet (before a backward)
             pass
-        return M.SubsampledGaussian(float(self.optimizer.noise_multiplier),
-                                    self._rate() * accumulated)
+        key = (float(self.optimizer.noise_multiplier), self._rate() * accumulated)
+        if key != self._last_key:  # a frozen value object: reuse it while σ and q hold
+            self._last_mechanism = M.SubsampledGaussian(*key)
+            self._last_key = key
+        return self._last_mechanism
 
     def can_step(self) -> bool:
-        """Whether the ledger would admit the next real step (nothing is charged)."""
+        """Whether the ledger would admit the next real step (nothing is charged).
+
+        Under DDP this is the decision all ranks took together at the last
+        step (or at attach), for that step's σ and q, so it is the same on
+        every rank.
+        """
+        if self._coordinator is not None:
+            return self._next_ok
         return self.ledger.can_afford(self.next_mechanism())
 
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
             # Charged before the parameter update; raises if refused.
-            self.ledger.charge(self.next_mechanism(), label=self.label)
+            if self._coordinator is None:
+                self.ledger.charge(self.next_mechanism(), label=self.label)
+            else:
+                self._next_ok = self._coordinator.step(self.next_mechanism, self.label)
             self.steps_charged += 1
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
@@ -203,7 +220,8 @@ class AttachHandle:
         return self.exhausted or not self.can_step()
 
     def detach(self) -> None:
-        """Stop charging; restore the optimizer's previous hook and step."""
+        """Stop charging; restore the optimizer's previous hook and step, and the engine's
+        accountant. Budget already charged stays charged."""
         if not self._active:
             return
         self._active = False
@@ -215,8 +233,48 @@ class AttachHandle:
                 del self.optimizer.step
             else:
                 self.optimizer.step = self._own_step_attr
-        if self._engine is not None:
+        if self._engine is not None and self._engine.accountant is self._view:
             self._engine.accountant = self._engine_accountant
+        if _ATTACHED.get(self.optimizer) is self:
+            del _ATTACHED[self.optimizer]
+
+    # -------------------------------------------------------- recorded steps
+    def _charge_recorded(self, current: History, held: History | None, label: str, *,
+                         from_entry: bool, stacklevel: int,
+                         error: PrivguardError | None = None) -> None:
+        """Charge the steps of ``current`` (Opacus' record) beyond ``held`` (the ledger's).
+
+        Under DDP this is collective: every rank runs it, and ``error`` (a
+        failure found before it on this rank) stops every rank alike.
+        """
+        todo = steps_beyond(current, held or [])
+        if todo is None and error is None:
+            error = LedgerStateError(
+                f"Opacus' accountant history ({total_steps(current)} steps) does not extend "
+                f"the one saved with the ledger ({total_steps(held or [])} steps): they come "
+                "from different runs; load the engine's accountant and the ledger from the "
+                "same checkpoint")
+        if self._coordinator is None:
+            if error is not None:
+                raise error
+            if not todo:
+                return
+        todo = todo or []
+        n = total_steps(todo)
+        if n and error is None and not from_entry and len(self.ledger.history) > 0:
+            warnings.warn(
+                f"charging the {n} steps Opacus' accountant recorded (label {label!r}) to a "
+                f"ledger that already holds {len(self.ledger.history)} charges. If those "
+                "include these steps (resuming with the same ledger file), they are now "
+                "counted twice (safe, but budget is lost): attach with privacy_engine= so "
+                "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
+                AccountantWarning, stacklevel=stacklevel + 1)
+        self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL)
+
+    def __getstate__(self) -> dict:
+        raise InvalidArgumentError(
+            "handle", repr(self), "is a live link to one optimizer and cannot be pickled or "
+            "copied; pickle the ledger (handle.ledger) and attach again after loading")
 
     def __enter__(self) -> AttachHandle:
         return self
@@ -229,6 +287,51 @@ class AttachHandle:
         return f"AttachHandle({state}, {self.steps_charged} steps charged, {self.ledger!r})"
 
 
+def _entry_from(resume: Any) -> dict:
+    """The privguard entry in ``resume``: a checkpoint, an accountant state, or the entry."""
+    if isinstance(resume, dict):
+        for candidate in (resume, resume.get("privguard"),
+                          (resume.get("privacy_accountant_state_dict") or {}).get("privguard")):
+            if is_entry(candidate):
+                return candidate
+    raise InvalidArgumentError(
+        "resume", type(resume).__name__,
+        "must be the checkpoint engine.load_checkpoint returned (or its "
+        "'privacy_accountant_state_dict') from a run attached with privacy_engine=; this one "
+        "holds no privguard ledger entry. Without one, attach charges the steps Opacus' "
+        "accountant recorded")
+
+
+def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
+                 planned_steps: int | None) -> str:
+    """The PRV/GDP warning text, with what the plan costs by RDP."""
+    q = mech.sample_rate
+    steps = planned_steps or max(1, math.ceil(1.0 / q - 1e-9))
+    name = kind.upper() + (" (Opacus' default)" if kind == "prv" else "")
+    text = (f"the engine's accountant is {name}, but privguard's ledger accounts in RDP, "
+            "which gives a larger ε for the same noise and sampling: the ledger's ε and its "
+            f"filter will not match the engine's {kind.upper()} numbers (a σ that "
+            f"make_private_with_epsilon calibrated by {kind.upper()} reaches the ledger's "
+            "target in fewer steps).")
+    if ledger.delta is not None:
+        probe = Ledger(delta=ledger.delta, orders=ledger.orders)
+        probe.charge(M.SubsampledGaussian(mech.noise_multiplier, q, steps=steps))
+        what = "the planned" if planned_steps else "one epoch of"
+        text += (f" By RDP, σ = {mech.noise_multiplier:.6g} and q = {q:.6g} over {what} "
+                 f"{steps} steps give ε = {probe.nonadaptive_epsilon():.4g} at δ = "
+                 f"{ledger.delta:g} (running ε, valid at any stopping time: "
+                 f"{probe.epsilon():.4g}).")
+    if ledger.target is not None:
+        text += (f" The ledger's filter (ε = {ledger.target[0]:g}, δ = {ledger.target[1]:g}) "
+                 f"admits {ledger.remaining(mech).repeats:g} more such steps.")
+    text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
+             "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
+             "the steps PRV calibrated for while the run follows its plan (docs/theory.md §2b); "
+             "or calibrate with PrivacyEngine(accountant='rdp').")
+    return text
+
+
+# --------------------------------------------------------------------------- attach
 def attach(
     optimizer: DPOptimizer,
     ledger: Ledger,
@@ -239,16 +342,18 @@ def attach(
     on_exhausted: str = "raise",
     privacy_engine: Any = None,
     check_poisson: bool = True,
+    resume: Any = None,
+    planned_steps: int | None = None,
 ) -> AttachHandle:
     """Charge every real noisy step of ``optimizer`` to ``ledger``.
 
     Args:
         optimizer: an Opacus ``DPOptimizer`` (from ``make_private``,
-            ``make_private_with_epsilon`` or built directly).
+            ``make_private_with_epsilon`` or built directly), not yet attached.
         ledger: the privguard ledger to charge.
         sample_rate: the Poisson sampling rate, or a callable returning the
             rate in force (for a policy that changes the batch size). Default:
-            ``data_loader.sample_rate`` if given, else the rate Opacus' own
+            the rate of ``data_loader`` if given, else the rate Opacus' own
             accountant hook on this optimizer was created with.
         data_loader: the training data loader; checked for Poisson sampling
             and used for the sample rate (read live each step).
@@ -258,19 +363,50 @@ def attach(
             ``"stop"``: the step returns None without updating and
             ``handle.exhausted`` becomes True. Either way the parameters are
             left exactly as they were.
-        privacy_engine: if given, its accountant is replaced (until detach)
-            by a :class:`LedgerAccountant` view, so
-            ``privacy_engine.get_epsilon(delta)`` returns the ledger's ε.
-        check_poisson: refuse a ``data_loader`` that does not do Poisson
-            sampling (default True).
+        privacy_engine: the ``PrivacyEngine``; its accountant is replaced
+            (until detach) by a view that reports the ledger's ε
+            (``engine.get_epsilon(delta)``) and puts the ledger's entry into
+            ``engine.save_checkpoint`` next to Opacus' own accountant state.
+        check_poisson: check ``data_loader`` for Poisson sampling (default
+            True; without ``data_loader`` a warning says it was not checked).
+            ``False`` is the documented opt-out: you accept that the reported
+            ε does not hold if the batches are not Poisson-sampled.
+        resume: when resuming in Opacus' order ``make_private →
+            engine.load_checkpoint → attach``: the checkpoint
+            ``engine.load_checkpoint`` returned. The ledger is brought to the
+            checkpoint's journal (an in-memory ledger loads it; a file-backed
+            ledger must be the same file) and the steps the checkpoint's
+            accountant holds are not charged again.
+        planned_steps: the number of steps the run plans; only used to say
+            what they cost by RDP when the engine's accountant is PRV or GDP.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
 
     Raises:
-        InvalidArgumentError: bad arguments, or no way to know the sample rate.
+        InvalidArgumentError: bad arguments, no way to know the sample rate,
+            or the optimizer is already attached (or charged by a
+            :class:`LedgerAccountant`).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling.
+        BudgetExhausted: the steps Opacus recorded before attach do not fit;
+            nothing was charged and nothing attached.
+        LedgerStateError: ``resume`` does not match the ledger or the
+            engine's accountant; under DDP, :class:`RankDisagreementError`
+            when the ranks' ledgers are not replicas.
+
+    Example:
+        >>> import torch, warnings
+        >>> from opacus.optimizers import DPOptimizer
+        >>> from privguard import Ledger
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> opt = DPOptimizer(torch.optim.SGD([w], lr=0.1), noise_multiplier=1.0,
+        ...                   max_grad_norm=1.0, expected_batch_size=8)
+        >>> handle = attach(opt, Ledger(delta=1e-5), sample_rate=0.01, check_poisson=False)
+        >>> handle.next_mechanism()
+        SubsampledGaussian(noise_multiplier=1.0, sample_rate=0.01, steps=1)
+        >>> handle.detach()
     """
+    # ---- every check first: a refused attach changes nothing
     if not isinstance(optimizer, DPOptimizer):
         raise InvalidArgumentError("optimizer", type(optimizer).__name__,
                                    "must be an Opacus DPOptimizer (see PrivacyEngine.make_private)")
@@ -278,32 +414,98 @@ def attach(
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
     if on_exhausted not in ("raise", "stop"):
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
-    if data_loader is not None and check_poisson:
-        _check_poisson(data_loader)
-    if sample_rate is None and data_loader is not None:
-        if isinstance(data_loader, DPDataLoader):
-            rate: Callable[[], float] = lambda: float(data_loader.sample_rate)
-        else:
-            rate = lambda: 1.0 / len(data_loader)
-    elif callable(sample_rate):
-        rate = sample_rate
-    elif sample_rate is not None:
-        fixed = M.SubsampledGaussian(1.0, sample_rate).sample_rate  # validates (0, 1]
-        rate = lambda: fixed
-    else:
-        found = _sample_rate_from_opacus_hook(optimizer.step_hook)
-        if found is None:
+    if label is not None and not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string or None")
+    if not isinstance(check_poisson, bool):
+        raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+    if planned_steps is not None:
+        planned_steps = check.positive_int("planned_steps", planned_steps)
+    previous = _ATTACHED.get(optimizer)
+    if previous is not None and previous._active:
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            f"already has a ledger attached ({previous!r}); keep using that handle, or call "
+            "its detach() first: attaching twice would charge every step twice")
+    if privacy_engine is not None and not isinstance(getattr(privacy_engine, "accountant", None),
+                                                     IAccountant):
+        raise InvalidArgumentError("privacy_engine", type(privacy_engine).__name__,
+                                   "must be an Opacus PrivacyEngine (with an accountant)")
+    if privacy_engine is not None and isinstance(privacy_engine.accountant, EngineView):
+        raise InvalidArgumentError(
+            "privacy_engine", type(privacy_engine).__name__,
+            "already reports a ledger attached to another optimizer; detach that handle first")
+    hook_accountant, hook_rate = find_opacus_hook(optimizer.step_hook)
+    engine_accountant = None if privacy_engine is None else privacy_engine.accountant
+    for acc in (hook_accountant, engine_accountant):
+        if isinstance(acc, LedgerAccountant) and acc._charge:
             raise InvalidArgumentError(
-                "sample_rate", None,
-                "cannot be inferred: pass sample_rate=... or data_loader=... (no Opacus "
-                "accountant hook is attached to this optimizer)")
+                "optimizer", type(optimizer).__name__,
+                "is already charged to a ledger by a LedgerAccountant in the engine; use "
+                "either that or attach(), not both (each step would be charged twice)")
+    recorder = hook_accountant if hook_accountant is not None else engine_accountant
+
+    if data_loader is not None and check_poisson:
+        _sampling.check_poisson(data_loader)
+    if callable(sample_rate):
+        rate: Callable[[], float] = sample_rate
+    elif sample_rate is not None:
+        fixed = check.sample_rate("sample_rate", sample_rate)
+        rate = lambda: fixed
+    elif data_loader is not None:
+        if _sampling.poisson_rate(data_loader) is not None:
+            rate = lambda: float(data_loader.batch_sampler.sample_rate)
+        else:  # check_poisson=False on a non-Poisson loader: its nominal rate
+            try:
+                nominal = check.sample_rate("data_loader", 1.0 / len(data_loader))
+            except (TypeError, ZeroDivisionError) as exc:
+                raise InvalidArgumentError("data_loader", type(data_loader).__name__,
+                                           "has no length to derive a sample rate from; pass "
+                                           "sample_rate=") from exc
+            rate = lambda: nominal
+    elif hook_rate is not None:
+        found = hook_rate
         rate = lambda: found
-    handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted)
-    if privacy_engine is not None:
-        handle._engine = privacy_engine
-        handle._engine_accountant = privacy_engine.accountant
-        privacy_engine.accountant = LedgerAccountant(ledger, label=label, charge=False)
+    else:
+        raise InvalidArgumentError(
+            "sample_rate", None,
+            "cannot be inferred: pass sample_rate=... or data_loader=... (no Opacus "
+            "accountant hook is attached to this optimizer)")
+    entry = None if resume is None else _entry_from(resume)
+
+    # ---- distributed: from here on every rank takes the same decisions
+    local_error: PrivguardError | None = None
+    if entry is not None:
+        try:
+            restore(ledger, entry, where="resume")
+        except PrivguardError as exc:
+            local_error = exc
+    coordinator = None
+    if is_distributed(optimizer):
+        coordinator = Coordinator(ledger, local_error)  # collective; raises on every rank alike
+    elif local_error is not None:
+        raise local_error
+    if data_loader is None and check_poisson:
+        _sampling.warn_unverified(stacklevel=2)
+
+    handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
+    if recorder is not None:
+        held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
+        handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
+                                from_entry=entry is not None, stacklevel=2)
+    kind = getattr(recorder, "mechanism", lambda: None)()
+    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid":
+        # (a hybrid filter keeps pace with PRV on plan: nothing to warn about)
+        try:
+            mech = handle.next_mechanism()
+        except PrivguardError:
+            mech = None
+        if mech is not None:
+            warnings.warn(_rdp_warning(kind, ledger, mech, planned_steps), AccountantWarning,
+                          stacklevel=2)
     if getattr(optimizer, "noise_multiplier", 0) == 0:
         warnings.warn("optimizer.noise_multiplier is 0: no privacy; every step will raise "
                       "InvalidArgumentError before it updates anything", stacklevel=2)
+    if coordinator is not None:
+        handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
+    handle._install(privacy_engine)
     return handle

@@ -1,0 +1,172 @@
+"""What Opacus' own accountant recorded for an optimizer (private).
+
+``PrivacyEngine.make_private`` puts a step hook on the optimizer that feeds
+its accountant; the hook is a closure over the accountant and the sample
+rate. Attaching a ledger mid-run, or after ``engine.load_checkpoint``, must
+charge the steps that accountant already holds (a filter has to see them), so
+this module finds that hook, reads its accountant and rate, and compares
+accountant histories (lists of ``(noise_multiplier, sample_rate, steps)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from privguard import mechanisms as M
+from privguard._errors import BudgetExhausted
+
+__all__ = ["History", "find_opacus_hook", "history_of", "replay", "steps_beyond", "total_steps"]
+
+History = list[tuple[float, float, int]]
+
+_HOOK_QUALNAME = "IAccountant.get_optimizer_hook_fn.<locals>.hook_fn"
+
+
+def find_opacus_hook(hook: Callable | None, depth: int = 3) -> tuple[Any, float | None]:
+    """(accountant, sample_rate) of the Opacus accountant hook in ``hook``'s closure chain.
+
+    ``hook`` is the optimizer's step hook: Opacus' own, or a function that
+    wraps it (found up to ``depth`` closures deep). Returns ``(None, None)``
+    when there is none.
+
+    Example:
+        >>> find_opacus_hook(None)
+        (None, None)
+    """
+    if hook is None or depth < 0:
+        return None, None
+    code = getattr(hook, "__code__", None)
+    cells = getattr(hook, "__closure__", None) or ()
+    if code is None:
+        return None, None
+    free = dict(zip(code.co_freevars, cells))
+    if getattr(hook, "__qualname__", "") == _HOOK_QUALNAME and "sample_rate" in free:
+        rate = free["sample_rate"].cell_contents
+        accountant = free["self"].cell_contents if "self" in free else None
+        return accountant, float(rate) if isinstance(rate, (int, float)) else None
+    for cell in cells:
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(inner) and inner is not hook:
+            found = find_opacus_hook(inner, depth - 1)
+            if found != (None, None):
+                return found
+    return None, None
+
+
+def history_of(accountant: Any) -> History:
+    """The accountant's history as a list of (σ, q, steps), or [] if it has none."""
+    rows = getattr(accountant, "history", None) or []
+    try:
+        return [(float(s), float(q), int(k)) for s, q, k in rows]
+    except (TypeError, ValueError):
+        return []
+
+
+def total_steps(history: History) -> int:
+    return sum(k for _, _, k in history)
+
+
+def steps_beyond(current: History, held: History) -> History | None:
+    """The steps of ``current`` after those of ``held``, if ``current`` extends ``held``.
+
+    Returns ``[]`` when ``current`` is a prefix of ``held`` (or equal, or
+    empty: nothing new to charge) and ``None`` when neither extends the other.
+
+    Example:
+        >>> steps_beyond([(1.0, 0.1, 5), (0.8, 0.1, 3)], [(1.0, 0.1, 5), (0.8, 0.1, 1)])
+        [(0.8, 0.1, 2)]
+        >>> steps_beyond([(1.0, 0.1, 2)], [(1.0, 0.1, 5)])
+        []
+        >>> steps_beyond([(1.0, 0.1, 2)], [(0.5, 0.1, 5)]) is None
+        True
+    """
+    a, b = _expand_runs(current), _expand_runs(held)
+    i = j = 0
+    a_left = b_left = 0
+    while True:
+        if a_left == 0 and i < len(a):
+            a_key, a_left = a[i][:2], a[i][2]
+            i += 1
+        if b_left == 0 and j < len(b):
+            b_key, b_left = b[j][:2], b[j][2]
+            j += 1
+        if b_left == 0:  # held is used up: the rest of current is new
+            rest = [(*a_key, a_left)] if a_left else []
+            return rest + [(s, q, k) for s, q, k in a[i:]]
+        if a_left == 0:  # current is used up inside held: nothing new
+            return []
+        if a_key != b_key:
+            return None
+        take = min(a_left, b_left)
+        a_left -= take
+        b_left -= take
+
+
+def _expand_runs(history: History) -> History:
+    """Merge consecutive equal (σ, q) rows and drop empty ones."""
+    out: History = []
+    for s, q, k in history:
+        if k <= 0:
+            continue
+        if out and out[-1][:2] == (s, q):
+            out[-1] = (s, q, out[-1][2] + k)
+        else:
+            out.append((s, q, k))
+    return out
+
+
+def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = None,
+           error: Exception | None = None, *, attach_label: str | None = None) -> int:
+    """Charge ``todo`` to ``ledger`` one record per step, all or nothing.
+
+    The whole sequence is first tried on a separate in-memory copy of the
+    ledger, so a refusal charges nothing. Returns the number of steps charged.
+    """
+    steps = [step for s, q, k in todo for step in [M.SubsampledGaussian(s, q)] * k]
+    refused: list[M.SubsampledGaussian] = []
+
+    def attempt() -> bool:
+        if error is not None:
+            raise error
+        if not steps:
+            return True
+        trial = type(ledger).load_state_dict(ledger.state_dict())
+        for step in steps:
+            try:
+                trial.charge(step, label=label)
+            except BudgetExhausted:
+                refused.append(step)
+                return False
+        for i, step in enumerate(steps):
+            try:
+                ledger.charge(step, label=label)
+            except BudgetExhausted as exc:  # another process charged the file meanwhile
+                raise BudgetExhausted(
+                    f"{i} of the {len(steps)} steps Opacus recorded were charged ({label!r}); "
+                    f"then the ledger refused: {exc}", requested=step, label=label,
+                    remaining=exc.remaining) from exc
+        return True
+
+    def refusal() -> BudgetExhausted:
+        step = refused[0] if refused else steps[0]
+        outcome = ("nothing was charged and nothing was attached" if label == attach_label
+                   else "nothing was charged; do not train on from this checkpoint")
+        return BudgetExhausted(
+            f"the {len(steps)} steps Opacus' accountant recorded ({_describe(todo)}) do not "
+            f"fit the ledger's budget ({label!r}); {outcome}. Start a new ledger only if "
+            "these steps were already accounted elsewhere; otherwise the budget is spent",
+            requested=step, label=label, remaining=ledger.remaining(step))
+
+    if coordinator is not None:
+        coordinator.run(attempt, f"while charging the steps Opacus recorded ({label!r})", refusal)
+    elif not attempt():
+        raise refusal()
+    return len(steps)
+
+
+def _describe(history: History) -> str:
+    return ", ".join(f"{k} × (σ={s:g}, q={q:g})" for s, q, k in history)

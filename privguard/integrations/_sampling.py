@@ -1,0 +1,84 @@
+"""Which data loaders sample by Poisson sampling, and at what rate (private).
+
+The ledger charges each DP-SGD step as a Poisson-subsampled Gaussian (every
+record joins a batch independently with probability q). That bound does not
+hold for shuffled fixed-size batches, so every integration that can see the
+training loader checks it here, and one that cannot see it says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from privguard._errors import InvalidArgumentError
+
+__all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_poisson",
+           "poisson_rate", "warn_unverified"]
+
+# Opacus' Poisson batch samplers (opacus.utils.uniform_sampler); matched by name so
+# that this module does not import torch.
+_POISSON_SAMPLERS = ("UniformWithReplacementSampler", "DistributedUniformWithReplacementSampler")
+
+
+class NonPoissonSamplingError(InvalidArgumentError):
+    """The data loader does not sample by Poisson sampling, which the accounting assumes."""
+
+
+class PoissonUnverifiedWarning(UserWarning):
+    """The integration cannot see the data loader, so it cannot check Poisson sampling."""
+
+
+def poisson_rate(loader: Any) -> float | None:
+    """The Poisson sampling rate of ``loader``, or None if it does not sample by Poisson.
+
+    A loader samples by Poisson when its batch sampler is one of Opacus' Poisson
+    samplers, as in Opacus' ``DPDataLoader`` (``make_private(...,
+    poisson_sampling=True)``, the default). A wrapper that re-batches (e.g. a
+    sharding wrapper of accelerate over several processes) has another batch
+    sampler and is not Poisson.
+
+    Example:
+        >>> poisson_rate([1, 2, 3]) is None
+        True
+    """
+    sampler = getattr(loader, "batch_sampler", None)
+    if type(sampler).__name__ in _POISSON_SAMPLERS:
+        rate = getattr(sampler, "sample_rate", None)
+        if isinstance(rate, (int, float)) and 0 < rate <= 1:
+            return float(rate)
+    return None
+
+
+def check_poisson(loader: Any, name: str = "data_loader") -> float:
+    """The Poisson rate of ``loader``; raise :class:`NonPoissonSamplingError` if it has none.
+
+    Example:
+        >>> try:
+        ...     check_poisson([1, 2, 3], "train_dataloader")
+        ... except NonPoissonSamplingError as exc:
+        ...     exc.argument
+        'train_dataloader'
+    """
+    rate = poisson_rate(loader)
+    if rate is None:
+        sampler = type(getattr(loader, "batch_sampler", None)).__name__
+        raise NonPoissonSamplingError(
+            name, f"{type(loader).__name__} (batch sampler {sampler})",
+            "does not do Poisson sampling, which the subsampled-Gaussian accounting assumes, "
+            "so the ε it would report does not hold for this loader. Use Opacus' DPDataLoader "
+            "(make_private(..., poisson_sampling=True), or DPDataLoader.from_data_loader); "
+            "pass check_poisson=False only if you accept that the reported ε does not hold "
+            "for this sampling")
+    return rate
+
+
+def warn_unverified(stacklevel: int) -> None:
+    """Warn (once per call site's call) that the loader could not be checked."""
+    warnings.warn(
+        "privguard cannot see the training data loader, so it cannot check that batches "
+        "are Poisson-sampled, which the ledger's subsampled-Gaussian accounting assumes "
+        "(make_private(..., poisson_sampling=False) or a shuffled DataLoader would make the "
+        "reported ε invalid). Pass data_loader=<your loader> to attach() to have it checked, "
+        "or check_poisson=False once you have checked it yourself",
+        PoissonUnverifiedWarning, stacklevel=stacklevel + 1)

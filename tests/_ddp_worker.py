@@ -1,0 +1,175 @@
+"""Code run on each rank by tests/test_ddp.py (DPDDP + DistributedDPOptimizer over gloo)."""
+
+from __future__ import annotations
+
+import datetime
+import traceback
+
+N, BATCH, SIGMA, DELTA = 256, 32, 1.0, 1e-5
+MAX_STEPS = 400  # a bound on every loop: a bug ends the test, never hangs it
+
+
+def run(rank: int, world: int, port: int, scenario: str, workdir: str, epsilon: float,
+        queue) -> None:
+    """Join the process group, run ``scenario`` and put (rank, status, payload) on ``queue``."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=30))
+        payload = SCENARIOS[scenario](rank, workdir, epsilon)
+        queue.put((rank, "ok", payload))
+    except BaseException as exc:  # reported to the test, which fails with it
+        queue.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _setup():
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)  # the same data and initial model on every rank
+    x = torch.randn(N, 8)
+    model = DPDDP(nn.Linear(8, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
+        noise_multiplier=SIGMA, max_grad_norm=1.0)
+    torch.manual_seed(1000 + dist.get_rank())  # each rank samples its own batches
+    return engine, model, opt, loader
+
+
+def _batches(loader):
+    while True:
+        yield from loader
+
+
+def _one_step(model, opt, batch):
+    """One DP-SGD step; returns whether the parameters changed (the update was applied)."""
+    import torch
+    from torch import nn
+
+    x, y = batch
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    return any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _params(model):
+    return [v for p in model.parameters() for v in p.detach().flatten().tolist()]
+
+
+def replicas(rank: int, workdir: str, epsilon: float) -> dict:
+    """A ledger per rank (in memory): diverged replicas are refused at attach on every
+    rank; equal replicas stay equal, charged once per global step, and stop together."""
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard.integrations.opacus import RankDisagreementError, attach
+
+    engine, model, opt, loader = _setup()
+    out: dict = {}
+    diverged = Ledger(epsilon, DELTA)
+    if rank == 1:
+        diverged.charge(M.Gaussian(50.0), label="only on rank 1")
+    try:
+        attach(opt, diverged, data_loader=loader).detach()
+        out["diverged"] = "attached"
+    except RankDisagreementError:
+        out["diverged"] = "refused"
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
+    applied, should_stop = 0, []
+    for batch in _batches(loader):
+        if applied + len(should_stop) > MAX_STEPS:
+            break
+        changed = _one_step(model, opt, batch)
+        if handle.exhausted:
+            out["changed_on_refusal"] = changed
+            break
+        applied += changed
+        should_stop.append(handle.should_stop)
+    out.update(applied=applied, charged=handle.steps_charged, journal=len(ledger.history),
+               spent=ledger.spent.tolist(), should_stop=should_stop, params=_params(model),
+               distributed=handle.distributed)
+    return out
+
+
+def shared_file(rank: int, workdir: str, epsilon: float) -> dict:
+    """One SQLite file on every rank: 3 steps before attach are charged once at attach;
+    then one charge per global step, refused on every rank at the same step."""
+    from privguard import BudgetExhausted, Ledger
+    from privguard.integrations.opacus import attach
+
+    engine, model, opt, loader = _setup()
+    batches = _batches(loader)
+    for _ in range(3):
+        _one_step(model, opt, next(batches))
+    ledger = Ledger(epsilon, DELTA, path=f"{workdir}/shared.db")
+    handle = attach(opt, ledger, data_loader=loader)  # on_exhausted="raise"
+    out: dict = {"replayed": handle.steps_replayed}
+    applied = 0
+    for batch in batches:
+        if applied > MAX_STEPS:
+            break
+        try:
+            applied += _one_step(model, opt, batch)
+        except BudgetExhausted:
+            out["refused_after"] = applied
+            break
+    out.update(applied=applied, charged=handle.steps_charged, params=_params(model),
+               journal=len(ledger.history))
+    return out
+
+
+def checkpoint(rank: int, workdir: str, epsilon: float) -> dict:
+    """In-memory replicas through Opacus' checkpoint (saved by rank 0, loaded by every rank,
+    Opacus' order); then a load on rank 0 alone meets a step on rank 1: both raise."""
+    import torch.distributed as dist
+
+    from privguard import Ledger
+    from privguard.integrations.opacus import RankDisagreementError, attach
+
+    engine, model, opt, loader = _setup()
+    attach(opt, Ledger(epsilon, DELTA), data_loader=loader, privacy_engine=engine)
+    batches = _batches(loader)
+    for _ in range(4):
+        _one_step(model, opt, next(batches))
+    path = f"{workdir}/ddp.pt"
+    if rank == 0:
+        engine.save_checkpoint(path=path, module=model, optimizer=opt)
+    dist.barrier()
+    engine, model, opt, loader = _setup()
+    ckpt = engine.load_checkpoint(path=path, module=model, optimizer=opt)
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
+    out: dict = {"resumed": len(ledger.history), "replayed": handle.steps_replayed}
+    batches = _batches(loader)
+    for _ in range(2):
+        _one_step(model, opt, next(batches))
+    out["journal"] = len(ledger.history)
+    try:
+        if rank == 0:
+            engine.load_checkpoint(path=path, module=model, optimizer=opt)
+        else:
+            _one_step(model, opt, next(batches))
+        out["mismatch"] = "not detected"
+    except RankDisagreementError:
+        out["mismatch"] = "refused"
+    return out
+
+
+SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "checkpoint": checkpoint}

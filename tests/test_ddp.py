@@ -1,0 +1,107 @@
+"""Issue 13 case 1: DDP (DPDDP + DistributedDPOptimizer), 2 gloo ranks on 127.0.0.1.
+
+Every global noisy step is charged once (once per distinct ledger), and every rank takes
+the same admit/refuse decision before any rank updates, with a ledger per rank and with
+one shared file. Bounded in time: a 30 s gloo timeout inside the ranks, a process timeout
+here; a hang fails the test instead of blocking CI.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_module
+import socket
+import time
+
+import pytest
+
+import _ddp_worker
+from privguard import Ledger
+from privguard import mechanisms as M
+
+dist = pytest.importorskip("torch.distributed")
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")
+TIMEOUT = 240.0  # seconds for a whole 2-rank run (imports included)
+STEP = M.SubsampledGaussian(_ddp_worker.SIGMA, _ddp_worker.BATCH / _ddp_worker.N)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario: str, workdir: str, epsilon: float, world: int = 2) -> list[dict]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_ddp_worker.run,
+                         args=(r, world, port, scenario, workdir, epsilon, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple] = {}
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while len(results) < world:
+            try:
+                rank, status, payload = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue_module.Empty:
+                pytest.fail(f"DDP ranks did not finish within {TIMEOUT:.0f} s (a hang); "
+                            f"finished: {sorted(results)}")
+            results[rank] = (status, payload)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = {r: payload for r, (status, payload) in results.items() if status != "ok"}
+    assert not errors, errors
+    return [results[r][1] for r in range(world)]
+
+
+def _odd_budget(fits_from: int = 9) -> tuple[float, int]:
+    """A target ε whose filter admits an odd number K of steps (the case that hung)."""
+    for eps in [4.0 + 0.25 * i for i in range(16)]:
+        k = Ledger(eps, _ddp_worker.DELTA, plan=STEP).remaining(STEP).repeats
+        if k % 2 == 1 and k >= fits_from:
+            return eps, k
+    raise AssertionError("no budget with an odd number of steps")
+
+
+def test_a_ledger_per_rank_charges_each_global_step_once_and_stops_together(tmp_path):
+    eps, k = _odd_budget()
+    r0, r1 = launch("replicas", str(tmp_path), eps)
+    assert r0["diverged"] == r1["diverged"] == "refused"  # unequal replicas: refused on both
+    assert r0["distributed"] and r1["distributed"]
+    for r in (r0, r1):
+        assert r["applied"] == r["charged"] == r["journal"] == k  # once per global step
+        assert r["changed_on_refusal"] is False  # the refused step updated nothing
+    assert r0["spent"] == r1["spent"]  # the replicas stayed equal
+    assert r0["should_stop"] == r1["should_stop"]  # the same stop flag on every rank
+    assert r0["should_stop"][-1] and not any(r0["should_stop"][:-1])
+    assert r0["params"] == r1["params"]  # the same model on every rank
+
+
+def test_one_shared_file_is_charged_once_per_global_step_and_refuses_on_every_rank(tmp_path):
+    eps, k = _odd_budget()
+    db = str(tmp_path / "shared.db")
+    Ledger(eps, _ddp_worker.DELTA, path=db).close()  # created before the ranks open it
+    r0, r1 = launch("shared_file", str(tmp_path), eps)
+    assert r0["replayed"] == r1["replayed"] == 3  # steps before attach, charged once
+    for r in (r0, r1):
+        assert r["refused_after"] == r["applied"] == k - 3  # refused at the same step
+        assert r["charged"] == k - 3
+    assert r0["params"] == r1["params"]
+    journal = Ledger.open(db).history
+    assert len(journal) == k  # not 2k: one charge per global step
+    assert len({rec.pid for rec in journal}) == 1  # only one rank charged the shared file
+
+
+def test_checkpoints_under_ddp_and_ranks_out_of_step_are_refused_not_hung(tmp_path):
+    r0, r1 = launch("checkpoint", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        assert r["resumed"] == 4 and r["replayed"] == 0  # each replica took the state
+        assert r["journal"] == 6
+        assert r["mismatch"] == "refused"  # a load on one rank met a step on the other
