@@ -246,25 +246,25 @@ class Accounting:
 
     def replay_run(self, run: Run, where: str) -> None:
         """Re-admit a run read back from a store (new, or the current one extended)."""
-        last = self.journal.last
-        if last is not None and run.index == last.index:
-            if (run.key() != last.key() or run.start != last.start
-                    or run.first_time != last.first_time or run.count < last.count):
+        journal = self.journal
+        cur = journal.current_fields()
+        if cur is not None and run.index == cur[0]:
+            if ((run.mechanism, run.label, run.pid) != (cur[4], cur[3], cur[7])
+                    or run.start != cur[1] or run.first_time != cur[5] or run.count < cur[2]):
                 raise LedgerStateError(f"{where}: the current run changed behind this ledger")
-            more = run.count - last.count
+            more = run.count - cur[2]
             if more:
                 verdict = self._readmit(run, more, where)
-                self.journal.extend_current(run.count, run.last_time, verdict.curve)
+                journal.extend_current(run.count, run.last_time, verdict.curve)
             return
-        if run.index != self.journal.run_count or run.start != self.journal.charges \
+        if run.index != journal.run_count or run.start != journal.charges \
                 or run.count < 1 or run.last_time < run.first_time:
             raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
         verdict = self._readmit(run, run.count, where)
-        self.journal.close_current()  # a new row is a new run even if its key matches
-        run_now, _ = self.journal.append(run.mechanism, run.label, run.pid, verdict.curve,
-                                         run.first_time, run.count)
-        self.journal.extend_current(run.count, run.last_time, verdict.curve)
-        assert run_now.index == run.index
+        journal.close_current()  # a new row is a new run even if its key matches
+        journal.append(run.mechanism, run.label, run.pid, verdict.curve, run.first_time,
+                       run.count, want_run=False)
+        journal.extend_current(run.count, run.last_time, verdict.curve)
 
     def _readmit(self, run: Run, times: int, where: str) -> Verdict:
         if self.fixed is None:

@@ -82,6 +82,13 @@ class Integrity:
             return hashlib.sha256(data).hexdigest()
         return hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
+    def digest_text(self, text: str) -> str:
+        """Hex digest of an already canonical text (the journal's rows use a compact one)."""
+        data = text.encode("utf-8")
+        if self._key is None:
+            return hashlib.sha256(data).hexdigest()
+        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
     def key_check(self) -> str | None:
         """A value that identifies the key without revealing it (None when unkeyed)."""
         if self._key is None:

@@ -165,7 +165,12 @@ class Journal:
     def spent(self) -> np.ndarray:
         if not self._streak_count:
             return self._base
-        return self._base + self._streak_count * self._streak_curve
+        cached = self._spent_cache
+        if cached is None:
+            cached = self._spent_cache = self._base + self._streak_count * self._streak_curve
+        return cached
+
+    _spent_cache: np.ndarray | None = None
 
     def spent_after(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> np.ndarray:
         """The spent curve after ``times`` more charges of ``mechanism``."""
@@ -175,24 +180,31 @@ class Journal:
 
     # -- changes -------------------------------------------------------------
     def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
-               t: float, times: int = 1) -> tuple[Run, bool]:
+               t: float, times: int = 1, want_run: bool = True) -> tuple[Run | None, bool]:
         """Record ``times`` charges; returns (the run now current, whether it was extended)."""
         self._add(mechanism, curve, times)
         c = self._cur
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
             c[6] = t
-            return Run(*c), True
+            return (Run(*c) if want_run else None), True
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
-        return Run(*self._cur), False
+        return (Run(*self._cur) if want_run else None), False
+
+    def current_fields(self) -> list[Any] | None:
+        """The current run as [index, start, count, label, mechanism, first, last, pid]
+        (read-only; None if there is none). Cheaper than :attr:`last`."""
+        return self._cur
 
     def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> None:
+        self._spent_cache = None if mechanism == self._streak else self._spent_cache
         if mechanism == self._streak:
             self._streak_count += times
         else:
             self._base = self.spent()
             self._streak, self._streak_curve, self._streak_count = mechanism, curve, times
+            self._spent_cache = None
 
     def close_current(self) -> None:
         """End the current run, so that the next charge starts a new one."""
