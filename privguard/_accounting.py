@@ -116,6 +116,7 @@ class Accounting:
         if cfg.filter is None:
             return None
         if cfg.filter == "strict":
+            assert cfg.rdp_budget is not None
             return StrictFilter(cfg.rdp_budget, self.orders)
         assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
         flt: Any = None
@@ -143,7 +144,9 @@ class Accounting:
         cfg = self.config
         kind = record.get("kind", "dp")
         if kind == "strict" or cfg.filter == "strict":
+            assert cfg.rdp_budget is not None
             return StrictFilter(cfg.rdp_budget, self.orders)
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
         if kind == "hybrid":
             from privguard._hybrid import Envelope, HybridFilter
 
@@ -361,7 +364,9 @@ class Accounting:
             flt = self._make_filter(self.config.plan or Plan(mechanism))
         if flt is None:
             return None
-        if isinstance(flt, (DPFilter, StrictFilter)):
+        if isinstance(flt, StrictFilter):
+            return flt.headroom(self.spent(), None)
+        if isinstance(flt, DPFilter):
             return flt.headroom(self.spent(), flt.resolve_weights(None))
         return flt.headroom(self.spent())
 

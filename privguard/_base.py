@@ -79,7 +79,8 @@ class Mechanism(abc.ABC):
         return cls(**params)
 
     def _params(self) -> dict[str, Any]:
-        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]  # subclasses are dataclasses
+        return {f.name: _encode(getattr(self, f.name)) for f in fields}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -55,6 +55,9 @@ class RDPCurve(Mechanism):
 
     type_name = "RDPCurve"
     __slots__ = ("_hash", "_orders", "_values")
+    _orders: np.ndarray
+    _values: np.ndarray
+    _hash: int
 
     def __init__(self, orders, epsilons) -> None:
         grid = check.orders("orders", orders)

@@ -135,7 +135,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     plan = tuner.plan(DELTA)
     print(f"1. tuning the learning rate: {plan}")
     result = tuner.run(objective, ledger, label="random-K tuning")
-    lr = result.params["lr"] if result.selected else 0.5
+    lr = result.params["lr"] if result.selected and result.params is not None else 0.5
     print(f"   selected lr = {lr}"  # K is not released with the winner (privguard.tuning)
           + ("" if result.selected else " (no candidate selected; using lr = 0.5)") + "\n")
 

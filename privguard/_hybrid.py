@@ -159,7 +159,7 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
 # ------------------------------------------------------------ PLD accounting
 def _pld_module():
     # dp-accounting is a runtime dependency, imported on first use only.
-    from dp_accounting.pld import privacy_loss_distribution  # type: ignore[import-untyped]
+    from dp_accounting.pld import privacy_loss_distribution
 
     return privacy_loss_distribution
 

@@ -41,4 +41,4 @@ def _module() -> ModuleType:
 
 def compute_rdp() -> Callable[..., object]:
     """Opacus' ``compute_rdp(q, noise_multiplier, steps, orders)``."""
-    return _module().compute_rdp  # type: ignore[no-any-return]
+    return _module().compute_rdp

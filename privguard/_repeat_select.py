@@ -119,7 +119,8 @@ class RepeatAndSelect(Mechanism):
                 # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
                 eps_hat = np.log1p(1 / (orders - 1))
                 delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
-                out = base + runs.mean * delta_hat + math.log(runs.mean) / (orders - 1)
+                mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
+                out = base + mean * delta_hat + math.log(mean) / (orders - 1)
         return _finish(orders, out, self.pure_epsilon)
 
     def _params(self) -> dict[str, Any]:
@@ -195,4 +196,7 @@ class DPHyPO(Mechanism):
     @classmethod
     def _from_params(cls, params: dict[str, Any]) -> DPHyPO:
         base, runs, big, small = take(params, "DPHyPO", ("base", "runs", "C", "c"))
-        return cls(mechanism_from_dict(base), runs_from_dict(runs), big, small)
+        tnb = runs_from_dict(runs)
+        if not isinstance(tnb, TruncatedNegativeBinomial):
+            raise InvalidArgumentError("runs", runs, "DP-HyPO needs a TruncatedNegativeBinomial")
+        return cls(mechanism_from_dict(base), tnb, big, small)

@@ -24,6 +24,7 @@ import numpy as np
 from privguard._accounting import Accounting, nonadaptive_epsilon
 from privguard._journal import Run
 from privguard._ledger import Ledger
+from privguard._mechanisms import Gaussian, SubsampledGaussian
 from privguard._optional import require
 from privguard._results import describe
 
@@ -72,10 +73,9 @@ def prv_epsilon(runs: tuple[Run, ...] | list[Run], delta: float) -> float | None
     history = []
     for run in runs:
         m = run.mechanism
-        name = type(m).__name__
-        if name == "SubsampledGaussian":
+        if isinstance(m, SubsampledGaussian):
             history.append((m.noise_multiplier, m.sample_rate, run.count * m.steps))
-        elif name == "Gaussian":
+        elif isinstance(m, Gaussian):
             history.append((m.noise_multiplier, 1.0, run.count))
         else:
             return None

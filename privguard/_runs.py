@@ -41,7 +41,8 @@ class RunsDistribution:
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": type(self).__name__,
-                "params": {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+                "params": {f.name: getattr(self, f.name)
+                           for f in dataclasses.fields(self)}}  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
     """
 
     eta: float
-    gamma: float | None = None
+    gamma: float = 0.0  # always set by __init__ (given, or solved from the mean)
 
     def __init__(self, eta: float, gamma: float | None = None, mean: float | None = None) -> None:
         eta_f = check._as_float("eta", eta)

@@ -30,7 +30,8 @@ class DeltaShares:
         raise NotImplementedError
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, "params": dataclasses.asdict(self)}
+        return {"type": type(self).__name__,
+                "params": dataclasses.asdict(self)}  # type: ignore[call-overload]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,8 @@ class Explicit(DeltaShares):
         return w
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "Explicit", "params": {"shares": [list(p) for p in self.shares]}}
+        return {"type": "Explicit",
+                "params": {"shares": [list(p) for p in self.shares]}}  # type: ignore[call-overload]
 
 
 def shares_from_dict(data: Any) -> DeltaShares:

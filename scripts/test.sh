@@ -38,9 +38,9 @@ echo "== installing the wheel with [test] into a fresh venv"
 fresh_venv "$ci/test-venv" test
 export PRIVGUARD_WHEEL=$wheel PRIVGUARD_SOURCE=$root PRIVGUARD_REQUIRE_INSTALLED=1
 
-echo "== ruff"
+echo "== ruff and mypy"
 "$ci/test-venv/bin/ruff" check privguard
-# mypy joins here once the core refactor lands (issue 12, item 5)
+"$ci/test-venv/bin/mypy" privguard
 
 echo "== pytest against the installed package (from $ci/run)"
 cd "$ci/run"

@@ -21,6 +21,7 @@ class MemoryStore:
     """Keeps nothing outside the process; ``state_dict()`` is how it travels."""
 
     path = None
+    live = False
 
     def __init__(self) -> None:
         self._acc: Accounting | None = None

@@ -18,8 +18,12 @@ class Transaction(Protocol):
 
 
 class Store(Protocol):
-    path: str | None
-    """The store's location as the user gave it (None in memory)."""
+    @property
+    def path(self) -> str | None:
+        """The store's location as the user gave it (None in memory)."""
+
+    live: bool
+    """Set by the ledger once it is open: a retarget by another process then fails it closed."""
 
     def open(self, config: Config | None, acc: Accounting | None,
              retarget: str | None) -> Accounting:

@@ -516,10 +516,12 @@ class SQLiteStore:
             row = conn.execute("SELECT id FROM mechanisms WHERE body = ?", (body,)).fetchone()
             if row is None:
                 digest = self.integrity.digest("mechanism", body)
-                mech_id = conn.execute("INSERT INTO mechanisms (body, digest) VALUES (?, ?)",
-                                       (body, digest)).lastrowid
+                cursor = conn.execute("INSERT INTO mechanisms (body, digest) VALUES (?, ?)",
+                                      (body, digest))
+                assert cursor.lastrowid is not None
+                mech_id = cursor.lastrowid
             else:
-                mech_id = row[0]
+                mech_id = int(row[0])
             self._mechanism(conn, mech_id, f"{self.path}: mechanism {mech_id}")
         return mech_id, self._mechs[mech_id][1]
 

@@ -38,7 +38,7 @@ def _fingerprint(ledger: Ledger, count: int) -> str:
     Computed from the journal's runs (label, mechanism, how many of the first
     ``count`` charges), so it costs O(runs), not O(charges).
     """
-    rows = []
+    rows: list[list[Any]] = []
     for run in ledger.runs:
         if run.start >= count:
             break

@@ -161,7 +161,7 @@ class Coordinator:
                 except BudgetExhausted as exc:
                     status, err = REFUSED, exc
         except Exception as exc:  # reported to every rank below
-            status, err = ERROR, exc
+            status, err = ERROR, exc  # type: ignore[assignment]
         table = self._gather(_STEP, [status, sigma, q, next_ok])
         self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
                             for r, row in enumerate(table)],

@@ -47,7 +47,7 @@ from privguard._ledger import Ledger
 from privguard.integrations import _sampling
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
-from privguard.integrations.opacus import attach
+from privguard.integrations.opacus import AttachHandle, attach
 
 _tf = require("transformers", "huggingface")
 
@@ -56,7 +56,7 @@ __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 LEDGER_FILE = "privguard_ledger.json"
 
 
-class LedgerTrainerCallback(_tf.TrainerCallback):
+class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
     Args:
@@ -93,7 +93,7 @@ class LedgerTrainerCallback(_tf.TrainerCallback):
         self.log_name = log_name
         self.label = label
         self.check_poisson = check_poisson
-        self.handle = None
+        self.handle: AttachHandle | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                        train_dataloader: Any = None, **kwargs: Any) -> None:

@@ -40,7 +40,7 @@ from privguard._ledger import Ledger
 from privguard.integrations import _sampling
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
-from privguard.integrations.opacus import attach
+from privguard.integrations.opacus import AttachHandle, attach
 
 _pl = require("lightning.pytorch", "lightning")
 
@@ -60,7 +60,7 @@ def _train_loaders(trainer: Any) -> list:
     return [loaders]
 
 
-class LedgerCallback(_pl.Callback):
+class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
     Args:
@@ -100,7 +100,7 @@ class LedgerCallback(_pl.Callback):
         self.label = label
         self.prog_bar = prog_bar
         self.check_poisson = check_poisson
-        self.handle = None
+        self.handle: AttachHandle | None = None
 
     @property
     def state_key(self) -> str:

@@ -182,6 +182,7 @@ class AttachHandle:
         if key != self._last_key:  # a frozen value object: reuse it while σ and q hold
             self._last_mechanism = M.SubsampledGaussian(*key)
             self._last_key = key
+        assert self._last_mechanism is not None
         return self._last_mechanism
 
     def can_step(self) -> bool:
@@ -293,6 +294,7 @@ def _entry_from(resume: Any) -> dict:
         for candidate in (resume, resume.get("privguard"),
                           (resume.get("privacy_accountant_state_dict") or {}).get("privguard")):
             if is_entry(candidate):
+                assert isinstance(candidate, dict)
                 return candidate
     raise InvalidArgumentError(
         "resume", type(resume).__name__,

@@ -140,7 +140,8 @@ class RayExecutor:
         for name in names:
             module = sys.modules.get(name) if isinstance(name, str) else None
             path = getattr(module, "__file__", None)
-            if (module is None or path is None or name == "__main__" or name in _SHIPPED
+            if (module is None or path is None or not isinstance(name, str)
+                    or name == "__main__" or name in _SHIPPED
                     or name.split(".")[0] == "privguard"
                     or os.path.abspath(path).startswith(installed)):
                 continue

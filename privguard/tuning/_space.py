@@ -127,7 +127,12 @@ class SearchSpace:
             raise InvalidArgumentError("space", self, "has continuous dimensions; it cannot be enumerated")
         names = list(self.dimensions)
         return [dict(zip(names, combo))
-                for combo in itertools.product(*(self.dimensions[n].values for n in names))]
+                for combo in itertools.product(*(self._choice(n).values for n in names))]
+
+    def _choice(self, name: str) -> Choice:
+        dim = self.dimensions[name]
+        assert isinstance(dim, Choice)
+        return dim
 
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         return {name: dim.sample(rng) for name, dim in self.dimensions.items()}

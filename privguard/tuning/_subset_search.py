@@ -134,14 +134,15 @@ class SubsetSearch:
         if (isinstance(variant, bool) or not isinstance(variant, numbers.Integral)
                 or variant not in (1, 2)):
             raise InvalidArgumentError("variant", variant, "must be 1 or 2")
-        self.variant = int(variant)
-        self.final_costs = CandidateCosts(final_cost, tuner.space, "final_cost")
+        self.variant: int = int(variant)
+        self.final_costs: CandidateCosts = CandidateCosts(final_cost, tuner.space, "final_cost")
         self.final_cost = final_cost
         if extrapolate is not None and not callable(extrapolate):
             raise InvalidArgumentError("extrapolate", extrapolate,
                                        "must be None or callable(params, scale) -> params")
-        self.extrapolate = extrapolate or paper_extrapolation("sgd")
-        self.seed = check_seed(seed)
+        self.extrapolate: Callable[[dict, float], dict] = (extrapolate
+                                                            or paper_extrapolation("sgd"))
+        self.seed: int | None = check_seed(seed)
         self._check_extrapolation()
 
     def _check_extrapolation(self) -> None:
