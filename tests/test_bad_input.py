@@ -500,3 +500,98 @@ def test_subset_integer_curve_needs_an_integer_order_count(n):
         plan.integer_curve(n)
     _assert_names(info, "n")
     assert plan.integer_curve(np.int64(8)).shape == (9,)
+
+
+# ----------------------------------------------------------------------------
+# The Ledger and the command line (issue 14, item 6)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(listeners=5), "listeners"),
+    (dict(listeners="abc"), "listeners"),
+    (dict(listeners=[5]), "listener"),
+    (dict(path=123), "path"),
+    (dict(path=b"x.db"), "path"),
+    (dict(path=""), "path"),
+    (dict(path=":memory:"), "path"),
+    (dict(path="file:x.db?mode=memory"), "path"),
+    (dict(orders=["2", "3"]), "orders"),
+    (dict(odometer="tight"), "odometer"),
+    (dict(odometer="bogus"), "odometer"),
+    (dict(filter="prv"), "filter"),
+    (dict(plan="step"), "plan"),
+])
+def test_bad_ledger_arguments_name_themselves(kwargs, name):
+    with pytest.raises(InvalidArgumentError, match=name):
+        Ledger(1.0, 1e-5, **kwargs)
+
+
+@pytest.mark.parametrize("reason", ["", "   ", 123])
+def test_a_retarget_needs_a_reason(tmp_path, reason):
+    Ledger(1.0, 1e-5, path=tmp_path / "a.db").close()
+    with pytest.raises(InvalidArgumentError, match="retarget"):
+        Ledger(2.0, 1e-5, path=tmp_path / "a.db", retarget=reason)
+    assert Ledger.open(tmp_path / "a.db").target == (1.0, 1e-5)
+
+
+def test_ledger_queries_reject_non_mechanisms_and_unknown_listeners():
+    ledger = Ledger(1.0, 1e-5)
+    with pytest.raises(InvalidArgumentError, match="mechanism"):
+        ledger.remaining("x")
+    with pytest.raises(InvalidArgumentError, match="listener"):
+        ledger.remove_listener(print)
+    with pytest.raises(InvalidArgumentError, match="delta"):
+        ledger.epsilon(delta="0.1")
+    assert len(ledger.history) == 0
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_an_unencodable_label_is_refused_everywhere_and_charges_nothing(tmp_path, where):
+    ledger = Ledger(1.0, 1e-5, path=None if where == "memory" else tmp_path / "a.db")
+    with pytest.raises(InvalidArgumentError, match="label"):
+        ledger.charge(M.Gaussian(10.0), label="\ud800")
+    with pytest.raises(InvalidArgumentError, match="label"):
+        ledger.charge(M.Gaussian(10.0), label=7)
+    assert len(ledger.history) == 0
+    ledger.charge(M.Gaussian(10.0), label="ok")  # still usable
+    assert [r.label for r in ledger.history] == ["ok"]
+
+
+def test_report_json_is_strict_json_for_a_report_only_ledger(tmp_path, capsys):
+    import json
+
+    from privguard._cli import main
+
+    path = tmp_path / "a.db"
+    ledger = Ledger(delta=1e-5, path=path)
+    ledger.charge(M.Gaussian(10.0))
+    ledger.close()
+    assert main(["report", str(path), "--json"]) == 0
+
+    def no_constants(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    data = json.loads(capsys.readouterr().out, parse_constant=no_constants)
+    assert data["remaining_repeats_of_last_mechanism"] == "unlimited"
+
+
+def test_report_opens_read_only_and_never_writes(tmp_path):
+    import os
+
+    from privguard import LedgerStateError
+    from privguard._cli import main
+
+    path = tmp_path / "a.db"
+    Ledger(1.0, 1e-5, path=path).charge(M.Gaussian(10.0))
+    before = path.read_bytes()
+    assert main(["report", str(path)]) == 0 and main(["verify", str(path)]) == 0
+    assert path.read_bytes() == before
+    with pytest.raises(LedgerStateError, match="read-only"):
+        Ledger.open(path, read_only=True).charge(M.Gaussian(10.0))
+    if os.geteuid() != 0:  # root ignores file permissions
+        os.chmod(path, 0o444)
+        os.chmod(tmp_path, 0o555)
+        try:
+            assert main(["report", str(path)]) == 0
+        finally:
+            os.chmod(tmp_path, 0o755)
