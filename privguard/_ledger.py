@@ -186,11 +186,17 @@ class Ledger:
             raise
 
     # ------------------------------------------------------------- charging
-    def charge(self, mechanism: Mechanism, label: str | None = None) -> ChargeRecord:
+    def charge(self, mechanism: Mechanism, label: str | None = None, *,
+               times: int = 1) -> ChargeRecord:
         """Charge one run of ``mechanism``; refuse before recording if it would overspend.
 
+        With ``times`` = k, charge k identical runs at once, all or nothing,
+        in one transaction: exactly what k single charges would record (one
+        run of the journal, the same spent curve, the same filter decision as
+        the k-th single charge).
+
         Returns:
-            The :class:`ChargeRecord` appended to the journal.
+            The :class:`ChargeRecord` appended to the journal (the last one).
 
         Raises:
             BudgetExhausted: the filter refuses; nothing was recorded.
@@ -198,9 +204,10 @@ class Ledger:
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
         label = check_label(label)
+        times = check.positive_int("times", times)
         pid = os.getpid()
         with self._synced(write=True) as txn:
-            verdict = self._acc.decide(mechanism, label, pid)
+            verdict = self._acc.decide(mechanism, label, pid, times)
             if not verdict.admitted:
                 remaining = self._remaining(mechanism)
                 self._notify(LedgerEvent("refused", self, mechanism, label, None))

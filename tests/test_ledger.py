@@ -14,6 +14,7 @@ from opacus.accountants import RDPAccountant
 from privguard import (
     DEFAULT_ORDERS,
     BudgetExhausted,
+    InvalidArgumentError,
     Ledger,
     LedgerStateError,
     RDPCurve,
@@ -254,3 +255,21 @@ def test_a_file_ledger_pickles_as_a_reference_to_its_file(tmp_path):
     ledger.charge(M.Gaussian(5.0), label="b")  # after pickling: the file is the truth
     again = pickle.loads(blob)
     assert again.path == str(path) and [r.label for r in again.history] == ["a", "b"]
+
+
+def test_k_charges_at_once_equal_k_single_charges():
+    step = M.SubsampledGaussian(1.0, 0.01)
+    single, batch = Ledger(3.0, DELTA, plan=step), Ledger(3.0, DELTA, plan=step)
+    for _ in range(700):
+        single.charge(step, label="s")
+    record = batch.charge(step, label="s", times=700)
+    assert record.index == 699 and batch.runs[0].count == 700
+    np.testing.assert_array_equal(batch.spent, single.spent)
+    n = single.remaining(step).repeats
+    with pytest.raises(BudgetExhausted):
+        batch.charge(step, label="s", times=n + 1)  # all or nothing
+    np.testing.assert_array_equal(batch.spent, single.spent)
+    batch.charge(step, times=n)
+    assert not batch.can_afford(step)
+    with pytest.raises(InvalidArgumentError, match="times"):
+        batch.charge(step, times=0)
