@@ -324,19 +324,6 @@ def check_ledger(ledger: Any) -> Ledger:
     return ledger
 
 
-def check_label(label: Any) -> str | None:
-    """A charge label: a string that any ledger (in memory or in a file) can store."""
-    if label is None:
-        return None
-    if not isinstance(label, str):
-        raise InvalidArgumentError("label", label, "must be a string or None")
-    try:
-        label.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("label", label, "must be encodable as UTF-8") from None
-    return label
-
-
 class CandidateCosts:
     """The declared privacy cost of every candidate, checked before anything is charged.
 
