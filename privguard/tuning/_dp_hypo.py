@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting import check_label
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
@@ -33,7 +34,6 @@ from privguard.tuning._base import (
     Tuner,
     TuningResult,
     check_flag,
-    check_label,
     check_ledger,
     check_mode,
     check_objective,

@@ -51,13 +51,13 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting import check_label
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._mechanisms import PureDP
 from privguard.tuning._base import (
     as_score,
     check_flag,
-    check_label,
     check_ledger,
     check_objective,
     check_seed,

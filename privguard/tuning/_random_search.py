@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting import check_label
 from privguard._base import Mechanism
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
@@ -22,7 +23,6 @@ from privguard.tuning._base import (
     Tuner,
     TuningResult,
     check_flag,
-    check_label,
     check_ledger,
     check_mode,
     check_objective,

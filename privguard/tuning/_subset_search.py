@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting import check_label
 from privguard._base import Mechanism
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
@@ -33,7 +34,6 @@ from privguard.tuning._base import (
     CandidateCosts,
     TuningPlan,
     TuningResult,
-    check_label,
     check_ledger,
     check_objective,
     check_seed,
