@@ -121,42 +121,47 @@ def _expand_runs(history: History) -> History:
 
 def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = None,
            error: Exception | None = None, *, attach_label: str | None = None) -> int:
-    """Charge ``todo`` to ``ledger`` one record per step, all or nothing.
+    """Charge ``todo`` to ``ledger``, all or nothing: each (σ, q, k) row as k
+    identical charges in one transaction (``charge(..., times=k)``, the same
+    journal as k single charges).
 
     The whole sequence is first tried on a separate in-memory copy of the
     ledger, so a refusal charges nothing. Returns the number of steps charged.
     """
-    steps = [step for s, q, k in todo for step in [M.SubsampledGaussian(s, q)] * k]
+    segments = [(M.SubsampledGaussian(s, q), k) for s, q, k in todo]
+    total = sum(k for _, k in segments)
     refused: list[M.SubsampledGaussian] = []
 
     def attempt() -> bool:
         if error is not None:
             raise error
-        if not steps:
+        if not segments:
             return True
         trial = type(ledger).load_state_dict(ledger.state_dict())
-        for step in steps:
+        for step, k in segments:
             try:
-                trial.charge(step, label=label)
+                trial.charge(step, label=label, times=k)
             except BudgetExhausted:
                 refused.append(step)
                 return False
-        for i, step in enumerate(steps):
+        done = 0
+        for step, k in segments:
             try:
-                ledger.charge(step, label=label)
+                ledger.charge(step, label=label, times=k)
             except BudgetExhausted as exc:  # another process charged the file meanwhile
                 raise BudgetExhausted(
-                    f"{i} of the {len(steps)} steps Opacus recorded were charged ({label!r}); "
+                    f"{done} of the {total} steps Opacus recorded were charged ({label!r}); "
                     f"then the ledger refused: {exc}", requested=step, label=label,
                     remaining=exc.remaining) from exc
+            done += k
         return True
 
     def refusal() -> BudgetExhausted:
-        step = refused[0] if refused else steps[0]
+        step = refused[0] if refused else segments[0][0]
         outcome = ("nothing was charged and nothing was attached" if label == attach_label
                    else "nothing was charged; do not train on from this checkpoint")
         return BudgetExhausted(
-            f"the {len(steps)} steps Opacus' accountant recorded ({_describe(todo)}) do not "
+            f"the {total} steps Opacus' accountant recorded ({_describe(todo)}) do not "
             f"fit the ledger's budget ({label!r}); {outcome}. Start a new ledger only if "
             "these steps were already accounted elsewhere; otherwise the budget is spent",
             requested=step, label=label, remaining=ledger.remaining(step))
@@ -165,7 +170,7 @@ def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = Non
         coordinator.run(attempt, f"while charging the steps Opacus recorded ({label!r})", refusal)
     elif not attempt():
         raise refusal()
-    return len(steps)
+    return total
 
 
 def _describe(history: History) -> str:
