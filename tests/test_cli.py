@@ -84,3 +84,21 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert ledger.history[0].label == "random-K tuning"  # charged before anything else
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
     assert f"{ledger.epsilon():.3f}" in out
+
+
+def test_report_compares_with_opacus_prv_on_request(fixture_ledger, capsys):
+    from opacus.accountants import PRVAccountant
+
+    assert main(["report", str(fixture_ledger), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["opacus_prv_epsilon_not_a_guarantee"] is None  # fast path: no torch
+    assert main(["report", str(fixture_ledger), "--json", "--compare-prv"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    prv = PRVAccountant()
+    prv.history = [(1.1, 0.01, 300), (20.0, 1.0, 3), (0.9, 0.01, 200)]
+    assert data["opacus_prv_epsilon_not_a_guarantee"] == pytest.approx(prv.get_epsilon(1e-5))
+    # the three numbers side by side: PRV < RDP conversion < the valid running ε
+    assert (data["opacus_prv_epsilon_not_a_guarantee"] < data["naive_epsilon_not_a_guarantee"]
+            < data["running_epsilon"])
+    assert main(["report", str(fixture_ledger), "--compare-prv"]) == 0
+    assert "Opacus PRV" in capsys.readouterr().out
