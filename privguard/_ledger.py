@@ -19,27 +19,16 @@ from typing import Any
 import numpy as np
 
 from privguard import _config
-from privguard import _state as state_io
 from privguard import _validation as check
 from privguard._accounting import Accounting, check_label
 from privguard._base import Mechanism
 from privguard._curve import RDPCurve
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._journal import ChargeRecord, History, Run
+from privguard._ledger_state import LedgerState
 from privguard._plan import Plan
-from privguard._results import Guarantee, LedgerEvent, Remaining
+from privguard._results import Guarantee, LedgerEvent, Remaining, guarantee_of
 from privguard._stores import MemoryStore, open_store
-
-
-class _hybridmethod:
-    """``Ledger.load_state_dict(sd)`` builds a ledger; ``ledger.load_state_dict(sd)`` loads in place."""
-
-    def __init__(self, cls_func: Callable, inst_func: Callable) -> None:
-        self.cls_func, self.inst_func = cls_func, inst_func
-        self.__doc__ = inst_func.__doc__
-
-    def __get__(self, obj: Any, cls: Any) -> Any:
-        return (self.cls_func if obj is None else self.inst_func).__get__(obj, cls)
 
 
 class _GuardedTxn:
@@ -52,7 +41,7 @@ class _GuardedTxn:
         self._ledger._guard(lambda: self._txn.write(acc, changes))
 
 
-class Ledger:
+class Ledger(LedgerState):
     """The privacy ledger: filter, odometer, journal and listeners over a grid of orders.
 
     Args:
@@ -274,19 +263,7 @@ class Ledger:
             ('filter', 3.0, 1e-05)
         """
         with self._synced(write=False):
-            acc, cfg = self._acc, self._acc.config
-            if cfg.delta is None:
-                raise InvalidArgumentError("delta", None, "this ledger has no δ to state a "
-                                           "guarantee at")
-            if cfg.epsilon is not None and not acc.retargeted:
-                return Guarantee("filter", cfg.epsilon, cfg.delta,
-                                 f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
-                                 "interaction (a privacy filter checked every charge before "
-                                 "it ran)")
-            eps = acc.epsilon(cfg.delta)
-            return Guarantee("odometer", eps, cfg.delta,
-                             f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {cfg.delta:g}, "
-                             "valid at the adaptively chosen stopping time (privacy odometer)")
+            return guarantee_of(self._acc)
 
     def nonadaptive_epsilon(self, delta: float | None = None) -> float:
         """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
@@ -420,74 +397,6 @@ class Ledger:
         mode = cfg.odometer if cfg.odometer in _config.NEW_ODOMETER_MODES else None
         return Ledger(orders=self.orders, rdp_budget=budget, delta=delta, odometer=mode)
 
-    # -------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
-
-        Raises:
-            LedgerStateError: the ledger's file cannot be read back whole.
-        """
-        with self._synced(write=False):
-            return state_io.state_dict(self._acc, self._backend.items(self._acc))
-
-    @classmethod
-    def _from_state_dict(cls, state: Any) -> Ledger:
-        """A new in-memory ledger from :meth:`state_dict` output, validated and replayed."""
-        acc, _ = state_io.load(state)
-        self = cls.__new__(cls)
-        self._setup((), None)
-        self._acc = acc
-        return self
-
-    def _load_state_dict_inplace(self, state: Any) -> Ledger:
-        """Bring this ledger forward to ``state`` after validating it fully.
-
-        The state must have this ledger's configuration and its journal must
-        extend this ledger's journal (a checkpoint this ledger wrote later,
-        say): a ledger never goes backwards. A file-backed ledger accepts only
-        a state its file already holds. Anything else raises
-        :class:`LedgerStateError` and leaves this ledger unchanged.
-        ``Ledger.load_state_dict(state)``, called on the class, builds a
-        separate ledger from any valid state instead.
-        """
-        loaded, _ = state_io.load(state)
-        with self._synced(write=False):
-            mine, theirs = self._backend.items(self._acc), loaded.items()
-            if loaded.config != self._acc.config:
-                raise LedgerStateError(
-                    "state was written by a ledger with another configuration "
-                    f"({', '.join(loaded.config.differences(self._acc.config))} differ)")
-            if self._store is not None:
-                if not _is_prefix(theirs, mine):
-                    raise LedgerStateError(
-                        f"{self._store.path}: the state to load is not a prefix of this "
-                        "file's journal; a file-backed ledger never replaces its journal")
-                return self
-            if not _is_prefix(mine, theirs):
-                raise LedgerStateError(
-                    f"the state to load ({loaded.journal.charges} charges) does not extend "
-                    f"this ledger's journal ({self._acc.journal.charges} charges): loading it "
-                    "would rewind or rewrite spent budget. A ledger never goes backwards; "
-                    "build a separate ledger with Ledger.load_state_dict(state) if that is "
-                    "what you mean")
-            self._acc = loaded
-            self._broken = None
-        return self
-
-    load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """An in-memory ledger pickles as its verified state; a file-backed one as a
-        reference to its file, reopened and verified on load. Listeners are not pickled."""
-        if self._store is not None:
-            return {"store": self._store.reference()}
-        return {"state": self.state_dict()}
-
-    def __setstate__(self, data: dict[str, Any]) -> None:
-        other = (Ledger.open(data["store"]["path"]) if "store" in data
-                 else Ledger._from_state_dict(data["state"]))
-        self.__dict__.update(other.__dict__)
-
     def __repr__(self) -> str:
         cfg = self._acc.config
         parts = [f"{cfg.orders.size} orders", cfg.describe()]
@@ -495,18 +404,3 @@ class Ledger:
             parts.append(f"odometer={cfg.odometer!r} at δ={cfg.delta:g}")
         parts.append(f"{self._acc.journal.charges} charges")
         return f"Ledger({', '.join(parts)})"
-
-
-def _is_prefix(shorter: list[Any], longer: list[Any]) -> bool:
-    """Whether journal ``shorter`` is a prefix of ``longer`` (its last run may have grown)."""
-    if len(shorter) > len(longer):
-        return False
-    for i, (a, b) in enumerate(zip(shorter, longer)):
-        if isinstance(a, Run) and isinstance(b, Run):
-            grew = i == len(shorter) - 1 and a.count <= b.count
-            if a.key() != b.key() or a.start != b.start or a.first_time != b.first_time \
-                    or not (a == b or grew):
-                return False
-        elif a != b:
-            return False
-    return True

@@ -83,6 +83,23 @@ class LedgerEvent:
         return f"LedgerEvent({self.kind!r}, {self.mechanism!r}, label={self.label!r})"
 
 
+def guarantee_of(acc: Any) -> Guarantee:
+    """The statement a ledger supports, chosen by its configuration (docs/theory.md §4)."""
+    from privguard._errors import InvalidArgumentError
+
+    cfg = acc.config
+    if cfg.delta is None:
+        raise InvalidArgumentError("delta", None, "this ledger has no δ to state a guarantee at")
+    if cfg.epsilon is not None and not acc.retargeted:
+        return Guarantee("filter", cfg.epsilon, cfg.delta,
+                         f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
+                         "interaction (a privacy filter checked every charge before it ran)")
+    eps = acc.epsilon(cfg.delta)
+    return Guarantee("odometer", eps, cfg.delta,
+                     f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {cfg.delta:g}, valid "
+                     "at the adaptively chosen stopping time (privacy odometer)")
+
+
 def describe(value: Any) -> str:
     """A one-line description of a serialised mechanism (curves abbreviated)."""
     if isinstance(value, dict) and set(value) == {"type", "params"}:

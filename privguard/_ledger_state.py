@@ -1,0 +1,134 @@
+"""How a ledger travels: its state as plain data, and pickling. A mixin of the Ledger.
+
+``state_dict()`` / ``Ledger.load_state_dict(state)`` build a separate ledger
+from any valid state; ``ledger.load_state_dict(state)`` only moves a ledger
+forward (the loaded journal must extend its own). An in-memory ledger
+pickles as its verified state; a file-backed one as a reference to its store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from typing_extensions import Self
+
+from privguard import _state as state_io
+from privguard._errors import LedgerStateError
+from privguard._journal import Run
+
+if TYPE_CHECKING:
+    from privguard._accounting import Accounting
+
+L = TypeVar("L", bound="LedgerState")
+
+
+class _hybridmethod:
+    """``Ledger.load_state_dict(sd)`` builds a ledger; ``ledger.load_state_dict(sd)`` loads in place."""
+
+    def __init__(self, cls_func: Callable, inst_func: Callable) -> None:
+        self.cls_func, self.inst_func = cls_func, inst_func
+        self.__doc__ = inst_func.__doc__
+
+    def __get__(self, obj: Any, cls: Any) -> Any:
+        return (self.cls_func if obj is None else self.inst_func).__get__(obj, cls)
+
+
+
+class LedgerState:
+    """State and pickling for :class:`privguard.Ledger` (see the module docstring)."""
+
+    _acc: Accounting
+    _backend: Any
+    _store: Any
+    _broken: str | None
+
+    if TYPE_CHECKING:  # provided by the Ledger
+        def _synced(self, write: bool) -> AbstractContextManager[Any]: ...
+        def _setup(self, listeners: Any, store: Any) -> None: ...
+
+        @classmethod
+        def open(cls, path: Any) -> Self: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
+
+        Raises:
+            LedgerStateError: the ledger's file cannot be read back whole.
+        """
+        with self._synced(write=False):
+            return state_io.state_dict(self._acc, self._backend.items(self._acc))
+
+    @classmethod
+    def _from_state_dict(cls, state: Any) -> Self:
+        """A new in-memory ledger from :meth:`state_dict` output, validated and replayed."""
+        acc, _ = state_io.load(state)
+        self = cls.__new__(cls)
+        self._setup((), None)
+        self._acc = acc
+        return self
+
+    def _load_state_dict_inplace(self, state: Any) -> Self:
+        """Bring this ledger forward to ``state`` after validating it fully.
+
+        The state must have this ledger's configuration and its journal must
+        extend this ledger's journal (a checkpoint this ledger wrote later,
+        say): a ledger never goes backwards. A file-backed ledger accepts only
+        a state its file already holds. Anything else raises
+        :class:`LedgerStateError` and leaves this ledger unchanged.
+        ``Ledger.load_state_dict(state)``, called on the class, builds a
+        separate ledger from any valid state instead.
+        """
+        loaded, _ = state_io.load(state)
+        with self._synced(write=False):
+            mine, theirs = self._backend.items(self._acc), loaded.items()
+            if loaded.config != self._acc.config:
+                raise LedgerStateError(
+                    "state was written by a ledger with another configuration "
+                    f"({', '.join(loaded.config.differences(self._acc.config))} differ)")
+            if self._store is not None:
+                if not _is_prefix(theirs, mine):
+                    raise LedgerStateError(
+                        f"{self._store.path}: the state to load is not a prefix of this "
+                        "file's journal; a file-backed ledger never replaces its journal")
+                return self
+            if not _is_prefix(mine, theirs):
+                raise LedgerStateError(
+                    f"the state to load ({loaded.journal.charges} charges) does not extend "
+                    f"this ledger's journal ({self._acc.journal.charges} charges): loading it "
+                    "would rewind or rewrite spent budget. A ledger never goes backwards; "
+                    "build a separate ledger with Ledger.load_state_dict(state) if that is "
+                    "what you mean")
+            self._acc = loaded
+            self._broken = None
+        return self
+
+    load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """An in-memory ledger pickles as its verified state; a file-backed one as a
+        reference to its file, reopened and verified on load. Listeners are not pickled."""
+        if self._store is not None:
+            return {"store": self._store.reference()}
+        return {"state": self.state_dict()}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        other = (type(self).open(data["store"]["path"]) if "store" in data
+                 else type(self)._from_state_dict(data["state"]))
+        self.__dict__.update(other.__dict__)
+
+
+def _is_prefix(shorter: list[Any], longer: list[Any]) -> bool:
+    """Whether journal ``shorter`` is a prefix of ``longer`` (its last run may have grown)."""
+    if len(shorter) > len(longer):
+        return False
+    for i, (a, b) in enumerate(zip(shorter, longer)):
+        if isinstance(a, Run) and isinstance(b, Run):
+            grew = i == len(shorter) - 1 and a.count <= b.count
+            if a.key() != b.key() or a.start != b.start or a.first_time != b.first_time \
+                    or not (a == b or grew):
+                return False
+        elif a != b:
+            return False
+    return True
