@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,9 +30,11 @@ from privguard._plan import Plan
 _CACHE_LIMIT = 4096
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The outcome of :meth:`Accounting.decide`: nothing has changed yet."""
+class Verdict(NamedTuple):
+    """The outcome of :meth:`Accounting.decide`: nothing has changed yet.
+
+    (A named tuple: built on every charge and every replayed row.)
+    """
 
     admitted: bool
     mechanism: Mechanism
