@@ -11,7 +11,9 @@
    checkpoints' case).
 5. A durable charge against a plain fsync'd SQLite insert (same file system,
    same journal mode and ``synchronous=FULL``), alternating, in one run.
-6. Eight processes charging one file: latency percentiles of a charge.
+6. Eight processes charging one file: latency percentiles of a charge, after
+   each process's first charge (which computes the mechanism's curve, before
+   the file lock is taken).
 
 Large journals are built through the ledger's own accounting and store in
 one transaction (the file is the same as charge by charge, which the script
@@ -137,6 +139,7 @@ def durable_vs_plain(folder: str, n: int) -> dict[str, float]:
 def _worker(path: str, n: int, start, out) -> None:
     ledger = Ledger(1e6, 1e-5, path=path)
     step = M.SubsampledGaussian(1.0, 0.01)
+    ledger.charge(step, label="warm-up")  # a process's first charge computes the curve
     start.wait()
     lat = []
     for _ in range(n):
@@ -148,6 +151,9 @@ def _worker(path: str, n: int, start, out) -> None:
 
 def concurrent_latency(folder: str, processes: int, n: int) -> dict[str, float]:
     path = os.path.join(folder, "shared.db")
+    for suffix in ("", "-journal"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
     Ledger(1e6, 1e-5, path=path).close()
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
@@ -161,7 +167,7 @@ def concurrent_latency(folder: str, processes: int, n: int) -> dict[str, float]:
     elapsed = time.perf_counter() - t0
     for p in procs:
         p.join()
-    assert len(Ledger.open(path).history) == processes * n
+    assert len(Ledger.open(path).history) == processes * (n + 1)
     return {"charges_per_s": processes * n / elapsed,
             **{f"p{q}_ms": float(np.percentile(lat, q)) * 1e3 for q in (50, 99, 99.9)},
             "max_ms": float(lat.max()) * 1e3}
@@ -191,10 +197,15 @@ def main(argv: list[str] | None = None) -> dict:
         r = out["durable"] = durable_vs_plain(folder, 200 if args.quick else 500)
         print(f"5. durable charge {r['durable_ms']:.3f} ms vs plain fsync'd insert "
               f"{r['plain_ms']:.3f} ms (medians): {r['ratio']:.2f}×")
-        r = out["eight"] = concurrent_latency(folder, 8, 100 if args.quick else 300)
-        print(f"6. 8 processes: {r['charges_per_s']:,.0f} charges/s; latency p50 "
-              f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, p99.9 {r['p99.9_ms']:.1f} ms, "
-              f"max {r['max_ms']:.1f} ms")
+        runs = [concurrent_latency(folder, 8, 100 if args.quick else 300)
+                for _ in range(2 if args.quick else 5)]
+        out["eight"] = runs
+        for r in runs:
+            print(f"6. 8 processes: {r['charges_per_s']:,.0f} charges/s; latency p50 "
+                  f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, p99.9 {r['p99.9_ms']:.1f} "
+                  f"ms, max {r['max_ms']:.1f} ms")
+        print(f"   median over {len(runs)} runs: p99.9 "
+              f"{statistics.median(r['p99.9_ms'] for r in runs):.1f} ms")
     return out
 
 

@@ -195,6 +195,10 @@ class Ledger(LedgerState):
         label = check_label(label)
         times = check.positive_int("times", times)
         pid = os.getpid()
+        if isinstance(mechanism, Mechanism):
+            # A new mechanism's curve can take milliseconds: compute it (pure, cached)
+            # before taking the store's lock, which other processes are waiting for.
+            self._acc.curve(mechanism)
         with self._synced(write=True) as txn:
             verdict = self._acc.decide(mechanism, label, pid, times)
             if not verdict.admitted:
