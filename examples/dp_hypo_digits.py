@@ -35,8 +35,8 @@ import os
 import time
 
 import numpy as np
-
 from _common import OUT, write_outputs
+
 from privguard import Ledger
 from privguard import mechanisms as M
 from privguard.tuning import DPHyPOSearch, Geometric, RandomSearch
