@@ -101,7 +101,7 @@ def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
 def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():
     import tune_random_k
 
-    summary = tune_random_k.main(["--seed", "0", "--mean", "3"])
+    summary = tune_random_k.main(["--seed", "0", "--quick"])
     assert summary["selected"]["lr"] in [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
     assert summary["tuning_epsilon"] < summary["naive_composition_epsilon"]
     assert 0.1 < summary["test_accuracy"] <= 1.0
@@ -110,7 +110,7 @@ def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():
 def test_propose_test_example():
     import propose_test
 
-    summary = propose_test.main(["--seeds", "100"])
+    summary = propose_test.main(["--quick"])
     sim, real = summary["simulation"], summary["digits"]
     assert sim["max_rounds"] <= 201 and sim["mean_rounds"] > 1
     means = [v[1] for v in sim["growth"].values()]
@@ -169,6 +169,6 @@ def test_tune_on_ray_matches_the_serial_run():
         ray.shutdown()
     import tune_on_ray
 
-    summary = tune_on_ray.main([])
+    summary = tune_on_ray.main(["--quick"])
     assert summary["same"] and summary["selected"] is not None
     assert not ray.is_initialized()
