@@ -11,9 +11,9 @@ runs), which is still improving after 100 epochs at σ = 1.
 
 Both policies charge every step to the same kind of privguard filter and
 train until it refuses one. Its budget (ε, δ = 1e-5) is what the baseline's
-planned run costs by the non-adaptive RDP accounting Opacus reports (60
-epochs at σ = 1 by default), as in the paper, where the filter was set to the
-baseline's ε:
+planned run (60 epochs at σ = 1 by default) costs by non-adaptive RDP
+accounting with the improved conversion, as Opacus' RDP accountant reports
+it; the paper, too, set the filter to the baseline's ε:
 
 * baseline: σ = 1 throughout;
 * adaptive (the paper's policy, §5.1 and its code): every 10% of the baseline's
@@ -22,14 +22,14 @@ baseline's ε:
   charged to the ledger). If it exceeds the last significant count by at
   least 3 standard deviations (300), σ goes up by 0.1 (at most 2), but only
   if the filter still admits more than 50% of the baseline's epochs at the
-  current σ; if it does not, σ goes down by 0.1 (never below 1).
+  current σ. Without such a rise, σ goes down by 0.1 (never below 1).
 
 The filter makes the adaptive choices free: both runs report the filter's
 (ε, δ). Prints per seed and on average (± standard error over seeds) the
 test accuracy, epochs trained, σ reached and the ε each may report, and the
 paired difference adaptive − baseline; writes
 examples/out/adaptive_noise.{png,csv,json}. Seeded (seeds 0, 1, …) so the table
-reproduces; a real run draws its noise from OS entropy.
+reproduces; a real run must not seed its noise.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ tuners are compared:
 
 * GP, β = 1: Algorithm 3 with the paper's defaults (τ = 0.1, β = 1), total ε = 15;
 * GP, β = 20: the same with β = 20, total ε = 15. With accuracy-scale scores
-  and β = 1 the softmax weights of the worst and best points differ by at
-  most e^0.6 ≈ 1.8, less than C/c ≈ 2.7, so the projection never binds;
+  and β = 1 the softmax weights of the worst and best points differ by
+  about e^0.6 ≈ 1.8, less than C/c ≈ 2.7, so the projection hardly binds;
   β = 20 lets a 0.05 difference in the GP's upper bound change a weight by e;
 * uniform, same T: uniform random search with T ~ Geometric(γ) — the same
   number of runs, a smaller total ε (what the paper compares in §4.2.3);

@@ -22,7 +22,9 @@ stopping exactly there would have cost, which needs hindsight), and two
 full-run numbers: the non-adaptive RDP ε of all 50 epochs (what you report
 without an odometer, having committed to the whole plan) and the odometer's
 ε after 50 epochs. Means ± standard errors over the seeds; writes
-examples/out/early_stopping_odometer.{png,csv,json}.
+examples/out/early_stopping_odometer.{png,csv,json}. Seeded (seeds 0, 1, …)
+so that the table reproduces; a real run must not seed its noise (Opacus:
+secure_mode=True).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def run(seed: int, delta: float, planned_epochs: int):
     x, y = test.tensors
     half = len(y) // 2
     val, test = TensorDataset(x[:half], y[:half]), TensorDataset(x[half:], y[half:])
+    torch.manual_seed(seed)  # the initialisation too, so the table reproduces
     model = pretrain(mlp(), public, seed=seed)
     start_acc = accuracy(model, test)
     model, opt, loader = make_private(model, private, BATCH, SIGMA, lr=0.2, seed=seed)
