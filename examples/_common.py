@@ -21,6 +21,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+torch.set_num_threads(1)  # small models; the machine is shared
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
 warnings.filterwarnings("ignore", message=".*Optimal order is the.*")
 warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
@@ -60,7 +61,7 @@ def make_private(model, train, batch_size, noise, lr=0.5, clip=1.0, seed=0):
     torch.manual_seed(seed)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    engine = PrivacyEngine()
+    engine = PrivacyEngine(accountant="rdp")  # privguard accounts in RDP too
     return engine.make_private(module=model, optimizer=opt,
                                data_loader=DataLoader(train, batch_size=batch_size),
                                noise_multiplier=noise, max_grad_norm=clip)

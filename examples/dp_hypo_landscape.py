@@ -1,4 +1,4 @@
-"""Build the cached accuracy landscape used by examples/dp_hypo.py (run once; ~2–3 min).
+"""Build the cached accuracy landscape used by examples/dp_hypo_digits.py (run once; ~2–3 min).
 
 Run: python examples/dp_hypo_landscape.py   → writes examples/data/dp_hypo_landscape.json
 

@@ -1,6 +1,6 @@
 """Propose-test tuning with doubling steps (seed 004, Ding & Wu 2022), charged round by round.
 
-Run: python examples/propose_test.py [--seeds 1000]
+Run: python examples/propose_test.py [--seeds 1000] [--quick]
 
 1. The paper's simulation: 100 candidates with utilities uniform on (0, 1),
    k = 10, ε₀ = 0.1, over 1,000 seeds: the distribution of the number of
@@ -127,7 +127,10 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=1000)
     parser.add_argument("--epsilon", type=float, default=12.0)
+    parser.add_argument("--quick", action="store_true", help="CI: 100 simulation seeds")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds = 100
     start = time.time()
     sim = simulate(args.seeds)
     r = sim["rounds"]

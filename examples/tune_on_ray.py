@@ -1,6 +1,6 @@
 """The demo's random-K tuning, serially and on a local Ray instance with 2 workers.
 
-Run: python examples/tune_on_ray.py
+Run: python examples/tune_on_ray.py [--quick]
 
 Tunes the learning rate of a DP-SGD model on scikit-learn's digits with a
 Poisson number of runs (mean 12; as `privguard demo` does), once in this process and
@@ -14,6 +14,7 @@ Prints the results and the wall times.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -43,6 +44,10 @@ def objective(params, child):
 
 
 def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI: a Poisson number of runs of mean 4")
+    args = parser.parse_args(argv)
+    mean_runs = 4.0 if args.quick else MEAN_RUNS
     train, _ = digits(0)
     q, steps = opacus_rate_and_steps(len(train), BATCH, EPOCHS)
     cost = M.Composed((M.SubsampledGaussian(SIGMA, q, steps), M.Gaussian(VAL_STD)))
@@ -53,7 +58,7 @@ def main(argv=None) -> dict:
              _node_ip_address="127.0.0.1")
     ray_start = time.time() - t0
     try:
-        out = _compare(space, cost)
+        out = _compare(space, cost, mean_runs)
     finally:
         ray.shutdown()
     same = all(out["serial"]["selected"] == out[k]["selected"]
@@ -69,10 +74,10 @@ def main(argv=None) -> dict:
             "selected": out["ray"]["selected"]}
 
 
-def _compare(space, cost) -> dict:
+def _compare(space, cost, mean_runs: float) -> dict:
     out = {}
     for name in ("serial", "ray", "ray (warm workers)"):
-        tuner = RandomSearch(space, Poisson(MEAN_RUNS), cost=cost, seed=SEED, progress=False)
+        tuner = RandomSearch(space, Poisson(mean_runs), cost=cost, seed=SEED, progress=False)
         ledger = Ledger(epsilon=12.0, delta=1e-5)
         start = time.time()
         backend = RayExecutor(num_cpus=1) if name.startswith("ray") else None

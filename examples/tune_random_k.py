@@ -1,6 +1,6 @@
 """Random-K tuning of the learning rate (and clipping norm) under a ledger — seed 002.
 
-Run: python examples/tune_random_k.py [--runs poisson|logarithmic] [--mean 8]
+Run: python examples/tune_random_k.py [--runs poisson|logarithmic] [--mean 8] [--quick]
 
 Each candidate trains a small MLP on scikit-learn's digits with DP-SGD
 (Opacus, σ = 1.0, batch 64, 8 epochs) and scores itself by a DP count of
@@ -52,9 +52,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--mean", type=float, default=8.0)
     parser.add_argument("--epsilon", type=float, default=12.0, help="the ledger's budget")
     parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--quick", action="store_true", help="CI: K with mean 3")
     parser.add_argument("--seed", type=int, default=None,
                         help="tests only: makes K predictable, which breaks the guarantee")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.mean = 3.0
     start = time.time()
 
     train_all, test = digits(0)
