@@ -12,8 +12,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from typing_extensions import Self
-
 from privguard import _state as state_io
 from privguard._errors import LedgerStateError
 from privguard._journal import Run
@@ -49,7 +47,7 @@ class LedgerState:
         def _setup(self, listeners: Any, store: Any) -> None: ...
 
         @classmethod
-        def open(cls, path: Any) -> Self: ...
+        def open(cls: type[L], path: Any) -> L: ...
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
@@ -61,7 +59,7 @@ class LedgerState:
             return state_io.state_dict(self._acc, self._backend.items(self._acc))
 
     @classmethod
-    def _from_state_dict(cls, state: Any) -> Self:
+    def _from_state_dict(cls: type[L], state: Any) -> L:
         """A new in-memory ledger from :meth:`state_dict` output, validated and replayed."""
         acc, _ = state_io.load(state)
         self = cls.__new__(cls)
@@ -69,7 +67,7 @@ class LedgerState:
         self._acc = acc
         return self
 
-    def _load_state_dict_inplace(self, state: Any) -> Self:
+    def _load_state_dict_inplace(self: L, state: Any) -> L:
         """Bring this ledger forward to ``state`` after validating it fully.
 
         The state must have this ledger's configuration and its journal must
