@@ -138,7 +138,7 @@ class Server:
         import psycopg
 
         with psycopg.connect(self.url(user, db), autocommit=True) as conn:
-            cur = conn.execute(sql, params)
+            cur = conn.execute(sql, params or None)
             return cur.fetchall() if cur.description is not None else []
 
     def set_passwords(self) -> None:
@@ -168,6 +168,28 @@ def _system_user() -> str:
 
 
 _SERVER: Server | None = None
+_DATABASE: str | None = None
+
+
+def initialised_database() -> str:
+    """A database where ``privguard server-init`` made the test owner and charging roles
+    (with their passwords), created once per process."""
+    global _DATABASE
+    if _DATABASE is None:
+        from privguard._stores._pgadmin import server_init
+
+        srv = server()
+        db = srv.new_database()
+        server_init(srv.url(db=db), "setup", 1.0, 1e-5, charger=CHARGER, owner=OWNER)
+        srv.set_passwords()
+        _DATABASE = db
+    return _DATABASE
+
+
+def allow_charger(db: str, ledger: str) -> None:
+    """Let the test charging role charge ``ledger`` (what server-init does for its ledger)."""
+    server().admin("INSERT INTO privguard.chargers VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                   (ledger, CHARGER), db=db, user=OWNER)
 
 
 def server() -> Server:
@@ -187,7 +209,8 @@ def server() -> Server:
 
 def stop() -> None:
     """Shut the server down and remove its directory (idempotent)."""
-    global _SERVER
+    global _SERVER, _DATABASE
+    _DATABASE = None
     if _SERVER is not None:
         srv, _SERVER = _SERVER, None
         srv.destroy()

@@ -605,11 +605,14 @@ class PostgresStore:
         try:
             self._write(self._conn, acc, changes)
         except pg.Error as exc:
+            lost = self._lost(exc)
             self._rollback()
             self._written = None
             self._desync = "a charge was not recorded; reopen the ledger"
-            raise self._error(exc, "the database refused the charge, which was NOT recorded; "
-                              "this ledger now refuses charges: reopen it") from exc
+            what = "the connection was lost during" if lost else "the database refused"
+            raise self._error(exc, f"{what} the charge, which was NOT recorded (an open "
+                              "transaction is never committed); this ledger now refuses "
+                              "charges: reopen it") from exc
 
     def _mechanism_id(self, conn: Any, mechanism: Mechanism) -> tuple[int, str]:
         body = self._body_of.get(mechanism)
