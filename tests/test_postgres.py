@@ -565,6 +565,20 @@ def test_server_init_and_the_command_line(pg_server, capsys):
         server_init(url, "x", 3.0, 1e-5, charger=OWNER, owner=OWNER)
 
 
+def test_a_hybrid_ledger_is_charged_and_replayed_by_the_charging_role(pg):
+    plan = Plan(STEP, steps=300)
+    _, charger_url = _team(pg, plan=plan, filter="hybrid")
+    job, mem = Ledger(3.0, 1e-5, plan=plan, filter="hybrid", path=charger_url), \
+        Ledger(3.0, 1e-5, plan=plan, filter="hybrid")
+    assert job._acc.filter.kind == "hybrid"
+    for _ in range(50):
+        job.charge(STEP)
+        mem.charge(STEP)
+    again = Ledger.open(charger_url)
+    assert again.remaining(STEP).repeats == mem.remaining(STEP).repeats
+    assert again._store.verify()["charges"] == 50
+
+
 def test_budget_exhaustion_is_shared_between_owner_and_job(pg):
     owner_url, charger_url = _team(pg, epsilon=1.0, plan=Plan(STEP, steps=100))
     owner, job = Ledger.open(owner_url), Ledger.open(charger_url)

@@ -98,6 +98,9 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
                              "NOTHING", (ledger, charger))
     except pg.Error as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        secret = _pgurl.password(url)
+        if secret:
+            detail = detail.replace(secret, "***")
         raise LedgerStateError(f"{shown}: server-init failed ({detail})") from exc
     return {"schema_owner": owner, "charger": charger, "ledger": ledger,
             "target": [acc.config.epsilon, acc.config.delta],

@@ -52,6 +52,18 @@ def parse(url: str) -> tuple[str, str, str]:
     return conninfo, name, _masked(url)
 
 
+def password(url: str) -> str | None:
+    """The password in ``url`` (authority or ``password=`` parameter), to scrub from messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return None
+    given = [v for k, v in pairs if k.lower() == "password"]
+    secret = parts.password or (given[0] if given else None)
+    return urllib.parse.unquote(secret) if secret else None
+
+
 def _masked(url: str) -> str:
     """``url`` with the password (in the authority or as a parameter) replaced by ***."""
     try:

@@ -59,6 +59,7 @@ CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-pg-journal-v1"
 _ROW = "idx, kind, mech, label, pid, count, first, last, body, digest"
 _RETRY_PAUSE = 0.2
+_INHERITED: list[Any] = []  # connections inherited through fork, kept from finalisation
 
 
 class _Lost(Exception):
@@ -113,7 +114,9 @@ class PostgresStore:
         if conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 conn.close()
-        self._conn = None  # after a fork the parent's socket is left alone
+        elif conn is not None:  # inherited through fork: the parent's socket, never finalised
+            _INHERITED.append(conn)  # here (libpq would send it a Terminate message)
+        self._conn = None
         pg = self._pg
         options: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in self._conninfo:
@@ -130,6 +133,8 @@ class PostgresStore:
         if self._conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._conn.close()
+        elif self._conn is not None:
+            _INHERITED.append(self._conn)
         self._conn = None
 
     def _rollback(self) -> None:
@@ -144,6 +149,9 @@ class PostgresStore:
     def _error(self, exc: Exception, what: str) -> LedgerStateError:
         pg = self._pg
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        secret = _pgurl.password(self._url)
+        if secret:
+            detail = detail.replace(secret, "***")
         if isinstance(exc, pg.errors.InsufficientPrivilege):
             return LedgerStateError(f"{self.path}: {what}: permission denied to this role "
                                     f"({detail})")
