@@ -177,6 +177,7 @@ REWINDS = [
      "out of sequence|not registered"),
     ("SELECT privguard.append(%(other)s, %(other_id)s, 0, 'fix', NULL, NULL, NULL, NULL, NULL, "
      "NULL, '{}', 'x', 'y')", "may not charge ledger"),
+    ("SELECT * FROM privguard.lock_head(%(other)s)", "may not charge ledger"),
     ("CREATE TABLE privguard.x (a int)", "permission denied"),
     ("SET ROLE " + OWNER, "permission denied"),
 ]

@@ -59,6 +59,10 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
                     if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
                                     (role,)).fetchone() is None:
                         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+                # A charge holds the head's lock for milliseconds; a session that sits in
+                # an open transaction (a stopped or hostile job) must not hold it for long.
+                conn.execute(sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout "
+                                     "= '60s'").format(sql.Identifier(charger)))
                 bad = conn.execute(
                     "SELECT rolsuper OR rolbypassrls OR pg_has_role(%s, %s, 'MEMBER') FROM "
                     "pg_roles WHERE rolname = %s", (charger, owner, charger)).fetchone()[0]

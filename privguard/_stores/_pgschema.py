@@ -179,10 +179,12 @@ STATEMENTS = [
     f"""CREATE FUNCTION privguard.lock_head(p_ledger text)
        RETURNS TABLE (ledger_id text, entries bigint, last_count bigint, head text, prev text,
                       mac text)
-       LANGUAGE sql {_DEFINER} AS $$
-      SELECT l.ledger_id, l.entries, l.last_count, l.head, l.prev, l.mac
-      FROM privguard.ledgers l WHERE l.name = p_ledger FOR UPDATE
-    $$""",
+       LANGUAGE plpgsql {_DEFINER} AS $$
+    BEGIN
+      {_CHECK_CALLER}
+      RETURN QUERY SELECT l.ledger_id, l.entries, l.last_count, l.head, l.prev, l.mac
+        FROM privguard.ledgers l WHERE l.name = p_ledger FOR UPDATE;
+    END $$""",
     f"""CREATE FUNCTION privguard.mechanism(p_ledger text, p_ledger_id text, p_body text,
                                            p_digest text)
        RETURNS bigint LANGUAGE plpgsql {_DEFINER} AS $$
