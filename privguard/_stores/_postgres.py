@@ -62,10 +62,6 @@ _RETRY_PAUSE = 0.2
 _INHERITED: list[Any] = []  # connections inherited through fork, kept from finalisation
 
 
-class _Lost(Exception):
-    """The connection broke before anything was written: retry on a new one."""
-
-
 class _Txn:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
