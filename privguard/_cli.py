@@ -4,7 +4,12 @@
     privguard plot budget.db -o eps.png [--no-prv]
     privguard verify budget.db
     privguard upgrade budget.db
+    privguard server-init postgresql://admin@host/db --ledger NAME --epsilon E --delta D
     privguard demo [--db PATH] [--quick]
+
+Each PATH may also be a ``postgresql://USER@HOST:PORT/DB?ledger=NAME`` URL
+(``pip install 'privguard[postgres]'``); ``server-init`` creates the schema,
+an owner and a charging role there, and the ledger.
 
 ``report``, ``plot`` and ``verify`` open the file read-only. Exit status: 0
 on success, 2 when the ledger cannot be read or fails verification (it fails
@@ -40,6 +45,17 @@ def _parser() -> argparse.ArgumentParser:
     upg = sub.add_parser("upgrade", help="upgrade a privguard 0.1 file (verified first; "
                          "logged; the original is kept as PATH.v1)")
     upg.add_argument("path")
+    ini = sub.add_parser("server-init", help="create the privguard schema, an owner and a "
+                         "charging role, and a ledger in PostgreSQL (run as a role that may "
+                         "create roles, e.g. a superuser)")
+    ini.add_argument("url", help="postgresql://USER@HOST:PORT/DB")
+    ini.add_argument("--ledger", required=True, help="the ledger's name")
+    ini.add_argument("--epsilon", type=float, required=True, help="target ε")
+    ini.add_argument("--delta", type=float, required=True, help="target δ")
+    ini.add_argument("--charger", default="privguard_charger",
+                     help="the charging role (created if missing; default privguard_charger)")
+    ini.add_argument("--owner", default="privguard_owner",
+                     help="the owner role (created if missing; default privguard_owner)")
     demo = sub.add_parser("demo", help="tune, train and report a private model (the main job)")
     demo.add_argument("--db", default=None, help="ledger file (default: a new one under "
                       "./privguard-demo/)")
@@ -60,6 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             from privguard._migrate import upgrade
 
             print(json.dumps(upgrade(args.path), indent=2))
+        elif args.command == "server-init":
+            from privguard._stores._pgadmin import server_init
+
+            done = server_init(args.url, args.ledger, args.epsilon, args.delta,
+                               charger=args.charger, owner=args.owner)
+            print(f"ledger {done['ledger']!r}: target (ε = {done['target'][0]:g}, "
+                  f"δ = {done['target'][1]:g}), {done['charges']} charges so far; schema "
+                  f"owner {done['schema_owner']!r}, charging role {done['charger']!r}.\n"
+                  f"Jobs charge it with Ledger({done['target'][0]:g}, {done['target'][1]:g}, "
+                  f"path={done['charger_url']!r})")
         elif args.command == "verify":
             from privguard._stores import open_store
 
@@ -69,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = store.verify()
             finally:
                 store.close()
-            print(f"{args.path}: OK — {result['rows']} journal rows ({result['charges']} "
+            print(f"{store.path}: OK — {result['rows']} journal rows ({result['charges']} "
                   f"charges in {result['runs']} runs, {result['checkpoints']} checkpoints) "
                   f"replayed and verified in {result['seconds']:.3f} s "
                   f"({result['rows_per_second']:,.0f} rows/s)"

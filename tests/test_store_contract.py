@@ -1,4 +1,5 @@
-"""One contract suite that every store passes (memory, SQLite; the server store joins).
+"""One contract suite that every store passes (memory, SQLite, PostgreSQL as owner and as
+a charging role).
 
 A store keeps the journal as runs, replays it to exactly the spent curve the
 writer had, refuses nothing it admitted and admits nothing it refused,
@@ -9,7 +10,9 @@ go backwards.
 from __future__ import annotations
 
 import os
+import uuid
 
+import _pgserver
 import numpy as np
 import pytest
 from opacus.accountants.analysis.rdp import compute_rdp
@@ -47,11 +50,55 @@ class SQLiteKind:
         return Ledger.open(ledger.path)
 
 
-KINDS = {"memory": MemoryKind, "sqlite": SQLiteKind}
+class PostgresKind:
+    """A ledger in PostgreSQL, created and charged by its owner."""
+
+    name = "postgres"
+
+    def __init__(self, tmp_path):
+        self.db = _pgserver.initialised_database()
+        self.srv = _pgserver.server()
+
+    def make(self, *args, **kw):
+        return Ledger(*args, path=self.srv.url(_pgserver.OWNER, self.db, _new_name()), **kw)
+
+    def reopen(self, ledger):
+        return Ledger.open(ledger.path)
+
+
+class PostgresChargerKind(PostgresKind):
+    """Created by the owner (as server-init does), then charged by the charging role."""
+
+    name = "postgres-charger"
+
+    def make(self, *args, **kw):
+        name = _new_name()
+        Ledger(*args, path=self.srv.url(_pgserver.OWNER, self.db, name), **kw).close()
+        _pgserver.allow_charger(self.db, name)
+        return Ledger(*args, path=self.srv.url(_pgserver.CHARGER, self.db, name), **kw)
+
+
+def _new_name():
+    return "c" + uuid.uuid4().hex[:12]
+
+
+KINDS = {"memory": MemoryKind, "sqlite": SQLiteKind, "postgres": PostgresKind,
+         "postgres-charger": PostgresChargerKind}
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """The suite's PostgreSQL server, shut down at the end of the session."""
+    if _pgserver.binaries() is None:
+        pytest.skip(_pgserver.SKIP_REASON)
+    yield _pgserver.server()
+    _pgserver.stop()
 
 
 @pytest.fixture(params=list(KINDS), ids=list(KINDS))
 def kind(request, tmp_path):
+    if request.param.startswith("postgres"):
+        request.getfixturevalue("pg_server")
     return KINDS[request.param](tmp_path)
 
 

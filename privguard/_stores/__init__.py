@@ -6,6 +6,9 @@ made. Every store passes one contract suite (tests/test_store_contract.py).
 
 * :class:`MemoryStore` keeps nothing beyond the process (the default).
 * :class:`SQLiteStore` is one file on a local disk, shared by processes.
+* ``PostgresStore`` (:mod:`privguard._stores._postgres`) is a ledger in a
+  PostgreSQL database, shared by processes on many machines, where the
+  database enforces append-only charging (``pip install 'privguard[postgres]'``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard._stores._memory import MemoryStore
+from privguard._stores._pgurl import is_postgres_url
 from privguard._stores._protocol import Store, Transaction
 from privguard._stores._sqlite import SQLiteStore
 
@@ -22,7 +26,7 @@ __all__ = ["MemoryStore", "SQLiteStore", "Store", "Transaction", "open_store"]
 
 
 def open_store(path: Any, *, read_only: bool = False) -> Store:
-    """The store for ``Ledger(path=...)``: a SQLite file path.
+    """The store for ``Ledger(path=...)``: a SQLite file path or a ``postgresql://`` URL.
 
     Raises:
         InvalidArgumentError: ``path`` is not a usable location.
@@ -30,6 +34,10 @@ def open_store(path: Any, *, read_only: bool = False) -> Store:
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError("path", path, "must be a file path (str or os.PathLike)")
     text = os.fspath(path)
+    if isinstance(text, str) and is_postgres_url(text):
+        from privguard._stores._postgres import PostgresStore
+
+        return PostgresStore(text, read_only=read_only)
     if not text.strip() or text == ":memory:" or text.startswith("file:"):
         raise InvalidArgumentError(
             "path", path, "must name a ledger file (SQLite's ':memory:', '' and URIs make a "

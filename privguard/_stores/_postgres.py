@@ -1,0 +1,819 @@
+"""The server store: a ledger's journal in PostgreSQL, shared by processes on many machines.
+
+``Ledger(epsilon, delta, path="postgresql://USER@HOST:PORT/DB?ledger=NAME")``
+keeps the journal in the schema of :mod:`privguard._stores._pgschema`, with
+the SQLite store's semantics and format of rows: a digest chain from a
+genesis over the ledger's identity and configuration, a MAC'd head, runs
+whose count grows, ``fix`` and ``event`` rows, and checkpoints.
+
+Every charge is one transaction: ``privguard.lock_head`` takes the ledger's
+head row ``FOR UPDATE`` (so charges to one ledger are serialised, across any
+number of clients), the rows other clients appended are replayed and
+verified, the accounting decides in Python exactly as for SQLite, and the
+changes are appended through the ``SECURITY DEFINER`` functions and
+committed with ``synchronous_commit = on`` before the ledger returns. The
+database itself refuses to delete or rewrite a row, for every role.
+
+A *charging role* (``privguard server-init``) can only call the functions
+that append: it cannot rewind, retarget or write a checkpoint. Checkpoints
+come from the owner alone (an owner's ledger writes one every
+``CHECKPOINT_EVERY`` rows, and whenever it opens a ledger whose tail is
+longer), so an opener never adopts a snapshot that a charging role wrote;
+it replays the rows after the owner's newest checkpoint. A fix row, which a
+charging role writes at a ledger's first charge, must be exactly what this
+library derives from its plan (floats to 1e-9 relative, for another CPU's
+libm), so it cannot carry weaker filter weights.
+
+A connection lost before anything was written (a restarted server, a
+terminated backend) is reopened and the transaction retried. A connection
+lost during the write or the commit is resolved: the store reconnects and
+reads back the row it wrote, so the caller learns whether the charge was
+recorded; either way that ledger then fails closed (its memory may be ahead
+of the journal) and must be reopened, unless the charge was recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from privguard import _config
+from privguard._accounting import Accounting, Change
+from privguard._base import Mechanism, mechanism_from_dict
+from privguard._config import Config
+from privguard._errors import LedgerStateError, PrivguardError
+from privguard._integrity import Integrity
+from privguard._journal import Run
+from privguard._optional import require
+from privguard._plan import Plan
+from privguard._stores import _pgschema, _pgurl
+from privguard._stores._sqlite import _Cursor, _dumps, _recertify
+
+CHECKPOINT_EVERY = 512
+_GENESIS = "privguard-pg-journal-v1"
+_ROW = "idx, kind, mech, label, pid, count, first, last, body, digest"
+_RETRY_PAUSE = 0.2
+_INHERITED: list[Any] = []  # connections inherited through fork, kept from finalisation
+
+
+class _Txn:
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+
+    def write(self, acc: Accounting, changes: list[Change]) -> None:
+        self.store._write_guarded(acc, changes)
+
+
+class PostgresStore:
+    """The PostgreSQL journal behind ``Ledger(path="postgresql://...")``. Not used directly."""
+
+    def __init__(self, url: str, *, read_only: bool = False, timeout: float = 60.0,
+                 role: str | None = None) -> None:
+        self._conninfo, self.ledger, self.path = _pgurl.parse(url)
+        self._url = url
+        self.read_only = read_only
+        self.timeout = timeout
+        self._role = role
+        self.integrity = Integrity.from_environment()
+        self.ledger_id: str | None = None
+        self.genesis: str | None = None
+        self._conn: Any = None
+        self._pid: int | None = None
+        self._cursor: _Cursor | None = None
+        self._mechs: dict[int, tuple[Mechanism, str]] = {}
+        self._mech_ids: dict[str, int] = {}
+        self._body_of: dict[Mechanism, str] = {}
+        self._owner = False  # may write checkpoints (the charging role may not)
+        self._checkpointed = 0  # rows covered by the newest checkpoint
+        self._depth = 0
+        self._writing = False
+        self._written: tuple[int, str] | None = None  # (row, digest) written in this transaction
+        self._desync: str | None = None
+        self.live = False
+
+    # -- connection ------------------------------------------------------------------------
+    @property
+    def _pg(self) -> Any:
+        return require("psycopg", "postgres")
+
+    def _connect(self) -> Any:
+        """The open connection (a new one after a fork or a broken one); raises psycopg errors."""
+        conn = self._conn
+        if conn is not None and self._pid == os.getpid() and not conn.closed and not conn.broken:
+            return conn
+        if conn is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                conn.close()
+        elif conn is not None:  # inherited through fork: the parent's socket, never finalised
+            _INHERITED.append(conn)  # here (libpq would send it a Terminate message)
+        self._conn = None
+        pg = self._pg
+        options: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in self._conninfo:
+            options["connect_timeout"] = max(1, int(min(self.timeout, 10)))
+        if "application_name" not in self._conninfo:
+            options["application_name"] = f"privguard:{self.ledger}"
+        conn = pg.connect(self._conninfo, **options)
+        if self._role is not None:
+            conn.execute(pg.sql.SQL("SET ROLE {}").format(pg.sql.Identifier(self._role)))
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        elif self._conn is not None:
+            _INHERITED.append(self._conn)
+        self._conn = None
+
+    def _rollback(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:
+            self.close()
+
+    def _error(self, exc: Exception, what: str) -> LedgerStateError:
+        pg = self._pg
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        secret = _pgurl.password(self._url)
+        if secret:
+            detail = detail.replace(secret, "***")
+        if isinstance(exc, pg.errors.InsufficientPrivilege):
+            return LedgerStateError(f"{self.path}: {what}: permission denied to this role "
+                                    f"({detail})")
+        return LedgerStateError(f"{self.path}: {what} ({detail})")
+
+    def _lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the connection is gone (rather than a refused statement)."""
+        pg = self._pg
+        if isinstance(exc, (pg.errors.AdminShutdown, pg.errors.CrashShutdown,
+                            pg.errors.CannotConnectNow)):
+            return True
+        conn = self._conn
+        return isinstance(exc, pg.OperationalError) and (conn is None or conn.closed
+                                                           or conn.broken)
+
+    # -- transactions ----------------------------------------------------------------------
+    def _begin(self, conn: Any, write: bool) -> _Cursor | None:
+        """BEGIN; the head, locked when writing (None if the ledger does not exist)."""
+        if write:
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; "
+                         "SET LOCAL synchronous_commit = on; "
+                         f"SET LOCAL lock_timeout = '{int(self.timeout * 1000)}ms'")
+            row = conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,)).fetchone()
+        else:
+            # One snapshot for the head and the rows: a concurrent commit cannot split them.
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            row = conn.execute("SELECT ledger_id, entries, last_count, head, prev, mac FROM "
+                               "privguard.ledgers WHERE name = %s", (self.ledger,)).fetchone()
+        if row is None:
+            return None
+        if self.ledger_id is not None and row[0] != self.ledger_id:
+            raise LedgerStateError(f"{self.path}: ledger {self.ledger!r} is no longer the ledger "
+                                   "this client opened (its identity changed)")
+        head = _Cursor(int(row[1]), int(row[2]), row[3], row[4], None)
+        if self.ledger_id is not None and row[5] != self._head_mac(head):
+            raise LedgerStateError(f"{self.path}: the journal head fails its digest (edited)")
+        return head
+
+    @contextlib.contextmanager
+    def _session(self, write: bool, acc: Accounting | None) -> Iterator[Any]:
+        """A transaction in which ``acc`` (if given) is in sync; commit (resolved) at exit."""
+        if self._depth:
+            if write and not self._writing:
+                raise LedgerStateError(f"{self.path}: a write inside a read transaction")
+            yield self._conn
+            return
+        if write and self.read_only:
+            raise LedgerStateError(f"{self.path} was opened read-only")
+        if self._desync is not None:
+            raise LedgerStateError(f"{self.path}: {self._desync}")
+        conn = self._begin_synced(write, acc)
+        self._depth, self._writing, self._written = 1, write, None
+        try:
+            try:
+                yield conn
+            except BaseException:
+                self._rollback()
+                if self._written is not None:
+                    self._desync = ("a transaction that wrote was rolled back after an error; "
+                                    "this ledger's memory is ahead of the journal: reopen it")
+                raise
+            self._commit()
+        finally:
+            self._depth, self._writing, self._written = 0, False, None
+
+    def _begin_synced(self, write: bool, acc: Accounting | None) -> Any:
+        """BEGIN and replay, retrying on a new connection while the server is unreachable."""
+        pg = self._pg
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn = self._connect()
+                head = self._begin(conn, write)
+                if head is None:
+                    raise LedgerStateError(f"{self.path}: ledger {self.ledger!r} is gone")
+                if acc is not None:
+                    self._sync(conn, acc, head)
+                return conn
+            except LedgerStateError:
+                self._rollback()
+                raise
+            except pg.Error as exc:
+                if not self._lost(exc) and self._conn is not None:
+                    self._rollback()
+                    raise self._error(exc, "cannot start a transaction") from exc
+                self.close()
+                if time.monotonic() >= deadline:
+                    raise self._error(exc, f"the server stayed unreachable for "
+                                      f"{self.timeout:g} s") from exc
+                time.sleep(_RETRY_PAUSE)
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _commit(self) -> None:
+        pg = self._pg
+        conn = self._conn
+        try:
+            conn.execute("COMMIT")
+            return
+        except pg.Error as exc:
+            if self._written is None:  # nothing was written: nothing to lose
+                self.close()
+                if self._writing:
+                    raise self._error(exc, "commit failed") from exc
+                return
+            failure = exc
+        self._resolve(failure)
+
+    def _resolve(self, failure: Exception) -> None:
+        """After a failed COMMIT: read back the row written, to tell the caller what happened."""
+        pg = self._pg
+        assert self._written is not None
+        idx, digest = self._written
+        if not self._lost(failure):
+            self._rollback()
+            self._desync = "a charge was refused by the database; reopen the ledger"
+            raise self._error(failure, "the database refused the commit; the charge was NOT "
+                              "recorded") from failure
+        self.close()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn = self._connect()
+                row = conn.execute("SELECT e.digest FROM privguard.entries e JOIN "
+                                   "privguard.ledgers l ON l.name = e.ledger WHERE e.ledger = %s "
+                                   "AND e.idx = %s AND l.ledger_id = %s",
+                                   (self.ledger, idx, self.ledger_id)).fetchone()
+                break
+            except pg.Error as exc:
+                self.close()
+                if time.monotonic() >= deadline:
+                    self._desync = "a commit's outcome is unknown; reopen the ledger"
+                    raise self._error(exc, "the connection was lost during COMMIT and the "
+                                      "server stayed unreachable: the charge may or may not "
+                                      "have been recorded; reopen the ledger to see") from exc
+                time.sleep(_RETRY_PAUSE)
+        if row is not None and row[0] == digest:
+            return  # it was committed: the ledger goes on
+        self._desync = "a charge was not recorded; reopen the ledger"
+        raise LedgerStateError(f"{self.path}: the connection was lost before the commit "
+                               f"completed ({failure}); the charge was NOT recorded. This "
+                               "ledger now refuses charges: reopen it")
+
+    def transaction(self, acc: Accounting, write: bool) -> contextlib.AbstractContextManager[_Txn]:
+        return self._transaction(acc, write)
+
+    @contextlib.contextmanager
+    def _transaction(self, acc: Accounting, write: bool) -> Iterator[_Txn]:
+        with self._session(write, acc):
+            yield _Txn(self)
+
+    # -- digests -----------------------------------------------------------------------------
+    def _genesis_digest(self, config: dict[str, Any]) -> str:
+        return self.integrity.digest("genesis", _GENESIS, self.ledger, self.ledger_id, config,
+                                     self.integrity.keyed)
+
+    def _entry_digest(self, prev: str, idx: int, kind: str, fields: list[Any]) -> str:
+        return self.integrity.digest("entry", prev, idx, kind, fields)
+
+    @staticmethod
+    def _run_fields(run: Run, mech_digest: str) -> list[Any]:
+        return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
+
+    def _head_mac(self, c: _Cursor) -> str:
+        return self.integrity.digest("head", self.ledger_id, *c.as_tuple())
+
+    def _checkpoint_mac(self, c: _Cursor, snapshot: str) -> str:
+        return self.integrity.digest("checkpoint", self.ledger_id, *c.as_tuple(), snapshot)
+
+    # -- opening -------------------------------------------------------------------------------
+    def open(self, config: Config | None, acc: Accounting | None,
+             retarget: str | None) -> Accounting:
+        pg = self._pg
+        try:
+            conn = self._connect()
+        except pg.Error as exc:
+            raise self._error(exc, "cannot connect") from exc
+        create = config is not None and acc is not None and not self.read_only
+        self._depth, self._writing = 1, not self.read_only
+        try:
+            try:
+                result = self._open(conn, config, acc, retarget, create)
+                conn.execute("COMMIT")
+                return result
+            except BaseException:
+                self._rollback()
+                raise
+        except pg.Error as exc:
+            raise self._error(exc, "cannot open the ledger") from exc
+        finally:
+            self._depth, self._writing = 0, False
+
+    def _open(self, conn: Any, config: Config | None, acc: Accounting | None,
+              retarget: str | None, create: bool) -> Accounting:
+        if self.read_only:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        else:
+            conn.execute("BEGIN; SET LOCAL synchronous_commit = on")
+        if not self._schema_exists(conn):
+            if not create:
+                raise LedgerStateError(f"{self.path}: this database has no privguard schema "
+                                       "(privguard server-init creates it)")
+            self._install(conn)
+        version = conn.execute("SELECT value FROM privguard.meta WHERE key = "
+                               "'schema_version'").fetchone()
+        if version is None or version[0] != str(_pgschema.SCHEMA_VERSION):
+            raise LedgerStateError(
+                f"{self.path}: privguard schema version {None if version is None else version[0]}"
+                f" is not supported by this privguard (it reads {_pgschema.SCHEMA_VERSION})")
+        self._owner = bool(conn.execute("SELECT has_table_privilege('privguard.checkpoints', "
+                                        "'INSERT')").fetchone()[0]) and not self.read_only
+        exists = conn.execute("SELECT 1 FROM privguard.ledgers WHERE name = %s",
+                              (self.ledger,)).fetchone()
+        if exists is None:
+            if not create:
+                raise LedgerStateError(f"{self.path}: no ledger named {self.ledger!r} in this "
+                                       "database")
+            assert acc is not None
+            if not self._owner:
+                raise LedgerStateError(
+                    f"{self.path}: no ledger named {self.ledger!r}, and this role cannot create "
+                    "one (a charging role only charges); create it with privguard server-init "
+                    "or an owner's connection")
+            if self._create(conn, acc):
+                return acc
+        if not self.read_only:
+            conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,))
+        genesis_config, current = self._read_meta(conn)
+        stored = self._resume(conn, genesis_config)
+        if stored.config != current:
+            raise LedgerStateError(f"{self.path}: the stored configuration was edited (the "
+                                   "journal's retarget events do not lead to it)")
+        if config is not None and config != stored.config:
+            self._retarget(conn, stored, config, retarget)
+        if self._owner and self._cursor is not None \
+                and self._cursor.entries - self._checkpointed >= CHECKPOINT_EVERY:
+            self._checkpoint(conn, stored, self._cursor)
+        return stored
+
+    @staticmethod
+    def _schema_exists(conn: Any) -> bool:
+        return conn.execute("SELECT to_regclass('privguard.ledgers') IS NOT NULL").fetchone()[0]
+
+    def _install(self, conn: Any) -> None:
+        """Create the schema (as this role, its owner), once even with concurrent creators."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
+        if self._schema_exists(conn):
+            return
+        conn.execute("CREATE SCHEMA IF NOT EXISTS privguard")
+        for statement in _pgschema.STATEMENTS:
+            conn.execute(statement)
+
+    def _read_meta(self, conn: Any) -> tuple[Config, Config]:
+        row = conn.execute("SELECT ledger_id, keyed, key_check, genesis_config, genesis, config "
+                           "FROM privguard.ledgers WHERE name = %s", (self.ledger,)).fetchone()
+        if row is None:
+            raise LedgerStateError(f"{self.path}: no ledger named {self.ledger!r}")
+        ledger_id, keyed, check, genesis_text, genesis, config_text = row
+        self.ledger_id = ledger_id
+        self.integrity.require_matches(bool(keyed), check, self.path)
+        try:
+            genesis_dict = json.loads(genesis_text)
+            current_dict = json.loads(config_text)
+            genesis_config = _config.from_dict(genesis_dict)
+            current = _config.from_dict(current_dict)
+        except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+            raise LedgerStateError(f"{self.path}: ledger metadata unreadable ({exc})") from exc
+        self.genesis = self._genesis_digest(genesis_dict)
+        if self.genesis != genesis:
+            raise LedgerStateError(f"{self.path}: the configuration ledger {self.ledger!r} was "
+                                   "created with was edited (its genesis digest does not match)")
+        return genesis_config, current
+
+    def _create(self, conn: Any, acc: Accounting) -> bool:
+        """Insert the ledger; False if a concurrent opener created it first."""
+        self.ledger_id = uuid.uuid4().hex
+        config = acc.config.to_dict()
+        self.genesis = self._genesis_digest(config)
+        cursor = _Cursor(0, 0, self.genesis, self.genesis, None)
+        row = conn.execute(
+            "INSERT INTO privguard.ledgers (name, ledger_id, created, keyed, key_check, "
+            "genesis_config, genesis, config, entries, last_count, head, prev, mac) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, 0, 0, %s, %s, %s) ON CONFLICT (name) DO NOTHING "
+            "RETURNING name",
+            (self.ledger, self.ledger_id, time.time(), self.integrity.keyed,
+             self.integrity.key_check(), _dumps(config), self.genesis, _dumps(config),
+             self.genesis, self.genesis, self._head_mac(cursor))).fetchone()
+        if row is None:
+            self.ledger_id = self.genesis = None
+            return False
+        self._cursor = cursor
+        if acc.fixed is not None:  # a declared plan: its choices are the first entry
+            self._write(conn, acc, [Change("fix", body=acc.fixed)])
+        return True
+
+    def _resume(self, conn: Any, genesis_config: Config) -> Accounting:
+        """The accounting at the owner's newest checkpoint, then the rows after it replayed."""
+        row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
+                           "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC "
+                           "LIMIT 1", (self.ledger,)).fetchone()
+        if row is None:
+            acc = Accounting(genesis_config, fix_now=False)
+            self._cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
+            self._checkpointed = 0
+        else:
+            entries, last_count, head, prev, snapshot, mac = row
+            cursor = _Cursor(int(entries), int(last_count), head, prev, None)
+            if mac != self._checkpoint_mac(cursor, snapshot):
+                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its "
+                                       "digest (edited or corrupted)")
+            try:
+                snap = json.loads(snapshot)
+                acc = Accounting.from_snapshot(snap["accounting"])
+                cursor.last_kind = snap["last_kind"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{self.path}: checkpoint unreadable ({exc})") from exc
+            self._cursor, self._checkpointed = cursor, int(entries)
+            before = acc.journal.runs_before
+            acc.journal.load_prefix = lambda: self.runs()[:before]
+        head = self._read_head(conn)
+        self._sync(conn, acc, head)
+        return acc
+
+    def _read_head(self, conn: Any) -> _Cursor:
+        row = conn.execute("SELECT entries, last_count, head, prev, mac FROM privguard.ledgers "
+                           "WHERE name = %s", (self.ledger,)).fetchone()
+        if row is None:
+            raise LedgerStateError(f"{self.path}: ledger {self.ledger!r} is gone")
+        head = _Cursor(int(row[0]), int(row[1]), row[2], row[3], None)
+        if row[4] != self._head_mac(head):
+            raise LedgerStateError(f"{self.path}: the journal head fails its digest (edited)")
+        return head
+
+    def _retarget(self, conn: Any, acc: Accounting, config: Config,
+                  reason: str | None) -> None:
+        differs = acc.config.differences(config)
+        if reason is None or set(differs) - {"epsilon", "delta", "filter", "shares", "plan"}:
+            raise LedgerStateError(
+                f"{self.path}: ledger {self.ledger!r} was created with another configuration "
+                f"({', '.join(differs)} differ): stored {acc.config.to_dict()}, requested "
+                f"{config.to_dict()}. Open it with Ledger.open(url) to use the stored "
+                "configuration; changing the target needs an owner's explicit, logged "
+                "Ledger(..., retarget='reason'), and the grid and odometer can never change")
+        body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
+                "old": acc.config.to_dict(), "new": config.to_dict()}
+        acc.replay_event(body, config)
+        self._write(conn, acc, [Change("event", body=body)], new_config=config)
+
+    # -- replay --------------------------------------------------------------------------------
+    def _sync(self, conn: Any, acc: Accounting, head: _Cursor) -> None:
+        """Replay what other clients appended; fail closed on anything else."""
+        mine = self._cursor
+        assert mine is not None
+        if head.as_tuple() == mine.as_tuple():
+            return
+        if head.entries < mine.entries or (head.entries == mine.entries
+                                           and head.last_count < mine.last_count):
+            raise LedgerStateError(
+                f"{self.path}: the journal went backwards ({mine.entries} rows seen, "
+                f"{head.entries} now): rows were deleted or the database was restored from an "
+                "older copy. A ledger never goes backwards; refusing every charge")
+        start = max(mine.entries - 2, 0)
+        rows = conn.execute(f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND "
+                            "idx >= %s ORDER BY idx", (self.ledger, start)).fetchall()
+        known = list(range(start, mine.entries))
+        if [r[0] for r in rows[:len(known)]] != known:
+            raise LedgerStateError(f"{self.path}: journal rows this ledger replayed are missing")
+        for row in rows:
+            if row[0] == mine.entries - 2:
+                if row[9] != mine.prev:
+                    raise LedgerStateError(f"{self.path}: journal row {row[0]} changed after "
+                                           "this ledger replayed it")
+                continue
+            self._replay_row(conn, acc, row, mine)
+        if mine.as_tuple() != head.as_tuple():
+            raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
+                                   f"({mine.entries} rows replayed, the head says {head.entries})")
+
+    def _replay_row(self, conn: Any, acc: Accounting, row: tuple, c: _Cursor) -> None:
+        idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+        where = f"{self.path}: journal row {idx}"
+        extends = idx == c.entries - 1
+        if not extends and idx != c.entries:
+            raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
+        prev = c.prev if extends else c.digest
+        if kind == "run":
+            mechanism, mech_digest = self._mechanism(conn, mech_id, where)
+            run = Run(-1, -1, int(count), label, mechanism, float(first), float(last), int(pid))
+            fields = self._run_fields(run, mech_digest)
+        elif kind in ("fix", "event"):
+            if extends:
+                if digest != c.digest:
+                    raise LedgerStateError(f"{where} changed after this ledger replayed it")
+                return
+            try:
+                parsed = json.loads(body)
+            except (TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+            fields = [body]
+        else:
+            raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
+        if self._entry_digest(prev, idx, kind, fields) != digest:
+            raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
+                                   "corrupted)")
+        if extends and int(count) == c.last_count and digest != c.digest:
+            raise LedgerStateError(f"{where} changed after this ledger replayed it")
+        if kind == "run":
+            last_run = acc.journal.last
+            index = last_run.index if extends and last_run is not None else acc.journal.run_count
+            start = last_run.start if extends and last_run is not None else acc.journal.charges
+            acc.replay_run(Run(index, start, int(count), label, mechanism, float(first),
+                               float(last), int(pid)), where)
+            c.last_count = int(count)
+        elif kind == "fix":
+            _check_fix(acc, parsed, where)
+            acc.replay_fix(parsed)
+            c.last_count = 0
+        else:
+            new = None
+            if parsed.get("event") == "retarget":
+                if acc.config != _config.from_dict(parsed.get("old")):
+                    raise LedgerStateError(f"{where}: a retarget from a configuration not in "
+                                           "force")
+                if self.live:
+                    raise LedgerStateError(
+                        f"{self.path}: the ledger's configuration was changed by another client "
+                        "(an explicit retarget); reopen the ledger to continue")
+                new = _config.from_dict(parsed["new"])
+            acc.replay_event(parsed, new)
+            c.last_count = 0
+        if not extends:
+            c.prev, c.entries = c.digest, idx + 1
+        c.digest, c.last_kind = digest, kind
+
+    def _mechanism(self, conn: Any, mech_id: Any, where: str) -> tuple[Mechanism, str]:
+        got = self._mechs.get(mech_id)
+        if got is not None:
+            return got
+        row = conn.execute("SELECT body, digest FROM privguard.mechanisms WHERE id = %s AND "
+                           "ledger = %s", (mech_id, self.ledger)).fetchone()
+        if row is None:
+            raise LedgerStateError(f"{where} names a mechanism that is not in the ledger")
+        body, digest = row
+        if self.integrity.digest("mechanism", body) != digest:
+            raise LedgerStateError(f"{where}: its mechanism fails its digest (edited)")
+        try:
+            mechanism = mechanism_from_dict(json.loads(body))
+        except (PrivguardError, ValueError) as exc:
+            raise LedgerStateError(f"{where}: its mechanism is unreadable ({exc})") from exc
+        self._mechs[mech_id] = (mechanism, digest)
+        self._mech_ids[body] = mech_id
+        self._body_of[mechanism] = body
+        return mechanism, digest
+
+    # -- writing -------------------------------------------------------------------------------
+    def _write_guarded(self, acc: Accounting, changes: list[Change]) -> None:
+        pg = self._pg
+        try:
+            self._write(self._conn, acc, changes)
+        except pg.Error as exc:
+            lost = self._lost(exc)
+            self._rollback()
+            self._written = None
+            self._desync = "a charge was not recorded; reopen the ledger"
+            what = "the connection was lost during" if lost else "the database refused"
+            raise self._error(exc, f"{what} the charge, which was NOT recorded (an open "
+                              "transaction is never committed); this ledger now refuses "
+                              "charges: reopen it") from exc
+
+    def _mechanism_id(self, conn: Any, mechanism: Mechanism) -> tuple[int, str]:
+        body = self._body_of.get(mechanism)
+        if body is None:
+            body = _dumps(mechanism.to_dict())
+            self._body_of[mechanism] = body
+        mech_id = self._mech_ids.get(body)
+        if mech_id is None:
+            mech_id = conn.execute("SELECT privguard.mechanism(%s, %s, %s, %s)",
+                                   (self.ledger, self.ledger_id, body,
+                                    self.integrity.digest("mechanism", body))).fetchone()[0]
+            self._mechanism(conn, mech_id, f"{self.path}: mechanism {mech_id}")
+        return mech_id, self._mechs[mech_id][1]
+
+    def _write(self, conn: Any, acc: Accounting, changes: list[Change],
+               new_config: Config | None = None) -> None:
+        c = self._cursor
+        assert c is not None
+        for change in changes:
+            if change.kind == "run" and change.extended:
+                run = change.run
+                assert run is not None and c.last_kind == "run"
+                _, mech_digest = self._mechanism_id(conn, run.mechanism)
+                idx = c.entries - 1
+                digest = self._entry_digest(c.prev, idx, "run", self._run_fields(run, mech_digest))
+                after = _Cursor(c.entries, run.count, digest, c.prev, "run")
+                conn.execute("SELECT privguard.extend(%s, %s, %s, %s, %s, %s, %s)",
+                             (self.ledger, self.ledger_id, idx, run.count, run.last_time, digest,
+                              self._head_mac(after)))
+            else:
+                idx = c.entries
+                if change.kind == "run":
+                    run = change.run
+                    assert run is not None
+                    mech_id, mech_digest = self._mechanism_id(conn, run.mechanism)
+                    digest = self._entry_digest(c.digest, idx, "run",
+                                                self._run_fields(run, mech_digest))
+                    after = _Cursor(idx + 1, run.count, digest, c.digest, "run")
+                    conn.execute("SELECT privguard.append(%s, %s, %s, 'run', %s, %s, %s, %s, %s, "
+                                 "%s, NULL, %s, %s)",
+                                 (self.ledger, self.ledger_id, idx, mech_id, run.label, run.pid,
+                                  run.count, run.first_time, run.last_time, digest,
+                                  self._head_mac(after)))
+                else:
+                    body = _dumps(change.body)
+                    digest = self._entry_digest(c.digest, idx, change.kind, [body])
+                    after = _Cursor(idx + 1, 0, digest, c.digest, change.kind)
+                    if change.kind == "fix":
+                        conn.execute("SELECT privguard.append(%s, %s, %s, 'fix', NULL, NULL, "
+                                     "NULL, NULL, NULL, NULL, %s, %s, %s)",
+                                     (self.ledger, self.ledger_id, idx, body, digest,
+                                      self._head_mac(after)))
+                    else:
+                        conn.execute("SELECT privguard.append_event(%s, %s, %s, %s, %s, %s, %s)",
+                                     (self.ledger, self.ledger_id, idx, body, digest,
+                                      self._head_mac(after),
+                                      None if new_config is None else _dumps(new_config.to_dict())))
+            self._written = (idx, digest)
+            c.entries, c.last_count, c.digest, c.prev = after.as_tuple()
+            c.last_kind = after.last_kind
+            if self._owner and not change.extended and c.entries % CHECKPOINT_EVERY == 0:
+                self._checkpoint(conn, acc, c)
+
+    def _checkpoint(self, conn: Any, acc: Accounting, c: _Cursor) -> None:
+        snapshot = _dumps({"accounting": acc.snapshot(), "last_kind": c.last_kind})
+        conn.execute("INSERT INTO privguard.checkpoints VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                     "ON CONFLICT DO NOTHING",
+                     (self.ledger, *c.as_tuple(), snapshot, self._checkpoint_mac(c, snapshot)))
+        self._checkpointed = c.entries
+
+    # -- whole-journal views ---------------------------------------------------------------------
+    def _all_rows(self, conn: Any) -> list[tuple]:
+        return conn.execute(f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s ORDER BY "
+                            "idx", (self.ledger,)).fetchall()
+
+    def items(self, acc: Accounting | None = None) -> list[Any]:
+        """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
+        items: list[Any] = []
+        runs = 0
+        with self._reading() as conn:
+            rows = self._all_rows(conn)
+            prev, start = str(self.genesis), 0
+            for position, row in enumerate(rows):
+                idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+                where = f"{self.path}: journal row {idx}"
+                if idx != position:
+                    raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
+                if kind == "run":
+                    mechanism, mech_digest = self._mechanism(conn, mech_id, where)
+                    run = Run(runs, start, int(count), label, mechanism, float(first),
+                              float(last), int(pid))
+                    fields = self._run_fields(run, mech_digest)
+                    items.append(run)
+                    runs, start = runs + 1, start + int(count)
+                else:
+                    fields = [body]
+                    try:
+                        items.append([kind, json.loads(body)])
+                    except (TypeError, ValueError) as exc:
+                        raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+                if self._entry_digest(prev, idx, kind, fields) != digest:
+                    raise LedgerStateError(f"{where} fails its digest chain (edited, "
+                                           "reordered or corrupted)")
+                prev = digest
+        return items
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Any]:
+        """The current transaction's connection, or a read-only snapshot of its own."""
+        pg = self._pg
+        try:
+            with self._session(False, None) as conn:
+                yield conn
+        except pg.Error as exc:
+            raise self._error(exc, "database error") from exc
+
+    def runs(self) -> list[Run]:
+        """Every run from the first row, verifying the chain from the genesis."""
+        return [item for item in self.items() if isinstance(item, Run)]
+
+    def verify(self) -> dict[str, Any]:
+        """Replay every row from the genesis; check every checkpoint, the head, the config."""
+        started = time.perf_counter()
+        with self._reading() as conn:
+            genesis_config, current = self._read_meta(conn)
+            acc = Accounting(genesis_config, fix_now=False)
+            cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
+            checkpoints = {int(r[0]): r for r in conn.execute(
+                "SELECT entries, last_count, head, prev, snapshot, mac FROM "
+                "privguard.checkpoints WHERE ledger = %s", (self.ledger,))}
+            found = len(checkpoints)
+            rows = self._all_rows(conn)
+            live, self.live = self.live, False
+            try:
+                for row in rows:
+                    self._replay_row(conn, acc, row, cursor)
+                    cp = checkpoints.pop(cursor.entries, None)
+                    if cp is not None:
+                        self._verify_checkpoint(cp, cursor, acc)
+            finally:
+                self.live = live
+            if checkpoints:
+                raise LedgerStateError(f"{self.path}: checkpoints at rows {sorted(checkpoints)} "
+                                       "are not on the journal")
+            if self._read_head(conn).as_tuple() != cursor.as_tuple():
+                raise LedgerStateError(f"{self.path}: the journal does not replay to its head")
+            if acc.config != current:
+                raise LedgerStateError(f"{self.path}: the stored configuration was edited")
+            _recertify(acc, self.path)
+        seconds = time.perf_counter() - started
+        return {"rows": len(rows), "runs": acc.journal.run_count,
+                "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
+                "rows_per_second": len(rows) / seconds if seconds > 0 else float("inf"),
+                "keyed": self.integrity.keyed}
+
+    def _verify_checkpoint(self, cp: tuple, cursor: _Cursor, acc: Accounting) -> None:
+        entries, last_count, head, prev, snapshot, mac = cp
+        recorded = _Cursor(int(entries), int(last_count), head, prev, None)
+        if mac != self._checkpoint_mac(recorded, snapshot):
+            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its digest")
+        snap = json.loads(snapshot)["accounting"]
+        now = acc.snapshot()
+        # The row it ends on may have grown since it was written; all else must agree.
+        same = recorded.prev == cursor.prev and all(
+            snap[k] == now[k] for k in ("config", "fixed", "events"))
+        same = same and snap["journal"]["base"] == now["journal"]["base"]
+        if recorded.last_count == cursor.last_count:
+            same = same and recorded.digest == cursor.digest and snap == now
+        if not same:
+            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} does not match "
+                                   "the replayed journal")
+
+    def reference(self) -> dict[str, Any]:
+        """The URL as the user gave it (a password only if the user's URL had one)."""
+        return {"path": self._url}
+
+
+def _check_fix(acc: Accounting, fixed: Any, where: str) -> None:
+    """A fix row must hold what this library derives from its plan (a charging role writes it).
+
+    Floats may differ by 1e-9 relative (another CPU's libm); a forged record,
+    say weaker filter weights, differs by far more and is refused.
+    """
+    try:
+        derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
+    except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+        raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
+    if not _same(fixed, derived):
+        raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
+                               "library derives from it (a forged or foreign fix row)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and type(a) is type(b):
+        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return type(a) is type(b) and a == b
