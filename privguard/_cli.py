@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from privguard._errors import PrivguardError
@@ -116,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     except PrivguardError as exc:
         print(f"privguard: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `privguard report FILE | head`: the reader left, as for any CLI
+        # Python flushes stdout again at exit; point it at devnull so that raises nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
     except Exception as exc:
         print(f"privguard: error: {exc!r}", file=sys.stderr)
         return 1

@@ -102,3 +102,19 @@ def test_report_compares_with_opacus_prv_on_request(fixture_ledger, capsys):
             < data["running_epsilon"])
     assert main(["report", str(fixture_ledger), "--compare-prv"]) == 0
     assert "Opacus PRV" in capsys.readouterr().out
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    # `privguard report FILE | head`: the pipe closes; the CLI exits like any other CLI
+    db = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=str(db))
+    for i in range(2000):  # a report longer than a pipe's buffer
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label=f"job {i}")
+    ledger.close()
+    proc = subprocess.Popen([sys.executable, "-m", "privguard", "report", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Error" not in err and "Traceback" not in err, err

@@ -338,7 +338,16 @@ def test_sigkill_mid_charge_loses_no_admitted_charge(pg, tmp_path):
         child = subprocess.Popen([sys.executable, _pgworkers.__file__, charger_url, counter],
                                  env=env, stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.3, 1.0))
+        # kill once the child has applied a few more updates (not after a fixed time: a
+        # fast machine would exhaust the budget first), at a random point of a charge
+        before = progress[-1] if progress else 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = int(open(counter).read()) if os.path.exists(counter) else 0
+            if done >= before + 10:
+                break
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
         child.send_signal(signal.SIGKILL)
         child.wait()
         applied = int(open(counter).read()) if os.path.exists(counter) else 0
