@@ -111,6 +111,16 @@ def replicas(rank: int, workdir: str, epsilon: float) -> dict:
 def shared_file(rank: int, workdir: str, epsilon: float) -> dict:
     """One SQLite file on every rank: 3 steps before attach are charged once at attach;
     then one charge per global step, refused on every rank at the same step."""
+    return _shared(f"{workdir}/shared.db", epsilon)
+
+
+def shared_server(rank: int, workdir: str, epsilon: float) -> dict:
+    """One PostgreSQL ledger, each rank with its own spelling of the URL (``workdir`` holds
+    them, separated by spaces): the same behaviour as one shared file."""
+    return _shared(workdir.split()[rank], epsilon)
+
+
+def _shared(path: str, epsilon: float) -> dict:
     from privguard import BudgetExhausted, Ledger
     from privguard.integrations.opacus import attach
 
@@ -118,7 +128,7 @@ def shared_file(rank: int, workdir: str, epsilon: float) -> dict:
     batches = _batches(loader)
     for _ in range(3):
         _one_step(model, opt, next(batches))
-    ledger = Ledger(epsilon, DELTA, path=f"{workdir}/shared.db")
+    ledger = Ledger(epsilon, DELTA, path=path)
     handle = attach(opt, ledger, data_loader=loader)  # on_exhausted="raise"
     out: dict = {"replayed": handle.steps_replayed}
     applied = 0
@@ -172,4 +182,5 @@ def checkpoint(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "checkpoint": checkpoint}
+SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+             "checkpoint": checkpoint}

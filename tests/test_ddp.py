@@ -2,7 +2,7 @@
 
 Every global noisy step is charged once (once per distinct ledger), and every rank takes
 the same admit/refuse decision before any rank updates, with a ledger per rank and with
-one shared file. Bounded in time: a 30 s gloo timeout inside the ranks, a process timeout
+one shared file or server ledger. Bounded in time: a 30 s gloo timeout inside the ranks, a process timeout
 here; a hang fails the test instead of blocking CI.
 """
 
@@ -12,10 +12,12 @@ import multiprocessing
 import queue as queue_module
 import socket
 import time
+import uuid
 
 import pytest
 
 import _ddp_worker
+import _pgserver
 from privguard import Ledger
 from privguard import mechanisms as M
 
@@ -105,3 +107,23 @@ def test_checkpoints_under_ddp_and_ranks_out_of_step_are_refused_not_hung(tmp_pa
         assert r["resumed"] == 4 and r["replayed"] == 0  # each replica took the state
         assert r["journal"] == 6
         assert r["mismatch"] == "refused"  # a load on one rank met a step on the other
+
+
+def test_one_server_ledger_is_charged_once_per_global_step_however_ranks_spell_its_url():
+    if _pgserver.binaries() is None:
+        pytest.skip(_pgserver.SKIP_REASON)
+    srv, db = _pgserver.server(), _pgserver.initialised_database()
+    name = "ddp" + uuid.uuid4().hex[:10]
+    eps, k = _odd_budget()
+    Ledger(eps, _ddp_worker.DELTA, path=srv.url(_pgserver.OWNER, db, name)).close()
+    _pgserver.allow_charger(db, name)
+    url = srv.url(_pgserver.CHARGER, db, name)
+    urls = [url, url + "&connect_timeout=20"]  # two spellings of one ledger
+    r0, r1 = launch("shared_server", " ".join(urls), eps)
+    assert r0["replayed"] == r1["replayed"] == 3  # steps before attach, charged once
+    for r in (r0, r1):
+        assert r["refused_after"] == r["applied"] == k - 3  # refused at the same step
+    assert r0["params"] == r1["params"]
+    journal = Ledger.open(url).history
+    assert len(journal) == k  # not 2k: one charge per global step
+    assert len({rec.pid for rec in journal}) == 1  # only one rank charged the server ledger

@@ -12,8 +12,8 @@ admit/refuse decision before any of them enters ``all_reduce``.
 The protocol (every rank runs it, at the same point):
 
 1. **At attach** (collective: call ``attach`` on every rank). Each rank
-   describes its ledger: the file it lives in (host and file identity), or
-   "in memory". Ranks whose ledgers are the same file on the same host share
+   describes its ledger: the file it lives in (host and file identity), the
+   server ledger's identity, or "in memory". Ranks whose ledgers are the same file on the same host share
    one ledger; its lowest rank is its *charger* and the others never charge
    it. Every in-memory ledger is its own charger (one replica per rank).
    All chargers' ledgers must be replicas: the same configuration, journal
@@ -34,8 +34,10 @@ file once in all), ledger replicas stay equal, and no rank enters the
 gradient ``all_reduce`` alone. The cost is one ``all_gather`` of five numbers
 per step. Loading a checkpoint through the engine is collective too (every
 rank loads, as every rank attached); ranks found in different operations
-raise :class:`RankDisagreementError` instead of pairing the wrong rows. A ledger that is not on a file local to the host (a future server
-store) is shared when its ``path`` is equal on every rank.
+raise :class:`RankDisagreementError` instead of pairing the wrong rows. A
+server ledger (PostgreSQL) is one ledger for every rank that opens it, on any
+machine: ranks are grouped by the identity the server gave it at creation,
+not by the spelling of its URL.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def is_distributed(optimizer: Any) -> bool:
 def _ledger_key(ledger: Ledger, rank: int) -> tuple:
     if ledger.path is None:
         return ("memory", rank)
+    server_id = getattr(ledger._store, "ledger_id", None)
+    if server_id is not None:  # a server ledger: its identity, however each rank spells its URL
+        return ("server", server_id)
     try:
         st = os.stat(ledger.path)
         return ("file", socket.gethostname(), st.st_dev, st.st_ino)
