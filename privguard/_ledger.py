@@ -61,9 +61,11 @@ class Ledger(LedgerState):
             refuse if ANY order would exceed.
         odometer: the running ε's construction (docs/theory.md §3).
         listeners: callables receiving a :class:`LedgerEvent` per charge and refusal.
-        path: keep the journal in this SQLite file (created if missing).
+        path: keep the journal in this SQLite file (created if missing), or in
+            a PostgreSQL ledger named by a ``postgresql://USER@HOST/DB?ledger=NAME``
+            URL (``pip install 'privguard[postgres]'``; README "Shared budgets").
             Reopening the same path resumes the same ledger; several processes
-            may share it. The file's configuration must equal this one (use
+            (for a server ledger, on several machines) may share it. The file's configuration must equal this one (use
             :meth:`Ledger.open` to adopt the stored configuration).
         retarget: with ``path``, a reason for opening an existing file with
             another target or budget; the change is logged in the file.
