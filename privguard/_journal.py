@@ -180,9 +180,12 @@ class Journal:
 
     # -- changes -------------------------------------------------------------
     def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
-               t: float, times: int = 1, want_run: bool = True) -> tuple[Run | None, bool]:
-        """Record ``times`` charges; returns (the run now current, whether it was extended)."""
-        self._add(mechanism, curve, times)
+               t: float, times: int = 1, want_run: bool = True,
+               spent_after: np.ndarray | None = None) -> tuple[Run | None, bool]:
+        """Record ``times`` charges; returns (the run now current, whether it was extended).
+
+        ``spent_after``: :meth:`spent_after` for these charges, if just computed."""
+        self._add(mechanism, curve, times, spent_after)
         c = self._cur
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
@@ -197,14 +200,17 @@ class Journal:
         (read-only; None if there is none). Cheaper than :attr:`last`."""
         return self._cur
 
-    def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> None:
-        self._spent_cache = None if mechanism == self._streak else self._spent_cache
+    def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int,
+             spent_after: np.ndarray | None = None) -> None:
+        # ``spent_after``, when given, is what :meth:`spent_after` returned for this very
+        # addition: the same operations on the same operands as :meth:`spent` would now
+        # perform, so it is bit-identical to it, and kept instead of recomputed.
         if mechanism == self._streak:
             self._streak_count += times
         else:
             self._base = self.spent()
             self._streak, self._streak_curve, self._streak_count = mechanism, curve, times
-            self._spent_cache = None
+        self._spent_cache = spent_after
 
     def close_current(self) -> None:
         """End the current run, so that the next charge starts a new one."""
@@ -214,12 +220,13 @@ class Journal:
             self._closed.append(Run(*c))
             self._cur = None
 
-    def extend_current(self, count: int, last_time: float, curve: np.ndarray) -> None:
+    def extend_current(self, count: int, last_time: float, curve: np.ndarray,
+                       spent_after: np.ndarray | None = None) -> None:
         """Adopt a newer state of the current run (replayed from a store)."""
         c = self._cur
         assert c is not None and count >= c[2]
         if count > c[2]:
-            self._add(c[4], curve, count - c[2])
+            self._add(c[4], curve, count - c[2], spent_after)
         c[2], c[6] = count, last_time
 
     # -- views ---------------------------------------------------------------
