@@ -267,10 +267,7 @@ class Accounting:
                 or run.count < 1 or run.last_time < run.first_time:
             raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
         verdict = self._readmit(run, run.count, where)
-        journal.close_current()  # a new row is a new run even if its key matches
-        journal.append(run.mechanism, run.label, run.pid, verdict.curve, run.first_time,
-                       run.count, want_run=False, spent_after=verdict.spent_after)
-        journal.extend_current(run.count, run.last_time, verdict.curve)
+        journal.start_run(run, verdict.curve, verdict.spent_after)
 
     def _readmit(self, run: Run, times: int, where: str) -> Verdict:
         if self.fixed is None:

@@ -180,8 +180,8 @@ class Journal:
 
     # -- changes -------------------------------------------------------------
     def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
-               t: float, times: int = 1, want_run: bool = True,
-               spent_after: np.ndarray | None = None) -> tuple[Run | None, bool]:
+               t: float, times: int = 1, spent_after: np.ndarray | None = None
+               ) -> tuple[Run, bool]:
         """Record ``times`` charges; returns (the run now current, whether it was extended).
 
         ``spent_after``: :meth:`spent_after` for these charges, if just computed."""
@@ -190,10 +190,20 @@ class Journal:
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
             c[6] = t
-            return (Run(*c) if want_run else None), True
+            return Run(*c), True
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
-        return (Run(*self._cur) if want_run else None), False
+        return Run(*self._cur), False
+
+    def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray) -> None:
+        """Make ``run`` (read back from a store, already admitted) the current run.
+
+        ``run.index`` and ``run.start`` must be :attr:`run_count` and :attr:`charges`
+        (checked by the caller); ``spent_after`` is :meth:`spent_after` for it."""
+        self.close_current()  # a new row is a new run even if its key matches
+        self._add(run.mechanism, curve, run.count, spent_after)
+        self._cur = [self.run_count, self._charges_closed, run.count, run.label, run.mechanism,
+                     run.first_time, run.last_time, run.pid]
 
     def current_fields(self) -> list[Any] | None:
         """The current run as [index, start, count, label, mechanism, first, last, pid]
