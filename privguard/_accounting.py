@@ -232,7 +232,7 @@ class Accounting:
         if self.filter is not None:
             self.filter.apply(verdict.filter_state)
         run, extended = self.journal.append(verdict.mechanism, label, pid, verdict.curve, t,
-                                            verdict.times)
+                                            verdict.times, spent_after=verdict.spent_after)
         changes.append(Change("run", run=run, extended=extended))
         return changes
 
@@ -260,16 +260,14 @@ class Accounting:
             more = run.count - cur[2]
             if more:
                 verdict = self._readmit(run, more, where)
-                journal.extend_current(run.count, run.last_time, verdict.curve)
+                journal.extend_current(run.count, run.last_time, verdict.curve,
+                                       verdict.spent_after)
             return
         if run.index != journal.run_count or run.start != journal.charges \
                 or run.count < 1 or run.last_time < run.first_time:
             raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
         verdict = self._readmit(run, run.count, where)
-        journal.close_current()  # a new row is a new run even if its key matches
-        journal.append(run.mechanism, run.label, run.pid, verdict.curve, run.first_time,
-                       run.count, want_run=False)
-        journal.extend_current(run.count, run.last_time, verdict.curve)
+        journal.start_run(run, verdict.curve, verdict.spent_after)
 
     def _readmit(self, run: Run, times: int, where: str) -> Verdict:
         if self.fixed is None:

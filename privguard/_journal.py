@@ -180,31 +180,47 @@ class Journal:
 
     # -- changes -------------------------------------------------------------
     def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
-               t: float, times: int = 1, want_run: bool = True) -> tuple[Run | None, bool]:
-        """Record ``times`` charges; returns (the run now current, whether it was extended)."""
-        self._add(mechanism, curve, times)
+               t: float, times: int = 1, spent_after: np.ndarray | None = None
+               ) -> tuple[Run, bool]:
+        """Record ``times`` charges; returns (the run now current, whether it was extended).
+
+        ``spent_after``: :meth:`spent_after` for these charges, if just computed."""
+        self._add(mechanism, curve, times, spent_after)
         c = self._cur
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
             c[6] = t
-            return (Run(*c) if want_run else None), True
+            return Run(*c), True
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
-        return (Run(*self._cur) if want_run else None), False
+        return Run(*self._cur), False
+
+    def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray) -> None:
+        """Make ``run`` (read back from a store, already admitted) the current run.
+
+        ``run.index`` and ``run.start`` must be :attr:`run_count` and :attr:`charges`
+        (checked by the caller); ``spent_after`` is :meth:`spent_after` for it."""
+        self.close_current()  # a new row is a new run even if its key matches
+        self._add(run.mechanism, curve, run.count, spent_after)
+        self._cur = [self.run_count, self._charges_closed, run.count, run.label, run.mechanism,
+                     run.first_time, run.last_time, run.pid]
 
     def current_fields(self) -> list[Any] | None:
         """The current run as [index, start, count, label, mechanism, first, last, pid]
         (read-only; None if there is none). Cheaper than :attr:`last`."""
         return self._cur
 
-    def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> None:
-        self._spent_cache = None if mechanism == self._streak else self._spent_cache
+    def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int,
+             spent_after: np.ndarray | None = None) -> None:
+        # ``spent_after``, when given, is what :meth:`spent_after` returned for this very
+        # addition: the same operations on the same operands as :meth:`spent` would now
+        # perform, so it is bit-identical to it, and kept instead of recomputed.
         if mechanism == self._streak:
             self._streak_count += times
         else:
             self._base = self.spent()
             self._streak, self._streak_curve, self._streak_count = mechanism, curve, times
-            self._spent_cache = None
+        self._spent_cache = spent_after
 
     def close_current(self) -> None:
         """End the current run, so that the next charge starts a new one."""
@@ -214,12 +230,13 @@ class Journal:
             self._closed.append(Run(*c))
             self._cur = None
 
-    def extend_current(self, count: int, last_time: float, curve: np.ndarray) -> None:
+    def extend_current(self, count: int, last_time: float, curve: np.ndarray,
+                       spent_after: np.ndarray | None = None) -> None:
         """Adopt a newer state of the current run (replayed from a store)."""
         c = self._cur
         assert c is not None and count >= c[2]
         if count > c[2]:
-            self._add(c[4], curve, count - c[2])
+            self._add(c[4], curve, count - c[2], spent_after)
         c[2], c[6] = count, last_time
 
     # -- views ---------------------------------------------------------------

@@ -63,3 +63,18 @@ def test_odometer_is_monotone_in_the_spend(a, b, mode, delta):
 def test_curves_are_non_decreasing_in_the_order(sigma, q, t):
     c = M.SubsampledGaussian(sigma, q, t).rdp(ORDERS)
     assert np.all(c[1:] >= c[:-1] * (1 - 1e-9))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.7, 1.0, 2.5]), st.sampled_from([0.01, 0.2]),
+                          st.integers(1, 50)), min_size=1, max_size=30))
+def test_the_kept_spent_curve_is_the_journal_recomputed_and_replays_bit_for_bit(seq):
+    # The journal keeps the spent curve each admitted verdict computed instead of
+    # recomputing it: that must be exactly base + count·curve, live and after a replay.
+    ledger = Ledger(delta=1e-5, orders=ORDERS)
+    for sigma, q, times in seq:
+        ledger.charge(M.SubsampledGaussian(sigma, q), times=times)
+        j = ledger._acc.journal
+        assert np.array_equal(ledger.spent, j._base + j._streak_count * j._streak_curve)
+    again = Ledger.load_state_dict(ledger.state_dict())
+    assert np.array_equal(again.spent, ledger.spent)

@@ -615,11 +615,14 @@ class SQLiteStore:
             checkpoints = {int(r[0]): r for r in conn.execute(
                 "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints")}
             found = len(checkpoints)
+            # streamed, not fetched whole: a long journal is never all in memory at once
             rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
-                                "digest FROM entries ORDER BY idx").fetchall()
+                                "digest FROM entries ORDER BY idx")
             live, self.live = self.live, False
+            n_rows = 0
             try:
                 for row in rows:
+                    n_rows += 1
                     self._replay_row(conn, acc, row, cursor)
                     cp = checkpoints.pop(cursor.entries, None)
                     if cp is not None:
@@ -635,9 +638,9 @@ class SQLiteStore:
                 raise LedgerStateError(f"{self.path}: the stored configuration was edited")
             _recertify(acc, self.path)
         seconds = time.perf_counter() - started
-        return {"rows": len(rows), "runs": acc.journal.run_count,
+        return {"rows": n_rows, "runs": acc.journal.run_count,
                 "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
-                "rows_per_second": len(rows) / seconds if seconds > 0 else float("inf"),
+                "rows_per_second": n_rows / seconds if seconds > 0 else float("inf"),
                 "keyed": self.integrity.keyed}
 
     def _verify_checkpoint(self, cp: tuple, cursor: _Cursor, acc: Accounting) -> None:
