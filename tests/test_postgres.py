@@ -271,6 +271,8 @@ def test_an_honest_fix_row_from_the_charging_role_is_adopted(pg):
     ("UPDATE privguard.mechanisms SET body = replace(body, '1.0', '9.0') WHERE ledger = %(n)s",
      "digest"),
     ("DELETE FROM privguard.entries WHERE ledger = %(n)s AND idx = 20", "head|missing|sequence"),
+    ("UPDATE privguard.entries SET pid = NULL WHERE ledger = %(n)s AND idx = 3",
+     "row 3 is unreadable"),
 ])
 def test_an_edit_behind_the_triggers_fails_closed(pg, sql, match):
     srv, db, name = pg

@@ -18,6 +18,7 @@ import pytest
 import _workers
 from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
+from privguard._stores import open_store
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
 
@@ -176,6 +177,16 @@ def test_flipped_bytes_in_the_file_header_fail_closed(tmp_path):
         Ledger(3.0, 1e-5, path=path)
 
 
+def cli_verify(path):
+    """What ``privguard verify`` runs: the whole journal replayed from the genesis."""
+    store = open_store(path, read_only=True)
+    try:
+        store.open(None, None, None)
+        return store.verify()
+    finally:
+        store.close()
+
+
 def _edit(path, sql, *args):
     conn = sqlite3.connect(path)
     conn.execute(sql, args)
@@ -189,6 +200,10 @@ def _edit(path, sql, *args):
     ("DELETE FROM entries WHERE idx = 20", (), "out of sequence|missing"),
     ("UPDATE entries SET label = 'edited' WHERE idx = 3", (), "digest chain"),
     ("UPDATE entries SET count = 5 WHERE idx = 3", (), "digest chain"),
+    # SQLite keeps text in a numeric column: an unreadable number, not a ValueError
+    ("UPDATE entries SET count = 'abc' WHERE idx = 3", (), "row 3 is unreadable"),
+    ("UPDATE entries SET first = 'x' WHERE idx = 3", (), "row 3 is unreadable"),
+    ("UPDATE entries SET pid = NULL WHERE idx = 3", (), "row 3 is unreadable"),
     ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", (), "schema version 99"),
     ("UPDATE meta SET value = 'not json' WHERE key = 'config'", (), "unreadable"),
     ("UPDATE mechanisms SET body = replace(body, '1.0', '9.0')", (), "digest"),
@@ -198,6 +213,8 @@ def test_edited_database_fails_closed_and_charges_nothing(tmp_path, sql, args, m
     _edit(path, sql, *args)
     with pytest.raises(LedgerStateError, match=match):
         Ledger(3.0, 1e-5, path=path)
+    with pytest.raises(LedgerStateError, match=match):
+        cli_verify(path)
     conn = sqlite3.connect(path)
     rows = conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
     conn.close()

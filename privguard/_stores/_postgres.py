@@ -53,6 +53,7 @@ from privguard._journal import Run
 from privguard._optional import require
 from privguard._plan import Plan
 from privguard._stores import _pgschema, _pgurl
+from privguard._stores._rows import run_numbers
 from privguard._stores._sqlite import _Cursor, _dumps, _recertify
 
 CHECKPOINT_EVERY = 512
@@ -536,7 +537,8 @@ class PostgresStore:
         prev = c.prev if extends else c.digest
         if kind == "run":
             mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-            run = Run(-1, -1, int(count), label, mechanism, float(first), float(last), int(pid))
+            count, first, last, pid = run_numbers(count, first, last, pid, where)
+            run = Run(-1, -1, count, label, mechanism, first, last, pid)
             fields = self._run_fields(run, mech_digest)
         elif kind in ("fix", "event"):
             if extends:
@@ -553,15 +555,14 @@ class PostgresStore:
         if self._entry_digest(prev, idx, kind, fields) != digest:
             raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                    "corrupted)")
-        if extends and int(count) == c.last_count and digest != c.digest:
+        if extends and count == c.last_count and digest != c.digest:
             raise LedgerStateError(f"{where} changed after this ledger replayed it")
         if kind == "run":
             last_run = acc.journal.last
             index = last_run.index if extends and last_run is not None else acc.journal.run_count
             start = last_run.start if extends and last_run is not None else acc.journal.charges
-            acc.replay_run(Run(index, start, int(count), label, mechanism, float(first),
-                               float(last), int(pid)), where)
-            c.last_count = int(count)
+            acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
+            c.last_count = count
         elif kind == "fix":
             _check_fix(acc, parsed, where)
             acc.replay_fix(parsed)
@@ -706,11 +707,11 @@ class PostgresStore:
                     raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
                 if kind == "run":
                     mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-                    run = Run(runs, start, int(count), label, mechanism, float(first),
-                              float(last), int(pid))
+                    count, first, last, pid = run_numbers(count, first, last, pid, where)
+                    run = Run(runs, start, count, label, mechanism, first, last, pid)
                     fields = self._run_fields(run, mech_digest)
                     items.append(run)
-                    runs, start = runs + 1, start + int(count)
+                    runs, start = runs + 1, start + count
                 else:
                     fields = [body]
                     try:

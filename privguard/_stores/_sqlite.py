@@ -54,6 +54,7 @@ from privguard._config import Config
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
+from privguard._stores._rows import run_numbers
 
 SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 512
@@ -223,13 +224,17 @@ class SQLiteStore:
     def _entry_digest(self, prev: str, idx: int, kind: str, fields: list[Any]) -> str:
         # A compact canonical text (the rows' hot path): fields separated by U+001E, each
         # str/None as JSON, each int as decimal, each float as its exact repr.
-        if kind == "run":  # the hot path: [mech digest, label, pid, count, first, last]
-            md, label, pid, count, first, last = fields
-            return self.integrity.digest_text(
-                f"entry\x1e{prev}\x1e{idx}\x1erun\x1e{md}\x1e{_atom(label)}\x1e{pid:d}"
-                f"\x1e{count:d}\x1e{float(first)!r}\x1e{float(last)!r}")
+        if kind == "run":  # [mech digest, label, pid, count, first, last]
+            return self._run_digest(prev, idx, *fields)
         return self.integrity.digest_text(
             "\x1e".join(["entry", prev, str(idx), kind, *map(_atom, fields)]))
+
+    def _run_digest(self, prev: str, idx: int, md: str, label: str | None, pid: int,
+                    count: int, first: float, last: float) -> str:
+        """:meth:`_entry_digest` of a run row (the replay's hot path calls it directly)."""
+        return self.integrity.digest_text(
+            f"entry\x1e{prev}\x1e{idx}\x1erun\x1e{md}\x1e{_atom(label)}\x1e{pid:d}"
+            f"\x1e{count:d}\x1e{float(first)!r}\x1e{float(last)!r}")
 
     def _run_fields(self, run: Run, mech_digest: str) -> list[Any]:
         return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
@@ -441,8 +446,8 @@ class SQLiteStore:
         prev = c.prev if extends else c.digest
         if kind == "run":
             mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-            count, first, last, pid = int(count), float(first), float(last), int(pid)
-            fields = [mech_digest, label, pid, count, first, last]
+            count, first, last, pid = run_numbers(count, first, last, pid, where)
+            computed = self._run_digest(prev, idx, mech_digest, label, pid, count, first, last)
         elif kind in ("fix", "event"):
             if extends:
                 if digest != c.digest:
@@ -452,10 +457,10 @@ class SQLiteStore:
                 parsed = json.loads(body)
             except (TypeError, ValueError) as exc:
                 raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
-            fields = [body]
+            computed = self._entry_digest(prev, idx, kind, [body])
         else:
             raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
-        if self._entry_digest(prev, idx, kind, fields) != digest:
+        if computed != digest:
             raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                    "corrupted)")
         if extends and int(count) == c.last_count and digest != c.digest:
@@ -584,11 +589,11 @@ class SQLiteStore:
                     raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
                 if kind == "run":
                     mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-                    run = Run(runs, start, int(count), label, mechanism, float(first),
-                              float(last), int(pid))
+                    count, first, last, pid = run_numbers(count, first, last, pid, where)
+                    run = Run(runs, start, count, label, mechanism, first, last, pid)
                     fields = self._run_fields(run, mech_digest)
                     items.append(run)
-                    runs, start = runs + 1, start + int(count)
+                    runs, start = runs + 1, start + count
                 else:
                     fields = [body]
                     try:
