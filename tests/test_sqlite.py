@@ -373,3 +373,22 @@ def test_file_backed_ledger_accepts_only_its_own_prefix(tmp_path):
     with pytest.raises(BudgetExhausted):
         big = Ledger(3.0, 1e-5, path=tmp_path / "c.db")
         big.charge(M.Gaussian(0.1))
+
+
+def test_verify_restores_the_garbage_collector_as_it_found_it(tmp_path):
+    import gc
+
+    path = _closed_copy(tmp_path)
+    assert gc.isenabled()
+    cli_verify(path)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        cli_verify(path)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    _edit(path, "UPDATE entries SET label = 'edited' WHERE idx = 3")
+    with pytest.raises(LedgerStateError):
+        cli_verify(path)
+    assert gc.isenabled()  # also when verification fails

@@ -53,7 +53,7 @@ from privguard._journal import Run
 from privguard._optional import require
 from privguard._plan import Plan
 from privguard._stores import _pgschema, _pgurl
-from privguard._stores._rows import run_numbers
+from privguard._stores._rows import gc_paused, run_numbers
 from privguard._stores._sqlite import _Cursor, _dumps, _recertify
 
 CHECKPOINT_EVERY = 512
@@ -752,11 +752,12 @@ class PostgresStore:
             rows = self._all_rows(conn)
             live, self.live = self.live, False
             try:
-                for row in rows:
-                    self._replay_row(conn, acc, row, cursor)
-                    cp = checkpoints.pop(cursor.entries, None)
-                    if cp is not None:
-                        self._verify_checkpoint(cp, cursor, acc)
+                with gc_paused():
+                    for row in rows:
+                        self._replay_row(conn, acc, row, cursor)
+                        cp = checkpoints.pop(cursor.entries, None)
+                        if cp is not None:
+                            self._verify_checkpoint(cp, cursor, acc)
             finally:
                 self.live = live
             if checkpoints:

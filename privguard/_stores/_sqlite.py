@@ -54,7 +54,7 @@ from privguard._config import Config
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
-from privguard._stores._rows import run_numbers
+from privguard._stores._rows import gc_paused, run_numbers
 
 SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 512
@@ -626,12 +626,13 @@ class SQLiteStore:
             live, self.live = self.live, False
             n_rows = 0
             try:
-                for row in rows:
-                    n_rows += 1
-                    self._replay_row(conn, acc, row, cursor)
-                    cp = checkpoints.pop(cursor.entries, None)
-                    if cp is not None:
-                        self._verify_checkpoint(cp, cursor, acc)
+                with gc_paused():
+                    for row in rows:
+                        n_rows += 1
+                        self._replay_row(conn, acc, row, cursor)
+                        cp = checkpoints.pop(cursor.entries, None)
+                        if cp is not None:
+                            self._verify_checkpoint(cp, cursor, acc)
             finally:
                 self.live = live
             if checkpoints:
