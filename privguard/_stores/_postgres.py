@@ -53,7 +53,7 @@ from privguard._journal import Run
 from privguard._optional import require
 from privguard._plan import Plan
 from privguard._stores import _pgschema, _pgurl
-from privguard._stores._rows import gc_paused, run_numbers
+from privguard._stores._rows import checked_items, gc_paused, run_numbers
 from privguard._stores._sqlite import _Cursor, _dumps, _recertify
 
 CHECKPOINT_EVERY = 512
@@ -695,34 +695,8 @@ class PostgresStore:
 
     def items(self, acc: Accounting | None = None) -> list[Any]:
         """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
-        items: list[Any] = []
-        runs = 0
         with self._reading() as conn:
-            rows = self._all_rows(conn)
-            prev, start = str(self.genesis), 0
-            for position, row in enumerate(rows):
-                idx, kind, mech_id, label, pid, count, first, last, body, digest = row
-                where = f"{self.path}: journal row {idx}"
-                if idx != position:
-                    raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
-                if kind == "run":
-                    mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-                    count, first, last, pid = run_numbers(count, first, last, pid, where)
-                    run = Run(runs, start, count, label, mechanism, first, last, pid)
-                    fields = self._run_fields(run, mech_digest)
-                    items.append(run)
-                    runs, start = runs + 1, start + count
-                else:
-                    fields = [body]
-                    try:
-                        items.append([kind, json.loads(body)])
-                    except (TypeError, ValueError) as exc:
-                        raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
-                if self._entry_digest(prev, idx, kind, fields) != digest:
-                    raise LedgerStateError(f"{where} fails its digest chain (edited, "
-                                           "reordered or corrupted)")
-                prev = digest
-        return items
+            return checked_items(self, conn, self._all_rows(conn))
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Any]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from privguard._errors import LedgerStateError
+from privguard._journal import Run
 
 
 @contextlib.contextmanager
@@ -39,3 +41,39 @@ def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
         return int(count), float(first), float(last), int(pid)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LedgerStateError(f"{where} is unreadable ({exc})") from None
+
+
+def checked_items(store: Any, conn: Any, rows: Iterable[tuple]) -> list[Any]:
+    """The whole journal in order (runs, ``[kind, body]`` for fix and event rows), each
+    row checked against the digest chain from the genesis.
+
+    ``rows`` are a store's journal rows in order, as (idx, kind, mech, label, pid, count,
+    first, last, body, digest); ``store`` supplies ``path``, ``genesis``,
+    ``_mechanism``, ``_run_fields`` and ``_entry_digest`` (the SQLite and PostgreSQL
+    stores do).
+    """
+    items: list[Any] = []
+    runs, start, prev = 0, 0, str(store.genesis)
+    for position, row in enumerate(rows):
+        idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+        where = f"{store.path}: journal row {idx}"
+        if idx != position:
+            raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
+        if kind == "run":
+            mechanism, mech_digest = store._mechanism(conn, mech_id, where)
+            count, first, last, pid = run_numbers(count, first, last, pid, where)
+            run = Run(runs, start, count, label, mechanism, first, last, pid)
+            fields = store._run_fields(run, mech_digest)
+            items.append(run)
+            runs, start = runs + 1, start + count
+        else:
+            fields = [body]
+            try:
+                items.append([kind, json.loads(body)])
+            except (TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+        if store._entry_digest(prev, idx, kind, fields) != digest:
+            raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
+                                   "corrupted)")
+        prev = digest
+    return items

@@ -54,7 +54,7 @@ from privguard._config import Config
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
-from privguard._stores._rows import gc_paused, run_numbers
+from privguard._stores._rows import checked_items, gc_paused, run_numbers
 
 SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 512
@@ -576,35 +576,10 @@ class SQLiteStore:
     # -- whole-journal views ---------------------------------------------------------------------
     def items(self, acc: Accounting | None = None) -> list[Any]:
         """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
-        items: list[Any] = []
-        runs = 0
         with self._locked(write=False) as conn:
-            rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
-                                "digest FROM entries ORDER BY idx").fetchall()
-            prev, start = str(self.genesis), 0
-            for position, row in enumerate(rows):
-                idx, kind, mech_id, label, pid, count, first, last, body, digest = row
-                where = f"{self.path}: journal row {idx}"
-                if idx != position:
-                    raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
-                if kind == "run":
-                    mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-                    count, first, last, pid = run_numbers(count, first, last, pid, where)
-                    run = Run(runs, start, count, label, mechanism, first, last, pid)
-                    fields = self._run_fields(run, mech_digest)
-                    items.append(run)
-                    runs, start = runs + 1, start + count
-                else:
-                    fields = [body]
-                    try:
-                        items.append([kind, json.loads(body)])
-                    except (TypeError, ValueError) as exc:
-                        raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
-                if self._entry_digest(prev, idx, kind, fields) != digest:
-                    raise LedgerStateError(f"{where} fails its digest chain (edited, "
-                                           "reordered or corrupted)")
-                prev = digest
-        return items
+            return checked_items(self, conn, conn.execute(
+                "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
+                "FROM entries ORDER BY idx"))
 
     def runs(self) -> list[Run]:
         """Every run from the first row, verifying the chain from the genesis."""
