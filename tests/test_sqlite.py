@@ -392,3 +392,38 @@ def test_verify_restores_the_garbage_collector_as_it_found_it(tmp_path):
     with pytest.raises(LedgerStateError):
         cli_verify(path)
     assert gc.isenabled()  # also when verification fails
+
+
+@pytest.mark.parametrize("snapshot", ["not json", '{"accounting": {}}', "[1, 2]"])
+def test_a_rewritten_checkpoint_fails_closed(tmp_path, snapshot):
+    # Unkeyed, anyone can recompute a checkpoint's MAC; what it says must still agree
+    # with the replayed journal, and garbage is an error of its own, not a KeyError.
+    from privguard._stores._rows import Cursor
+
+    path = str(tmp_path / "cp.db")
+    ledger = Ledger(delta=1e-5, path=path)
+    for i in range(1100):  # checkpoints at rows 512 and 1024
+        ledger.charge(M.Gaussian(50.0), label=f"row {i}")
+    ledger.close()
+    store = open_store(path, read_only=True)
+    store.open(None, None, None)
+    store.close()
+
+    def rewrite(entries):
+        conn = sqlite3.connect(path)
+        last_count, head, prev = conn.execute(
+            "SELECT last_count, head, prev FROM checkpoints WHERE entries = ?",
+            (entries,)).fetchone()
+        mac = store._checkpoint_mac(Cursor(entries, last_count, head, prev, None), snapshot)
+        conn.execute("UPDATE checkpoints SET snapshot = ?, mac = ? WHERE entries = ?",
+                     (snapshot, mac, entries))
+        conn.commit()
+        conn.close()
+
+    rewrite(512)  # an older checkpoint: opening uses the newest, verify meets this one
+    assert len(Ledger.open(path).history) == 1100
+    with pytest.raises(LedgerStateError, match="checkpoint at row 512"):
+        cli_verify(path)
+    rewrite(1024)  # the newest: opening fails closed
+    with pytest.raises(LedgerStateError, match="checkpoint at row 1024 is unreadable"):
+        Ledger.open(path)

@@ -52,9 +52,9 @@ from privguard._integrity import Integrity
 from privguard._journal import Run
 from privguard._optional import require
 from privguard._plan import Plan
-from privguard._stores import _pgschema, _pgurl
-from privguard._stores._rows import checked_items, gc_paused, run_numbers
-from privguard._stores._sqlite import _Cursor, _dumps, _recertify
+from privguard._stores import _pgschema, _pgurl, _rows
+from privguard._stores._rows import checked_items, run_numbers
+from privguard._stores._sqlite import _Cursor, _dumps
 
 CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-pg-journal-v1"
@@ -464,8 +464,9 @@ class PostgresStore:
                 snap = json.loads(snapshot)
                 acc = Accounting.from_snapshot(snap["accounting"])
                 cursor.last_kind = snap["last_kind"]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise LedgerStateError(f"{self.path}: checkpoint unreadable ({exc})") from exc
+            except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
+                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} is "
+                                       f"unreadable ({exc})") from exc
             self._cursor, self._checkpointed = cursor, int(entries)
             before = acc.journal.runs_before
             acc.journal.load_prefix = lambda: self.runs()[:before]
@@ -716,54 +717,10 @@ class PostgresStore:
         """Replay every row from the genesis; check every checkpoint, the head, the config."""
         started = time.perf_counter()
         with self._reading() as conn:
-            genesis_config, current = self._read_meta(conn)
-            acc = Accounting(genesis_config, fix_now=False)
-            cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
-            checkpoints = {int(r[0]): r for r in conn.execute(
+            return _rows.verify(self, conn, conn.execute(
                 "SELECT entries, last_count, head, prev, snapshot, mac FROM "
-                "privguard.checkpoints WHERE ledger = %s", (self.ledger,))}
-            found = len(checkpoints)
-            rows = self._all_rows(conn)
-            live, self.live = self.live, False
-            try:
-                with gc_paused():
-                    for row in rows:
-                        self._replay_row(conn, acc, row, cursor)
-                        cp = checkpoints.pop(cursor.entries, None)
-                        if cp is not None:
-                            self._verify_checkpoint(cp, cursor, acc)
-            finally:
-                self.live = live
-            if checkpoints:
-                raise LedgerStateError(f"{self.path}: checkpoints at rows {sorted(checkpoints)} "
-                                       "are not on the journal")
-            if self._read_head(conn).as_tuple() != cursor.as_tuple():
-                raise LedgerStateError(f"{self.path}: the journal does not replay to its head")
-            if acc.config != current:
-                raise LedgerStateError(f"{self.path}: the stored configuration was edited")
-            _recertify(acc, self.path)
-        seconds = time.perf_counter() - started
-        return {"rows": len(rows), "runs": acc.journal.run_count,
-                "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
-                "rows_per_second": len(rows) / seconds if seconds > 0 else float("inf"),
-                "keyed": self.integrity.keyed}
-
-    def _verify_checkpoint(self, cp: tuple, cursor: _Cursor, acc: Accounting) -> None:
-        entries, last_count, head, prev, snapshot, mac = cp
-        recorded = _Cursor(int(entries), int(last_count), head, prev, None)
-        if mac != self._checkpoint_mac(recorded, snapshot):
-            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its digest")
-        snap = json.loads(snapshot)["accounting"]
-        now = acc.snapshot()
-        # The row it ends on may have grown since it was written; all else must agree.
-        same = recorded.prev == cursor.prev and all(
-            snap[k] == now[k] for k in ("config", "fixed", "events"))
-        same = same and snap["journal"]["base"] == now["journal"]["base"]
-        if recorded.last_count == cursor.last_count:
-            same = same and recorded.digest == cursor.digest and snap == now
-        if not same:
-            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} does not match "
-                                   "the replayed journal")
+                "privguard.checkpoints WHERE ledger = %s", (self.ledger,)),
+                self._all_rows(conn), started)
 
     def reference(self) -> dict[str, Any]:
         """The URL as the user gave it (a password only if the user's URL had one)."""

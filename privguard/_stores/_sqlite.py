@@ -54,7 +54,9 @@ from privguard._config import Config
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
-from privguard._stores._rows import checked_items, gc_paused, run_numbers
+from privguard._stores import _rows
+from privguard._stores._rows import Cursor as _Cursor
+from privguard._stores._rows import checked_items, run_numbers
 
 SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 512
@@ -95,20 +97,6 @@ def _atom(x: Any) -> str:
     if isinstance(x, int):
         return str(x)
     return repr(float(x))
-
-
-class _Cursor:
-    """How far this process has replayed: rows, last row's count, chain head, previous digest."""
-
-    __slots__ = ("digest", "entries", "last_count", "last_kind", "prev")
-
-    def __init__(self, entries: int, last_count: int, digest: str, prev: str,
-                 last_kind: str | None) -> None:
-        self.entries, self.last_count, self.digest, self.prev = entries, last_count, digest, prev
-        self.last_kind = last_kind
-
-    def as_tuple(self) -> tuple[int, int, str, str]:
-        return (self.entries, self.last_count, self.digest, self.prev)
 
 
 class _Txn:
@@ -354,8 +342,9 @@ class SQLiteStore:
                 snap = json.loads(snapshot)
                 acc = Accounting.from_snapshot(snap["accounting"])
                 cursor.last_kind = snap["last_kind"]
-            except (KeyError, TypeError, ValueError) as exc:
-                raise LedgerStateError(f"{self.path}: checkpoint unreadable ({exc})") from exc
+            except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
+                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} is "
+                                       f"unreadable ({exc})") from exc
             self._cursor = cursor
             before = acc.journal.runs_before
             acc.journal.load_prefix = lambda: self.runs()[:before]
@@ -589,68 +578,11 @@ class SQLiteStore:
         """Replay every row from the genesis; check every checkpoint, the head, the config."""
         started = time.perf_counter()
         with self._locked(write=False) as conn:
-            genesis_config, current = self._read_meta(conn)
-            acc = Accounting(genesis_config, fix_now=False)
-            cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
-            checkpoints = {int(r[0]): r for r in conn.execute(
-                "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints")}
-            found = len(checkpoints)
-            # streamed, not fetched whole: a long journal is never all in memory at once
-            rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
-                                "digest FROM entries ORDER BY idx")
-            live, self.live = self.live, False
-            n_rows = 0
-            try:
-                with gc_paused():
-                    for row in rows:
-                        n_rows += 1
-                        self._replay_row(conn, acc, row, cursor)
-                        cp = checkpoints.pop(cursor.entries, None)
-                        if cp is not None:
-                            self._verify_checkpoint(cp, cursor, acc)
-            finally:
-                self.live = live
-            if checkpoints:
-                raise LedgerStateError(f"{self.path}: checkpoints at rows {sorted(checkpoints)} "
-                                       "are not on the journal")
-            if self._read_head(conn).as_tuple() != cursor.as_tuple():
-                raise LedgerStateError(f"{self.path}: the journal does not replay to its head")
-            if acc.config != current:
-                raise LedgerStateError(f"{self.path}: the stored configuration was edited")
-            _recertify(acc, self.path)
-        seconds = time.perf_counter() - started
-        return {"rows": n_rows, "runs": acc.journal.run_count,
-                "charges": acc.journal.charges, "checkpoints": found, "seconds": seconds,
-                "rows_per_second": n_rows / seconds if seconds > 0 else float("inf"),
-                "keyed": self.integrity.keyed}
-
-    def _verify_checkpoint(self, cp: tuple, cursor: _Cursor, acc: Accounting) -> None:
-        entries, last_count, head, prev, snapshot, mac = cp
-        recorded = _Cursor(int(entries), int(last_count), head, prev, None)
-        if mac != self._checkpoint_mac(recorded, snapshot):
-            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its digest")
-        snap = json.loads(snapshot)["accounting"]
-        now = acc.snapshot()
-        # The row it ends on may have grown since it was written; all else must agree.
-        same = recorded.prev == cursor.prev and all(
-            snap[k] == now[k] for k in ("config", "fixed", "events"))
-        same = same and snap["journal"]["base"] == now["journal"]["base"]
-        if recorded.last_count == cursor.last_count:
-            same = same and recorded.digest == cursor.digest and snap == now
-        if not same:
-            raise LedgerStateError(f"{self.path}: checkpoint at row {entries} does not match "
-                                   "the replayed journal")
+            # the rows streamed, not fetched whole: a long journal is never all in memory
+            return _rows.verify(self, conn, conn.execute(
+                "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints"),
+                conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
+                             "digest FROM entries ORDER BY idx"), started)
 
     def reference(self) -> dict[str, Any]:
         return {"path": self.path}
-
-
-def _recertify(acc: Accounting, path: str) -> None:
-    """A hybrid filter's T_A, read back without certification, certified again."""
-    flt = acc.filter
-    if flt is not None and flt.kind == "hybrid":
-        from privguard._hybrid import envelope_steps
-
-        if flt.steps_a > envelope_steps(flt.envelope, flt.epsilon, flt.delta_a):
-            raise LedgerStateError(f"{path}: the recorded hybrid filter admits more envelope "
-                                   "steps than PLD accounting certifies")
