@@ -249,13 +249,16 @@ def test_a_deleted_retarget_event_is_detected(tmp_path):
         Ledger.open(path)
 
 
-def _rechain(path):
-    """What a forger with privguard in hand does: delete the newest rows and recompute
-    every digest (genesis, rows, head) with the library's own code, without any key."""
+def _rechain(path, keep=20, bodies=None):
+    """What a forger with privguard in hand does: delete the rows from ``keep`` on (and
+    rewrite the fix/event ``bodies`` given by row), then recompute every digest (genesis,
+    rows, head) with the library's own code, without any key."""
     from privguard._stores._sqlite import SQLiteStore, _Cursor
 
     conn = sqlite3.connect(path)
-    conn.execute("DELETE FROM entries WHERE idx >= 20")
+    conn.execute("DELETE FROM entries WHERE idx >= ?", (keep,))
+    for idx, body in (bodies or {}).items():
+        conn.execute("UPDATE entries SET body = ? WHERE idx = ?", (body, idx))
     conn.execute("DELETE FROM checkpoints")
     forger = SQLiteStore(str(path))
     forger.file_id = conn.execute("SELECT value FROM meta WHERE key='file_id'").fetchone()[0]
@@ -277,7 +280,7 @@ def _rechain(path):
         prev, cur = cur, forger._entry_digest(cur, idx, kind, fields)
         count = n if kind == "run" else 0
         conn.execute("UPDATE entries SET digest = ? WHERE idx = ?", (cur, idx))
-    head = _Cursor(20, count, cur, prev, None)
+    head = _Cursor(keep, count, cur, prev, None)
     conn.execute("UPDATE head SET entries = ?, last_count = ?, digest = ?, prev = ?, mac = ?",
                  (*head.as_tuple(), forger._head_mac(head)))
     conn.commit()
@@ -427,3 +430,19 @@ def test_a_rewritten_checkpoint_fails_closed(tmp_path, snapshot):
     rewrite(1024)  # the newest: opening fails closed
     with pytest.raises(LedgerStateError, match="checkpoint at row 1024 is unreadable"):
         Ledger.open(path)
+
+
+@pytest.mark.parametrize("body", ["[1, 2]", '"text"', '{"event": "retarget", "old": 3}'])
+def test_a_rechained_event_that_is_not_an_object_fails_closed(tmp_path, body):
+    # unkeyed, a forger can re-chain any body: what it says is still checked, and an
+    # event that is not a JSON object is a LedgerStateError, not an AttributeError
+    path = _closed_copy(tmp_path)
+    Ledger(4.0, 1e-5, path=path, retarget="approved").close()
+    conn = sqlite3.connect(path)
+    idx = conn.execute("SELECT idx FROM entries WHERE kind = 'event'").fetchone()[0]
+    conn.close()
+    _rechain(path, keep=idx + 1, bodies={idx: body})
+    with pytest.raises(LedgerStateError, match=f"row {idx}"):
+        Ledger.open(path)
+    with pytest.raises(LedgerStateError, match=f"row {idx}"):
+        cli_verify(path)

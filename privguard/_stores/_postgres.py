@@ -53,7 +53,7 @@ from privguard._journal import Run
 from privguard._optional import require
 from privguard._plan import Plan
 from privguard._stores import _pgschema, _pgurl, _rows
-from privguard._stores._rows import checked_items, run_numbers
+from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
 
 CHECKPOINT_EVERY = 512
@@ -73,6 +73,8 @@ class _Txn:
 
 class PostgresStore:
     """The PostgreSQL journal behind ``Ledger(path="postgresql://...")``. Not used directly."""
+
+    PEER = "client"  # who else may write the journal (for messages)
 
     def __init__(self, url: str, *, read_only: bool = False, timeout: float = 60.0,
                  role: str | None = None) -> None:
@@ -313,6 +315,10 @@ class PostgresStore:
     def _run_fields(run: Run, mech_digest: str) -> list[Any]:
         return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
 
+    def _run_digest(self, prev: str, idx: int, md: str, label: str | None, pid: int,
+                    count: int, first: float, last: float) -> str:
+        return self._entry_digest(prev, idx, "run", [md, label, pid, count, first, last])
+
     def _head_mac(self, c: _Cursor) -> str:
         return self.integrity.digest("head", self.ledger_id, *c.as_tuple())
 
@@ -524,66 +530,14 @@ class PostgresStore:
                     raise LedgerStateError(f"{self.path}: journal row {row[0]} changed after "
                                            "this ledger replayed it")
                 continue
-            self._replay_row(conn, acc, row, mine)
+            _rows.replay_row(self, conn, acc, row, mine)
         if mine.as_tuple() != head.as_tuple():
             raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
                                    f"({mine.entries} rows replayed, the head says {head.entries})")
 
-    def _replay_row(self, conn: Any, acc: Accounting, row: tuple, c: _Cursor) -> None:
-        idx, kind, mech_id, label, pid, count, first, last, body, digest = row
-        where = f"{self.path}: journal row {idx}"
-        extends = idx == c.entries - 1
-        if not extends and idx != c.entries:
-            raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
-        prev = c.prev if extends else c.digest
-        if kind == "run":
-            mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-            count, first, last, pid = run_numbers(count, first, last, pid, where)
-            run = Run(-1, -1, count, label, mechanism, first, last, pid)
-            fields = self._run_fields(run, mech_digest)
-        elif kind in ("fix", "event"):
-            if extends:
-                if digest != c.digest:
-                    raise LedgerStateError(f"{where} changed after this ledger replayed it")
-                return
-            try:
-                parsed = json.loads(body)
-            except (TypeError, ValueError) as exc:
-                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
-            fields = [body]
-        else:
-            raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
-        if self._entry_digest(prev, idx, kind, fields) != digest:
-            raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
-                                   "corrupted)")
-        if extends and count == c.last_count and digest != c.digest:
-            raise LedgerStateError(f"{where} changed after this ledger replayed it")
-        if kind == "run":
-            last_run = acc.journal.last
-            index = last_run.index if extends and last_run is not None else acc.journal.run_count
-            start = last_run.start if extends and last_run is not None else acc.journal.charges
-            acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
-            c.last_count = count
-        elif kind == "fix":
-            _check_fix(acc, parsed, where)
-            acc.replay_fix(parsed)
-            c.last_count = 0
-        else:
-            new = None
-            if parsed.get("event") == "retarget":
-                if acc.config != _config.from_dict(parsed.get("old")):
-                    raise LedgerStateError(f"{where}: a retarget from a configuration not in "
-                                           "force")
-                if self.live:
-                    raise LedgerStateError(
-                        f"{self.path}: the ledger's configuration was changed by another client "
-                        "(an explicit retarget); reopen the ledger to continue")
-                new = _config.from_dict(parsed["new"])
-            acc.replay_event(parsed, new)
-            c.last_count = 0
-        if not extends:
-            c.prev, c.entries = c.digest, idx + 1
-        c.digest, c.last_kind = digest, kind
+    @staticmethod
+    def _check_fix(acc: Accounting, fixed: Any, where: str) -> None:
+        _check_fix(acc, fixed, where)
 
     def _mechanism(self, conn: Any, mech_id: Any, where: str) -> tuple[Mechanism, str]:
         got = self._mechs.get(mech_id)

@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from privguard import _config
 from privguard._accounting import Accounting
-from privguard._errors import LedgerStateError
+from privguard._errors import LedgerStateError, PrivguardError
 from privguard._journal import Run
 
 
@@ -60,6 +61,74 @@ def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
         raise LedgerStateError(f"{where} is unreadable ({exc})") from None
 
 
+def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) -> None:
+    """Check one journal row (idx, kind, mech, label, pid, count, first, last, body, digest)
+    against the digest chain and replay it into ``acc``; ``c`` moves past it.
+
+    The row is the next one, or the last one read again (a run whose count grew). ``store``
+    supplies ``path``, ``live``, ``PEER`` ("process" or "client", for messages),
+    ``_mechanism``, ``_run_digest``, ``_entry_digest`` and ``_check_fix`` (what a fix row
+    must hold). Anything inconsistent raises LedgerStateError.
+    """
+    idx, kind, mech_id, label, pid, count, first, last, body, digest = row
+    where = f"{store.path}: journal row {idx}"
+    extends = idx == c.entries - 1
+    if not extends and idx != c.entries:
+        raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
+    prev = c.prev if extends else c.digest
+    if kind == "run":
+        mechanism, mech_digest = store._mechanism(conn, mech_id, where)
+        count, first, last, pid = run_numbers(count, first, last, pid, where)
+        computed = store._run_digest(prev, idx, mech_digest, label, pid, count, first, last)
+    elif kind in ("fix", "event"):
+        if extends:
+            if digest != c.digest:
+                raise LedgerStateError(f"{where} changed after this ledger replayed it")
+            return
+        try:
+            parsed = json.loads(body)
+        except (TypeError, ValueError) as exc:
+            raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+        if not isinstance(parsed, dict):
+            raise LedgerStateError(f"{where} is unreadable (not a JSON object)")
+        computed = store._entry_digest(prev, idx, kind, [body])
+    else:
+        raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
+    if computed != digest:
+        raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
+                               "corrupted)")
+    if extends and count == c.last_count and digest != c.digest:
+        raise LedgerStateError(f"{where} changed after this ledger replayed it")
+    if kind == "run":
+        cur = acc.journal.current_fields()
+        index, start = ((cur[0], cur[1]) if extends and cur is not None
+                        else (acc.journal.run_count, acc.journal.charges))
+        acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
+        c.last_count = count
+    elif kind == "fix":
+        store._check_fix(acc, parsed, where)
+        acc.replay_fix(parsed)
+        c.last_count = 0
+    else:
+        new = None
+        if parsed.get("event") == "retarget":
+            try:
+                old, new = _config.from_dict(parsed.get("old")), _config.from_dict(parsed["new"])
+            except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+                raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
+            if acc.config != old:
+                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
+            if store.live:
+                raise LedgerStateError(
+                    f"{store.path}: the ledger's configuration was changed by another "
+                    f"{store.PEER} (an explicit retarget); reopen the ledger to continue")
+        acc.replay_event(parsed, new)
+        c.last_count = 0
+    if not extends:
+        c.prev, c.entries = c.digest, idx + 1
+    c.digest, c.last_kind = digest, kind
+
+
 def checked_items(store: Any, conn: Any, rows: Iterable[tuple]) -> list[Any]:
     """The whole journal in order (runs, ``[kind, body]`` for fix and event rows), each
     row checked against the digest chain from the genesis.
@@ -101,8 +170,8 @@ def verify(store: Any, conn: Any, checkpoint_rows: Iterable[tuple], rows: Iterab
     """``privguard verify``: replay every row from the genesis, check every checkpoint where
     the journal reaches it, then the head, the configuration and a hybrid filter's T_A.
 
-    ``store`` supplies ``path``, ``genesis``, ``live``, ``integrity``, ``_read_meta``,
-    ``_replay_row``, ``_read_head`` and ``_checkpoint_mac``; ``checkpoint_rows`` are
+    ``store`` supplies what :func:`replay_row` needs, ``genesis``, ``integrity``,
+    ``_read_meta``, ``_read_head`` and ``_checkpoint_mac``; ``checkpoint_rows`` are
     (entries, last_count, head, prev, snapshot, mac); ``rows`` the journal in order
     (streamed if the store can). Raises LedgerStateError on any inconsistency.
     """
@@ -141,7 +210,7 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
         with gc_paused():
             for row in rows:
                 n_rows += 1
-                store._replay_row(conn, acc, row, cursor)
+                replay_row(store, conn, acc, row, cursor)
                 cp = checkpoints.pop(cursor.entries, None)
                 if cp is not None:
                     verify_checkpoint(store, cp, cursor, acc)

@@ -56,7 +56,7 @@ from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
 from privguard._stores import _rows
 from privguard._stores._rows import Cursor as _Cursor
-from privguard._stores._rows import checked_items, run_numbers
+from privguard._stores._rows import checked_items
 
 SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 512
@@ -109,6 +109,8 @@ class _Txn:
 
 class SQLiteStore:
     """The SQLite journal behind ``Ledger(..., path=...)``. Not used directly."""
+
+    PEER = "process"  # who else may write the journal (for messages)
 
     def __init__(self, path: str, *, read_only: bool = False, timeout: float = 60.0) -> None:
         self.path = path
@@ -420,63 +422,13 @@ class SQLiteStore:
                     raise LedgerStateError(f"{self.path}: journal row {idx} changed after this "
                                            "ledger replayed it")
                 continue
-            self._replay_row(conn, acc, row, mine)
+            _rows.replay_row(self, conn, acc, row, mine)
         if mine.as_tuple() != head.as_tuple():
             raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
                                    f"({mine.entries} rows replayed, the head says {head.entries})")
 
-    def _replay_row(self, conn: sqlite3.Connection, acc: Accounting, row: tuple,
-                    c: _Cursor) -> None:
-        idx, kind, mech_id, label, pid, count, first, last, body, digest = row
-        where = f"{self.path}: journal row {idx}"
-        extends = idx == c.entries - 1
-        if not extends and idx != c.entries:
-            raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
-        prev = c.prev if extends else c.digest
-        if kind == "run":
-            mechanism, mech_digest = self._mechanism(conn, mech_id, where)
-            count, first, last, pid = run_numbers(count, first, last, pid, where)
-            computed = self._run_digest(prev, idx, mech_digest, label, pid, count, first, last)
-        elif kind in ("fix", "event"):
-            if extends:
-                if digest != c.digest:
-                    raise LedgerStateError(f"{where} changed after this ledger replayed it")
-                return
-            try:
-                parsed = json.loads(body)
-            except (TypeError, ValueError) as exc:
-                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
-            computed = self._entry_digest(prev, idx, kind, [body])
-        else:
-            raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
-        if computed != digest:
-            raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
-                                   "corrupted)")
-        if extends and int(count) == c.last_count and digest != c.digest:
-            raise LedgerStateError(f"{where} changed after this ledger replayed it")
-        if kind == "run":
-            cur = acc.journal.current_fields()
-            index, start = ((cur[0], cur[1]) if extends and cur is not None
-                            else (acc.journal.run_count, acc.journal.charges))
-            acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
-            c.last_count = count
-        elif kind == "fix":
-            acc.replay_fix(parsed)
-            c.last_count = 0
-        else:
-            if parsed.get("event") == "retarget" and acc.config != _config.from_dict(
-                    parsed.get("old")):
-                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
-            if parsed.get("event") == "retarget" and self.live:
-                raise LedgerStateError(
-                    f"{self.path}: the ledger's configuration was changed by another process "
-                    "(an explicit retarget); reopen the ledger to continue")
-            acc.replay_event(parsed, _config.from_dict(parsed["new"])
-                             if parsed.get("event") == "retarget" else None)
-            c.last_count = 0
-        if not extends:
-            c.prev, c.entries = c.digest, idx + 1
-        c.digest, c.last_kind = digest, kind
+    def _check_fix(self, acc: Accounting, fixed: Any, where: str) -> None:
+        """A fix row is the file's own (one writer's journal, under its digest chain)."""
 
     def _mechanism(self, conn: sqlite3.Connection, mech_id: Any, where: str
                    ) -> tuple[Mechanism, str]:
