@@ -456,26 +456,8 @@ class PostgresStore:
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC "
                            "LIMIT 1", (self.ledger,)).fetchone()
-        if row is None:
-            acc = Accounting(genesis_config, fix_now=False)
-            self._cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
-            self._checkpointed = 0
-        else:
-            entries, last_count, head, prev, snapshot, mac = row
-            cursor = _Cursor(int(entries), int(last_count), head, prev, None)
-            if mac != self._checkpoint_mac(cursor, snapshot):
-                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its "
-                                       "digest (edited or corrupted)")
-            try:
-                snap = json.loads(snapshot)
-                acc = Accounting.from_snapshot(snap["accounting"])
-                cursor.last_kind = snap["last_kind"]
-            except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
-                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} is "
-                                       f"unreadable ({exc})") from exc
-            self._cursor, self._checkpointed = cursor, int(entries)
-            before = acc.journal.runs_before
-            acc.journal.load_prefix = lambda: self.runs()[:before]
+        acc, self._cursor = _rows.resume(self, row, genesis_config)
+        self._checkpointed = self._cursor.entries
         head = self._read_head(conn)
         self._sync(conn, acc, head)
         return acc
@@ -508,32 +490,9 @@ class PostgresStore:
     # -- replay --------------------------------------------------------------------------------
     def _sync(self, conn: Any, acc: Accounting, head: _Cursor) -> None:
         """Replay what other clients appended; fail closed on anything else."""
-        mine = self._cursor
-        assert mine is not None
-        if head.as_tuple() == mine.as_tuple():
-            return
-        if head.entries < mine.entries or (head.entries == mine.entries
-                                           and head.last_count < mine.last_count):
-            raise LedgerStateError(
-                f"{self.path}: the journal went backwards ({mine.entries} rows seen, "
-                f"{head.entries} now): rows were deleted or the database was restored from an "
-                "older copy. A ledger never goes backwards; refusing every charge")
-        start = max(mine.entries - 2, 0)
-        rows = conn.execute(f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND "
-                            "idx >= %s ORDER BY idx", (self.ledger, start)).fetchall()
-        known = list(range(start, mine.entries))
-        if [r[0] for r in rows[:len(known)]] != known:
-            raise LedgerStateError(f"{self.path}: journal rows this ledger replayed are missing")
-        for row in rows:
-            if row[0] == mine.entries - 2:
-                if row[9] != mine.prev:
-                    raise LedgerStateError(f"{self.path}: journal row {row[0]} changed after "
-                                           "this ledger replayed it")
-                continue
-            _rows.replay_row(self, conn, acc, row, mine)
-        if mine.as_tuple() != head.as_tuple():
-            raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
-                                   f"({mine.entries} rows replayed, the head says {head.entries})")
+        _rows.sync(self, conn, acc, head, lambda start: conn.execute(
+            f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx >= %s ORDER BY "
+            "idx", (self.ledger, start)).fetchall())
 
     @staticmethod
     def _check_fix(acc: Accounting, fixed: Any, where: str) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import gc
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from privguard import _config
@@ -59,6 +59,68 @@ def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
         return int(count), float(first), float(last), int(pid)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LedgerStateError(f"{where} is unreadable ({exc})") from None
+
+
+def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounting, Cursor]:
+    """The accounting and cursor at a checkpoint row (entries, last_count, head, prev,
+    snapshot, mac), or at the genesis for None; the rows after it are replayed next.
+
+    ``store`` supplies ``path``, ``genesis``, ``_checkpoint_mac`` and ``runs`` (the journal
+    before the checkpoint, loaded only if asked for).
+    """
+    if row is None:
+        genesis = str(store.genesis)
+        return Accounting(genesis_config, fix_now=False), Cursor(0, 0, genesis, genesis, None)
+    entries, last_count, head, prev, snapshot, mac = row
+    cursor = Cursor(int(entries), int(last_count), head, prev, None)
+    if mac != store._checkpoint_mac(cursor, snapshot):
+        raise LedgerStateError(f"{store.path}: checkpoint at row {entries} fails its digest "
+                               "(edited or corrupted)")
+    try:
+        snap = json.loads(snapshot)
+        acc = Accounting.from_snapshot(snap["accounting"])
+        cursor.last_kind = snap["last_kind"]
+    except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
+        raise LedgerStateError(f"{store.path}: checkpoint at row {entries} is unreadable "
+                               f"({exc})") from exc
+    before = acc.journal.runs_before
+    acc.journal.load_prefix = lambda: store.runs()[:before]
+    return acc, cursor
+
+
+def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
+         rows_from: Callable[[int], list[tuple]]) -> None:
+    """Replay what other writers appended since ``store._cursor``; fail closed on anything
+    else (a journal that went backwards, rows replayed before that changed or vanished).
+
+    ``rows_from(start)`` returns the journal rows from index ``start`` on, in order.
+    """
+    mine = store._cursor
+    assert mine is not None
+    if head.as_tuple() == mine.as_tuple():
+        return
+    if head.entries < mine.entries or (head.entries == mine.entries
+                                       and head.last_count < mine.last_count):
+        raise LedgerStateError(
+            f"{store.path}: the journal went backwards ({mine.entries} rows seen, "
+            f"{head.entries} now): rows were deleted or the ledger was restored from an "
+            "older copy. A ledger never goes backwards; refusing every charge")
+    start = max(mine.entries - 2, 0)
+    rows = rows_from(start)
+    known = list(range(start, mine.entries))  # the last one or two rows already replayed
+    if [r[0] for r in rows[:len(known)]] != known:
+        raise LedgerStateError(f"{store.path}: journal rows this ledger replayed are missing "
+                               "(deleted or truncated)")
+    for row in rows:
+        if row[0] == mine.entries - 2:
+            if row[9] != mine.prev:
+                raise LedgerStateError(f"{store.path}: journal row {row[0]} changed after "
+                                       "this ledger replayed it")
+            continue
+        replay_row(store, conn, acc, row, mine)
+    if mine.as_tuple() != head.as_tuple():
+        raise LedgerStateError(f"{store.path}: the journal does not replay to its head "
+                               f"({mine.entries} rows replayed, the head says {head.entries})")
 
 
 def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) -> None:

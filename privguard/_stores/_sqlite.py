@@ -331,25 +331,7 @@ class SQLiteStore:
         """The accounting at the newest checkpoint, then the rows after it replayed."""
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
-        if row is None:
-            acc = Accounting(genesis_config, fix_now=False)
-            self._cursor = _Cursor(0, 0, str(self.genesis), str(self.genesis), None)
-        else:
-            entries, last_count, head, prev, snapshot, mac = row
-            cursor = _Cursor(int(entries), int(last_count), head, prev, None)
-            if mac != self._checkpoint_mac(cursor, snapshot):
-                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} fails its "
-                                       "digest (edited or corrupted)")
-            try:
-                snap = json.loads(snapshot)
-                acc = Accounting.from_snapshot(snap["accounting"])
-                cursor.last_kind = snap["last_kind"]
-            except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
-                raise LedgerStateError(f"{self.path}: checkpoint at row {entries} is "
-                                       f"unreadable ({exc})") from exc
-            self._cursor = cursor
-            before = acc.journal.runs_before
-            acc.journal.load_prefix = lambda: self.runs()[:before]
+        acc, self._cursor = _rows.resume(self, row, genesis_config)
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
         return acc
@@ -398,34 +380,9 @@ class SQLiteStore:
         if fid is None or fid[0] != self.file_id:
             raise LedgerStateError(f"{self.path} is no longer the ledger file this ledger "
                                    "opened (its identity changed)")
-        head, mine = self._read_head(conn), self._cursor
-        assert mine is not None
-        if head.as_tuple() == mine.as_tuple():
-            return
-        if head.entries < mine.entries or (head.entries == mine.entries
-                                           and head.last_count < mine.last_count):
-            raise LedgerStateError(
-                f"{self.path}: the journal went backwards ({mine.entries} rows seen, "
-                f"{head.entries} now): rows were deleted or the file was restored from an "
-                "older copy. A ledger never goes backwards; refusing every charge")
-        start = max(mine.entries - 2, 0)
-        rows = conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
-                            "digest FROM entries WHERE idx >= ? ORDER BY idx", (start,)).fetchall()
-        known = list(range(start, mine.entries))  # the last one or two rows already replayed
-        if [r[0] for r in rows[:len(known)]] != known:
-            raise LedgerStateError(f"{self.path}: journal rows this ledger replayed are missing "
-                                   "(deleted or truncated)")
-        for row in rows:
-            idx = row[0]
-            if idx == mine.entries - 2:
-                if row[9] != mine.prev:
-                    raise LedgerStateError(f"{self.path}: journal row {idx} changed after this "
-                                           "ledger replayed it")
-                continue
-            _rows.replay_row(self, conn, acc, row, mine)
-        if mine.as_tuple() != head.as_tuple():
-            raise LedgerStateError(f"{self.path}: the journal does not replay to its head "
-                                   f"({mine.entries} rows replayed, the head says {head.entries})")
+        _rows.sync(self, conn, acc, self._read_head(conn), lambda start: conn.execute(
+            "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
+            "WHERE idx >= ? ORDER BY idx", (start,)).fetchall())
 
     def _check_fix(self, acc: Accounting, fixed: Any, where: str) -> None:
         """A fix row is the file's own (one writer's journal, under its digest chain)."""
