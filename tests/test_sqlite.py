@@ -432,7 +432,9 @@ def test_a_rewritten_checkpoint_fails_closed(tmp_path, snapshot):
         Ledger.open(path)
 
 
-@pytest.mark.parametrize("body", ["[1, 2]", '"text"', '{"event": "retarget", "old": 3}'])
+@pytest.mark.parametrize("body", ["[1, 2]", '"text"', '{"event": "retarget", "old": 3}',
+                                  '{"event":' + "[" * 100_000 + "]" * 100_000 + "}"],
+                         ids=["list", "string", "bad-retarget", "nested-too-deep"])
 def test_a_rechained_event_that_is_not_an_object_fails_closed(tmp_path, body):
     # unkeyed, a forger can re-chain any body: what it says is still checked, and an
     # event that is not a JSON object is a LedgerStateError, not an AttributeError

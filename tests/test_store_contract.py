@@ -86,15 +86,6 @@ KINDS = {"memory": MemoryKind, "sqlite": SQLiteKind, "postgres": PostgresKind,
          "postgres-charger": PostgresChargerKind}
 
 
-@pytest.fixture(scope="session")
-def pg_server():
-    """The suite's PostgreSQL server, shut down at the end of the session."""
-    if _pgserver.binaries() is None:
-        pytest.skip(_pgserver.SKIP_REASON)
-    yield _pgserver.server()
-    _pgserver.stop()
-
-
 @pytest.fixture(params=list(KINDS), ids=list(KINDS))
 def kind(request, tmp_path):
     if request.param.startswith("postgres"):

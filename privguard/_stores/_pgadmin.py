@@ -63,13 +63,7 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
                 # an open transaction (a stopped or hostile job) must not hold it for long.
                 conn.execute(sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout "
                                      "= '60s'").format(sql.Identifier(charger)))
-                bad = conn.execute(
-                    "SELECT rolsuper OR rolbypassrls OR pg_has_role(%s, %s, 'MEMBER') FROM "
-                    "pg_roles WHERE rolname = %s", (charger, owner, charger)).fetchone()[0]
-                if bad:
-                    raise LedgerStateError(
-                        f"{shown}: role {charger!r} is a superuser or a member of {owner!r}; a "
-                        "charging role must not be able to act as the owner")
+                _refuse_powerful(conn, charger, owner, shown)
                 me = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
                                   ).fetchone()[0]
                 if not me and not conn.execute("SELECT pg_has_role(current_user, %s, 'MEMBER')",
@@ -100,16 +94,62 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
                     conn.execute(statement)
                 conn.execute("INSERT INTO privguard.chargers VALUES (%s, %s) ON CONFLICT DO "
                              "NOTHING", (ledger, charger))
+                _refuse_powerful(conn, charger, owner, shown)  # before the grants commit
     except pg.Error as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        secret = _pgurl.password(url)
-        if secret:
-            detail = detail.replace(secret, "***")
+        detail = _pgurl.scrub(detail, url)
         raise LedgerStateError(f"{shown}: server-init failed ({detail})") from exc
     return {"schema_owner": owner, "charger": charger, "ledger": ledger,
             "target": [acc.config.epsilon, acc.config.delta],
             "charges": acc.journal.charges,
             "charger_url": _pgurl.with_user(_with_ledger(url, ledger), charger)}
+
+
+# Predefined roles whose members can write any table, server files or run programs.
+_WRITERS = ("pg_write_all_data", "pg_write_server_files", "pg_execute_server_program")
+_TABLES = ("meta", "ledgers", "chargers", "mechanisms", "entries", "checkpoints")
+
+
+def _refuse_powerful(conn: Any, charger: str, owner: str, shown: str) -> None:
+    """Refuse a charging role that could act as the owner, write a table or bypass a rule.
+
+    The role model holds only if the charging role's sole way to write is the
+    four charging functions: a role that may create roles can grant itself the
+    owner role, and a member of ``pg_write_all_data`` can insert a checkpoint.
+    """
+    reasons = []
+    attrs = conn.execute("SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles WHERE "
+                         "rolname = %s", (charger,)).fetchone()
+    for flag, what in zip(attrs, ("SUPERUSER", "BYPASSRLS", "CREATEROLE (it can grant "
+                                  "itself any role)")):
+        if flag:
+            reasons.append(what)
+    for role in (owner, *_WRITERS):
+        if conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (charger, role)).fetchone()[0]:
+            reasons.append(f"membership in {role}")
+    if conn.execute("SELECT to_regnamespace('privguard') IS NOT NULL").fetchone()[0]:
+        if conn.execute("SELECT has_schema_privilege(%s, 'privguard', 'CREATE')",
+                        (charger,)).fetchone()[0]:
+            reasons.append("CREATE on schema privguard")
+        for table in _TABLES:
+            if conn.execute("SELECT has_table_privilege(%s, %s, 'INSERT, UPDATE, DELETE, "
+                            "TRUNCATE, TRIGGER')", (charger, f"privguard.{table}")).fetchone()[0]:
+                reasons.append(f"a write privilege on privguard.{table}")
+        owned = conn.execute(
+            "SELECT count(*) FROM (SELECT relowner AS o FROM pg_class WHERE relnamespace = "
+            "'privguard'::regnamespace UNION ALL SELECT proowner FROM pg_proc WHERE "
+            "pronamespace = 'privguard'::regnamespace) x WHERE pg_has_role(%s, x.o, 'USAGE')",
+            (charger,)).fetchone()[0]
+        if owned:
+            reasons.append(f"ownership of {owned} privguard objects")
+        if conn.execute("SELECT has_function_privilege(%s, 'privguard.append_event(text, text, "
+                        "bigint, text, text, text, text)', 'EXECUTE')", (charger,)).fetchone()[0]:
+            reasons.append("EXECUTE on privguard.append_event (retargets)")
+    if reasons:
+        raise LedgerStateError(
+            f"{shown}: role {charger!r} cannot be a charging role: it has "
+            f"{'; '.join(reasons)}. A charging role must be unable to act as the owner or to "
+            "write privguard's tables; use a plain LOGIN role")
 
 
 def _with_ledger(url: str, ledger: str) -> str:

@@ -8,7 +8,9 @@ run (or the one row that fixes the plan, before the first run) and raise the
 count of the newest run. It cannot update or delete a row, change a target
 or write a checkpoint. Row triggers hold the same rules for every role, the
 owner's own functions included: journal rows are insert-only except that the
-newest run's count may grow, the head always describes the rows, the
+newest run's count may grow, a run's numbers are present and its times
+finite, a checkpoint is written at the head only, the head always describes
+the rows, the
 configuration changes only together with an appended event row, and no
 journal, head, mechanism or checkpoint row is ever deleted.
 
@@ -19,7 +21,9 @@ fix row holds what this library derives from its plan.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+# 2: NOT NULL run fields, finite times, mechanisms looked up by (digest, body) without a
+# unique index on the body, checkpoints only at the head (version 1 was never released).
+SCHEMA_VERSION = 2
 
 # Functions a charging role may execute (signatures as GRANT spells them).
 CHARGING_FUNCTIONS = [
@@ -74,8 +78,11 @@ STATEMENTS = [
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         ledger text NOT NULL REFERENCES privguard.ledgers (name),
         body text NOT NULL,
-        digest text NOT NULL,
-        UNIQUE (ledger, body))""",
+        digest text NOT NULL)""",
+    # A mechanism is found by its digest and body, under the ledger's lock (so never twice):
+    # a row registered with a wrong digest is never returned for the right one. No unique
+    # index on the body, which can exceed an index row (a raw RDP curve on a fine grid).
+    "CREATE INDEX mechanisms_by_digest ON privguard.mechanisms (ledger, digest)",
     """CREATE TABLE privguard.entries (
         ledger text NOT NULL REFERENCES privguard.ledgers (name),
         idx bigint NOT NULL CHECK (idx >= 0),
@@ -89,9 +96,12 @@ STATEMENTS = [
         body text,
         digest text NOT NULL,
         PRIMARY KEY (ledger, idx),
-        CHECK (kind <> 'run' OR (mech IS NOT NULL AND count >= 1 AND first IS NOT NULL
-                                 AND last >= first AND body IS NULL)),
-        CHECK (kind = 'run' OR (body IS NOT NULL AND mech IS NULL AND count IS NULL)))""",
+        CONSTRAINT run_fields CHECK (kind <> 'run' OR (
+            mech IS NOT NULL AND count IS NOT NULL AND count >= 1 AND pid IS NOT NULL
+            AND first IS NOT NULL AND last IS NOT NULL AND first > '-Infinity'::float8
+            AND last < 'Infinity'::float8 AND last >= first AND body IS NULL)),
+        CONSTRAINT body_fields CHECK (kind = 'run' OR (
+            body IS NOT NULL AND mech IS NULL AND count IS NULL)))""",
     """CREATE TABLE privguard.checkpoints (
         ledger text NOT NULL REFERENCES privguard.ledgers (name),
         entries bigint NOT NULL,
@@ -124,7 +134,8 @@ STATEMENTS = [
          OR NEW.mech IS DISTINCT FROM OLD.mech OR NEW.label IS DISTINCT FROM OLD.label
          OR NEW.pid IS DISTINCT FROM OLD.pid OR NEW.first IS DISTINCT FROM OLD.first
          OR NEW.body IS DISTINCT FROM OLD.body OR OLD.kind <> 'run'
-         OR NOT NEW.count > OLD.count OR NOT NEW.last >= OLD.last OR OLD.idx <> n - 1 THEN
+         OR NOT coalesce(NEW.count > OLD.count AND NEW.last >= OLD.last, false)
+         OR OLD.idx <> n - 1 THEN
         RAISE EXCEPTION 'privguard: a journal row never changes, except that the newest run''s '
           'count grows' USING ERRCODE = 'insufficient_privilege';
       END IF;
@@ -162,6 +173,19 @@ STATEMENTS = [
       END IF;
       RETURN NEW;
     END $$""",
+    """CREATE FUNCTION privguard.guard_checkpoint() RETURNS trigger LANGUAGE plpgsql
+       SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+      IF NOT EXISTS (SELECT 1 FROM privguard.ledgers l WHERE l.name = NEW.ledger
+                     AND l.entries = NEW.entries AND l.last_count = NEW.last_count
+                     AND l.head = NEW.head AND l.prev = NEW.prev) THEN
+        RAISE EXCEPTION 'privguard: a checkpoint is written at the journal''s head only'
+          USING ERRCODE = 'check_violation';
+      END IF;
+      RETURN NEW;
+    END $$""",
+    """CREATE TRIGGER checkpoints_at_head BEFORE INSERT ON privguard.checkpoints
+       FOR EACH ROW EXECUTE FUNCTION privguard.guard_checkpoint()""",
     """CREATE TRIGGER entries_append_only BEFORE INSERT OR UPDATE ON privguard.entries
        FOR EACH ROW EXECUTE FUNCTION privguard.guard_entry()""",
     """CREATE TRIGGER head_monotone BEFORE INSERT OR UPDATE ON privguard.ledgers
@@ -192,7 +216,8 @@ STATEMENTS = [
     BEGIN
       {_CHECK_CALLER}
       {_LOCK}
-      SELECT id INTO v FROM privguard.mechanisms WHERE ledger = p_ledger AND body = p_body;
+      SELECT id INTO v FROM privguard.mechanisms WHERE ledger = p_ledger
+        AND digest = p_digest AND body = p_body;
       IF v IS NULL THEN
         INSERT INTO privguard.mechanisms (ledger, body, digest)
           VALUES (p_ledger, p_body, p_digest) RETURNING id INTO v;

@@ -36,6 +36,12 @@ def parse(url: str) -> tuple[str, str, str]:
     if not is_postgres_url(url):
         raise InvalidArgumentError("path", _masked(url), "must be a postgresql:// URL")
     try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = _masked(url).encode("utf-8", "backslashreplace").decode("utf-8")
+        raise InvalidArgumentError("path", shown, "must be valid Unicode text (it holds a "
+                                   "lone surrogate)") from None
+    try:
         parts = urllib.parse.urlsplit(url)
         query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
@@ -52,16 +58,40 @@ def parse(url: str) -> tuple[str, str, str]:
     return conninfo, name, _masked(url)
 
 
-def password(url: str) -> str | None:
-    """The password in ``url`` (authority or ``password=`` parameter), to scrub from messages."""
+def secrets(url: str) -> list[str]:
+    """Every spelling of a password in ``url`` (authority or ``password=`` parameter, as
+    written and percent-decoded), longest first, to scrub from messages."""
     try:
         parts = urllib.parse.urlsplit(url)
-        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
-        return None
-    given = [v for k, v in pairs if k.lower() == "password"]
-    secret = parts.password or (given[0] if given else None)
-    return urllib.parse.unquote(secret) if secret else None
+        return []
+    found = []
+    userinfo = parts.netloc.rsplit("@", 1)[0] if "@" in parts.netloc else ""
+    if ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    for pair in parts.query.split("&"):
+        key, _, value = pair.partition("=")
+        if _is_password_key(key):
+            found.append(value)
+    spelled = {form for raw in found
+               for form in (raw, urllib.parse.unquote(raw), urllib.parse.unquote_plus(raw))}
+    return sorted((form for form in spelled if form), key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a driver's message, say) with every spelling of ``url``'s password masked.
+
+    Example:
+        >>> scrub("bad value: TOP%20SECRET", "postgresql://u:TOP%20SECRET@h/db")
+        'bad value: ***'
+    """
+    for secret in secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _is_password_key(key: str) -> bool:
+    return urllib.parse.unquote_plus(key).strip().lower() == "password"
 
 
 def _masked(url: str) -> str:
@@ -75,11 +105,8 @@ def _masked(url: str) -> str:
         userinfo, host = netloc.rsplit("@", 1)
         if ":" in userinfo:
             netloc = userinfo.split(":", 1)[0] + ":***@" + host
-    query = parts.query
-    if "password" in query.lower():
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        query = "&".join(f"{k}=***" if k.lower() == "password" else
-                         urllib.parse.urlencode([(k, v)]) for k, v in pairs)
+    query = "&".join(f"{pair.partition('=')[0]}=***" if _is_password_key(pair.partition("=")[0])
+                     else pair for pair in parts.query.split("&")) if parts.query else ""
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 

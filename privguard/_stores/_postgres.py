@@ -35,7 +35,6 @@ of the journal) and must be reopened, unless the charge was recorded.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -45,7 +44,7 @@ from typing import Any
 
 from privguard import _config
 from privguard._accounting import Accounting, Change
-from privguard._base import Mechanism, mechanism_from_dict
+from privguard._base import Mechanism
 from privguard._config import Config
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity
@@ -148,9 +147,7 @@ class PostgresStore:
     def _error(self, exc: Exception, what: str) -> LedgerStateError:
         pg = self._pg
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        secret = _pgurl.password(self._url)
-        if secret:
-            detail = detail.replace(secret, "***")
+        detail = _pgurl.scrub(detail, self._url)
         if isinstance(exc, pg.errors.InsufficientPrivilege):
             return LedgerStateError(f"{self.path}: {what}: permission denied to this role "
                                     f"({detail})")
@@ -172,7 +169,7 @@ class PostgresStore:
         if write:
             conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; "
                          "SET LOCAL synchronous_commit = on; "
-                         f"SET LOCAL lock_timeout = '{int(self.timeout * 1000)}ms'")
+                         f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'")
             row = conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,)).fetchone()
         else:
             # One snapshot for the head and the rows: a concurrent commit cannot split them.
@@ -353,7 +350,9 @@ class PostgresStore:
         if self.read_only:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         else:
-            conn.execute("BEGIN; SET LOCAL synchronous_commit = on")
+            # The owner's open waits for the head's lock like a charge does, never forever.
+            conn.execute("BEGIN; SET LOCAL synchronous_commit = on; "
+                         f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'")
         if not self._schema_exists(conn):
             if not create:
                 raise LedgerStateError(f"{self.path}: this database has no privguard schema "
@@ -417,8 +416,8 @@ class PostgresStore:
         self.ledger_id = ledger_id
         self.integrity.require_matches(bool(keyed), check, self.path)
         try:
-            genesis_dict = json.loads(genesis_text)
-            current_dict = json.loads(config_text)
+            genesis_dict = _rows.loads(genesis_text, f"{self.path}: ledger metadata")
+            current_dict = _rows.loads(config_text, f"{self.path}: ledger metadata")
             genesis_config = _config.from_dict(genesis_dict)
             current = _config.from_dict(current_dict)
         except (PrivguardError, KeyError, TypeError, ValueError) as exc:
@@ -504,19 +503,7 @@ class PostgresStore:
             return got
         row = conn.execute("SELECT body, digest FROM privguard.mechanisms WHERE id = %s AND "
                            "ledger = %s", (mech_id, self.ledger)).fetchone()
-        if row is None:
-            raise LedgerStateError(f"{where} names a mechanism that is not in the ledger")
-        body, digest = row
-        if self.integrity.digest("mechanism", body) != digest:
-            raise LedgerStateError(f"{where}: its mechanism fails its digest (edited)")
-        try:
-            mechanism = mechanism_from_dict(json.loads(body))
-        except (PrivguardError, ValueError) as exc:
-            raise LedgerStateError(f"{where}: its mechanism is unreadable ({exc})") from exc
-        self._mechs[mech_id] = (mechanism, digest)
-        self._mech_ids[body] = mech_id
-        self._body_of[mechanism] = body
-        return mechanism, digest
+        return _rows.decode_mechanism(self, mech_id, row, where)
 
     # -- writing -------------------------------------------------------------------------------
     def _write_guarded(self, acc: Accounting, changes: list[Change]) -> None:

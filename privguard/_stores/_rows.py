@@ -12,6 +12,7 @@ from typing import Any
 
 from privguard import _config
 from privguard._accounting import Accounting
+from privguard._base import Mechanism, mechanism_from_dict
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._journal import Run
 
@@ -48,6 +49,38 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def loads(text: Any, where: str) -> Any:
+    """JSON read back from a store; anything unreadable fails closed with LedgerStateError.
+
+    Unreadable includes NULL (TypeError) and nesting deeper than the parser's
+    recursion limit (RecursionError), which a party that can write rows could
+    otherwise use to make a replay raise a built-in exception.
+    """
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise LedgerStateError(f"{where} is unreadable ({type(exc).__name__})") from None
+
+
+def decode_mechanism(store: Any, mech_id: Any, row: tuple | None, where: str
+                     ) -> tuple[Mechanism, str]:
+    """A mechanism row (body, digest) read back, checked against its digest, decoded and
+    cached in ``store`` (``_mechs``, ``_mech_ids``, ``_body_of``) under ``mech_id``."""
+    if row is None:
+        raise LedgerStateError(f"{where} names a mechanism that is not in the ledger")
+    body, digest = row
+    if not isinstance(body, str) or store.integrity.digest("mechanism", body) != digest:
+        raise LedgerStateError(f"{where}: its mechanism fails its digest (edited)")
+    try:
+        mechanism = mechanism_from_dict(loads(body, f"{where}: its mechanism"))
+    except (PrivguardError, TypeError, ValueError, RecursionError) as exc:
+        raise LedgerStateError(f"{where}: its mechanism is unreadable ({exc})") from None
+    store._mechs[mech_id] = (mechanism, digest)
+    store._mech_ids[body] = mech_id
+    store._body_of[mechanism] = body
+    return mechanism, digest
+
+
 def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
                 ) -> tuple[int, float, float, int]:
     """A run row's (count, first time, last time, pid) as read back.
@@ -77,10 +110,10 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
         raise LedgerStateError(f"{store.path}: checkpoint at row {entries} fails its digest "
                                "(edited or corrupted)")
     try:
-        snap = json.loads(snapshot)
+        snap = loads(snapshot, f"{store.path}: checkpoint at row {entries}")
         acc = Accounting.from_snapshot(snap["accounting"])
         cursor.last_kind = snap["last_kind"]
-    except (KeyError, TypeError, ValueError, LedgerStateError) as exc:
+    except (KeyError, TypeError, ValueError, RecursionError, LedgerStateError) as exc:
         raise LedgerStateError(f"{store.path}: checkpoint at row {entries} is unreadable "
                                f"({exc})") from exc
     before = acc.journal.runs_before
@@ -147,10 +180,7 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
             if digest != c.digest:
                 raise LedgerStateError(f"{where} changed after this ledger replayed it")
             return
-        try:
-            parsed = json.loads(body)
-        except (TypeError, ValueError) as exc:
-            raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+        parsed = loads(body, where)
         if not isinstance(parsed, dict):
             raise LedgerStateError(f"{where} is unreadable (not a JSON object)")
         computed = store._entry_digest(prev, idx, kind, [body])
@@ -216,10 +246,7 @@ def checked_items(store: Any, conn: Any, rows: Iterable[tuple]) -> list[Any]:
             runs, start = runs + 1, start + count
         else:
             fields = [body]
-            try:
-                items.append([kind, json.loads(body)])
-            except (TypeError, ValueError) as exc:
-                raise LedgerStateError(f"{where} is unreadable ({exc})") from exc
+            items.append([kind, loads(body, where)])
         if store._entry_digest(prev, idx, kind, fields) != digest:
             raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                    "corrupted)")
@@ -295,7 +322,7 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
         raise LedgerStateError(f"{where} fails its digest")
     now = acc.snapshot()
     try:
-        snap = json.loads(snapshot)["accounting"]
+        snap = loads(snapshot, where)["accounting"]
         # The row it ends on may have grown since it was written; all else must agree.
         same = recorded.prev == cursor.prev and all(
             snap[k] == now[k] for k in ("config", "fixed", "events"))

@@ -49,9 +49,9 @@ from typing import Any
 
 from privguard import _config
 from privguard._accounting import Accounting, Change
-from privguard._base import Mechanism, mechanism_from_dict
+from privguard._base import Mechanism
 from privguard._config import Config
-from privguard._errors import LedgerStateError, PrivguardError
+from privguard._errors import LedgerStateError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
 from privguard._stores import _rows
@@ -265,11 +265,9 @@ class SQLiteStore:
         check = conn.execute("SELECT value FROM meta WHERE key='key_check'").fetchone()
         self.integrity.require_matches(keyed == "1", None if check is None else check[0],
                                        self.path)
-        try:
-            genesis_dict = json.loads(self._get(conn, "genesis_config", self.path))
-            current_dict = json.loads(self._get(conn, "config", self.path))
-        except ValueError as exc:
-            raise LedgerStateError(f"{self.path}: ledger metadata unreadable ({exc})") from exc
+        where = f"{self.path}: ledger metadata"
+        genesis_dict = _rows.loads(self._get(conn, "genesis_config", self.path), where)
+        current_dict = _rows.loads(self._get(conn, "config", self.path), where)
         genesis = self._genesis_digest(genesis_dict)
         if genesis != self._get(conn, "genesis", self.path):
             raise LedgerStateError(f"{self.path}: the configuration it was created with was "
@@ -394,19 +392,7 @@ class SQLiteStore:
             return got
         row = conn.execute("SELECT body, digest FROM mechanisms WHERE id = ?",
                            (mech_id,)).fetchone()
-        if row is None:
-            raise LedgerStateError(f"{where} names a mechanism that is not in the file")
-        body, digest = row
-        if self.integrity.digest("mechanism", body) != digest:
-            raise LedgerStateError(f"{where}: its mechanism fails its digest (edited)")
-        try:
-            mechanism = mechanism_from_dict(json.loads(body))
-        except (PrivguardError, ValueError) as exc:
-            raise LedgerStateError(f"{where}: its mechanism is unreadable ({exc})") from exc
-        self._mechs[mech_id] = (mechanism, digest)
-        self._mech_ids[body] = mech_id
-        self._body_of[mechanism] = body
-        return mechanism, digest
+        return _rows.decode_mechanism(self, mech_id, row, where)
 
     # -- writing ------------------------------------------------------------------------------
     def _mechanism_id(self, conn: sqlite3.Connection, mechanism: Mechanism) -> tuple[int, str]:
