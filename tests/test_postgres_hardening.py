@@ -63,18 +63,23 @@ def _append_run(pg, store, mech_id, mech_digest, pid="1", count="1", first="0", 
 
 # -- server-init -------------------------------------------------------------------------------
 @pytest.mark.parametrize("power", ["CREATEROLE", "IN ROLE pg_write_all_data",
-                                   "IN ROLE pg_execute_server_program", "grant"])
+                                   "IN ROLE pg_execute_server_program", "grant", "group"])
 def test_server_init_refuses_a_charging_role_that_could_write_or_become_owner(pg_server, power):
     srv = pg_server
     db, role = srv.new_database(), "r" + uuid.uuid4().hex[:8]
     url, owner = srv.url(db=db), "o" + role
-    srv.admin(f"CREATE ROLE {role} LOGIN{'' if power == 'grant' else ' ' + power}")
-    if power == "grant":  # a plain role, set up, then given a write privilege by hand
-        server_init(url, "team", 3.0, 1e-5, charger=role, owner=owner)
-        srv.admin(f"GRANT INSERT ON privguard.checkpoints TO {role}", db=db)
+    plain = power in ("grant", "group")
+    srv.admin(f"CREATE ROLE {role} LOGIN{' NOINHERIT' if plain else ' ' + power}")
+    if plain:  # a plain role, set up, then given a write privilege by hand: its own, or
+        server_init(url, "team", 3.0, 1e-5, charger=role, owner=owner)  # a group's it can
+        grantee = role if power == "grant" else "w" + role  # SET ROLE to (NOINHERIT or not)
+        if power == "group":
+            srv.admin(f"CREATE ROLE {grantee} NOLOGIN")
+            srv.admin(f"GRANT {grantee} TO {role}")
+        srv.admin(f"GRANT INSERT ON privguard.checkpoints TO {grantee}", db=db)
     with pytest.raises(LedgerStateError, match=f"role '{role}' cannot be a charging role"):
         server_init(url, "team", 3.0, 1e-5, charger=role, owner=owner)
-    if power != "grant":  # refused before anything was created or granted
+    if not plain:  # refused before anything was created or granted
         assert srv.admin("SELECT to_regnamespace('privguard') IS NULL", db=db) == [(True,)]
     else:  # refused again, and its grants stay what they were (no EXECUTE on append_event)
         assert srv.admin("SELECT has_function_privilege(%s, 'privguard.append_event(text, "

@@ -116,35 +116,42 @@ def _refuse_powerful(conn: Any, charger: str, owner: str, shown: str) -> None:
     The role model holds only if the charging role's sole way to write is the
     four charging functions: a role that may create roles can grant itself the
     owner role, and a member of ``pg_write_all_data`` can insert a checkpoint.
+    Every role it can ``SET ROLE`` to counts as itself (``NOINHERIT`` or not).
     """
     reasons = []
-    attrs = conn.execute("SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles WHERE "
-                         "rolname = %s", (charger,)).fetchone()
-    for flag, what in zip(attrs, ("SUPERUSER", "BYPASSRLS", "CREATEROLE (it can grant "
-                                  "itself any role)")):
-        if flag:
-            reasons.append(what)
-    for role in (owner, *_WRITERS):
-        if conn.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (charger, role)).fetchone()[0]:
+    schema = conn.execute("SELECT to_regnamespace('privguard') IS NOT NULL").fetchone()[0]
+    roles = [r for (r,) in conn.execute("SELECT rolname FROM pg_roles WHERE pg_has_role(%s, "
+                                        "oid, 'MEMBER') ORDER BY rolname", (charger,))]
+    for role in roles:
+        via = "" if role == charger else f" (through role {role})"
+        if role == owner or role in _WRITERS:
             reasons.append(f"membership in {role}")
-    if conn.execute("SELECT to_regnamespace('privguard') IS NOT NULL").fetchone()[0]:
+        attrs = conn.execute("SELECT rolsuper, rolbypassrls, rolcreaterole FROM pg_roles "
+                             "WHERE rolname = %s", (role,)).fetchone()
+        reasons += [what + via for flag, what in zip(attrs, (
+            "SUPERUSER", "BYPASSRLS", "CREATEROLE (it can grant itself any role)")) if flag]
+        if not schema:
+            continue
         if conn.execute("SELECT has_schema_privilege(%s, 'privguard', 'CREATE')",
-                        (charger,)).fetchone()[0]:
-            reasons.append("CREATE on schema privguard")
-        for table in _TABLES:
-            if conn.execute("SELECT has_table_privilege(%s, %s, 'INSERT, UPDATE, DELETE, "
-                            "TRUNCATE, TRIGGER')", (charger, f"privguard.{table}")).fetchone()[0]:
-                reasons.append(f"a write privilege on privguard.{table}")
+                        (role,)).fetchone()[0]:
+            reasons.append("CREATE on schema privguard" + via)
+        reasons += [f"a write privilege on privguard.{table}{via}" for table in _TABLES
+                    if conn.execute("SELECT has_table_privilege(%s, %s, 'INSERT, UPDATE, "
+                                    "DELETE, TRUNCATE, TRIGGER')",
+                                    (role, f"privguard.{table}")).fetchone()[0]]
+        if conn.execute("SELECT has_function_privilege(%s, 'privguard.append_event(text, "
+                        "text, bigint, text, text, text, text)', 'EXECUTE')",
+                        (role,)).fetchone()[0]:
+            reasons.append("EXECUTE on privguard.append_event (retargets)" + via)
+    if schema:
         owned = conn.execute(
             "SELECT count(*) FROM (SELECT relowner AS o FROM pg_class WHERE relnamespace = "
             "'privguard'::regnamespace UNION ALL SELECT proowner FROM pg_proc WHERE "
-            "pronamespace = 'privguard'::regnamespace) x WHERE pg_has_role(%s, x.o, 'USAGE')",
+            "pronamespace = 'privguard'::regnamespace UNION ALL SELECT nspowner FROM "
+            "pg_namespace WHERE nspname = 'privguard') x WHERE pg_has_role(%s, x.o, 'MEMBER')",
             (charger,)).fetchone()[0]
         if owned:
             reasons.append(f"ownership of {owned} privguard objects")
-        if conn.execute("SELECT has_function_privilege(%s, 'privguard.append_event(text, text, "
-                        "bigint, text, text, text, text)', 'EXECUTE')", (charger,)).fetchone()[0]:
-            reasons.append("EXECUTE on privguard.append_event (retargets)")
     if reasons:
         raise LedgerStateError(
             f"{shown}: role {charger!r} cannot be a charging role: it has "
