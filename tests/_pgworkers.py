@@ -6,21 +6,7 @@ import os
 import sys
 import time
 
-
-def charge_until_refused(url: str, epsilon: float, attempts: int, queue) -> None:
-    """Open the shared ledger and try ``attempts`` charges; report how many were admitted."""
-    from privguard import BudgetExhausted, Ledger
-    from privguard import mechanisms as M
-
-    ledger = Ledger(epsilon, 1e-5, path=url)
-    admitted = 0
-    for _ in range(attempts):
-        try:
-            ledger.charge(M.SubsampledGaussian(1.0, 0.01), label=f"pid {os.getpid()}")
-            admitted += 1
-        except BudgetExhausted:
-            pass
-    queue.put(admitted)
+from _workers import record_applied
 
 
 def charge_through_restarts(url: str, seconds: float, log_path: str) -> None:
@@ -64,12 +50,7 @@ def train_forever(url: str, counter_path: str) -> None:
         while True:
             ledger.charge(M.SubsampledGaussian(1.0, 16 / 1024), label="train")
             applied += 1  # the update is applied only after the charge returned
-            tmp = counter_path + ".tmp"
-            with open(tmp, "w") as fh:
-                fh.write(str(applied))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, counter_path)
+            record_applied(counter_path, applied)
     except BudgetExhausted:
         print("exhausted", flush=True)
 

@@ -6,12 +6,13 @@ import os
 import sys
 
 
-def charge_until_refused(path: str, attempts: int, queue) -> None:
-    """Open the shared ledger and try ``attempts`` charges; report how many were admitted."""
+def charge_until_refused(path: str, attempts: int, queue, epsilon: float = 2.0) -> None:
+    """Open the shared ledger (a file or a URL) and try ``attempts`` charges; report how
+    many were admitted."""
     from privguard import BudgetExhausted, Ledger
     from privguard import mechanisms as M
 
-    ledger = Ledger(2.0, 1e-5, path=path)
+    ledger = Ledger(epsilon, 1e-5, path=path)
     admitted = 0
     for _ in range(attempts):
         try:
@@ -20,6 +21,16 @@ def charge_until_refused(path: str, attempts: int, queue) -> None:
         except BudgetExhausted:
             pass
     queue.put(admitted)
+
+
+def record_applied(counter_path: str, applied: int) -> None:
+    """Durably write how many updates were applied (fsync'd, then renamed into place)."""
+    tmp = counter_path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(applied))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, counter_path)
 
 
 def train_forever(path: str, counter_path: str) -> None:
@@ -55,12 +66,7 @@ def train_forever(path: str, counter_path: str) -> None:
                 nn.functional.cross_entropy(model(xb), yb).backward()
                 opt.step()  # charged (committed) before the update
                 applied += 1
-                tmp = counter_path + ".tmp"
-                with open(tmp, "w") as fh:
-                    fh.write(str(applied))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, counter_path)
+                record_applied(counter_path, applied)
     except BudgetExhausted:
         print("exhausted", flush=True)
 

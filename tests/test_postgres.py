@@ -21,6 +21,7 @@ import uuid
 
 import _pgserver
 import _pgworkers
+import _workers
 import numpy as np
 import psycopg
 import pytest
@@ -305,8 +306,8 @@ def test_eight_processes_never_overspend_together(pg):
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     attempts = expected // 4  # 8 × attempts = 2 × the budget
-    procs = [ctx.Process(target=_pgworkers.charge_until_refused,
-                         args=(charger_url, 2.0, attempts, queue)) for _ in range(8)]
+    procs = [ctx.Process(target=_workers.charge_until_refused,
+                         args=(charger_url, attempts, queue, 2.0)) for _ in range(8)]
     for p in procs:
         p.start()
     admitted = [queue.get(timeout=300) for _ in procs]
@@ -446,7 +447,10 @@ def test_a_connection_killed_while_waiting_for_the_lock_is_retried(pg):
     job.charge(STEP)
 
 
-def test_a_connection_killed_mid_write_records_nothing_and_says_so(pg):
+def _kill_a_slow_charge(pg, deferred, in_state):
+    """Charge once with a trigger that makes the charge sleep (inside the write, or inside
+    COMMIT if ``deferred``), terminate the client's backend once it is ``in_state``, and
+    return (the job's ledger, the charge's outcome, the charging URL)."""
     srv, db, name = pg
     _owner_url, charger_url = _team(pg)
     job = _filled(charger_url, n=3)
@@ -454,15 +458,23 @@ def test_a_connection_killed_mid_write_records_nothing_and_says_so(pg):
               "$$ BEGIN IF NEW.label = 'slow' THEN PERFORM pg_sleep(30); END IF; RETURN NEW; "
               "END $$", db=db)
     trigger = f"slow_{name}"
-    srv.admin(f"CREATE TRIGGER {trigger} AFTER INSERT ON privguard.entries FOR EACH ROW "
-              "EXECUTE FUNCTION public.slow()", db=db)
+    kind = ("CONSTRAINT TRIGGER", " DEFERRABLE INITIALLY DEFERRED") if deferred else \
+        ("TRIGGER", "")
+    srv.admin(f"CREATE {kind[0]} {trigger} AFTER INSERT ON privguard.entries{kind[1]} FOR "
+              "EACH ROW EXECUTE FUNCTION public.slow()", db=db)
     try:
         thread, result = _charge_in_thread(job, "slow")
-        pid = _backend(srv, db, name, lambda wait, q: "privguard.append" in q)
+        pid = _backend(srv, db, name, in_state)
         srv.admin("SELECT pg_terminate_backend(%s)", (pid,), db=db)
         thread.join(timeout=60)
     finally:
         srv.admin(f"DROP TRIGGER {trigger} ON privguard.entries", db=db)
+    return job, result, charger_url
+
+
+def test_a_connection_killed_mid_write_records_nothing_and_says_so(pg):
+    job, result, charger_url = _kill_a_slow_charge(
+        pg, False, lambda wait, q: "privguard.append" in q)
     assert isinstance(result.get("error"), LedgerStateError), result
     assert "NOT recorded" in str(result["error"])
     with pytest.raises(LedgerStateError):  # its memory ran ahead: it fails closed
@@ -474,22 +486,8 @@ def test_a_connection_killed_mid_write_records_nothing_and_says_so(pg):
 
 
 def test_a_connection_killed_during_commit_is_resolved_as_not_recorded(pg):
-    srv, db, name = pg
-    _, charger_url = _team(pg)
-    job = _filled(charger_url, n=3)
-    srv.admin("CREATE OR REPLACE FUNCTION public.slow() RETURNS trigger LANGUAGE plpgsql AS "
-              "$$ BEGIN IF NEW.label = 'slow' THEN PERFORM pg_sleep(30); END IF; RETURN NEW; "
-              "END $$", db=db)
-    trigger = f"commit_{name}"  # deferred: it runs inside COMMIT
-    srv.admin(f"CREATE CONSTRAINT TRIGGER {trigger} AFTER INSERT ON privguard.entries "
-              "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.slow()", db=db)
-    try:
-        thread, result = _charge_in_thread(job, "slow")
-        pid = _backend(srv, db, name, lambda wait, q: q.strip().upper() == "COMMIT")
-        srv.admin("SELECT pg_terminate_backend(%s)", (pid,), db=db)
-        thread.join(timeout=60)
-    finally:
-        srv.admin(f"DROP TRIGGER {trigger} ON privguard.entries", db=db)
+    _, result, charger_url = _kill_a_slow_charge(
+        pg, True, lambda wait, q: q.strip().upper() == "COMMIT")
     assert "NOT recorded" in str(result.get("error")), result  # read back after reconnecting
     again = Ledger.open(charger_url)
     assert len(again.history) == 4 and again._store.verify()["charges"] == 4
