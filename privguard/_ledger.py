@@ -2,8 +2,10 @@
 
 A thin façade. :mod:`privguard._accounting` decides and applies (pure),
 :mod:`privguard._stores` persist and share the journal, :mod:`privguard._state`
-serialises. The ledger adds one lock around decide-and-apply, listeners, and
-queries; a ledger whose state proved unusable refuses everything (fail closed).
+serialises. The ledger adds one lock around decide-and-apply; its queries
+(:mod:`privguard._ledger_queries`), listeners (:mod:`privguard._listeners`) and
+state (:mod:`privguard._ledger_state`) are mixins. A ledger whose state proved
+unusable refuses everything (fail closed).
 """
 
 from __future__ import annotations
@@ -16,18 +18,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from privguard import _config
 from privguard import _validation as check
 from privguard._accounting import Accounting, check_label
 from privguard._base import Mechanism
-from privguard._curve import RDPCurve
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
-from privguard._journal import ChargeRecord, History, Run
+from privguard._journal import ChargeRecord
+from privguard._ledger_queries import LedgerQueries
 from privguard._ledger_state import LedgerState
+from privguard._listeners import LedgerListeners
 from privguard._plan import Plan
-from privguard._results import Guarantee, LedgerEvent, Remaining, guarantee_of
+from privguard._results import LedgerEvent
 from privguard._stores import MemoryStore, open_store
 
 
@@ -41,7 +42,7 @@ class _GuardedTxn:
         self._ledger._guard(lambda: self._txn.write(acc, changes))
 
 
-class Ledger(LedgerState):
+class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     """The privacy ledger: filter, odometer, journal and listeners over a grid of orders.
 
     Args:
@@ -222,164 +223,6 @@ class Ledger(LedgerState):
         """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records nothing)."""
         with self._synced(write=False):
             return self._acc.decide(mechanism, None, os.getpid()).admitted
-
-    def _notify(self, event: LedgerEvent) -> None:
-        for fn in list(self._listeners):
-            fn(event)
-
-    # --------------------------------------------------------------- queries
-    def epsilon(self, delta: float | None = None) -> float:
-        """The running ε: a bound on the privacy loss valid at any stopping time.
-
-        With probability ≥ 1 − δ, the privacy loss of everything charged so far
-        is at most this value, whatever was chosen adaptively (noise, batch
-        size, which mechanism next) and whenever you stop (docs/theory.md §3).
-        It is a tail bound at exactly ``delta`` (default: the ledger's δ).
-
-        A filter's guarantee is a separate statement: the whole interaction is
-        (ε_target, δ)-DP (:attr:`target`). This value is not capped by the
-        target: the smaller of two statements that each hold at δ holds only
-        at 2δ (docs/theory.md §4). Returns 0.0 before any charge.
-
-        Raises:
-            InvalidArgumentError: no ``delta`` given and the ledger has none.
-        """
-        with self._synced(write=False):
-            return self._acc.epsilon(self._query_delta(delta))
-
-    def guarantee(self) -> Guarantee:
-        """The one statement to report for this ledger, chosen by its configuration.
-
-        With an (ε, δ) filter whose target was fixed before the first charge,
-        it is the filter's: the whole interaction is (ε_target, δ)-DP, however
-        it went. Otherwise it is the odometer's tail bound at the ledger's δ.
-        The choice depends on the configuration only, never on the outcome,
-        so the statement holds at δ; picking the smaller of the two after
-        seeing both would hold only at 2δ (docs/theory.md §4).
-
-        Raises:
-            InvalidArgumentError: the ledger has no δ.
-
-        Example:
-            >>> from privguard import Ledger, mechanisms as M
-            >>> ledger = Ledger(epsilon=3.0, delta=1e-5)
-            >>> _ = ledger.charge(M.Gaussian(10.0))
-            >>> g = ledger.guarantee()
-            >>> g.kind, g.epsilon, g.delta
-            ('filter', 3.0, 1e-05)
-        """
-        with self._synced(write=False):
-            return guarantee_of(self._acc)
-
-    def nonadaptive_epsilon(self, delta: float | None = None) -> float:
-        """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
-
-        NOT a guarantee when noise, batch size or stopping were chosen
-        adaptively: it is valid only for a sequence fixed in advance. Use
-        :meth:`epsilon` for a number you may report.
-        """
-        with self._synced(write=False):
-            return self._acc.nonadaptive_epsilon(self._query_delta(delta))
-
-    def remaining(self, mechanism: Mechanism | None = None) -> Remaining:
-        """What is left; with ``mechanism``, how many more of it would be admitted."""
-        if mechanism is not None and not isinstance(mechanism, Mechanism):
-            raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
-        with self._synced(write=False):
-            return self._remaining(mechanism)
-
-    def _remaining(self, mechanism: Mechanism | None) -> Remaining:
-        acc, delta = self._acc, self._acc.config.delta
-        return Remaining(
-            epsilon_target=acc.config.epsilon,
-            delta=delta,
-            epsilon_spent=None if delta is None else acc.epsilon(delta),
-            headroom=acc.headroom(mechanism or (acc.journal.last.mechanism
-                                                if acc.journal.last else None)),
-            repeats=None if mechanism is None else acc.repeats(mechanism, None, os.getpid()),
-        )
-
-    def _query_delta(self, delta: float | None) -> float:
-        if delta is None:
-            if self._acc.config.delta is None:
-                raise InvalidArgumentError("delta", None, "this ledger has no δ; pass delta=...")
-            return self._acc.config.delta
-        return check.delta("delta", delta)
-
-    @property
-    def orders(self) -> np.ndarray:
-        """The grid of Rényi orders (a read-only numpy array)."""
-        return self._acc.orders
-
-    @property
-    def spent(self) -> np.ndarray:
-        """The composed RDP curve of everything charged, on :attr:`orders` (a new array)."""
-        with self._synced(write=False):
-            return np.array(self._acc.spent())
-
-    @property
-    def spent_curve(self) -> RDPCurve:
-        """:attr:`spent` as an :class:`RDPCurve`."""
-        return RDPCurve._trusted(self.orders, self.spent)
-
-    @property
-    def delta(self) -> float | None:
-        """The ledger's δ (filter and odometer), or None."""
-        return self._acc.config.delta
-
-    @property
-    def target(self) -> tuple[float, float] | None:
-        """The filter's (ε, δ), or None without an (ε, δ) filter."""
-        cfg = self._acc.config
-        return None if cfg.epsilon is None or cfg.delta is None else (cfg.epsilon, cfg.delta)
-
-    @property
-    def plan(self) -> Plan | None:
-        """The plan in force: declared, or fixed from the first charge (None before it)."""
-        with self._synced(write=False):
-            return self._acc.plan
-
-    @property
-    def path(self) -> str | None:
-        """The ledger's file, or None for an in-memory ledger."""
-        return None if self._store is None else self._store.path
-
-    @property
-    def events(self) -> tuple[dict[str, Any], ...]:
-        """Explicit, logged actions recorded in the journal (retargets, migrations)."""
-        with self._synced(write=False):
-            return tuple(self._acc.events)
-
-    @property
-    def runs(self) -> tuple[Run, ...]:
-        """The journal as runs of identical consecutive charges (compact)."""
-        with self._synced(write=False):
-            return tuple(self._acc.journal.runs())
-
-    @property
-    def history(self) -> History:
-        """Every admitted charge, one :class:`ChargeRecord` each, expanded from :attr:`runs`."""
-        return History(self.runs)
-
-    def add_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
-        """Call ``fn(event)`` after every admitted charge and every refusal.
-
-        The event is delivered after the journal is updated; an exception
-        raised by ``fn`` propagates to the caller of ``charge``.
-        """
-        if not callable(fn):
-            raise InvalidArgumentError("listener", fn, "must be callable")
-        self._listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
-        """Stop calling ``fn``.
-
-        Raises:
-            InvalidArgumentError: ``fn`` is not a listener of this ledger.
-        """
-        if fn not in self._listeners:
-            raise InvalidArgumentError("listener", fn, "is not a listener of this ledger")
-        self._listeners.remove(fn)
 
     def child(self, budget: Any, *, delta: float | None = None) -> Ledger:
         """A strict, in-memory sub-ledger for one tuning candidate.
