@@ -64,8 +64,8 @@ def nonadaptive_epsilon(orders: np.ndarray, spent: np.ndarray, delta: float) -> 
 
 def check_label(label: Any) -> str | None:
     """A label is None or a string that UTF-8 can encode (every store can keep it)."""
-    if label is None:
-        return None
+    if label is None or (type(label) is str and label.isascii()):  # ASCII always encodes
+        return label
     if not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")
     try:
@@ -90,6 +90,7 @@ class Accounting:
         self.marks: list[tuple[int, list[Any]]] = []
         self._odometers: dict[float, Odometer] = {}
         self._curves: dict[Mechanism, np.ndarray] = {}
+        self._by_id: dict[int, tuple[Mechanism, np.ndarray]] = {}
         if fix_now and config.plan is not None:  # declared: fixed now, before any output
             flt = self._make_filter(config.plan)
             self.install_fixed(self.derive_fixed(config.plan, flt), flt)
@@ -97,12 +98,21 @@ class Accounting:
 
     # -- curves ----------------------------------------------------------------
     def curve(self, mechanism: Mechanism) -> np.ndarray:
+        hit = self._by_id.get(id(mechanism))
+        if hit is not None and hit[0] is mechanism:
+            return hit[1]
         curve = self._curves.get(mechanism)
         if curve is None:
             curve = mechanism._rdp_checked(self.orders)
             if len(self._curves) >= _CACHE_LIMIT:
                 self._curves.clear()
             self._curves[mechanism] = curve
+        if len(self._by_id) >= _CACHE_LIMIT:
+            self._by_id.clear()
+        # keyed by identity, holding the object (so its id cannot be reused while cached):
+        # a replay meets the same few mechanism objects again and again, and this skips
+        # hashing their parameters
+        self._by_id[id(mechanism)] = (mechanism, curve)
         return curve
 
     # -- choices fixed from the plan ---------------------------------------------
@@ -206,10 +216,14 @@ class Accounting:
     # -- the one decision path -----------------------------------------------------
     def decide(self, mechanism: Any, label: Any, pid: int, times: int = 1) -> Verdict:
         """Would ``times`` more charges of ``mechanism`` be admitted? Changes nothing."""
-        if not isinstance(mechanism, Mechanism):
-            raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+        hit = self._by_id.get(id(mechanism))  # only mechanisms that passed the check are there
+        if hit is not None and hit[0] is mechanism:
+            curve = hit[1]
+        else:
+            if not isinstance(mechanism, Mechanism):
+                raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+            curve = self.curve(mechanism)
         check_label(label)
-        curve = self.curve(mechanism)
         spent_after = self.journal.spent_after(mechanism, curve, times)
         fix, flt = None, self.filter
         if self.fixed is None:  # the first charge fixes the plan-derived choices

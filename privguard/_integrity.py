@@ -10,10 +10,12 @@ check value of its key, so it refuses to open with a wrong key or with none.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from privguard._errors import LedgerStateError
@@ -27,6 +29,25 @@ def canonical(value: Any) -> bytes:
     """The one byte encoding every digest is computed over (sorted keys, exact floats)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True,
                       ensure_ascii=False).encode("utf-8")
+
+
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hmac_sha256_hex(key: bytes, data: bytes) -> str:
+    # HMAC-SHA-256 (RFC 2104) in one call: the same bytes as hmac.new(...).hexdigest()
+    return hmac.digest(key, data, "sha256").hex()
+
+
+# ``Integrity.digest_text``: the hex digest of an already canonical text (the journal's rows
+# use a compact one), as one call on the replay's hot path.
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _hmac_sha256_text(key: bytes, text: str) -> str:
+    return hmac.digest(key, text.encode("utf-8"), "sha256").hex()
 
 
 def key_from_environment() -> bytes | None:
@@ -56,6 +77,9 @@ def key_from_environment() -> bytes | None:
 class Integrity:
     """Digest function of one ledger: HMAC-SHA-256 with a key, SHA-256 without.
 
+    ``digest(*parts)`` digests the canonical encoding of ``parts``;
+    ``digest_text(text)`` an already canonical text (the journal's rows use a compact one).
+
     Example:
         >>> a, b = Integrity(None), Integrity(b"secret")
         >>> a.keyed, b.keyed, len(a.digest("x", [1, 2.5]))
@@ -66,6 +90,11 @@ class Integrity:
 
     def __init__(self, key: bytes | None) -> None:
         self._key = key
+        # bytes -> hex digest, bound once (the journal's replay calls it on every row)
+        self._hex: Callable[[bytes], str] = (
+            _sha256_hex if key is None else functools.partial(_hmac_sha256_hex, key))
+        self.digest_text: Callable[[str], str] = (
+            _sha256_text if key is None else functools.partial(_hmac_sha256_text, key))
 
     @classmethod
     def from_environment(cls) -> Integrity:
@@ -77,17 +106,7 @@ class Integrity:
 
     def digest(self, *parts: Any) -> str:
         """Hex digest of the canonical encoding of ``parts``."""
-        data = canonical(list(parts))
-        if self._key is None:
-            return hashlib.sha256(data).hexdigest()
-        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
-
-    def digest_text(self, text: str) -> str:
-        """Hex digest of an already canonical text (the journal's rows use a compact one)."""
-        data = text.encode("utf-8")
-        if self._key is None:
-            return hashlib.sha256(data).hexdigest()
-        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+        return self._hex(canonical(list(parts)))
 
     def key_check(self) -> str | None:
         """A value that identifies the key without revealing it (None when unkeyed)."""

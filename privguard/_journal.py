@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import numpy as np
 
@@ -42,9 +42,11 @@ class ChargeRecord:
                 "time": self.time, "pid": self.pid}
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """``count`` identical consecutive charges of ``mechanism`` with one label, by one process.
+
+    An immutable value (a named tuple: a replay builds one for every journal row, and a
+    named tuple costs a quarter of a frozen dataclass to build).
 
     Attributes:
         index: position of the run in the journal.
@@ -54,9 +56,11 @@ class Run:
         first_time, last_time: when its first and last charge were admitted.
     """
 
-    index: int
+    # ``index`` and ``count`` are fields, as they were when Run was a dataclass; they
+    # shadow tuple's index() and count() methods, which a run does not offer.
+    index: int  # type: ignore[assignment]
     start: int
-    count: int
+    count: int  # type: ignore[assignment]
     label: str | None
     mechanism: Mechanism
     first_time: float
@@ -137,6 +141,7 @@ class Journal:
         self._runs_before = 0  # runs not held (before a checkpoint)
         self._charges_closed = 0  # charges in every run before the current one
         self._cur: list[Any] | None = None  # [index, start, count, label, mech, first, last, pid]
+        self._cur_run: Run | None = None  # a Run equal to ``_cur`` if one is at hand, else None
         self._base = np.zeros(size)  # spent before the streak
         self._streak: Mechanism | None = None
         self._streak_curve = np.zeros(size)
@@ -155,7 +160,9 @@ class Journal:
     @property
     def last(self) -> Run | None:
         """The current run (None before the first charge or right after an event)."""
-        return None if self._cur is None else Run(*self._cur)
+        if self._cur is None:
+            return None
+        return Run(*self._cur) if self._cur_run is None else self._cur_run
 
     @property
     def runs_before(self) -> int:
@@ -174,7 +181,7 @@ class Journal:
 
     def spent_after(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> np.ndarray:
         """The spent curve after ``times`` more charges of ``mechanism``."""
-        if mechanism == self._streak:
+        if mechanism is self._streak or mechanism == self._streak:
             return self._base + (self._streak_count + times) * self._streak_curve
         return self.spent() + times * curve
 
@@ -190,20 +197,25 @@ class Journal:
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
             c[6] = t
-            return Run(*c), True
+            run = self._cur_run = Run(*c)
+            return run, True
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
-        return Run(*self._cur), False
+        run = self._cur_run = Run(*self._cur)
+        return run, False
 
     def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
 
         ``run.index`` and ``run.start`` must be :attr:`run_count` and :attr:`charges`
         (checked by the caller); ``spent_after`` is :meth:`spent_after` for it."""
-        self.close_current()  # a new row is a new run even if its key matches
+        if self._cur is not None:  # a new row is a new run even if its key matches
+            self.close_current()
         self._add(run.mechanism, curve, run.count, spent_after)
-        self._cur = [self.run_count, self._charges_closed, run.count, run.label, run.mechanism,
-                     run.first_time, run.last_time, run.pid]
+        cur = self._cur = [self._runs_before + len(self._closed), self._charges_closed, run.count,
+                           run.label, run.mechanism, run.first_time, run.last_time, run.pid]
+        # ``run`` itself is the current run when its position is right (closing reuses it)
+        self._cur_run = run if run.index == cur[0] and run.start == cur[1] else None
 
     def current_fields(self) -> list[Any] | None:
         """The current run as [index, start, count, label, mechanism, first, last, pid]
@@ -215,7 +227,7 @@ class Journal:
         # ``spent_after``, when given, is what :meth:`spent_after` returned for this very
         # addition: the same operations on the same operands as :meth:`spent` would now
         # perform, so it is bit-identical to it, and kept instead of recomputed.
-        if mechanism == self._streak:
+        if mechanism is self._streak or mechanism == self._streak:
             self._streak_count += times
         else:
             self._base = self.spent()
@@ -227,8 +239,8 @@ class Journal:
         c = self._cur
         if c is not None:
             self._charges_closed += c[2]
-            self._closed.append(Run(*c))
-            self._cur = None
+            self._closed.append(Run(*c) if self._cur_run is None else self._cur_run)
+            self._cur = self._cur_run = None
 
     def extend_current(self, count: int, last_time: float, curve: np.ndarray,
                        spent_after: np.ndarray | None = None) -> None:
@@ -238,6 +250,7 @@ class Journal:
         if count > c[2]:
             self._add(c[4], curve, count - c[2], spent_after)
         c[2], c[6] = count, last_time
+        self._cur_run = None
 
     # -- views ---------------------------------------------------------------
     def held_runs(self) -> list[Run]:

@@ -164,12 +164,15 @@ class PostgresStore:
                                                            or conn.broken)
 
     # -- transactions ----------------------------------------------------------------------
+    def _lock_timeout(self) -> str:
+        """How long a transaction waits for a lock: the store's timeout, at least 1 ms."""
+        return f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'"
+
     def _begin(self, conn: Any, write: bool) -> _Cursor | None:
         """BEGIN; the head, locked when writing (None if the ledger does not exist)."""
         if write:
             conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; "
-                         "SET LOCAL synchronous_commit = on; "
-                         f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'")
+                         f"SET LOCAL synchronous_commit = on; {self._lock_timeout()}")
             row = conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,)).fetchone()
         else:
             # One snapshot for the head and the rows: a concurrent commit cannot split them.
@@ -351,8 +354,7 @@ class PostgresStore:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         else:
             # The owner's open waits for the head's lock like a charge does, never forever.
-            conn.execute("BEGIN; SET LOCAL synchronous_commit = on; "
-                         f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'")
+            conn.execute(f"BEGIN; SET LOCAL synchronous_commit = on; {self._lock_timeout()}")
         if not self._schema_exists(conn):
             if not create:
                 raise LedgerStateError(f"{self.path}: this database has no privguard schema "

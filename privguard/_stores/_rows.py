@@ -189,12 +189,13 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
     if computed != digest:
         raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                "corrupted)")
-    if extends and count == c.last_count and digest != c.digest:
-        raise LedgerStateError(f"{where} changed after this ledger replayed it")
     if kind == "run":
-        cur = acc.journal.current_fields()
-        index, start = ((cur[0], cur[1]) if extends and cur is not None
-                        else (acc.journal.run_count, acc.journal.charges))
+        if extends and count == c.last_count and digest != c.digest:
+            raise LedgerStateError(f"{where} changed after this ledger replayed it")
+        journal = acc.journal
+        cur = journal.current_fields() if extends else None
+        index, start = (cur[0], cur[1]) if cur is not None else (journal.run_count,
+                                                                 journal.charges)
         acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
         c.last_count = count
     elif kind == "fix":
