@@ -8,7 +8,7 @@
 3. ``state_dict()`` at 10⁶ charges (σ changing every 1,000 steps).
 4. ``Ledger.open`` and ``privguard verify`` at 10⁶ charges, for σ changing
    every 1,000 steps (1,000 rows) and every 10 steps (10⁵ rows, the
-   checkpoints' case).
+   checkpoints' case); verify's best of three runs, and its slowest.
 5. A durable charge against a plain fsync'd SQLite insert (same file system,
    same journal mode and ``synchronous=FULL``), alternating, in one run.
 6. Eight processes charging one file: latency percentiles of a charge, after
@@ -108,10 +108,14 @@ def reopen_and_verify(folder: str, charges: int, every: int) -> dict[str, float]
         finally:
             store.close()
 
-    result = verify()
-    return {"open_s": opened, "rows": result["rows"], "verify_s": result["seconds"],
-            "rows_per_s": result["rows_per_second"],
-            "charges_per_s": result["charges"] / result["seconds"]}
+    # best of three, as ``timed`` takes the best of five: a replay is CPU-bound, and the
+    # slower runs measure what else the machine was doing (the slowest is reported too)
+    results = sorted((verify() for _ in range(3)), key=lambda r: r["seconds"])
+    best, slowest = results[0], results[-1]
+    return {"open_s": opened, "rows": best["rows"], "verify_s": best["seconds"],
+            "rows_per_s": best["rows_per_second"],
+            "slowest_rows_per_s": slowest["rows_per_second"],
+            "charges_per_s": best["charges"] / best["seconds"]}
 
 
 def durable_vs_plain(folder: str, n: int) -> dict[str, float]:
@@ -193,7 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
             r = out[f"open_every_{every}"] = reopen_and_verify(folder, big, every)
             print(f"4. {big:,} charges, σ changing every {every}: {r['rows']:,} rows; "
                   f"Ledger.open {r['open_s'] * 1e3:.1f} ms; verify {r['verify_s']:.2f} s = "
-                  f"{r['rows_per_s']:,.0f} rows/s ({r['charges_per_s']:,.0f} charges/s)")
+                  f"{r['rows_per_s']:,.0f} rows/s ({r['charges_per_s']:,.0f} charges/s; "
+                  f"best of 3, slowest {r['slowest_rows_per_s']:,.0f} rows/s)")
         r = out["durable"] = durable_vs_plain(folder, 200 if args.quick else 500)
         print(f"5. durable charge {r['durable_ms']:.3f} ms vs plain fsync'd insert "
               f"{r['plain_ms']:.3f} ms (medians): {r['ratio']:.2f}×")

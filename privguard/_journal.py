@@ -142,6 +142,9 @@ class Journal:
         self._charges_closed = 0  # charges in every run before the current one
         self._cur: list[Any] | None = None  # [index, start, count, label, mech, first, last, pid]
         self._cur_run: Run | None = None  # a Run equal to ``_cur`` if one is at hand, else None
+        # Totals, kept up to date by every change (read on every charge and replayed row).
+        self.run_count = 0  # runs, the current one included
+        self.charges = 0  # charges, the current run's included
         self._base = np.zeros(size)  # spent before the streak
         self._streak: Mechanism | None = None
         self._streak_curve = np.zeros(size)
@@ -149,14 +152,6 @@ class Journal:
         self.load_prefix: Callable[[], list[Run]] | None = None
 
     # -- state ---------------------------------------------------------------
-    @property
-    def charges(self) -> int:
-        return self._charges_closed + (0 if self._cur is None else self._cur[2])
-
-    @property
-    def run_count(self) -> int:
-        return self._runs_before + len(self._closed) + (self._cur is not None)
-
     @property
     def last(self) -> Run | None:
         """The current run (None before the first charge or right after an event)."""
@@ -194,6 +189,7 @@ class Journal:
         ``spent_after``: :meth:`spent_after` for these charges, if just computed."""
         self._add(mechanism, curve, times, spent_after)
         c = self._cur
+        self.charges += times
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
             c[2] += times
             c[6] = t
@@ -201,6 +197,7 @@ class Journal:
             return run, True
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
+        self.run_count += 1
         run = self._cur_run = Run(*self._cur)
         return run, False
 
@@ -212,8 +209,10 @@ class Journal:
         if self._cur is not None:  # a new row is a new run even if its key matches
             self.close_current()
         self._add(run.mechanism, curve, run.count, spent_after)
-        cur = self._cur = [self._runs_before + len(self._closed), self._charges_closed, run.count,
-                           run.label, run.mechanism, run.first_time, run.last_time, run.pid]
+        cur = self._cur = [self.run_count, self._charges_closed, run.count, run.label,
+                           run.mechanism, run.first_time, run.last_time, run.pid]
+        self.run_count += 1
+        self.charges += run.count
         # ``run`` itself is the current run when its position is right (closing reuses it)
         self._cur_run = run if run.index == cur[0] and run.start == cur[1] else None
 
@@ -249,6 +248,7 @@ class Journal:
         assert c is not None and count >= c[2]
         if count > c[2]:
             self._add(c[4], curve, count - c[2], spent_after)
+            self.charges += count - c[2]
         c[2], c[6] = count, last_time
         self._cur_run = None
 
@@ -299,11 +299,13 @@ class Journal:
         runs, charges = int(snap["runs"]), int(snap["charges"])
         if snap["last"] is None:
             journal._runs_before, journal._charges_closed = runs, charges
+            journal.run_count, journal.charges = runs, charges
             return journal
         last = _run_from_list(snap["last"])
         journal._runs_before, journal._charges_closed = last.index, last.start
         journal._cur = [last.index, last.start, last.count, last.label, last.mechanism,
                         last.first_time, last.last_time, last.pid]
+        journal.run_count, journal.charges = last.index + 1, last.start + last.count
         if journal.charges != charges or journal.run_count != runs:
             raise LedgerStateError("checkpoint: run and charge counts disagree")
         return journal

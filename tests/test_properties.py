@@ -78,3 +78,45 @@ def test_the_kept_spent_curve_is_the_journal_recomputed_and_replays_bit_for_bit(
         assert np.array_equal(ledger.spent, j._base + j._streak_count * j._streak_curve)
     again = Ledger.load_state_dict(ledger.state_dict())
     assert np.array_equal(again.spent, ledger.spent)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.7, 1.0]), st.sampled_from([0.01, 0.2]),
+                          st.integers(1, 20), st.sampled_from(["a", "b", None, "é"])),
+                min_size=1, max_size=40), st.sampled_from([3, 512]))
+def test_a_journal_read_back_is_the_one_kept_live(seq, checkpoint_every):
+    # Same mechanism under another label: a new run in the same streak. The totals the
+    # journal keeps, the runs and the spent curve must be what a reopen (from the last
+    # checkpoint, when one is written every 3 rows) and a verify (from the genesis)
+    # rebuild from the file.
+    import tempfile
+
+    from privguard._stores import _sqlite, open_store
+
+    saved, _sqlite.CHECKPOINT_EVERY = _sqlite.CHECKPOINT_EVERY, checkpoint_every
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/ledger.db"
+            ledger = Ledger(delta=1e-5, orders=ORDERS, path=path)
+            for sigma, q, times, label in seq:
+                ledger.charge(M.SubsampledGaussian(sigma, q), times=times, label=label)
+            runs, spent, j = ledger.runs, ledger.spent, ledger._acc.journal
+            assert (j.run_count, j.charges) == (len(runs), sum(r.count for r in runs))
+            assert [r.index for r in runs] == list(range(len(runs)))
+            assert all(b.start == a.start + a.count for a, b in zip(runs, runs[1:]))
+            ledger.close()
+            again = Ledger.open(path)
+            k = again._acc.journal
+            assert (k.run_count, k.charges) == (j.run_count, j.charges)
+            assert again.runs == runs and np.array_equal(again.spent, spent)
+            again.close()
+            store = open_store(path, read_only=True)
+            store.open(None, None, None)
+            try:
+                result = store.verify()
+            finally:
+                store.close()
+            assert (result["runs"], result["charges"]) == (len(runs), j.charges)
+            assert result["checkpoints"] == (result["rows"] // checkpoint_every)
+    finally:
+        _sqlite.CHECKPOINT_EVERY = saved
