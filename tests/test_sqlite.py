@@ -448,3 +448,25 @@ def test_a_rechained_event_that_is_not_an_object_fails_closed(tmp_path, body):
         Ledger.open(path)
     with pytest.raises(LedgerStateError, match=f"row {idx}"):
         cli_verify(path)
+
+
+def test_keyed_digests_are_hmac_sha256_and_unkeyed_ones_sha256():
+    # RFC 4231 test case 2 (an independent reference), then the standard library's hmac on
+    # keys shorter than, equal to and longer than SHA-256's 64-byte block, and SHA-256.
+    import hashlib
+    import hmac
+
+    from privguard._integrity import Integrity
+
+    jefe = Integrity(b"Jefe")
+    assert jefe.digest_text("what do ya want for nothing?") == (
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    for key in (b"k", b"x" * 64, b"y" * 65, bytes(range(200))):
+        keyed = Integrity(key)
+        for text in ("", "entry\x1eabc\x1e0", "é" * 100):
+            data = text.encode("utf-8")
+            assert keyed.digest_text(text) == hmac.new(key, data, hashlib.sha256).hexdigest()
+            assert keyed.digest_text(text) == keyed.digest_text(text)  # the key's state kept
+            assert Integrity(None).digest_text(text) == hashlib.sha256(data).hexdigest()
+        assert keyed.digest("a", [1, 2.5]) == hmac.new(
+            key, b'["a",[1,2.5]]', hashlib.sha256).hexdigest()
