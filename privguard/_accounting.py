@@ -97,10 +97,15 @@ class Accounting:
             self.marks.append((0, ["fix", self.fixed]))
 
     # -- curves ----------------------------------------------------------------
-    def curve(self, mechanism: Mechanism) -> np.ndarray:
+    def _known_curve(self, mechanism: Any) -> np.ndarray | None:
+        """The curve of this very object if :meth:`curve` gave it before, else None."""
         hit = self._by_id.get(id(mechanism))
-        if hit is not None and hit[0] is mechanism:
-            return hit[1]
+        return hit[1] if hit is not None and hit[0] is mechanism else None
+
+    def curve(self, mechanism: Mechanism) -> np.ndarray:
+        curve = self._known_curve(mechanism)
+        if curve is not None:
+            return curve
         curve = self._curves.get(mechanism)
         if curve is None:
             curve = mechanism._rdp_checked(self.orders)
@@ -216,10 +221,8 @@ class Accounting:
     # -- the one decision path -----------------------------------------------------
     def decide(self, mechanism: Any, label: Any, pid: int, times: int = 1) -> Verdict:
         """Would ``times`` more charges of ``mechanism`` be admitted? Changes nothing."""
-        hit = self._by_id.get(id(mechanism))  # only mechanisms that passed the check are there
-        if hit is not None and hit[0] is mechanism:
-            curve = hit[1]
-        else:
+        curve = self._known_curve(mechanism)  # known: a mechanism checked before
+        if curve is None:
             if not isinstance(mechanism, Mechanism):
                 raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
             curve = self.curve(mechanism)

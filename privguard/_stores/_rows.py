@@ -88,6 +88,9 @@ def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
     An edit that leaves them unreadable (SQLite keeps text in a numeric column;
     a PostgreSQL superuser can write NULL) fails closed with LedgerStateError.
     """
+    if type(count) is int and type(pid) is int and type(first) is float \
+            and type(last) is float:  # as SQLite and psycopg give them back
+        return count, first, last, pid
     try:
         return int(count), float(first), float(last), int(pid)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -172,11 +175,8 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
         raise LedgerStateError(f"{where} is out of sequence (row {c.entries} is missing)")
     prev = c.prev if extends else c.digest
     if kind == "run":
-        mechanism, mech_digest = (store._mechs.get(mech_id)  # decoded and checked before
-                                  or store._mechanism(conn, mech_id, where))
-        if not (type(count) is int and type(pid) is int and type(first) is float
-                and type(last) is float):  # as SQLite and psycopg give them back
-            count, first, last, pid = run_numbers(count, first, last, pid, where)
+        mechanism, mech_digest = store._mechanism(conn, mech_id, where)
+        count, first, last, pid = run_numbers(count, first, last, pid, where)
         computed = store._run_digest(prev, idx, mech_digest, label, pid, count, first, last)
     elif kind in ("fix", "event"):
         if extends:
