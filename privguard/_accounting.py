@@ -28,6 +28,7 @@ from privguard._odometer import MIXTURE, Odometer, mixture_weights
 from privguard._plan import Plan
 
 _CACHE_LIMIT = 4096
+_BY_ID_LIMIT = 256
 
 
 class Verdict(NamedTuple):
@@ -98,25 +99,32 @@ class Accounting:
 
     # -- curves ----------------------------------------------------------------
     def _known_curve(self, mechanism: Any) -> np.ndarray | None:
-        """The curve of this very object if :meth:`curve` gave it before, else None."""
+        """The curve of this very object if it was looked up recently, else None.
+
+        Keyed by identity, holding the object (so its id cannot be reused while
+        remembered): a replay meets the same few mechanism objects, the store's,
+        again and again, and this skips hashing their parameters. A training loop
+        that builds a new mechanism object every step fills it with objects it
+        will not see again, so it stays small (``_BY_ID_LIMIT``).
+        """
         hit = self._by_id.get(id(mechanism))
         return hit[1] if hit is not None and hit[0] is mechanism else None
 
     def curve(self, mechanism: Mechanism) -> np.ndarray:
         curve = self._known_curve(mechanism)
-        if curve is not None:
-            return curve
+        return self._lookup_curve(mechanism) if curve is None else curve
+
+    def _lookup_curve(self, mechanism: Mechanism) -> np.ndarray:
+        """The curve by value (computed once per distinct mechanism), then remembered by
+        identity."""
         curve = self._curves.get(mechanism)
         if curve is None:
             curve = mechanism._rdp_checked(self.orders)
             if len(self._curves) >= _CACHE_LIMIT:
                 self._curves.clear()
             self._curves[mechanism] = curve
-        if len(self._by_id) >= _CACHE_LIMIT:
+        if len(self._by_id) >= _BY_ID_LIMIT:
             self._by_id.clear()
-        # keyed by identity, holding the object (so its id cannot be reused while cached):
-        # a replay meets the same few mechanism objects again and again, and this skips
-        # hashing their parameters
         self._by_id[id(mechanism)] = (mechanism, curve)
         return curve
 
@@ -225,7 +233,7 @@ class Accounting:
         if curve is None:
             if not isinstance(mechanism, Mechanism):
                 raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
-            curve = self.curve(mechanism)
+            curve = self._lookup_curve(mechanism)
         check_label(label)
         spent_after = self.journal.spent_after(mechanism, curve, times)
         fix, flt = None, self.filter

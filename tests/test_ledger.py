@@ -210,6 +210,29 @@ def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
     assert len(ledger.history) == 100_000
 
 
+def test_curves_remembered_by_identity_are_always_the_objects_own():
+    # The accounting remembers curves by object identity (a replay's fast path). Fresh
+    # objects every step, some equal in value, many freed (so ids are reused): every curve
+    # it gives is the object's own, and what it remembers stays bounded.
+    from privguard import _accounting
+
+    ledger = Ledger(delta=DELTA)
+    acc = ledger._acc
+    for i in range(3 * _accounting._BY_ID_LIMIT):
+        mechanism = M.SubsampledGaussian(1.0 + 0.01 * (i % 37), 0.01)
+        ledger.charge(mechanism)
+        assert np.array_equal(acc.curve(mechanism), mechanism.rdp(acc.orders))
+        assert len(acc._by_id) <= _accounting._BY_ID_LIMIT
+    for i in range(3 * _accounting._BY_ID_LIMIT):  # objects nothing else keeps alive
+        sigma = 1.0 + 0.01 * (i % 37)
+        assert np.array_equal(acc.curve(M.SubsampledGaussian(sigma, 0.01)),
+                              M.SubsampledGaussian(sigma, 0.01).rdp(acc.orders))
+    kept = M.Gaussian(2.0)
+    ledger.charge(kept)
+    assert acc._known_curve(kept) is acc.curve(kept)
+    assert acc._known_curve(M.Gaussian(2.0)) is None  # equal value, another object
+
+
 def test_loading_an_earlier_state_into_a_ledger_cannot_rewind_it():
     ledger = Ledger(3.0, 1e-5)
     step = M.SubsampledGaussian(1.0, 0.01)
