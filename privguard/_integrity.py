@@ -44,18 +44,6 @@ def _hmac_sha256_hex(keyed: Any, data: bytes) -> str:
     return h.hexdigest()
 
 
-# ``Integrity.digest_text``: the hex digest of an already canonical text (the journal's rows
-# use a compact one), as one call on the replay's hot path.
-def _sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _hmac_sha256_text(keyed: Any, text: str) -> str:
-    h = keyed.copy()
-    h.update(text.encode("utf-8"))
-    return h.hexdigest()
-
-
 def key_from_environment() -> bytes | None:
     """The ledger key configured in the environment, or None.
 
@@ -83,9 +71,6 @@ def key_from_environment() -> bytes | None:
 class Integrity:
     """Digest function of one ledger: HMAC-SHA-256 with a key, SHA-256 without.
 
-    ``digest(*parts)`` digests the canonical encoding of ``parts``;
-    ``digest_text(text)`` an already canonical text (the journal's rows use a compact one).
-
     Example:
         >>> a, b = Integrity(None), Integrity(b"secret")
         >>> a.keyed, b.keyed, len(a.digest("x", [1, 2.5]))
@@ -100,8 +85,6 @@ class Integrity:
         keyed = None if key is None else hmac.new(key, digestmod=hashlib.sha256)
         self._hex: Callable[[bytes], str] = (
             _sha256_hex if keyed is None else functools.partial(_hmac_sha256_hex, keyed))
-        self.digest_text: Callable[[str], str] = (
-            _sha256_text if keyed is None else functools.partial(_hmac_sha256_text, keyed))
 
     @classmethod
     def from_environment(cls) -> Integrity:
@@ -114,6 +97,10 @@ class Integrity:
     def digest(self, *parts: Any) -> str:
         """Hex digest of the canonical encoding of ``parts``."""
         return self._hex(canonical(list(parts)))
+
+    def digest_text(self, text: str) -> str:
+        """Hex digest of an already canonical text (the journal's rows use a compact one)."""
+        return self._hex(text.encode("utf-8"))
 
     def key_check(self) -> str | None:
         """A value that identifies the key without revealing it (None when unkeyed)."""
