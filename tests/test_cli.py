@@ -67,9 +67,7 @@ def test_errors_exit_non_zero(tmp_path, capsys):
 
 
 def test_console_script_is_installed(fixture_ledger):
-    exe = os.path.join(os.path.dirname(sys.executable), "privguard")
-    done = subprocess.run([exe, "report", str(fixture_ledger), "--json"], capture_output=True,
-                          text=True, timeout=120)
+    done = _privguard("report", str(fixture_ledger), "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["charges"] == 503
 
 
@@ -118,3 +116,45 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "Error" not in err and "Traceback" not in err, err
+
+
+def _privguard(*args, env=None):
+    """The installed console script, as a user runs it."""
+    exe = os.path.join(os.path.dirname(sys.executable), "privguard")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+def test_verify_command_reports_its_speed_and_exits_non_zero_on_any_edit(fixture_ledger):
+    import re
+    import sqlite3
+
+    done = _privguard("verify", str(fixture_ledger))
+    assert done.returncode == 0, done.stderr
+    # "…: OK — 4 journal rows (503 charges in 3 runs, …) replayed and verified in … (N rows/s)"
+    m = re.search(r"OK — (\d+) journal rows \((\d+) charges in (\d+) runs.* \(([\d,]+) rows/s\)",
+                  done.stdout)
+    assert m is not None, done.stdout
+    assert (int(m[2]), int(m[3])) == (503, 3) and int(m[4].replace(",", "")) > 0
+    conn = sqlite3.connect(fixture_ledger)
+    conn.execute("UPDATE entries SET count = count + 1 WHERE kind = 'run' AND count = 300")
+    conn.commit()
+    conn.close()
+    done = _privguard("verify", str(fixture_ledger))
+    assert done.returncode == 2 and done.stdout == ""
+    assert "journal row 1 fails its digest chain" in done.stderr
+
+
+def test_verify_command_needs_the_key_of_a_keyed_file(tmp_path):
+    path = tmp_path / "keyed.db"
+    env = {**os.environ, "PRIVGUARD_LEDGER_KEY": "s3cret"}
+    env.pop("PRIVGUARD_LEDGER_KEY_FILE", None)
+    subprocess.run([sys.executable, "-c", "import sys; from privguard import Ledger, "
+                    "mechanisms as M; Ledger(1.0, 1e-5, path=sys.argv[1]).charge(M.Gaussian(9.0))",
+                    str(path)], check=True, env=env, timeout=120)
+    done = _privguard("verify", str(path), env=env)
+    assert done.returncode == 0 and "; keyed" in done.stdout, done.stderr
+    for wrong in ({"PRIVGUARD_LEDGER_KEY": "guess"}, {}):
+        other = {k: v for k, v in env.items() if k != "PRIVGUARD_LEDGER_KEY"} | wrong
+        done = _privguard("verify", str(path), env=other)
+        assert done.returncode == 2 and "ledger key" in done.stderr, done.stderr
