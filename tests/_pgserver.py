@@ -9,7 +9,8 @@ missing), which then owns the data and socket directories. ``stop()`` (also
 registered with :mod:`atexit`) shuts it down and removes the directory.
 
 ``binaries()`` returns None where no PostgreSQL server is installed; the tests
-skip then, and only then.
+skip then, and only then, except under ``CI=true``, where they fail (the
+``pg_server`` fixture in conftest.py): CI must never pass without the server store.
 """
 
 from __future__ import annotations

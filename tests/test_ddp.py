@@ -109,10 +109,9 @@ def test_checkpoints_under_ddp_and_ranks_out_of_step_are_refused_not_hung(tmp_pa
         assert r["mismatch"] == "refused"  # a load on one rank met a step on the other
 
 
-def test_one_server_ledger_is_charged_once_per_global_step_however_ranks_spell_its_url():
-    if _pgserver.binaries() is None:
-        pytest.skip(_pgserver.SKIP_REASON)
-    srv, db = _pgserver.server(), _pgserver.initialised_database()
+def test_one_server_ledger_is_charged_once_per_global_step_however_ranks_spell_its_url(
+        pg_server):
+    srv, db = pg_server, _pgserver.initialised_database()
     name = "ddp" + uuid.uuid4().hex[:10]
     eps, k = _odd_budget()
     Ledger(eps, _ddp_worker.DELTA, path=srv.url(_pgserver.OWNER, db, name)).close()
