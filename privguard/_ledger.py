@@ -39,7 +39,14 @@ class _GuardedTxn:
         self._ledger, self._txn = ledger, txn
 
     def write(self, acc: Accounting, changes: list[Any]) -> None:
-        self._ledger._guard(lambda: self._txn.write(acc, changes))
+        try:
+            self._txn.write(acc, changes)
+        except BaseException as exc:  # any failure: a disk error, an interrupt, a bug
+            # The accounting already holds these changes and the store rolls them back:
+            # this ledger's memory is ahead of its store, so it must never be used again.
+            self._ledger._broken = (f"a write to the store failed ({type(exc).__name__}: "
+                                    f"{exc}); reopen the ledger")
+            raise
 
 
 class Ledger(LedgerQueries, LedgerListeners, LedgerState):
@@ -155,7 +162,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """The lock, and a store transaction in which the accounting is up to date.
 
         A failure of the store (sync, write or commit) breaks the ledger: it
-        then refuses everything (fail closed). Errors of the body do not.
+        then refuses everything (fail closed). So does a LedgerStateError of the
+        body, which reads the store (a journal read back whole that fails its
+        chain); the body's other errors (BudgetExhausted, InvalidArgumentError)
+        do not.
         """
         with self._lock:
             if self._broken is not None:
@@ -164,8 +174,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             txn = self._guard(transaction.__enter__)
             try:
                 yield _GuardedTxn(self, txn)
-            except BaseException:
-                if not transaction.__exit__(*sys.exc_info()):
+            except BaseException as exc:
+                if isinstance(exc, LedgerStateError) and self._broken is None:
+                    self._broken = str(exc)
+                # the store rolls back; an error of its own while doing so breaks the ledger
+                if not self._guard(lambda: transaction.__exit__(*sys.exc_info())):
                     raise
             else:
                 self._guard(lambda: transaction.__exit__(None, None, None))
@@ -174,7 +187,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         try:
             return fn()
         except LedgerStateError as exc:
-            self._broken = str(exc)
+            if self._broken is None:  # the first cause is the one to report
+                self._broken = str(exc)
             raise
 
     # ------------------------------------------------------------- charging

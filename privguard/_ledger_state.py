@@ -80,27 +80,34 @@ class LedgerState:
         """
         loaded, _ = state_io.load(state)
         with self._synced(write=False):
-            mine, theirs = self._backend.items(self._acc), loaded.items()
-            if loaded.config != self._acc.config:
-                raise LedgerStateError(
-                    "state was written by a ledger with another configuration "
+            problem = self._refusal(loaded, self._backend.items(self._acc))
+            if problem is None and self._store is None:
+                self._acc = loaded
+        # Raised outside the transaction: a state the caller passed that does not fit is
+        # the argument's problem, and leaves this ledger usable (a store that fails its
+        # checks inside the transaction breaks it).
+        if problem is not None:
+            raise LedgerStateError(problem)
+        return self
+
+    def _refusal(self, loaded: Accounting, mine: list[Any]) -> str | None:
+        """Why ``loaded`` may not be loaded in place over journal ``mine``, or None."""
+        theirs = loaded.items()
+        if loaded.config != self._acc.config:
+            return ("state was written by a ledger with another configuration "
                     f"({', '.join(loaded.config.differences(self._acc.config))} differ)")
-            if self._store is not None:
-                if not _is_prefix(theirs, mine):
-                    raise LedgerStateError(
-                        f"{self._store.path}: the state to load is not a prefix of this "
+        if self._store is not None:
+            if not _is_prefix(theirs, mine):
+                return (f"{self._store.path}: the state to load is not a prefix of this "
                         "file's journal; a file-backed ledger never replaces its journal")
-                return self
-            if not _is_prefix(mine, theirs):
-                raise LedgerStateError(
-                    f"the state to load ({loaded.journal.charges} charges) does not extend "
+            return None
+        if not _is_prefix(mine, theirs):
+            return (f"the state to load ({loaded.journal.charges} charges) does not extend "
                     f"this ledger's journal ({self._acc.journal.charges} charges): loading it "
                     "would rewind or rewrite spent budget. A ledger never goes backwards; "
                     "build a separate ledger with Ledger.load_state_dict(state) if that is "
                     "what you mean")
-            self._acc = loaded
-            self._broken = None
-        return self
+        return None
 
     load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)
 

@@ -470,3 +470,101 @@ def test_keyed_digests_are_hmac_sha256_and_unkeyed_ones_sha256():
             assert Integrity(None).digest_text(text) == hashlib.sha256(data).hexdigest()
         assert keyed.digest("a", [1, 2.5]) == hmac.new(
             key, b'["a",[1,2.5]]', hashlib.sha256).hexdigest()
+
+
+def _rows_in(path):
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _fail_inside_the_write(path, how, monkeypatch):
+    """Make the next charge's write fail: SQLite refuses the row, or an interrupt arrives
+    after the rows were written but before the commit."""
+    if how == "sqlite error":
+        _edit(path, "CREATE TRIGGER full BEFORE INSERT ON entries WHEN NEW.label = 'boom' "
+                    "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+        return LedgerStateError
+    from privguard._stores._sqlite import SQLiteStore
+
+    real = SQLiteStore._write
+
+    def interrupted(self, *args):
+        real(self, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SQLiteStore, "_write", interrupted)
+    return KeyboardInterrupt
+
+
+@pytest.mark.parametrize("how", ["sqlite error", "interrupt"])
+def test_a_failed_write_breaks_the_ledger_and_leaves_the_file_as_it_was(tmp_path, how,
+                                                                         monkeypatch):
+    path = tmp_path / "b.db"
+    ledger = filled(path, n=3)  # fix + 4 runs
+    expected = _fail_inside_the_write(path, how, monkeypatch)
+    with pytest.raises(expected):
+        ledger.charge(STEP, label="boom")
+    monkeypatch.undo()
+    # its memory holds a charge the file does not: it refuses everything from now on
+    for use in (lambda: ledger.charge(STEP, label="boom"), lambda: ledger.charge(STEP),
+                ledger.epsilon, ledger.state_dict):
+        with pytest.raises(LedgerStateError, match="unusable.*write to the store failed"):
+            use()
+    assert _rows_in(path) == 5  # nothing was written over another row
+    assert cli_verify(path)["charges"] == 4
+    again = Ledger.open(path)
+    assert len(again.history) == 4
+    again.charge(STEP, label="after")
+    assert cli_verify(path)["charges"] == 5
+
+
+def test_a_disk_that_fills_up_breaks_the_ledger_and_never_corrupts_the_file(tmp_path):
+    # A real I/O error, no tampering: the file may not grow past its size (RLIMIT_FSIZE).
+    path = tmp_path / "full.db"
+    code = f"""
+import resource, signal, sqlite3
+from privguard import Ledger, LedgerStateError, mechanisms as M
+step = M.SubsampledGaussian(1.0, 0.01)
+ledger = Ledger(3.0, 1e-5, path={str(path)!r})
+for i in range(3):
+    ledger.charge(step, label=f"s{{i}}")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+try:
+    ledger.charge(step, label="while full")
+    raise SystemExit("the charge went through with the disk full")
+except LedgerStateError:
+    pass
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+for label in ("while full", "later"):
+    try:
+        ledger.charge(step, label=label)
+        raise SystemExit("a ledger whose write failed went on charging")
+    except LedgerStateError as exc:
+        assert "unusable" in str(exc), exc
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert cli_verify(path)["charges"] == 3
+    assert len(Ledger.open(path).history) == 3
+
+
+def test_a_journal_read_that_fails_its_chain_breaks_the_open_ledger(tmp_path):
+    # Opening replays only the rows after the newest checkpoint; a whole-journal read
+    # (history, state_dict) meets an edit older than that, and the ledger stays closed.
+    path = tmp_path / "b.db"
+    filled(path, n=600).close()  # 602 rows: a checkpoint at row 512
+    ledger = Ledger.open(path)
+    _edit(path, "UPDATE entries SET label = 'edited' WHERE idx = 5")
+    with pytest.raises(LedgerStateError, match="row 5 fails its digest chain"):
+        len(ledger.history)
+    with pytest.raises(LedgerStateError, match="unusable.*row 5"):
+        ledger.charge(STEP)
+    with pytest.raises(LedgerStateError, match="row 5 fails its digest chain"):
+        cli_verify(path)

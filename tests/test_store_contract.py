@@ -168,6 +168,7 @@ def test_state_round_trip_and_forward_only_loading(kind):
         assert early.load_state_dict(state) is early  # forward: allowed
         with pytest.raises(LedgerStateError, match="backwards"):
             ledger.load_state_dict(Ledger(3.0, 1e-5).state_dict())
+        ledger.charge(STEP, label="x")  # a state that does not fit leaves the ledger usable
 
 
 def test_pickling_round_trips(kind):
@@ -178,3 +179,27 @@ def test_pickling_round_trips(kind):
         ledger.charge(STEP)
     again = pickle.loads(pickle.dumps(ledger))
     assert again.runs == ledger.runs and again.epsilon() == ledger.epsilon()
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "memory"], indirect=True)
+def test_a_write_that_fails_breaks_the_ledger_and_records_nothing(kind, monkeypatch):
+    ledger = kind.make(3.0, 1e-5)
+    for _ in range(3):
+        ledger.charge(STEP, label="x")
+    store = type(ledger._store)
+    real = store._write
+
+    def interrupted(*args, **kwargs):  # the rows are written, then the commit never comes
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "_write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ledger.charge(STEP, label="x")
+    monkeypatch.undo()
+    with pytest.raises(LedgerStateError, match="unusable"):
+        ledger.charge(STEP, label="x")
+    again = kind.reopen(ledger)
+    assert [(r.label, r.count) for r in again.runs] == [("x", 3)]
+    again.charge(STEP, label="x")
+    assert [(r.label, r.count) for r in kind.reopen(again).runs] == [("x", 4)]
