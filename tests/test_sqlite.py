@@ -568,3 +568,73 @@ def test_a_journal_read_that_fails_its_chain_breaks_the_open_ledger(tmp_path):
         ledger.charge(STEP)
     with pytest.raises(LedgerStateError, match="row 5 fails its digest chain"):
         cli_verify(path)
+
+
+def _remac_checkpoint(path, entries, edit):
+    """Rewrite checkpoint ``entries``'s snapshot with ``edit`` and recompute its MAC, as a
+    forger without a key can (the library's own function)."""
+    from privguard._stores._rows import Cursor
+
+    store = open_store(path, read_only=True)
+    store.open(None, None, None)
+    store.close()
+    conn = sqlite3.connect(path)
+    last_count, head, prev, snapshot = conn.execute(
+        "SELECT last_count, head, prev, snapshot FROM checkpoints WHERE entries = ?",
+        (entries,)).fetchone()
+    snap = json.loads(snapshot)
+    edit(snap)
+    text = json.dumps(snap, sort_keys=True, separators=(",", ":"))
+    mac = store._checkpoint_mac(Cursor(entries, last_count, head, prev, None), text)
+    conn.execute("UPDATE checkpoints SET snapshot = ?, mac = ? WHERE entries = ?",
+                 (text, mac, entries))
+    conn.commit()
+    conn.close()
+
+
+def _set(*keys_and_value):
+    *keys, value = keys_and_value
+
+    def edit(snap):
+        d = snap
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit", [
+    _set("accounting", "journal", "streak", 1, 1),  # a refund on open: the streak's count
+    _set("accounting", "journal", "charges", 5),
+    _set("accounting", "journal", "base", 0, 0.5),
+    _set("accounting", "journal", "last", 6, 1.0),  # the run's last time then
+    _set("last_kind", "fix"),
+], ids=["streak-count", "charges", "base", "last-time", "last-kind"])
+def test_verify_compares_a_checkpoint_whole_even_when_its_run_grew_later(tmp_path, edit):
+    # The run the checkpoint ends on grows after the checkpoint is written (a DP-SGD run
+    # does). Verify replays the row as the checkpoint saw it and compares everything.
+    path = str(tmp_path / "grown.db")
+    step = M.Gaussian(60.0)
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for i in range(511):  # the fix row and 511 runs: a checkpoint at row 512
+        ledger.charge(step, label=f"r{i}")
+    for _ in range(300):  # row 511 grows after the checkpoint
+        ledger.charge(step, label="r510")
+    ledger.close()
+    assert cli_verify(path)["checkpoints"] == 1
+    _remac_checkpoint(path, 512, edit)
+    with pytest.raises(LedgerStateError, match="checkpoint at row 512"):
+        cli_verify(path)
+
+
+def test_a_checkpoint_that_misstates_the_kind_of_its_last_row_fails_closed_on_open(tmp_path):
+    path = str(tmp_path / "head.db")
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for i in range(511):  # the checkpoint at row 512 is the head
+        ledger.charge(M.Gaussian(60.0), label=f"r{i}")
+    ledger.close()
+    _remac_checkpoint(path, 512, _set("last_kind", "fix"))
+    with pytest.raises(LedgerStateError, match="checkpoint at row 512 is inconsistent"):
+        Ledger.open(path)  # (it used to open, and its next charge raised AssertionError)
+    with pytest.raises(LedgerStateError, match="checkpoint at row 512"):
+        cli_verify(path)

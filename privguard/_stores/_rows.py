@@ -107,21 +107,40 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
     if row is None:
         genesis = str(store.genesis)
         return Accounting(genesis_config, fix_now=False), Cursor(0, 0, genesis, genesis, None)
-    entries, last_count, head, prev, snapshot, mac = row
-    cursor = Cursor(int(entries), int(last_count), head, prev, None)
-    if mac != store._checkpoint_mac(cursor, snapshot):
-        raise LedgerStateError(f"{store.path}: checkpoint at row {entries} fails its digest "
-                               "(edited or corrupted)")
+    cursor, snapshot, where = checked_checkpoint(store, row)
     try:
-        snap = loads(snapshot, f"{store.path}: checkpoint at row {entries}")
+        snap = loads(snapshot, where)
         acc = Accounting.from_snapshot(snap["accounting"])
         cursor.last_kind = snap["last_kind"]
-    except (KeyError, TypeError, ValueError, RecursionError, LedgerStateError) as exc:
-        raise LedgerStateError(f"{store.path}: checkpoint at row {entries} is unreadable "
-                               f"({exc})") from exc
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError,
+            LedgerStateError) as exc:
+        raise LedgerStateError(f"{where} is unreadable ({exc})") from None
+    current = acc.journal.current_fields()
+    # The row the checkpoint ends on: a run (the journal's current run, of that count),
+    # or a fix or event row (no current run). A store writes what follows from this.
+    if not ((cursor.last_kind == "run" and current is not None
+             and current[2] == cursor.last_count)
+            or (cursor.last_kind in ("fix", "event") and current is None
+                and cursor.last_count == 0)):
+        raise LedgerStateError(f"{where} is inconsistent: it ends on a "
+                               f"{cursor.last_kind!r} row of count {cursor.last_count}")
     before = acc.journal.runs_before
     acc.journal.load_prefix = lambda: store.runs()[:before]
     return acc, cursor
+
+
+def checked_checkpoint(store: Any, row: tuple) -> tuple[Cursor, Any, str]:
+    """A checkpoint row (entries, last_count, head, prev, snapshot, mac) whose MAC holds:
+    its cursor, its snapshot (text, not yet parsed) and how to name it in messages."""
+    entries, last_count, head, prev, snapshot, mac = row
+    where = f"{store.path}: checkpoint at row {entries}"
+    if type(entries) is not int or type(last_count) is not int or not all(
+            isinstance(x, str) for x in (head, prev, snapshot, mac)):
+        raise LedgerStateError(f"{where} is unreadable (edited or corrupted)")
+    cursor = Cursor(entries, last_count, head, prev, None)
+    if mac != store._checkpoint_mac(cursor, snapshot):
+        raise LedgerStateError(f"{where} fails its digest (edited or corrupted)")
+    return cursor, snapshot, where
 
 
 def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
@@ -303,6 +322,17 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
         with gc_paused():
             for row in rows:
                 n_rows += 1
+                cp = checkpoints.get(row[0] + 1)  # a checkpoint that ends on this row
+                if cp is not None and row[1] == "run" and cp[1] != row[5]:
+                    # The run grew after the checkpoint was written: replay the row as the
+                    # checkpoint saw it first, so that everything it holds is compared.
+                    try:
+                        replay_row(store, conn, acc, _as_checkpointed(store, cp, row), cursor)
+                    except LedgerStateError as exc:  # the row or the checkpoint was edited
+                        raise LedgerStateError(
+                            f"{store.path}: checkpoint at row {row[0] + 1} does not match "
+                            f"journal row {row[0]} as it saw it ({exc})") from None
+                    verify_checkpoint(store, checkpoints.pop(row[0] + 1), cursor, acc)
                 replay_row(store, conn, acc, row, cursor)
                 cp = checkpoints.pop(cursor.entries, None)
                 if cp is not None:
@@ -317,23 +347,30 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
     return n_rows
 
 
-def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) -> None:
-    """A checkpoint row must carry its MAC and agree with the journal replayed up to it."""
-    entries, last_count, head, prev, snapshot, mac = cp
-    where = f"{store.path}: checkpoint at row {entries}"
-    recorded = Cursor(int(entries), int(last_count), head, prev, None)
-    if mac != store._checkpoint_mac(recorded, snapshot):
-        raise LedgerStateError(f"{where} fails its digest")
-    now = acc.snapshot()
+def _as_checkpointed(store: Any, cp: tuple, row: tuple) -> tuple:
+    """Run row ``row`` as checkpoint ``cp`` saw it: the count and last time it had then,
+    chained to the digest the checkpoint recorded as the journal's head (the replay checks
+    that digest, so a checkpoint that misstates the row fails there)."""
+    cursor, snapshot, where = checked_checkpoint(store, cp)
     try:
-        snap = loads(snapshot, where)["accounting"]
-        # The row it ends on may have grown since it was written; all else must agree.
-        same = recorded.prev == cursor.prev and all(
-            snap[k] == now[k] for k in ("config", "fixed", "events"))
-        same = same and snap["journal"]["base"] == now["journal"]["base"]
-    except (TypeError, ValueError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
+        last_time = loads(snapshot, where)["accounting"]["journal"]["last"][6]
+    except (KeyError, TypeError, IndexError) as exc:
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
-    if recorded.last_count == cursor.last_count:
-        same = same and recorded.digest == cursor.digest and snap == now
+    idx, kind, mech_id, label, pid, _, first, _, body, _ = row
+    return (idx, kind, mech_id, label, pid, cursor.last_count, first, last_time, body,
+            cursor.digest)
+
+
+def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) -> None:
+    """A checkpoint row must carry its MAC and equal the journal replayed up to it: the
+    cursor, the kind of its last row and the whole accounting snapshot."""
+    recorded, snapshot, where = checked_checkpoint(store, cp)
+    try:
+        snap = loads(snapshot, where)
+        same = (recorded.as_tuple() == cursor.as_tuple()
+                and snap["last_kind"] == cursor.last_kind
+                and snap["accounting"] == acc.snapshot())
+    except (TypeError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
+        raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
         raise LedgerStateError(f"{where} does not match the replayed journal")
