@@ -638,3 +638,22 @@ def test_a_checkpoint_that_misstates_the_kind_of_its_last_row_fails_closed_on_op
         Ledger.open(path)  # (it used to open, and its next charge raised AssertionError)
     with pytest.raises(LedgerStateError, match="checkpoint at row 512"):
         cli_verify(path)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda fix: fix.update(odometer="x"),  # used to open and verify, then break epsilon()
+    lambda fix: fix.update(odometer={"weights": "x"}),
+    lambda fix: fix["filter"].update(weights=[w / 2 for w in fix["filter"]["weights"]]),
+    lambda fix: fix.update(filter="x"),
+], ids=["odometer-text", "odometer-weights-text", "weaker-filter-weights", "filter-text"])
+def test_a_rechained_fix_row_must_hold_what_its_plan_derives(tmp_path, edit):
+    path = _closed_copy(tmp_path)
+    conn = sqlite3.connect(path)
+    fix = json.loads(conn.execute("SELECT body FROM entries WHERE idx = 0").fetchone()[0])
+    conn.close()
+    edit(fix)
+    _rechain(path, keep=32, bodies={0: json.dumps(fix, sort_keys=True, separators=(",", ":"))})
+    with pytest.raises(LedgerStateError, match="journal row 0"):
+        Ledger.open(path)
+    with pytest.raises(LedgerStateError, match="journal row 0"):
+        cli_verify(path)

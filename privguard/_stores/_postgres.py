@@ -35,7 +35,6 @@ of the journal) and must be reopened, unless the charge was recorded.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 import uuid
@@ -50,7 +49,6 @@ from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity
 from privguard._journal import Run
 from privguard._optional import require
-from privguard._plan import Plan
 from privguard._stores import _pgschema, _pgurl, _rows
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
@@ -495,10 +493,6 @@ class PostgresStore:
             f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx >= %s ORDER BY "
             "idx", (self.ledger, start)).fetchall())
 
-    @staticmethod
-    def _check_fix(acc: Accounting, fixed: Any, where: str) -> None:
-        _check_fix(acc, fixed, where)
-
     def _mechanism(self, conn: Any, mech_id: Any, where: str) -> tuple[Mechanism, str]:
         got = self._mechs.get(mech_id)
         if got is not None:
@@ -627,28 +621,3 @@ class PostgresStore:
     def reference(self) -> dict[str, Any]:
         """The URL as the user gave it (a password only if the user's URL had one)."""
         return {"path": self._url}
-
-
-def _check_fix(acc: Accounting, fixed: Any, where: str) -> None:
-    """A fix row must hold what this library derives from its plan (a charging role writes it).
-
-    Floats may differ by 1e-9 relative (another CPU's libm); a forged record,
-    say weaker filter weights, differs by far more and is refused.
-    """
-    try:
-        derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
-    except (PrivguardError, KeyError, TypeError, ValueError) as exc:
-        raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
-    if not _same(fixed, derived):
-        raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
-                               "library derives from it (a forged or foreign fix row)")
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and type(a) is type(b):
-        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-    return type(a) is type(b) and a == b

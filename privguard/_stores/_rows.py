@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from privguard._accounting import Accounting
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._journal import Run
+from privguard._plan import Plan
 
 
 class Cursor:
@@ -184,8 +186,8 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
 
     The row is the next one, or the last one read again (a run whose count grew). ``store``
     supplies ``path``, ``live``, ``PEER`` ("process" or "client", for messages),
-    ``_mechanism``, ``_run_digest``, ``_entry_digest`` and ``_check_fix`` (what a fix row
-    must hold). Anything inconsistent raises LedgerStateError.
+    ``_mechanism``, ``_run_digest`` and ``_entry_digest``. Anything inconsistent raises
+    LedgerStateError.
     """
     idx, kind, mech_id, label, pid, count, first, last, body, digest = row
     where = f"{store.path}: journal row {idx}"
@@ -221,7 +223,7 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
         acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
         c.last_count = count
     elif kind == "fix":
-        store._check_fix(acc, parsed, where)
+        check_fix(acc, parsed, where)
         acc.replay_fix(parsed)
         c.last_count = 0
     else:
@@ -374,3 +376,30 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
         raise LedgerStateError(f"{where} does not match the replayed journal")
+
+
+def check_fix(acc: Accounting, fixed: Any, where: str) -> None:
+    """A fix row must hold what this library derives from its plan: a PostgreSQL charging
+    role writes it, and a re-chained file (unkeyed) may hold anything, such as weaker
+    filter weights or an odometer record that only fails when ε is read.
+
+    Floats may differ by 1e-9 relative (another CPU's libm); a forged record
+    differs by far more and is refused.
+    """
+    try:
+        derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
+    except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
+    if not _same(fixed, derived):
+        raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
+                               "library derives from it (a forged or foreign fix row)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and type(a) is type(b):
+        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return type(a) is type(b) and a == b

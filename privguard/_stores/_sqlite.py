@@ -382,9 +382,6 @@ class SQLiteStore:
             "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
             "WHERE idx >= ? ORDER BY idx", (start,)).fetchall())
 
-    def _check_fix(self, acc: Accounting, fixed: Any, where: str) -> None:
-        """A fix row is the file's own (one writer's journal, under its digest chain)."""
-
     def _mechanism(self, conn: sqlite3.Connection, mech_id: Any, where: str
                    ) -> tuple[Mechanism, str]:
         got = self._mechs.get(mech_id)
