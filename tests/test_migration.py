@@ -7,6 +7,7 @@ tests/data/ledger-0.1.db and state-0.1.json were written by privguard 0.1.0
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -17,6 +18,7 @@ import pytest
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._cli import main
+from privguard._migrate import upgrade
 
 DATA = Path(__file__).parent / "data"
 V01_EPSILON = 3.224338293201262
@@ -82,3 +84,90 @@ def test_new_ledgers_cannot_choose_the_retired_odometer():
     with pytest.raises(InvalidArgumentError, match="retired"):
         Ledger(delta=1e-5, odometer="tight")
     assert Ledger(delta=1e-5)._acc.config.odometer == "mixture"
+
+
+# -- helpers: edit a copy of the 0.1 file as anyone could (0.1 had no key) ----------------
+def _assert_refused(path, args, match=None, capsys=None):
+    """``privguard upgrade PATH ARGS`` exits 2 naming the file, and changes nothing."""
+    before = path.read_bytes()
+    if capsys is not None:
+        capsys.readouterr()
+    assert main(["upgrade", str(path), *args]) == 2
+    if capsys is not None:
+        err = capsys.readouterr().err
+        assert err.startswith(f"privguard: {path}") and "error: " not in err, err
+        if match is not None:
+            assert match in err, err
+    assert path.read_bytes() == before
+    assert not path.with_name(path.name + ".v1").exists()
+
+
+def _meta(path, **values):
+    conn = sqlite3.connect(path)
+    for key, value in values.items():
+        conn.execute("UPDATE meta SET value = ? WHERE key = ?", (value, key))
+    conn.commit()
+    conn.close()
+
+
+def _dumps(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def _rechain(path):
+    """Recompute 0.1's SHA-256 row chain and totals digest after an edit (no key stops it)."""
+    conn = sqlite3.connect(path)
+    previous = "privguard-journal-v1"
+    for row in conn.execute("SELECT idx, time, label, mechanism, curve, pid FROM journal "
+                            "ORDER BY idx").fetchall():
+        previous = hashlib.sha256(_dumps([previous, *row]).encode()).hexdigest()
+        conn.execute("UPDATE journal SET digest = ? WHERE idx = ?", (previous, row[0]))
+    conn.execute("UPDATE totals SET digest = ?", (previous,))
+    conn.commit()
+    conn.close()
+
+
+
+# -- M5: an edited 0.1 file is refused with LedgerStateError, never a built-in ------------
+@pytest.mark.parametrize("sql, rechain, message", [
+    ("UPDATE meta SET value = '[1]' WHERE key = 'config'", False, "'config' is invalid"),
+    ("UPDATE meta SET value = '{}' WHERE key = 'config'", False, "'config' is invalid"),
+    ("UPDATE meta SET value = 'not json' WHERE key = 'config'", False, "'config' is not JSON"),
+    ("UPDATE meta SET value = X'7B7D' WHERE key = 'config'", False, "'config' is bytes"),
+    ("DELETE FROM meta WHERE key = 'events'", False, "'events' is missing"),
+    ("UPDATE meta SET value = '5' WHERE key = 'events'", False, "'events' must be a list"),
+    ("UPDATE meta SET value = '[5]' WHERE key = 'events'", False, "event 0 is not a retarget"),
+    ("UPDATE meta SET value = '" + "[" * 100_000 + "]" * 100_000 + "' WHERE key = 'events'",
+     False, "'events' is not JSON"),
+    ("DELETE FROM totals", False, "the 0.1 totals row is missing"),
+    ("UPDATE totals SET spent = 'x'", False, "spent curve is unreadable"),
+    ("UPDATE journal SET mechanism = X'00' WHERE idx = 0", False,
+     "row 0: column mechanism holds a bytes"),
+    ("UPDATE journal SET label = X'00' WHERE idx = 0", False, "row 0: column label holds a bytes"),
+    ("UPDATE journal SET time = 'abc' WHERE idx = 0", False, "row 0: column time holds a str"),
+    ("UPDATE journal SET pid = 1.5 WHERE idx = 0", False, "row 0: column pid holds a float"),
+    ("UPDATE journal SET mechanism = '\"x\"' WHERE idx = 0", True, "row 0 is unreadable"),
+    ("UPDATE journal SET mechanism = '[]' WHERE idx = 0", True, "row 0 is unreadable"),
+    ("UPDATE journal SET curve = '" + "[" * 100_000 + "]" * 100_000 + "' WHERE idx = 0", True,
+     "row 0 is unreadable"),
+    ("UPDATE journal SET curve = '[[1], 2]' WHERE idx = 0", True, "row 0 is unreadable"),
+])
+def test_upgrade_of_an_edited_0_1_file_raises_ledger_state_error(
+        old_file, capsys, sql, rechain, message):
+    conn = sqlite3.connect(old_file)
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+    if rechain:
+        _rechain(old_file)
+    with pytest.raises(LedgerStateError, match=str(old_file)):
+        upgrade(str(old_file))
+    _assert_refused(old_file, [], message, capsys)
+
+
+def test_upgrade_of_a_file_that_is_not_a_database_raises_ledger_state_error(tmp_path, capsys):
+    path = tmp_path / "budget.db"
+    path.write_text("not a database")
+    _assert_refused(path, [], "not a readable SQLite ledger", capsys)
+    (tmp_path / "dir.db").mkdir()
+    assert main(["upgrade", str(tmp_path / "dir.db"), *[]]) == 2
