@@ -3,13 +3,20 @@
     privguard report budget.db [--json] [--compare-prv]
     privguard plot budget.db -o eps.png [--no-prv]
     privguard verify budget.db
-    privguard upgrade budget.db
+    privguard upgrade budget.db --epsilon E --delta D
     privguard server-init postgresql://admin@host/db --ledger NAME --epsilon E --delta D
     privguard demo [--db PATH] [--quick]
 
 Each PATH may also be a ``postgresql://USER@HOST:PORT/DB?ledger=NAME`` URL
 (``pip install 'privguard[postgres]'``); ``server-init`` creates the schema,
 an owner and a charging role there, and the ledger.
+
+``upgrade`` converts a privguard 0.1 file. Nothing in a 0.1 file protects its
+target, so you restate the target you set and it must equal the file's:
+``--epsilon E --delta D``; ``--delta D`` alone for a ledger without an ε
+target; ``--rdp-budget V1,V2,...`` (and ``--delta D`` if it had one) for a
+strict per-order budget; ``--no-target`` for neither. Without them it refuses
+and shows the target the file claims and the command that confirms it.
 
 ``report``, ``plot`` and ``verify`` open the file read-only. Exit status: 0
 on success, 2 when the ledger cannot be read or fails verification (it fails
@@ -25,6 +32,14 @@ import sys
 
 from privguard._errors import PrivguardError
 from privguard._ledger import Ledger
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers"
+                                         ) from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,8 +59,19 @@ def _parser() -> argparse.ArgumentParser:
                          "on any inconsistency")
     ver.add_argument("path")
     upg = sub.add_parser("upgrade", help="upgrade a privguard 0.1 file (verified first; "
-                         "logged; the original is kept as PATH.v1)")
+                         "logged; the original is kept as PATH.v1); restate its target",
+                         description="Upgrade a privguard 0.1 ledger file. A 0.1 file does "
+                         "not protect its target, so restate the target you set; it must "
+                         "equal the file's exactly. Without it, the command refuses and "
+                         "shows the target the file claims.")
     upg.add_argument("path")
+    upg.add_argument("--epsilon", type=float, help="the target ε you set")
+    upg.add_argument("--delta", type=float, help="the δ you set (also for a ledger without "
+                     "an ε target)")
+    upg.add_argument("--rdp-budget", type=_floats, metavar="V1,V2,...",
+                     help="a strict ledger's per-order RDP budget, one value per order")
+    upg.add_argument("--no-target", action="store_true",
+                     help="the ledger had neither a target nor a δ")
     ini = sub.add_parser("server-init", help="create the privguard schema, an owner and a "
                          "charging role, and a ledger in PostgreSQL (run as a role that may "
                          "create roles, e.g. a superuser)")
@@ -76,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "upgrade":
             from privguard._migrate import upgrade
 
-            print(json.dumps(upgrade(args.path), indent=2))
+            print(json.dumps(upgrade(args.path, args.epsilon, args.delta,
+                                     rdp_budget=args.rdp_budget, no_target=args.no_target),
+                             indent=2))
         elif args.command == "server-init":
             from privguard._stores._pgadmin import server_init
 

@@ -21,8 +21,11 @@ event records that it happened.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import itertools
+import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +34,7 @@ from privguard import _config
 from privguard._accounting import Accounting
 from privguard._base import mechanism_from_dict
 from privguard._errors import LedgerStateError, PrivguardError
-from privguard._integrity import Integrity
+from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
 from privguard._plan import Plan
 
@@ -84,7 +87,8 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     integrity = Integrity.from_environment()
     integrity.require_matches(bool(state.get("keyed")), state.get("key_check"), "this state")
     body = {k: v for k, v in state.items() if k != "checksum"}
-    if not hmac.compare_digest(str(state.get("checksum")), integrity.digest("state", body)):
+    expected = _checksum(lambda: integrity.digest("state", body))
+    if not hmac.compare_digest(str(state.get("checksum")), expected):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
     try:
         acc = Accounting(_config.from_dict(state["config"]), fix_now=False)
@@ -95,6 +99,9 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
                 acc.replay_fix(entry[1])
             elif entry[0] == "event":
                 body = entry[1]
+                if not isinstance(body, dict):
+                    raise LedgerStateError(f"{where}: an event must be a dict, got "
+                                           f"{type(body).__name__}")
                 new = body.get("new") if body.get("event") == "retarget" else None
                 acc.replay_event(body, None if new is None else _config.from_dict(new))
             elif entry[0] == "run":
@@ -107,12 +114,21 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
         filter_state = state["filter_state"]
     except LedgerStateError:
         raise
-    except (PrivguardError, KeyError, TypeError, ValueError, IndexError) as exc:
+    except (PrivguardError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise LedgerStateError(f"state is malformed: {exc!r}") from exc
     if acc.fixed != state["fixed"]:
         raise LedgerStateError("the state's fixed plan does not match its journal")
     _check_replay(acc, recorded, filter_state)
     return acc, acc.journal.held_runs()
+
+
+def _checksum(compute: Callable[[], str]) -> str:
+    """The state's checksum; a state that is not plain JSON data has none (refused)."""
+    try:
+        return compute()
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        raise LedgerStateError(f"state is not JSON data, so its checksum cannot be computed "
+                               f"({type(exc).__name__}: {exc})") from exc
 
 
 def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> None:
@@ -124,20 +140,17 @@ def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> N
 
 def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
     """privguard 0.1's format: one record per charge, SHA-256 checksum, weights at the top."""
-    import hashlib
-
-    from privguard._integrity import canonical
-
     body = {k: v for k, v in state.items() if k != "checksum"}
-    if state.get("checksum") != hashlib.sha256(canonical(body)).hexdigest():
+    if state.get("checksum") != _checksum(lambda: hashlib.sha256(canonical(body)).hexdigest()):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
     try:
         config = _config.from_dict(state["config"])
         acc = Accounting(config, fix_now=False)
-        records = [(r["label"], mechanism_from_dict(r["mechanism"]), r["time"], r["pid"])
-                   for r in state["records"]]
+        records = [_v1_record(i, r) for i, r in enumerate(state["records"])]
         weights = state["filter_state"].get("weights")
         recorded = np.array(state["spent"], dtype=float)
+    except LedgerStateError:
+        raise
     except PrivguardError as exc:
         raise LedgerStateError(f"state does not load: {exc}") from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -153,7 +166,29 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
     for (label, mech, pid), group in itertools.groupby(records, key=lambda r: (r[0], r[1], r[3])):
         times = [r[2] for r in group]
         acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, len(times), label, mech,
-                           float(times[0]), float(times[-1]), int(pid)),
+                           times[0], times[-1], pid),
                        f"version-1 record {acc.journal.charges}")
     _check_replay(acc, recorded, None if acc.filter is None else acc.filter.state())
     return acc, acc.journal.held_runs()
+
+
+def _v1_record(i: int, record: Any) -> tuple[str | None, Any, float, int]:
+    """(label, mechanism, time, pid) of a version-1 record, each of the type 0.1 wrote."""
+    where = f"version-1 record {i}"
+    if not isinstance(record, dict):
+        raise LedgerStateError(f"{where} must be a dict, got {type(record).__name__}")
+    label, t, pid = record["label"], record["time"], record["pid"]
+    if label is not None and not isinstance(label, str):
+        raise LedgerStateError(f"{where}: label must be a string or None, got {label!r}")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not _finite(t):
+        raise LedgerStateError(f"{where}: time must be a finite number, got {t!r}")
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise LedgerStateError(f"{where}: pid must be an integer, got {pid!r}")
+    return label, mechanism_from_dict(record["mechanism"]), float(t), pid
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False

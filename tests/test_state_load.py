@@ -1,0 +1,113 @@
+"""A forged or corrupt state raises LedgerStateError, never a Python built-in.
+
+Both ways of loading are checked: ``Ledger.load_state_dict(state)`` (called
+on the class: a new ledger) and ``ledger.load_state_dict(state)`` (in place).
+Each state is re-checksummed with the library's own digest where the edit
+would otherwise be caught by the checksum alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard._integrity import Integrity, canonical
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+
+def _nested(depth):
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def state():
+    ledger = Ledger(3.0, 1e-5)
+    for i in range(3):
+        ledger.charge(STEP, label=f"s{i}")
+    ledger.charge(M.Laplace(5.0), label="count")
+    return ledger.state_dict()
+
+
+def _resummed(state):
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    state["checksum"] = Integrity(None).digest("state", body)
+    return state
+
+
+def _loaders():
+    def in_place(state):
+        ledger = Ledger(3.0, 1e-5)
+        ledger.charge(STEP, label="s0")
+        return ledger.load_state_dict(state)
+
+    return [pytest.param(Ledger.load_state_dict, id="class"), pytest.param(in_place, id="inplace")]
+
+
+EDITS = {
+    # a journal event whose body is not a dict, re-checksummed (passes the checksum)
+    "event-body-list": (lambda s: s["journal"].append(["event", [1]]), True,
+                        "journal entry .*: an event must be a dict"),
+    "event-body-str": (lambda s: s["journal"].append(["event", "x"]), True,
+                       "journal entry .*: an event must be a dict"),
+    # a fixed plan whose filter record is not a dict (journal fix entry and "fixed" alike)
+    "fix-filter-list": (lambda s: [s["fixed"].__setitem__("filter", [1]),
+                                   s["journal"][0][1].__setitem__("filter", [1])], True,
+                        "state is malformed"),
+    # values the checksum's JSON encoding cannot take (the checksum is then not computable)
+    "set-value": (lambda s: s.__setitem__("spent", {1.0, 2.0}), False, "not JSON data"),
+    "bytes-value": (lambda s: s.__setitem__("extra", b"1"), False, "not JSON data"),
+    "int-key": (lambda s: s.__setitem__(1, 1), False, "not JSON data"),
+    "nested-100000": (lambda s: s.__setitem__("extra", _nested(100_000)), False,
+                      "not JSON data"),
+}
+
+
+@pytest.mark.parametrize("load", _loaders())
+@pytest.mark.parametrize("name", sorted(EDITS))
+def test_an_edited_state_raises_ledger_state_error(state, load, name):
+    edit, resum, message = EDITS[name]
+    bad = copy.deepcopy(state)
+    edit(bad)
+    if resum:
+        _resummed(bad)
+    with pytest.raises(LedgerStateError, match=message):
+        load(bad)
+
+
+def _v1_state(state, **record):
+    body = {"format": "privguard.Ledger", "version": 1, "config": {
+        "orders": state["config"]["orders"], "delta": 1e-5, "odometer": "tight", "plan": None,
+        "filter": {"kind": "dp", "epsilon": 3.0, "delta": 1e-5,
+                   "shares": {"type": "Concentrated", "params": {"share": 0.9, "order": None}}}},
+        "records": [{"label": "a", "mechanism": STEP.to_dict(), "time": 1.0, "pid": 1, **record}],
+        "filter_state": {}, "spent": state["spent"]}
+    body["checksum"] = hashlib.sha256(canonical(body)).hexdigest()  # 0.1's checksum
+    return body
+
+
+@pytest.mark.parametrize("load", _loaders())
+@pytest.mark.parametrize("record, message", [
+    ({"time": "abc"}, "version-1 record 0: time must be a finite number, got 'abc'"),
+    ({"time": None}, "version-1 record 0: time must be a finite number"),
+    ({"time": 10**400}, "version-1 record 0: time must be a finite number"),
+    ({"pid": "1"}, "version-1 record 0: pid must be an integer"),
+    ({"label": ["a"]}, "version-1 record 0: label must be a string or None"),
+])
+def test_a_version_1_state_with_a_mistyped_record_raises_ledger_state_error(
+        state, load, record, message):
+    with pytest.raises(LedgerStateError, match=message):
+        load(_v1_state(state, **record))
+
+
+def test_a_state_that_is_not_a_dict_raises_ledger_state_error():
+    # consistent with what load has always done for a non-dict state
+    with pytest.raises(LedgerStateError, match="state must be a dict, got list"):
+        Ledger.load_state_dict([1])
