@@ -270,7 +270,7 @@ class Accounting:
         try:
             Plan.from_dict(fixed["plan"])
             self.install_fixed(fixed)
-        except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
         self.marks.append((self.journal.run_count, ["fix", fixed]))
 
@@ -308,8 +308,26 @@ class Accounting:
             self.filter.apply(verdict.filter_state)
         return verdict
 
-    def replay_event(self, body: dict[str, Any], config: Config | None = None) -> None:
-        """An explicit, logged event; a retarget brings its new configuration."""
+    def replay_event(self, body: dict[str, Any], config: Config | None = None,
+                     where: str = "an event") -> None:
+        """An explicit, logged event; a retarget brings its new configuration.
+
+        A retarget goes from the configuration in force (its "old") to another one:
+        privguard never logs one that changes nothing, so such a record is forged (a
+        retarget relaxes a hybrid filter into the RDP filter) and fails closed.
+        """
+        if config is not None:
+            from privguard import _config
+
+            try:
+                old = _config.from_dict(body.get("old"))
+            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
+            if old != self.config:
+                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
+            if config == self.config:
+                raise LedgerStateError(f"{where}: a retarget that changes nothing (privguard "
+                                       "never logs one)")
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run
@@ -416,6 +434,7 @@ class Accounting:
             acc.events = list(snap["events"])
         except LedgerStateError:
             raise
-        except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+                OverflowError) as exc:
             raise LedgerStateError(f"checkpoint unreadable ({exc})") from exc
         return acc

@@ -103,7 +103,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
                     raise LedgerStateError(f"{where}: an event must be a dict, got "
                                            f"{type(body).__name__}")
                 new = body.get("new") if body.get("event") == "retarget" else None
-                acc.replay_event(body, None if new is None else _config.from_dict(new))
+                acc.replay_event(body, None if new is None else _config.from_dict(new), where)
             elif entry[0] == "run":
                 _, m, label, pid, count, first, last = entry
                 acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,

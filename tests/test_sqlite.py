@@ -207,6 +207,15 @@ def _edit(path, sql, *args):
     ("UPDATE meta SET value = '99' WHERE key = 'schema_version'", (), "schema version 99"),
     ("UPDATE meta SET value = 'not json' WHERE key = 'config'", (), "unreadable"),
     ("UPDATE mechanisms SET body = replace(body, '1.0', '9.0')", (), "digest"),
+    # single cells of the wrong type: LedgerStateError, never ValueError or TypeError
+    ("UPDATE entries SET label = X'616263' WHERE idx = 3", (), "row 3 is unreadable"),
+    ("UPDATE entries SET label = 7 WHERE idx = 3", (), "row 3 fails its digest chain"),
+    ("UPDATE entries SET body = X'7b7d' WHERE idx = 0", (), "row 0 is unreadable"),
+    ("UPDATE head SET entries = 'abc'", (), "head is unreadable"),
+    ("UPDATE head SET last_count = 'x'", (), "head is unreadable"),
+    ("UPDATE head SET entries = 1e400", (), "head is unreadable"),
+    ("UPDATE head SET digest = X'00'", (), "head is unreadable"),
+    ("UPDATE meta SET value = '²' WHERE key = 'schema_version'", (), "schema version ²"),
 ])
 def test_edited_database_fails_closed_and_charges_nothing(tmp_path, sql, args, match):
     path = _closed_copy(tmp_path)
@@ -656,4 +665,43 @@ def test_a_rechained_fix_row_must_hold_what_its_plan_derives(tmp_path, edit):
     with pytest.raises(LedgerStateError, match="journal row 0"):
         Ledger.open(path)
     with pytest.raises(LedgerStateError, match="journal row 0"):
+        cli_verify(path)
+
+
+
+@pytest.mark.parametrize("sql", [
+    "UPDATE checkpoints SET last_count = 'x'",
+    "UPDATE checkpoints SET head = X'00'",
+    "UPDATE checkpoints SET snapshot = CAST(snapshot AS BLOB)",
+    "UPDATE checkpoints SET last_count = 1e400",
+])
+def test_an_edited_checkpoint_cell_fails_closed(tmp_path, sql):
+    path = tmp_path / "cp.db"
+    filled(path, n=530).close()  # a checkpoint at row 512, the newest: opening reads it
+    _edit(path, sql)
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        Ledger.open(path)
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        cli_verify(path)
+
+
+def test_a_rechained_retarget_that_changes_nothing_is_refused(tmp_path):
+    # privguard never logs a retarget that keeps the configuration; one forged into the
+    # journal would swap a hybrid filter for the RDP filter (a relaxation), so it is refused
+    path = tmp_path / "b.db"
+    Ledger(3.0, 1e-5, path=path).close()
+    ledger = Ledger(4.0, 1e-5, path=path, retarget="approved")  # row 0: the retarget
+    for i in range(5):
+        ledger.charge(STEP, label=f"s{i}")  # row 1 fixes the plan under ε = 4
+    ledger.close()
+    conn = sqlite3.connect(path)
+    event = json.loads(conn.execute("SELECT body FROM entries WHERE idx = 0").fetchone()[0])
+    conn.close()
+    event["old"] = event["new"]  # now from ε = 4 to ε = 4, genesis and all
+    _edit(path, "UPDATE meta SET value = ? WHERE key = 'genesis_config'",
+          json.dumps(event["new"], sort_keys=True, separators=(",", ":")))
+    _rechain(path, keep=7, bodies={0: json.dumps(event, sort_keys=True, separators=(",", ":"))})
+    with pytest.raises(LedgerStateError, match="row 0: a retarget that changes nothing"):
+        Ledger.open(path)
+    with pytest.raises(LedgerStateError, match="row 0: a retarget that changes nothing"):
         cli_verify(path)

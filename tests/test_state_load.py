@@ -60,7 +60,7 @@ EDITS = {
     # a fixed plan whose filter record is not a dict (journal fix entry and "fixed" alike)
     "fix-filter-list": (lambda s: [s["fixed"].__setitem__("filter", [1]),
                                    s["journal"][0][1].__setitem__("filter", [1])], True,
-                        "state is malformed"),
+                        "fixed plan is unreadable"),
     # values the checksum's JSON encoding cannot take (the checksum is then not computable)
     "set-value": (lambda s: s.__setitem__("spent", {1.0, 2.0}), False, "not JSON data"),
     "bytes-value": (lambda s: s.__setitem__("extra", b"1"), False, "not JSON data"),
@@ -111,3 +111,24 @@ def test_a_state_that_is_not_a_dict_raises_ledger_state_error():
     # consistent with what load has always done for a non-dict state
     with pytest.raises(LedgerStateError, match="state must be a dict, got list"):
         Ledger.load_state_dict([1])
+
+
+@pytest.mark.parametrize("flt", ["rdp", "hybrid"])
+def test_a_forged_retarget_that_changes_nothing_never_loads(flt):
+    # privguard never logs a retarget that keeps the configuration; appended to a state
+    # and re-checksummed it would pass "extends my journal" and "same configuration",
+    # and a retarget swaps a hybrid filter for the RDP filter at the full δ
+    from privguard import Plan
+
+    ledger = Ledger(3.0, 1e-5, plan=Plan(STEP, steps=1000), filter=flt)
+    for _ in range(10):
+        ledger.charge(STEP, label="train")
+    forged = copy.deepcopy(ledger.state_dict())
+    cfg = forged["config"]
+    forged["journal"].append(["event", {"event": "retarget", "old": cfg, "new": cfg,
+                                        "reason": "forged", "time": 0.0}])
+    forged = _resummed(forged)
+    for load in (Ledger.load_state_dict, ledger.load_state_dict):
+        with pytest.raises(LedgerStateError, match="a retarget that changes nothing"):
+            load(forged)
+    ledger.charge(STEP, label="train")  # the refused state left the ledger usable

@@ -466,10 +466,7 @@ class PostgresStore:
                            "WHERE name = %s", (self.ledger,)).fetchone()
         if row is None:
             raise LedgerStateError(f"{self.path}: ledger {self.ledger!r} is gone")
-        head = _Cursor(int(row[0]), int(row[1]), row[2], row[3], None)
-        if row[4] != self._head_mac(head):
-            raise LedgerStateError(f"{self.path}: the journal head fails its digest (edited)")
-        return head
+        return _rows.checked_head(self, row)
 
     def _retarget(self, conn: Any, acc: Accounting, config: Config,
                   reason: str | None) -> None:

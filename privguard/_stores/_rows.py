@@ -83,13 +83,16 @@ def decode_mechanism(store: Any, mech_id: Any, row: tuple | None, where: str
     return mechanism, digest
 
 
-def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
+def run_numbers(label: Any, count: Any, first: Any, last: Any, pid: Any, where: str
                 ) -> tuple[int, float, float, int]:
-    """A run row's (count, first time, last time, pid) as read back.
+    """A run row's (count, first time, last time, pid) as read back, its label checked.
 
-    An edit that leaves them unreadable (SQLite keeps text in a numeric column;
+    An edit that leaves them unreadable (SQLite keeps text or a blob in any column;
     a PostgreSQL superuser can write NULL) fails closed with LedgerStateError.
     """
+    if label is not None and type(label) is not str:
+        raise LedgerStateError(f"{where} is unreadable (a label of type "
+                               f"{type(label).__name__})")
     if type(count) is int and type(pid) is int and type(first) is float \
             and type(last) is float:  # as SQLite and psycopg give them back
         return count, first, last, pid
@@ -97,6 +100,31 @@ def run_numbers(count: Any, first: Any, last: Any, pid: Any, where: str
         return int(count), float(first), float(last), int(pid)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LedgerStateError(f"{where} is unreadable ({exc})") from None
+
+
+def text_body(body: Any, where: str) -> Any:
+    """A fix or event row's body as read back: text holding a JSON object."""
+    if type(body) is not str:
+        raise LedgerStateError(f"{where} is unreadable (a body of type {type(body).__name__})")
+    parsed = loads(body, where)
+    if not isinstance(parsed, dict):
+        raise LedgerStateError(f"{where} is unreadable (not a JSON object)")
+    return parsed
+
+
+def checked_head(store: Any, row: tuple) -> Cursor:
+    """The journal head (entries, last_count, digest, prev, mac) as read back, its MAC
+    checked; ``store`` supplies ``path`` and ``_head_mac``."""
+    entries, last_count, digest, prev, mac = row
+    if type(entries) is not int or type(last_count) is not int or not all(
+            type(x) is str for x in (digest, prev, mac)):
+        raise LedgerStateError(f"{store.path}: the journal head is unreadable (edited or "
+                               "corrupted)")
+    head = Cursor(entries, last_count, digest, prev, None)
+    if mac != store._head_mac(head):
+        raise LedgerStateError(f"{store.path}: the journal head fails its digest (edited, "
+                               "truncated or corrupted)")
+    return head
 
 
 def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounting, Cursor]:
@@ -159,9 +187,10 @@ def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
     if head.entries < mine.entries or (head.entries == mine.entries
                                        and head.last_count < mine.last_count):
         raise LedgerStateError(
-            f"{store.path}: the journal went backwards ({mine.entries} rows seen, "
-            f"{head.entries} now): rows were deleted or the ledger was restored from an "
-            "older copy. A ledger never goes backwards; refusing every charge")
+            f"{store.path}: the journal went backwards (this ledger saw {mine.entries} rows, "
+            f"the last holding {mine.last_count} charges; now {head.entries} rows, the last "
+            f"holding {head.last_count}): rows were deleted or the ledger was restored from "
+            "an older copy. A ledger never goes backwards; refusing every charge")
     start = max(mine.entries - 2, 0)
     rows = rows_from(start)
     known = list(range(start, mine.entries))  # the last one or two rows already replayed
@@ -197,16 +226,14 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
     prev = c.prev if extends else c.digest
     if kind == "run":
         mechanism, mech_digest = store._mechanism(conn, mech_id, where)
-        count, first, last, pid = run_numbers(count, first, last, pid, where)
+        count, first, last, pid = run_numbers(label, count, first, last, pid, where)
         computed = store._run_digest(prev, idx, mech_digest, label, pid, count, first, last)
     elif kind in ("fix", "event"):
         if extends:
             if digest != c.digest:
                 raise LedgerStateError(f"{where} changed after this ledger replayed it")
             return
-        parsed = loads(body, where)
-        if not isinstance(parsed, dict):
-            raise LedgerStateError(f"{where} is unreadable (not a JSON object)")
+        parsed = text_body(body, where)
         computed = store._entry_digest(prev, idx, kind, [body])
     else:
         raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
@@ -230,16 +257,14 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
         new = None
         if parsed.get("event") == "retarget":
             try:
-                old, new = _config.from_dict(parsed.get("old")), _config.from_dict(parsed["new"])
-            except (PrivguardError, KeyError, TypeError, ValueError) as exc:
+                new = _config.from_dict(parsed["new"])
+            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
-            if acc.config != old:
-                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
             if store.live:
                 raise LedgerStateError(
                     f"{store.path}: the ledger's configuration was changed by another "
                     f"{store.PEER} (an explicit retarget); reopen the ledger to continue")
-        acc.replay_event(parsed, new)
+        acc.replay_event(parsed, new, where)
         c.last_count = 0
     if not extends:
         c.prev, c.entries = c.digest, idx + 1
@@ -264,14 +289,14 @@ def checked_items(store: Any, conn: Any, rows: Iterable[tuple]) -> list[Any]:
             raise LedgerStateError(f"{where} is out of sequence (row {position} missing)")
         if kind == "run":
             mechanism, mech_digest = store._mechanism(conn, mech_id, where)
-            count, first, last, pid = run_numbers(count, first, last, pid, where)
+            count, first, last, pid = run_numbers(label, count, first, last, pid, where)
             run = Run(runs, start, count, label, mechanism, first, last, pid)
             fields = store._run_fields(run, mech_digest)
             items.append(run)
             runs, start = runs + 1, start + count
         else:
             fields = [body]
-            items.append([kind, loads(body, where)])
+            items.append([kind, text_body(body, where)])
         if store._entry_digest(prev, idx, kind, fields) != digest:
             raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                    "corrupted)")

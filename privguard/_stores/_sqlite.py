@@ -251,12 +251,15 @@ class SQLiteStore:
             if version is not None and version[0] == "1":
                 raise LedgerStateError(
                     f"{self.path} was written by privguard 0.1 (schema 1). Upgrade it "
-                    f"explicitly, as a logged step that verifies it first: privguard upgrade "
-                    f"{self.path}")
+                    "explicitly, as a logged step that verifies it first; a 0.1 file does "
+                    "not protect its target, so restate the one you set: privguard upgrade "
+                    f"{self.path} --epsilon E --delta D (--delta D alone for a ledger "
+                    "without an ε target; run it without options to see the target the "
+                    "file claims)")
         if not {"meta", "mechanisms", "entries", "checkpoints", "head"} <= tables:
             raise LedgerStateError(f"{self.path}: not a privguard ledger (tables {sorted(tables)})")
         version = self._get(conn, "schema_version", self.path)
-        if not version.isdigit() or int(version) != SCHEMA_VERSION:
+        if version != str(SCHEMA_VERSION):
             raise LedgerStateError(
                 f"{self.path}: schema version {version} is not supported by this privguard "
                 f"(it reads {SCHEMA_VERSION}); refusing to open")
@@ -365,11 +368,7 @@ class SQLiteStore:
                            "WHERE id = 1").fetchone()
         if row is None:
             raise LedgerStateError(f"{self.path}: the journal head is missing")
-        head = _Cursor(int(row[0]), int(row[1]), row[2], row[3], None)
-        if row[4] != self._head_mac(head):
-            raise LedgerStateError(f"{self.path}: the journal head fails its digest "
-                                   "(edited, truncated or corrupted)")
-        return head
+        return _rows.checked_head(self, row)
 
     def _sync(self, conn: sqlite3.Connection, acc: Accounting) -> None:
         """Replay what other processes appended; fail closed on anything else."""
