@@ -32,7 +32,9 @@ from privguard._results import Guarantee, LedgerEvent, Remaining
 from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
 from privguard.mechanisms import Mechanism, mechanism_from_dict
 
-__version__ = "0.1.0"
+# 0.2 writes ledger files of schema 2; files of privguard 0.1 (schema 1) need
+# `privguard upgrade`. Read by setuptools for the package's metadata.
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "CLASSIC",

@@ -45,6 +45,9 @@ def _floats(text: str) -> list[float]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privguard",
                                      description="Inspect, verify and upgrade privguard ledgers.")
+    from privguard import __version__
+
+    parser.add_argument("--version", action="version", version=f"privguard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="targets, running ε, remaining budget, charges, timeline")
     rep.add_argument("path")

@@ -136,8 +136,9 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     print(f"1. tuning the learning rate: {plan}")
     result = tuner.run(objective, ledger, label="random-K tuning")
     lr = result.params["lr"] if result.selected and result.params is not None else 0.5
-    print(f"   selected lr = {lr}"  # K is not released with the winner (privguard.tuning)
-          + ("" if result.selected else " (no candidate selected; using lr = 0.5)") + "\n")
+    # K is not released with the winner (privguard.tuning), nor why there is none
+    print(f"   selected lr = {lr}\n" if result.selected else
+          f"   no winner (the tuning released none); training with the default lr = {lr}\n")
 
     # 2. Final training under the same ledger, with early stopping.
     model, opt, loader = _private_model(train, lr, int(rng.integers(1 << 30)))

@@ -158,3 +158,14 @@ def test_verify_command_needs_the_key_of_a_keyed_file(tmp_path):
         other = {k: v for k, v in env.items() if k != "PRIVGUARD_LEDGER_KEY"} | wrong
         done = _privguard("verify", str(path), env=other)
         assert done.returncode == 2 and "ledger key" in done.stderr, done.stderr
+
+
+def test_version_is_the_installed_package_version():
+    from importlib.metadata import version
+
+    import privguard
+
+    done = _privguard("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"privguard {privguard.__version__}" == \
+        f"privguard {version('privguard')}"
