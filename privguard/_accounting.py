@@ -24,7 +24,7 @@ from privguard._config import Config
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._filters import DPFilter, StrictFilter
 from privguard._journal import Journal, Run
-from privguard._odometer import MIXTURE, Odometer, mixture_weights
+from privguard._odometer import MIXTURE, Odometer, _checked_weights, mixture_weights
 from privguard._plan import Plan
 
 _CACHE_LIMIT = 4096
@@ -216,6 +216,12 @@ class Accounting:
         return out
 
     def install_fixed(self, fixed: dict[str, Any], flt: Any = None) -> None:
+        record = fixed.get("odometer")  # mixture weights, read whenever ε is: checked here
+        if record is not None:
+            if not isinstance(record, dict) or set(record) != {"weights"}:
+                raise LedgerStateError(f"the fixed odometer record {record!r} is not "
+                                       '{"weights": [...]}')
+            _checked_weights(record["weights"], self.orders.size)
         if flt is None and self.config.filter is not None:
             flt = self._filter_from_record(fixed["filter"])
         self.fixed, self.filter = fixed, flt

@@ -291,12 +291,15 @@ class Journal:
         if base.shape != (size,) or np.isnan(base).any() or (base < 0).any():
             raise LedgerStateError("checkpoint: spent curve is not a valid curve on the grid")
         journal._base = base
+        runs, charges = int(snap["runs"]), int(snap["charges"])
         if snap["streak"] is not None:
             mech, count = snap["streak"]
+            if type(count) is not int or not 0 < count <= charges:
+                raise LedgerStateError(f"checkpoint: a streak of {count!r} charges, of "
+                                       f"{charges} in all")
             journal._streak = mechanism_from_dict(mech)
             journal._streak_curve = curve_of(journal._streak)
-            journal._streak_count = int(count)
-        runs, charges = int(snap["runs"]), int(snap["charges"])
+            journal._streak_count = count
         if snap["last"] is None:
             journal._runs_before, journal._charges_closed = runs, charges
             journal.run_count, journal.charges = runs, charges

@@ -170,6 +170,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         with self._lock:
             if self._broken is not None:
                 raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
+            if write and self._store is not None and self._store.read_only:
+                # refused before the store is touched: the ledger stays readable
+                raise LedgerStateError(f"{self._store.path} was opened read-only: it cannot "
+                                       "be charged")
             transaction = self._backend.transaction(self._acc, write)
             txn = self._guard(transaction.__enter__)
             try:

@@ -91,7 +91,13 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     if not hmac.compare_digest(str(state.get("checksum")), expected):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
     try:
-        acc = Accounting(_config.from_dict(state["config"]), fix_now=False)
+        # The journal is replayed from the configuration it started with: the first
+        # retarget's "old" one (each retarget then moves it on), else the state's own.
+        final = _config.from_dict(state["config"])
+        first = next((e[1] for e in state["journal"] if e[0] == "event"
+                      and isinstance(e[1], dict) and e[1].get("event") == "retarget"), None)
+        acc = Accounting(final if first is None else _config.from_dict(first.get("old")),
+                         fix_now=False)
         mechanisms = [mechanism_from_dict(m) for m in state["mechanisms"]]
         for i, entry in enumerate(state["journal"]):
             where = f"state journal entry {i}"
@@ -116,6 +122,9 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
         raise
     except (PrivguardError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+    if acc.config != final:
+        raise LedgerStateError("the state's configuration is not the one its journal's "
+                               "retargets end in")
     if acc.fixed != state["fixed"]:
         raise LedgerStateError("the state's fixed plan does not match its journal")
     _check_replay(acc, recorded, filter_state)

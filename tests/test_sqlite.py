@@ -705,3 +705,68 @@ def test_a_rechained_retarget_that_changes_nothing_is_refused(tmp_path):
         Ledger.open(path)
     with pytest.raises(LedgerStateError, match="row 0: a retarget that changes nothing"):
         cli_verify(path)
+
+
+def test_a_checkpoint_is_written_after_the_transactions_last_row(tmp_path, monkeypatch):
+    # A first charge without a plan writes two rows, fix and run. With the fix row just
+    # before a checkpoint's multiple, the checkpoint used to be written between them: the
+    # fix row's cursor with the run's accounting, and the honest file no longer opened.
+    from privguard._stores import _sqlite
+
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)  # as at 512 rows, sooner
+    path = tmp_path / "b.db"
+    Ledger(3.0, 1e-5, path=path).close()
+    for i in range(3):  # logged retargets before the first charge: rows 0..2
+        Ledger(3.5 if i % 2 == 0 else 3.0, 1e-5, path=path, retarget=f"r{i}").close()
+    ledger = Ledger.open(path)
+    ledger.charge(STEP, label="train")  # fix row 3, run row 4
+    eps = ledger.epsilon()
+    ledger.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT entries, last_count FROM checkpoints").fetchall() == [(5, 1)]
+    conn.close()
+    again = Ledger.open(path)
+    assert len(again.history) == 1 and again.epsilon() == eps
+    assert cli_verify(path)["checkpoints"] == 1
+
+
+def test_charging_a_read_only_ledger_is_refused_and_it_stays_readable(tmp_path):
+    path = _closed_copy(tmp_path)
+    reader = Ledger.open(path, read_only=True)
+    eps = reader.epsilon()
+    for _ in range(2):
+        with pytest.raises(LedgerStateError, match="read-only: it cannot be charged"):
+            reader.charge(STEP)
+    assert reader.epsilon() == eps and len(reader.history) == 31 and reader.can_afford(STEP)
+
+
+def test_an_unknown_row_kind_behind_the_checkpoint_breaks_the_ledger_that_reads_it(tmp_path):
+    path = tmp_path / "b.db"
+    filled(path, n=520).close()  # a checkpoint at row 512: opening does not read row 0
+    _edit(path, "UPDATE entries SET kind = X'00' WHERE idx = 0")
+    ledger = Ledger.open(path)
+    with pytest.raises(LedgerStateError, match="row 0 has an unknown kind"):
+        len(ledger.history)  # a TypeError before, and the ledger went on charging
+    with pytest.raises(LedgerStateError, match="unusable"):
+        ledger.charge(STEP)
+
+
+@pytest.mark.parametrize("edit", [
+    _set("accounting", "journal", "streak", 1, 10 ** 400),  # OverflowError at epsilon()
+    _set("accounting", "journal", "streak", 1, 10 ** 6),  # more than the charges
+    _set("accounting", "fixed", "odometer", {}),  # KeyError at epsilon()
+    _set("accounting", "fixed", "odometer", "x"),  # TypeError at epsilon()
+    _set("accounting", "fixed", "odometer", {"weights": [1e40] * 157}),
+], ids=["streak-huge", "streak-over-charges", "odometer-empty", "odometer-text",
+        "odometer-weights"])
+def test_a_remaced_newest_checkpoint_that_cannot_hold_fails_closed_on_open(tmp_path, edit):
+    path = str(tmp_path / "cp.db")
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for i in range(520):  # the checkpoint at row 512 is the newest: opening reads it
+        ledger.charge(M.Gaussian(200.0), label=f"r{i}")
+    ledger.close()
+    _remac_checkpoint(path, 512, edit)
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        Ledger.open(path).epsilon()
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        cli_verify(path)

@@ -132,3 +132,31 @@ def test_a_forged_retarget_that_changes_nothing_never_loads(flt):
         with pytest.raises(LedgerStateError, match="a retarget that changes nothing"):
             load(forged)
     ledger.charge(STEP, label="train")  # the refused state left the ledger usable
+
+
+@pytest.mark.parametrize("flt", ["rdp", "hybrid"])
+@pytest.mark.parametrize("charged_before", [False, True], ids=["retarget-first", "charge-first"])
+@pytest.mark.parametrize("new", [(4.0, 1e-5), (3.0, 1e-6)], ids=["epsilon", "delta"])
+def test_a_retargeted_ledgers_own_state_loads(tmp_path, flt, charged_before, new):
+    # the journal is replayed from the configuration it started with, each retarget moving
+    # it on (replaying from the final one refused every honest retarget)
+    from privguard import Plan
+
+    path, plan = tmp_path / "r.db", Plan(STEP, steps=1000)
+    ledger = Ledger(3.0, 1e-5, path=path, plan=plan, filter=flt)
+    if charged_before:
+        ledger.charge(STEP, label="a")
+    ledger.close()
+    ledger = Ledger(*new, path=path, plan=plan, filter=flt, retarget="approved")
+    ledger.charge(STEP, label="b")
+    state = ledger.state_dict()
+    loaded = Ledger.load_state_dict(state)
+    assert loaded.runs == ledger.runs and loaded.epsilon() == ledger.epsilon()
+    assert loaded.target == ledger.target == new
+    assert loaded.remaining(STEP).repeats == ledger.remaining(STEP).repeats
+    assert ledger.load_state_dict(state) is ledger
+    forged = copy.deepcopy(state)
+    forged["config"] = next(body["old"] for kind, body, *_ in forged["journal"]
+                            if kind == "event")  # the target before the retarget
+    with pytest.raises(LedgerStateError, match="retargets end in"):
+        Ledger.load_state_dict(_resummed(forged))

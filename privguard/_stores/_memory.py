@@ -22,6 +22,7 @@ class MemoryStore:
 
     path = None
     live = False
+    read_only = False
 
     def __init__(self) -> None:
         self._acc: Accounting | None = None

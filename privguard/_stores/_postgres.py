@@ -530,6 +530,7 @@ class PostgresStore:
                new_config: Config | None = None) -> None:
         c = self._cursor
         assert c is not None
+        entries_before = c.entries
         for change in changes:
             if change.kind == "run" and change.extended:
                 run = change.run
@@ -572,8 +573,11 @@ class PostgresStore:
             self._written = (idx, digest)
             c.entries, c.last_count, c.digest, c.prev = after.as_tuple()
             c.last_kind = after.last_kind
-            if self._owner and not change.extended and c.entries % CHECKPOINT_EVERY == 0:
-                self._checkpoint(conn, acc, c)
+        if self._owner and c.entries // CHECKPOINT_EVERY > entries_before // CHECKPOINT_EVERY:
+            # after the transaction's last change, where ``acc`` is exactly the journal so far
+            # (a first charge writes two rows, fix and run: a checkpoint between them would
+            # pair the fix row's cursor with the run's accounting)
+            self._checkpoint(conn, acc, c)
 
     def _checkpoint(self, conn: Any, acc: Accounting, c: _Cursor) -> None:
         snapshot = _dumps({"accounting": acc.snapshot(), "last_kind": c.last_kind})

@@ -25,6 +25,9 @@ class Store(Protocol):
     live: bool
     """Set by the ledger once it is open: a retarget by another process then fails it closed."""
 
+    read_only: bool
+    """Opened for reading only: the ledger refuses charges before starting a transaction."""
+
     def open(self, config: Config | None, acc: Accounting | None,
              retarget: str | None) -> Accounting:
         """Create the store for a new ledger, or open an existing one.

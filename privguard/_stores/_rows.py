@@ -294,9 +294,11 @@ def checked_items(store: Any, conn: Any, rows: Iterable[tuple]) -> list[Any]:
             fields = store._run_fields(run, mech_digest)
             items.append(run)
             runs, start = runs + 1, start + count
-        else:
+        elif kind in ("fix", "event"):
             fields = [body]
             items.append([kind, text_body(body, where)])
+        else:
+            raise LedgerStateError(f"{where} has an unknown kind {kind!r}")
         if store._entry_digest(prev, idx, kind, fields) != digest:
             raise LedgerStateError(f"{where} fails its digest chain (edited, reordered or "
                                    "corrupted)")

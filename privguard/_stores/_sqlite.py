@@ -20,7 +20,8 @@ Layout (schema version 2):
   head and the digest before it, with a MAC; rewritten by every charge.
   Deleting the newest rows therefore breaks the head, and a ledger that
   already saw them notices a shorter or changed journal at its next sync.
-* ``checkpoints``: every ``CHECKPOINT_EVERY`` rows, the accounting state
+* ``checkpoints``: at the end of the transaction that reaches each multiple of
+  ``CHECKPOINT_EVERY`` rows, the accounting state
   (spent curve, current run, filter state), MAC'd and tied to the chain, so
   that opening replays only the rows after the newest checkpoint.
   ``privguard verify FILE`` replays everything from the genesis instead.
@@ -413,6 +414,7 @@ class SQLiteStore:
     def _write(self, conn: sqlite3.Connection, acc: Accounting, changes: list[Change]) -> None:
         c = self._cursor
         assert c is not None
+        entries_before = c.entries
         for change in changes:
             if change.kind == "run" and change.extended:
                 assert change.run is not None and c.last_kind == "run"
@@ -443,8 +445,11 @@ class SQLiteStore:
                 last_count = 0
             c.prev, c.digest, c.entries = c.digest, digest, idx + 1
             c.last_count, c.last_kind = last_count, change.kind
-            if c.entries % CHECKPOINT_EVERY == 0:
-                self._checkpoint(conn, acc, c)
+        if c.entries // CHECKPOINT_EVERY > entries_before // CHECKPOINT_EVERY:
+            # after the transaction's last change, where ``acc`` is exactly the journal so far
+            # (a first charge writes two rows, fix and run: a checkpoint between them would
+            # pair the fix row's cursor with the run's accounting)
+            self._checkpoint(conn, acc, c)
         conn.execute("UPDATE head SET entries = ?, last_count = ?, digest = ?, prev = ?, "
                      "mac = ? WHERE id = 1", (*c.as_tuple(), self._head_mac(c)))
 
