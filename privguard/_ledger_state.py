@@ -107,6 +107,16 @@ class LedgerState:
                     "would rewind or rewrite spent budget. A ledger never goes backwards; "
                     "build a separate ledger with Ledger.load_state_dict(state) if that is "
                     "what you mean")
+        if any(not isinstance(item, Run) and item[0] == "event"
+               and item[1].get("event") == "retarget" for item in theirs[len(mine):]):
+            # An in-memory ledger has no retarget: a state that retargets after this
+            # ledger's journal is not a later checkpoint of it. Loaded, a retarget (or a
+            # round trip to another target and back) would swap a hybrid filter for the
+            # RDP filter at the full δ, a relaxation.
+            return ("the state to load retargets this ledger after its journal; an in-memory "
+                    "ledger never retargets, so loading it in place would change the rule "
+                    "that admitted its charges. Build a separate ledger with "
+                    "Ledger.load_state_dict(state) if that is what you mean")
         return None
 
     load_state_dict = _hybridmethod(_from_state_dict, _load_state_dict_inplace)

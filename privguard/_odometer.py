@@ -393,7 +393,7 @@ def paper_excess_bound(weights: Any, delta: float) -> float:
 def _checked_weights(weights: Any, n: int) -> np.ndarray:
     try:
         w = np.array(weights, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float64
         raise InvalidArgumentError("weights", weights, "must be a sequence of numbers") from None
     if w.ndim != 1 or w.size != n:
         raise InvalidArgumentError("weights", weights, f"must be 1-D with one weight per order ({n})")

@@ -117,15 +117,16 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
             else:
                 raise LedgerStateError(f"{where} has an unknown kind {entry[0]!r}")
         recorded = np.array(state["spent"], dtype=float)
-        filter_state = state["filter_state"]
+        filter_state, fixed = state["filter_state"], state["fixed"]
     except LedgerStateError:
         raise
-    except (PrivguardError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+    except (PrivguardError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+            OverflowError) as exc:
         raise LedgerStateError(f"state is malformed: {exc!r}") from exc
     if acc.config != final:
         raise LedgerStateError("the state's configuration is not the one its journal's "
                                "retargets end in")
-    if acc.fixed != state["fixed"]:
+    if acc.fixed != fixed:
         raise LedgerStateError("the state's fixed plan does not match its journal")
     _check_replay(acc, recorded, filter_state)
     return acc, acc.journal.held_runs()

@@ -160,3 +160,59 @@ def test_a_retargeted_ledgers_own_state_loads(tmp_path, flt, charged_before, new
                             if kind == "event")  # the target before the retarget
     with pytest.raises(LedgerStateError, match="retargets end in"):
         Ledger.load_state_dict(_resummed(forged))
+
+
+def _forged_retargets(ledger, events):
+    """``ledger``'s state with retarget ``events`` appended, its fixed record and filter
+    state recomputed by the library's own replay, re-checksummed: what a forger without a
+    key can write."""
+    from privguard import _config
+
+    state = copy.deepcopy(ledger.state_dict())
+    acc = copy.deepcopy(ledger._acc)
+    for old, new in events:
+        body = {"event": "retarget", "old": old, "new": new, "reason": "forged", "time": 0.0}
+        state["journal"].append(["event", body])
+        acc.config = _config.from_dict(old)
+        acc.replay_event(body, _config.from_dict(new))
+    state["fixed"], state["filter_state"] = acc.fixed, acc.filter.state()
+    return _resummed(state)
+
+
+@pytest.mark.parametrize("variant", ["made-up-old", "round-trip"])
+def test_an_in_place_load_never_applies_a_retarget_the_ledger_did_not_make(variant):
+    # An in-memory hybrid ledger whose part A died, charged until refused. A forged state
+    # that retargets after its journal (from a made-up "old", or to another target and
+    # back) swapped in the RDP filter at the full δ: 921 more steps, ε 3.66 > 3.
+    from privguard import Plan
+
+    ledger = Ledger(3.0, 1e-5, plan=Plan(STEP, steps=1000), filter="hybrid")
+    ledger.charge(M.Laplace(50.0), label="outside")  # outside the envelope: part A dies
+    while ledger.can_afford(STEP):
+        ledger.charge(STEP, label="train")
+    cfg = ledger.state_dict()["config"]
+    if variant == "made-up-old":
+        events = [(dict(cfg, filter="rdp"), cfg)]
+    else:
+        events = [(cfg, dict(cfg, epsilon=3.5)), (dict(cfg, epsilon=3.5), cfg)]
+    forged = _forged_retargets(ledger, events)
+    with pytest.raises(LedgerStateError, match="retargets this ledger after its journal"):
+        ledger.load_state_dict(forged)
+    assert not ledger.can_afford(STEP) and ledger.epsilon() <= 3.0
+
+
+def test_overflowing_odometer_weights_in_a_state_fail_closed(state):
+    big = {"weights": [10 ** 400] * len(state["fixed"]["odometer"]["weights"])}
+    forged = copy.deepcopy(state)
+    forged["fixed"]["odometer"] = big
+    forged["journal"][0][1]["odometer"] = big
+    forged = _resummed(forged)
+    with pytest.raises(LedgerStateError, match="fixed plan is unreadable"):
+        Ledger.load_state_dict(forged)
+
+
+def test_a_state_without_its_fixed_record_fails_closed(state):
+    forged = copy.deepcopy(state)
+    del forged["fixed"]
+    with pytest.raises(LedgerStateError, match="malformed.*fixed"):
+        Ledger.load_state_dict(_resummed(forged))
