@@ -115,6 +115,15 @@ def _meta(path, **values):
     conn.close()
 
 
+def _events(path):
+    """The 0.1 file's retarget events, as stored in its meta table."""
+    conn = sqlite3.connect(path)
+    try:
+        return json.loads(conn.execute("SELECT value FROM meta WHERE key='events'").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def _config(path):
     conn = sqlite3.connect(path)
     text = conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()[0]
@@ -179,9 +188,7 @@ def test_upgrade_refuses_a_0_1_config_edited_against_its_retarget_event(old_file
 
 def test_upgrade_refuses_a_consistently_edited_target_unless_restated(old_file, capsys):
     # config and its retarget event both say 100: only the restated target can catch it
-    conn = sqlite3.connect(old_file)
-    events = json.loads(conn.execute("SELECT value FROM meta WHERE key='events'").fetchone()[0])
-    conn.close()
+    events = _events(old_file)
     config = _config(old_file)
     config["filter"]["epsilon"] = events[0]["new"]["filter"]["epsilon"] = 100.0
     _meta(old_file, config=_dumps(config), events=_dumps(events))
@@ -201,9 +208,7 @@ def test_upgrade_refuses_0_1_retarget_records_that_disagree(old_file, capsys, ed
 
 
 def test_upgrade_refuses_retargets_that_do_not_chain(old_file, capsys):
-    conn = sqlite3.connect(old_file)
-    events = json.loads(conn.execute("SELECT value FROM meta WHERE key='events'").fetchone()[0])
-    conn.close()
+    events = _events(old_file)
     second = {**events[0], "reason": "approved 100", "old": json.loads(_dumps(events[0]["new"]))}
     second["old"]["filter"]["epsilon"] = 100.0  # not what the first retarget set
     _meta(old_file, events=_dumps([events[0], second]), config_rev="2")
@@ -212,9 +217,7 @@ def test_upgrade_refuses_retargets_that_do_not_chain(old_file, capsys):
 
 
 def test_upgrade_refuses_a_retarget_that_changed_the_grid_or_odometer(old_file, capsys):
-    conn = sqlite3.connect(old_file)
-    events = json.loads(conn.execute("SELECT value FROM meta WHERE key='events'").fetchone()[0])
-    conn.close()
+    events = _events(old_file)
     events[0]["old"]["odometer"] = "paper"
     _meta(old_file, events=_dumps(events))
     _assert_refused(old_file, CONFIRM, "'odometer' differs across the retarget", capsys)
