@@ -77,6 +77,11 @@ def check_label(label: Any) -> str | None:
     return label
 
 
+def is_retarget(body: Any) -> bool:
+    """Whether a journal event's body records a change of target (a retarget)."""
+    return isinstance(body, dict) and body.get("event") == "retarget"
+
+
 class Accounting:
     """Configuration, fixed choices, filter, odometer and journal of one ledger."""
 
@@ -314,19 +319,20 @@ class Accounting:
             self.filter.apply(verdict.filter_state)
         return verdict
 
-    def replay_event(self, body: dict[str, Any], config: Config | None = None,
-                     where: str = "an event") -> None:
-        """An explicit, logged event; a retarget brings its new configuration.
+    def replay_event(self, body: dict[str, Any], where: str = "an event") -> None:
+        """An explicit, logged event; a retarget (:func:`is_retarget`) brings its new
+        configuration, which this accounting adopts.
 
-        A retarget goes from the configuration in force (its "old") to another one:
-        privguard never logs one that changes nothing, so such a record is forged (a
-        retarget relaxes a hybrid filter into the RDP filter) and fails closed.
+        A retarget goes from the configuration in force (its "old") to another one
+        (its "new"): privguard never logs one that changes nothing, so such a record is
+        forged (a retarget relaxes a hybrid filter into the RDP filter) and fails closed.
         """
-        if config is not None:
+        config = None
+        if is_retarget(body):
             from privguard import _config
 
             try:
-                old = _config.from_dict(body.get("old"))
+                old, config = _config.from_dict(body["old"]), _config.from_dict(body["new"])
             except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
             if old != self.config:
@@ -353,7 +359,7 @@ class Accounting:
     @property
     def retargeted(self) -> bool:
         """Whether the target was changed after charges were made (then not fixed in advance)."""
-        return any(e.get("event") == "retarget" or e.get("retargets") for e in self.events)
+        return any(is_retarget(e) or e.get("retargets") for e in self.events)
 
     # -- queries ------------------------------------------------------------------------
     def spent(self) -> np.ndarray:

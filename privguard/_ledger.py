@@ -44,8 +44,8 @@ class _GuardedTxn:
         except BaseException as exc:  # any failure: a disk error, an interrupt, a bug
             # The accounting already holds these changes and the store rolls them back:
             # this ledger's memory is ahead of its store, so it must never be used again.
-            self._ledger._broken = (f"a write to the store failed ({type(exc).__name__}: "
-                                    f"{exc}); reopen the ledger")
+            self._ledger._break(f"a write to the store failed ({type(exc).__name__}: {exc}); "
+                                "reopen the ledger")
             raise
 
 
@@ -179,8 +179,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             try:
                 yield _GuardedTxn(self, txn)
             except BaseException as exc:
-                if isinstance(exc, LedgerStateError) and self._broken is None:
-                    self._broken = str(exc)
+                if isinstance(exc, LedgerStateError):
+                    self._break(str(exc))
                 # the store rolls back; an error of its own while doing so breaks the ledger
                 if not self._guard(lambda: transaction.__exit__(*sys.exc_info())):
                     raise
@@ -191,9 +191,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         try:
             return fn()
         except LedgerStateError as exc:
-            if self._broken is None:  # the first cause is the one to report
-                self._broken = str(exc)
+            self._break(str(exc))
             raise
+
+    def _break(self, reason: str) -> None:
+        """Refuse everything from now on (fail closed); the first cause is the one reported."""
+        if self._broken is None:
+            self._broken = reason
 
     # ------------------------------------------------------------- charging
     def charge(self, mechanism: Mechanism, label: str | None = None, *,

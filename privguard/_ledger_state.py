@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from privguard import _state as state_io
+from privguard._accounting import is_retarget
 from privguard._errors import LedgerStateError
 from privguard._journal import Run
 
@@ -107,8 +108,8 @@ class LedgerState:
                     "would rewind or rewrite spent budget. A ledger never goes backwards; "
                     "build a separate ledger with Ledger.load_state_dict(state) if that is "
                     "what you mean")
-        if any(not isinstance(item, Run) and item[0] == "event"
-               and item[1].get("event") == "retarget" for item in theirs[len(mine):]):
+        if any(not isinstance(item, Run) and is_retarget(item[1])
+               for item in theirs[len(mine):]):
             # An in-memory ledger has no retarget: a state that retargets after this
             # ledger's journal is not a later checkpoint of it. Loaded, a retarget (or a
             # round trip to another target and back) would swap a hybrid filter for the

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _config
-from privguard._accounting import Accounting
+from privguard._accounting import Accounting, is_retarget
 from privguard._base import mechanism_from_dict
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
@@ -95,7 +95,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
         # retarget's "old" one (each retarget then moves it on), else the state's own.
         final = _config.from_dict(state["config"])
         first = next((e[1] for e in state["journal"] if e[0] == "event"
-                      and isinstance(e[1], dict) and e[1].get("event") == "retarget"), None)
+                      and is_retarget(e[1])), None)
         acc = Accounting(final if first is None else _config.from_dict(first.get("old")),
                          fix_now=False)
         mechanisms = [mechanism_from_dict(m) for m in state["mechanisms"]]
@@ -108,8 +108,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
                 if not isinstance(body, dict):
                     raise LedgerStateError(f"{where}: an event must be a dict, got "
                                            f"{type(body).__name__}")
-                new = body.get("new") if body.get("event") == "retarget" else None
-                acc.replay_event(body, None if new is None else _config.from_dict(new), where)
+                acc.replay_event(body, where)
             elif entry[0] == "run":
                 _, m, label, pid, count, first, last = entry
                 acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,

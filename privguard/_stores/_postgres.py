@@ -480,7 +480,7 @@ class PostgresStore:
                 "Ledger(..., retarget='reason'), and the grid and odometer can never change")
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
-        acc.replay_event(body, config)
+        acc.replay_event(body)
         self._write(conn, acc, [Change("event", body=body)], new_config=config)
 
     # -- replay --------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from privguard import _config
-from privguard._accounting import Accounting
+from privguard._accounting import Accounting, is_retarget
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._journal import Run
@@ -254,17 +253,11 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
         acc.replay_fix(parsed)
         c.last_count = 0
     else:
-        new = None
-        if parsed.get("event") == "retarget":
-            try:
-                new = _config.from_dict(parsed["new"])
-            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
-            if store.live:
-                raise LedgerStateError(
-                    f"{store.path}: the ledger's configuration was changed by another "
-                    f"{store.PEER} (an explicit retarget); reopen the ledger to continue")
-        acc.replay_event(parsed, new, where)
+        if is_retarget(parsed) and store.live:
+            raise LedgerStateError(
+                f"{store.path}: the ledger's configuration was changed by another "
+                f"{store.PEER} (an explicit retarget); reopen the ledger to continue")
+        acc.replay_event(parsed, where)
         c.last_count = 0
     if not extends:
         c.prev, c.entries = c.digest, idx + 1

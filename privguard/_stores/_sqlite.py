@@ -350,7 +350,7 @@ class SQLiteStore:
                 "grid and odometer can never change")
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
-        acc.replay_event(body, config)
+        acc.replay_event(body)
         self._write(conn, acc, [Change("event", body=body)])
         conn.execute("UPDATE meta SET value = ? WHERE key = 'config'", (_dumps(config.to_dict()),))
 
