@@ -573,10 +573,7 @@ class PostgresStore:
             self._written = (idx, digest)
             c.entries, c.last_count, c.digest, c.prev = after.as_tuple()
             c.last_kind = after.last_kind
-        if self._owner and c.entries // CHECKPOINT_EVERY > entries_before // CHECKPOINT_EVERY:
-            # after the transaction's last change, where ``acc`` is exactly the journal so far
-            # (a first charge writes two rows, fix and run: a checkpoint between them would
-            # pair the fix row's cursor with the run's accounting)
+        if self._owner and _rows.checkpoint_due(entries_before, c.entries, CHECKPOINT_EVERY):
             self._checkpoint(conn, acc, c)
 
     def _checkpoint(self, conn: Any, acc: Accounting, c: _Cursor) -> None:

@@ -158,6 +158,15 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
     return acc, cursor
 
 
+def checkpoint_due(entries_before: int, entries: int, every: int) -> bool:
+    """Whether a transaction that took the journal from ``entries_before`` rows to
+    ``entries`` reached a multiple of ``every``: then it writes a checkpoint, after its last
+    change, where the accounting is exactly the journal so far (a first charge writes two
+    rows, fix and run: a checkpoint between them would pair the fix row's cursor with the
+    run's accounting)."""
+    return entries // every > entries_before // every
+
+
 def checked_checkpoint(store: Any, row: tuple) -> tuple[Cursor, Any, str]:
     """A checkpoint row (entries, last_count, head, prev, snapshot, mac) whose MAC holds:
     its cursor, its snapshot (text, not yet parsed) and how to name it in messages."""

@@ -445,10 +445,7 @@ class SQLiteStore:
                 last_count = 0
             c.prev, c.digest, c.entries = c.digest, digest, idx + 1
             c.last_count, c.last_kind = last_count, change.kind
-        if c.entries // CHECKPOINT_EVERY > entries_before // CHECKPOINT_EVERY:
-            # after the transaction's last change, where ``acc`` is exactly the journal so far
-            # (a first charge writes two rows, fix and run: a checkpoint between them would
-            # pair the fix row's cursor with the run's accounting)
+        if _rows.checkpoint_due(entries_before, c.entries, CHECKPOINT_EVERY):
             self._checkpoint(conn, acc, c)
         conn.execute("UPDATE head SET entries = ?, last_count = ?, digest = ?, prev = ?, "
                      "mac = ? WHERE id = 1", (*c.as_tuple(), self._head_mac(c)))
