@@ -70,6 +70,25 @@ def ordinal_coordinates(space: SearchSpace) -> np.ndarray:
     return np.array(list(itertools.product(*grids)), dtype=float).reshape(-1, len(grids))
 
 
+def bounded_density(update: Callable[[History, np.ndarray], np.ndarray], coords: np.ndarray,
+                    prior: np.ndarray, C: float, c: float, history: History) -> np.ndarray:
+    """The rule's density after ``history``, projected onto S_{C,c}(prior) (seed 003 eq. 3.1).
+
+    The prior (projected) for an empty history. Shared by :class:`DPHyPOSearch`
+    and :class:`privguard.integrations.optuna.DPHyPOSampler`.
+
+    Raises:
+        InvalidArgumentError: the rule's output is not one finite weight per candidate.
+    """
+    if not history:
+        return project_density(prior, prior, C, c)
+    raw = np.asarray(update(history, coords), float)
+    if raw.shape != prior.shape or not np.all(np.isfinite(raw)):
+        raise InvalidArgumentError("update(...)", raw,
+                                   "must return one finite weight per candidate")
+    return project_density(raw / raw.sum() if raw.sum() > 0 else prior, prior, C, c)
+
+
 class GPUpdate:
     """Algorithm 3's update: a Gaussian process on past (λ, q), UCB s = μ + τσ,
     π ∝ exp(β·s). scikit-learn's GaussianProcessRegressor, fixed kernel (RBF +
@@ -198,14 +217,7 @@ class DPHyPOSearch(Tuner):
             InvalidArgumentError: the update rule's output is not one finite
                 weight per candidate.
         """
-        if not history:
-            return project_density(self.prior, self.prior, self.C, self.c)
-        raw = np.asarray(self.update(history, self.coords), float)
-        if raw.shape != self.prior.shape or not np.all(np.isfinite(raw)):
-            raise InvalidArgumentError("update(...)", raw,
-                                       "must return one finite weight per candidate")
-        return project_density(raw / raw.sum() if raw.sum() > 0 else self.prior,
-                               self.prior, self.C, self.c)
+        return bounded_density(self.update, self.coords, self.prior, self.C, self.c, history)
 
     def _density_or_prior(self, history: History) -> np.ndarray:
         """:meth:`density`, or the prior when the rule fails (inside a run: nothing is raised)."""

@@ -1,0 +1,194 @@
+"""The restricted trial an objective sees under :func:`privguard.integrations.optuna.private_optimize`.
+
+A :class:`PrivateTrial` offers Optuna's ``suggest_float``, ``suggest_int``,
+``suggest_categorical``, ``set_user_attr``, ``report`` and ``should_prune``,
+and nothing that reaches another trial: no ``study`` (Optuna's exposes every
+trial's value and ``stop()``), no ``number`` (the winner's number is a lower
+bound on K), no system attributes, no ``datetime_start``. Its values come
+from one of two sources, both fixed before the trial starts:
+
+* ``seed``: an Optuna ``RandomSampler`` of its own, seeded with a number the
+  driver drew for this trial alone. The draws of one trial cannot shift the
+  draws of the next (Optuna's shared generator would let a data-dependent
+  number of ``suggest_*`` calls do that), so the trials are independent and
+  identically distributed, which the random-K theorem assumes (seed 002).
+* ``fixed``: the candidate the driver drew from DP-HyPO's bounded density
+  (seed 003, Framework 1); ``suggest_*`` returns its value.
+
+Pruning reads only this trial's own reported values (``ThresholdPruner``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from privguard._optional import require
+
+try:
+    import optuna
+except ImportError:  # the install hint
+    require("optuna", "optuna")
+    raise
+
+#: The params key under which the driver hands a random trial its seed.
+SEED_KEY = "__privguard_trial_seed__"
+
+_WITHHELD = {
+    "study": "it exposes every other trial's value and study.stop()",
+    "number": "a trial's number is a lower bound on the number of trials K, which is not released",
+    "_trial_id": "it identifies the trial within the study",
+    "system_attrs": "they belong to the study, not to this trial",
+    "set_system_attr": "system attributes belong to the study",
+    "datetime_start": "timing across trials is not released",
+    "relative_params": "they belong to the study's sampler",
+    "distributions": "use the values suggest_* returned",
+}
+
+
+class _OwnValues:
+    """What a pruner sees: this trial's own reported values (a FrozenTrial's two fields)."""
+
+    __slots__ = ("intermediate_values", "last_step")
+
+    def __init__(self, values: dict[int, float]) -> None:
+        self.intermediate_values = values
+        self.last_step = max(values) if values else None
+
+
+class PrivateTrial:
+    """One trial as the objective sees it: Optuna's ``suggest_*`` API and nothing of the study.
+
+    Example:
+        >>> trial = PrivateTrial({SEED_KEY: 7}, fixed=False, pruner=None)
+        >>> lr = trial.suggest_float("lr", 1e-4, 1.0, log=True)
+        >>> 1e-4 <= lr <= 1.0, trial.suggest_float("lr", 1e-4, 1.0, log=True) == lr
+        (True, True)
+        >>> trial.number
+        Traceback (most recent call last):
+        ...
+        AttributeError: trial.number is withheld by privguard: a trial's number is a lower bound on the number of trials K, which is not released
+    """
+
+    __slots__ = ("_distributions", "_draw", "_params", "_pruner", "_user_attrs", "_values")
+
+    def __init__(self, params: dict[str, Any], *, fixed: bool, pruner: Any) -> None:
+        self._params: dict[str, Any] = {}
+        self._distributions: dict[str, Any] = {}
+        self._user_attrs: dict[str, Any] = {}
+        self._values: dict[int, float] = {}
+        self._pruner = pruner
+        if fixed:
+            chosen = dict(params)
+            self._draw: Callable[[str, Any], Any] = lambda name, dist: _fixed(chosen, name, dist)
+        else:
+            sampler = optuna.samplers.RandomSampler(seed=int(params[SEED_KEY]))
+            # RandomSampler.sample_independent reads neither the study nor the trial.
+            self._draw = lambda name, dist: sampler.sample_independent(
+                None, None, name, dist)  # type: ignore[arg-type]
+
+    def _suggest(self, name: str, dist: Any) -> Any:
+        if not isinstance(name, str):
+            raise TypeError(f"a parameter name must be a string, not {name!r}")
+        if name in self._params:
+            if self._distributions[name] != dist:
+                raise ValueError(f"parameter {name!r} was suggested before with "
+                                 f"{self._distributions[name]}, now with {dist}")
+            return self._params[name]
+        value = self._draw(name, dist)
+        self._params[name], self._distributions[name] = value, dist
+        return value
+
+    def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
+                      log: bool = False) -> float:
+        """As Optuna's ``Trial.suggest_float``."""
+        return float(self._suggest(name, optuna.distributions.FloatDistribution(
+            low, high, log=log, step=step)))
+
+    def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
+                    log: bool = False) -> int:
+        """As Optuna's ``Trial.suggest_int``."""
+        return int(self._suggest(name, optuna.distributions.IntDistribution(
+            low, high, log=log, step=step)))
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        """As Optuna's ``Trial.suggest_categorical``."""
+        return self._suggest(name, optuna.distributions.CategoricalDistribution(choices))
+
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """As Optuna's ``Trial.set_user_attr``: released only if this trial wins."""
+        if not isinstance(key, str):
+            raise TypeError(f"a user attribute's key must be a string, not {key!r}")
+        self._user_attrs[key] = value
+
+    def report(self, value: float, step: int) -> None:
+        """As Optuna's ``Trial.report``; the value must be privatised and charged to the
+        trial's child ledger (it decides pruning, which is part of the trial's output)."""
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise TypeError(f"step must be an integer >= 0, not {step!r}")
+        self._values.setdefault(int(step), float(value))  # Optuna keeps the first report
+
+    def should_prune(self) -> bool:
+        """As Optuna's ``Trial.should_prune``, from this trial's own reported values only."""
+        if self._pruner is None:
+            return False
+        return bool(self._pruner.prune(None, _OwnValues(dict(self._values))))
+
+    def __getattr__(self, name: str) -> Any:
+        reason = _WITHHELD.get(name)
+        if reason is None:
+            raise AttributeError(f"a privguard trial offers suggest_float, suggest_int, "
+                                 f"suggest_categorical, set_user_attr, report and should_prune; "
+                                 f"not {name!r}")
+        raise AttributeError(f"trial.{name} is withheld by privguard: {reason}")
+
+    def __repr__(self) -> str:
+        return "PrivateTrial()"
+
+
+def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
+    """The drawn candidate's value for ``name``, which must lie in ``dist``."""
+    if name not in chosen:
+        raise ValueError(f"parameter {name!r} is not in DPHyPOSampler's search_space")
+    value = chosen[name]
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        ok = value in dist.choices
+    else:
+        ok = (isinstance(value, numbers.Real) and math.isfinite(float(value))
+              and dist.low <= value <= dist.high)
+    if not ok:
+        raise ValueError(f"search_space's value {value!r} for {name!r} is outside {dist}")
+    return value
+
+
+class Winner:
+    """What a trial hands back besides its score: released only if it wins."""
+
+    __slots__ = ("artifact", "params", "user_attrs")
+
+    def __init__(self, params: dict[str, Any], user_attrs: dict[str, Any], artifact: Any) -> None:
+        self.params, self.user_attrs, self.artifact = params, user_attrs, artifact
+
+
+class TrialObjective:
+    """``objective(trial, child)`` as a privguard tuner's ``objective(params, child)``.
+
+    Picklable (for Ray) when the user's objective and pruner are. Returns
+    ``(score, Winner)`` or ``None`` (⊥); a trial that raises (``TrialPruned``
+    included) is ⊥ in the executor, as in every privguard tuner.
+    """
+
+    def __init__(self, objective: Callable[[PrivateTrial, Any], Any], *, fixed: bool,
+                 pruner: Any) -> None:
+        self.objective, self.fixed, self.pruner = objective, fixed, pruner
+
+    def __call__(self, params: dict[str, Any], child: Any) -> tuple[Any, Winner] | None:
+        from privguard.tuning._base import accept
+
+        trial = PrivateTrial(params, fixed=self.fixed, pruner=self.pruner)
+        outcome = accept(self.objective(trial, child))
+        if outcome is None:
+            return None
+        return outcome[0], Winner(dict(trial._params), dict(trial._user_attrs), outcome[1])

@@ -1,0 +1,419 @@
+"""Private tuning in Optuna's terms (issue 29): the bound charged, the samplers covered, the
+trial restricted, and nothing but the winner released."""
+
+from __future__ import annotations
+
+import gc
+import io
+import logging
+import math
+import traceback
+import weakref
+from contextlib import redirect_stderr, redirect_stdout
+
+import numpy as np
+import optuna
+import pytest
+
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger
+from privguard import mechanisms as M
+from privguard.integrations.optuna import (
+    DPHyPOSampler,
+    PrivateStudyResult,
+    private_optimize,
+    rehearse,
+)
+from privguard.tuning import (
+    DPHyPOSearch,
+    Geometric,
+    Poisson,
+    RandomSearch,
+    TruncatedNegativeBinomial,
+    TuningAborted,
+)
+
+COST = M.Gaussian(10.0)
+SECRET = "s3cr3t-91ab"
+RESULT_FIELDS = {"selected", "best_params", "best_value", "best_user_attrs", "artifact", "cost",
+                 "seeded"}
+
+
+def fresh() -> Ledger:
+    return Ledger(epsilon=50.0, delta=1e-5)
+
+
+def quadratic(trial, child):
+    x = trial.suggest_float("x", -1.0, 1.0)
+    child.charge(COST)
+    return x * x
+
+
+# --- the bound ---------------------------------------------------------------------------
+@pytest.mark.parametrize("runs", [Poisson(6.0), Geometric(mean=5.0),
+                                  TruncatedNegativeBinomial(0.5, mean=4.0)])
+def test_the_charge_is_random_search_s_bound(runs):
+    ledger = fresh()
+    private_optimize(quadratic, ledger, runs=runs, cost=COST, progress=False)
+    charged = ledger.history[0].mechanism.rdp(ledger.orders)
+    reference = RandomSearch({"lr": [0.1, 0.2], "b": [1, 2, 3]}, runs, cost=COST,
+                             progress=False).cost(ledger.orders).rdp(ledger.orders)
+    assert len(ledger.history) == 1
+    np.testing.assert_allclose(charged, reference, rtol=1e-12, atol=0)
+
+
+def test_the_dp_hypo_charge_is_theorem_1_s_bound():
+    space = {"lr": [0.01, 0.1, 1.0], "clip": [0.5, 1.0]}
+    runs = Geometric(mean=6.0)
+    ledger = fresh()
+    sampler = DPHyPOSampler(space, C=2.0, c=0.5, rule=lambda h, x: np.ones(len(x)))
+    result = private_optimize(lambda t, c: t.suggest_categorical("lr", space["lr"]), ledger,
+                              runs=runs, cost=COST, sampler=sampler, direction="maximize",
+                              progress=False)
+    reference = DPHyPOSearch(space, runs, cost=COST, C=2.0, c=0.5,
+                             update=lambda h, x: np.ones(len(x)), progress=False)
+    np.testing.assert_allclose(ledger.history[0].mechanism.rdp(ledger.orders),
+                               reference.cost(ledger.orders).rdp(ledger.orders), rtol=1e-12)
+    assert result.selected and result.best_params == {"lr": 1.0} and result.best_value == 1.0
+
+
+# --- refusals before any charge ------------------------------------------------------------
+class MyRandom(optuna.samplers.RandomSampler):
+    pass
+
+
+REFUSED_SAMPLERS = [
+    lambda: optuna.samplers.TPESampler(),
+    lambda: optuna.samplers.CmaEsSampler(),
+    lambda: optuna.samplers.GPSampler(),
+    lambda: optuna.samplers.QMCSampler(),
+    lambda: optuna.samplers.GridSampler({"x": [0.0, 1.0]}),
+    lambda: optuna.samplers.NSGAIISampler(),
+    lambda: optuna.samplers.BruteForceSampler(),
+    lambda: MyRandom(),
+    lambda: "random",
+]
+
+
+@pytest.mark.parametrize("make", REFUSED_SAMPLERS)
+def test_uncovered_samplers_are_refused_before_any_charge(make):
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError) as info:
+        private_optimize(quadratic, ledger, runs=Poisson(3.0), cost=COST, sampler=make(),
+                         progress=False)
+    assert "RandomSampler" in str(info.value) and "DPHyPOSampler" in str(info.value)
+    assert not ledger.history and float(ledger.spent.max()) == 0.0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"n_trials": 10}, {"timeout": 60}, {"callbacks": [lambda s, t: None]},
+    {"storage": "sqlite:///tuning.db"}, {"study": object()}, {"n_jobs": 4},
+    {"catch": (ValueError,)}, {"directions": ["maximize"]}, {"unknown": 1},
+    {"pruner": optuna.pruners.MedianPruner()}, {"pruner": optuna.pruners.PercentilePruner(50)},
+    {"pruner": optuna.pruners.SuccessiveHalvingPruner()},
+    {"pruner": optuna.pruners.HyperbandPruner()},
+    {"pruner": optuna.pruners.PatientPruner(None, 2)},
+    {"pruner": optuna.pruners.WilcoxonPruner()},
+    {"cost": lambda params: COST}, {"cost": 1.0}, {"direction": "max"},
+    {"runs": 8}, {"progress": 1}, {"backend": "dask"},
+    {"sampler": DPHyPOSampler({"x": [0.0, 1.0]}, rule=lambda h, x: [1, 1]),
+     "runs": Poisson(3.0)},  # DP-HyPO's theorem covers truncated negative binomial T only
+])
+def test_refused_arguments_charge_nothing(kwargs):
+    ledger = fresh()
+    args = {"runs": Poisson(3.0), "cost": COST, "progress": False, **kwargs}
+    with pytest.raises(InvalidArgumentError):
+        private_optimize(quadratic, ledger, **args)
+    assert not ledger.history and float(ledger.spent.max()) == 0.0
+
+
+def test_the_objective_sees_no_study_and_no_number():
+    seen = []
+
+    def objective(trial, child):
+        for name in ("study", "number", "_trial_id", "system_attrs", "datetime_start"):
+            with pytest.raises(AttributeError, match="withheld"):
+                getattr(trial, name)
+        seen.append(sorted(n for n in dir(type(trial)) if not n.startswith("_")))
+        trial.study.stop()  # raises: the trial is ⊥
+
+    result = private_optimize(objective, fresh(), runs=Poisson(5.0), cost=COST, seed=3,
+                              progress=False)
+    assert seen and not result.selected
+    assert seen[0] == ["report", "set_user_attr", "should_prune", "suggest_categorical",
+                       "suggest_float", "suggest_int"]
+    with pytest.raises(AttributeError, match="withheld"):
+        rehearse(objective, cost=COST)
+
+
+# --- i.i.d. trials -------------------------------------------------------------------------
+def first_draws(extra_calls) -> list[float]:
+    """Each trial's first suggestion, when each trial also makes ``extra_calls(x)`` more."""
+    firsts = []
+
+    def objective(trial, child):
+        x = trial.suggest_float("x", 0.0, 1.0)
+        firsts.append(x)
+        for i in range(extra_calls(x)):  # a data-dependent number of suggest calls
+            trial.suggest_float(f"extra{i}", 0.0, 1.0)
+        return x
+
+    private_optimize(objective, fresh(), runs=Poisson(20.0), cost=COST, seed=7, progress=False)
+    return firsts
+
+
+def test_suggest_calls_in_one_trial_do_not_shift_the_next_trial_s_draws():
+    plain = first_draws(lambda x: 0)
+    shifted = first_draws(lambda x: 1 + int(10 * x))
+    assert len(plain) > 5 and plain == shifted
+    # with Optuna's shared generator, the same calls DO shift the next trial's draws
+    def shared(extra):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+        firsts = []
+
+        def objective(trial):
+            x = trial.suggest_float("x", 0.0, 1.0)
+            firsts.append(x)
+            for i in range(extra(x)):
+                trial.suggest_float(f"extra{i}", 0.0, 1.0)
+            return x
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study.optimize(objective, n_trials=5)
+        return firsts
+
+    assert shared(lambda x: 0)[1:] != shared(lambda x: 1 + int(10 * x))[1:]
+
+
+def test_suggestions_follow_optuna_s_distributions():
+    seen = []
+
+    def objective(trial, child):
+        lr = trial.suggest_float("lr", 1e-4, 1.0, log=True)
+        bs = trial.suggest_int("batch", 16, 256, step=16)
+        act = trial.suggest_categorical("act", ["relu", "tanh"])
+        assert trial.suggest_float("lr", 1e-4, 1.0, log=True) == lr  # same name: same value
+        seen.append((lr, bs, act))
+        return lr
+
+    private_optimize(objective, fresh(), runs=Poisson(30.0), cost=COST, seed=1, progress=False)
+    assert len(seen) > 10
+    assert all(1e-4 <= lr <= 1.0 and bs % 16 == 0 and 16 <= bs <= 256 and act in ("relu", "tanh")
+               for lr, bs, act in seen)
+    assert len({act for *_, act in seen}) == 2 and min(lr for lr, *_ in seen) < 1e-2
+
+
+# --- failures are ⊥, nothing else leaves ------------------------------------------------
+def failing(trial, child):
+    kind = trial.suggest_categorical("kind", ["raises", "nan", "overspend", "pruned", "ok"])
+    trial.set_user_attr("kind", kind)
+    child.charge(COST)
+    if kind == "raises":
+        raise FloatingPointError(f"diverged {SECRET}")
+    if kind == "overspend":
+        child.charge(COST)  # refused by the strict child ledger
+    if kind == "pruned":
+        trial.report(-1.0, 0)
+        if trial.should_prune():
+            raise optuna.TrialPruned(SECRET)
+        return 1e9, SECRET  # never reached: the threshold prunes
+    if kind == "nan":
+        return math.nan
+    return 0.25, "winner-model"
+
+
+def test_failed_overspent_and_pruned_trials_are_bottom_and_leave_no_trace(caplog):
+    caplog.set_level(logging.DEBUG)
+    out, err = io.StringIO(), io.StringIO()
+    handler_records = []
+    handler = logging.Handler()
+    handler.emit = handler_records.append  # type: ignore[method-assign]
+    optuna_logger = logging.getLogger("optuna")
+    optuna_logger.addHandler(handler)
+    level = optuna_logger.level
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            result = private_optimize(failing, fresh(), runs=Poisson(40.0), cost=COST, seed=2,
+                                      direction="maximize",
+                                      pruner=optuna.pruners.ThresholdPruner(lower=0.0),
+                                      progress=True)
+    finally:
+        optuna_logger.removeHandler(handler)
+    assert optuna_logger.level == level  # restored
+    assert set(vars(result)) == RESULT_FIELDS
+    assert result.best_params == {"kind": "ok"} and result.best_user_attrs == {"kind": "ok"}
+    assert (result.best_value, result.artifact) == (0.25, "winner-model")
+    text = out.getvalue() + err.getvalue() + caplog.text + repr(result) + repr(handler_records)
+    assert SECRET not in text and "diverged" not in text and "1000000000" not in text
+
+
+def test_every_trial_bottom_selects_nothing():
+    result = private_optimize(lambda t, c: math.nan, fresh(), runs=Poisson(10.0), cost=COST,
+                              seed=0, progress=False)
+    assert not result.selected and result.best_params is None and result.artifact is None
+    assert repr(result) == "PrivateStudyResult(no trial selected)"
+
+
+def test_optuna_logs_nothing_during_the_run():
+    levels = []
+
+    def objective(trial, child):
+        logger = optuna.logging.get_logger("optuna.study.study")
+        levels.append(logger.getEffectiveLevel())
+        logger.info(f"Trial 3 finished with value: 0.97 {SECRET}")
+        return 1.0
+
+    handler_records = []
+    handler = logging.Handler()
+    handler.emit = handler_records.append  # type: ignore[method-assign]
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        private_optimize(objective, fresh(), runs=Poisson(5.0), cost=COST, seed=4,
+                         progress=False)
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert levels and min(levels) > logging.CRITICAL and not handler_records
+
+
+def test_nothing_but_the_winner_is_reachable_from_the_result():
+    refs: list[weakref.ref] = []
+
+    class Model:
+        def __init__(self, i):
+            self.tag = f"model-{i}-{SECRET}"
+
+    def objective(trial, child):
+        x = trial.suggest_float("x", 0.0, 1.0)
+        model = Model(len(refs))
+        refs.append(weakref.ref(model))
+        trial.set_user_attr("x_again", x)
+        return x, model
+
+    result = private_optimize(objective, fresh(), runs=Poisson(30.0), cost=COST, seed=5,
+                              direction="maximize", progress=False)
+    gc.collect()
+    alive = [r() for r in refs if r() is not None]
+    assert len(refs) > 10 and alive == [result.artifact]
+    assert result.best_params == {"x": result.best_value} == {"x": result.best_user_attrs["x_again"]}
+    # no trial seed, count or number anywhere in what is returned
+    reachable = gc.get_referents(*[getattr(result, f) for f in RESULT_FIELDS])
+    assert not any(isinstance(o, dict) and any("seed" in str(k) for k in o) for o in reachable)
+
+
+def test_an_interrupt_leaks_nothing():
+    refs: list[weakref.ref] = []
+    ledger = fresh()
+
+    class Model:
+        def __repr__(self):
+            return f"model-{SECRET}"
+
+    def objective(trial, child):
+        if len(refs) == 4:
+            raise KeyboardInterrupt
+        model = Model()
+        refs.append(weakref.ref(model))
+        return 0.5 + len(refs) / 7919, model
+
+    try:
+        private_optimize(objective, ledger, runs=Geometric(mean=50.0), cost=COST, seed=11,
+                         progress=False)
+    except KeyboardInterrupt as exc:
+        caught = exc
+    assert type(caught) is KeyboardInterrupt and caught.__context__ is None
+    assert len(ledger.history) == 1  # the charge stands
+    text = "".join(traceback.TracebackException.from_exception(caught, capture_locals=True)
+                   .format())
+    for frame, _ in traceback.walk_tb(caught.__traceback__):
+        text += "".join(f"{k}={v!r}\n" for k, v in frame.f_locals.items())
+    assert SECRET not in text and "7919" not in text and repr(0.5 + 4 / 7919) not in text
+    del caught
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
+def test_an_error_of_the_machinery_is_tuning_aborted():
+    class Broken:
+        def run(self, tasks, reduce):
+            for task in tasks:
+                pass
+            raise RuntimeError(SECRET)
+
+    with pytest.raises(TuningAborted) as info:
+        private_optimize(quadratic, fresh(), runs=Poisson(5.0), cost=COST, backend=Broken(),
+                         progress=False)
+    assert SECRET not in str(info.value) and info.value.__context__ is None
+
+
+# --- rehearse ------------------------------------------------------------------------------
+def test_rehearse_reraises_and_charges_nothing():
+    def typo(trial, child):
+        params = {"lr": trial.suggest_float("lr", 1e-3, 1.0)}
+        return params["learning_rate"]
+
+    with pytest.raises(KeyError, match="learning_rate"):
+        rehearse(typo, cost=COST)
+    with pytest.raises(BudgetExhausted):  # a cost that cannot cover the trial's training
+        rehearse(lambda t, child: [child.charge(M.SubsampledGaussian(1.0, 0.01))
+                                   for _ in range(50)] and 1.0,
+                 cost=M.SubsampledGaussian(1.0, 0.01))
+    with pytest.raises(InvalidArgumentError, match="⊥"):
+        rehearse(lambda t, child: math.nan, cost=COST)
+    with pytest.raises(optuna.TrialPruned):
+        rehearse(failing_pruned, cost=COST, pruner=optuna.pruners.ThresholdPruner(lower=0.0))
+    ok = rehearse(quadratic, cost=COST)
+    assert isinstance(ok, PrivateStudyResult) and ok.selected and set(ok.best_params) == {"x"}
+    sampler = DPHyPOSampler({"x": [0.25, 0.5]}, rule=lambda h, x: [1, 1])
+    assert rehearse(quadratic, cost=COST, sampler=sampler).best_params["x"] in (0.25, 0.5)
+    with pytest.raises(InvalidArgumentError, match="sampler"):
+        rehearse(quadratic, cost=COST, sampler=optuna.samplers.TPESampler())
+
+
+def failing_pruned(trial, child):
+    trial.report(-1.0, 0)
+    if trial.should_prune():
+        raise optuna.TrialPruned()
+    return 1.0
+
+
+# --- DPHyPOSampler -------------------------------------------------------------------------
+def test_dp_hypo_sampler_proposes_inside_the_grid_and_the_bounds():
+    space = {"lr": [0.01, 0.03, 0.1, 0.3], "width": [32, 64]}
+    sampler = DPHyPOSampler(space, C=3.0, c=0.5, rule=lambda h, x: np.eye(len(x))[0] + 1e-9)
+    pi = sampler.density([(0, 1.0)])
+    prior = np.full(8, 1 / 8)
+    assert np.all(pi <= 3.0 * prior + 1e-12) and np.all(pi >= 0.5 * prior - 1e-12)
+    assert pi.sum() == pytest.approx(1.0)
+    drawn = []
+
+    def objective(trial, child):
+        lr = trial.suggest_float("lr", 1e-3, 1.0, log=True)
+        width = trial.suggest_categorical("width", [32, 64])
+        drawn.append((lr, width))
+        return -abs(math.log(lr / 0.1))
+
+    result = private_optimize(objective, fresh(), runs=Geometric(mean=20.0), cost=COST,
+                              sampler=sampler, direction="maximize", seed=3, progress=False)
+    assert drawn and all(lr in space["lr"] and w in space["width"] for lr, w in drawn)
+    assert result.best_params["lr"] == 0.1
+    # a suggestion outside the grid's values is ⊥
+    outside = private_optimize(lambda t, c: t.suggest_float("lr", 0.5, 1.0), fresh(),
+                               runs=Geometric(mean=5.0), cost=COST, sampler=sampler, seed=3,
+                               progress=False)
+    assert not outside.selected
+
+
+def test_dp_hypo_sampler_in_a_plain_optuna_study():
+    sampler = DPHyPOSampler({"x": [0, 1, 2, 3]}, rule=lambda h, x: np.ones(len(x)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    study.optimize(lambda t: -abs(t.suggest_categorical("x", [0, 1, 2, 3]) - 2), n_trials=12)
+    assert {t.params["x"] for t in study.trials} <= {0, 1, 2, 3}
+
+
+def test_dp_hypo_sampler_checks_its_arguments():
+    for kwargs in ({"C": 0.5}, {"c": 1.5}, {"rule": "tpe"}, {"prior": [1.0]}):
+        with pytest.raises(InvalidArgumentError):
+            DPHyPOSampler({"x": [0, 1]}, **kwargs)
+    for space in ({}, {"x": []}, {"x": 1.0}, [("x", [1])]):
+        with pytest.raises(InvalidArgumentError):
+            DPHyPOSampler(space)
