@@ -411,9 +411,42 @@ def test_dp_hypo_sampler_in_a_plain_optuna_study():
 
 
 def test_dp_hypo_sampler_checks_its_arguments():
-    for kwargs in ({"C": 0.5}, {"c": 1.5}, {"rule": "tpe"}, {"prior": [1.0]}):
+    for kwargs in ({"C": 0.5}, {"c": 1.5}, {"rule": "cma"}, {"prior": [1.0]}):
         with pytest.raises(InvalidArgumentError):
             DPHyPOSampler({"x": [0, 1]}, **kwargs)
     for space in ({}, {"x": []}, {"x": 1.0}, [("x", [1])]):
         with pytest.raises(InvalidArgumentError):
             DPHyPOSampler(space)
+
+
+def test_tpe_rule_follows_optuna_s_tpe_and_stays_within_the_bounds():
+    from privguard.integrations.optuna import TPERule
+
+    grid = {"x": list(range(6))}
+    rule = TPERule(grid, n_samples=48, seed=0)
+    history = [(i % 6, -abs(i % 6 - 2) + 0.01 * i) for i in range(18)]  # best at x = 2
+    weights = rule(history, None)
+    assert weights.sum() == 48 and int(np.argmax(weights)) == 2
+    sampler = DPHyPOSampler(grid, C=2.0, c=0.5, rule="tpe")
+    pi = sampler.density(history)
+    assert pi[2] == pytest.approx(2.0 / 6) and np.all(pi >= 0.5 / 6 - 1e-12)
+    result = private_optimize(lambda t, c: -abs(t.suggest_int("x", 0, 5) - 2), fresh(),
+                              runs=Geometric(mean=6.0), cost=COST, sampler=sampler,
+                              direction="maximize", seed=1, progress=False)
+    assert result.selected and result.best_params["x"] in range(6)
+
+
+@pytest.mark.parametrize("direction,sign", [("maximize", 1.0), ("minimize", -1.0)])
+def test_the_dp_hypo_rule_sees_larger_as_better_in_both_directions(direction, sign):
+    seen = []
+
+    def rule(history, coords):
+        seen.extend(v for _, v in history)
+        return np.ones(len(coords))
+
+    sampler = DPHyPOSampler({"x": [0.25, 0.5]}, rule=rule)
+    private_optimize(lambda t, c: t.suggest_float("x", 0.0, 1.0), fresh(),
+                     runs=Geometric(mean=8.0), cost=COST, sampler=sampler,
+                     direction=direction, seed=2, progress=False)
+    values = set(seen) - {0.0}  # (0, 0.0): the rule's check before the charge
+    assert values and values <= {sign * 0.25, sign * 0.5}

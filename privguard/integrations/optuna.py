@@ -64,7 +64,7 @@ from privguard._orders import DEFAULT_ORDERS
 from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
 from privguard.tuning._base import accept, check_flag, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
-from privguard.tuning._executors import prepare, resolve
+from privguard.tuning._executors import resolve
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import IntUniform, SearchSpace
 
@@ -74,7 +74,8 @@ except ImportError:  # the install hint
     require("optuna", "optuna")
     raise
 
-__all__ = ["DPHyPOSampler", "PrivateStudyResult", "PrivateTrial", "private_optimize", "rehearse"]
+__all__ = ["DPHyPOSampler", "PrivateStudyResult", "PrivateTrial", "TPERule", "private_optimize",
+           "rehearse"]
 
 _COVERED = ("the covered samplers are optuna.samplers.RandomSampler (i.i.d. trials, random-K "
             "bound, seed 002) and privguard.integrations.optuna.DPHyPOSampler (bounded "
@@ -122,7 +123,10 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
             the objective suggests (else the trial is ⊥).
         C, c: the density bounds, c ≤ 1 ≤ C (paper defaults 2 and 0.75).
         rule: ``"gp"`` (Algorithm 3: a Gaussian process and UCB, needs
-            ``privguard[gp]``) or any ``(history, coords) -> weights`` as for
+            ``privguard[gp]``), ``"tpe"`` (:class:`TPERule`: the law of
+            Optuna's TPE proposals, estimated by sampling, since Optuna's
+            public API does not expose TPE's density) or any
+            ``(history, coords) -> weights`` as for
             :class:`privguard.tuning.DPHyPOSearch` (history: (candidate
             index, value) pairs, values oriented so larger is better).
         prior: π₀ over the candidates in grid order (default uniform).
@@ -148,8 +152,11 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
         if isinstance(rule, str) and rule == "gp":
             require("sklearn.gaussian_process", "gp")
             rule = GPUpdate()
+        elif isinstance(rule, str) and rule == "tpe":
+            rule = TPERule(search_space)
         if isinstance(rule, str) or not callable(rule):
-            raise InvalidArgumentError("rule", rule, "must be 'gp' or callable(history, coords)")
+            raise InvalidArgumentError("rule", rule,
+                                       "must be 'gp', 'tpe' or callable(history, coords)")
         # DPHyPOSearch checks C, c and the prior; its runs and cost here are placeholders.
         from privguard.mechanisms import PureDP
         from privguard.tuning import Geometric
@@ -199,6 +206,60 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
 
     def __repr__(self) -> str:
         return f"DPHyPOSampler({len(self.candidates)} candidates, C={self.C}, c={self.c})"
+
+
+class TPERule:
+    """A DP-HyPO update rule driven by Optuna's own TPE: the law of TPE's proposals.
+
+    Optuna's public API does not give TPE's density: the Parzen estimators
+    l(x) and g(x) and the ratio TPE maximises live in the private module
+    ``optuna.samplers._tpe``; the public ``TPESampler`` only returns samples.
+    So the rule rebuilds an in-memory study from the history (public
+    ``create_study``, ``create_trial``, ``add_trials``), asks TPE for
+    ``n_samples`` proposals (``study.ask``) and returns how often each
+    candidate was proposed: a Monte Carlo estimate of TPE's proposal law on
+    the grid. Like any rule, its output is then projected into [c, C] × the
+    prior, so Theorem 1 holds whatever TPE does (seed 003). Until TPE has
+    ``n_startup_trials`` results (Optuna's default 10) its proposals are
+    uniform.
+
+    Args:
+        search_space: the grid, as for :class:`DPHyPOSampler`.
+        n_samples: proposals drawn per update (default 64).
+        **tpe_options: passed to ``optuna.samplers.TPESampler``.
+
+    Example:
+        >>> rule = TPERule({"x": [0, 1, 2]}, n_samples=8)
+        >>> weights = rule([(0, 1.0)], None)
+        >>> weights.shape, float(weights.sum())
+        ((3,), 8.0)
+    """
+
+    def __init__(self, search_space: Mapping[str, Sequence[Any]], *, n_samples: int = 64,
+                 **tpe_options: Any) -> None:
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise InvalidArgumentError("n_samples", n_samples, "must be an integer >= 1")
+        space = SearchSpace(search_space)
+        self.names = list(space.dimensions)
+        self.candidates = space.candidates()
+        self.index = {tuple(c.values()): i for i, c in enumerate(self.candidates)}
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {
+            name: optuna.distributions.CategoricalDistribution(
+            space._choice(name).values) for name in self.names}
+        self.n_samples, self.tpe_options = n_samples, dict(tpe_options)
+
+    def __call__(self, history: list, coords: Any) -> np.ndarray:
+        counts = np.zeros(len(self.candidates))
+        with _optuna_silenced():
+            study = optuna.create_study(
+                direction="maximize", sampler=optuna.samplers.TPESampler(**self.tpe_options))
+            study.add_trials([optuna.trial.create_trial(
+                params=self.candidates[i], distributions=self.distributions, value=float(v))
+                for i, v in history])
+            for _ in range(self.n_samples):
+                trial = study.ask(self.distributions)
+                counts[self.index[tuple(trial.params[n] for n in self.names)]] += 1
+        return counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +441,6 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
     if callable(ship):  # the user's module, for Ray workers that cannot import it
         ship(objective)
     trials = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
-    prepare(executor, trials)
     with _optuna_silenced():
         out = tuner.run(trials, ledger, label=label, backend=executor)
     winner = out.artifact

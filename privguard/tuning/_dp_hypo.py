@@ -131,7 +131,8 @@ class DPHyPOSearch(Tuner):
         C, c: density bounds, c ≤ 1 ≤ C (paper defaults 2 and 0.75).
         update: ``"gp"`` (Algorithm 3, :class:`GPUpdate`) or any
             ``(history, coords) -> density`` over the candidates, where history
-            is a list of (candidate index, score) of the runs that were not ⊥;
+            is a list of (candidate index, score) of the runs that were not ⊥
+            (the score negated under ``mode="min"``, so larger is always better);
             its output is projected. If the rule raises, or returns anything
             but one finite weight per candidate, that step samples from the
             prior π⁽⁰⁾ (which lies in S_{C,c}): the rule with this fallback
@@ -276,7 +277,8 @@ class DPHyPOSearch(Tuner):
 
             def reduce(_: int, params: dict, outcome: Any, step: int = step, i: int = i) -> None:
                 if is_outcome(outcome):  # ⊥ neither enters the history nor wins
-                    history.append((i, outcome[0]))
+                    # the rule maximises: under mode "min" it sees the negated score
+                    history.append((i, outcome[0] if self.mode == "max" else -outcome[0]))
                     best.offer(step, params, outcome)
 
             executor.run([(objective, self.candidates[i], grid, budget)], reduce)
