@@ -159,3 +159,30 @@ def test_adaptive_tuner_farms_out_its_runs(ray_dir):
     serial = t.run(objective, Ledger(epsilon=30.0, delta=1e-5))
     remote = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend=RayExecutor())
     assert serial == remote and serial.selected
+
+
+def optuna_objective(trial, child):
+    lr = trial.suggest_categorical("lr", list(SCORES))
+    trial.set_user_attr("lr_seen", lr)
+    for _ in range(50):
+        child.charge(STEP)
+    return SCORES[lr], f"model-{lr}"
+
+
+@pytest.mark.parametrize("sampler", ["random", "dp-hypo"])
+def test_optuna_trials_on_ray_select_what_serial_selects(ray_dir, sampler):
+    from privguard.integrations.optuna import DPHyPOSampler, private_optimize
+
+    def run(backend):
+        ledger = Ledger(epsilon=30.0, delta=1e-5)
+        chosen = None if sampler == "random" else DPHyPOSampler(
+            {"lr": list(SCORES)}, rule=lambda h, x: [1.0] * len(x))
+        result = private_optimize(optuna_objective, ledger, runs=Geometric(mean=5.0), cost=RUN,
+                                  sampler=chosen, direction="maximize", seed=4, backend=backend,
+                                  progress=False)
+        return result, ledger
+
+    (a, serial), (b, on_ray) = run(None), run(RayExecutor(num_cpus=1))
+    assert a.selected and (a.best_params, a.best_value, a.best_user_attrs, a.artifact) == (
+        b.best_params, b.best_value, b.best_user_attrs, b.artifact)
+    assert (serial.spent == on_ray.spent).all() and len(on_ray.history) == 1
