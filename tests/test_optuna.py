@@ -73,7 +73,7 @@ def test_the_dp_hypo_charge_is_theorem_1_s_bound():
                              update=lambda h, x: np.ones(len(x)), progress=False)
     np.testing.assert_allclose(ledger.history[0].mechanism.rdp(ledger.orders),
                                reference.cost(ledger.orders).rdp(ledger.orders), rtol=1e-12)
-    assert result.selected and result.best_params == {"lr": 1.0} and result.best_value == 1.0
+    assert result.selected and result.best_value == result.best_params["lr"] in space["lr"]
 
 
 # --- refusals before any charge ------------------------------------------------------------
@@ -427,7 +427,8 @@ def test_tpe_rule_follows_optuna_s_tpe_and_stays_within_the_bounds():
     history = [(i % 6, -abs(i % 6 - 2) + 0.01 * i) for i in range(18)]  # best at x = 2
     weights = rule(history, None)
     assert weights.sum() == 48 and int(np.argmax(weights)) == 2
-    sampler = DPHyPOSampler(grid, C=2.0, c=0.5, rule="tpe")
+    assert isinstance(DPHyPOSampler(grid, rule="tpe").rule, TPERule)
+    sampler = DPHyPOSampler(grid, C=2.0, c=0.5, rule=TPERule(grid, n_samples=48, seed=1))
     pi = sampler.density(history)
     assert pi[2] == pytest.approx(2.0 / 6) and np.all(pi >= 0.5 / 6 - 1e-12)
     result = private_optimize(lambda t, c: -abs(t.suggest_int("x", 0, 5) - 2), fresh(),
@@ -450,3 +451,19 @@ def test_the_dp_hypo_rule_sees_larger_as_better_in_both_directions(direction, si
                      direction=direction, seed=2, progress=False)
     values = set(seen) - {0.0}  # (0, 0.0): the rule's check before the charge
     assert values and values <= {sign * 0.25, sign * 0.5}
+
+
+def test_tuning_plan_is_what_private_optimize_charges():
+    from privguard.integrations.optuna import tuning_plan
+
+    runs = Geometric(mean=6.0)
+    for sampler in (None, DPHyPOSampler({"x": [0.0, 1.0]}, rule=lambda h, x: [1, 1])):
+        ledger = fresh()
+        plan = tuning_plan(runs=runs, cost=COST, delta=1e-5, sampler=sampler,
+                           orders=ledger.orders)
+        private_optimize(lambda t, c: t.suggest_float("x", 0.0, 1.0), ledger, runs=runs,
+                         cost=COST, sampler=sampler, progress=False)
+        np.testing.assert_allclose(ledger.history[0].mechanism.rdp(ledger.orders), plan.curve,
+                                   rtol=1e-12)
+    with pytest.raises(InvalidArgumentError):
+        tuning_plan(runs=runs, cost=COST, delta=1e-5, sampler=optuna.samplers.TPESampler())

@@ -62,7 +62,7 @@ from privguard._ledger import Ledger
 from privguard._optional import require
 from privguard._orders import DEFAULT_ORDERS
 from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
-from privguard.tuning._base import accept, check_flag, check_ledger, check_objective
+from privguard.tuning._base import TuningPlan, accept, check_flag, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
 from privguard.tuning._executors import resolve
 from privguard.tuning._random_search import RandomSearch
@@ -75,7 +75,7 @@ except ImportError:  # the install hint
     raise
 
 __all__ = ["DPHyPOSampler", "PrivateStudyResult", "PrivateTrial", "TPERule", "private_optimize",
-           "rehearse"]
+           "rehearse", "tuning_plan"]
 
 _COVERED = ("the covered samplers are optuna.samplers.RandomSampler (i.i.d. trials, random-K "
             "bound, seed 002) and privguard.integrations.optuna.DPHyPOSampler (bounded "
@@ -448,6 +448,28 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         return PrivateStudyResult(False, None, None, None, None, out.cost, out.seeded)
     return PrivateStudyResult(True, winner.params, out.score, winner.user_attrs, winner.artifact,
                               out.cost, out.seeded)
+
+
+def tuning_plan(*, runs: Any, cost: Any, delta: float, sampler: Any = None,
+                orders: Any = None) -> TuningPlan:
+    """What :func:`private_optimize` will charge, before anything runs.
+
+    The same bound the call charges (random-K for ``RandomSampler``,
+    Theorem 1 for :class:`DPHyPOSampler`) as a curve and an (ε, δ), with
+    the ε of composing ⌈E[K]⌉ trials naively for comparison.
+
+    Raises:
+        InvalidArgumentError: a bad or uncovered argument (as private_optimize).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Geometric
+        >>> plan = tuning_plan(runs=Geometric(mean=8.0), cost=M.Gaussian(20.0), delta=1e-5)
+        >>> plan.epsilon < plan.naive_epsilon
+        True
+    """
+    dp_hypo = _sampler(sampler)
+    return _tuner(dp_hypo, runs, cost, "max", None, False).plan(delta, orders)
 
 
 def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any,
