@@ -172,3 +172,18 @@ def test_tune_on_ray_matches_the_serial_run():
     summary = tune_on_ray.main(["--quick"])
     assert summary["same"] and summary["selected"] is not None
     assert not ray.is_initialized()
+
+
+def test_tune_with_optuna_compares_both_samplers_at_the_same_total_epsilon():
+    import tune_with_optuna
+
+    summary = tune_with_optuna.main(["--quick", "--seed", "0"])
+    random, hypo = summary["RandomSampler"], summary["DPHyPOSampler"]
+    assert hypo["tuning_epsilon"] <= random["tuning_epsilon"] <= 1.001 * hypo["tuning_epsilon"]
+    assert hypo["sigma"] > random["sigma"]  # DP-HyPO pays for adaptivity with more noise
+    assert random["tuning_epsilon"] < random["naive_composition_epsilon"]
+    for arm in (random, hypo):
+        assert arm["selected"]["clip"] in tune_with_optuna.CLIPS
+        assert 0.05 <= arm["selected"]["lr"] <= 2.0 and 0.0 < arm["test_accuracy"] <= 1.0
+        assert set(arm["user_attrs"]) == {"noisy_validation_count"}
+    assert hypo["selected"]["lr"] in tune_with_optuna.LRS
