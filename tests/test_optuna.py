@@ -467,3 +467,36 @@ def test_tuning_plan_is_what_private_optimize_charges():
                                    rtol=1e-12)
     with pytest.raises(InvalidArgumentError):
         tuning_plan(runs=runs, cost=COST, delta=1e-5, sampler=optuna.samplers.TPESampler())
+
+
+def test_progress_shows_neither_k_nor_failures():
+    import re
+
+    def shown(mean, fail):
+        def objective(trial, child):
+            trial.suggest_float("x", 0.0, 1.0)
+            if fail:
+                raise RuntimeError(SECRET)
+            return 1.0
+
+        err = io.StringIO()
+        with redirect_stderr(err):
+            private_optimize(objective, fresh(), runs=Poisson(mean), cost=COST, seed=1,
+                             progress=True)
+        frames = [re.sub(r"\d+:\d+(:\d+)?", "T", f).strip()
+                  for f in re.split(r"[\r\n]", err.getvalue())]
+        return err.getvalue(), [f for i, f in enumerate(frames) if f and f not in frames[:i]]
+
+    (a, na), (b, nb), (c, nc) = shown(1.0, False), shown(40.0, False), shown(40.0, True)
+    assert a and na == nb == nc
+    assert all(SECRET not in t and "40" not in t for t in (a, b, c))
+
+
+def test_a_grid_with_replacement_is_dp_hypo_with_c_equal_1_and_costs_random_k():
+    from privguard.integrations.optuna import tuning_plan
+
+    runs, grid = Geometric(mean=5.0), {"x": [1, 2, 3]}
+    flat = DPHyPOSampler(grid, C=1.0, c=1.0, rule=lambda h, x: np.ones(len(x)))
+    np.testing.assert_array_equal(tuning_plan(runs=runs, cost=COST, delta=1e-5, sampler=flat).curve,
+                                  tuning_plan(runs=runs, cost=COST, delta=1e-5).curve)
+    assert np.allclose(flat.density([(0, 5.0)]), 1 / 3)

@@ -7,6 +7,8 @@
 * :mod:`privguard.integrations.lightning` — ``LedgerCallback``.
 * :mod:`privguard.integrations.huggingface` — ``LedgerTrainerCallback``.
 * :mod:`privguard.integrations.ray` — ``RayExecutor``, a tuning backend.
+* :mod:`privguard.integrations.optuna` — ``private_optimize``: Optuna objectives
+  tuned under the random-K or DP-HyPO bound, releasing the best trial only.
 
 Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
