@@ -500,3 +500,15 @@ def test_a_grid_with_replacement_is_dp_hypo_with_c_equal_1_and_costs_random_k():
     np.testing.assert_array_equal(tuning_plan(runs=runs, cost=COST, delta=1e-5, sampler=flat).curve,
                                   tuning_plan(runs=runs, cost=COST, delta=1e-5).curve)
     assert np.allclose(flat.density([(0, 5.0)]), 1 / 3)
+
+
+def test_a_dp_hypo_grid_value_must_fit_the_suggestion():
+    from privguard.integrations._optuna_trial import PrivateTrial
+
+    trial = PrivateTrial({"n": 2.5, "b": True, "c": "relu"}, fixed=True, pruner=None)
+    for call in (lambda: trial.suggest_int("n", 0, 5), lambda: trial.suggest_float("b", 0, 2),
+                 lambda: trial.suggest_float("missing", 0, 1),
+                 lambda: trial.suggest_categorical("c", ["tanh"])):
+        with pytest.raises(ValueError):
+            call()
+    assert trial.suggest_float("n", 0, 5) == 2.5 and trial.suggest_categorical("c", ["relu"])

@@ -156,8 +156,10 @@ def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         ok = value in dist.choices
     else:
-        ok = (isinstance(value, numbers.Real) and math.isfinite(float(value))
-              and dist.low <= value <= dist.high)
+        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+              and math.isfinite(float(value)) and dist.low <= value <= dist.high
+              and (not isinstance(dist, optuna.distributions.IntDistribution)
+                   or float(value).is_integer()))
     if not ok:
         raise ValueError(f"search_space's value {value!r} for {name!r} is outside {dist}")
     return value
