@@ -114,7 +114,8 @@ def test_uncovered_samplers_are_refused_before_any_charge(make):
     {"pruner": optuna.pruners.PatientPruner(None, 2)},
     {"pruner": optuna.pruners.WilcoxonPruner()},
     {"cost": lambda params: COST}, {"cost": 1.0}, {"direction": "max"},
-    {"runs": 8}, {"progress": 1}, {"backend": "dask"},
+    {"runs": 8}, {"runs": None}, {"cost": None}, {"progress": 1}, {"backend": "dask"},
+    {"label": 3}, {"seed": -1},
     {"sampler": DPHyPOSampler({"x": [0.0, 1.0]}, rule=lambda h, x: [1, 1]),
      "runs": Poisson(3.0)},  # DP-HyPO's theorem covers truncated negative binomial T only
 ])
@@ -512,3 +513,20 @@ def test_a_dp_hypo_grid_value_must_fit_the_suggestion():
         with pytest.raises(ValueError):
             call()
     assert trial.suggest_float("n", 0, 5) == 2.5 and trial.suggest_categorical("c", ["relu"])
+
+
+def test_an_optuna_style_call_is_refused_with_a_reason_not_a_type_error():
+    from privguard.integrations.optuna import tuning_plan
+
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError, match="n_trials"):
+        private_optimize(quadratic, ledger, n_trials=20)
+    with pytest.raises(InvalidArgumentError, match="runs"):
+        private_optimize(quadratic, ledger, cost=COST)
+    with pytest.raises(InvalidArgumentError, match="cost"):
+        private_optimize(quadratic, ledger, runs=Poisson(3.0))
+    with pytest.raises(InvalidArgumentError, match="cost"):
+        rehearse(quadratic)
+    with pytest.raises(InvalidArgumentError, match="delta"):
+        tuning_plan(runs=Poisson(3.0), cost=COST)
+    assert not ledger.history

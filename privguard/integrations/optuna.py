@@ -371,7 +371,7 @@ def _tuner(sampler: DPHyPOSampler | None, runs: Any, cost: Any, mode: str, seed:
 
 # ------------------------------------------------------------------ the two calls
 def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: Ledger, *,
-                     runs: Any, cost: Any, sampler: Any = None, direction: str = "minimize",
+                     runs: Any = None, cost: Any = None, sampler: Any = None, direction: str = "minimize",
                      pruner: Any = None, backend: Any = None, label: str | None = "optuna tuning",
                      progress: bool = True, seed: int | None = None,
                      **refused: Any) -> PrivateStudyResult:
@@ -450,7 +450,7 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
                               out.cost, out.seeded)
 
 
-def tuning_plan(*, runs: Any, cost: Any, delta: float, sampler: Any = None,
+def tuning_plan(*, runs: Any = None, cost: Any = None, delta: Any = None, sampler: Any = None,
                 orders: Any = None) -> TuningPlan:
     """What :func:`private_optimize` will charge, before anything runs.
 
@@ -472,7 +472,7 @@ def tuning_plan(*, runs: Any, cost: Any, delta: float, sampler: Any = None,
     return _tuner(dp_hypo, runs, cost, "max", None, False).plan(delta, orders)
 
 
-def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any,
+def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = None,
              sampler: Any = None, pruner: Any = None,
              orders: Any = None) -> PrivateStudyResult:
     """Run ONE trial end to end, charging nothing, and re-raise whatever goes wrong.
