@@ -7,6 +7,7 @@ import gc
 import io
 import logging
 import math
+import re
 import traceback
 import weakref
 from contextlib import redirect_stderr, redirect_stdout
@@ -471,7 +472,7 @@ def test_tuning_plan_is_what_private_optimize_charges():
 
 
 def test_progress_shows_neither_k_nor_failures():
-    import re
+
 
     def shown(mean, fail):
         def objective(trial, child):
@@ -530,3 +531,51 @@ def test_an_optuna_style_call_is_refused_with_a_reason_not_a_type_error():
     with pytest.raises(InvalidArgumentError, match="delta"):
         tuning_plan(runs=Poisson(3.0), cost=COST)
     assert not ledger.history
+
+
+def test_pytest_showlocals_shows_no_trial(tmp_path):
+    """The real reporter: `pytest --showlocals` on a run whose executor breaks after every
+    trial ran. A control test in the same file shows that the reporter does print locals."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    test_file = tmp_path / "test_leak.py"
+    test_file.write_text(textwrap.dedent("""
+        from privguard import Ledger, mechanisms as M
+        from privguard.integrations.optuna import private_optimize
+        from privguard.tuning import Poisson
+        from privguard.tuning._executors import SerialExecutor
+
+        class Exploding(SerialExecutor):
+            def run(self, tasks, reduce):
+                super().run(tasks, reduce)
+                raise RuntimeError("executor broke")
+
+        def objective(trial, child):
+            i = trial.suggest_int("i", 0, 10**6)
+            trial.set_user_attr("tag", "attr" + str(i * 7919))
+            return 0.5 + i / 7919, "model" + str(i * 7919)
+
+        def test_study():
+            private_optimize(objective, Ledger(epsilon=50.0, delta=1e-5), runs=Poisson(20.0),
+                             cost=M.Gaussian(10.0), seed=8, progress=False,
+                             backend=Exploding())
+
+        def test_control():
+            best_so_far = ("model" + str(3 * 7919), "attr" + str(3 * 7919))
+            raise RuntimeError("control")
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--showlocals", "-p",
+                           "no:cacheprovider", "-q", str(test_file)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert "2 failed" in out and "TuningAborted" in out
+    assert f"model{3 * 7919}" in out and f"attr{3 * 7919}" in out  # the control's locals
+    study_part = out[out.index("test_study"):out.index("test_control")]
+    assert not re.search(r"(model|attr)\d{3,}", study_part)
+    assert not re.search(r"0\.5\d{6,}", study_part)
