@@ -354,10 +354,15 @@ def test_rehearse_reraises_and_charges_nothing():
 
     with pytest.raises(KeyError, match="learning_rate"):
         rehearse(typo, cost=COST)
-    with pytest.raises(BudgetExhausted):  # a cost that cannot cover the trial's training
+    with pytest.raises(InvalidArgumentError, match=r"cost.*steps=") as info:
+        # a step-less cost cannot cover the trial's 50 steps: the child's refusal, explained
         rehearse(lambda t, child: [child.charge(M.SubsampledGaussian(1.0, 0.01))
                                    for _ in range(50)] and 1.0,
                  cost=M.SubsampledGaussian(1.0, 0.01))
+    assert isinstance(info.value.__cause__, BudgetExhausted)
+    other = Ledger(epsilon=0.01, delta=1e-5)
+    with pytest.raises(BudgetExhausted):  # another ledger's refusal is re-raised as it is
+        rehearse(lambda t, child: other.charge(COST), cost=COST)
     with pytest.raises(InvalidArgumentError, match="⊥"):
         rehearse(lambda t, child: math.nan, cost=COST)
     with pytest.raises(optuna.TrialPruned):

@@ -57,7 +57,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._base import Mechanism
-from privguard._errors import InvalidArgumentError
+from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._optional import require
 from privguard._orders import DEFAULT_ORDERS
@@ -496,7 +496,10 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
 
     Raises:
         InvalidArgumentError: a bad argument, or a value that is not a finite number.
-        Exception: whatever the objective raised (``optuna.TrialPruned`` included).
+        Exception: whatever the objective raised (``optuna.TrialPruned`` included),
+            except a refusal of the trial's child ledger, which is an
+            InvalidArgumentError naming ``cost`` and the remedy (the refusal
+            is its ``__cause__``).
 
     Example:
         >>> from privguard import mechanisms as M
@@ -507,7 +510,7 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
         >>> rehearse(objective, cost=M.Gaussian(10.0))
         Traceback (most recent call last):
         ...
-        privguard._errors.BudgetExhausted: ...
+        privguard._errors.InvalidArgumentError: cost=... does not cover one trial: ...
     """
     check_objective(objective)
     dp_hypo = _sampler(sampler)
@@ -527,7 +530,19 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
     budget = budgets[0] if len(budgets) == 1 else budgets[index]
     child = Ledger(orders=grid, rdp_budget=budget)
     trial = PrivateTrial(params, fixed=dp_hypo is not None, pruner=own_pruner)
-    value = objective(trial, child)
+    try:
+        value = objective(trial, child)
+    except BudgetExhausted as exc:
+        if child.can_afford(exc.requested):  # another ledger refused: not ours to explain
+            raise
+        what = f"the charge {exc.label!r}" if exc.label else "a charge"
+        raise InvalidArgumentError(
+            "cost", cost,
+            f"does not cover one trial: the trial's child ledger (a strict ledger of cost) "
+            f"refused {what} of {type(exc.requested).__name__}; declare "
+            "everything one trial charges (its whole training, e.g. SubsampledGaussian(sigma, "
+            "q, steps=epochs * len(loader)), composed with its scoring) and rehearse "
+            "again") from exc
     outcome = accept(value)
     if outcome is None:
         raise InvalidArgumentError("objective", value,
