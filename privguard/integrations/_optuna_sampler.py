@@ -1,0 +1,203 @@
+"""Optuna samplers the tuning theorems cover, and Optuna's logger kept quiet (private).
+
+:class:`DPHyPOSampler` is DP-HyPO's Framework 1 (seed 003) as an Optuna
+``BaseSampler``; :class:`TPERule` drives it with Optuna's own TPE. Both are
+re-exported by :mod:`privguard.integrations.optuna`, which documents how they
+are charged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from privguard._errors import InvalidArgumentError
+from privguard._optional import require
+from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
+from privguard.tuning._space import SearchSpace
+
+try:
+    import optuna
+except ImportError:  # the install hint
+    require("optuna", "optuna")
+    raise
+
+__all__ = ["DPHyPOSampler", "TPERule", "silenced"]
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """Optuna's logger says nothing for the duration (its per-trial lines carry values)."""
+    logger = logging.getLogger("optuna")
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+class DPHyPOSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler that proposes from a density kept within [c, C] × the prior (DP-HyPO).
+
+    Seed 003's Framework 1 on a finite (or discretised) search space: after
+    each trial, an update ``rule`` maps the history of (candidate, value) to
+    a density over the candidates, which privguard's exact Euclidean
+    projection (:func:`privguard.tuning.project_density`) keeps within
+    [c·π₀, C·π₀]; the next candidate is drawn from it. Under
+    :func:`privguard.integrations.optuna.private_optimize` the cost is
+    DP-HyPO's Theorem 1 bound (``privguard.mechanisms.DPHyPO``), charged
+    before the first trial, and
+    the rule sees only the trials that were not ⊥. Used in a plain Optuna
+    study it proposes the same way, from the study's complete trials (and
+    then nothing is private).
+
+    Args:
+        search_space: ``{name: [values, ...]}``, a finite grid as for
+            Optuna's ``GridSampler``; every ``suggest_*`` of the objective
+            returns the drawn candidate's value, which must lie in the range
+            the objective suggests (else the trial is ⊥).
+        C, c: the density bounds, c ≤ 1 ≤ C (paper defaults 2 and 0.75).
+        rule: ``"gp"`` (Algorithm 3: a Gaussian process and UCB, needs
+            ``privguard[gp]``), ``"tpe"`` (:class:`TPERule`: the law of
+            Optuna's TPE proposals, estimated by sampling, since Optuna's
+            public API does not expose TPE's density) or any
+            ``(history, coords) -> weights`` as for
+            :class:`privguard.tuning.DPHyPOSearch` (history: (candidate
+            index, value) pairs, values oriented so larger is better).
+        prior: π₀ over the candidates in grid order (default uniform).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
+
+    Example:
+        >>> from privguard.integrations.optuna import DPHyPOSampler
+        >>> sampler = DPHyPOSampler({"lr": [0.01, 0.1, 1.0]}, rule=lambda h, x: [1, 1, 1])
+        >>> len(sampler.candidates), round(float(sampler.density([]).sum()), 12)
+        (3, 1.0)
+    """
+
+    def __init__(self, search_space: Mapping[str, Sequence[Any]], *, C: float = 2.0,
+                 c: float = 0.75, rule: str | Callable[[list, np.ndarray], Any] = "gp",
+                 prior: Any = None) -> None:
+        if not isinstance(search_space, Mapping) or not search_space or not all(
+                isinstance(v, (list, tuple)) and v for v in search_space.values()):
+            raise InvalidArgumentError("search_space", search_space,
+                                       "must be a {name: [values, ...]} grid, every list non-empty")
+        space = SearchSpace(search_space)
+        if isinstance(rule, str) and rule == "gp":
+            require("sklearn.gaussian_process", "gp")
+            rule = GPUpdate()
+        elif isinstance(rule, str) and rule == "tpe":
+            rule = TPERule(search_space)
+        if isinstance(rule, str) or not callable(rule):
+            raise InvalidArgumentError("rule", rule,
+                                       "must be 'gp', 'tpe' or callable(history, coords)")
+        # DPHyPOSearch checks C, c and the prior; its runs and cost here are placeholders.
+        from privguard.mechanisms import PureDP
+        from privguard.tuning import Geometric
+
+        checked = DPHyPOSearch(space, Geometric(mean=2.0), cost=PureDP(1.0), C=C, c=c,
+                               update=rule, prior=prior, progress=False)
+        self.space, self.C, self.c, self.rule = space, checked.C, checked.c, rule
+        self.prior = checked.prior
+        self.candidates = space.candidates()
+        self.coords = ordinal_coordinates(space)
+        self._rng = np.random.default_rng()
+
+    def density(self, history: list) -> np.ndarray:
+        """The projected density after ``history`` ((candidate index, value) pairs)."""
+        return bounded_density(self.rule, self.coords, self.prior, self.C, self.c, history)
+
+    # -- Optuna's sampler protocol (a plain, non-private study) ------------------------
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return {name: optuna.distributions.CategoricalDistribution(self.space._choice(name).values)
+                for name in self.space.dimensions}
+
+    def sample_relative(self, study: Any, trial: Any, search_space: dict[str, Any]
+                        ) -> dict[str, Any]:
+        sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+        history = []
+        for done in study.get_trials(deepcopy=False,
+                                     states=(optuna.trial.TrialState.COMPLETE,)):
+            try:
+                history.append((self.candidates.index(
+                    {k: done.params[k] for k in self.space.dimensions}), sign * done.value))
+            except (KeyError, ValueError):
+                continue
+        try:
+            pi = self.density(history)
+        except Exception:  # the rule with the prior as fallback, as in DPHyPOSearch
+            pi = self.prior
+        return dict(self.candidates[int(self._rng.choice(len(pi), p=pi / pi.sum()))])
+
+    def sample_independent(self, study: Any, trial: Any, param_name: str,
+                           param_distribution: Any) -> Any:
+        raise ValueError(f"parameter {param_name!r} is not in DPHyPOSampler's search_space")
+
+    def _tuner(self, runs: Any, cost: Any, mode: str, seed: int | None,
+               progress: bool) -> DPHyPOSearch:
+        return DPHyPOSearch(self.space, runs, cost=cost, C=self.C, c=self.c, update=self.rule,
+                            prior=self.prior, mode=mode, seed=seed, progress=progress)
+
+    def __repr__(self) -> str:
+        return f"DPHyPOSampler({len(self.candidates)} candidates, C={self.C}, c={self.c})"
+
+
+class TPERule:
+    """A DP-HyPO update rule driven by Optuna's own TPE: the law of TPE's proposals.
+
+    Optuna's public API does not give TPE's density: the Parzen estimators
+    l(x) and g(x) and the ratio TPE maximises live in the private module
+    ``optuna.samplers._tpe``; the public ``TPESampler`` only returns samples.
+    So the rule rebuilds an in-memory study from the history (public
+    ``create_study``, ``create_trial``, ``add_trials``), asks TPE for
+    ``n_samples`` proposals (``study.ask``) and returns how often each
+    candidate was proposed: a Monte Carlo estimate of TPE's proposal law on
+    the grid. Like any rule, its output is then projected into [c, C] × the
+    prior, so Theorem 1 holds whatever TPE does (seed 003). Until TPE has
+    ``n_startup_trials`` results (Optuna's default 10) its proposals are
+    uniform.
+
+    Args:
+        search_space: the grid, as for :class:`DPHyPOSampler`.
+        n_samples: proposals drawn per update (default 64).
+        **tpe_options: passed to ``optuna.samplers.TPESampler``.
+
+    Example:
+        >>> rule = TPERule({"x": [0, 1, 2]}, n_samples=8)
+        >>> weights = rule([(0, 1.0)], None)
+        >>> weights.shape, float(weights.sum())
+        ((3,), 8.0)
+    """
+
+    def __init__(self, search_space: Mapping[str, Sequence[Any]], *, n_samples: int = 64,
+                 **tpe_options: Any) -> None:
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise InvalidArgumentError("n_samples", n_samples, "must be an integer >= 1")
+        space = SearchSpace(search_space)
+        self.names = list(space.dimensions)
+        self.candidates = space.candidates()
+        self.index = {tuple(c.values()): i for i, c in enumerate(self.candidates)}
+        self.distributions: dict[str, optuna.distributions.BaseDistribution] = {
+            name: optuna.distributions.CategoricalDistribution(
+            space._choice(name).values) for name in self.names}
+        self.n_samples, self.tpe_options = n_samples, dict(tpe_options)
+
+    def __call__(self, history: list, coords: Any) -> np.ndarray:
+        counts = np.zeros(len(self.candidates))
+        with silenced():
+            study = optuna.create_study(
+                direction="maximize", sampler=optuna.samplers.TPESampler(**self.tpe_options))
+            study.add_trials([optuna.trial.create_trial(
+                params=self.candidates[i], distributions=self.distributions, value=float(v))
+                for i, v in history])
+            for _ in range(self.n_samples):
+                trial = study.ask(self.distributions)
+                counts[self.index[tuple(trial.params[n] for n in self.names)]] += 1
+        return counts
