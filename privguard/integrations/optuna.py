@@ -149,7 +149,8 @@ def _sampler(sampler: Any) -> DPHyPOSampler | None:
         return sampler
     name = type(sampler).__name__
     if isinstance(sampler, optuna.samplers.QMCSampler):
-        why = "its points are a deterministic sequence, not independent draws"
+        why = ("its points are a low-discrepancy sequence (deterministic unless scrambled), "
+               "not independent draws")
     elif isinstance(sampler, optuna.samplers.GridSampler):
         why = ("it draws without replacement and stops the study when the grid is exhausted "
                "(truncating K); for i.i.d. draws with replacement from a grid use "
