@@ -584,3 +584,30 @@ def test_pytest_showlocals_shows_no_trial(tmp_path):
     study_part = out[out.index("test_study"):out.index("test_control")]
     assert not re.search(r"(model|attr)\d{3,}", study_part)
     assert not re.search(r"0\.5\d{6,}", study_part)
+
+
+def test_the_released_winner_meets_the_charged_bound_exactly():
+    """tests/test_tuning_release.py's exact check, through Optuna's API: each trial is a
+    0.1-DP randomized response of a private bit (⊥ when it answers 1, its second charge refused
+    by the child), K ~ Geometric(mean 50); the law of the release, enumerated over K, has
+    hockey-stick δ = 0 at the ε private_optimize charges."""
+    from test_tuning_release import EPS0, KEEP, hockey_stick, laws
+
+    from privguard import RDPCurve
+
+    rng = np.random.default_rng(0)
+
+    def objective(trial, child):
+        trial.suggest_float("x", 0.0, 1.0)
+        child.charge(M.PureDP(EPS0))
+        if (1 if rng.random() < KEEP else 0) == 1:
+            child.charge(M.PureDP(EPS0))  # refused: ⊥
+        return 1.0
+
+    runs, ledger = Geometric(mean=50.0), Ledger(epsilon=1.0, delta=1e-5)
+    private_optimize(objective, ledger, runs=runs, cost=M.PureDP(EPS0), progress=False)
+    charged = ledger.history[0].mechanism
+    eps = RDPCurve(ledger.orders, charged.rdp(ledger.orders)).epsilon(1e-5)
+    assert eps == pytest.approx(0.3129, abs=1e-4)
+    winner_d, winner_d2 = laws(runs, KEEP)[0], laws(runs, 1 - KEEP)[0]
+    assert hockey_stick(winner_d, winner_d2, eps) == 0.0
