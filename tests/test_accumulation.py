@@ -213,3 +213,15 @@ def test_extreme_parameters_give_valid_curves():
     # q = 1: every micro-batch holds the example: the Gaussian of sensitivity k
     c = M.AccumulatedSubsampledGaussian(2.0, 1.0, 3).rdp([2.0, 8.0])
     assert c.tolist() == pytest.approx([2 * 9 / 8, 8 * 9 / 8])
+
+
+def test_hybrid_filter_refuses_an_accumulated_plan_by_name():
+    from privguard import Plan
+
+    plan = Plan(M.AccumulatedSubsampledGaussian(1.0, 0.01, 2), steps=100)
+    with pytest.raises(InvalidArgumentError, match="PLD envelope for SubsampledGaussian"):
+        Ledger(epsilon=3.0, delta=1e-5, filter="hybrid", plan=plan)
+    Ledger(epsilon=3.0, delta=1e-5, plan=plan)  # the RDP filter takes it
+    # k = 1 is SubsampledGaussian: a hybrid plan is fine
+    Ledger(epsilon=3.0, delta=1e-5, filter="hybrid",
+           plan=Plan(M.AccumulatedSubsampledGaussian(1.0, 0.01, 1), steps=100))
