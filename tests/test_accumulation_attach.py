@@ -113,3 +113,22 @@ def test_steps_recorded_before_attach_at_k_times_q_are_replayed_as_accumulation(
     handle = attach(opt, ledger, data_loader=loader)
     assert handle.steps_replayed == 2
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)] * 2
+
+
+def test_accumulation_through_skipped_steps_is_counted_from_the_loader():
+    # independent Poisson batches accumulated with signal_skip_step (BatchMemoryManager's
+    # mechanism, but each batch its own Poisson draw): the optimizer holds one batch at the
+    # real step, only the loader's count shows the two micro-batches
+    _, model, opt, loader, criterion = _private()
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    for _ in range(3):
+        for i in range(2):
+            x, y = next(batches)
+            criterion(model(x), y).backward()
+            if i == 0:
+                opt.signal_skip_step(do_skip=True)
+            opt.step()
+            opt.zero_grad()
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)] * 3

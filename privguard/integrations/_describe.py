@@ -22,7 +22,9 @@ can be seen, never from one source alone:
 Opacus' ``BatchMemoryManager`` splits one Poisson batch into physical
 batches with skipped virtual steps: the loop iterates its own loader, the
 optimizer holds one batch's samples at the real step, and the step stays one
-:class:`SubsampledGaussian`.
+:class:`SubsampledGaussian`. A loop that accumulates independent Poisson
+batches through ``signal_skip_step`` looks the same to the optimizer: only the
+loader's count tells them apart, so attach needs ``data_loader=`` for it.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   checked (:class:`NonPoissonSamplingError` otherwise); without it attach
   cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
   ``check_poisson=False`` is the explicit opt-out.
+* **Accumulation.** k Poisson micro-batches per real step (several
+  ``backward()`` per ``step()``) are charged as
+  ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
+  from the batches ``data_loader`` delivered, the optimizer's per-sample
+  gradients (not under ghost clipping, whose optimizer reports 1) and
+  ``micro_batches=``; see ``privguard/integrations/_describe.py``.
 * **Steps taken before attach.** The steps Opacus' accountant on this
   optimizer already recorded are charged at attach, one record per step with
   its σ and q, labelled ``"before attach"`` (the same records an attach at the
