@@ -25,6 +25,7 @@ DATA = TensorDataset(torch.zeros(64, 2))
     (DataLoader(DATA, batch_size=8, sampler=WeightedRandomSampler([1.0] * 64, 64)),
      "WeightedRandomSampler"),
     (DataLoader(DATA, batch_sampler=[[0, 1], [2, 3]]), "does not know (list)"),
+    (DataLoader(DATA, batch_size=8, sampler=[3, 1, 2]), "does not know (list)"),
 ])
 def test_unaccounted_loaders_are_refused_by_name_with_both_alternatives(loader, what):
     with pytest.raises(NonPoissonSamplingError) as info:

@@ -44,8 +44,10 @@ def found(loader: Any) -> str:
     if name in ACCOUNTED and getattr(loader, "drop_last", False):
         return f"drop_last=True on a {ACCOUNTED[name]} loader (it drops the last partial batch)"
     inner = getattr(batch_sampler, "sampler", None)
-    if name == "BatchSampler" and type(inner).__name__ in _KNOWN:
-        return _KNOWN[type(inner).__name__]
+    if name == "BatchSampler":
+        return _KNOWN.get(type(inner).__name__,
+                          f"fixed-size batches from a sampler privguard does not know "
+                          f"({type(inner).__name__})")
     if batch_sampler is None:
         return f"a {type(loader).__name__} without a batch sampler"
     return f"a batch sampler privguard does not know ({name})"
