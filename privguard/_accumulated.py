@@ -220,7 +220,12 @@ def curve(q: float, sigma: float, k: int, orders: np.ndarray) -> np.ndarray:
     direct = (frac > 0.0) & (small < _DIRECT_BELOW)
     if direct.any():  # below α = 3 the chord is loose (from g(1) = 0): integrate as well
         remove[direct] = np.minimum(remove[direct], remove_quadrature(q, sigma, k, small[direct]))
-    add = add_quadrature(q, sigma, k, small)
+    # add ≤ −log b_0 = −k·log(1−q) at every order (f ≥ b_0; theory §14, Lemma 14.3): the
+    # quadrature is needed only where that cap is above the remove bound
+    add = np.full(small.size, -k * math.log1p(-q))
+    need = remove < add
+    if need.any():
+        add[need] = np.minimum(add[need], add_quadrature(q, sigma, k, small[need]))
     out = bound.copy()
     both = np.maximum(remove, add)
     # the composition bound replaces them only where clearly smaller: where the two
