@@ -94,6 +94,12 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
                                    "must be Uniform(), Concentrated(...) or Explicit(...)")
     if filter is not None and filter not in FILTERS:
         raise InvalidArgumentError("filter", filter, f"must be one of {FILTERS}")
+    if filter == "hybrid" and the_plan is not None and getattr(
+            the_plan.step, "micro_batches", 1) != 1:  # docs/theory.md §14, Not claimed
+        raise InvalidArgumentError(
+            "filter", filter, "has a PLD envelope for SubsampledGaussian steps only, not for "
+            f"the plan's accumulated step {the_plan.step!r}; use filter='rdp' (its RDP curve "
+            "is a proven bound)")
     if epsilon is not None and rdp_budget is not None:
         raise InvalidArgumentError("rdp_budget", rdp_budget,
                                    "give either (epsilon, delta) or rdp_budget, not both")

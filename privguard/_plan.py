@@ -62,6 +62,53 @@ class Plan:
             return max(1, math.ceil(1.0 / rate - 1e-9))
         return 1
 
+    @classmethod
+    def from_opacus(cls, optimizer: Any, data_loader: Any, *, epochs: int | None = None,
+                    steps: int | None = None, gradient_accumulation_steps: int = 1,
+                    every: int | None = None) -> Plan:
+        """The plan of the run Opacus will execute with ``optimizer`` and ``data_loader``.
+
+        σ is ``optimizer.noise_multiplier`` and q the rate ``data_loader``'s
+        Poisson sampler uses (``DPDataLoader``: 1/len(loader), as Opacus
+        samples and calibrates; not batch/len(dataset)). The step is
+        :class:`~privguard.mechanisms.SubsampledGaussian`, or with
+        ``gradient_accumulation_steps`` k > 1 (k Poisson micro-batches per
+        optimizer step)
+        :class:`~privguard.mechanisms.AccumulatedSubsampledGaussian`.
+
+        Args:
+            optimizer: the Opacus ``DPOptimizer``.
+            data_loader: its Poisson data loader (``DPDataLoader``).
+            epochs: passes over the loader (⌈len(loader)/k⌉ steps each), or
+            steps: the number of optimizer steps (exactly one of the two).
+            gradient_accumulation_steps: micro-batches per optimizer step.
+            every: read cadence (see :class:`Plan`).
+
+        Raises:
+            NonPoissonSamplingError: the loader does not sample by Poisson
+                sampling, so no step mechanism can be named.
+            InvalidArgumentError: a bad argument, named.
+
+        Example:
+            >>> import torch
+            >>> from opacus.data_loader import DPDataLoader
+            >>> from opacus.optimizers import DPOptimizer
+            >>> from torch.utils.data import DataLoader, TensorDataset
+            >>> w = torch.nn.Parameter(torch.zeros(2))
+            >>> opt = DPOptimizer(torch.optim.SGD([w], lr=0.1), noise_multiplier=1.0,
+            ...                   max_grad_norm=1.0, expected_batch_size=8)
+            >>> data = TensorDataset(torch.zeros(64, 2))
+            >>> loader = DPDataLoader.from_data_loader(DataLoader(data, batch_size=8))
+            >>> plan = Plan.from_opacus(opt, loader, epochs=3)
+            >>> plan.step, plan.steps
+            (SubsampledGaussian(noise_multiplier=1.0, sample_rate=0.125, steps=1), 24)
+        """
+        from privguard.integrations._plan_opacus import plan_from_opacus
+
+        return plan_from_opacus(optimizer, data_loader, epochs=epochs, steps=steps,
+                                gradient_accumulation_steps=gradient_accumulation_steps,
+                                every=every)
+
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step.to_dict(), "steps": self.steps, "every": self.every}
 

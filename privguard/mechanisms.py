@@ -4,6 +4,7 @@ Every mechanism has ``rdp(orders) -> numpy.ndarray`` and ``to_dict()``;
 :func:`mechanism_from_dict` rebuilds one from its dict.
 """
 
+from privguard._accumulated import AccumulatedSubsampledGaussian
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._curve import RDPCurve
 from privguard._mechanisms import (
@@ -19,6 +20,7 @@ from privguard._subset import SubsetTuning
 
 __all__ = [
     "ZCDP",
+    "AccumulatedSubsampledGaussian",
     "Composed",
     "DPHyPO",
     "Gaussian",

@@ -161,3 +161,15 @@ def test_bad_arguments():
         with pytest.raises(InvalidArgumentError) as info:
             LedgerTrainerCallback(Ledger(delta=1e-5), **kwargs)
         assert info.value.argument == name
+
+
+def test_gradient_accumulation_steps_are_charged_as_accumulation(tmp_path):
+    # issue 27: gradient_accumulation_steps=2 is two Poisson micro-batches per step,
+    # charged AccumulatedSubsampledGaussian(σ, q, 2), not SubsampledGaussian(σ, 2q)
+    ledger = Ledger(delta=1e-5)
+    trainer, cb = make_trainer(tmp_path, ledger, max_steps=3, save_strategy="no",
+                               gradient_accumulation_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert [r.mechanism for r in ledger.history] == [
+        M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)] * 3

@@ -149,3 +149,13 @@ def test_bad_arguments():
         assert info.value.argument == name
     with pytest.raises(InvalidArgumentError, match="ledger"):
         LedgerCallback("not a ledger")
+
+
+def test_accumulate_grad_batches_is_charged_as_accumulation():
+    # issue 27: accumulate_grad_batches=2 is two Poisson micro-batches per optimizer step
+    ledger = Ledger(delta=1e-5)
+    t = trainer(LedgerCallback(ledger), max_steps=3, accumulate_grad_batches=2)
+    t.fit(Tiny())
+    assert t.global_step == 3
+    assert [r.mechanism for r in ledger.history] == [
+        M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)] * 3

@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
+from privguard.integrations import _samplers
 
 __all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_poisson",
            "poisson_rate", "warn_unverified"]
@@ -61,15 +62,15 @@ def check_poisson(loader: Any, name: str = "data_loader") -> float:
         'train_dataloader'
     """
     rate = poisson_rate(loader)
-    if rate is None:
+    if rate is None or getattr(loader, "drop_last", False):  # issue 27: refused by name
         sampler = type(getattr(loader, "batch_sampler", None)).__name__
         raise NonPoissonSamplingError(
             name, f"{type(loader).__name__} (batch sampler {sampler})",
-            "does not do Poisson sampling, which the subsampled-Gaussian accounting assumes, "
-            "so the ε it would report does not hold for this loader. Use Opacus' DPDataLoader "
-            "(make_private(..., poisson_sampling=True), or DPDataLoader.from_data_loader); "
-            "pass check_poisson=False only if you accept that the reported ε does not hold "
-            "for this sampling")
+            "does not do Poisson sampling, which the subsampled-Gaussian accounting assumes: "
+            + _samplers.refusal(loader))
+    mismatch = _samplers.rate_mismatch(loader)
+    if mismatch is not None:
+        raise NonPoissonSamplingError(name, f"{type(loader).__name__} (q = {rate:g})", mismatch)
     return rate
 
 

@@ -103,9 +103,11 @@ class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
             self._resume(args, state)
+        accumulation = getattr(args, "gradient_accumulation_steps", 1)  # theory §14
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=train_dataloader, label=self.label,
-                             on_exhausted="stop", check_poisson=self.check_poisson)
+                             on_exhausted="stop", check_poisson=self.check_poisson,
+                             micro_batches=accumulation if isinstance(accumulation, int) else None)
 
     def _resume(self, args: Any, state: Any) -> None:
         """Bring the ledger to the entry saved with the checkpoint resumed from."""

@@ -113,10 +113,12 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
         if self.check_poisson:
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
+        accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=loaders[0] if len(loaders) == 1 else None,
                              label=self.label, on_exhausted="stop",
-                             check_poisson=False)  # checked above, or opted out
+                             check_poisson=False,  # checked above, or opted out
+                             micro_batches=accumulation if isinstance(accumulation, int) else None)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

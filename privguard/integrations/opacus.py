@@ -22,6 +22,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   checked (:class:`NonPoissonSamplingError` otherwise); without it attach
   cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
   ``check_poisson=False`` is the explicit opt-out.
+* **Accumulation.** k Poisson micro-batches per real step (several
+  ``backward()`` per ``step()``) are charged as
+  ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
+  from the batches ``data_loader`` delivered, the optimizer's per-sample
+  gradients (not under ghost clipping, whose optimizer reports 1) and
+  ``micro_batches=``; see ``privguard/integrations/_describe.py``.
 * **Steps taken before attach.** The steps Opacus' accountant on this
   optimizer already recorded are charged at attach, one record per step with
   its σ and q, labelled ``"before attach"`` (the same records an attach at the
@@ -73,7 +79,7 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger import Ledger
-from privguard.integrations import _sampling
+from privguard.integrations import _describe, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -142,8 +148,12 @@ class AttachHandle:
         self._rate = rate
         self._coordinator = coordinator
         self._next_ok = True
-        self._last_key: tuple[float, float] | None = None
-        self._last_mechanism: M.SubsampledGaussian | None = None
+        self._last_key: tuple[float, float, int] | None = None
+        self._last_mechanism: M.Mechanism | None = None
+        self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
+        self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
+        self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
+        self._last_micro_batches = 1
         self._active = False
         self._engine: Any = None
         self._engine_accountant: Any = None
@@ -171,16 +181,28 @@ class AttachHandle:
         _ATTACHED[optimizer] = self
 
     # The mechanism of the next real step, read live from the optimizer.
-    def next_mechanism(self) -> M.SubsampledGaussian:
-        """The mechanism the next real step would be charged as."""
-        accumulated = 1
-        try:
-            accumulated = self.optimizer.accumulated_iterations or 1
-        except (ValueError, AttributeError):  # no per-sample gradients yet (before a backward)
-            pass
-        key = (float(self.optimizer.noise_multiplier), self._rate() * accumulated)
-        if key != self._last_key:  # a frozen value object: reuse it while σ and q hold
-            self._last_mechanism = M.SubsampledGaussian(*key)
+    def next_mechanism(self) -> M.Mechanism:
+        """The mechanism the next real step would be charged as.
+
+        k micro-batches accumulated into one step are charged as
+        ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
+        largest of: the batches ``data_loader`` delivered since the last
+        step, the optimizer's own count (not under ghost clipping), the
+        declared accumulation, and (between steps) the last step's k.
+        """
+        return self._mechanism(predict=True)
+
+    def _micro_batches(self, predict: bool) -> int:
+        counted = 0 if self.counter is None else self.counter.count
+        reported = _describe.reported_micro_batches(self.optimizer) or 1
+        k = max(counted, reported, self.declared_micro_batches)
+        return max(k, self._last_micro_batches) if predict else k
+
+    def _mechanism(self, predict: bool) -> M.Mechanism:
+        key = (float(self.optimizer.noise_multiplier), float(self._rate()),
+               self._micro_batches(predict))
+        if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
+            self._last_mechanism = _describe.step_mechanism(*key)
             self._last_key = key
         assert self._last_mechanism is not None
         return self._last_mechanism
@@ -199,11 +221,16 @@ class AttachHandle:
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
             # Charged before the parameter update; raises if refused.
+            k = self._micro_batches(predict=False)
             if self._coordinator is None:
-                self.ledger.charge(self.next_mechanism(), label=self.label)
+                self.ledger.charge(self._mechanism(predict=False), label=self.label)
             else:
-                self._next_ok = self._coordinator.step(self.next_mechanism, self.label)
+                self._next_ok = self._coordinator.step(lambda: self._mechanism(predict=False),
+                                                       self.label)
             self.steps_charged += 1
+            self._last_micro_batches = k
+            if self.counter is not None:
+                self.counter.take()
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
 
@@ -238,6 +265,8 @@ class AttachHandle:
             self._engine.accountant = self._engine_accountant
         if _ATTACHED.get(self.optimizer) is self:
             del _ATTACHED[self.optimizer]
+        if self.counter is not None:
+            self.counter.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,
@@ -270,7 +299,8 @@ class AttachHandle:
                 "counted twice (safe, but budget is lost): attach with privacy_engine= so "
                 "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
                 AccountantWarning, stacklevel=stacklevel + 1)
-        self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL)
+        self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL,
+                                     base_rate=self.loader_rate)
 
     def __getstate__(self) -> dict:
         raise InvalidArgumentError(
@@ -346,6 +376,7 @@ def attach(
     check_poisson: bool = True,
     resume: Any = None,
     planned_steps: int | None = None,
+    micro_batches: int | None = None,
 ) -> AttachHandle:
     """Charge every real noisy step of ``optimizer`` to ``ledger``.
 
@@ -381,6 +412,12 @@ def attach(
             accountant holds are not charged again.
         planned_steps: the number of steps the run plans; only used to say
             what they cost by RDP when the engine's accountant is PRV or GDP.
+        micro_batches: the Poisson micro-batches the loop accumulates into
+            each step, where it declares them (Hugging Face's
+            ``gradient_accumulation_steps``). Steps are charged with at least
+            this many; privguard also counts the batches ``data_loader``
+            delivers and the per-sample gradients the optimizer holds, and
+            charges the largest (docs/theory.md §14).
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -389,7 +426,10 @@ def attach(
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
             :class:`LedgerAccountant`).
-        NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling.
+        NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
+            or a ghost-clipping optimizer (which reports one micro-batch per
+            step whatever ran) comes with neither ``data_loader`` nor
+            ``micro_batches``, so the micro-batches per step cannot be known.
         BudgetExhausted: the steps Opacus recorded before attach do not fit;
             nothing was charged and nothing attached.
         LedgerStateError: ``resume`` does not match the ledger or the
@@ -422,6 +462,14 @@ def attach(
         raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
     if planned_steps is not None:
         planned_steps = check.positive_int("planned_steps", planned_steps)
+    declared = 1 if micro_batches is None else check.positive_int("micro_batches", micro_batches)
+    if _describe.is_ghost(optimizer) and data_loader is None and micro_batches is None:
+        raise NonPoissonSamplingError(
+            "data_loader", None,
+            "is needed with a ghost-clipping optimizer (grad_sample_mode='ghost'): it reports "
+            "one micro-batch per step whatever the loop accumulated, so privguard counts the "
+            "micro-batches the loader delivers between steps; pass data_loader= (or "
+            "micro_batches= if the loop accumulates a fixed number)")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -452,6 +500,8 @@ def attach(
         rate: Callable[[], float] = sample_rate
     elif sample_rate is not None:
         fixed = check.sample_rate("sample_rate", sample_rate)
+        if data_loader is not None and check_poisson:  # issue 27: q checked against the loader
+            _samplers.check_hand_rate("sample_rate", fixed, _sampling.poisson_rate(data_loader))
         rate = lambda: fixed
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:
@@ -490,6 +540,8 @@ def attach(
         _sampling.warn_unverified(stacklevel=2)
 
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
+    handle.declared_micro_batches = declared
+    handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
@@ -501,7 +553,7 @@ def attach(
             mech = handle.next_mechanism()
         except PrivguardError:
             mech = None
-        if mech is not None:
+        if isinstance(mech, M.SubsampledGaussian):
             warnings.warn(_rdp_warning(kind, ledger, mech, planned_steps), AccountantWarning,
                           stacklevel=2)
     if getattr(optimizer, "noise_multiplier", 0) == 0:
@@ -509,5 +561,6 @@ def attach(
                       "InvalidArgumentError before it updates anything", stacklevel=2)
     if coordinator is not None:
         handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
+    handle.counter = _describe.counter_for(data_loader)
     handle._install(privacy_engine)
     return handle

@@ -1,0 +1,106 @@
+"""What a training loop ran, as the mechanism to charge (private).
+
+One real optimizer step of DP-SGD is one noise draw over the clipped
+gradients of every micro-batch drawn since the previous real step. One
+micro-batch is :class:`~privguard.mechanisms.SubsampledGaussian`; k of them,
+each an independent Poisson draw, is
+:class:`~privguard.mechanisms.AccumulatedSubsampledGaussian` (docs/theory.md
+§14) — never ``SubsampledGaussian(σ, k·q)``, which under-counts.
+
+How many micro-batches a step accumulated is taken as the largest of what
+can be seen, never from one source alone:
+
+* the micro-batches the training loader delivered since the last real step
+  (:class:`MicroBatchCounter`; exact whatever the loader's workers prefetch,
+  since it counts batches handed to the loop);
+* what the optimizer reports (``accumulated_iterations``: the per-sample
+  gradients it holds), except under ghost clipping, whose optimizer always
+  reports 1 (:func:`reported_micro_batches` returns None there);
+* what the loop declares (Hugging Face's ``gradient_accumulation_steps``,
+  Lightning's ``accumulate_grad_batches``).
+
+Opacus' ``BatchMemoryManager`` splits one Poisson batch into physical
+batches with skipped virtual steps: the loop iterates its own loader, the
+optimizer holds one batch's samples at the real step, and the step stays one
+:class:`SubsampledGaussian`. A loop that accumulates independent Poisson
+batches through ``signal_skip_step`` looks the same to the optimizer: only the
+loader's count tells them apart, so attach needs ``data_loader=`` for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from privguard import mechanisms as M
+
+_GHOST = ("DPOptimizerFastGradientClipping", "DistributedDPOptimizerFastGradientClipping")
+
+
+def step_mechanism(sigma: float, rate: float, micro_batches: int) -> M.Mechanism:
+    """The mechanism of one real step that accumulated ``micro_batches`` Poisson draws."""
+    if micro_batches <= 1:
+        return M.SubsampledGaussian(sigma, rate)
+    return M.AccumulatedSubsampledGaussian(sigma, rate, micro_batches)
+
+
+def is_ghost(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is Opacus' ghost-clipping optimizer (it reports 1 micro-batch)."""
+    return any(cls.__name__ in _GHOST for cls in type(optimizer).__mro__)
+
+
+def counter_for(loader: Any) -> MicroBatchCounter | None:
+    """A :class:`MicroBatchCounter` on ``loader``, or None if its class cannot be swapped."""
+    if loader is None or not hasattr(type(loader), "__iter__"):
+        return None
+    try:
+        return MicroBatchCounter(loader)
+    except (TypeError, AttributeError):  # a fixed class (builtin; accelerate's DataLoaderShard)
+        return None
+
+
+def reported_micro_batches(optimizer: Any) -> int | None:
+    """The optimizer's ``accumulated_iterations``, or None where it cannot be trusted."""
+    if is_ghost(optimizer):
+        return None
+    try:
+        value = optimizer.accumulated_iterations
+    except (ValueError, AttributeError, TypeError):  # no per-sample gradients (yet)
+        return None
+    return value if isinstance(value, int) and value >= 1 else None
+
+
+class MicroBatchCounter:
+    """Counts the batches a data loader hands to the loop (until :meth:`restore`).
+
+    The loader's class is swapped for a subclass whose ``__iter__`` counts each
+    batch it yields (``DataLoader`` forbids re-assigning its sampler after
+    construction, and the sampler itself is read ahead by worker prefetching).
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.count = 0
+        self._original = type(loader)
+        counter = self
+        original = self._original
+
+        def __iter__(self):
+            for batch in original.__iter__(self):
+                counter.count += 1
+                yield batch
+
+        counting = type(original.__name__, (original,),
+                        {"__iter__": __iter__, "__qualname__": original.__qualname__,
+                         "__module__": original.__module__})
+        loader.__class__ = counting
+        self._counting = counting
+
+    def take(self) -> int:
+        """The batches delivered since the last call, and restart the count."""
+        n, self.count = self.count, 0
+        return n
+
+    def restore(self) -> None:
+        """Give the loader its own class back."""
+        if type(self.loader) is self._counting:
+            self.loader.__class__ = self._original
