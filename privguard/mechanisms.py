@@ -4,6 +4,7 @@ Every mechanism has ``rdp(orders) -> numpy.ndarray`` and ``to_dict()``;
 :func:`mechanism_from_dict` rebuilds one from its dict.
 """
 
+from privguard._allocation import RandomAllocation
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._curve import RDPCurve
 from privguard._mechanisms import (
@@ -26,6 +27,7 @@ __all__ = [
     "Mechanism",
     "PureDP",
     "RDPCurve",
+    "RandomAllocation",
     "RepeatAndSelect",
     "SubsampledGaussian",
     "SubsetTuning",
