@@ -111,8 +111,8 @@ def log_moments(n_max: int, sigma: float, steps: int) -> np.ndarray:
             e >>= 1
             if e:
                 base = _log_mul(base, base)
-    n = np.arange(n_max + 1, dtype=np.float64)
-    return gammaln(n + 1) - n * math.log(t) + log_g
+    powers = np.arange(n_max + 1, dtype=np.float64)
+    return gammaln(powers + 1) - powers * math.log(t) + log_g
 
 
 def _inv_var(sigma: float) -> float:
