@@ -53,7 +53,9 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
     # Φ(z_{k+1}) − Φ(z_k), from the tail that keeps its digits
     cdf, sf = ndtr(z), ndtr(-z)
     mass = np.where(z[:-1] >= 0, sf[:-1] - sf[1:], cdf[1:] - cdf[:-1])
-    mass = np.maximum(mass, 0.0) * (1 + _MARGIN) + 1e-300
+    mass = np.maximum(mass, 0.0)
+    mass_up = mass * (1 + _MARGIN) + 1e-300  # weights of a sum of positive terms: rounded up
+    mass_down = mass * (1 - _MARGIN)  # weights of a sum of terms ≤ 0: rounded down
     x = np.exp(s * z[:-1] - s2 / 2)  # left endpoints: X at the cell's smallest z
     with np.errstate(over="ignore"):
         m2 = math.exp(s2) if s2 < 700 else math.inf
@@ -68,17 +70,20 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
             # r's alternating series, ending on a positive term: an upper bound for 0 ≤ y < 1
             series = ys**3 * (-1 / 6 + ys * (1 / 24 + ys * (-1 / 120 + ys * (1 / 720 + ys * (-1 / 5040
                                                                                             + ys / 40320)))))
-            r = np.where(small, series, np.expm1(-y) + y - y * y / 2 + 1e-16 * (1 + y * y))
-            best[use_taylor] = 1 - vt + vt * vt * m2 / 2 + (mass[None, :] * np.minimum(r, 0.0)).sum(axis=1)
+            # the direct formula, plus a bound on its rounding (a few ulps of its largest part)
+            r = np.where(small, series, np.expm1(-y) + y - y * y / 2 + 1e-15 * (1 + y + y * y))
+            best[use_taylor] = 1 - vt + vt * vt * m2 / 2 + (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
         rest = ~use_taylor
         if rest.any():  # (b): the direct upper sum
             vr = v[rest]
             last = np.exp(-vr * np.exp(s * z[-1] - s2 / 2))
-            best[rest] = (mass[None, :] * np.exp(-vr[:, None] * x[None, :])).sum(axis=1) + cdf[0] + sf[-1] * last
+            best[rest] = ((mass_up[None, :] * np.exp(-vr[:, None] * x[None, :])).sum(axis=1)
+                          + cdf[0] + sf[-1] * last)
         # (c): power bounds
         g = _GAMMAS[None, :]
         log_v = np.log(np.where(v > 0, v, 1.0))[:, None]  # v = 0 is set to log φ = 0 below
         log_pow = (g * np.log(g) - g - g * log_v + g * (g + 1) * s2 / 2).min(axis=1)
+        log_pow = log_pow + 1e-12 * np.abs(log_pow)
     best = np.where(np.isfinite(best), best, 1.0)
     best = np.minimum(best * (1 + _MARGIN) + 1e-300, 1.0)
     log_best = np.minimum(np.log(best), log_pow)
@@ -119,7 +124,7 @@ def _cells(beta: np.ndarray, lo: np.ndarray, hi: np.ndarray, b0: np.ndarray, lam
         upper_half = a > beta
         diff = np.where(upper_half, gammaincc(beta, a) - gammaincc(beta, c), gammainc(beta, c) - gammainc(beta, a))
         top = np.where(upper_half, gammaincc(beta, a), gammainc(beta, c))
-        diff = diff + 1e-14 * top  # the difference of two rounded values, upwards
+        diff = diff + 1e-12 * top  # the difference of two rounded values, upwards
         log_slope = b0 + safe * lo - beta * np.log(safe) + np.log(diff)
     terms = np.where(flat, log_flat, log_slope)
     terms = np.where(np.isnan(terms), np.inf, terms)  # never let a NaN hide a cell
