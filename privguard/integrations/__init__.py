@@ -7,7 +7,14 @@
 * :mod:`privguard.integrations.lightning` — ``LedgerCallback``.
 * :mod:`privguard.integrations.huggingface` — ``LedgerTrainerCallback``.
 * :mod:`privguard.integrations.ray` — ``RayExecutor``, a tuning backend.
+* ``RandomAllocationSampler`` — batches in which each example is used once
+  per epoch, privately (random allocation; charge
+  :class:`privguard.mechanisms.RandomAllocation`). It does not import torch.
 
 Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
 """
+
+from privguard.integrations._allocation import RandomAllocationSampler
+
+__all__ = ["RandomAllocationSampler"]
