@@ -109,36 +109,47 @@ def log_moment_upper(betas: np.ndarray, sigma: float, steps: int) -> np.ndarray:
     lo, hi, b0, b1 = u[:-1], u[1:], b[:-1], b[1:]
     lam = np.maximum((b0 - b1) / (hi - lo), 0.0)  # minus the chord's slope
     terms = _cells(betas[:, None], lo[None, :], hi[None, :], b0[None, :], lam[None, :])
-    tails = np.array([_tail(beta, float(u[-1]), s, t) for beta in betas.tolist()])
+    tails = _tails(betas, float(u[-1]), s, t)
     return np.logaddexp(np.logaddexp.reduce(terms, axis=1), tails)
 
 
 def _cells(beta: np.ndarray, lo: np.ndarray, hi: np.ndarray, b0: np.ndarray, lam: np.ndarray) -> np.ndarray:
-    """log of (1/Γ(β)) ∫_lo^hi u^(β−1) exp(b0 − lam·(u − lo)) du, rounded up by the margin."""
-    flat = np.broadcast_to(lam * (hi - lo) < 1e-9, np.broadcast_shapes(beta.shape, lo.shape))
+    """log of (1/Γ(β)) ∫_lo^hi u^(β−1) exp(b0 − lam·(u − lo)) du, rounded up by the margin.
+
+    Every cell first gets the flat bound (exp(chord) ≤ e^(b0), and
+    ∫ u^(β−1) = (hi^β − lo^β)/β); the cells that can matter (within e^-45 of
+    the largest in their row) then get the exact chord integral, an
+    incomplete gamma function, if it is smaller.
+    """
+    shape = np.broadcast_shapes(beta.shape, lo.shape)
+    beta, lo, hi, b0, lam = (np.broadcast_to(x, shape) for x in (beta, lo, hi, b0, lam))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        # flat cells: exp(chord) ≤ e^(b0), and ∫ u^(β−1) = (hi^β − lo^β)/β
-        log_flat = b0 + beta * np.log(hi) + np.log1p(-np.exp(beta * (np.log(lo) - np.log(hi)))) - gammaln(beta + 1)
-        safe = np.where(flat, 1.0, lam)
-        a, c = safe * lo, safe * hi
-        upper_half = a > beta
-        diff = np.where(upper_half, gammaincc(beta, a) - gammaincc(beta, c), gammainc(beta, c) - gammainc(beta, a))
-        top = np.where(upper_half, gammaincc(beta, a), gammainc(beta, c))
-        diff = diff + 1e-12 * top  # the difference of two rounded values, upwards
-        log_slope = b0 + safe * lo - beta * np.log(safe) + np.log(diff)
-    terms = np.where(flat, log_flat, log_slope)
+        terms = b0 + beta * np.log(hi) + np.log1p(-np.exp(beta * (np.log(lo) - np.log(hi)))) - gammaln(beta + 1)
     terms = np.where(np.isnan(terms), np.inf, terms)  # never let a NaN hide a cell
+    refine = (terms > terms.max(axis=1, keepdims=True) - 45.0) & (lam * (hi - lo) >= 1e-9)
+    bb, ll, hh, b00, la = (x[refine] for x in (beta, lo, hi, b0, lam))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a, c = la * ll, la * hh
+        upper_half = a > bb
+        diff = np.where(upper_half, gammaincc(bb, a) - gammaincc(bb, c), gammainc(bb, c) - gammainc(bb, a))
+        top = np.where(upper_half, gammaincc(bb, a), gammainc(bb, c))
+        diff = diff + 1e-12 * top  # the difference of two rounded values, upwards
+        exact = b00 + la * ll - bb * np.log(la) + np.log(diff)
+    exact = np.where(np.isnan(exact), np.inf, exact)
+    terms = terms.copy()
+    terms[refine] = np.minimum(terms[refine], exact)  # both are upper bounds
     return terms + math.log1p(_MARGIN)
 
 
-def _tail(beta: float, upper: float, s: float, t: float) -> float:
-    """log of the bound on (1/Γ(β)) ∫_U^∞ u^(β−1) ψ(u) du (module docstring, item 3)."""
-    g = beta + np.geomspace(0.5, 4 * beta + 64, 64)
+def _tails(betas: np.ndarray, upper: float, s: float, t: float) -> np.ndarray:
+    """log of the bound on (1/Γ(β)) ∫_U^∞ u^(β−1) ψ(u) du for each β (module docstring, item 3)."""
+    g = betas[:, None] + np.geomspace(0.5, 4 * betas + 64, 64, axis=1)
     gamma = g / t
-    with np.errstate(over="ignore", divide="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         val = (t * (gamma * np.log(gamma) - gamma + gamma * (gamma + 1) * s * s / 2) + g * math.log(t)
-               + (beta - g) * math.log(upper) - np.log(g - beta) - gammaln(beta))
-    return float(np.min(val)) + math.log1p(_MARGIN)
+               + (betas[:, None] - g) * math.log(upper) - np.log(g - betas[:, None]) - gammaln(betas)[:, None])
+    val = np.where(np.isnan(val), np.inf, val)
+    return val.min(axis=1) + math.log1p(_MARGIN)
 
 
 def add_bound(orders: np.ndarray, sigma: float, steps: int) -> np.ndarray:
