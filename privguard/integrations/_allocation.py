@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._allocation import RandomAllocation
 from privguard._errors import InvalidArgumentError
 
 __all__ = ["RandomAllocationSampler"]
@@ -63,11 +64,13 @@ class RandomAllocationSampler:
             raise InvalidArgumentError("generator", check.short(generator),
                                        "must be a torch.Generator or None (OS entropy)")
         self.generator = generator
+        self.epochs_started = 0  # epochs whose first batch was drawn (read by attach)
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
+        self.epochs_started += 1  # runs at the first batch drawn, before its step
         steps = self._allocation()
         order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending within
         bounds = np.searchsorted(steps[order], np.arange(self.steps_per_epoch + 1))
@@ -102,3 +105,86 @@ def uniform_from_os_entropy(n: int, t: int) -> np.ndarray:
         out[filled:filled + take.size] = take.astype(np.int64)
         filled += take.size
     return out
+
+
+class EpochCharges:
+    """How ``attach`` charges a :class:`RandomAllocationSampler` loader (private).
+
+    The whole epoch, ``RandomAllocation(σ, t)``, is charged at the first
+    optimizer step that follows the drawing of its first batch, before that
+    step updates anything: the filter admits the epoch or nothing of it is
+    released. An epoch stopped early stays charged in full. Within an epoch
+    σ may not change and at most t steps may run (each example is in one
+    batch: a step more would use some example again); either is refused with
+    :class:`privguard.InvalidArgumentError` before the step updates anything.
+    """
+
+    def __init__(self, sampler: RandomAllocationSampler) -> None:
+        self.sampler = sampler
+        self.epochs_charged = sampler.epochs_started
+        self.sigma: float | None = None
+        self.steps_in_epoch = 0
+
+    def mechanism(self, sigma: float, epochs: int = 1) -> RandomAllocation:
+        """The charge of ``epochs`` new epochs at noise multiplier ``sigma``."""
+        return RandomAllocation(sigma, self.sampler.steps_per_epoch, epochs=epochs)
+
+    def pending(self, sigma: float) -> RandomAllocation | None:
+        """What the next step must charge first (None: its epoch is charged); raises if refused."""
+        new = self.sampler.epochs_started - self.epochs_charged
+        if new > 0:
+            return self.mechanism(sigma, new)
+        if self.sigma is not None and sigma != self.sigma:
+            raise InvalidArgumentError(
+                "noise_multiplier", sigma,
+                f"changed inside a random-allocation epoch charged at σ = {self.sigma}; change "
+                "it between epochs only (the epoch's charge assumed one σ for all its steps)")
+        if self.steps_in_epoch >= self.sampler.steps_per_epoch:
+            raise InvalidArgumentError(
+                "optimizer.step", self.steps_in_epoch + 1,
+                f"is more steps than the {self.sampler.steps_per_epoch} batches of this "
+                "random-allocation epoch: a further step would use some example a second "
+                "time. Draw a new epoch from the data loader first")
+        return None
+
+    def done(self, sigma: float, charged: RandomAllocation | None) -> None:
+        """Record a step that ran (after its charge, if any, was admitted)."""
+        if charged is not None:
+            self.epochs_charged += charged.epochs
+            self.sigma = sigma
+            self.steps_in_epoch = 0
+        self.steps_in_epoch += 1
+
+
+def allocation_sampler(loader: Any) -> RandomAllocationSampler | None:
+    """The loader's :class:`RandomAllocationSampler`, or None if it has none."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return sampler if isinstance(sampler, RandomAllocationSampler) else None
+
+
+def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: Any, resume: Any,
+                 distributed: bool, recorded: int) -> None:
+    """Refuse what ``attach`` cannot charge soundly per epoch (nothing is attached then)."""
+    loader = f"a RandomAllocationSampler loader (t = {sampler.steps_per_epoch})"
+    if sample_rate is not None:
+        raise InvalidArgumentError(
+            "sample_rate", check.short(sample_rate),
+            f"does not apply to {loader}: each epoch is charged as RandomAllocation(σ, t), "
+            "not as Poisson steps; leave sample_rate out")
+    if ledger._acc.config.filter == "hybrid":
+        raise InvalidArgumentError(
+            "ledger", "filter='hybrid'",
+            f"cannot charge {loader}: the hybrid filter's PLD envelope (docs/theory.md §2b) "
+            "covers Poisson-subsampled steps only, and none is proved for random allocation; "
+            "use the RDP filter (the default)")
+    if distributed:
+        raise InvalidArgumentError(
+            "optimizer", "distributed",
+            f"runs under DDP with {loader}: one global allocation shared by the ranks is not "
+            "supported yet; run on one process or use Poisson sampling (DPDataLoader)")
+    if resume is not None or recorded:
+        raise InvalidArgumentError(
+            "resume" if resume is not None else "optimizer", "recorded steps",
+            f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
+            "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
+            "ledger (its journal holds every epoch charged)")

@@ -73,7 +73,7 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger import Ledger
-from privguard.integrations import _sampling
+from privguard.integrations import _allocation, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -148,6 +148,7 @@ class AttachHandle:
         self._engine: Any = None
         self._engine_accountant: Any = None
         self._view: EngineView | None = None
+        self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
 
     @property
     def distributed(self) -> bool:
@@ -171,8 +172,15 @@ class AttachHandle:
         _ATTACHED[optimizer] = self
 
     # The mechanism of the next real step, read live from the optimizer.
-    def next_mechanism(self) -> M.SubsampledGaussian:
-        """The mechanism the next real step would be charged as."""
+    def next_mechanism(self) -> M.Mechanism:
+        """The mechanism the next real step would be charged as.
+
+        For a :class:`~privguard.integrations.RandomAllocationSampler` loader:
+        one epoch, ``RandomAllocation(σ, t)``, charged at the epoch's first
+        step only.
+        """
+        if self._epochs is not None:
+            return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
         accumulated = 1
         try:
             accumulated = self.optimizer.accumulated_iterations or 1
@@ -192,6 +200,12 @@ class AttachHandle:
         step (or at attach), for that step's σ and q, so it is the same on
         every rank.
         """
+        if self._epochs is not None:  # random allocation: only an epoch's first step charges
+            try:
+                due = self._epochs.pending(float(self.optimizer.noise_multiplier))
+            except PrivguardError:
+                return False
+            return due is None or self.ledger.can_afford(due)
         if self._coordinator is not None:
             return self._next_ok
         return self.ledger.can_afford(self.next_mechanism())
@@ -199,7 +213,13 @@ class AttachHandle:
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
             # Charged before the parameter update; raises if refused.
-            if self._coordinator is None:
+            if self._epochs is not None:  # random allocation: the whole epoch at its first step
+                sigma = float(optimizer.noise_multiplier)
+                due = self._epochs.pending(sigma)
+                if due is not None:
+                    self.ledger.charge(due, label=self.label)
+                self._epochs.done(sigma, due)
+            elif self._coordinator is None:
                 self.ledger.charge(self.next_mechanism(), label=self.label)
             else:
                 self._next_ok = self._coordinator.step(self.next_mechanism, self.label)
@@ -445,8 +465,14 @@ def attach(
                 "is already charged to a ledger by a LedgerAccountant in the engine; use "
                 "either that or attach(), not both (each step would be charged twice)")
     recorder = hook_accountant if hook_accountant is not None else engine_accountant
+    sampler = None if data_loader is None else _allocation.allocation_sampler(data_loader)
+    if sampler is not None:  # random allocation: charged per epoch (docs/theory.md §15)
+        _allocation.check_attach(sampler, ledger, sample_rate=sample_rate, resume=resume,
+                                 distributed=is_distributed(optimizer),
+                                 recorded=total_steps(history_of(recorder)))
+        sample_rate = 1.0 / sampler.steps_per_epoch  # Opacus' own view; not what is charged
 
-    if data_loader is not None and check_poisson:
+    if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
     if callable(sample_rate):
         rate: Callable[[], float] = sample_rate
@@ -490,18 +516,20 @@ def attach(
         _sampling.warn_unverified(stacklevel=2)
 
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
+    if sampler is not None:
+        handle._epochs = _allocation.EpochCharges(sampler)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
                                 from_entry=entry is not None, stacklevel=2)
     kind = getattr(recorder, "mechanism", lambda: None)()
-    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid":
+    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid" and sampler is None:
         # (a hybrid filter keeps pace with PRV on plan: nothing to warn about)
         try:
             mech = handle.next_mechanism()
         except PrivguardError:
             mech = None
-        if mech is not None:
+        if isinstance(mech, M.SubsampledGaussian):
             warnings.warn(_rdp_warning(kind, ledger, mech, planned_steps), AccountantWarning,
                           stacklevel=2)
     if getattr(optimizer, "noise_multiplier", 0) == 0:
