@@ -59,7 +59,7 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
     x = np.exp(s * z[:-1] - s2 / 2)  # left endpoints: X at the cell's smallest z
     with np.errstate(over="ignore"):
         m2 = math.exp(s2) if s2 < 700 else math.inf
-    best = np.ones(v.size)
+    log_best = np.zeros(v.size)  # log 1
     use_taylor = v * v * m2 <= 1.0
     with np.errstate(over="ignore", invalid="ignore"):
         if use_taylor.any():  # (a): Taylor part plus an upper sum of r(y) ≤ 0
@@ -72,21 +72,28 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
                                                                                             + ys / 40320)))))
             # the direct formula, plus a bound on its rounding (a few ulps of its largest part)
             r = np.where(small, series, np.expm1(-y) + y - y * y / 2 + 1e-15 * (1 + y + y * y))
-            best[use_taylor] = 1 - vt + vt * vt * m2 / 2 + (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
+            # φ − 1 ≤ −v + v²E[X²]/2 + S, kept apart from the 1 so that log1p sees its digits;
+            # its rounding is bounded by a few ulps of each part (S: of its 600 terms' sum)
+            quad = vt * vt * m2 / 2
+            tail = (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
+            excess = -vt + quad + tail
+            excess = excess + 1e-15 * (vt + quad) + 2e-13 * np.abs(tail) + 1e-300
+            log_best[use_taylor] = np.log1p(np.minimum(excess, 0.0))
         rest = ~use_taylor
         if rest.any():  # (b): the direct upper sum
             vr = v[rest]
             last = np.exp(-vr * np.exp(s * z[-1] - s2 / 2))
-            best[rest] = ((mass_up[None, :] * np.exp(-vr[:, None] * x[None, :])).sum(axis=1)
-                          + cdf[0] + sf[-1] * last)
+            direct = ((mass_up[None, :] * np.exp(-vr[:, None] * x[None, :])).sum(axis=1)
+                      + cdf[0] + sf[-1] * last)
+            direct = np.where(np.isfinite(direct), direct, 1.0)
+            log_best[rest] = np.log(np.minimum(direct * (1 + _MARGIN) + 1e-300, 1.0))
         # (c): power bounds
         g = _GAMMAS[None, :]
         log_v = np.log(np.where(v > 0, v, 1.0))[:, None]  # v = 0 is set to log φ = 0 below
         log_pow = (g * np.log(g) - g - g * log_v + g * (g + 1) * s2 / 2).min(axis=1)
         log_pow = log_pow + 1e-12 * np.abs(log_pow)
-    best = np.where(np.isfinite(best), best, 1.0)
-    best = np.minimum(best * (1 + _MARGIN) + 1e-300, 1.0)
-    log_best = np.minimum(np.log(best), log_pow)
+    log_best = np.where(np.isnan(log_best), 0.0, log_best)
+    log_best = np.minimum(log_best, log_pow)
     log_best[v == 0] = 0.0
     return np.minimum.accumulate(log_best)  # (d): φ is decreasing
 

@@ -199,3 +199,11 @@ def test_target_thousand_steps_hundred_epochs_within_ten_percent_of_poisson():
     # and never below the exact remove direction's own ε
     remove = RDPCurve(ORDERS, np.maximum.accumulate(A.remove_bound(ORDERS, sigma, t)) * epochs).epsilon(delta)
     assert alloc >= remove
+
+
+def test_add_bound_stays_tight_for_a_million_steps():
+    # the rounding allowance scales with φ − 1 (log1p), not with 1: t·1e-12 would swamp 1/t here
+    orders = np.array([2.0, 10.0])
+    add = B.add_bound(orders, 1.0, 10**6)
+    remove = A.remove_bound(orders, 1.0, 10**6)
+    assert np.all(add <= remove * 1.01)
