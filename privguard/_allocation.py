@@ -25,7 +25,7 @@ The curve charged at order α is max(remove(α), add(α)), where (docs/theory.md
   below 1/(2σ²) per epoch. At orders ≤ 65 (σ in [0.2, 10^4]) the smaller
   of it and the Laplace-transform bound of ``privguard._allocation_add``
   (an upper bound with every approximation rounded up, close to the exact
-  value: within 2% of mpmath at t = 2, 3) is used.
+  value: within 5% of mpmath at t = 2 and 3% of a quadrature at t ≥ 50) is used.
 
 Both are capped by the Gaussian curve α/(2σ²) (no amplification), which is
 valid in both directions by joint convexity of exp((α−1)D_α) (van Erven &
