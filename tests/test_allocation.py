@@ -207,3 +207,17 @@ def test_add_bound_stays_tight_for_a_million_steps():
     add = B.add_bound(orders, 1.0, 10**6)
     remove = A.remove_bound(orders, 1.0, 10**6)
     assert np.all(add <= remove * 1.01)
+
+
+def test_any_valid_parameters_give_a_valid_curve():
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.settings(max_examples=30, deadline=None)
+    @hyp.given(st.floats(1e-300, 1e300), st.integers(1, 2**53), st.integers(1, 1000))
+    def check(sigma, steps, epochs):
+        c = M.RandomAllocation(sigma, steps, epochs=epochs).rdp(ORDERS)
+        assert not np.isnan(c).any() and (c >= 0).all() and (c[1:] >= c[:-1]).all()
+        assert (c <= epochs * M.Gaussian(sigma).rdp(ORDERS) * (1 + 1e-12)).all()
+
+    check()
