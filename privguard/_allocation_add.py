@@ -10,11 +10,15 @@ independent log-normal variables of mean 1 under Q. For every L > 0 and
 
 Everything below is an upper bound, never an estimate:
 
-1. φ(v) at a grid point is bounded four ways, and the smallest is kept:
+1. φ(v) at a grid point is bounded five ways, and the smallest is kept:
    (a) 1 − v + v²·E[X²]/2 + E[r(vX)] with r(y) = e^(−y) − 1 + y − y²/2 ≤ 0,
        r decreasing in y; E[r(vX)] is bounded above by a left-endpoint sum
        over a grid of z (r∘x is decreasing in z) with the mass outside the
        grid dropped (r ≤ 0 there);
+   (a') the same with one more exact term, −v³E[X³]/6, and
+       r3(y) = e^(−y) − 1 + y − y²/2 + y³/6 ≥ 0, which is increasing and convex
+       in z: on each cell below its chord (closed-form weights against the
+       normal density), the mass outside the grid bounded as in the code;
    (b) E[e^(−vX)] as a left-endpoint sum over the same grid (the integrand
        decreases in z), the mass left of the grid counted as 1, right of it at
        the last point's value;
@@ -57,8 +61,18 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
     mass_up = mass * (1 + _MARGIN) + 1e-300  # weights of a sum of positive terms: rounded up
     mass_down = mass * (1 - _MARGIN)  # weights of a sum of terms ≤ 0: rounded down
     x = np.exp(s * z[:-1] - s2 / 2)  # left endpoints: X at the cell's smallest z
+    x_nodes = np.exp(s * z - s2 / 2)  # every grid point
+    # ∫ over cell k of the chord through (z_k, f_k), (z_k+1, f_k+1) against the normal density
+    # is w_left·f_k + w_right·f_k+1; weights rounded up (they multiply values ≥ 0 below)
+    pdf = np.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    first = pdf[:-1] - pdf[1:]  # ∫_cell z φ(z) dz
+    width = z[1:] - z[:-1]
+    w_left = np.maximum((z[1:] * mass - first) / width, 0.0) * (1 + 1e-9) + 1e-13 * mass
+    w_right = np.maximum((first - z[:-1] * mass) / width, 0.0) * (1 + 1e-9) + 1e-13 * mass
     with np.errstate(over="ignore"):
         m2 = math.exp(s2) if s2 < 700 else math.inf
+        m3 = math.exp(3 * s2) if s2 < 230 else math.inf  # E[X³]
+        tail4 = math.exp(6 * s2) * float(ndtr(4 * s - z[-1])) if s2 < 110 else math.inf  # E[X⁴; Z > z_K]
     log_best = np.zeros(v.size)  # log 1
     use_taylor = v * v * m2 <= 1.0
     with np.errstate(over="ignore", invalid="ignore"):
@@ -78,6 +92,24 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
             tail = (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
             excess = -vt + quad + tail
             excess = excess + 1e-15 * (vt + quad) + 2e-13 * np.abs(tail) + 1e-300
+            # (a'): one more exact term, φ − 1 ≤ −v + v²E[X²]/2 − v³E[X³]/6 + E[r3(vX)] with
+            # r3(y) = e^(−y) − 1 + y − y²/2 + y³/6 ≥ 0, increasing, and convex in z
+            # (d²/dz² = s²(r3''(y)y² + r3'(y)y) ≥ 0): on each cell below its chord; the mass
+            # left of the grid at the first point's value, right of it by r3(y) ≤ y⁴/24
+            y3 = vt[:, None] * x_nodes[None, :]
+            small3 = y3 < 0.1
+            ys3 = np.where(small3, y3, 0.0)
+            series3 = ys3**4 * (1 / 24 + ys3 * (-1 / 120 + ys3 * (1 / 720 + ys3 * (-1 / 5040
+                                                                               + ys3 / 40320))))
+            r3 = np.where(small3, series3, np.expm1(-y3) + y3 - y3 * y3 / 2 + y3**3 / 6
+                          + 1e-15 * (1 + y3 + y3 * y3 + y3**3))
+            r3 = np.maximum(r3, 0.0)
+            cubic = vt**3 * m3 / 6
+            tail3 = ((w_left[None, :] * r3[:, :-1] + w_right[None, :] * r3[:, 1:]).sum(axis=1)
+                     + cdf[0] * r3[:, 0] + vt**4 * tail4 * (1 + _MARGIN) / 24)
+            excess3 = -vt + quad - cubic + tail3
+            excess3 = excess3 + 1e-15 * (vt + quad + cubic) + 2e-13 * tail3 + 1e-300
+            excess = np.where(np.isfinite(excess3), np.minimum(excess, excess3), excess)
             log_best[use_taylor] = np.log1p(np.minimum(excess, 0.0))
         rest = ~use_taylor
         if rest.any():  # (b): the direct upper sum
