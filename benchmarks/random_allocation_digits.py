@@ -1,8 +1,8 @@
 """Test accuracy on scikit-learn's digits: Poisson batches against random allocation, same (ε, δ).
 
 Run: python benchmarks/random_allocation_digits.py
-A 64-64-10 MLP trained by Opacus' DP-SGD for E = 10 epochs of t = 22 steps (expected
-batch 65 of the 1,437 training images), clipping norm 1, lr 0.5, 3 seeds per method
+A 64-64-10 MLP trained by Opacus' DP-SGD for E = 20 epochs of t = 22 steps (expected
+batch 65 of the 1,437 training images), clipping norm 1, lr 0.5, 5 seeds per method
 (one torch thread).
 For each method σ is the smallest (to 1e-3) for which a ledger's (2, 1e-5) filter admits
 the whole run: ``SubsampledGaussian(σ, 1/t, steps=t·E)`` for Poisson (Opacus'
@@ -24,7 +24,7 @@ import numpy as np
 from privguard import DEFAULT_ORDERS, Ledger, RDPCurve
 from privguard import mechanisms as M
 
-EPS, DELTA, EPOCHS, T, SEEDS, LR = 2.0, 1e-5, 10, 22, 3, 0.5
+EPS, DELTA, EPOCHS, T, SEEDS, LR = 2.0, 1e-5, 20, 22, 5, 0.5
 ORDERS = np.array(DEFAULT_ORDERS)
 warnings.filterwarnings("ignore")
 

@@ -76,40 +76,42 @@ def _log_phi_upper(v: np.ndarray, s: float) -> np.ndarray:
     log_best = np.zeros(v.size)  # log 1
     use_taylor = v * v * m2 <= 1.0
     with np.errstate(over="ignore", invalid="ignore"):
-        if use_taylor.any():  # (a): Taylor part plus an upper sum of r(y) ≤ 0
+        if use_taylor.any():  # (a') or, where its moments overflow, (a)
             vt = v[use_taylor]
-            y = vt[:, None] * x[None, :]
-            small = y < 0.1
-            ys = np.where(small, y, 0.0)
-            # r's alternating series, ending on a positive term: an upper bound for 0 ≤ y < 1
-            series = ys**3 * (-1 / 6 + ys * (1 / 24 + ys * (-1 / 120 + ys * (1 / 720 + ys * (-1 / 5040
-                                                                                            + ys / 40320)))))
-            # the direct formula, plus a bound on its rounding (a few ulps of its largest part)
-            r = np.where(small, series, np.expm1(-y) + y - y * y / 2 + 1e-15 * (1 + y + y * y))
-            # φ − 1 ≤ −v + v²E[X²]/2 + S, kept apart from the 1 so that log1p sees its digits;
-            # its rounding is bounded by a few ulps of each part (S: of its 600 terms' sum)
             quad = vt * vt * m2 / 2
-            tail = (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
-            excess = -vt + quad + tail
-            excess = excess + 1e-15 * (vt + quad) + 2e-13 * np.abs(tail) + 1e-300
-            # (a'): one more exact term, φ − 1 ≤ −v + v²E[X²]/2 − v³E[X³]/6 + E[r3(vX)] with
-            # r3(y) = e^(−y) − 1 + y − y²/2 + y³/6 ≥ 0, increasing, and convex in z
-            # (d²/dz² = s²(r3''(y)y² + r3'(y)y) ≥ 0): on each cell below its chord; the mass
-            # left of the grid at the first point's value, right of it by r3(y) ≤ y⁴/24
-            y3 = vt[:, None] * x_nodes[None, :]
-            small3 = y3 < 0.1
-            ys3 = np.where(small3, y3, 0.0)
-            series3 = ys3**4 * (1 / 24 + ys3 * (-1 / 120 + ys3 * (1 / 720 + ys3 * (-1 / 5040
-                                                                               + ys3 / 40320))))
-            r3 = np.where(small3, series3, np.expm1(-y3) + y3 - y3 * y3 / 2 + y3**3 / 6
-                          + 1e-15 * (1 + y3 + y3 * y3 + y3**3))
-            r3 = np.maximum(r3, 0.0)
-            cubic = vt**3 * m3 / 6
-            tail3 = ((w_left[None, :] * r3[:, :-1] + w_right[None, :] * r3[:, 1:]).sum(axis=1)
-                     + cdf[0] * r3[:, 0] + vt**4 * tail4 * (1 + _MARGIN) / 24)
-            excess3 = -vt + quad - cubic + tail3
-            excess3 = excess3 + 1e-15 * (vt + quad + cubic) + 2e-13 * tail3 + 1e-300
-            excess = np.where(np.isfinite(excess3), np.minimum(excess, excess3), excess)
+            if math.isfinite(m3 * tail4):
+                # (a'): one more exact term, φ − 1 ≤ −v + v²E[X²]/2 − v³E[X³]/6 + E[r3(vX)] with
+                # r3(y) = e^(−y) − 1 + y − y²/2 + y³/6 ≥ 0, increasing, and convex in z
+                # (d²/dz² = s²(r3''(y)y² + r3'(y)y) ≥ 0): on each cell below its chord; the mass
+                # left of the grid at the first point's value, right of it by r3(y) ≤ y⁴/24
+                y3 = vt[:, None] * x_nodes[None, :]
+                small3 = y3 < 0.1
+                ys3 = np.where(small3, y3, 0.0)
+                series3 = ys3**4 * (1 / 24 + ys3 * (-1 / 120 + ys3 * (1 / 720 + ys3 * (-1 / 5040
+                                                                                   + ys3 / 40320))))
+                r3 = np.where(small3, series3, np.expm1(-y3) + y3 - y3 * y3 / 2 + y3**3 / 6
+                              + 1e-15 * (1 + y3 + y3 * y3 + y3**3))
+                r3 = np.maximum(r3, 0.0)
+                cubic = vt**3 * m3 / 6
+                tail3 = ((w_left[None, :] * r3[:, :-1] + w_right[None, :] * r3[:, 1:]).sum(axis=1)
+                         + cdf[0] * r3[:, 0] + vt**4 * tail4 * (1 + _MARGIN) / 24)
+                # φ − 1, kept apart from the 1 so that log1p sees its digits, plus a bound on
+                # its rounding: a few ulps of each part (of the 600 terms' sum for tail3)
+                excess = -vt + quad - cubic + tail3
+                excess = excess + 1e-15 * (vt + quad + cubic) + 2e-13 * tail3 + 1e-300
+            else:
+                y = vt[:, None] * x[None, :]
+                small = y < 0.1
+                ys = np.where(small, y, 0.0)
+                # r's alternating series, ending on a positive term: an upper bound for 0 ≤ y < 1
+                series = ys**3 * (-1 / 6 + ys * (1 / 24 + ys * (-1 / 120 + ys * (1 / 720 + ys * (-1 / 5040
+                                                                                                + ys / 40320)))))
+                # the direct formula, plus a bound on its rounding (a few ulps of its largest part)
+                r = np.where(small, series, np.expm1(-y) + y - y * y / 2 + 1e-15 * (1 + y + y * y))
+                # φ − 1 ≤ −v + v²E[X²]/2 + S, with its rounding bounded as in (a')
+                tail = (mass_down[None, :] * np.minimum(r, 0.0)).sum(axis=1)
+                excess = -vt + quad + tail
+                excess = excess + 1e-15 * (vt + quad) + 2e-13 * np.abs(tail) + 1e-300
             log_best[use_taylor] = np.log1p(np.minimum(excess, 0.0))
         rest = ~use_taylor
         if rest.any():  # (b): the direct upper sum
