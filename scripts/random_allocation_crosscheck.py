@@ -62,6 +62,20 @@ def compare(path: str) -> None:
         ratios.append(ours / v)
     print(f"add: ours / DCO25 RDP add bound: min {min(ratios):.3f} median {np.median(ratios):.3f} "
           f"max {max(ratios):.3f}")
+    # the DCO25 bound against the exact add divergence at t = 2 (mpmath: L = e^(z̄)·cosh((z1 − z2)/2),
+    # z̄ ~ N(−s²/2, s²/2) independent of z1 − z2 ~ N(0, 2s²)); below 1 means it is not an upper bound
+    import mpmath as mp
+
+    below = []
+    for sigma, t, a, v in d["dco_add"]:
+        if t == 2:
+            s2, b = mp.mpf(1) / sigma**2, mp.mpf(1 - a)
+            sd = mp.sqrt(2 * s2)
+            f = lambda x, b=b, sd=sd: mp.npdf(x, 0, sd) * mp.cosh(x / 2) ** b
+            exact = float((-b * s2 / 2 + b * b * s2 / 4 + mp.log(mp.quad(f, [-mp.inf, 0, mp.inf])))
+                          / (a - 1))
+            below.append(v / exact)
+    print(f"t=2: DCO25 add bound / exact add divergence: min {min(below):.4f} max {max(below):.4f}")
     grid = np.array(DEFAULT_ORDERS)
     for sigma, t, delta, lb in d["lower"]:
         eps = RDPCurve(grid, M.RandomAllocation(sigma, t).rdp(grid)).epsilon(delta)
