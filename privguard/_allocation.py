@@ -35,6 +35,7 @@ Harremoës 2014, Thm. 13 for the quasi-convexity; Mironov 2017, Prop. 7).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -63,11 +64,17 @@ def _log_series(n_max: int, s2: float) -> np.ndarray:
 
 def _log_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """log-coefficients of the product of two series (truncated to len(a)): positive terms only."""
-    n = a.size
-    idx = np.arange(n)[:, None] - np.arange(n)[None, :]  # row m, column i: b index m − i
+    idx, valid = _product_indices(a.size)
     with np.errstate(invalid="ignore"):
-        terms = np.where(idx >= 0, a[None, :] + b[np.clip(idx, 0, None)], -np.inf)
+        terms = np.where(valid, a[None, :] + b[idx], -np.inf)
     return _logsumexp_rows(terms)
+
+
+@functools.lru_cache(maxsize=8)
+def _product_indices(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row m, column i: the index m − i of b (clipped at 0) and whether it is ≥ 0."""
+    diff = np.arange(n)[:, None] - np.arange(n)[None, :]
+    return np.clip(diff, 0, None), diff >= 0
 
 
 def _logsumexp_rows(terms: np.ndarray) -> np.ndarray:
@@ -104,12 +111,11 @@ def log_moments(n_max: int, sigma: float, steps: int) -> np.ndarray:
             terms = weights + log_f[1:n + 1] + log_g[n - 1::-1]
             log_g[n] = float(_logsumexp_rows(terms)) - math.log(n)
     else:
-        log_g = np.full(n_max + 1, -np.inf)
-        log_g[0] = 0.0
+        log_g = None  # the series 1
         base, e = log_f, t
         while e:
             if e & 1:
-                log_g = _log_mul(log_g, base)
+                log_g = base if log_g is None else _log_mul(log_g, base)
             e >>= 1
             if e:
                 base = _log_mul(base, base)
