@@ -5,6 +5,7 @@ Every mechanism has ``rdp(orders) -> numpy.ndarray`` and ``to_dict()``;
 """
 
 from privguard._accumulated import AccumulatedSubsampledGaussian
+from privguard._allocation import RandomAllocation
 from privguard._base import Mechanism, mechanism_from_dict
 from privguard._curve import RDPCurve
 from privguard._mechanisms import (
@@ -28,6 +29,7 @@ __all__ = [
     "Mechanism",
     "PureDP",
     "RDPCurve",
+    "RandomAllocation",
     "RepeatAndSelect",
     "SubsampledGaussian",
     "SubsetTuning",

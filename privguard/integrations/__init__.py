@@ -9,7 +9,14 @@
 * :mod:`privguard.integrations.ray` — ``RayExecutor``, a tuning backend.
 * :mod:`privguard.integrations.optuna` — ``private_optimize``: Optuna objectives
   tuned under the random-K or DP-HyPO bound, releasing the best trial only.
+* ``RandomAllocationSampler`` — batches in which each example is used once
+  per epoch, privately (random allocation; charge
+  :class:`privguard.mechanisms.RandomAllocation`). It does not import torch.
 
 Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
 """
+
+from privguard.integrations._allocation import RandomAllocationSampler
+
+__all__ = ["RandomAllocationSampler"]

@@ -79,7 +79,7 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger import Ledger
-from privguard.integrations import _describe, _samplers, _sampling
+from privguard.integrations import _allocation, _describe, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -158,6 +158,7 @@ class AttachHandle:
         self._engine: Any = None
         self._engine_accountant: Any = None
         self._view: EngineView | None = None
+        self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
 
     @property
     def distributed(self) -> bool:
@@ -189,7 +190,13 @@ class AttachHandle:
         largest of: the batches ``data_loader`` delivered since the last
         step, the optimizer's own count (not under ghost clipping), the
         declared accumulation, and (between steps) the last step's k.
+
+        For a :class:`~privguard.integrations.RandomAllocationSampler` loader:
+        one epoch, ``RandomAllocation(σ, t)``, charged at the epoch's first
+        step only.
         """
+        if self._epochs is not None:
+            return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
         return self._mechanism(predict=True)
 
     def _micro_batches(self, predict: bool) -> int:
@@ -214,6 +221,12 @@ class AttachHandle:
         step (or at attach), for that step's σ and q, so it is the same on
         every rank.
         """
+        if self._epochs is not None:  # random allocation: only an epoch's first step charges
+            try:
+                due = self._epochs.pending(float(self.optimizer.noise_multiplier))
+            except PrivguardError:
+                return False
+            return due is None or self.ledger.can_afford(due)
         if self._coordinator is not None:
             return self._next_ok
         return self.ledger.can_afford(self.next_mechanism())
@@ -222,7 +235,20 @@ class AttachHandle:
         if self._active:
             # Charged before the parameter update; raises if refused.
             k = self._micro_batches(predict=False)
-            if self._coordinator is None:
+            if self._epochs is not None:  # random allocation: the whole epoch at its first step
+                if k > 1:  # t/k steps per epoch: RandomAllocation(σ, t) would under-count
+                    raise _sampling.NonPoissonSamplingError(
+                        "micro_batches", k,
+                        "accumulated micro-batches of a RandomAllocationSampler loader are not "
+                        "accounted (an epoch of t batches would run t/k steps, which "
+                        "RandomAllocation(σ, t) under-counts); step once per batch, or set "
+                        "steps_per_epoch to the number of optimizer steps")
+                sigma = float(optimizer.noise_multiplier)
+                due = self._epochs.pending(sigma)
+                if due is not None:
+                    self.ledger.charge(due, label=self.label)
+                self._epochs.done(sigma, due)
+            elif self._coordinator is None:
                 self.ledger.charge(self._mechanism(predict=False), label=self.label)
             else:
                 self._next_ok = self._coordinator.step(lambda: self._mechanism(predict=False),
@@ -493,8 +519,20 @@ def attach(
                 "is already charged to a ledger by a LedgerAccountant in the engine; use "
                 "either that or attach(), not both (each step would be charged twice)")
     recorder = hook_accountant if hook_accountant is not None else engine_accountant
+    sampler = None if data_loader is None else _allocation.allocation_sampler(data_loader)
+    if sampler is not None:  # random allocation: charged per epoch (docs/theory.md §15)
+        _allocation.check_attach(sampler, ledger, sample_rate=sample_rate, resume=resume,
+                                 distributed=is_distributed(optimizer),
+                                 recorded=total_steps(history_of(recorder)))
+        sample_rate = 1.0 / sampler.steps_per_epoch  # Opacus' own view; not what is charged
+        if declared > 1:
+            raise NonPoissonSamplingError(
+                "micro_batches", declared,
+                "accumulated micro-batches of a RandomAllocationSampler loader are not "
+                "accounted (an epoch of t batches would run t/k steps, which "
+                "RandomAllocation(σ, t) under-counts); step once per batch")
 
-    if data_loader is not None and check_poisson:
+    if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
     if callable(sample_rate):
         rate: Callable[[], float] = sample_rate
@@ -542,12 +580,14 @@ def attach(
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
     handle.declared_micro_batches = declared
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
+    if sampler is not None:
+        handle._epochs = _allocation.EpochCharges(sampler)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
                                 from_entry=entry is not None, stacklevel=2)
     kind = getattr(recorder, "mechanism", lambda: None)()
-    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid":
+    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid" and sampler is None:
         # (a hybrid filter keeps pace with PRV on plan: nothing to warn about)
         try:
             mech = handle.next_mechanism()

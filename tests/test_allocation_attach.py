@@ -1,0 +1,159 @@
+"""attach() with a RandomAllocationSampler loader: the whole epoch is charged before its first step."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+opacus = pytest.importorskip("opacus")
+
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger, Plan  # noqa: E402
+from privguard import mechanisms as M  # noqa: E402
+from privguard.integrations import RandomAllocationSampler  # noqa: E402
+from privguard.integrations.opacus import NonPoissonSamplingError, attach  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
+              pytest.mark.filterwarnings("ignore:Using a non-full backward hook")]
+N, T, SIGMA = 64, 4, 1.0
+
+
+def _setup(seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(N, 5)
+    y = (x[:, 0] > 0).long()
+    sampler = RandomAllocationSampler(N, T, generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=sampler)
+    model = nn.Linear(5, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = opacus.PrivacyEngine()
+    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
+                                             noise_multiplier=SIGMA, max_grad_norm=1.0,
+                                             poisson_sampling=False)
+    return model, opt, loader
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _refused(model, opt, batch, ledger, error, charges, match=None):
+    """The step raises ``error`` and changes nothing: parameters, and ``charges`` charges kept."""
+    before = _params(model)
+    with pytest.raises(error, match=match):
+        _step(model, opt, *batch)
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(model)))
+    assert len(ledger.history) == charges
+
+
+def test_each_epoch_is_charged_once_before_its_first_step():
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    assert handle.next_mechanism() == M.RandomAllocation(SIGMA, T)
+    for epoch in range(2):
+        for i, (x, y) in enumerate(loader):
+            _step(model, opt, x, y)
+            assert len(ledger.history) == epoch + 1  # charged at the first step, not again
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(SIGMA, T)] * 2
+    assert handle.steps_charged == 2 * T
+    direct = Ledger(epsilon=50.0, delta=1e-5)
+    for _ in range(2):
+        direct.charge(M.RandomAllocation(SIGMA, T))
+    assert ledger.epsilon() == direct.epsilon()
+
+
+def test_an_epoch_stopped_early_stays_charged_in_full():
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    for x, y in loader:
+        _step(model, opt, x, y)
+        break  # one step of epoch 1
+    for x, y in loader:
+        _step(model, opt, x, y)
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(SIGMA, T)] * 2
+
+
+def test_an_epoch_the_filter_refuses_runs_nothing():
+    model, opt, loader = _setup()
+    one = M.RandomAllocation(SIGMA, T)
+    ledger = Ledger(epsilon=1.0, delta=1e-5)
+    assert not ledger.can_afford(one)
+    handle = attach(opt, ledger, data_loader=loader)
+    batch = next(iter(loader))
+    assert not handle.can_step()
+    _refused(model, opt, batch, ledger, BudgetExhausted, 0)
+
+
+def test_sigma_changed_inside_an_epoch_is_refused():
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    _step(model, opt, *next(batches))
+    opt.noise_multiplier = 2.0
+    _refused(model, opt, next(batches), ledger, InvalidArgumentError, 1, match="noise_multiplier")
+
+
+def test_more_steps_than_batches_in_an_epoch_is_refused():
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches = list(loader)
+    for x, y in batches:
+        _step(model, opt, x, y)
+    # a 5th step in a 4-batch epoch would use examples again
+    _refused(model, opt, batches[0], ledger, InvalidArgumentError, 1, match=r"optimizer\.step")
+
+
+def test_refusals_at_attach():
+    _, opt, loader = _setup()
+    with pytest.raises(InvalidArgumentError, match="sample_rate"):
+        attach(opt, Ledger(epsilon=5.0, delta=1e-5), data_loader=loader, sample_rate=0.25)
+    hybrid = Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.SubsampledGaussian(SIGMA, 0.25), steps=8),
+                    filter="hybrid")
+    with pytest.raises(InvalidArgumentError, match="hybrid"):
+        attach(opt, hybrid, data_loader=loader)
+    # nothing was attached: a plain ledger still attaches, with no Poisson warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader).detach()
+
+
+def test_steps_opacus_recorded_before_attach_are_refused():
+    model, opt, loader = _setup()
+    _step(model, opt, *next(iter(loader)))  # recorded by Opacus' accountant as Poisson q = 1/t
+    with pytest.raises(InvalidArgumentError, match="recorded"):
+        attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader)
+
+
+def test_accumulated_micro_batches_of_an_allocation_loader_are_refused():
+    # t batches stepped in pairs are t/2 steps: RandomAllocation(σ, t) would under-count.
+    model, opt, loader = _setup()
+    with pytest.raises(NonPoissonSamplingError, match="micro_batches"):
+        attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader, micro_batches=2)
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    x1, y1 = next(batches)
+    x2, y2 = next(batches)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x1), y1).backward()
+    nn.functional.cross_entropy(model(x2), y2).backward()
+    before = _params(model)
+    with pytest.raises(NonPoissonSamplingError, match="RandomAllocation"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(model)))
+    assert len(ledger.history) == 0

@@ -1,0 +1,99 @@
+"""RandomAllocationSampler: batches of random allocation, with any DataLoader and with Opacus."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privguard import InvalidArgumentError
+from privguard.integrations import RandomAllocationSampler
+from privguard.integrations._allocation import uniform_from_os_entropy
+
+
+def _check_partition(batches, n, t):
+    assert len(batches) == t
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(n))  # every example exactly once
+    assert all(b == sorted(b) for b in batches)
+
+
+@pytest.mark.parametrize("n,t", [(1, 1), (10, 3), (1000, 7), (5, 20)])
+def test_each_example_in_exactly_one_batch_per_epoch(n, t):
+    sampler = RandomAllocationSampler(n, t)
+    assert len(sampler) == t
+    first, second = list(sampler), list(sampler)
+    _check_partition(first, n, t)
+    _check_partition(second, n, t)
+
+
+def test_steps_are_uniform_and_fresh_each_epoch():
+    # chi-square test of the step counts from OS entropy (about 1e-9 false alarm)
+    t, n = 10, 200_000
+    steps = uniform_from_os_entropy(n, t)
+    counts = np.bincount(steps, minlength=t)
+    chi2 = float(((counts - n / t) ** 2 / (n / t)).sum())
+    assert steps.min() >= 0 and steps.max() < t
+    assert chi2 < 60.0  # 9 degrees of freedom: P(chi2 > 60) ≈ 1e-9
+    a, b = list(RandomAllocationSampler(1000, 10)), list(RandomAllocationSampler(1000, 10))
+    assert a != b  # two epochs from OS entropy differ (probability of equality 10^-1000)
+
+
+
+def test_a_generator_makes_it_reproducible():
+    torch = pytest.importorskip("torch")
+    a = list(RandomAllocationSampler(50, 4, generator=torch.Generator().manual_seed(3)))
+    b = list(RandomAllocationSampler(50, 4, generator=torch.Generator().manual_seed(3)))
+    assert a == b
+    _check_partition(a, 50, 4)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(num_samples=0, steps_per_epoch=3), "num_samples"),
+    (dict(num_samples=10, steps_per_epoch=0), "steps_per_epoch"),
+    (dict(num_samples=10, steps_per_epoch=2.0), "steps_per_epoch"),
+    (dict(num_samples=10, steps_per_epoch=2, generator=123), "generator"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, name):
+    with pytest.raises(InvalidArgumentError) as err:
+        RandomAllocationSampler(**kwargs)
+    assert err.value.argument == name
+
+
+def test_with_a_dataloader_and_opacus():
+    torch = pytest.importorskip("torch")
+    opacus = pytest.importorskip("opacus")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    n, t = 64, 4
+    data = TensorDataset(torch.randn(n, 3), torch.randint(0, 2, (n,)))
+    loader = DataLoader(data, batch_sampler=RandomAllocationSampler(n, t))
+    seen = torch.cat([y for _, y in loader])
+    assert seen.numel() == n and len(loader) == t
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = opacus.PrivacyEngine()
+    model, optimizer, private_loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+        max_grad_norm=1.0, poisson_sampling=False)
+    assert private_loader.batch_sampler is loader.batch_sampler
+    assert math.isclose(optimizer.expected_batch_size, n / t)
+    count = 0
+    for x, y in private_loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        count += len(y)
+    assert count == n
+
+
+def test_words_above_the_last_multiple_of_t_are_redrawn(monkeypatch):
+    from privguard.integrations import _allocation as mod
+
+    # t = 3: words ≥ 3·⌊2^64/3⌋ = 2^64 − 1 would make 0 one word likelier than 1 and 2
+    draws = iter([np.array([2**64 - 1, 5], dtype=np.uint64).tobytes(),
+                  np.array([7], dtype=np.uint64).tobytes()])
+    monkeypatch.setattr(mod.os, "urandom", lambda k: next(draws))
+    assert mod.uniform_from_os_entropy(2, 3).tolist() == [5 % 3, 7 % 3]
