@@ -231,7 +231,9 @@ class SubsetSearch:
         try:
             artifact, trained = final_objective(dict(params), final_ledger, final_idx,
                                                 result.artifact), True
-        except Exception:  # the final training's failure is its output ⊥
+        except KeyboardInterrupt:
+            raise  # the user's interrupt; sealed() replaces it
+        except BaseException:  # the final training's failure (SystemExit too) is its output ⊥
             artifact, trained = None, False
         return SubsetResult(True, params, dict(result.params or {}), artifact, trained, mech,
                             seeded)
