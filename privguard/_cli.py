@@ -18,7 +18,9 @@ target; ``--rdp-budget V1,V2,...`` (and ``--delta D`` if it had one) for a
 strict per-order budget; ``--no-target`` for neither. Without them it refuses
 and shows the target the file claims and the command that confirms it.
 
-``report``, ``plot`` and ``verify`` open the file read-only. Exit status: 0
+``report``, ``plot`` and ``verify`` open the file read-only. A path that is
+not a regular file (a FIFO, a directory, a device) is refused before it is
+opened, and ``plot`` checks its output path before computing. Exit status: 0
 on success, 2 when the ledger cannot be read or fails verification (it fails
 closed: an inconsistent file is reported, never repaired), 1 on other errors.
 """

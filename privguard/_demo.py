@@ -21,10 +21,12 @@ import warnings
 
 import numpy as np
 
+from privguard import _validation as check
 from privguard import mechanisms as M
-from privguard._errors import BudgetExhausted
+from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard._optional import require
+from privguard._stores import open_store
 
 DELTA = 1e-5
 BATCH, SIGMA, VAL_STD = 64, 1.0, 5.0
@@ -90,7 +92,16 @@ def _noisy_count(model, val, ledger_like, rng, label: str) -> float:
 
 
 def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0) -> dict:
-    """Run the demo; returns the numbers it printed."""
+    """Run the demo; returns the numbers it printed.
+
+    Raises:
+        InvalidArgumentError: a bad argument, before anything is printed or created.
+    """
+    epsilon = check.positive_finite("epsilon", epsilon)  # before anything is printed
+    if quick is not None and not isinstance(quick, bool):
+        raise InvalidArgumentError("quick", quick, "must be None, True or False")
+    if db is not None:
+        open_store(db).close()  # a malformed path is refused here, before the demo starts
     _require_extras()
     from tqdm.auto import tqdm
 
@@ -101,7 +112,10 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     warnings.filterwarnings("ignore", module="opacus")
     warnings.filterwarnings("ignore", message=".*Full backward hook.*")
     warnings.filterwarnings("ignore", message=".*Optimal order is the.*")
-    quick = os.environ.get("CI") == "true" if quick is None else quick
+    reason = "--quick" if quick else ""
+    if quick is None:
+        quick = os.environ.get("CI") == "true"
+        reason = "CI=true" if quick else ""
     cand_epochs, final_epochs, mean_runs = (2, 6, 3.0) if quick else (5, 40, 6.0)
     start = time.time()
     if db is None:
@@ -114,7 +128,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     steps_per_epoch = math.ceil(len(train) / BATCH)
     q = 1.0 / steps_per_epoch
 
-    print(f"privguard demo{' (reduced size: CI=true)' if quick else ''}: digits, "
+    print(f"privguard demo{f' (reduced size: {reason})' if quick else ''}: digits, "
           f"{len(train)} private training examples, DP-SGD σ={SIGMA}, batch {BATCH}")
     ledger = Ledger(epsilon=epsilon, delta=DELTA, path=db, plan=M.SubsampledGaussian(SIGMA, q))
     print(f"ledger {db}: budget (ε = {epsilon:g}, δ = {DELTA:g})\n")

@@ -337,8 +337,13 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
     try:
         return _envelope_steps(envelope, epsilon, delta_a)
     except (ValueError, ArithmeticError, MemoryError) as exc:
-        raise InvalidArgumentError("envelope", envelope,
-                                   f"PLD accounting of this step failed ({exc!r})") from None
+        # name what the user passed (the planned step's σ and q), not this internal argument
+        raise InvalidArgumentError(
+            "noise_multiplier", envelope.noise_multiplier,
+            f"filter='hybrid' cannot plan steps with noise_multiplier="
+            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}: their "
+            f"PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
+            "such a step") from None
 
 
 # ------------------------------------------------------------------ the rule

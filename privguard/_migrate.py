@@ -46,6 +46,7 @@ from privguard._base import mechanism_from_dict
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._journal import Run
 from privguard._plan import Plan
+from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._sqlite import SQLiteStore
 
 _V1_GENESIS = "privguard-journal-v1"
@@ -263,6 +264,10 @@ def upgrade(path: str, epsilon: float | None = None, delta: float | None = None,
     backup, tmp = path + ".v1", path + ".upgrading"
     if not os.path.exists(path):
         raise LedgerStateError(f"{path}: no such ledger file")
+    require_regular_file(path)  # a FIFO would block the open below forever
+    cause = explain(path, write=True)  # upgrade rewrites the file and writes PATH.v1 beside it
+    if cause is not None:
+        raise LedgerStateError(f"{path}: cannot upgrade: {cause}; nothing was changed")
     if os.path.exists(backup):
         raise LedgerStateError(f"{backup} exists; move it away before upgrading {path}")
     try:
@@ -275,6 +280,7 @@ def upgrade(path: str, epsilon: float | None = None, delta: float | None = None,
             conn = sqlite3.connect(path, isolation_level=None)
             try:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # 0.1 used WAL: fold it in
+                _refuse_current(conn, path)
                 old = read_v1(conn, path)
             finally:
                 conn.close()
@@ -295,6 +301,14 @@ def upgrade(path: str, epsilon: float | None = None, delta: float | None = None,
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)
     return {**result, "path": path, "original": backup, "target": _claimed(config)}
+
+
+def _refuse_current(conn: sqlite3.Connection, path: str) -> None:
+    """Say so when ``path`` is already a current ledger (it has no 0.1 ``journal`` table)."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "journal" not in tables and {"meta", "entries"} <= tables:
+        raise LedgerStateError(f"{path}: already a current privguard ledger; there is nothing "
+                               "to upgrade (open it with Ledger.open)")
 
 
 def _write_v2(tmp: str, path: str, old: dict[str, Any]) -> dict[str, Any]:

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
 from privguard._accounting import Accounting, nonadaptive_epsilon
+from privguard._errors import InvalidArgumentError
 from privguard._journal import Run
 from privguard._ledger import Ledger
 from privguard._mechanisms import Gaussian, SubsampledGaussian
@@ -85,7 +87,8 @@ def prv_epsilon(runs: tuple[Run, ...] | list[Run], delta: float) -> float | None
 
     prv = PRVAccountant()
     prv.history = history
-    return float(prv.get_epsilon(delta=delta))
+    with np.errstate(divide="ignore", invalid="ignore"):  # Opacus' log(0) at short prefixes
+        return float(prv.get_epsilon(delta=delta))
 
 
 def _time(t: float | None) -> str:
@@ -191,7 +194,14 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
-    """Write a PNG of ε over charges: odometer (valid), non-adaptive RDP and PRV (labelled)."""
+    """Write a PNG of ε over charges: odometer (valid), non-adaptive RDP and PRV (labelled).
+
+    Raises:
+        InvalidArgumentError: ``out`` cannot be written (its directory is
+            missing or not writable, or it is a directory); checked before
+            anything is computed.
+    """
+    _check_output(out)
     matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -215,9 +225,27 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     ax.set_title(str(ledger.path))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as exc:
+        raise InvalidArgumentError("output", out, f"cannot be written ({exc.strerror or exc})"
+                                   ) from None
+    finally:
+        plt.close(fig)
     return out
+
+
+def _check_output(out: Any) -> None:
+    """Refuse an output path that cannot be written, naming it and the cause."""
+    if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise InvalidArgumentError("output", out, "must be a file path")
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise InvalidArgumentError("output", out, f"directory {directory} does not exist")
+    if os.path.isdir(out):
+        raise InvalidArgumentError("output", out, "is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InvalidArgumentError("output", out, f"directory {directory} is not writable")
 
 
 def _prv_points(runs: tuple[Run, ...], delta: float, points: int = 12

@@ -186,3 +186,31 @@ def test_optuna_trials_on_ray_select_what_serial_selects(ray_dir, sampler):
     assert a.selected and (a.best_params, a.best_value, a.best_user_attrs, a.artifact) == (
         b.best_params, b.best_value, b.best_user_attrs, b.artifact)
     assert (serial.spent == on_ray.spent).all() and len(on_ray.history) == 1
+_DRIVER = os.getpid()
+
+
+def _load_artifact(driver_pid):
+    if os.getpid() == driver_pid:
+        raise ValueError("this artifact cannot be loaded at the driver")
+    return "loaded"
+
+
+class LoadsOnlyInWorkers:
+    """Pickles in the worker (so the task returns it), fails to unpickle at the driver."""
+
+    def __reduce__(self):
+        return _load_artifact, (_DRIVER,)
+
+
+def test_an_artifact_that_fails_to_load_at_the_driver_is_bottom(ray_dir):
+    """Issue 24 audit: a candidate's result that fails to load at the driver must be that
+    candidate's ⊥, never an abort (which would release whether SOME candidate's artifact
+    failed). Ray reports the failure as a RayError, which the executor maps to ⊥."""
+    def objective(params, child):
+        if params["lr"] == 0.2:
+            return SCORES[0.2], LoadsOnlyInWorkers()
+        return SCORES[params["lr"]], "model"
+
+    t = RandomSearch({"lr": list(SCORES)}, Poisson(12.0), cost=RUN, seed=4, progress=False)
+    result = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend="ray")
+    assert result.selected and result.params == {"lr": 0.1} and result.artifact == "model"

@@ -43,4 +43,8 @@ def open_store(path: Any, *, read_only: bool = False) -> Store:
             "path", path, "must name a ledger file (SQLite's ':memory:', '' and URIs make a "
             "private temporary database whose charges vanish on close; omit path= for an "
             "in-memory ledger)")
+    if text.startswith("~") and not os.path.isdir(os.path.dirname(text) or "."):
+        raise InvalidArgumentError(
+            "path", path, "starts with '~', which is not expanded (sqlite3 and open() do not "
+            f"expand it either); pass os.path.expanduser({text!r})")
     return SQLiteStore(text, read_only=read_only)

@@ -121,7 +121,12 @@ class PostgresStore:
             options["application_name"] = f"privguard:{self.ledger}"
         conn = pg.connect(self._conninfo, **options)
         if self._role is not None:
-            conn.execute(pg.sql.SQL("SET ROLE {}").format(pg.sql.Identifier(self._role)))
+            try:
+                conn.execute(pg.sql.SQL("SET ROLE {}").format(pg.sql.Identifier(self._role)))
+            except BaseException:  # a role it may not take: close, never leave it to the GC
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -340,6 +345,7 @@ class PostgresStore:
                 return result
             except BaseException:
                 self._rollback()
+                self.close()  # nobody holds a store whose open failed: never leave it to the GC
                 raise
         except pg.Error as exc:
             raise self._error(exc, "cannot open the ledger") from exc

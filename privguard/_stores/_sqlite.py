@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ from privguard._errors import LedgerStateError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
 from privguard._stores import _rows
+from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._rows import Cursor as _Cursor
 from privguard._stores._rows import checked_items
 
@@ -134,6 +136,8 @@ class SQLiteStore:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
+        require_regular_file(self.path)  # a FIFO would block the open below forever
+        conn = None
         try:
             if self.read_only:
                 uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
@@ -145,10 +149,24 @@ class SQLiteStore:
                 conn.execute("PRAGMA journal_mode = TRUNCATE")
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._lock_fd = os.open(self.path, os.O_RDONLY)
+            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
             self._identity = (st.st_dev, st.st_ino)
-        except (sqlite3.Error, OSError) as exc:
+            if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
+                require_regular_file(self.path)
+                raise LedgerStateError(f"{self.path}: not a regular file")
+        except (sqlite3.Error, OSError, LedgerStateError) as exc:
+            if conn is not None:
+                conn.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            if isinstance(exc, LedgerStateError):
+                raise
+            cause = explain(self.path, write=not self.read_only)
+            if cause is not None:
+                raise LedgerStateError(f"{self.path}: cannot open the ledger file: {cause} "
+                                       f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
         self._conn = conn
         return conn

@@ -26,20 +26,25 @@ at the charged ε = 0.313 the released winner has hockey-stick δ = 0, while
 (winner, K) would have δ = 4.9e-4 and the former (runs, failed) 0.149, both
 far above the ledger's δ = 1e-5.
 
-Failures. A candidate that raises any ``Exception`` (a diverged loss, its
-child ledger refusing a charge, a dead Ray worker), or returns NaN, ±inf or
+Failures. A candidate that raises anything but ``KeyboardInterrupt`` (a
+diverged loss, its child ledger refusing a charge, a dead Ray worker,
+``SystemExit``), or returns NaN, ±inf or
 something that is not a real number, is ⊥: the lowest element of the order
 on outputs, never selected. ⊥ is an output of the candidate, which the bound
 covers; the run goes on, and nothing about it — exception, message,
-hyperparameters, count — is logged, shown or returned. Only the current best
+hyperparameters, count — is logged, shown or returned. (Ending the run on a
+candidate's exception would release whether SOME candidate raised, which the
+best-of-K theorems do not cover.) A ``KeyboardInterrupt`` is taken to be the
+user's and ends the run (below); an objective that raises one on purpose,
+like one that prints its data, is outside what a tuner can seal. Only the current best
 outcome is kept in memory while the run goes on.
 
 Interruptions. Once the bound is charged, the run's state (the current best,
 K, the draws) lives only in frames that are dropped before anything leaves
 ``run``: a ``KeyboardInterrupt`` is re-raised as a fresh
 ``KeyboardInterrupt()``, and any other exception that escapes the search
-(an error of the tuner's machinery, ``SystemExit``, a framework's
-cancellation) as :class:`TuningAborted`; either is raised outside the
+(an error of the tuner's machinery or of a custom executor, never a
+candidate's) as :class:`TuningAborted`; either is raised outside the
 original handler, with no cause, no context and no frame holding a
 candidate's data. The charged bound stays charged.
 
@@ -83,7 +88,7 @@ class TuningAborted(PrivguardError):
     """A tuning run stopped after its bound was charged; the charge stands.
 
     Raised when something other than a candidate failed mid-run (the
-    executor's infrastructure, a ``SystemExit``, a framework's cancellation).
+    executor's infrastructure or the tuner's own machinery; never a candidate).
     The original exception is withheld on purpose: it and its traceback may
     carry candidates' scores, artifacts or hyperparameters. Nothing about
     the candidates is released; to debug an objective, call it directly,

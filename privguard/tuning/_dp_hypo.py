@@ -13,6 +13,7 @@ that there is none — not T, not failures (see :class:`TuningResult`).
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -223,8 +224,12 @@ class DPHyPOSearch(Tuner):
     def _density_or_prior(self, history: History) -> np.ndarray:
         """:meth:`density`, or the prior when the rule fails (inside a run: nothing is raised)."""
         try:
-            return self.density(history)
-        except Exception:  # the fallback is part of the update rule
+            with warnings.catch_warnings():  # a warning would be a data-dependent output
+                warnings.simplefilter("ignore")
+                return self.density(history)
+        except KeyboardInterrupt:
+            raise  # the user's interrupt
+        except BaseException:  # by design: the fallback is part of the update rule
             return self.prior
 
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,

@@ -40,16 +40,21 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
                   ) -> Outcome:
     """Run one candidate under a strict child ledger (the same code on every executor).
 
-    Returns ``(score, artifact)`` or None (⊥). Every ``Exception`` the
-    objective raises — a refusal of its child ledger included — is ⊥ and is
-    dropped here, with its message and traceback. A ``BaseException``
-    (``KeyboardInterrupt``, ``SystemExit``) is not a candidate's output: it
-    propagates, and the tuner replaces it (:func:`privguard.tuning._base.sealed`).
+    Returns ``(score, artifact)`` or None (⊥). Everything the objective
+    raises — a refusal of its child ledger, ``SystemExit``, ``GeneratorExit``,
+    any ``BaseException`` — is ⊥ and is dropped here, with its message and
+    traceback: the run goes on. Ending the run instead would release
+    whether SOME candidate raised, a function of non-selected candidates
+    that the tuning bound (best of K) does not cover. The one exception is
+    ``KeyboardInterrupt``, taken to be the user's: it propagates and the
+    tuner replaces it with a fresh one (:func:`privguard.tuning._base.sealed`).
     """
     child = Ledger(orders=orders, rdp_budget=budget)
     try:
         return accept(objective(dict(params), child))
-    except Exception:  # by design: a failed candidate is ⊥
+    except KeyboardInterrupt:
+        raise  # the user's interrupt, not a candidate's output
+    except BaseException:  # by design: a failed candidate is ⊥ (SystemExit included)
         return None
 
 

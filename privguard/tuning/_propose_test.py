@@ -35,10 +35,23 @@ function of that transcript, hence post-processing:
   function of the ledger's journal, which holds only data-independent
   mechanisms (PureDP(ε₀) once per round, and what else was charged to it).
 
-The utilities themselves are never released by :meth:`ProposeTest.run`. A
-partition on which the objective raises, or returns NaN or a non-number,
-counts as accuracy 0 (⊥; also ±inf): still a function of that partition alone, in
-[0, 1], so the sensitivity stays 1/k; nothing about it is raised or logged.
+The utilities themselves are never released by :meth:`ProposeTest.run`.
+Nothing that depends on the data may end the run either: an exception
+raised after the partitions exist would be an output no round paid for
+(whether it happens depends on non-selected candidates' accuracies). So
+one partition's accuracy is mapped to a fixed value in [0, 1], never
+refused and never dropped (docs/theory.md §8):
+
+* a finite number outside [0, 1] is clamped to [0, 1];
+* NaN, ±inf, a non-number, or a call that raises (any exception but
+  ``KeyboardInterrupt``, ``SystemExit`` included) counts as 0 (⊥).
+
+Each mapped value is still a function of that partition alone, in [0, 1],
+so the aggregate's sensitivity stays 1/k (seed 004's argument unchanged);
+nothing about it is raised or logged. A ``KeyboardInterrupt`` is taken to
+be the user's and propagates (a fresh one, nothing charged if it came
+before the first round); an objective that raises it on purpose, like one
+that prints its data, is outside what a tuner can seal.
 """
 
 from __future__ import annotations
@@ -176,21 +189,20 @@ class ProposeTest:
         in the sensitivity argument), adding or removing one example changes
         one partition, so each utility moves by at most 1/k. A partition on
         which the objective raises or returns NaN, ±inf or a non-number
-        counts as accuracy 0.
+        counts as accuracy 0, and a finite accuracy outside [0, 1] is
+        clamped to [0, 1] (see the module docstring): each partition's
+        value stays in [0, 1], so the sensitivity stays 1/k.
 
         Raises:
-            InvalidArgumentError: ``objective`` returned a number outside
-                [0, 1] (e.g. a percentage); the value is withheld.
+            InvalidArgumentError: ``objective`` or ``parts`` is malformed
+                (checked before the objective runs).
         """
         check_objective(objective)
         if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence):
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
             raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
-        out = _collect(objective, self.candidates, parts, self.k)
-        if out is None:
-            raise _out_of_range(objective)
-        return out
+        return _collect(objective, self.candidates, parts, self.k)
 
     def select(self, utilities: Sequence[float] | np.ndarray, ledger: Ledger,
                rng: np.random.Generator | None = None, label: str | None = "propose-test round"
@@ -254,9 +266,13 @@ class ProposeTest:
         utilities and the partitions live in a frame that is dropped before
         anything is raised (as in :meth:`RandomSearch.run`).
 
+        Once the data is touched, nothing about it can end the run: an
+        accuracy outside [0, 1] is clamped, and a partition that raises or
+        returns NaN or a non-number counts as 0 (module docstring).
+
         Raises:
-            InvalidArgumentError: a bad argument, or an accuracy outside
-                [0, 1] (its value withheld); nothing was charged.
+            InvalidArgumentError: a bad argument; the objective did not run
+                and nothing was charged.
             LedgerStateError: the ledger is unusable; the objective did not run.
             KeyboardInterrupt: interrupted (a fresh one, carrying nothing of
                 the run); rounds already charged stay charged.
@@ -271,17 +287,12 @@ class ProposeTest:
         if not ledger.can_afford(self.round_mechanism()):
             return ProposeTestResult(False, None, 0, True, self.u0, self.seed is not None)
         rng = make_rng(self.seed)
-        result = sealed(lambda: self._run(objective, ledger, n, rng))
-        if result is None:
-            raise _out_of_range(objective)
-        return result
+        return sealed(lambda: self._run(objective, ledger, n, rng))
 
     def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
-             ) -> ProposeTestResult | None:
-        """Everything that touches the data; None if an accuracy was out of range (no charge)."""
+             ) -> ProposeTestResult:
+        """Everything that touches the data; its only exit is the charged loop's result."""
         u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
-        if u_s is None:
-            return None
         return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:
@@ -303,33 +314,29 @@ class ProposeTest:
 
 
 def _collect(objective: Callable, candidates: list[dict], parts: Sequence[np.ndarray],
-             k: int) -> np.ndarray | None:
-    """Mean accuracy per candidate over ``parts``; None if some accuracy is outside [0, 1]."""
+             k: int) -> np.ndarray:
+    """Mean accuracy per candidate over ``parts``, each partition's accuracy in [0, 1]."""
     out = np.empty(len(candidates))
     for s, params in enumerate(candidates):
-        total = 0.0
-        for part in parts:
-            acc = _accuracy(objective, params, part)
-            if acc is None:
-                return None
-            total += acc
-        out[s] = total / k
+        out[s] = sum(_accuracy(objective, params, part) for part in parts) / k
     return out
 
 
-def _out_of_range(objective: Callable) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        "objective", objective, "returned an accuracy outside [0, 1] (its value and candidate "
-        "are withheld); utilities must be accuracies for sensitivity 1/k")
+def _accuracy(objective: Callable, params: dict, part: Any) -> float:
+    """One partition's accuracy, mapped to a fixed value in [0, 1] whatever happens.
 
-
-def _accuracy(objective: Callable, params: dict, part: Any) -> float | None:
-    """One partition's accuracy; 0.0 for ⊥ (raised, NaN, ±inf, non-number); None if
-    it is a finite number outside [0, 1]."""
+    A finite number is clamped to [0, 1]; ⊥ (the call raised anything but
+    ``KeyboardInterrupt``, or returned NaN, ±inf or a non-number) is 0.0.
+    Never raises (but ``KeyboardInterrupt``), never drops the partition: an
+    aggregate that could switch between a number and −∞ or an exception
+    with one partition would not have sensitivity 1/k (docs/theory.md §8).
+    """
     try:
         value = as_score(objective(dict(params), np.asarray(part)))
-    except Exception:  # a failed partition is ⊥
+    except KeyboardInterrupt:
+        raise  # the user's; sealed() replaces it with a fresh one
+    except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
         return 0.0
     if value is None:
         return 0.0
-    return value if 0.0 <= value <= 1.0 else None
+    return min(max(value, 0.0), 1.0)  # clamp to [0, 1] (seed 004: utilities in [0, 1])

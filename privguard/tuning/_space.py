@@ -112,6 +112,9 @@ class SearchSpace:
             if isinstance(dim, _DIMENSIONS):
                 dims[name] = dim
             elif isinstance(dim, (list, tuple)):
+                if not dim:  # name the hyperparameter, not Choice's internal argument
+                    raise InvalidArgumentError(f"space[{name!r}]", dim,
+                                               f"hyperparameter {name!r} needs at least one value")
                 dims[name] = Choice(dim)
             else:
                 dims[name] = Choice((dim,))

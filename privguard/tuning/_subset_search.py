@@ -128,9 +128,10 @@ class SubsetSearch:
         if not isinstance(tuner, RandomSearch):
             raise InvalidArgumentError("tuner", tuner, "must be a RandomSearch")
         self.tuner = tuner
-        self.q = check.fraction("q", q)
-        if self.q == 1.0:
-            raise InvalidArgumentError("q", q, "must be < 1 (a subset)")
+        rate = check._as_float("q", q)
+        if not 0.0 < rate < 1.0:  # q = 1 would tune on all of X: not a subset
+            raise InvalidArgumentError("q", q, "must lie in (0, 1) (the subset's sampling rate)")
+        self.q = rate
         if (isinstance(variant, bool) or not isinstance(variant, numbers.Integral)
                 or variant not in (1, 2)):
             raise InvalidArgumentError("variant", variant, "must be 1 or 2")
@@ -231,7 +232,9 @@ class SubsetSearch:
         try:
             artifact, trained = final_objective(dict(params), final_ledger, final_idx,
                                                 result.artifact), True
-        except Exception:  # the final training's failure is its output ⊥
+        except KeyboardInterrupt:
+            raise  # the user's interrupt; sealed() replaces it
+        except BaseException:  # the final training's failure (SystemExit too) is its output ⊥
             artifact, trained = None, False
         return SubsetResult(True, params, dict(result.params or {}), artifact, trained, mech,
                             seeded)
