@@ -86,6 +86,7 @@ from privguard.integrations._recorded import (
     total_steps,
 )
 from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
+from privguard.integrations._witnesses import Witnesses
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -148,6 +149,7 @@ class AttachHandle:
         self._engine: Any = None
         self._engine_accountant: Any = None
         self._view: EngineView | None = None
+        self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
 
     @property
     def distributed(self) -> bool:
@@ -159,6 +161,8 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
+        if self.witnesses is not None:
+            self.witnesses.install()
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
@@ -198,6 +202,8 @@ class AttachHandle:
 
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
+            if self.witnesses is not None:  # check stage: raises PipelineMismatchError
+                self.witnesses.check(self.next_mechanism())
             # Charged before the parameter update; raises if refused.
             if self._coordinator is None:
                 self.ledger.charge(self.next_mechanism(), label=self.label)
@@ -226,6 +232,8 @@ class AttachHandle:
         if not self._active:
             return
         self._active = False
+        if self.witnesses is not None:
+            self.witnesses.uninstall()
         if self.optimizer.step_hook == self._hook:
             self.optimizer.step_hook = self._previous_hook
         # else: another hook wraps ours; ours stays in its chain as a pass-through.
@@ -346,6 +354,7 @@ def attach(
     check_poisson: bool = True,
     resume: Any = None,
     planned_steps: int | None = None,
+    witnesses: bool = False,
 ) -> AttachHandle:
     """Charge every real noisy step of ``optimizer`` to ``ledger``.
 
@@ -381,6 +390,14 @@ def attach(
             accountant holds are not charged again.
         planned_steps: the number of steps the run plans; only used to say
             what they cost by RDP when the engine's accountant is PRV or GDP.
+        witnesses: check every step against its charge before charging it
+            (noise, clipping, and with ``data_loader`` sampling;
+            ``privguard/integrations/_witnesses.py``). A mismatch raises
+            :class:`privguard.PipelineMismatchError` out of
+            ``optimizer.step()`` with the parameters untouched and nothing
+            charged, and every later step is refused too. Off by default
+            (its cost, README "Does my pipeline do what I charge?"); not
+            yet under DDP.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -422,6 +439,11 @@ def attach(
         raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
     if planned_steps is not None:
         planned_steps = check.positive_int("planned_steps", planned_steps)
+    if not isinstance(witnesses, bool):
+        raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
+    if witnesses and is_distributed(optimizer):
+        raise InvalidArgumentError("witnesses", witnesses,
+                                   "is not supported under DDP yet; attach without it")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -490,6 +512,13 @@ def attach(
         _sampling.warn_unverified(stacklevel=2)
 
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
+    if witnesses:  # ---- witnesses (issue 28): the check stage of the hook
+        dataset = getattr(data_loader, "dataset", None)
+        try:
+            size = None if dataset is None else len(dataset)
+        except TypeError:
+            size = None
+        handle.witnesses = Witnesses(optimizer, size)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
