@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from test_witnesses import _one_thread  # noqa: F401  (autouse: one torch thread per test)
 from torch import nn
 
 from privguard import InvalidArgumentError
@@ -32,12 +33,6 @@ warnings.filterwarnings("ignore", message=".*Optimal order is the.*")
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _pld_epsilon(event, count=1) -> float:
