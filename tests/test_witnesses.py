@@ -246,3 +246,16 @@ def test_sampler_at_another_rate_than_charged_is_caught():
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "sampling"
     assert handle.steps_charged < 50
+
+
+def test_clean_per_layer_clipping_run_has_no_false_alarm():
+    torch.manual_seed(0)
+    x = torch.randn(512, 20)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
+        max_grad_norm=[0.05] * 4, clipping="per_layer")
+    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    assert run(model, opt, loader, nn.CrossEntropyLoss(), 20) == 20 == handle.steps_charged

@@ -20,7 +20,8 @@ charged or released, three things the charge asserts:
   float tolerance a correct clip never reaches; under ghost clipping only
   the per-sample norms exist and the witness checks
   ``‖Σ clipped‖ ≤ Σ_i min(‖g_i‖, C)`` (a clipped sum whose contributions
-  exceed C can pass it: that is left to the one-run audit). Deterministic
+  exceed C can pass it: that is left to the one-run audit; the same bound
+  under per-layer clipping). Deterministic
   under a correct pipeline: it never fires, so it reveals nothing.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
@@ -162,17 +163,26 @@ class Witnesses:
         norms = torch.stack([g.reshape(batch, -1).norm(2, dim=1) for g in samples], dim=1).norm(2, dim=1)
         # clip_C(g) = g·min(1, C/‖g‖) (Abadi et al. 2016, Alg. 1): recomputed here, not read
         factor = (c / norms.clamp_min(1e-30)).clamp(max=1.0)
+        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
         err = torch.zeros((), dtype=torch.float64)
+        size = torch.zeros((), dtype=torch.float64)
         for p, g, prior in zip(params, samples, before, strict=True):
-            expected = torch.einsum("i,i...", factor.to(g.dtype), g)
             got = p.summed_grad.detach() if prior is None else p.summed_grad.detach() - prior
-            err = err + (got.to(torch.float64) - expected.to(torch.float64)).square().sum()
-        deviation = float(err.sqrt())
+            size = size + got.to(torch.float64).square().sum()
+            if not per_layer:
+                expected = torch.einsum("i,i...", factor.to(g.dtype), g)
+                err = err + (got.to(torch.float64) - expected.to(torch.float64)).square().sum()
         bound_norm = float(torch.minimum(norms, torch.tensor(c, dtype=norms.dtype)).sum())
         eps = torch.finfo(samples[0].dtype).eps
         # float tolerance: summation/product rounding ≤ γ_B·Σ‖clipped‖ (Higham 2002, §3.1)
         # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both
         tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
+        if per_layer:
+            # per-layer clipping to C_l with Σ C_l² = C²: each contribution's norm is at most
+            # min(‖g_i‖, C), so ‖Σ clipped‖ ≤ Σ min(‖g_i‖, C) (the triangle inequality)
+            deviation = max(0.0, float(size.sqrt()) - bound_norm)
+        else:
+            deviation = float(err.sqrt())
         if deviation > tolerance:
             largest = float(norms.max())
             self._fail(PipelineMismatchError(
