@@ -34,19 +34,26 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     for sigma in args.sigmas:
-        for broken in (False, True):
+        correct = None
+        for bug in ("correct", "noise off", "half noise"):
             started, rows = time.perf_counter(), []
             for seed in range(args.runs):
-                res = audit_opacus(_build(noise=sigma, broken=broken, seed=seed),
+                res = audit_opacus(_build(noise=sigma, broken=bug == "noise off",
+                                          half=bug == "half noise", seed=seed),
                                    steps=args.steps, canaries=args.canaries, seed=seed)
                 rows.append((res.epsilon_lower, res.epsilon_charged))
             low = np.array([r[0] for r in rows])
             charged = rows[0][1]
-            print(f"σ = {sigma:g}, {'noise OFF' if broken else 'correct  '}, m = "
+            paired = ""
+            if correct is None:
+                correct = low
+            else:  # same seeds: same data order and canaries as the correct run
+                paired = f"; above the correct run's in {int((low > correct).sum())}/{len(low)}"
+            print(f"σ = {sigma:g}, {bug:10s}, m = "
                   f"{args.canaries}, {args.steps} steps: charged ε = {charged:.2f}; lower ε "
                   f"median {np.median(low):.2f} (min {low.min():.2f}, max {low.max():.2f}); "
                   f"lower ≤ charged in {int((low <= charged).sum())}/{len(low)}; median "
-                  f"lower/charged {np.median(low) / charged:.3f} "
+                  f"lower/charged {np.median(low) / charged:.3f}{paired} "
                   f"[{time.perf_counter() - started:.0f} s]", flush=True)
 
 

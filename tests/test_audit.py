@@ -133,7 +133,7 @@ def test_the_coverage_test_rejects_a_charge_below_the_truth():
 
 
 # ------------------------------------------------------------------ Opacus runs
-def _build(noise=1.0, broken=False, width=128, seed=0):
+def _build(noise=1.0, broken=False, width=128, seed=0, half=False):
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -146,10 +146,11 @@ def _build(noise=1.0, broken=False, width=128, seed=0):
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
             data_loader=DataLoader(TensorDataset(x, y), batch_size=64),
             noise_multiplier=noise, max_grad_norm=1.0)
-        if broken:  # the injected bug: no noise at all
+        if broken or half:  # the injected bug: no noise at all, or half the charged σ
             def add_noise():
                 for p in opt.params:
-                    p.grad = p.summed_grad.clone().view_as(p)
+                    std = 0.5 * opt.noise_multiplier * opt.max_grad_norm if half else 0.0
+                    p.grad = (p.summed_grad + std * torch.randn_like(p.summed_grad)).view_as(p)
             opt.add_noise = add_noise
         return model, opt, loader
     return build

@@ -259,3 +259,21 @@ def test_clean_per_layer_clipping_run_has_no_false_alarm():
         max_grad_norm=[0.05] * 4, clipping="per_layer")
     handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
     assert run(model, opt, loader, nn.CrossEntropyLoss(), 20) == 20 == handle.steps_charged
+
+
+def test_fixed_size_batches_of_the_right_mean_are_caught():
+    """A shuffled fixed-size loader charged as Poisson at q = 1/len(loader) (check_poisson=False):
+    the mean batch size matches the charge; the ties between steps' sizes do not."""
+    torch.manual_seed(0)
+    x = torch.randn(N, 20)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
+        max_grad_norm=1.0, poisson_sampling=False)
+    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, check_poisson=False,
+                    witnesses=True)
+    exc = _refusal(handle, model, opt, loader, nn.CrossEntropyLoss())
+    assert exc.witness == "sampling" and "not Poisson" in str(exc)
+    assert handle.steps_charged < 50

@@ -27,13 +27,15 @@ charged or released, three things the charge asserts:
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
   q the charged rate per draw), so their running sum over a stretch of
   constant q is Binomial(Σ N·k, q) and is tested two-sided with the exact
-  binomial tails (regularised incomplete beta) after every step.
+  binomial tails (regularised incomplete beta) after every step; and the
+  number of disjoint pairs of steps with equal batch sizes is tested against
+  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
 
-False alarms: the noise and sampling tests at the handle's t-th step use
-level ``α·6/(π²t²)`` with ``α = FALSE_ALARM`` each, so over any number of
+False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
+t-th step use level ``α·6/(π²t²)`` with ``α = FALSE_ALARM`` each, so over any number of
 steps each alarms with probability ≤ α under a correct pipeline (Σ 6/(π²t²) =
 1), whatever the data; the clipping test never alarms. docs/theory.md §16
-shows the witnessed run is then (ε, δ + (1+e^ε)·2α)-DP when the ledger
+shows the witnessed run is then (ε, δ + (1+e^ε)·3α)-DP when the ledger
 charges (ε, δ).
 """
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from scipy import special
 
@@ -119,6 +122,10 @@ class Witnesses:
         self._segment_q: float | None = None
         self._segment_k = 0
         self._segment_n = 0
+        self._pair: tuple[int, int] | None = None  # (draws, size) of the first step of a pair
+        self._pairs = 0
+        self._ties = 0
+        self._tie_rate = 0.0
         self._wrapped: tuple[str, Any] | None = None
 
     # ------------------------------------------------------------ install
@@ -288,8 +295,12 @@ class Witnesses:
         q = sample_rate / accumulated
         if q != self._segment_q:  # a new stretch of constant q: a new running sum
             self._segment_q, self._segment_k, self._segment_n = q, 0, 0
+            self._pair, self._pairs, self._ties, self._tie_rate = None, 0, 0, 0.0
+        draws = self.dataset_size * accumulated
+        if 0.0 < q < 1.0:
+            self._check_ties(records, draws, q)
         self._segment_k += records
-        self._segment_n += self.dataset_size * accumulated
+        self._segment_n += draws
         k, n = self._segment_k, self._segment_n
         if not 0.0 < q < 1.0:
             return
@@ -307,3 +318,37 @@ class Witnesses:
             f"{self.steps}. Nothing was charged or applied",
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
+
+    def _check_ties(self, records: int, draws: int, q: float) -> None:
+        """Dispersion: disjoint pairs of steps with equal batch sizes, against Poisson's rate.
+
+        Two independent Binomial(n, q) draws are equal with probability
+        c = Σ_b P(B = b)²; over P disjoint pairs (same n and q) the number of
+        ties is exactly Binomial(P, c). A fixed-size sampler ties nearly
+        always, though its mean batch size is right.
+        """
+        if self._pair is None or self._pair[0] != draws:
+            self._pair = (draws, records)
+            return
+        if self._tie_rate == 0.0:
+            pmf = special.bdtr(np.arange(draws + 1), draws, q)  # CDF, then differences
+            pmf = np.diff(np.concatenate(([0.0], pmf)))
+            self._tie_rate = float(np.clip(np.sum(pmf * pmf), 1e-300, 1.0))
+        self._pairs += 1
+        self._ties += int(records == self._pair[1])
+        self._pair = None
+        c = self._tie_rate
+        _, upper = _binomial_tails(self._ties, self._pairs, c)
+        alpha = level(self.steps)  # the handle's step index: one union bound over segments
+        if upper > alpha:
+            return
+        lo, hi = _clopper_pearson(self._ties, self._pairs)
+        self._fail(PipelineMismatchError(
+            f"sampling witness: the steps are charged as Poisson sampling at q = {q:.6g} "
+            f"(N·k = {draws} draws a step), under which two steps' batch sizes are equal with "
+            f"probability {c:.4g}; {self._ties} of {self._pairs} pairs of steps had equal "
+            f"batch sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
+            f"{hi:.4g}]; binomial p = {upper:.3g} ≤ {alpha:.3g}): the batches are not Poisson "
+            "draws (fixed-size batches?). Nothing was charged or applied",
+            witness="sampling", charged=c, measured=self._ties / self._pairs,
+            interval=(lo, hi), step=self.steps))
