@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="10 runs of 50 steps")
+    parser.add_argument("--progress", action="store_true", help="a line after every run")
     args = parser.parse_args()
     runs, steps = (10, 50) if args.quick else (args.runs, args.steps)
     torch.set_num_threads(1)
@@ -46,7 +47,10 @@ def main() -> None:
         except PipelineMismatchError as exc:
             alarms.append((seed, exc.witness, exc.step))
         assert handle.witnesses is not None
-    print(f"{runs} clean runs × {steps} steps (witnesses noise, clipping, sampling): "
+        if args.progress:
+            print(f"  {seed + 1} runs done, {len(alarms)} false alarms "
+                  f"[{time.perf_counter() - started:.0f} s]", flush=True)
+    print(f"{runs} clean runs × {steps} steps (witnesses noise, clipping, sampling mean and ties): "
           f"{len(alarms)} false alarms {alarms or ''} "
           f"[{time.perf_counter() - started:.0f} s]")
 
