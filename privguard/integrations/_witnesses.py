@@ -112,9 +112,12 @@ class Witnesses:
     def __init__(self, optimizer: Any, dataset_size: int | None) -> None:
         self.optimizer = optimizer
         self.dataset_size = dataset_size
-        from opacus.optimizers import DPOptimizerFastGradientClipping
-
-        self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
+        try:
+            from opacus.optimizers import DPOptimizerFastGradientClipping
+        except ImportError:  # an Opacus without ghost clipping
+            self.ghost = False
+        else:
+            self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
         self.active = ("noise", "clipping") + (("sampling",) if dataset_size else ())
         self.steps = 0
         self.failure: PipelineMismatchError | None = None
@@ -331,9 +334,14 @@ class Witnesses:
             self._pair = (draws, records)
             return
         if self._tie_rate == 0.0:
-            pmf = special.bdtr(np.arange(draws + 1), draws, q)  # CDF, then differences
-            pmf = np.diff(np.concatenate(([0.0], pmf)))
-            self._tie_rate = float(np.clip(np.sum(pmf * pmf), 1e-300, 1.0))
+            # P(B = b) on mean ± 40 sd (the mass outside is < 1e-300), as CDF differences
+            mean, sd = draws * q, math.sqrt(draws * q * (1.0 - q))
+            lo_b, hi_b = max(0, int(mean - 40 * sd) - 1), min(draws, int(mean + 40 * sd) + 1)
+            below = float(special.bdtr(lo_b - 1, draws, q)) if lo_b > 0 else 0.0
+            cdf = special.bdtr(np.arange(lo_b, hi_b + 1), draws, q)
+            pmf = np.diff(np.concatenate(([below], cdf)))
+            # ×(1 + 1e-6): above the float error of the CDF differences (a larger c is safe)
+            self._tie_rate = float(np.clip(np.sum(pmf * pmf) * (1 + 1e-6), 1e-300, 1.0))
         self._pairs += 1
         self._ties += int(records == self._pair[1])
         self._pair = None
