@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
                          "lower bound on ε beside the charged ε")
     aud.add_argument("--quick", action="store_true", help="100 steps, 1,000 canaries")
     aud.add_argument("--seed", type=int, default=None, help="seed the canaries (reproducible)")
+    aud.add_argument("--steps", type=int, default=None, help="real steps (default 600; 100 "
+                     "with --quick)")
+    aud.add_argument("--canaries", type=int, default=None, help="canaries (default 2000; 1000 "
+                     "with --quick)")
     return parser
 
 
@@ -105,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "audit":
             from privguard.audit import demo_audit
 
-            res = demo_audit(quick=args.quick, seed=args.seed)
+            res = demo_audit(quick=args.quick, seed=args.seed, steps=args.steps,
+                             canaries=args.canaries)
             print(f"one-run audit, {res.steps} steps, {res.canaries} canaries: {res.correct} of "
                   f"{res.guesses} guesses right\n"
                   f"  epsilon_lower   = {res.epsilon_lower:.3f}  (true ε at δ = {res.delta:g} is "

@@ -259,19 +259,20 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
                        correct=v, steps=probe.steps)
 
 
-def demo_audit(quick: bool = False, seed: int | None = None) -> AuditResult:
+def demo_audit(quick: bool = False, seed: int | None = None, steps: int | None = None,
+               canaries: int | None = None) -> AuditResult:
     """``privguard audit``: audit the demo's pipeline (digits, 64-64-10 MLP, σ = 1, C = 1).
 
     ``quick``: 100 steps and 1,000 canaries (seconds); else 600 steps and
-    2,000 canaries (minutes on a CPU).
+    2,000 canaries (minutes on a CPU); ``steps``/``canaries`` override.
     """
     from privguard._demo import _data, _private_model
 
     warnings_off()
     train, _, _ = _data(0)
-    steps, m = (100, 1000) if quick else (600, 2000)
-    return audit_opacus(lambda: _private_model(train, 0.5, 0), steps=steps, canaries=m,
-                        seed=seed)
+    default_steps, default_m = (100, 1000) if quick else (600, 2000)
+    return audit_opacus(lambda: _private_model(train, 0.5, 0), steps=steps or default_steps,
+                        canaries=canaries or default_m, seed=seed)
 
 
 def warnings_off() -> None:

@@ -176,3 +176,13 @@ def test_audit_arguments_are_checked():
         audit_opacus(_build(), steps=1, canaries=10, guesses=(10, 1))
     with pytest.raises(InvalidArgumentError, match="build"):
         audit_opacus(lambda: None, steps=1, canaries=10)
+
+
+def test_privguard_audit_prints_both_numbers(capsys):
+    from privguard._cli import main
+
+    assert main(["audit", "--steps", "5", "--canaries", "100", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    lower = float(out.split("epsilon_lower   =")[1].split()[0])
+    charged = float(out.split("epsilon_charged =")[1].split()[0])
+    assert 0.0 <= lower <= charged and "5 steps, 100 canaries" in out
