@@ -198,6 +198,7 @@ def test_half_sigma_applied_is_caught():
     assert exc.interval[0] < 0.5 < exc.interval[1]
     assert "σ = 1" in str(exc) and "95% interval" in str(exc)
     assert handle.steps_charged == 0  # caught at the first step
+    assert handle.should_stop
     with pytest.raises(PipelineMismatchError):  # every later step is refused too
         run(model, opt, loader, crit, 1)
     assert len(handle.ledger.history) == 0

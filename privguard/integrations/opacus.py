@@ -224,6 +224,8 @@ class AttachHandle:
     @property
     def should_stop(self) -> bool:
         """True once a step was refused, or if the next one would be."""
+        if self.witnesses is not None and self.witnesses.failure is not None:
+            return True  # a witness refused a step: every later step is refused too
         return self.exhausted or not self.can_step()
 
     def detach(self) -> None:
