@@ -31,11 +31,13 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sigmas", type=float, nargs="+", default=[1.6, 1.0, 0.8])
+    parser.add_argument("--variants", nargs="+", default=["correct", "noise off", "half noise"],
+                        help="which of: 'correct', 'noise off', 'half noise'")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for sigma in args.sigmas:
         correct = None
-        for bug in ("correct", "noise off", "half noise"):
+        for bug in args.variants:
             started, rows = time.perf_counter(), []
             for seed in range(args.runs):
                 res = audit_opacus(_build(noise=sigma, broken=bug == "noise off",
@@ -45,9 +47,9 @@ def main() -> None:
             low = np.array([r[0] for r in rows])
             charged = rows[0][1]
             paired = ""
-            if correct is None:
+            if bug == "correct":
                 correct = low
-            else:  # same seeds: same data order and canaries as the correct run
+            elif correct is not None:  # same seeds: same data order and canaries
                 paired = f"; above the correct run's in {int((low > correct).sum())}/{len(low)}"
             print(f"σ = {sigma:g}, {bug:10s}, m = "
                   f"{args.canaries}, {args.steps} steps: charged ε = {charged:.2f}; lower ε "
