@@ -20,6 +20,7 @@ from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
     LedgerStateError,
+    PipelineMismatchError,
     PrivguardError,
     UnknownMechanismError,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LedgerStateError",
     "Mechanism",
     "Odometer",
+    "PipelineMismatchError",
     "Plan",
     "PrivguardError",
     "RDPCurve",

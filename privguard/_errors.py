@@ -53,3 +53,24 @@ class LedgerStateError(PrivguardError):
     privguard fails closed: a ledger in this condition refuses to load and
     refuses every charge; it never silently starts a fresh budget.
     """
+
+
+class PipelineMismatchError(PrivguardError):
+    """A runtime witness found that a step did not run as it is charged.
+
+    Raised before the step is charged or released: the parameters are left
+    untouched, nothing is charged, and the attach handle refuses every later
+    step too. ``witness`` names the check (``"noise"``, ``"clipping"``,
+    ``"sampling"``), ``charged`` what the ledger was told, ``measured`` the
+    point estimate and ``interval`` its confidence interval (``None`` for a
+    deterministic check), ``step`` the 1-based real step of the handle.
+    """
+
+    def __init__(self, message: str, *, witness: str, charged: float, measured: float,
+                 interval: tuple[float, float] | None, step: int) -> None:
+        self.witness = witness
+        self.charged = charged
+        self.measured = measured
+        self.interval = interval
+        self.step = step
+        super().__init__(message)

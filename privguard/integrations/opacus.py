@@ -92,6 +92,7 @@ from privguard.integrations._recorded import (
     total_steps,
 )
 from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
+from privguard.integrations._witnesses import Witnesses
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -159,6 +160,7 @@ class AttachHandle:
         self._engine_accountant: Any = None
         self._view: EngineView | None = None
         self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
+        self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
 
     @property
     def distributed(self) -> bool:
@@ -170,6 +172,8 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
+        if self.witnesses is not None:
+            self.witnesses.install()
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
@@ -235,6 +239,9 @@ class AttachHandle:
         if self._active:
             # Charged before the parameter update; raises if refused.
             k = self._micro_batches(predict=False)
+            if self.witnesses is not None:  # check stage: raises PipelineMismatchError
+                self.witnesses.check(self.next_mechanism() if self._epochs is not None
+                                     else self._mechanism(predict=False))
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
                 if k > 1:  # t/k steps per epoch: RandomAllocation(σ, t) would under-count
                     raise _sampling.NonPoissonSamplingError(
@@ -271,6 +278,8 @@ class AttachHandle:
     @property
     def should_stop(self) -> bool:
         """True once a step was refused, or if the next one would be."""
+        if self.witnesses is not None and self.witnesses.failure is not None:
+            return True  # a witness refused a step: every later step is refused too
         return self.exhausted or not self.can_step()
 
     def detach(self) -> None:
@@ -279,6 +288,8 @@ class AttachHandle:
         if not self._active:
             return
         self._active = False
+        if self.witnesses is not None:
+            self.witnesses.uninstall()
         if self.optimizer.step_hook == self._hook:
             self.optimizer.step_hook = self._previous_hook
         # else: another hook wraps ours; ours stays in its chain as a pass-through.
@@ -403,6 +414,7 @@ def attach(
     resume: Any = None,
     planned_steps: int | None = None,
     micro_batches: int | None = None,
+    witnesses: bool = False,
 ) -> AttachHandle:
     """Charge every real noisy step of ``optimizer`` to ``ledger``.
 
@@ -444,6 +456,14 @@ def attach(
             this many; privguard also counts the batches ``data_loader``
             delivers and the per-sample gradients the optimizer holds, and
             charges the largest (docs/theory.md §14).
+        witnesses: check every step against its charge before charging it
+            (noise, clipping, and with ``data_loader`` sampling;
+            ``privguard/integrations/_witnesses.py``). A mismatch raises
+            :class:`privguard.PipelineMismatchError` out of
+            ``optimizer.step()`` with the parameters untouched and nothing
+            charged, and every later step is refused too. Off by default
+            (its cost, README "Does my pipeline do what I charge?"); not
+            yet under DDP.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -496,6 +516,11 @@ def attach(
             "one micro-batch per step whatever the loop accumulated, so privguard counts the "
             "micro-batches the loader delivers between steps; pass data_loader= (or "
             "micro_batches= if the loop accumulates a fixed number)")
+    if not isinstance(witnesses, bool):
+        raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
+    if witnesses and is_distributed(optimizer):
+        raise InvalidArgumentError("witnesses", witnesses,
+                                   "is not supported under DDP yet; attach without it")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -582,6 +607,13 @@ def attach(
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)
+    if witnesses:  # ---- witnesses (issue 28): the check stage of the hook
+        dataset = getattr(data_loader, "dataset", None)
+        try:
+            size = None if dataset is None else len(dataset)
+        except TypeError:
+            size = None
+        handle.witnesses = Witnesses(optimizer, size)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,

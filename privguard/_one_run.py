@@ -1,0 +1,94 @@
+"""The one-run lower bound on ε (Steinke, Nasr & Jagielski 2023): pure arithmetic.
+
+m canaries, each included independently with probability 1/2; after one run an
+auditor makes r guesses (``in``/``out``, abstaining on the rest) and v of them
+are right. If the run is (ε, δ)-DP with respect to each canary, then
+(SNJ 2023, Theorem 5.2, with its Appendix D arithmetic; docs/theory.md §16)
+
+    P[V ≥ v] ≤ β(ε) + 2mδ · max_{1≤i≤v} P[v−i ≤ B < v] / i,
+    β(ε) = P[B ≥ v],  B ~ Binomial(r, e^ε/(1+e^ε)).
+
+:func:`epsilon_lower_bound` inverts this test on a grid fixed in advance,
+scanning upward, so that it needs no monotonicity of the p-value in ε.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+
+__all__ = ["GRID_STEP", "epsilon_lower_bound", "p_value"]
+
+GRID_STEP = 0.01
+"""Resolution of the ε grid the bound is read on (fixed before any run)."""
+
+GRID_MAX = 60.0
+
+
+def _counts(m: int, r: int, v: int) -> tuple[int, int, int]:
+    for name, value in (("m", m), ("r", r), ("v", v)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise InvalidArgumentError(name, value, "must be a non-negative integer")
+    if not v <= r <= m:
+        raise InvalidArgumentError("v", v, f"must satisfy v ≤ r ≤ m (r = {r}, m = {m})")
+    return int(m), int(r), int(v)
+
+
+def _p_values(m: int, r: int, v: int, eps: np.ndarray, delta: float) -> np.ndarray:
+    """:func:`p_value` at each ε of ``eps`` (vectorised)."""
+    q = 1.0 / (1.0 + np.exp(-eps))  # randomized response's accuracy at ε
+    if v == 0:
+        return np.ones_like(eps)
+    beta = stats.binom.sf(v - 1, r, q)  # P[B ≥ v]
+    if delta == 0:
+        return np.minimum(1.0, beta)
+    # P[v−i ≤ B < v] for i = 1..v, and its largest ratio to i (Thm 5.2's δ term)
+    below = np.arange(v - 1, -1, -1)  # v−1, v−2, …, 0
+    pmf = stats.binom.pmf(below[None, :], r, q[:, None])
+    alpha = np.max(np.cumsum(pmf, axis=1) / np.arange(1, v + 1)[None, :], axis=1)
+    return np.minimum(1.0, beta + 2.0 * m * delta * alpha)
+
+
+def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """P[at least v of r guesses right] under the hypothesis "(ε, δ)-DP" (SNJ 2023, Thm 5.2).
+
+    Example:
+        >>> round(p_value(1000, 100, 60, 0.0, 0.0), 4)  # ε = 0: a fair coin per guess
+        0.0284
+    """
+    m, r, v = _counts(m, r, v)
+    return float(_p_values(m, r, v, np.array([float(epsilon)]), float(delta))[0])
+
+
+def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+    """The largest grid ε such that "(ε', δ)-DP" is rejected at every grid ε' ≤ ε.
+
+    With probability ≥ ``confidence`` over the canaries' inclusion and the
+    run, the true ε (at δ) is at least the value returned (docs/theory.md
+    §16): if the run is (ε*, δ)-DP, the first grid point g ≥ ε* is rejected
+    with probability ≤ 1 − confidence, and a returned value above ε* needs
+    that rejection.
+
+    Example:
+        >>> epsilon_lower_bound(1000, 100, 50, 1e-5)  # half right: nothing to show
+        0.0
+        >>> epsilon_lower_bound(1000, 100, 100, 1e-5) > 2.9  # all right
+        True
+    """
+    m, r, v = _counts(m, r, v)
+    delta = check.delta("delta", delta) if delta else 0.0
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0.0 < confidence < 1.0:
+        raise InvalidArgumentError("confidence", confidence, "must be in (0, 1)")
+    level = 1.0 - float(confidence)
+    grid = np.arange(round(GRID_MAX / GRID_STEP) + 1) * GRID_STEP
+    chunk = max(1, min(50, 500_000 // max(v, 1)))
+    for start in range(0, len(grid), chunk):  # upward, in blocks: stop at the first non-rejection
+        kept = _p_values(m, r, v, grid[start:start + chunk], delta) <= level
+        if not kept.all():
+            first = start + int(np.argmin(kept))
+            return 0.0 if first == 0 else float(grid[first - 1])
+    return float(grid[-1])

@@ -1,0 +1,283 @@
+"""A one-run audit of an Opacus pipeline: an empirical lower bound next to the charged ε.
+
+:func:`audit_opacus` trains the user's own private pipeline once with ``m``
+white-box gradient canaries (Nasr et al. 2023; Steinke, Nasr & Jagielski
+2023, §6): random unit directions ``u_i`` scaled to the clip norm C, each
+included with probability 1/2, and each included canary sampled at every step
+with the loader's Poisson rate q, exactly as a record is. Its gradient ``C·u_i``
+joins the clipped sum before Opacus adds the noise, so each canary is one more
+record of the charged subsampled Gaussian mechanism. Each canary is scored
+from what is released and what is independent of the canaries — never from
+their secret inclusion or sampling: the total ``Σ_t (g̃_t·s − D_t)`` of the
+released noisy gradients ``g̃_t`` (unscaled by Opacus' s) less the data's own
+clipped sums ``D_t`` (a function of the released parameters and of the data
+sampling), decoded by least squares ``(UUᵀ)⁻¹U·total`` when m ≤ d/2 (else
+correlated with each ``u_i``). The
+``k_in`` highest scores are guessed "in", the ``k_out`` lowest "out" (both
+fixed before the run), and the number of right guesses gives a lower bound
+on ε at the ledger's δ by Steinke–Nasr–Jagielski's Theorem 5.2
+(:mod:`privguard._one_run`; the guarantee is proved in docs/theory.md §16).
+The ledger attached for the run gives the charged ε of the same run.
+
+Example:
+    >>> import torch, warnings
+    >>> from opacus import PrivacyEngine
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> warnings.filterwarnings("ignore")
+    >>> def build():
+    ...     torch.manual_seed(0)
+    ...     x = torch.randn(256, 4); y = (x[:, 0] > 0).long()
+    ...     model = torch.nn.Linear(4, 2)
+    ...     return PrivacyEngine().make_private(
+    ...         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    ...         data_loader=DataLoader(TensorDataset(x, y), batch_size=32),
+    ...         noise_multiplier=1.0, max_grad_norm=1.0)
+    >>> result = audit_opacus(build, steps=20, canaries=200, seed=0)
+    >>> result.epsilon_lower <= result.epsilon_charged
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+from privguard._one_run import epsilon_lower_bound
+
+__all__ = ["AuditResult", "audit_opacus", "guess_and_count"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+    """What one audited run shows.
+
+    Attributes:
+        epsilon_lower: with probability ≥ ``confidence``, the true ε of the
+            run at ``delta`` is at least this (docs/theory.md §16).
+        epsilon_charged: the ε the ledger charged for the same run at
+            ``delta`` (the nonadaptive conversion: the audited run's sequence
+            of steps is fixed in advance).
+        delta: the δ of both numbers.
+        confidence: the confidence of ``epsilon_lower``.
+        canaries: m, the number of canaries.
+        guesses: r, the number of guesses made (``k_in + k_out``).
+        correct: v, the number of right guesses.
+        steps: the real (noisy) steps of the run.
+    """
+
+    epsilon_lower: float
+    epsilon_charged: float
+    delta: float
+    confidence: float
+    canaries: int
+    guesses: int
+    correct: int
+    steps: int
+
+    @property
+    def ratio(self) -> float:
+        """``epsilon_lower / epsilon_charged`` (0 when nothing was charged)."""
+        return self.epsilon_lower / self.epsilon_charged if self.epsilon_charged > 0 else 0.0
+
+
+def guess_and_count(scores: np.ndarray, included: np.ndarray, k_in: int,
+                    k_out: int) -> tuple[int, int]:
+    """(r, v): guess the ``k_in`` top scores "in" and the ``k_out`` bottom "out"; count the right ones.
+
+    Example:
+        >>> guess_and_count(np.array([3., 2., 1., 0.]), np.array([1, 0, 1, 0], bool), 1, 1)
+        (2, 2)
+    """
+    order = np.argsort(scores, kind="stable")
+    top = order[len(order) - k_in:] if k_in else order[:0]
+    bottom = order[:k_out]
+    return k_in + k_out, int(included[top].sum() + (~included[bottom]).sum())
+
+
+class _Canaries:
+    """The canaries on one Opacus optimizer: added before the noise, scored after it."""
+
+    def __init__(self, optimizer: Any, m: int, rate: float, rng: np.random.Generator) -> None:
+        import torch
+
+        self.opt = optimizer
+        self.params = [p for p in optimizer.params]
+        self.sizes = [p.numel() for p in self.params]
+        d = sum(self.sizes)
+        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        u = torch.randn(m, d, generator=gen, dtype=torch.float32)
+        self.u = u / u.norm(dim=1, keepdim=True)  # unit directions
+        self.included = rng.random(m) < 0.5
+        self.rate = rate
+        self.rng = rng
+        self.total = torch.zeros(d, dtype=torch.float64)
+        self._data = self.total
+        self.steps = 0
+        self._inc = torch.from_numpy(self.included)
+        self._add_noise = optimizer.add_noise
+        self._scale_grad = optimizer.scale_grad
+        optimizer.add_noise = self._with_canaries
+        optimizer.scale_grad = self._score
+
+    def _with_canaries(self) -> None:
+        import torch
+
+        c = float(self.opt.max_grad_norm)
+        # the data's clipped sum of this step: a function of the released θ_t and of the data
+        # sampling, both independent of the canaries' inclusion (docs/theory.md §16)
+        self._data = torch.cat([p.summed_grad.detach().reshape(-1).double() for p in self.params])
+        sampled = torch.from_numpy(self.rng.random(len(self.included)) < self.rate) & self._inc
+        extra = c * self.u[sampled].sum(0)  # Σ C·u_i over the included canaries drawn now
+        for p, piece in zip(self.params, torch.split(extra, self.sizes), strict=True):
+            p.summed_grad = p.summed_grad + piece.view_as(p.summed_grad).to(p.summed_grad)
+        self._add_noise()
+
+    def _score(self) -> None:
+        import torch
+
+        self._scale_grad()  # p.grad is now the released, privatized update of this step
+        opt = self.opt
+        scale = 1.0
+        if opt.loss_reduction == "mean":
+            scale = float(opt.expected_batch_size * opt.accumulated_iterations)
+        flat = torch.cat([p.grad.detach().reshape(-1).double() for p in self.params])
+        self.total += flat * scale - self._data  # = the canaries drawn + the noise
+        self.steps += 1
+
+    def scores(self) -> np.ndarray:
+        """Each canary's score from Σ_t (released update·s − data's clipped sum)."""
+        import torch
+
+        u = self.u.double()
+        corr = u @ self.total
+        m, d = u.shape
+        if 2 * m > d:  # too many canaries to separate: correlation scores (with cross-talk)
+            return corr.numpy()
+        # least squares: (UUᵀ)⁻¹U·total undoes the canaries' cross-talk ⟨u_i, u_j⟩
+        return torch.linalg.solve(u @ u.T, corr).numpy()
+
+    def remove(self) -> None:
+        for name in ("add_noise", "scale_grad"):
+            vars(self.opt).pop(name, None)
+
+
+def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int:
+    done = 0
+    while done < steps:
+        seen = False
+        for x, y in loader:
+            seen = True
+            opt.zero_grad()
+            loss(model(x), y).backward()
+            opt.step()
+            done += 1
+            if done >= steps:
+                break
+        if not seen:
+            break
+    return done
+
+
+def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
+                 confidence: float = 0.95, delta: float = 1e-5,
+                 guesses: tuple[int, int] | None = None, loss: Callable | None = None,
+                 seed: int | None = None) -> AuditResult:
+    """Train the pipeline ``build()`` makes once with canaries; return ε lower and charged.
+
+    Args:
+        build: returns ``(model, optimizer, data_loader)`` (or with a 4th
+            item, the loss function), already made private by Opacus
+            (``PrivacyEngine.make_private``) with Poisson sampling.
+        steps: real steps to train.
+        canaries: m, the number of gradient canaries.
+        confidence: confidence of the lower bound.
+        delta: the δ of both numbers.
+        guesses: ``(k_in, k_out)``, fixed before the run; default
+            ``(m // 10, m // 10)``.
+        loss: the loss (default: cross-entropy); a 4th item of ``build()``
+            overrides it.
+        seed: seeds the canaries' directions, inclusion and sampling (for
+            tests and reproducible reports only; default: OS entropy).
+
+    Returns:
+        An :class:`AuditResult`.
+
+    Raises:
+        InvalidArgumentError: a bad argument, or ``build()`` did not return
+            an Opacus pipeline with a Poisson loader.
+    """
+    from privguard._ledger import Ledger
+    from privguard.integrations.opacus import attach
+
+    steps = check.positive_int("steps", steps)
+    m = check.positive_int("canaries", canaries)
+    delta = check.delta("delta", delta)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0.0 < confidence < 1.0:
+        raise InvalidArgumentError("confidence", confidence, "must be in (0, 1)")
+    k_in, k_out = (m // 10, m // 10) if guesses is None else guesses
+    for name, k in (("guesses[0]", k_in), ("guesses[1]", k_out)):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InvalidArgumentError(name, k, "must be a non-negative integer")
+    if k_in + k_out > m or k_in + k_out == 0:
+        raise InvalidArgumentError("guesses", guesses, f"must make 1 to m = {m} guesses")
+    built = build()
+    if not isinstance(built, tuple) or len(built) not in (3, 4):
+        raise InvalidArgumentError("build", build, "must return (model, optimizer, data_loader"
+                                   "[, loss])")
+    model, opt, loader = built[:3]
+    if len(built) == 4:
+        loss = built[3]
+    if loss is None:
+        import torch
+
+        loss = torch.nn.functional.cross_entropy
+    rate = getattr(getattr(loader, "batch_sampler", None), "sample_rate", None)
+    if rate is None:
+        raise InvalidArgumentError("build", build, "must return a Poisson-sampling Opacus data "
+                                   "loader (make_private's default), whose rate the canaries use")
+    ledger = Ledger(delta=delta)
+    handle = attach(opt, ledger, data_loader=loader)
+    rng = np.random.default_rng(seed)
+    probe = _Canaries(opt, m, float(rate), rng)
+    try:
+        _train(model, opt, loader, steps, loss)
+    finally:
+        probe.remove()
+        handle.detach()
+    r, v = guess_and_count(probe.scores(), probe.included, k_in, k_out)
+    charged = ledger.nonadaptive_epsilon() if len(ledger.history) else 0.0
+    return AuditResult(epsilon_lower=epsilon_lower_bound(m, r, v, delta, confidence),
+                       epsilon_charged=float(charged) if math.isfinite(charged) else math.inf,
+                       delta=delta, confidence=float(confidence), canaries=m, guesses=r,
+                       correct=v, steps=probe.steps)
+
+
+def demo_audit(quick: bool = False, seed: int | None = None, steps: int | None = None,
+               canaries: int | None = None) -> AuditResult:
+    """``privguard audit``: audit the demo's pipeline (digits, 64-64-10 MLP, σ = 1, C = 1).
+
+    ``quick``: 100 steps and 1,000 canaries (seconds); else 600 steps and
+    2,000 canaries (minutes on a CPU); ``steps``/``canaries`` override.
+    """
+    from privguard._demo import _data, _private_model
+
+    warnings_off()
+    train, _, _ = _data(0)
+    default_steps, default_m = (100, 1000) if quick else (600, 2000)
+    return audit_opacus(lambda: _private_model(train, 0.5, 0), steps=steps or default_steps,
+                        canaries=canaries or default_m, seed=seed)
+
+
+def warnings_off() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message=".*Full backward hook.*")
+    warnings.filterwarnings("ignore", message=".*Optimal order is the.*")
