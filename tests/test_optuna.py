@@ -611,3 +611,74 @@ def test_the_released_winner_meets_the_charged_bound_exactly():
     assert eps == pytest.approx(0.3129, abs=1e-4)
     winner_d, winner_d2 = laws(runs, KEEP)[0], laws(runs, 1 - KEEP)[0]
     assert hockey_stick(winner_d, winner_d2, eps) == 0.0
+
+
+# --- adversarial review (adv29) ------------------------------------------------------------
+def test_no_warning_of_any_trial_reaches_the_caller():
+    # A warning is output about a trial that may not win; under an "always" filter the count
+    # of Optuna's step warnings (one per trial) was K, and a data-dependent one told a loser's
+    # secret. Warnings are discarded for the duration of the run and inside every trial.
+    import warnings
+
+    def objective(trial, child):
+        child.charge(COST)
+        x = trial.suggest_float("x", 0.0, 1.0, step=0.3)  # Optuna warns: 1.0 is not on the grid
+        warnings.warn(f"loser's secret {SECRET}")
+        return x
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = private_optimize(objective, fresh(), runs=Poisson(8.0), cost=COST, seed=3,
+                                  progress=False)
+    assert result.selected and caught == []
+
+
+def test_no_warning_of_a_dp_hypo_rule_reaches_the_caller():
+    import warnings
+
+    def rule(history, coords):
+        warnings.warn(f"history {history} {SECRET}")  # the rule sees every non-⊥ value
+        return np.ones(len(coords))
+
+    sampler = DPHyPOSampler({"a": [1, 2, 3]}, rule=rule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        private_optimize(lambda t, c: float(t.suggest_categorical("a", [1, 2, 3])), fresh(),
+                         runs=Geometric(mean=6.0), cost=COST, sampler=sampler, seed=1,
+                         progress=False)
+    assert not [w for w in caught if SECRET in str(w.message)]
+
+
+class MyDPHyPO(DPHyPOSampler):
+    def _tuner(self, runs, cost, mode, seed, progress):  # charges a bound for another law
+        return RandomSearch(self.space, Poisson(1.0), cost=cost, mode=mode, progress=False)
+
+
+def test_a_subclass_of_dp_hypo_sampler_is_refused_before_any_charge():
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError, match="subclass") as info:
+        private_optimize(quadratic, ledger, runs=Geometric(mean=4.0), cost=COST,
+                         sampler=MyDPHyPO({"x": [0.0, 1.0]}, rule=lambda h, x: [1, 1]),
+                         progress=False)
+    assert "DPHyPOSampler" in str(info.value)
+    assert not ledger.history and float(ledger.spent.max()) == 0.0
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("sampler", optuna.samplers.RandomSampler), ("sampler", DPHyPOSampler),
+    ("pruner", optuna.pruners.ThresholdPruner)])
+def test_a_class_instead_of_an_instance_is_refused_naming_it(argument, value):
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError, match="an instance") as info:
+        private_optimize(quadratic, ledger, runs=Poisson(3.0), cost=COST, progress=False,
+                         **{argument: value})
+    assert info.value.args and value.__name__ in str(info.value)
+    assert not ledger.history
+
+
+def test_tpe_rule_refuses_options_tpe_does_not_take():
+    # A bad option made every update raise, so DP-HyPO silently fell back to the prior.
+    with pytest.raises(InvalidArgumentError, match="tpe_options"):
+        from privguard.integrations.optuna import TPERule
+
+        TPERule({"a": [1, 2]}, n_startup=3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,12 +32,19 @@ __all__ = ["DPHyPOSampler", "TPERule", "silenced"]
 
 @contextlib.contextmanager
 def silenced() -> Iterator[None]:
-    """Optuna's logger says nothing for the duration (its per-trial lines carry values)."""
+    """Optuna's logger says nothing and every warning is discarded for the duration.
+
+    Optuna's per-trial lines carry values; a warning raised by a trial or by an
+    update rule is output about trials that may not win (one per trial, under an
+    "always" filter, counts K). ``warnings.catch_warnings`` restores the filters.
+    """
     logger = logging.getLogger("optuna")
     level, propagate = logger.level, logger.propagate
     logger.setLevel(logging.CRITICAL + 1)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logger.setLevel(level)
         logger.propagate = propagate
@@ -181,6 +189,12 @@ class TPERule:
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise InvalidArgumentError("n_samples", n_samples, "must be an integer >= 1")
         space = SearchSpace(search_space)
+        try:  # a bad option would make every update raise: DP-HyPO would silently use the prior
+            optuna.samplers.TPESampler(**tpe_options)
+        except Exception as exc:
+            raise InvalidArgumentError("tpe_options", tpe_options,
+                                       f"are not accepted by optuna.samplers.TPESampler ({exc})"
+                                       ) from None
         self.names = list(space.dimensions)
         self.candidates = space.candidates()
         self.index = {tuple(c.values()): i for i, c in enumerate(self.candidates)}

@@ -187,10 +187,12 @@ class TrialObjective:
         self.objective, self.fixed, self.pruner = objective, fixed, pruner
 
     def __call__(self, params: dict[str, Any], child: Any) -> tuple[Any, Winner] | None:
+        from privguard.integrations._optuna_sampler import silenced
         from privguard.tuning._base import accept
 
         trial = PrivateTrial(params, fixed=self.fixed, pruner=self.pruner)
-        outcome = accept(self.objective(trial, child))
+        with silenced():  # also on a Ray worker: no log line or warning of a trial leaves
+            outcome = accept(self.objective(trial, child))
         if outcome is None:
             return None
         return outcome[0], Winner(dict(trial._params), dict(trial._user_attrs), outcome[1])

@@ -145,10 +145,16 @@ def _sampler(sampler: Any) -> DPHyPOSampler | None:
     """None for the (per-trial re-seeded) RandomSampler, the DPHyPOSampler, or a refusal."""
     if sampler is None or type(sampler) is optuna.samplers.RandomSampler:
         return None
-    if isinstance(sampler, DPHyPOSampler):
+    if type(sampler) is DPHyPOSampler:
         return sampler
     name = type(sampler).__name__
-    if isinstance(sampler, optuna.samplers.QMCSampler):
+    if isinstance(sampler, type):
+        raise InvalidArgumentError("sampler", sampler.__name__,
+                                   f"is a class: pass an instance; {_COVERED}")
+    if isinstance(sampler, DPHyPOSampler):
+        why = ("a subclass of DPHyPOSampler may change how the bound is computed or the "
+               "candidates drawn, which Theorem 1 does not cover; pass a rule= instead")
+    elif isinstance(sampler, optuna.samplers.QMCSampler):
         why = ("its points are a low-discrepancy sequence (deterministic unless scrambled), "
                "not independent draws")
     elif isinstance(sampler, optuna.samplers.GridSampler):
@@ -170,6 +176,9 @@ def _pruner(pruner: Any) -> Any:
         return None
     if type(pruner) is optuna.pruners.ThresholdPruner:
         return pruner
+    if isinstance(pruner, type):
+        raise InvalidArgumentError("pruner", pruner.__name__,
+                                   "is a class: pass an instance, e.g. ThresholdPruner(lower=0.0)")
     raise InvalidArgumentError(
         "pruner", type(pruner).__name__,
         "reads other trials' values (or is unknown), which makes the trials depend on each "
