@@ -682,3 +682,39 @@ def test_tpe_rule_refuses_options_tpe_does_not_take():
         from privguard.integrations.optuna import TPERule
 
         TPERule({"a": [1, 2]}, n_startup=3)
+
+
+def test_a_trial_cannot_charge_the_parent_ledger_it_captured():
+    # A trial that charged the parent (captured in a closure) added one journal entry per
+    # trial: len(ledger.history) - 1 was K. While the trials run the parent refuses
+    # everything, so such a trial is ⊥ and the journal holds the tuning bound only.
+    ledger = fresh()
+    reads = []
+
+    def objective(trial, child):
+        child.charge(COST)
+        try:
+            reads.append(ledger.epsilon())
+        except Exception:
+            pass
+        ledger.charge(M.Gaussian(1000.0), label="inside a trial")
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    result = private_optimize(objective, ledger, runs=Poisson(6.0), cost=COST, seed=7,
+                              progress=False)
+    assert not result.selected and not reads
+    assert [r.label for r in ledger.history] == ["optuna tuning"]
+    ledger.charge(M.Gaussian(1000.0), label="after")  # released when the call returns
+    assert len(ledger.history) == 2
+
+
+def test_the_parent_ledger_is_released_after_an_interrupt():
+    ledger = fresh()
+
+    def objective(trial, child):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        private_optimize(objective, ledger, runs=Geometric(mean=50.0), cost=COST, seed=11,
+                         progress=False)
+    assert ledger.epsilon() > 0 and len(ledger.history) == 1

@@ -63,7 +63,7 @@ from privguard.integrations._optuna_sampler import DPHyPOSampler, TPERule, silen
 from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
 from privguard.tuning._base import TuningPlan, accept, check_flag, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch
-from privguard.tuning._executors import resolve
+from privguard.tuning._executors import SerialExecutor, resolve
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import IntUniform
 
@@ -205,6 +205,34 @@ def _tuner(sampler: DPHyPOSampler | None, runs: Any, cost: Any, mode: str, seed:
                         progress=progress)
 
 
+_HELD = ("held by privguard.integrations.optuna.private_optimize while its trials run: a "
+         "trial charges its child ledger only (a charge here per trial would count K)")
+
+
+class _ParentHeld:
+    """The trials, run with the parent ledger refusing everything (serial backend).
+
+    A trial that charged the parent it captured in a closure would add one
+    journal entry per trial, and the journal would tell K. From the first
+    trial (after the tuning bound is charged) until :meth:`release`, every
+    read or charge of the parent raises ``LedgerStateError`` (the ledger's own
+    fail-closed state, set and cleared here), so such a trial is ⊥.
+    """
+
+    def __init__(self, trials: TrialObjective, ledger: Ledger) -> None:
+        self.trials, self.ledger, self.holding = trials, ledger, False
+
+    def __call__(self, params: dict[str, Any], child: Ledger) -> Any:
+        if not self.holding and self.ledger._broken is None:
+            self.ledger._broken, self.holding = _HELD, True
+        return self.trials(params, child)
+
+    def release(self) -> None:
+        if self.holding and self.ledger._broken == _HELD:
+            self.ledger._broken = None
+        self.holding = False
+
+
 # ------------------------------------------------------------------ the two calls
 def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: Ledger, *,
                      runs: Any = None, cost: Any = None, sampler: Any = None, direction: str = "minimize",
@@ -218,8 +246,13 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         objective: ``objective(trial, child_ledger)``: suggests with
             ``trial.suggest_*``, trains, charges its private work to
             ``child_ledger`` (e.g. ``privguard.integrations.opacus.attach``)
-            and returns a value, or ``(value, artifact)``.
+            and returns a value, or ``(value, artifact)``. It must charge no
+            other ledger, print nothing and keep nothing outside the call
+            (each reveals losing trials and K; privguard cannot prevent it).
+            Its warnings are discarded.
         ledger: the privguard ledger the whole tuning bound is charged to.
+            While the trials run (serial backend) it refuses every read and
+            charge with ``LedgerStateError``: a trial that uses it is ⊥.
         runs: the law of the number of trials: ``Poisson(mean)`` or
             ``TruncatedNegativeBinomial`` (``Geometric``, ``Logarithmic``);
             DP-HyPO takes only the latter.
@@ -276,9 +309,15 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
     ship = getattr(executor, "_ship_by_value", None)
     if callable(ship):  # the user's module, for Ray workers that cannot import it
         ship(objective)
-    trials = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
-    with silenced():
-        out = tuner.run(trials, ledger, label=label, backend=executor)
+    trials: Any = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
+    if isinstance(executor, SerialExecutor):  # in this process: the trials could reach ledger
+        trials = _ParentHeld(trials, ledger)
+    try:
+        with silenced():
+            out = tuner.run(trials, ledger, label=label, backend=executor)
+    finally:
+        if isinstance(trials, _ParentHeld):
+            trials.release()
     winner = out.artifact
     if not out.selected or not isinstance(winner, Winner):
         return PrivateStudyResult(False, None, None, None, None, out.cost, out.seeded)
