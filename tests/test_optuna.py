@@ -21,6 +21,7 @@ from privguard import mechanisms as M
 from privguard.integrations.optuna import (
     DPHyPOSampler,
     PrivateStudyResult,
+    TPERule,
     private_optimize,
     rehearse,
 )
@@ -679,8 +680,6 @@ def test_a_class_instead_of_an_instance_is_refused_naming_it(argument, value):
 def test_tpe_rule_refuses_options_tpe_does_not_take():
     # A bad option made every update raise, so DP-HyPO silently fell back to the prior.
     with pytest.raises(InvalidArgumentError, match="tpe_options"):
-        from privguard.integrations.optuna import TPERule
-
         TPERule({"a": [1, 2]}, n_startup=3)
 
 
@@ -718,3 +717,25 @@ def test_the_parent_ledger_is_released_after_an_interrupt():
         private_optimize(objective, ledger, runs=Geometric(mean=50.0), cost=COST, seed=11,
                          progress=False)
     assert ledger.epsilon() > 0 and len(ledger.history) == 1
+
+
+def test_the_dp_hypo_sampler_the_caller_keeps_is_unchanged_by_the_run():
+    # The caller holds the sampler (and its rule): nothing of the trials may be cached there.
+    import pickle
+
+    space = {"a": [1, 2, 3], "b": ["x", "y"]}
+    sampler = DPHyPOSampler(space, rule=TPERule(space, n_samples=4))
+    before = pickle.dumps(sampler)
+    private_optimize(lambda t, c: float(t.suggest_categorical("a", [1, 2, 3])), fresh(),
+                     runs=Geometric(mean=8.0), cost=COST, sampler=sampler, seed=2,
+                     direction="maximize", progress=False)
+    assert pickle.dumps(sampler) == before
+
+
+@pytest.mark.parametrize("space", [{1: [0.1, 0.2]}, {"a": [math.nan, 1.0]},
+                                   {"a": [1.0, math.inf]}, {"a": [[1], [2]]}])
+def test_a_dp_hypo_grid_no_suggestion_can_match_is_refused_before_any_charge(space):
+    # A non-string name can never be suggested, a NaN/inf value never fits a suggestion, an
+    # unhashable value is not a categorical choice: every trial would be ⊥ after the charge.
+    with pytest.raises(InvalidArgumentError, match="search_space"):
+        DPHyPOSampler(space, rule=lambda h, x: np.ones(len(x)))

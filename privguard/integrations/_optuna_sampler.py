@@ -50,6 +50,28 @@ def silenced() -> Iterator[None]:
         logger.propagate = propagate
 
 
+def _check_grid(search_space: Mapping[Any, Sequence[Any]]) -> None:
+    """Every name a string and every value a choice some ``suggest_*`` can return.
+
+    Else every trial drawing it would be ⊥ after the whole bound is charged.
+    """
+    for name, values in search_space.items():
+        if not isinstance(name, str):
+            raise InvalidArgumentError("search_space", search_space,
+                                       f"has the name {name!r}: suggest_* names are strings")
+        for value in values:
+            try:
+                hash(value)
+            except TypeError:
+                raise InvalidArgumentError("search_space", search_space,
+                                           f"has the unhashable value {value!r} for {name!r}: "
+                                           "not a categorical choice") from None
+            if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+                raise InvalidArgumentError("search_space", search_space,
+                                           f"has the value {value!r} for {name!r}: it fits "
+                                           "no suggestion")
+
+
 class DPHyPOSampler(optuna.samplers.BaseSampler):
     """An Optuna sampler that proposes from a density kept within [c, C] × the prior (DP-HyPO).
 
@@ -97,6 +119,7 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
                 isinstance(v, (list, tuple)) and v for v in search_space.values()):
             raise InvalidArgumentError("search_space", search_space,
                                        "must be a {name: [values, ...]} grid, every list non-empty")
+        _check_grid(search_space)
         space = SearchSpace(search_space)
         if isinstance(rule, str) and rule == "gp":
             require("sklearn.gaussian_process", "gp")
