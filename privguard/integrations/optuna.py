@@ -249,7 +249,9 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
             and returns a value, or ``(value, artifact)``. It must charge no
             other ledger, print nothing and keep nothing outside the call
             (each reveals losing trials and K; privguard cannot prevent it).
-            Its warnings are discarded.
+            Return a fresh artifact per trial: it is released by reference,
+            and one shared between trials is released as the last trial
+            left it. Its warnings are discarded.
         ledger: the privguard ledger the whole tuning bound is charged to.
             While the trials run (serial backend) it refuses every read and
             charge with ``LedgerStateError``: a trial that uses it is ⊥.
