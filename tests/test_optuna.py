@@ -739,3 +739,35 @@ def test_a_dp_hypo_grid_no_suggestion_can_match_is_refused_before_any_charge(spa
     # unhashable value is not a categorical choice: every trial would be ⊥ after the charge.
     with pytest.raises(InvalidArgumentError, match="search_space"):
         DPHyPOSampler(space, rule=lambda h, x: np.ones(len(x)))
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda t: t.suggest_float(3, 0.0, 1.0), "name"),
+    (lambda t: t.suggest_float("x", 1.0, 0.0), "suggest_float"),
+    (lambda t: t.suggest_float("x", math.nan, 1.0), "suggest_float"),
+    (lambda t: t.suggest_int("i", 0, 10, step=-1), "suggest_int"),
+    (lambda t: t.suggest_categorical("c", []), "choices"),
+    (lambda t: (t.suggest_float("x", 0.0, 1.0), t.suggest_float("x", 0.0, 2.0)), "name"),
+    (lambda t: t.set_user_attr(None, 1), "key"),
+    (lambda t: t.report(0.5, -1), "step"),
+    (lambda t: t.report("high", 0), "value"),
+    (lambda t: t.report(None, 0), "value"),
+])
+def test_a_trial_s_bad_input_is_invalid_argument_error_naming_it(call, argument):
+    # The restricted trial is public API: no built-in exception escapes it (rehearse shows it).
+    from privguard.integrations._optuna_trial import SEED_KEY
+    from privguard.integrations.optuna import PrivateTrial
+
+    trial = PrivateTrial({SEED_KEY: 1}, fixed=False, pruner=None)
+    with pytest.raises(InvalidArgumentError, match=argument):
+        call(trial)
+
+
+def test_a_dp_hypo_trial_s_unknown_name_is_invalid_argument_error():
+    from privguard.integrations.optuna import PrivateTrial
+
+    trial = PrivateTrial({"lr": 0.1}, fixed=True, pruner=None)
+    with pytest.raises(InvalidArgumentError, match="search_space"):
+        trial.suggest_float("clip", 0.0, 1.0)
+    with pytest.raises(InvalidArgumentError, match="lr"):
+        trial.suggest_float("lr", 0.5, 1.0)
