@@ -93,6 +93,7 @@ REFUSED_SAMPLERS = [
     lambda: optuna.samplers.BruteForceSampler(),
     lambda: MyRandom(),
     lambda: "random",
+    lambda: optuna.samplers.PartialFixedSampler({"x": 0.5}, optuna.samplers.RandomSampler()),
 ]
 
 
