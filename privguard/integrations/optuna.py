@@ -32,7 +32,9 @@ What a call does, in Optuna's vocabulary (docs/theory.md §17):
   (``suggest_*``, ``set_user_attr``, ``report``, ``should_prune``; no
   ``study``, no ``number``); storages, ``n_trials``, ``timeout``,
   ``callbacks`` and pruners that read other trials are refused; Optuna's
-  logger is silenced for the duration. The result is the winner's
+  logger is silenced and every warning discarded for the duration, and
+  (serial backend) ``ledger`` refuses every read and charge while the
+  trials run, so a trial cannot charge it. The result is the winner's
   parameters, value, user attributes and artifact, or "no winner": not K,
   not how many trials failed or were pruned.
 * **A trial that raises, returns NaN, overspends its child or is pruned is
