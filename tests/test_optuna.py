@@ -21,6 +21,7 @@ from privguard import mechanisms as M
 from privguard.integrations.optuna import (
     DPHyPOSampler,
     PrivateStudyResult,
+    TPERule,
     private_optimize,
     rehearse,
 )
@@ -92,6 +93,7 @@ REFUSED_SAMPLERS = [
     lambda: optuna.samplers.BruteForceSampler(),
     lambda: MyRandom(),
     lambda: "random",
+    lambda: optuna.samplers.PartialFixedSampler({"x": 0.5}, optuna.samplers.RandomSampler()),
 ]
 
 
@@ -611,3 +613,162 @@ def test_the_released_winner_meets_the_charged_bound_exactly():
     assert eps == pytest.approx(0.3129, abs=1e-4)
     winner_d, winner_d2 = laws(runs, KEEP)[0], laws(runs, 1 - KEEP)[0]
     assert hockey_stick(winner_d, winner_d2, eps) == 0.0
+
+
+# --- adversarial review (adv29) ------------------------------------------------------------
+def test_no_warning_of_any_trial_reaches_the_caller():
+    # A warning is output about a trial that may not win; under an "always" filter the count
+    # of Optuna's step warnings (one per trial) was K, and a data-dependent one told a loser's
+    # secret. Warnings are discarded for the duration of the run and inside every trial.
+    import warnings
+
+    def objective(trial, child):
+        child.charge(COST)
+        x = trial.suggest_float("x", 0.0, 1.0, step=0.3)  # Optuna warns: 1.0 is not on the grid
+        warnings.warn(f"loser's secret {SECRET}")
+        return x
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = private_optimize(objective, fresh(), runs=Poisson(8.0), cost=COST, seed=3,
+                                  progress=False)
+    assert result.selected and caught == []
+
+
+def test_no_warning_of_a_dp_hypo_rule_reaches_the_caller():
+    import warnings
+
+    def rule(history, coords):
+        warnings.warn(f"history {history} {SECRET}")  # the rule sees every non-⊥ value
+        return np.ones(len(coords))
+
+    sampler = DPHyPOSampler({"a": [1, 2, 3]}, rule=rule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        private_optimize(lambda t, c: float(t.suggest_categorical("a", [1, 2, 3])), fresh(),
+                         runs=Geometric(mean=6.0), cost=COST, sampler=sampler, seed=1,
+                         progress=False)
+    assert not [w for w in caught if SECRET in str(w.message)]
+
+
+class MyDPHyPO(DPHyPOSampler):
+    def _tuner(self, runs, cost, mode, seed, progress):  # charges a bound for another law
+        return RandomSearch(self.space, Poisson(1.0), cost=cost, mode=mode, progress=False)
+
+
+def test_a_subclass_of_dp_hypo_sampler_is_refused_before_any_charge():
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError, match="subclass") as info:
+        private_optimize(quadratic, ledger, runs=Geometric(mean=4.0), cost=COST,
+                         sampler=MyDPHyPO({"x": [0.0, 1.0]}, rule=lambda h, x: [1, 1]),
+                         progress=False)
+    assert "DPHyPOSampler" in str(info.value)
+    assert not ledger.history and float(ledger.spent.max()) == 0.0
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("sampler", optuna.samplers.RandomSampler), ("sampler", DPHyPOSampler),
+    ("pruner", optuna.pruners.ThresholdPruner)])
+def test_a_class_instead_of_an_instance_is_refused_naming_it(argument, value):
+    ledger = fresh()
+    with pytest.raises(InvalidArgumentError, match="an instance") as info:
+        private_optimize(quadratic, ledger, runs=Poisson(3.0), cost=COST, progress=False,
+                         **{argument: value})
+    assert info.value.args and value.__name__ in str(info.value)
+    assert not ledger.history
+
+
+def test_tpe_rule_refuses_options_tpe_does_not_take():
+    # A bad option made every update raise, so DP-HyPO silently fell back to the prior.
+    with pytest.raises(InvalidArgumentError, match="tpe_options"):
+        TPERule({"a": [1, 2]}, n_startup=3)
+
+
+def test_a_trial_cannot_charge_the_parent_ledger_it_captured():
+    # A trial that charged the parent (captured in a closure) added one journal entry per
+    # trial: len(ledger.history) - 1 was K. While the trials run the parent refuses
+    # everything, so such a trial is ⊥ and the journal holds the tuning bound only.
+    ledger = fresh()
+    reads = []
+
+    def objective(trial, child):
+        child.charge(COST)
+        try:
+            reads.append(ledger.epsilon())
+        except Exception:
+            pass
+        ledger.charge(M.Gaussian(1000.0), label="inside a trial")
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    result = private_optimize(objective, ledger, runs=Poisson(6.0), cost=COST, seed=7,
+                              progress=False)
+    assert not result.selected and not reads
+    assert [r.label for r in ledger.history] == ["optuna tuning"]
+    ledger.charge(M.Gaussian(1000.0), label="after")  # released when the call returns
+    assert len(ledger.history) == 2
+
+
+def test_the_parent_ledger_is_released_after_an_interrupt():
+    ledger = fresh()
+
+    def objective(trial, child):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        private_optimize(objective, ledger, runs=Geometric(mean=50.0), cost=COST, seed=11,
+                         progress=False)
+    assert ledger.epsilon() > 0 and len(ledger.history) == 1
+
+
+def test_the_dp_hypo_sampler_the_caller_keeps_is_unchanged_by_the_run():
+    # The caller holds the sampler (and its rule): nothing of the trials may be cached there.
+    import pickle
+
+    space = {"a": [1, 2, 3], "b": ["x", "y"]}
+    sampler = DPHyPOSampler(space, rule=TPERule(space, n_samples=4))
+    before = pickle.dumps(sampler)
+    private_optimize(lambda t, c: float(t.suggest_categorical("a", [1, 2, 3])), fresh(),
+                     runs=Geometric(mean=8.0), cost=COST, sampler=sampler, seed=2,
+                     direction="maximize", progress=False)
+    assert pickle.dumps(sampler) == before
+
+
+@pytest.mark.parametrize("space", [{1: [0.1, 0.2]}, {"a": [math.nan, 1.0]},
+                                   {"a": [1.0, math.inf]}, {"a": [[1], [2]]}])
+def test_a_dp_hypo_grid_no_suggestion_can_match_is_refused_before_any_charge(space):
+    # A non-string name can never be suggested, a NaN/inf value never fits a suggestion, an
+    # unhashable value is not a categorical choice: every trial would be ⊥ after the charge.
+    with pytest.raises(InvalidArgumentError, match="search_space"):
+        DPHyPOSampler(space, rule=lambda h, x: np.ones(len(x)))
+
+
+@pytest.mark.parametrize("call, argument", [
+    (lambda t: t.suggest_float(3, 0.0, 1.0), "name"),
+    (lambda t: t.suggest_float("x", 1.0, 0.0), "suggest_float"),
+    (lambda t: t.suggest_float("x", math.nan, 1.0), "suggest_float"),
+    (lambda t: t.suggest_int("i", 0, 10, step=-1), "suggest_int"),
+    (lambda t: t.suggest_categorical("c", []), "choices"),
+    (lambda t: (t.suggest_float("x", 0.0, 1.0), t.suggest_float("x", 0.0, 2.0)), "name"),
+    (lambda t: t.set_user_attr(None, 1), "key"),
+    (lambda t: t.report(0.5, -1), "step"),
+    (lambda t: t.report("high", 0), "value"),
+    (lambda t: t.report(None, 0), "value"),
+])
+def test_a_trial_s_bad_input_is_invalid_argument_error_naming_it(call, argument):
+    # The restricted trial is public API: no built-in exception escapes it (rehearse shows it).
+    from privguard.integrations._optuna_trial import SEED_KEY
+    from privguard.integrations.optuna import PrivateTrial
+
+    trial = PrivateTrial({SEED_KEY: 1}, fixed=False, pruner=None)
+    with pytest.raises(InvalidArgumentError, match=argument):
+        call(trial)
+
+
+def test_a_dp_hypo_trial_s_unknown_name_is_invalid_argument_error():
+    from privguard.integrations.optuna import PrivateTrial
+
+    trial = PrivateTrial({"lr": 0.1}, fixed=True, pruner=None)
+    with pytest.raises(InvalidArgumentError, match="search_space"):
+        trial.suggest_float("clip", 0.0, 1.0)
+    with pytest.raises(InvalidArgumentError, match="lr"):
+        trial.suggest_float("lr", 0.5, 1.0)

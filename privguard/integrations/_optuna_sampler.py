@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,15 +32,44 @@ __all__ = ["DPHyPOSampler", "TPERule", "silenced"]
 
 @contextlib.contextmanager
 def silenced() -> Iterator[None]:
-    """Optuna's logger says nothing for the duration (its per-trial lines carry values)."""
+    """Optuna's logger says nothing and every warning is discarded for the duration.
+
+    Optuna's per-trial lines carry values; a warning raised by a trial or by an
+    update rule is output about trials that may not win (one per trial, under an
+    "always" filter, counts K). ``warnings.catch_warnings`` restores the filters.
+    """
     logger = logging.getLogger("optuna")
     level, propagate = logger.level, logger.propagate
     logger.setLevel(logging.CRITICAL + 1)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logger.setLevel(level)
         logger.propagate = propagate
+
+
+def _check_grid(search_space: Mapping[Any, Sequence[Any]]) -> None:
+    """Every name a string and every value a choice some ``suggest_*`` can return.
+
+    Else every trial drawing it would be ⊥ after the whole bound is charged.
+    """
+    for name, values in search_space.items():
+        if not isinstance(name, str):
+            raise InvalidArgumentError("search_space", search_space,
+                                       f"has the name {name!r}: suggest_* names are strings")
+        for value in values:
+            try:
+                hash(value)
+            except TypeError:
+                raise InvalidArgumentError("search_space", search_space,
+                                           f"has the unhashable value {value!r} for {name!r}: "
+                                           "not a categorical choice") from None
+            if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+                raise InvalidArgumentError("search_space", search_space,
+                                           f"has the value {value!r} for {name!r}: it fits "
+                                           "no suggestion")
 
 
 class DPHyPOSampler(optuna.samplers.BaseSampler):
@@ -89,6 +119,7 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
                 isinstance(v, (list, tuple)) and v for v in search_space.values()):
             raise InvalidArgumentError("search_space", search_space,
                                        "must be a {name: [values, ...]} grid, every list non-empty")
+        _check_grid(search_space)
         space = SearchSpace(search_space)
         if isinstance(rule, str) and rule == "gp":
             require("sklearn.gaussian_process", "gp")
@@ -181,6 +212,12 @@ class TPERule:
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise InvalidArgumentError("n_samples", n_samples, "must be an integer >= 1")
         space = SearchSpace(search_space)
+        try:  # a bad option would make every update raise: DP-HyPO would silently use the prior
+            optuna.samplers.TPESampler(**tpe_options)
+        except Exception as exc:
+            raise InvalidArgumentError("tpe_options", tpe_options,
+                                       f"are not accepted by optuna.samplers.TPESampler ({exc})"
+                                       ) from None
         self.names = list(space.dimensions)
         self.candidates = space.candidates()
         self.index = {tuple(c.values()): i for i, c in enumerate(self.candidates)}

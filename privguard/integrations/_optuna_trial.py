@@ -25,6 +25,7 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
 try:
@@ -91,11 +92,12 @@ class PrivateTrial:
 
     def _suggest(self, name: str, dist: Any) -> Any:
         if not isinstance(name, str):
-            raise TypeError(f"a parameter name must be a string, not {name!r}")
+            raise InvalidArgumentError("name", name, "a parameter name must be a string")
         if name in self._params:
             if self._distributions[name] != dist:
-                raise ValueError(f"parameter {name!r} was suggested before with "
-                                 f"{self._distributions[name]}, now with {dist}")
+                raise InvalidArgumentError("name", name,
+                                           f"was suggested before with "
+                                           f"{self._distributions[name]}, now with {dist}")
             return self._params[name]
         value = self._draw(name, dist)
         self._params[name], self._distributions[name] = value, dist
@@ -104,31 +106,38 @@ class PrivateTrial:
     def suggest_float(self, name: str, low: float, high: float, *, step: float | None = None,
                       log: bool = False) -> float:
         """As Optuna's ``Trial.suggest_float``."""
-        return float(self._suggest(name, optuna.distributions.FloatDistribution(
-            low, high, log=log, step=step)))
+        return float(self._suggest(name, _distribution(
+            "suggest_float", optuna.distributions.FloatDistribution, low=low, high=high,
+            log=log, step=step)))
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1,
                     log: bool = False) -> int:
         """As Optuna's ``Trial.suggest_int``."""
-        return int(self._suggest(name, optuna.distributions.IntDistribution(
-            low, high, log=log, step=step)))
+        return int(self._suggest(name, _distribution(
+            "suggest_int", optuna.distributions.IntDistribution, low=low, high=high, log=log,
+            step=step)))
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
         """As Optuna's ``Trial.suggest_categorical``."""
-        return self._suggest(name, optuna.distributions.CategoricalDistribution(choices))
+        return self._suggest(name, _distribution(
+            "choices", optuna.distributions.CategoricalDistribution, choices=choices))
 
     def set_user_attr(self, key: str, value: Any) -> None:
         """As Optuna's ``Trial.set_user_attr``: released only if this trial wins."""
         if not isinstance(key, str):
-            raise TypeError(f"a user attribute's key must be a string, not {key!r}")
+            raise InvalidArgumentError("key", key, "a user attribute's key must be a string")
         self._user_attrs[key] = value
 
     def report(self, value: float, step: int) -> None:
         """As Optuna's ``Trial.report``; the value must be privatised and charged to the
         trial's child ledger (it decides pruning, which is part of the trial's output)."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
-            raise TypeError(f"step must be an integer >= 0, not {step!r}")
-        self._values.setdefault(int(step), float(value))  # Optuna keeps the first report
+            raise InvalidArgumentError("step", step, "must be an integer >= 0")
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidArgumentError("value", value, "must be a number") from None
+        self._values.setdefault(int(step), number)  # Optuna keeps the first report
 
     def should_prune(self) -> bool:
         """As Optuna's ``Trial.should_prune``, from this trial's own reported values only."""
@@ -148,10 +157,23 @@ class PrivateTrial:
         return "PrivateTrial()"
 
 
+def _distribution(argument: str, make: Callable[..., Any], **args: Any) -> Any:
+    """Optuna's distribution, its refusal (low > high, NaN, a bad step) as InvalidArgumentError."""
+    for bound in ("low", "high"):  # Optuna takes NaN and ±inf, and its draw then overflows
+        value = args.get(bound, 0)
+        if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                or not (isinstance(value, numbers.Integral) or math.isfinite(value))):
+            raise InvalidArgumentError(argument, args, f"{bound} must be a finite number")
+    try:
+        return make(**args)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgumentError(argument, args, str(exc)) from None
+
+
 def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
     """The drawn candidate's value for ``name``, which must lie in ``dist``."""
     if name not in chosen:
-        raise ValueError(f"parameter {name!r} is not in DPHyPOSampler's search_space")
+        raise InvalidArgumentError("name", name, "is not in DPHyPOSampler's search_space")
     value = chosen[name]
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         ok = value in dist.choices
@@ -161,7 +183,7 @@ def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
               and (not isinstance(dist, optuna.distributions.IntDistribution)
                    or float(value).is_integer()))
     if not ok:
-        raise ValueError(f"search_space's value {value!r} for {name!r} is outside {dist}")
+        raise InvalidArgumentError(name, value, f"(search_space's value) is outside {dist}")
     return value
 
 
@@ -187,10 +209,12 @@ class TrialObjective:
         self.objective, self.fixed, self.pruner = objective, fixed, pruner
 
     def __call__(self, params: dict[str, Any], child: Any) -> tuple[Any, Winner] | None:
+        from privguard.integrations._optuna_sampler import silenced
         from privguard.tuning._base import accept
 
         trial = PrivateTrial(params, fixed=self.fixed, pruner=self.pruner)
-        outcome = accept(self.objective(trial, child))
+        with silenced():  # also on a Ray worker: no log line or warning of a trial leaves
+            outcome = accept(self.objective(trial, child))
         if outcome is None:
             return None
         return outcome[0], Winner(dict(trial._params), dict(trial._user_attrs), outcome[1])

@@ -32,7 +32,9 @@ What a call does, in Optuna's vocabulary (docs/theory.md §17):
   (``suggest_*``, ``set_user_attr``, ``report``, ``should_prune``; no
   ``study``, no ``number``); storages, ``n_trials``, ``timeout``,
   ``callbacks`` and pruners that read other trials are refused; Optuna's
-  logger is silenced for the duration. The result is the winner's
+  logger is silenced and every warning discarded for the duration, and
+  (serial backend) ``ledger`` refuses every read and charge while the
+  trials run, so a trial cannot charge it. The result is the winner's
   parameters, value, user attributes and artifact, or "no winner": not K,
   not how many trials failed or were pruned.
 * **A trial that raises, returns NaN, overspends its child or is pruned is
@@ -63,7 +65,7 @@ from privguard.integrations._optuna_sampler import DPHyPOSampler, TPERule, silen
 from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
 from privguard.tuning._base import TuningPlan, accept, check_flag, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch
-from privguard.tuning._executors import resolve
+from privguard.tuning._executors import SerialExecutor, resolve
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import IntUniform
 
@@ -145,10 +147,16 @@ def _sampler(sampler: Any) -> DPHyPOSampler | None:
     """None for the (per-trial re-seeded) RandomSampler, the DPHyPOSampler, or a refusal."""
     if sampler is None or type(sampler) is optuna.samplers.RandomSampler:
         return None
-    if isinstance(sampler, DPHyPOSampler):
+    if type(sampler) is DPHyPOSampler:
         return sampler
     name = type(sampler).__name__
-    if isinstance(sampler, optuna.samplers.QMCSampler):
+    if isinstance(sampler, type):
+        raise InvalidArgumentError("sampler", sampler.__name__,
+                                   f"is a class: pass an instance; {_COVERED}")
+    if isinstance(sampler, DPHyPOSampler):
+        why = ("a subclass of DPHyPOSampler may change how the bound is computed or the "
+               "candidates drawn, which Theorem 1 does not cover; pass a rule= instead")
+    elif isinstance(sampler, optuna.samplers.QMCSampler):
         why = ("its points are a low-discrepancy sequence (deterministic unless scrambled), "
                "not independent draws")
     elif isinstance(sampler, optuna.samplers.GridSampler):
@@ -170,6 +178,9 @@ def _pruner(pruner: Any) -> Any:
         return None
     if type(pruner) is optuna.pruners.ThresholdPruner:
         return pruner
+    if isinstance(pruner, type):
+        raise InvalidArgumentError("pruner", pruner.__name__,
+                                   "is a class: pass an instance, e.g. ThresholdPruner(lower=0.0)")
     raise InvalidArgumentError(
         "pruner", type(pruner).__name__,
         "reads other trials' values (or is unknown), which makes the trials depend on each "
@@ -196,6 +207,34 @@ def _tuner(sampler: DPHyPOSampler | None, runs: Any, cost: Any, mode: str, seed:
                         progress=progress)
 
 
+_HELD = ("held by privguard.integrations.optuna.private_optimize while its trials run: a "
+         "trial charges its child ledger only (a charge here per trial would count K)")
+
+
+class _ParentHeld:
+    """The trials, run with the parent ledger refusing everything (serial backend).
+
+    A trial that charged the parent it captured in a closure would add one
+    journal entry per trial, and the journal would tell K. From the first
+    trial (after the tuning bound is charged) until :meth:`release`, every
+    read or charge of the parent raises ``LedgerStateError`` (the ledger's own
+    fail-closed state, set and cleared here), so such a trial is ⊥.
+    """
+
+    def __init__(self, trials: TrialObjective, ledger: Ledger) -> None:
+        self.trials, self.ledger, self.holding = trials, ledger, False
+
+    def __call__(self, params: dict[str, Any], child: Ledger) -> Any:
+        if not self.holding and self.ledger._broken is None:
+            self.ledger._broken, self.holding = _HELD, True
+        return self.trials(params, child)
+
+    def release(self) -> None:
+        if self.holding and self.ledger._broken == _HELD:
+            self.ledger._broken = None
+        self.holding = False
+
+
 # ------------------------------------------------------------------ the two calls
 def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: Ledger, *,
                      runs: Any = None, cost: Any = None, sampler: Any = None, direction: str = "minimize",
@@ -209,8 +248,15 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         objective: ``objective(trial, child_ledger)``: suggests with
             ``trial.suggest_*``, trains, charges its private work to
             ``child_ledger`` (e.g. ``privguard.integrations.opacus.attach``)
-            and returns a value, or ``(value, artifact)``.
+            and returns a value, or ``(value, artifact)``. It must charge no
+            other ledger, print nothing and keep nothing outside the call
+            (each reveals losing trials and K; privguard cannot prevent it).
+            Return a fresh artifact per trial: it is released by reference,
+            and one shared between trials is released as the last trial
+            left it. Its warnings are discarded.
         ledger: the privguard ledger the whole tuning bound is charged to.
+            While the trials run (serial backend) it refuses every read and
+            charge with ``LedgerStateError``: a trial that uses it is ⊥.
         runs: the law of the number of trials: ``Poisson(mean)`` or
             ``TruncatedNegativeBinomial`` (``Geometric``, ``Logarithmic``);
             DP-HyPO takes only the latter.
@@ -267,9 +313,15 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
     ship = getattr(executor, "_ship_by_value", None)
     if callable(ship):  # the user's module, for Ray workers that cannot import it
         ship(objective)
-    trials = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
-    with silenced():
-        out = tuner.run(trials, ledger, label=label, backend=executor)
+    trials: Any = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
+    if isinstance(executor, SerialExecutor):  # in this process: the trials could reach ledger
+        trials = _ParentHeld(trials, ledger)
+    try:
+        with silenced():
+            out = tuner.run(trials, ledger, label=label, backend=executor)
+    finally:
+        if isinstance(trials, _ParentHeld):
+            trials.release()
     winner = out.artifact
     if not out.selected or not isinstance(winner, Winner):
         return PrivateStudyResult(False, None, None, None, None, out.cost, out.seeded)
