@@ -111,9 +111,10 @@ def test_more_steps_than_batches_in_an_epoch_is_refused():
     model, opt, loader = _setup()
     ledger = Ledger(epsilon=50.0, delta=1e-5)
     attach(opt, ledger, data_loader=loader)
-    batches = list(loader)
-    for x, y in batches:
+    batches = []
+    for x, y in loader:  # one step per batch drawn (batches drawn ahead count as accumulated)
         _step(model, opt, x, y)
+        batches.append((x, y))
     # a 5th step in a 4-batch epoch would use examples again
     _refused(model, opt, batches[0], ledger, InvalidArgumentError, 1, match=r"optimizer\.step")
 
