@@ -228,7 +228,8 @@ def test_the_issue_grid_now_charges_instantly_and_without_nan():
     (lambda: M.PureDP(1e300).rdp([2.0, 1e6]), [1e300, 1e300]),
 ])
 def test_extreme_parameters_give_the_rounded_curve(make, expected):
-    assert make().tolist() == pytest.approx(expected, rel=1e-15)
+    # rel 1e-12: the pure-DP and Laplace curves carry an upward margin of 2**-42 (issue 24)
+    assert make().tolist() == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("sigma", [1e-160, 1e-154, 1e-20, 1e20, 1e154, 1.4e154])

@@ -352,3 +352,17 @@ def test_an_in_place_load_of_another_plans_fix_says_so(hybrid_state):
     forged["config"] = copy.deepcopy(ledger.state_dict()["config"])
     with pytest.raises(LedgerStateError, match=r"fix entry .*filter\.config\.steps_a differs"):
         ledger.load_state_dict(_resummed(forged))
+
+
+def test_recorded_totals_within_the_rdp_tolerance_load_and_the_replay_is_used(state):
+    # A state written before a curve's evaluation moved (issue 24: PureDP and Laplace went
+    # up by up to ~1e-13 relative) still loads; the ledger uses the replayed totals.
+    honest = Ledger.load_state_dict(state)
+    older = copy.deepcopy(state)
+    older["spent"] = [x * (1 - 1e-12) for x in state["spent"]]
+    loaded = Ledger.load_state_dict(_resummed(older))
+    assert loaded.epsilon() == honest.epsilon()
+    edited = copy.deepcopy(state)
+    edited["spent"] = [x * 0.5 for x in state["spent"]]
+    with pytest.raises(LedgerStateError, match="recorded spent totals"):
+        Ledger.load_state_dict(_resummed(edited))
