@@ -7,14 +7,18 @@ Format 2 (privguard ≥ 0.2)::
      "journal": [["fix", {...}] | ["run", mechanism index, label, pid, count, first, last]
                  | ["event", {...}], ...],
      "spent": [...], "filter_state": {...}, "keyed": bool, "key_check": str | None,
-     "checksum": hex}
+     "derivation": int, "checksum": hex}
 
 The checksum is an HMAC when a ledger key is configured (see
 :mod:`privguard._integrity`), SHA-256 otherwise. Loading checks format,
 version, checksum and key, rebuilds the accounting from the configuration
 and replays the journal through the one decision path, then compares the
 result with the recorded spent curve and filter state: a state that does
-not replay exactly is refused. Format 1 (privguard 0.1: one record per
+not replay is refused. The fix entry's plan-derived choices (δ shares,
+mixture weights, a hybrid T_A) are derived again from its plan, by the
+derivation the state records (:mod:`privguard._derivation`), with the
+stores' check (``_stores._rows.check_fix``); its plan must be the declared
+one or the first charge's mechanism. Format 1 (privguard 0.1: one record per
 charge) still loads; its charges are grouped into runs and a ``migrate``
 event records that it happened.
 """

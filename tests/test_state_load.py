@@ -366,3 +366,22 @@ def test_recorded_totals_within_the_rdp_tolerance_load_and_the_replay_is_used(st
     edited["spent"] = [x * 0.5 for x in state["spent"]]
     with pytest.raises(LedgerStateError, match="recorded spent totals"):
         Ledger.load_state_dict(_resummed(edited))
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_state_whose_plan_was_chosen_after_its_charges_never_loads(declared):
+    # A plan (and the weights derived from it, consistently) picked after the charges:
+    # Plan(step, steps=5000) lowered ε from 2.970 to 2.872 for 2000 charges of the step.
+    from privguard import Plan
+    from privguard._accounting import Accounting
+
+    step = M.SubsampledGaussian(1.1, 0.01)
+    src = Ledger(3.0, 1e-5, plan=Plan(step, steps=100) if declared else None)
+    src.charge(step, times=2000)
+    forged = copy.deepcopy(src.state_dict())
+    fixed = Accounting(src._acc.config, fix_now=False).derive_fixed(Plan(step, steps=5000))
+    forged["fixed"] = fixed
+    forged["journal"][0] = ["fix", fixed]
+    message = "declared plan" if declared else r"not Plan\(the first charge's mechanism\)"
+    with pytest.raises(LedgerStateError, match=message):
+        Ledger.load_state_dict(_resummed(forged))
