@@ -111,8 +111,9 @@ class LedgerState:
         if fix is not None:
             return (f"the state's fix entry (the choices derived from the plan before the "
                     f"first charge) is not the one this ledger fixed ({fix} differs): it was "
-                    "written by another ledger or another plan, so it is not a later "
-                    "checkpoint of this one")
+                    "written by another ledger or for another plan, so it does not extend "
+                    "this ledger's journal. Build a separate ledger with "
+                    "Ledger.load_state_dict(state) if that is what you mean")
         if not _is_prefix(mine, theirs):
             return (f"the state to load ({loaded.journal.charges} charges) does not extend "
                     f"this ledger's journal ({self._acc.journal.charges} charges): loading it "
