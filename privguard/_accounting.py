@@ -97,6 +97,7 @@ class Accounting:
         self._odometers: dict[float, Odometer] = {}
         self._curves: dict[Mechanism, np.ndarray] = {}
         self._by_id: dict[int, tuple[Mechanism, np.ndarray]] = {}
+        self._plan_of_first_run = False  # set by replay_fix: check the next run's mechanism
         if fix_now and config.plan is not None:  # declared: fixed now, before any output
             flt = self._make_filter(config.plan)
             self.install_fixed(self.derive_fixed(config.plan, flt), flt)
@@ -279,10 +280,19 @@ class Accounting:
                 raise LedgerStateError("the journal fixes the plan twice, differently")
             return
         try:
-            Plan.from_dict(fixed["plan"])
+            plan = Plan.from_dict(fixed["plan"])
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
+        # The plan is the declared one, else the first charge's mechanism (decide()); a plan
+        # chosen after the charges, with weights derived from it, would lower ε (issue 24).
+        declared = self.config.plan
+        if declared is not None and plan != declared:
+            raise LedgerStateError("the journal's fixed plan is not the ledger's declared plan")
+        try:
             self.install_fixed(fixed)
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
+        self._plan_of_first_run = declared is None
         self.marks.append((self.journal.run_count, ["fix", fixed]))
 
     def replay_run(self, run: Run, where: str) -> None:
@@ -302,6 +312,11 @@ class Accounting:
         if run.index != journal.run_count or run.start != journal.charges \
                 or run.count < 1 or run.last_time < run.first_time:
             raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
+        if self._plan_of_first_run:  # the first charge after a fix without a declared plan
+            self._plan_of_first_run = False
+            if self.fixed is not None and Plan(run.mechanism) != self.plan:
+                raise LedgerStateError(f"{where}: the journal's fixed plan is not Plan(the "
+                                       "first charge's mechanism), the one privguard fixes")
         verdict = self._readmit(run, run.count, where)
         journal.start_run(run, verdict.curve, verdict.spent_after)
 

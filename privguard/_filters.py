@@ -47,7 +47,7 @@ class DPFilter:
     def __init__(self, epsilon: float, delta: float, shares: DeltaShares,
                  orders: np.ndarray, weights: np.ndarray | None = None) -> None:
         self.epsilon = check.positive_finite("epsilon", epsilon)
-        self.delta = check.delta("delta", delta)
+        self.delta = check.delta("delta", delta, minimum=0.0)  # a ledger's, or its δ_B
         self.shares = shares
         self.orders = orders
         self.weights = weights  # fixed at the first admitted charge

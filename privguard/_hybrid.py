@@ -333,7 +333,7 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
     if not isinstance(envelope, Envelope):
         raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
     epsilon = check.positive_finite("epsilon", epsilon)
-    delta_a = check.delta("delta_a", delta_a)
+    delta_a = check.delta("delta_a", delta_a, minimum=0.0)
     try:
         return _envelope_steps(envelope, epsilon, delta_a)
     except (ValueError, ArithmeticError, MemoryError) as exc:
@@ -427,7 +427,7 @@ class HybridFilter:
         if delta_a is None:
             delta_a = DEFAULT_SHARE_A * self.delta
         else:
-            delta_a = check.delta("delta_a", delta_a)
+            delta_a = check.delta("delta_a", delta_a, minimum=0.0)
             if not delta_a < self.delta:
                 raise InvalidArgumentError("delta_a", delta_a,
                                            f"must lie in the open interval (0, delta={self.delta})")

@@ -218,7 +218,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
         label = check_label(label)
-        times = check.positive_int("times", times)
+        times = check.positive_int("times", times, maximum=check.MAX_STEPS)
         pid = os.getpid()
         if isinstance(mechanism, Mechanism):
             # A new mechanism's curve can take milliseconds: compute it (pure, cached)

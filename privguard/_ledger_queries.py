@@ -57,7 +57,9 @@ class LedgerQueries:
 
         With an (ε, δ) filter whose target was fixed before the first charge,
         it is the filter's: the whole interaction is (ε_target, δ)-DP, however
-        it went. Otherwise it is the odometer's tail bound at the ledger's δ.
+        it went. Otherwise it is the odometer's tail bound at the ledger's δ;
+        after a retarget, at the δ the ledger was created with (fixed before
+        the first output; a δ chosen afterwards is not covered).
         The choice depends on the configuration only, never on the outcome,
         so the statement holds at δ; picking the smaller of the two after
         seeing both would hold only at 2δ (docs/theory.md §4).

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from privguard import _state as state_io
 from privguard._accounting import is_retarget
+from privguard._derivation import first_difference
 from privguard._errors import LedgerStateError
 from privguard._journal import Run
 
@@ -80,6 +81,10 @@ class LedgerState:
         separate ledger from any valid state instead.
         """
         loaded, _ = state_io.load(state)
+        if state.get("version") == 1:  # load() read a dict; a 0.1 state never extends a ledger
+            raise LedgerStateError(
+                "a privguard 0.1 state (version 1) loads only as a separate ledger: use "
+                "Ledger.load_state_dict(state), called on the class")
         with self._synced(write=False):
             problem = self._refusal(loaded, self._backend.items(self._acc))
             if problem is None and self._store is None:
@@ -102,6 +107,13 @@ class LedgerState:
                 return (f"{self._store.path}: the state to load is not a prefix of this "
                         "file's journal; a file-backed ledger never replaces its journal")
             return None
+        fix = _differing_fix(mine, theirs)
+        if fix is not None:
+            return (f"the state's fix entry (the choices derived from the plan before the "
+                    f"first charge) is not the one this ledger fixed ({fix} differs): it was "
+                    "written by another ledger or for another plan, so it does not extend "
+                    "this ledger's journal. Build a separate ledger with "
+                    "Ledger.load_state_dict(state) if that is what you mean")
         if not _is_prefix(mine, theirs):
             return (f"the state to load ({loaded.journal.charges} charges) does not extend "
                     f"this ledger's journal ({self._acc.journal.charges} charges): loading it "
@@ -133,6 +145,16 @@ class LedgerState:
         other = (type(self).open(data["store"]["path"]) if "store" in data
                  else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
+
+
+def _differing_fix(mine: list[Any], theirs: list[Any]) -> str | None:
+    """The field in which the first fix entry of ``theirs`` differs from the one in
+    ``mine`` when both have one ("" for the whole record), else None."""
+    fixes = [next((item[1] for item in items if not isinstance(item, Run)
+                   and item[0] == "fix"), None) for items in (mine, theirs)]
+    if fixes[0] is None or fixes[1] is None:
+        return None
+    return first_difference(fixes[1], fixes[0])
 
 
 def _is_prefix(shorter: list[Any], longer: list[Any]) -> bool:

@@ -7,6 +7,7 @@ neighbouring relation and sensitivity 1 (noise is expressed relative to it).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,14 @@ import numpy as np
 from privguard import (
     _opacus_rdp,  # noqa: F401  (tests/test_ledger.py patches it here)
     _sgm,
+    _stable,
 )
 from privguard import _validation as check
 from privguard._base import Mechanism, mechanism_from_dict, take
 from privguard._errors import InvalidArgumentError
+
+#: The smallest positive float: a curve that underflows is this, never 0 (below the truth).
+_TINY = math.ulp(0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +107,20 @@ class Laplace(Mechanism):
         # Mironov 2017, Prop. 6 (formulas.md §1):
         # ε(α) = 1/(α−1) · log( α/(2α−1)·e^((α−1)/b) + (α−1)/(2α−1)·e^(−α/b) ),
         # evaluated in log space.
+        # Where (α−1)/b ≤ 1 the log-space form loses S − 1 to rounding (Laplace(1e6) was
+        # 2.8e−5 low at α = 2): there the stable form of privguard._stable (issue 24).
+        # Either form is then moved up by a relative MARGIN, and a curve that underflows
+        # is the smallest positive float: never below the truth.
         a, b = orders, self.scale
         with np.errstate(over="ignore"):  # (α−1)/b = inf for tiny b: the curve is inf
+            t = 1.0 / b
             log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) / b,
                                      np.log((a - 1) / (2 * a - 1)) - a / b)
-        return np.maximum(log_terms / (a - 1), 0.0)
+            small = (a - 1) * t <= 1.0
+            stable = _stable.laplace_rdp_small(t if math.isfinite(t) else 0.0,
+                                               np.where(small, a, 2.0))
+            val = np.where(small, stable, log_terms / (a - 1)) * (1.0 + _stable.MARGIN)
+        return np.maximum(val, _TINY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +145,13 @@ class PureDP(Mechanism):
         # ε(α) = 1/(α−1) · log( (e^(αε₀) + e^(−(α−1)ε₀)) / (1 + e^(ε₀)) ),
         # which is ≤ min(ε₀, αε₀²/2). Evaluated in log space.
         # ε₀·α overflowing gives inf − inf = NaN: ε₀ itself bounds the curve there.
+        # The form above lost everything for tiny ε₀ (PureDP(1e-8).rdp([1.1, 2]) was
+        # [0, 0]); privguard._stable evaluates it without cancellation (issue 24), then it
+        # is moved up by a relative MARGIN and floored at the smallest positive float.
         e, a = self.epsilon, orders
         with np.errstate(invalid="ignore", over="ignore"):
-            val = (np.logaddexp(a * e, -(a - 1) * e) - np.logaddexp(0.0, e)) / (a - 1)
-        return np.clip(np.where(np.isnan(val), e, val), 0.0, e)
+            val = _stable.pure_dp_rdp(e, a) * (1.0 + _stable.MARGIN)
+        return np.clip(np.where(np.isnan(val), e, val), min(_TINY, e), e)
 
 
 @dataclasses.dataclass(frozen=True)

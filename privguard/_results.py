@@ -84,13 +84,21 @@ class LedgerEvent:
 
 
 def guarantee_of(acc: Any) -> Guarantee:
-    """The statement a ledger supports, chosen by its configuration (docs/theory.md §4)."""
+    """The statement a ledger supports, chosen by its configuration (docs/theory.md §4).
+
+    After a retarget (a target changed after the ledger was created) it is the odometer's
+    tail bound at the δ the ledger was created with, fixed before the first output: a δ
+    chosen after seeing outputs is not covered (Ville's inequality needs the threshold
+    fixed in advance, §3.4), and a statement at δ₀ also holds at every δ ≥ δ₀.
+    """
     from privguard._errors import InvalidArgumentError
 
     cfg = acc.config
+    if acc.retargeted:
+        return _retargeted_guarantee(acc)
     if cfg.delta is None:
         raise InvalidArgumentError("delta", None, "this ledger has no δ to state a guarantee at")
-    if cfg.epsilon is not None and not acc.retargeted:
+    if cfg.epsilon is not None:
         return Guarantee("filter", cfg.epsilon, cfg.delta,
                          f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
                          "interaction (a privacy filter checked every charge before it ran)")
@@ -98,6 +106,40 @@ def guarantee_of(acc: Any) -> Guarantee:
     return Guarantee("odometer", eps, cfg.delta,
                      f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {cfg.delta:g}, valid "
                      "at the adaptively chosen stopping time (privacy odometer)")
+
+
+def created_delta(acc: Any) -> float | None:
+    """The δ of the configuration a ledger was created with: the "old" one of its first
+    retarget (a 0.1 file's retargets are listed in its migrate event), else its own."""
+    for event in acc.events:
+        first = event if event.get("event") == "retarget" else next(
+            iter(event.get("retargets") or ()), None)
+        if isinstance(first, dict):
+            return first["old"].get("delta")
+    return acc.config.delta
+
+
+def _retargeted_guarantee(acc: Any) -> Guarantee:
+    from privguard._errors import InvalidArgumentError
+
+    now, delta = acc.config.delta, created_delta(acc)
+    if delta is None:
+        raise InvalidArgumentError(
+            "delta", now, "was set by a retarget of a ledger created without δ; no δ was "
+                          "fixed before the first output, and one chosen after it is not "
+                          "covered (docs/theory.md §4), so there is no guarantee to state")
+    eps = acc.epsilon(delta)
+    statement = (f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {delta:g}, valid at the "
+                 "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
+                 "the first output (the target was changed afterwards")
+    if now is not None and now > delta:
+        statement += f"; the statement also holds at the retargeted δ = {now:g})"
+    elif now is not None and now < delta:
+        statement += (f"; the retargeted δ = {now:g} is smaller, was chosen after outputs and "
+                      "is not covered)")
+    else:
+        statement += ")"
+    return Guarantee("odometer", eps, delta, statement)
 
 
 def describe(value: Any) -> str:

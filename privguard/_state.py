@@ -7,14 +7,18 @@ Format 2 (privguard ≥ 0.2)::
      "journal": [["fix", {...}] | ["run", mechanism index, label, pid, count, first, last]
                  | ["event", {...}], ...],
      "spent": [...], "filter_state": {...}, "keyed": bool, "key_check": str | None,
-     "checksum": hex}
+     "derivation": int, "checksum": hex}
 
 The checksum is an HMAC when a ledger key is configured (see
 :mod:`privguard._integrity`), SHA-256 otherwise. Loading checks format,
 version, checksum and key, rebuilds the accounting from the configuration
 and replays the journal through the one decision path, then compares the
 result with the recorded spent curve and filter state: a state that does
-not replay exactly is refused. Format 1 (privguard 0.1: one record per
+not replay is refused. The fix entry's plan-derived choices (δ shares,
+mixture weights, a hybrid T_A) are derived again from its plan, by the
+derivation the state records (:mod:`privguard._derivation`), with the
+stores' check (``_stores._rows.check_fix``); its plan must be the declared
+one or the first charge's mechanism. Format 1 (privguard 0.1: one record per
 charge) still loads; its charges are grouped into runs and a ``migrate``
 event records that it happened.
 """
@@ -31,12 +35,15 @@ from typing import Any
 import numpy as np
 
 from privguard import _config
+from privguard import _validation as check
 from privguard._accounting import Accounting, is_retarget
 from privguard._base import mechanism_from_dict
+from privguard._derivation import DERIVATION, derivation_of, first_difference
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
 from privguard._plan import Plan
+from privguard._stores._rows import check_fix
 
 FORMAT = "privguard.Ledger"
 VERSION = 2
@@ -62,6 +69,7 @@ def state_dict(acc: Accounting, items: list[Any]) -> dict[str, Any]:
         "spent": acc.spent().tolist(),
         "filter_state": None if acc.filter is None else acc.filter.state(),
         "keyed": integrity.keyed, "key_check": integrity.key_check(),
+        "derivation": DERIVATION,
     }
     body["checksum"] = integrity.digest("state", body)
     return body
@@ -90,6 +98,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     expected = _checksum(lambda: integrity.digest("state", body))
     if not hmac.compare_digest(str(state.get("checksum")), expected):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    derivation = derivation_of(state)
     try:
         # The journal is replayed from the configuration it started with: the first
         # retarget's "old" one (each retarget then moves it on), else the state's own.
@@ -102,6 +111,12 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
         for i, entry in enumerate(state["journal"]):
             where = f"state journal entry {i}"
             if entry[0] == "fix":
+                # Derived again from its plan, as the stores do (issue 24, item 1); the
+                # plan is fixed once, before the first charge, so a second entry is forged.
+                if acc.fixed is not None:
+                    raise LedgerStateError(f"{where}: a second fix entry (the plan is fixed "
+                                           "once, before the first charge)")
+                check_fix(acc, entry[1], where, derivation)
                 acc.replay_fix(entry[1])
             elif entry[0] == "event":
                 body = entry[1]
@@ -110,7 +125,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
                                            f"{type(body).__name__}")
                 acc.replay_event(body, where)
             elif entry[0] == "run":
-                _, m, label, pid, count, first, last = entry
+                m, label, pid, count, first, last = _run_entry(entry, len(mechanisms), where)
                 acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,
                                    mechanisms[m], first, last, pid), where)
             else:
@@ -141,7 +156,11 @@ def _checksum(compute: Callable[[], str]) -> str:
 
 
 def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> None:
-    if recorded.shape != acc.orders.shape or not np.array_equal(recorded, acc.spent()):
+    # The replayed totals are the ones the ledger uses; the recorded ones only check the
+    # journal. They may differ by the RDP tolerance: a state written before a curve's
+    # evaluation changed (issue 24 moved PureDP and Laplace up by up to ~1e-13 relative).
+    if recorded.shape != acc.orders.shape or not np.allclose(
+            recorded, acc.spent(), rtol=check.RDP_RTOL, atol=check.RDP_ATOL):
         raise LedgerStateError("journal does not replay to the recorded spent totals")
     if (None if acc.filter is None else acc.filter.state()) != filter_state:
         raise LedgerStateError("journal does not replay to the recorded filter state")
@@ -167,8 +186,12 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
     if records:
         plan = config.plan or Plan(records[0][1])
         fixed = acc.derive_fixed(plan)
-        if weights is not None:
-            fixed["filter"] = {"weights": weights}
+        # 0.1 recorded its δ-share weights; they are derived again (issue 24, item 1) and
+        # must be the ones this library derives, and the derived record is kept.
+        derived = None if fixed["filter"] is None else fixed["filter"].get("weights")
+        if weights is not None and first_difference(weights, derived) is not None:
+            raise LedgerStateError("the version-1 state's filter weights are not the ones "
+                                   "this library derives from its plan (forged or foreign)")
         acc.replay_fix(fixed)
         acc.replay_event({"event": "migrate", "from": "privguard 0.1 state (version 1)",
                           "records": len(records)})
@@ -179,6 +202,26 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
                        f"version-1 record {acc.journal.charges}")
     _check_replay(acc, recorded, None if acc.filter is None else acc.filter.state())
     return acc, acc.journal.held_runs()
+
+
+def _run_entry(entry: list[Any], n_mechanisms: int, where: str
+               ) -> tuple[int, str | None, int, int, float, float]:
+    """A run entry's (mechanism index, label, pid, count, first, last), each of the type
+    state_dict writes: an index into the mechanisms (not a negative one, which Python would
+    read from the end), integers that are not bools, finite times."""
+    _, m, label, pid, count, first, last = entry
+    if type(m) is not int or not 0 <= m < n_mechanisms:
+        raise LedgerStateError(f"{where}: mechanism index {m!r} is not one of the state's "
+                               f"{n_mechanisms} mechanisms")
+    if label is not None and type(label) is not str:
+        raise LedgerStateError(f"{where}: label must be a string or None, got {label!r}")
+    for name, value in (("pid", pid), ("count", count)):
+        if type(value) is not int:
+            raise LedgerStateError(f"{where}: {name} must be an integer, got {value!r}")
+    for name, value in (("first time", first), ("last time", last)):
+        if type(value) not in (int, float) or not _finite(value):
+            raise LedgerStateError(f"{where}: {name} must be a finite number, got {value!r}")
+    return m, label, pid, count, float(first), float(last)
 
 
 def _v1_record(i: int, record: Any) -> tuple[str | None, Any, float, int]:

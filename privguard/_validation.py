@@ -118,11 +118,24 @@ def non_negative_finite(name: str, value: Any) -> float:
     return x
 
 
-def delta(name: str, value: Any) -> float:
-    """A δ in the open interval (0, 1)."""
+MIN_DELTA = 1e-290
+"""The smallest δ accepted (issue 24). Before a logarithm, δ is multiplied by a share of
+at least 0.9/2⁵³ ≈ 10⁻¹⁶ (the mixture odometer's share per read of a plan of at most
+2⁵³ steps, :func:`privguard._odometer.mixture_weights`; every δ-share rule's nonzero
+weights are larger or give −∞, a share that admits nothing); 10⁻²⁹⁰·10⁻¹⁶ = 10⁻³⁰⁶ is
+still a normal float (≥ 2.2·10⁻³⁰⁸), so every log(share·δ) is finite. 10⁻³²³ made every
+charge raise ``ValueError: math domain error``."""
+
+
+def delta(name: str, value: Any, minimum: float = MIN_DELTA) -> float:
+    """A δ in [``minimum``, 1); ``minimum`` 0 only for a part of a δ already checked
+    (a hybrid filter's δ_A and δ_B are fractions of the ledger's δ)."""
     x = _as_float(name, value)
     if not (0.0 < x < 1.0):  # also rejects NaN
         raise InvalidArgumentError(name, value, "must lie in the open interval (0, 1)")
+    if x < minimum:
+        raise InvalidArgumentError(name, value, f"must be at least {MIN_DELTA:g} (smaller δ "
+                                   "underflow in privguard's log computations)")
     return x
 
 

@@ -500,3 +500,44 @@ def test_weights_summing_to_one_up_to_rounding_are_accepted():
     w = np.full(N, 1.0 / N)
     odo = Odometer(ORDERS, weights=w)
     assert math.fsum(odo.weights.tolist()) <= 1.0
+
+
+# -- issue 24, item 3: after a retarget, guarantee() reports at the δ fixed in advance --------
+EPOCH = M.SubsampledGaussian(1.0, 0.01, steps=100)
+
+
+def _retargeted(tmp_path, created, now):
+    """A file ledger created with ``created`` (ε, δ), charged 20 epochs, reopened with an
+    explicit, logged retarget to ``now``."""
+    path = str(tmp_path / "r.db")
+    ledger = Ledger(*created, path=path)
+    for _ in range(20):
+        ledger.charge(EPOCH)
+    ledger.close()
+    return Ledger(*now, path=path, retarget="a new target, after outputs")
+
+
+@pytest.mark.parametrize("new_delta", [1e-3, 1e-8, 1e-6])
+def test_a_retargeted_guarantee_stays_at_the_delta_fixed_before_the_first_output(
+        tmp_path, new_delta):
+    # It reported "privacy loss ≤ 2.739 with probability ≥ 1 − 0.001" for a ledger at
+    # (6, 1e-6) retargeted to δ = 1e-3: a δ chosen after seeing outputs is not covered.
+    # (δ unchanged: a retarget of ε alone, still not fixed in advance)
+    ledger = _retargeted(tmp_path, (6.0, 1e-6), (6.0 if new_delta != 1e-6 else 7.0, new_delta))
+    g = ledger.guarantee()
+    assert (g.kind, g.delta) == ("odometer", 1e-6)
+    assert g.epsilon == ledger.epsilon(1e-6) > ledger.epsilon(1e-3)
+    assert "fixed before the first output" in g.statement
+    if new_delta > 1e-6:
+        assert f"also holds at the retargeted δ = {new_delta:g}" in g.statement
+    elif new_delta < 1e-6:
+        assert f"retargeted δ = {new_delta:g} is smaller" in g.statement
+        assert "not covered" in g.statement
+    ledger.close()
+
+
+def test_a_ledger_created_without_delta_has_no_guarantee_after_a_retarget_to_one(tmp_path):
+    ledger = _retargeted(tmp_path, (), (6.0, 1e-5))
+    with pytest.raises(InvalidArgumentError, match="no δ was fixed before the first output"):
+        ledger.guarantee()
+    ledger.close()

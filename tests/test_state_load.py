@@ -60,7 +60,7 @@ EDITS = {
     # a fixed plan whose filter record is not a dict (journal fix entry and "fixed" alike)
     "fix-filter-list": (lambda s: [s["fixed"].__setitem__("filter", [1]),
                                    s["journal"][0][1].__setitem__("filter", [1])], True,
-                        "fixed plan is unreadable"),
+                        r"\(filter differs"),
     # values the checksum's JSON encoding cannot take (the checksum is then not computable)
     "set-value": (lambda s: s.__setitem__("spent", {1.0, 2.0}), False, "not JSON data"),
     "bytes-value": (lambda s: s.__setitem__("extra", b"1"), False, "not JSON data"),
@@ -196,7 +196,11 @@ def test_an_in_place_load_never_applies_a_retarget_the_ledger_did_not_make(varia
     else:
         events = [(cfg, dict(cfg, epsilon=3.5)), (dict(cfg, epsilon=3.5), cfg)]
     forged = _forged_retargets(ledger, events)
-    with pytest.raises(LedgerStateError, match="retargets this ledger after its journal"):
+    # A made-up "old" configuration (the RDP filter) is where the journal's replay starts:
+    # its fix entry (a hybrid filter) is not what that configuration derives (issue 24).
+    message = ("filter.kind differs" if variant == "made-up-old"
+               else "retargets this ledger after its journal")
+    with pytest.raises(LedgerStateError, match=message):
         ledger.load_state_dict(forged)
     assert not ledger.can_afford(STEP) and ledger.epsilon() <= 3.0
 
@@ -207,7 +211,7 @@ def test_overflowing_odometer_weights_in_a_state_fail_closed(state):
     forged["fixed"]["odometer"] = big
     forged["journal"][0][1]["odometer"] = big
     forged = _resummed(forged)
-    with pytest.raises(LedgerStateError, match="fixed plan is unreadable"):
+    with pytest.raises(LedgerStateError, match=r"odometer\.weights differs"):
         Ledger.load_state_dict(forged)
 
 
@@ -215,4 +219,169 @@ def test_a_state_without_its_fixed_record_fails_closed(state):
     forged = copy.deepcopy(state)
     del forged["fixed"]
     with pytest.raises(LedgerStateError, match="malformed.*fixed"):
+        Ledger.load_state_dict(_resummed(forged))
+
+
+# -- issue 24, item 1: a state's plan-derived choices are derived again on load ------------
+HYBRID_STEP = M.SubsampledGaussian(1.1, 0.01)
+
+
+@pytest.fixture(scope="module")
+def hybrid_state():
+    src = Ledger(3.0, 1e-5, filter="hybrid")
+    src.charge(HYBRID_STEP)
+    return src.state_dict()
+
+
+def _with_fixed(state, edit):
+    """``state`` with ``edit`` applied to its fixed record and its journal's fix entry
+    alike, re-checksummed: what a forger without a key can write."""
+    forged = copy.deepcopy(state)
+    edit(forged["fixed"])
+    entry = next(e for e in forged["journal"] if e[0] == "fix")
+    if entry[1] is not forged["fixed"]:  # one object in a state_dict() not yet serialised
+        edit(entry[1])
+    return _resummed(forged)
+
+
+def _scale_steps_a(factor):
+    def edit(fixed):
+        config = fixed["filter"]["config"]
+        config["steps_a"] = int(config["steps_a"] * factor)
+    return edit
+
+
+@pytest.mark.parametrize("load", [
+    pytest.param(Ledger.load_state_dict, id="class"),
+    pytest.param(lambda s: Ledger(3.0, 1e-5, filter="hybrid").load_state_dict(s), id="inplace"),
+])
+def test_a_state_with_a_larger_hybrid_t_a_never_loads(hybrid_state, load):
+    # Loaded, T_A × 10 admitted 370,799 steps (class) and 40,001 (in place) against ~3,708.
+    with pytest.raises(LedgerStateError, match=r"filter\.config\.steps_a differs"):
+        load(_with_fixed(hybrid_state, _scale_steps_a(10)))
+
+
+def test_a_state_with_a_smaller_hybrid_t_a_loads_and_keeps_it(hybrid_state):
+    # Fewer certified steps are safe: a recorded T_A below the derived one loads (so a
+    # dp-accounting that certifies more later keeps saved states loadable) and is used.
+    honest = hybrid_state["fixed"]["filter"]["config"]["steps_a"]
+    loaded = Ledger.load_state_dict(_with_fixed(hybrid_state, _scale_steps_a(0.5)))
+    assert loaded._acc.filter.steps_a == honest // 2
+
+
+def _one_hot(fixed, key):
+    weights = fixed[key]["weights"] if key == "odometer" else fixed["filter"]["weights"]
+    one = [0.0] * len(weights)
+    one[max(range(len(weights)), key=weights.__getitem__)] = 1.0
+    if key == "odometer":
+        fixed["odometer"]["weights"] = one
+    else:
+        fixed["filter"]["weights"] = one
+
+
+@pytest.mark.parametrize("field", ["odometer", "filter"])
+def test_one_hot_weights_in_a_state_never_load_in_place(field):
+    # One-hot odometer weights chosen after the fact loaded in place: ε dropped from 2.262
+    # to 2.082. The δ shares of the RDP filter are derived again alike.
+    src = Ledger(3.0, 1e-5)
+    src.charge(HYBRID_STEP, times=20)
+    forged = _with_fixed(src.state_dict(), lambda fixed: _one_hot(fixed, field))
+    target = Ledger(3.0, 1e-5)
+    with pytest.raises(LedgerStateError, match=rf"{field}\.weights differs"):
+        target.load_state_dict(forged)
+    assert target.epsilon() == 0.0
+
+
+def test_the_derivation_a_state_records_is_checked(state):
+    assert state["derivation"] == 1
+    older = copy.deepcopy(state)
+    del older["derivation"]  # a state written before the field existed: version 1
+    assert Ledger.load_state_dict(_resummed(older)).epsilon() == \
+        Ledger.load_state_dict(state).epsilon()
+    for unknown in (2, "1", True, None):
+        newer = copy.deepcopy(state)
+        newer["derivation"] = unknown
+        with pytest.raises(LedgerStateError, match=r"derivation .* is not one this privguard"):
+            Ledger.load_state_dict(_resummed(newer))
+
+
+def _run_entries(state):
+    return [e for e in state["journal"] if e[0] == "run"]
+
+
+MALFORMED = {
+    # -1 read the last mechanism (Python indexing from the end)
+    "mechanism-index-minus-one": (lambda s: _run_entries(s)[0].__setitem__(1, -1),
+                                  "mechanism index -1"),
+    # a bool is not an int here (True counted as one charge)
+    "count-true": (lambda s: _run_entries(s)[0].__setitem__(4, True), "count must be an integer"),
+    # a second fix entry, identical, after the runs
+    "duplicate-fix": (lambda s: s["journal"].append(copy.deepcopy(s["journal"][0])),
+                      "a second fix entry"),
+}
+
+
+@pytest.mark.parametrize("load", _loaders())
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_rechecksummed_state_never_loads(state, load, name):
+    edit, message = MALFORMED[name]
+    bad = copy.deepcopy(state)
+    edit(bad)
+    assert bad["journal"][0][0] == "fix"
+    with pytest.raises(LedgerStateError, match=message):
+        load(_resummed(bad))
+
+
+def test_an_in_place_load_of_a_0_1_state_points_to_the_class_method():
+    import json
+    from pathlib import Path
+
+    old = json.loads((Path(__file__).parent / "data" / "state-0.1.json").read_text())
+    with pytest.raises(LedgerStateError, match=r"0\.1 state .*Ledger\.load_state_dict\(state\)"):
+        Ledger(3.0, 1e-5).load_state_dict(old)
+    assert Ledger.load_state_dict(old).epsilon() > 0
+
+
+def test_an_in_place_load_of_another_plans_fix_says_so(hybrid_state):
+    from privguard import Plan
+
+    # A ledger that fixed its plan (declared, 0 charges) and a state whose fix entry is
+    # valid for another plan: the message names the fix entry, not the charge counts.
+    ledger = Ledger(3.0, 1e-5, filter="hybrid", plan=Plan(HYBRID_STEP))
+    forged = _with_fixed(hybrid_state, _scale_steps_a(0.5))
+    forged["config"] = copy.deepcopy(ledger.state_dict()["config"])
+    with pytest.raises(LedgerStateError, match=r"fix entry .*filter\.config\.steps_a differs"):
+        ledger.load_state_dict(_resummed(forged))
+
+
+def test_recorded_totals_within_the_rdp_tolerance_load_and_the_replay_is_used(state):
+    # A state written before a curve's evaluation moved (issue 24: PureDP and Laplace went
+    # up by up to ~1e-13 relative) still loads; the ledger uses the replayed totals.
+    honest = Ledger.load_state_dict(state)
+    older = copy.deepcopy(state)
+    older["spent"] = [x * (1 - 1e-12) for x in state["spent"]]
+    loaded = Ledger.load_state_dict(_resummed(older))
+    assert loaded.epsilon() == honest.epsilon()
+    edited = copy.deepcopy(state)
+    edited["spent"] = [x * 0.5 for x in state["spent"]]
+    with pytest.raises(LedgerStateError, match="recorded spent totals"):
+        Ledger.load_state_dict(_resummed(edited))
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_state_whose_plan_was_chosen_after_its_charges_never_loads(declared):
+    # A plan (and the weights derived from it, consistently) picked after the charges:
+    # Plan(step, steps=5000) lowered ε from 2.970 to 2.872 for 2000 charges of the step.
+    from privguard import Plan
+    from privguard._accounting import Accounting
+
+    step = M.SubsampledGaussian(1.1, 0.01)
+    src = Ledger(3.0, 1e-5, plan=Plan(step, steps=100) if declared else None)
+    src.charge(step, times=2000)
+    forged = copy.deepcopy(src.state_dict())
+    fixed = Accounting(src._acc.config, fix_now=False).derive_fixed(Plan(step, steps=5000))
+    forged["fixed"] = fixed
+    forged["journal"][0] = ["fix", fixed]
+    message = "declared plan" if declared else r"not Plan\(the first charge's mechanism\)"
+    with pytest.raises(LedgerStateError, match=message):
         Ledger.load_state_dict(_resummed(forged))

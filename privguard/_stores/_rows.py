@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from privguard._accounting import Accounting, is_retarget
 from privguard._base import Mechanism, mechanism_from_dict
+from privguard._derivation import DERIVATION, KNOWN, first_difference
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._journal import Run
 from privguard._plan import Plan
@@ -407,28 +407,41 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
         raise LedgerStateError(f"{where} does not match the replayed journal")
 
 
-def check_fix(acc: Accounting, fixed: Any, where: str) -> None:
-    """A fix row must hold what this library derives from its plan: a PostgreSQL charging
-    role writes it, and a re-chained file (unkeyed) may hold anything, such as weaker
-    filter weights or an odometer record that only fails when ε is read.
+def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVATION) -> None:
+    """A fix entry must hold what this library derives from its plan (issue 24, item 1): a
+    PostgreSQL charging role writes it, a re-chained file (unkeyed) or a re-checksummed
+    state may hold anything, such as weaker filter weights, a larger T_A or an odometer
+    record that only fails when ε is read.
 
-    Floats may differ by 1e-9 relative (another CPU's libm); a forged record
-    differs by far more and is refused.
+    ``derivation`` names the code that derived it (:mod:`privguard._derivation`). A
+    recorded hybrid T_A may be at most the derived one (fewer certified steps are safe, so
+    a dependency that certifies more later keeps old records loadable); everything else
+    must match (floats to 1e-9 relative, another CPU's libm; a forged record differs by
+    far more). The refusal names the first field that differs.
     """
     try:
         derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
     except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
-    if not _same(fixed, derived):
+    if derivation not in KNOWN:  # one derivation so far: version 1, this code
+        raise LedgerStateError(f"{where}: derivation {derivation!r} is unknown to this privguard")
+    field = first_difference(fixed, _at_recorded_steps(fixed, derived))
+    if field is not None:
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
-                               "library derives from it (a forged or foreign fix row)")
+                               f"library derives from it ({field or 'the record'} differs: a "
+                               "forged or foreign fix entry)")
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and type(a) is type(b):
-        return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-    return type(a) is type(b) and a == b
+def _at_recorded_steps(fixed: Any, derived: dict[str, Any]) -> dict[str, Any]:
+    """``derived`` with the recorded hybrid T_A in place of its own when the recorded one
+    is an integer in [0, derived T_A] (then the two are compared on everything else)."""
+    flt = derived.get("filter")
+    if not (isinstance(flt, dict) and flt.get("kind") == "hybrid"):
+        return derived
+    try:
+        steps = fixed["filter"]["config"]["steps_a"]
+    except (KeyError, TypeError):
+        return derived
+    if type(steps) is not int or not 0 <= steps <= flt["config"]["steps_a"]:
+        return derived
+    return {**derived, "filter": {**flt, "config": {**flt["config"], "steps_a": steps}}}
