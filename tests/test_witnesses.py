@@ -229,13 +229,12 @@ def test_clipping_off_is_caught():
 
 
 def test_sample_rate_set_by_hand_is_caught():
+    """A q set by hand below the loader's: refused at attach, before any step or charge."""
     model, opt, loader, crit = pipeline(batch_size=64)  # the loader draws at q = 1/16
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, sample_rate=1 / 32,
-                    witnesses=True)
-    exc = _refusal(handle, model, opt, loader, crit)
-    assert exc.witness == "sampling" and exc.charged == 1 / 32
-    assert exc.interval[0] < 1 / 16 < exc.interval[1]
-    assert "Clopper" in str(exc)
+    ledger = Ledger(delta=DELTA)
+    with pytest.raises(InvalidArgumentError, match=r"differs from the rate the data loader"):
+        attach(opt, ledger, data_loader=loader, sample_rate=1 / 32, witnesses=True)
+    assert len(ledger.history) == 0
 
 
 def test_sampler_at_another_rate_than_charged_is_caught():
