@@ -14,6 +14,7 @@ Example:
 """
 
 from privguard import mechanisms
+from privguard._budget import Budget
 from privguard._conversion import CLASSIC, IMPROVED
 from privguard._curve import RDPCurve
 from privguard._errors import (
@@ -43,6 +44,7 @@ __all__ = [
     "MIXTURE",
     "PAPER",
     "TIGHT",
+    "Budget",
     "BudgetExhausted",
     "ChargeRecord",
     "Concentrated",
