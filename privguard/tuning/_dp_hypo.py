@@ -246,8 +246,9 @@ class DPHyPOSearch(Tuner):
         mech = self.cost(grid)
         mech._rdp_checked(grid)
         prepare(executor, objective)
-        with Elapsed(label or "DP-HyPO tuning", self.progress):
+        with Elapsed(label or "DP-HyPO tuning", self.progress) as bar:
             self._charge(ledger, mech, label)
+            bar.show_budget(ledger)
             return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],

@@ -228,6 +228,9 @@ class ProposeTest:
                     refused = True
                     break
                 rounds += 1
+                meter = ledger.budget() if self.progress else None
+                if meter is not None:  # a round's charge is public (the bar counts rounds)
+                    bar.set_postfix_str(f"budget {meter.spent:.3g} of ε = {meter.epsilon:g}")
                 proposal = u + step * self.g + rng.laplace(0.0, self.threshold_scale)
                 hit = None
                 for s in range(len(u_s)):

@@ -138,8 +138,9 @@ class RandomSearch(Tuner):
         mech = self.cost(grid)
         mech._rdp_checked(grid)  # the bound's curve, computed before the charge
         prepare(executor, objective)
-        with Elapsed(label or "tuning", self.progress):
+        with Elapsed(label or "tuning", self.progress) as bar:
             self._charge(ledger, mech, label)
+            bar.show_budget(ledger)
             return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],
