@@ -126,6 +126,7 @@ class LedgerQueries:
             headroom=acc.headroom(mechanism or (acc.journal.last.mechanism
                                                 if acc.journal.last else None)),
             repeats=None if mechanism is None else acc.repeats(mechanism, None, os.getpid()),
+            budget=budget_of(acc),
         )
 
     def _query_delta(self, delta: float | None) -> float:

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("opacus")
 
-from test_opacus_integration import DELTA, make_private, train  # noqa: E402
+from test_opacus_integration import DELTA, make_private, train
 
-from privguard import Ledger  # noqa: E402
-from privguard.integrations.opacus import AccountantWarning, attach  # noqa: E402
+from privguard import Ledger
+from privguard.integrations.opacus import AccountantWarning, attach
 
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
