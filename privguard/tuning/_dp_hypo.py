@@ -44,7 +44,7 @@ from privguard.tuning._base import (
 )
 from privguard.tuning._executors import prepare, resolve
 from privguard.tuning._projection import project_density
-from privguard.tuning._rehearse import Rehearsal, rehearse_candidate
+from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import Choice, SearchSpace
 
 History = list  # of (candidate index, score), in the order run
@@ -98,7 +98,7 @@ class GPUpdate:
         return w / w.sum()
 
 
-class DPHyPOSearch(Tuner):
+class DPHyPOSearch(RehearseOne, Tuner):
     """Adaptive random search with densities kept within [c, C] × the prior.
 
     A run releases the best run's hyperparameters, score and artifact, or
@@ -214,27 +214,6 @@ class DPHyPOSearch(Tuner):
             return self.density(history)
         except Exception:  # the fallback is part of the update rule
             return self.prior
-
-    def rehearse(self, objective: Callable[[dict, Ledger], Any], *, orders: Any = None
-                 ) -> Rehearsal:
-        """Rehearse before :meth:`run`: one candidate end to end, nothing charged.
-
-        Draws one candidate as :meth:`run` would and calls ``objective(params,
-        child)`` under a throwaway child ledger of the per-candidate cost (on
-        ``orders``, default :data:`privguard.DEFAULT_ORDERS`), connected to no
-        real ledger. Bind the objective to public or synthetic data: unlike
-        :meth:`run`, a rehearsal shows everything (privguard.tuning._rehearse).
-
-        Returns:
-            A :class:`privguard.tuning.Rehearsal` (params, score, artifact).
-
-        Raises:
-            Whatever the objective raises (a typo's ``KeyError``, say), as it is.
-            BudgetExhausted: the child ledger refused: the per-candidate cost does
-                not cover one candidate's training (the message names the remedy).
-            InvalidArgumentError: the objective returned no finite score.
-        """
-        return rehearse_candidate(self, objective, orders, self.seed)
 
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
             label: str | None = "DP-HyPO tuning", backend: Any = None) -> TuningResult:

@@ -31,7 +31,7 @@ from privguard.tuning._base import (
     sealed,
 )
 from privguard.tuning._executors import Task, prepare, resolve
-from privguard.tuning._rehearse import Rehearsal, rehearse_candidate
+from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import SearchSpace
 
 
@@ -39,7 +39,7 @@ def check_space(space: Any) -> SearchSpace:
     return space if isinstance(space, SearchSpace) else SearchSpace(space)
 
 
-class RandomSearch(Tuner):
+class RandomSearch(RehearseOne, Tuner):
     """Draw K ~ ``runs`` candidates at random from ``space``; release only the best.
 
     A run releases the winner — its hyperparameters, score and artifact — or
@@ -106,27 +106,6 @@ class RandomSearch(Tuner):
         return self.runs.mean
 
     # -- running -----------------------------------------------------------
-    def rehearse(self, objective: Callable[[dict, Ledger], Any], *, orders: Any = None
-                 ) -> Rehearsal:
-        """Rehearse before :meth:`run`: one candidate end to end, nothing charged.
-
-        Draws one candidate as :meth:`run` would and calls ``objective(params,
-        child)`` under a throwaway child ledger of the per-candidate cost (on
-        ``orders``, default :data:`privguard.DEFAULT_ORDERS`), connected to no
-        real ledger. Bind the objective to public or synthetic data: unlike
-        :meth:`run`, a rehearsal shows everything (privguard.tuning._rehearse).
-
-        Returns:
-            A :class:`privguard.tuning.Rehearsal` (params, score, artifact).
-
-        Raises:
-            Whatever the objective raises (a typo's ``KeyError``, say), as it is.
-            BudgetExhausted: the child ledger refused: the per-candidate cost does
-                not cover one candidate's training (the message names the remedy).
-            InvalidArgumentError: the objective returned no finite score.
-        """
-        return rehearse_candidate(self, objective, orders, self.seed)
-
     def run(self, objective: Callable[[dict, Ledger], Any], ledger: Ledger, *,
             label: str | None = "tuning", backend: Any = None) -> TuningResult:
         """Charge the tuning bound, run K candidates, release only the winner.

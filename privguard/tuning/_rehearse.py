@@ -41,6 +41,39 @@ class Rehearsal:
     artifact: Any
 
 
+class RehearseOne:
+    """``rehearse`` for a tuner with a ``space``, per-candidate ``costs`` and a ``seed``."""
+
+    def rehearse(self, objective: Callable[[dict, Ledger], Any], *, orders: Any = None
+                 ) -> Rehearsal:
+        """Rehearse before ``run``: one candidate end to end, nothing charged.
+
+        Draws one candidate as ``run`` would and calls ``objective(params,
+        child)`` under a throwaway child ledger of the per-candidate cost (on
+        ``orders``, default :data:`privguard.DEFAULT_ORDERS`), connected to no
+        real ledger. Bind the objective to public or synthetic data: unlike
+        ``run``, a rehearsal shows everything.
+
+        Returns:
+            A :class:`privguard.tuning.Rehearsal` (params, score, artifact).
+
+        Raises:
+            Whatever the objective raises (a typo's ``KeyError``, say), as it is.
+            BudgetExhausted: the child ledger refused: the per-candidate cost does
+                not cover one candidate's training (the message names the remedy).
+            InvalidArgumentError: the objective returned no finite score.
+
+        Example:
+            >>> from privguard import mechanisms as M
+            >>> from privguard.tuning import Poisson, RandomSearch
+            >>> tuner = RandomSearch({"lr": [0.1]}, Poisson(4.0),
+            ...                      cost=M.Gaussian(5.0), progress=False)
+            >>> tuner.rehearse(lambda p, child: child.charge(M.Gaussian(5.0)) and p["lr"])
+            Rehearsal(params={'lr': 0.1}, score=0.1, artifact=None)
+        """
+        return rehearse_candidate(self, objective, orders, getattr(self, "seed", None))
+
+
 def rehearse_candidate(tuner: Any, objective: Callable, orders: Any, seed: int | None
                        ) -> Rehearsal:
     """One candidate of ``tuner`` (a space and per-candidate costs), drawn as a run would."""
