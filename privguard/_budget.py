@@ -181,12 +181,33 @@ def _hybrid(flt: Any, spent: np.ndarray, count: int, alive: bool) -> tuple[float
 
 def budget_of(acc: Any) -> Budget | None:
     """The :class:`Budget` of an accounting, or None without an (ε, δ) filter."""
+    return budget_from(budget_inputs(acc))
+
+
+def budget_inputs(acc: Any) -> tuple[Any, ...] | None:
+    """What the meter needs, read from the accounting (cheap: call it under the ledger's
+    lock, then :func:`budget_from` outside it, since part A's PLD may take a while)."""
     cfg = acc.config
     if cfg.epsilon is None or cfg.delta is None or cfg.filter == "strict":
         return None
     flt = acc.filter
     if flt is None or acc.journal.charges == 0:  # nothing charged: nothing consumed
+        return cfg.epsilon, cfg.delta, flt, None, 0, True
+    hybrid = flt.kind == "hybrid"
+    return (cfg.epsilon, cfg.delta, flt, np.array(acc.spent()),
+            flt.a_count if hybrid else 0, flt.a_alive if hybrid else True)
+
+
+def budget_from(inputs: tuple[Any, ...] | None) -> Budget | None:
+    """The :class:`Budget` from :func:`budget_inputs` (None stays None)."""
+    if inputs is None:
+        return None
+    epsilon, delta, flt, spent, count, alive = inputs
+    if spent is None:
         part = PART_A if flt is not None and flt.kind == "hybrid" else PART_RDP
-        return Budget(cfg.epsilon, cfg.delta, 0.0, part)
-    spent, part = meter(flt, acc.spent())
-    return Budget(cfg.epsilon, cfg.delta, spent, part)
+        return Budget(epsilon, delta, 0.0, part)
+    if flt.kind == "hybrid":
+        value, part = _hybrid(flt, spent, count, alive)
+    else:
+        value, part = rdp_meter(flt, spent), PART_RDP
+    return Budget(epsilon, delta, value, part)

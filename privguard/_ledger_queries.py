@@ -14,7 +14,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._base import Mechanism
-from privguard._budget import Budget, budget_of
+from privguard._budget import Budget, budget_from, budget_inputs, budget_of
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
 from privguard._journal import History, Run
@@ -98,7 +98,8 @@ class LedgerQueries:
             (0.0, None)
         """
         with self._synced(write=False):
-            return budget_of(self._acc)
+            inputs = budget_inputs(self._acc)
+        return budget_from(inputs)  # outside the lock: part A's PLD may take a while
 
     def nonadaptive_epsilon(self, delta: float | None = None) -> float:
         """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
