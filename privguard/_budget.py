@@ -55,7 +55,9 @@ class Budget:
     Attributes:
         epsilon: the filter's target ε.
         delta: the filter's δ.
-        spent: the meter, in ε units, in [0, epsilon] (0.0 before any charge).
+        spent: the meter, in ε units: 0.0 before any charge, at most ``epsilon``
+            (above it only after a retarget to a smaller target, when every
+            charge is refused).
         part: which part decides: ``"RDP filter"``, ``"hybrid: PLD on plan"``
             (part A) or ``"hybrid: RDP fallback"`` (part B).
 
