@@ -47,6 +47,17 @@ def plan_step(acc: Any, verdict: Any) -> Any:
     return Plan.from_dict(fixed["plan"]).step
 
 
+def repeats_or_nan(acc: Any, step: Any, pid: int) -> float:
+    """How many plan steps fit now; NaN if that cannot be computed (never raises: it is
+    asked after the charge committed, inside the store's transaction)."""
+    from privguard._errors import PrivguardError
+
+    try:
+        return float(acc.repeats(step, None, pid))
+    except PrivguardError:
+        return float("nan")
+
+
 def message(flt: Any, mechanism: Any, label: str | None, step: Any, before: float,
             after: float) -> str:
     """What happened and what it cost, in plan steps."""

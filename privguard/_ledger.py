@@ -241,9 +241,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 before = self._acc.repeats(step, None, pid)
             changes = self._acc.apply(verdict, label, time.time(), pid)
             txn.write(self._acc, changes)  # durable at commit, before the caller acts
-            if closing:
+            if closing:  # committed: nothing here may raise into the transaction
                 deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
-                                               self._acc.repeats(step, None, pid))
+                                               _deviation.repeats_or_nan(self._acc, step, pid))
         run = changes[-1].run
         assert run is not None
         record = run.record(run.count - 1)
