@@ -7,7 +7,7 @@ On scikit-learn's digits (ships with the package; nothing is downloaded):
    bound charged to the ledger before any candidate runs; each candidate
    trains with DP-SGD and scores itself with a noisy validation count;
 3. final DP-SGD training with the selected learning rate on the same ledger,
-   the odometer's running ε in the progress bar, stopping early when the
+   the budget meter in the progress bar, stopping early when the
    noisy validation count stops improving (or when the filter refuses);
 4. the report, a plot next to the database, and what ε to report and why.
 """
