@@ -180,7 +180,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     claim = ledger.guarantee()
     print(f"\nplot: {png}\n")
     meter = ledger.budget()
-    print(f"{str(meter).capitalize()}: the filter admitted every charge with its meter "
+    print(f"{str(meter)[:1].upper()}{str(meter)[1:]}: the filter admitted every charge with its meter "
           "within the target.\n")
     print(f"What to report: {claim}. It covers everything this run did with the private data — "
           f"the tuning (charged up front by the random-K theorem, {plan.epsilon:.3f} on its "

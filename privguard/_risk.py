@@ -37,7 +37,17 @@ def membership_tpr_bound(epsilon: float, delta: float, fpr: float = REPORT_FPR) 
 
 
 def risk_sentence(epsilon: float, delta: float, fpr: float = REPORT_FPR) -> str:
-    """The bound in words, for a filter's (ε, δ) statement."""
+    """The bound in words, for a filter's (ε, δ) statement.
+
+    Example:
+        >>> risk_sentence(3.0, 1e-5)
+        'a membership test wrong on 1% of non-members catches at most 20.1% of members (Kairouz–Oh–Viswanath 2015)'
+        >>> risk_sentence(10.0, 1e-5)[:44]
+        'at ε = 10 this statement does not limit a me'
+    """
     tpr = membership_tpr_bound(epsilon, delta, fpr)
+    if tpr >= 0.995:  # the bound is (nearly) vacuous: say so rather than "at most 100%"
+        return (f"at ε = {epsilon:g} this statement does not limit a membership test wrong "
+                f"on {100 * fpr:g}% of non-members (Kairouz–Oh–Viswanath 2015)")
     return (f"a membership test wrong on {100 * fpr:g}% of non-members catches at most "
             f"{100 * tpr:.3g}% of members (Kairouz–Oh–Viswanath 2015)")

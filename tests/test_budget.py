@@ -133,3 +133,21 @@ def test_budget_value_reads_and_is_frozen():
         b.spent = 0.0  # type: ignore[misc]
     assert Budget(3.0, 1e-5, math.inf, PART_B).left == 0.0
     assert np.isfinite(Budget(3.0, 1e-5, 0.0, PART_RDP).left)
+
+
+def test_membership_tpr_bound_is_the_dp_tradeoff_and_holds_for_a_gaussian():
+    from scipy.stats import norm
+
+    from privguard._risk import membership_tpr_bound, risk_sentence
+
+    for eps, delta, fpr in [(3.0, 1e-5, 0.01), (1.0, 1e-6, 0.05), (0.5, 0.0 + 1e-9, 0.3)]:
+        # Dong, Roth & Su 2022, eq. (5): f_{ε,δ}(α) = max(0, 1−δ−e^ε α, e^−ε (1−δ−α)); TPR ≤ 1 − f
+        f = max(0.0, 1 - delta - math.exp(eps) * fpr, math.exp(-eps) * (1 - delta - fpr))
+        assert membership_tpr_bound(eps, delta, fpr) == pytest.approx(1 - f, rel=1e-12)
+        # a μ-GDP Gaussian mechanism is (ε, δ(ε))-DP (Dong, Roth & Su 2022, Cor. 2.13); its best
+        # test at this FPR (Neyman-Pearson) has TPR = 1 − Φ(Φ⁻¹(1 − FPR) − μ) ≤ the bound
+        for mu in (0.5, 1.0, 2.0):
+            d = norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+            tpr = 1 - norm.cdf(norm.ppf(1 - fpr) - mu)
+            assert tpr <= membership_tpr_bound(eps, max(d, 1e-300), fpr) + 1e-12
+    assert "20.1%" in risk_sentence(3.0, 1e-5) and "does not limit" in risk_sentence(10.0, 1e-5)
