@@ -210,10 +210,13 @@ def print_report(data: dict[str, Any]) -> None:
         print(f"report      {data['statement']}{risk}")
     if data["running_epsilon"] is not None:
         run = data["running_epsilon"]
-        why = ("it is another statement (a tail bound, valid at any stopping time without the "
-               "filter); the filter's guarantee above holds")
+        above = (f"above the target ε = {target:g}, " if target is not None and run > target
+                 else "")
+        why = ("" if target is None else f" — {above}a different statement: it must hold at "
+               "any stopping time without the filter, so it is usually larger than the meter "
+               "and may exceed the target while the filter's guarantee holds")
         print(f"any-time ε  {run:.4f} at δ = {delta:g} "
-              f"({data['running_statement']}; valid under adaptivity){_above(run, target, why)}")
+              f"({data['running_statement']}; valid under adaptivity){why}")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         naive = data["naive_epsilon_not_a_guarantee"]
         fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"

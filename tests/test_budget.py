@@ -151,3 +151,25 @@ def test_membership_tpr_bound_is_the_dp_tradeoff_and_holds_for_a_gaussian():
             tpr = 1 - norm.cdf(norm.ppf(1 - fpr) - mu)
             assert tpr <= membership_tpr_bound(eps, max(d, 1e-300), fpr) + 1e-12
     assert "20.1%" in risk_sentence(3.0, 1e-5) and "does not limit" in risk_sentence(10.0, 1e-5)
+
+
+def test_report_leads_with_the_meter_and_explains_every_epsilon_above_the_target(capsys):
+    import re
+
+    from privguard._report import print_report, report
+
+    ledger = Ledger(EPS, DELTA)
+    step = M.SubsampledGaussian(1.0, 0.01)
+    ledger.charge(step, times=int(ledger.remaining(step).repeats))
+    ledger.charge(M.Gaussian(300.0), label="count", times=3)
+    print_report(report(ledger))
+    lines = capsys.readouterr().out.splitlines()
+    first = "\n".join(lines[:5])
+    assert lines[0].startswith("budget") and "% left" in lines[0]  # how much is left
+    assert lines[1].startswith("report") and "(ε = 3, δ = 1e-05)-DP" in lines[1]  # what to report
+    assert lines[2].startswith("any-time ε") and "any stopping time without the filter" in first
+    assert ledger.epsilon() > EPS  # the any-time ε is above the target here, and says why
+    for line in lines:
+        values = [float(x) for x in re.findall(r"(?<![\d.-])\d+\.\d+(?![\d%])", line)]
+        if "ε" in line and any(v > EPS for v in values):
+            assert "above the target" in line, line
