@@ -14,8 +14,10 @@ Example:
 """
 
 from privguard import mechanisms
+from privguard._budget import Budget
 from privguard._conversion import CLASSIC, IMPROVED
 from privguard._curve import RDPCurve
+from privguard._deviation import PlanDeviationWarning
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -31,7 +33,25 @@ from privguard._orders import DEFAULT_ORDERS
 from privguard._plan import Plan
 from privguard._results import Guarantee, LedgerEvent, Remaining
 from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
+from privguard.integrations._sampling import NonPoissonSamplingError
 from privguard.mechanisms import Mechanism, mechanism_from_dict
+
+#: Names whose module imports Opacus (and torch): loaded on first access only.
+_LAZY = {"AccountantWarning": "privguard.integrations.opacus"}
+
+
+def __getattr__(name: str):
+    """``privguard.AccountantWarning``: imported from the Opacus integration on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'privguard' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 # 0.2 writes ledger files of schema 2; files of privguard 0.1 (schema 1) need
 # `privguard upgrade`. Read by setuptools for the package's metadata.
@@ -44,6 +64,7 @@ __all__ = [
     "MIXTURE",
     "PAPER",
     "TIGHT",
+    "Budget",
     "BudgetExhausted",
     "ChargeRecord",
     "Concentrated",
@@ -56,9 +77,11 @@ __all__ = [
     "LedgerEvent",
     "LedgerStateError",
     "Mechanism",
+    "NonPoissonSamplingError",
     "Odometer",
     "PipelineMismatchError",
     "Plan",
+    "PlanDeviationWarning",
     "PrivguardError",
     "RDPCurve",
     "Remaining",

@@ -67,6 +67,17 @@ class Config:
         mine, theirs = self.to_dict(), other.to_dict()
         return sorted(k for k in mine if mine[k] != theirs.get(k))
 
+    def mismatch(self, other: Config, mine: str = "stored", theirs: str = "requested") -> str:
+        """Only the fields that differ, each with both values, abbreviated (one line).
+
+        Example:
+            >>> build(3.0, 1e-5).mismatch(build(4.0, 1e-5))
+            'epsilon: stored 3, requested 4'
+        """
+        a, b = self.to_dict(), other.to_dict()
+        return "; ".join(f"{k}: {mine} {_brief(a[k])}, {theirs} {_brief(b.get(k))}"
+                         for k in self.differences(other))
+
     def describe(self) -> str:
         if self.filter == "strict":
             return "strict per-order RDP filter"
@@ -74,6 +85,32 @@ class Config:
             kind = "hybrid (PLD envelope + RDP) " if self.filter == "hybrid" else ""
             return f"(ε={self.epsilon:g}, δ={self.delta:g}) {kind}filter"
         return "no budget (report only)"
+
+
+#: The fields a logged retarget may change; the others (grid, odometer) never change.
+RETARGETABLE = frozenset({"epsilon", "delta", "filter", "shares", "plan"})
+
+
+def retarget_remedy(differs: list[str], opener: str, owner: bool = False) -> str:
+    """What to do about a stored configuration that differs from the requested one."""
+    keep = f"Open it with {opener} to use the stored configuration"
+    if set(differs) - RETARGETABLE:
+        return keep + "; the grid and odometer of a ledger can never change."
+    return (keep + f", or change it with {'an owner' + chr(39) + 's ' if owner else 'an '}"
+            "explicit, logged Ledger(..., path=..., retarget='reason').")
+
+
+def _brief(value: Any) -> str:
+    """A configuration value in a few characters: a grid or budget as its size and ends."""
+    from privguard._results import describe
+
+    if isinstance(value, list) and len(value) > 4 and all(isinstance(v, float) for v in value):
+        return f"{len(value)} values {value[0]:g}…{value[-1]:g}"
+    if isinstance(value, dict) and set(value) == {"step", "steps", "every"}:
+        return (f"Plan({describe(value['step'])}, steps={value['steps']}, "
+                f"every={value['every']})")
+    text = describe(value) if value is not None else "None"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,

@@ -7,7 +7,7 @@ On scikit-learn's digits (ships with the package; nothing is downloaded):
    bound charged to the ledger before any candidate runs; each candidate
    trains with DP-SGD and scores itself with a noisy validation count;
 3. final DP-SGD training with the selected learning rate on the same ledger,
-   the odometer's running ε in the progress bar, stopping early when the
+   the budget meter in the progress bar, stopping early when the
    noisy validation count stops improving (or when the filter refuses);
 4. the report, a plot next to the database, and what ε to report and why.
 """
@@ -106,6 +106,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     from tqdm.auto import tqdm
 
     from privguard._report import plot, print_report, report
+    from privguard._risk import risk_sentence
     from privguard.integrations.opacus import attach
     from privguard.tuning import Poisson, RandomSearch
 
@@ -170,7 +171,9 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
                     break
                 epochs = epoch
                 score = _noisy_count(model, val, ledger, rng, "early-stopping check")
-                bar.set_postfix(eps=f"{ledger.epsilon():.3f}")
+                meter = ledger.budget()
+                bar.set_postfix_str(f"budget {meter.spent:.3f} of ε = {meter.epsilon:g}"
+                                    if meter is not None else "")
                 bar.update(1)
                 best, stale = (score, 0) if score > best + VAL_STD else (best, stale + 1)
                 if stale >= 2:
@@ -190,14 +193,20 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     eps, naive = ledger.epsilon(), ledger.nonadaptive_epsilon()
     claim = ledger.guarantee()
     print(f"\nplot: {png}\n")
+    meter = ledger.budget()
+    print(f"{str(meter)[:1].upper()}{str(meter)[1:]}: the filter admitted every charge with its meter "
+          "within the target.\n")
     print(f"What to report: {claim}. It covers everything this run did with the private data — "
           f"the tuning (charged up front by the random-K theorem, {plan.epsilon:.3f} on its "
           "own), every DP-SGD step of the final training, and the noisy validation counts that "
           "decided when to stop — although the learning rate and the stopping time were chosen "
-          "from earlier results: the filter checked every charge before it ran. The running ε "
+          "from earlier results: the filter checked every charge before it ran. For an attacker: "
+          f"{risk_sentence(claim.epsilon, claim.delta)}. The any-time ε "
           f"(odometer) is {eps:.3f}: with probability ≥ 1 − {DELTA:g} the privacy loss is below "
-          "it, at the moment the run stopped; it is a different statement, and reporting the "
-          "smaller of the two after seeing both would hold only at 2δ. The naive conversion of "
+          "it, at the moment the run stopped, without relying on the filter; it can exceed the "
+          "target while the filter's guarantee holds, because it is a different statement (a "
+          "tail bound for any stopping time), and reporting the smaller of the two after "
+          "seeing both would hold only at 2δ. The naive conversion of "
           f"the spent curve ({naive:.3f}) assumes every choice was fixed in advance and is not "
           f"a guarantee for this run (docs/theory.md §3–4). ({time.time() - start:.0f} s)")
     return {"db": db, "png": png, "epsilon": eps, "guarantee": claim.epsilon,

@@ -15,10 +15,11 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from privguard import _config
+from privguard import _config, _deviation
 from privguard import _validation as check
 from privguard._accounting import Accounting, check_label
 from privguard._base import Mechanism
@@ -230,15 +231,26 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 remaining = self._remaining(mechanism)
                 self._notify(LedgerEvent("refused", self, mechanism, label, None))
                 raise BudgetExhausted(
-                    f"charge {label!r} of {mechanism!r} refused: it would exceed the "
+                    f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
+                    "refused: it would exceed the "
                     f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
                     requested=mechanism, label=label, remaining=remaining)
+            deviation, closing = None, _deviation.closes_part_a(verdict)
+            if closing:  # part A closes (once per ledger): say what it cost
+                step = _deviation.plan_step(self._acc, verdict)
+                before = self._acc.repeats(step, None, pid)
             changes = self._acc.apply(verdict, label, time.time(), pid)
             txn.write(self._acc, changes)  # durable at commit, before the caller acts
+            if closing:  # committed: nothing here may raise into the transaction
+                deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
+                                               _deviation.repeats_or_nan(self._acc, step, pid))
         run = changes[-1].run
         assert run is not None
         record = run.record(run.count - 1)
         self._notify(LedgerEvent("charge", self, mechanism, label, record))
+        if deviation is not None:
+            warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
+            self._notify(LedgerEvent("deviation", self, mechanism, label, record))
         return record
 
     def can_afford(self, mechanism: Mechanism) -> bool:

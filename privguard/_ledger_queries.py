@@ -14,6 +14,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._base import Mechanism
+from privguard._budget import Budget, budget_from, budget_inputs, budget_of
 from privguard._curve import RDPCurve
 from privguard._errors import InvalidArgumentError
 from privguard._journal import History, Run
@@ -78,6 +79,30 @@ class LedgerQueries:
         with self._synced(write=False):
             return guarantee_of(self._acc)
 
+    def budget(self) -> Budget | None:
+        """The budget meter: how much of the filter's (ε, δ) target is consumed.
+
+        In ε units, from the quantities the filter decides with (docs/theory.md
+        §12): a charge is admitted exactly when the meter after it stays ≤ the
+        target, and it never decreases (between retargets). A measure of
+        consumption, not a privacy statement: report :meth:`guarantee`. Cheap
+        (about the cost of :meth:`epsilon`; a hybrid filter's part A evaluates
+        one PLD composition the first time its count reaches a new grid point).
+
+        Returns:
+            A :class:`Budget`, or None when the ledger has no (ε, δ) filter
+            (an odometer-only ledger, or a child with a per-order RDP budget).
+
+        Example:
+            >>> from privguard import Ledger, mechanisms as M
+            >>> ledger = Ledger(epsilon=3.0, delta=1e-5)
+            >>> ledger.budget().spent, Ledger(delta=1e-5).budget()
+            (0.0, None)
+        """
+        with self._synced(write=False):
+            inputs = budget_inputs(self._acc)
+        return budget_from(inputs)  # outside the lock: part A's PLD may take a while
+
     def nonadaptive_epsilon(self, delta: float | None = None) -> float:
         """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
 
@@ -104,6 +129,7 @@ class LedgerQueries:
             headroom=acc.headroom(mechanism or (acc.journal.last.mechanism
                                                 if acc.journal.last else None)),
             repeats=None if mechanism is None else acc.repeats(mechanism, None, os.getpid()),
+            budget=budget_of(acc),
         )
 
     def _query_delta(self, delta: float | None) -> float:

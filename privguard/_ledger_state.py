@@ -100,12 +100,17 @@ class LedgerState:
         """Why ``loaded`` may not be loaded in place over journal ``mine``, or None."""
         theirs = loaded.items()
         if loaded.config != self._acc.config:
-            return ("state was written by a ledger with another configuration "
-                    f"({', '.join(loaded.config.differences(self._acc.config))} differ)")
+            return ("state was written by a ledger with another configuration ("
+                    f"{loaded.config.mismatch(self._acc.config, 'state', 'this ledger')}). "
+                    "Load it into a ledger built with the state's configuration, or build "
+                    "one from it: Ledger.load_state_dict(state)")
         if self._store is not None:
             if not _is_prefix(theirs, mine):
                 return (f"{self._store.path}: the state to load is not a prefix of this "
-                        "file's journal; a file-backed ledger never replaces its journal")
+                        "file's journal; a file-backed ledger never replaces its journal. "
+                        "Resume an in-memory ledger's checkpoint into an in-memory ledger "
+                        "(Ledger(...) without path=, or Ledger.load_state_dict(state)); a "
+                        "file ledger resumes from checkpoints written while it was attached")
             return None
         fix = _differing_fix(mine, theirs)
         if fix is not None:

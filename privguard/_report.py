@@ -23,15 +23,20 @@ from typing import Any
 import numpy as np
 
 from privguard._accounting import Accounting, nonadaptive_epsilon
+from privguard._budget import meter, meter_after
 from privguard._errors import InvalidArgumentError
+from privguard._hybrid import HybridState
 from privguard._journal import Run
 from privguard._ledger import Ledger
 from privguard._mechanisms import Gaussian, SubsampledGaussian
 from privguard._optional import require
 from privguard._results import describe
+from privguard._risk import risk_sentence
 
 #: Opacus' PRV accountant is only asked about journals of at most this many runs.
 PRV_MAX_SEGMENTS = 10_000
+#: The budget meter is drawn at about this many points.
+METER_POINTS = 25
 
 
 def _replayer(ledger: Ledger) -> Accounting:
@@ -43,15 +48,20 @@ def _replayer(ledger: Ledger) -> Accounting:
 
 
 def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
-    """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs."""
+    """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs, and
+    the budget meter (docs/theory.md §12) at about :data:`METER_POINTS` of them."""
     runs = ledger.runs
     total = runs[-1].start + runs[-1].count if runs else 0
-    out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": []}
+    out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": [],
+                            "meter_charges": [], "meter": []}
     if ledger.delta is None or not total:
         return out
     acc, delta = _replayer(ledger), ledger.delta
     odometer = acc.odometer(delta)
     marks = np.unique(np.linspace(1, total, min(points, total)).astype(int))
+    flt = acc.filter if ledger.budget() is not None and not acc.retargeted else None
+    # the meter at about METER_POINTS of the marks (a hybrid's part A: one PLD per grid count)
+    stride = max(1, math.ceil(marks.size / METER_POINTS))
     base = np.zeros(ledger.orders.size)
     i = 0
     for run in runs:
@@ -61,9 +71,27 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
             out["charges"].append(int(marks[i]))
             out["running_epsilon"].append(odometer.epsilon(spent, delta))
             out["naive_epsilon"].append(nonadaptive_epsilon(acc.orders, spent, delta))
+            if flt is not None and (i % stride == 0 or i == marks.size - 1):
+                out["meter_charges"].append(int(marks[i]))
+                out["meter"].append(_meter_at(flt, spent, run, marks[i] - run.start))
             i += 1
         base = base + run.count * curve
+        if flt is not None and flt.kind == "hybrid":  # part A's state after the run
+            from privguard._hybrid import envelope_steps_in
+
+            k = envelope_steps_in(run.mechanism, flt.envelope)
+            if flt.a_alive and k is not None and flt.a_count + k * run.count <= flt.steps_a:
+                flt.apply(HybridState(flt.a_count + k * run.count, True))
+            else:
+                flt.apply(HybridState(flt.a_count, False))
     return out
+
+
+def _meter_at(flt: Any, spent: np.ndarray, run: Run, within: int) -> float:
+    """The meter after ``within`` charges of ``run`` (part A's state before the run in ``flt``)."""
+    if flt.kind != "hybrid":
+        return meter(flt, spent)[0]
+    return meter_after(flt, spent, run.mechanism, within)[0]
 
 
 def prv_epsilon(runs: tuple[Run, ...] | list[Run], delta: float) -> float | None:
@@ -123,7 +151,16 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     remaining = ledger.remaining(last)
     delta = ledger.delta
     charges = runs[-1].start + runs[-1].count if runs else 0
+    meter = ledger.budget()
+    claim = None if delta is None else ledger.guarantee()
     return {
+        "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
+                                              "left": meter.left, "part": meter.part},
+        "statement": None if claim is None else claim.statement,
+        "statement_kind": None if claim is None else claim.kind,
+        # only beside a filter's statement (docs/theory.md §12): not the odometer's tail bound
+        "risk": (risk_sentence(claim.epsilon, claim.delta)
+                 if claim is not None and claim.kind == "filter" else None),
         "path": ledger.path,
         "orders": len(ledger.orders),
         "odometer": cfg.odometer,
@@ -152,25 +189,51 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     }
 
 
+def _above(x: float, target: float | None, why: str) -> str:
+    """`` — above the target: why`` when ``x`` exceeds the target (same line, always)."""
+    return f" — above the target ε = {target:g}: {why}" if target is not None and x > target else ""
+
+
 def print_report(data: dict[str, Any]) -> None:
+    """The report; its first lines answer: how much is left, what to report, why ε differs."""
+    target, delta = data["target_epsilon"], data["delta"]
+    b = data.get("budget")
+    if b is not None:
+        over = (" — over the target after a retarget: every charge is refused"
+                if b["spent"] > b["epsilon"] else "")
+        print(f"budget      {b['spent']:.4g} of ε = {b['epsilon']:g} spent ({b['part']}) — "
+              f"{100 * b['left']:.3g}% left{over}")
+    else:
+        print("budget      " + ("strict per-order RDP budget (a tuning candidate's child)"
+                               if data["strict_budget"] else "none: no (ε, δ) target, "
+                               "this ledger only measures (odometer)"))
+    if data.get("statement") is not None:
+        risk = f"; {data['risk']}" if data.get("risk") else ""
+        print(f"report      {data['statement']}{risk}")
+    if data["running_epsilon"] is not None:
+        run = data["running_epsilon"]
+        above = (f"above the target ε = {target:g}, " if target is not None and run > target
+                 else "")
+        why = ("" if target is None else f" — {above}a different statement: it must hold at "
+               "any stopping time without the filter, so it is usually larger than the meter "
+               "and may exceed the target while the filter's guarantee holds")
+        print(f"any-time ε  {run:.4f} at δ = {delta:g} "
+              f"({data['running_statement']}; valid under adaptivity){why}")
+        prv = data["opacus_prv_epsilon_not_a_guarantee"]
+        naive = data["naive_epsilon_not_a_guarantee"]
+        fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"
+        if prv is not None:
+            print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence; "
+                  f"{fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
+        print(f"naive ε     {naive:.4f} (RDP conversion of the spent curve, as Opacus' RDP "
+              f"accountant; {fixed}){_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")
-    budget = (f"(ε = {data['target_epsilon']:g}, δ = {data['delta']:g}) "
-              f"{'hybrid ' if data['filter'] == 'hybrid' else ''}filter: "
-              f"{data['target_statement']}" if data["target_epsilon"] is not None else
-              "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
-    print(f"budget      {budget}")
+    filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
+            f"filter: {data['target_statement']}" if target is not None else
+            "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
+    print(f"filter      {filt}")
     print(f"grid        {data['orders']} Rényi orders; odometer {data['odometer']!r}")
     print(f"charges     {data['charges']} in {data['runs']} runs")
-    if data["running_epsilon"] is not None:
-        print(f"running ε   {data['running_epsilon']:.4f} at δ = {data['delta']:g} "
-              f"({data['running_statement']}; valid under adaptivity)")
-        print(f"naive ε     {data['naive_epsilon_not_a_guarantee']:.4f} "
-              "(RDP conversion of the spent curve, as Opacus' RDP accountant: NOT a "
-              "guarantee under adaptivity)")
-        prv = data["opacus_prv_epsilon_not_a_guarantee"]
-        if prv is not None:
-            print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence: "
-                  "NOT a guarantee under adaptivity)")
     if data["last_mechanism"] is not None:
         reps = data["remaining_repeats_of_last_mechanism"]
         print(f"remaining   {reps if reps == 'unlimited' else int(reps)} more of "
@@ -194,7 +257,8 @@ def print_report(data: dict[str, Any]) -> None:
 
 
 def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
-    """Write a PNG of ε over charges: odometer (valid), non-adaptive RDP and PRV (labelled).
+    """Write a PNG: the budget meter against the target on one panel; the any-time ε
+    (odometer), the non-adaptive RDP ε and Opacus' PRV ε on a panel of their own.
 
     Raises:
         InvalidArgumentError: ``out`` cannot be written (its directory is
@@ -207,8 +271,19 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     import matplotlib.pyplot as plt
 
     tr = trajectory(ledger)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(tr["charges"], tr["running_epsilon"], label="running ε (odometer; valid)")
+    meter = tr.get("meter") or []
+    target = ledger.target
+    panels = 2 if target is not None and meter else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 3.2 * panels), sharex=True, squeeze=False)
+    if target is not None and panels == 2:
+        top = axes[0][0]
+        top.plot(tr["meter_charges"], meter, marker=".", label="budget meter (what the filter compares)")
+        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {target[0]:g}")
+        top.set_ylim(0, target[0] * 1.08)
+        top.set_ylabel("budget spent (ε units)")
+        top.legend(fontsize=8, loc="lower right")
+    ax = axes[-1][0]
+    ax.plot(tr["charges"], tr["running_epsilon"], label="any-time ε (odometer; valid at any stop)")
     ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
             label="non-adaptive RDP (NOT a guarantee under adaptivity)")
     runs = ledger.runs
@@ -217,13 +292,12 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
         if xs:
             ax.plot(xs, ys, linestyle="--", marker=".",
                     label="Opacus PRV (NOT a guarantee under adaptivity)")
-    if ledger.target is not None:
-        ax.axhline(ledger.target[0], color="k", linestyle="--",
-                   label=f"filter target ε = {ledger.target[0]:g}")
     ax.set_xlabel("charges")
     ax.set_ylabel(f"ε at δ = {ledger.delta:g}" if ledger.delta else "ε")
-    ax.set_title(str(ledger.path))
     ax.legend(fontsize=8)
+    name = os.path.basename(str(ledger.path)) if ledger.path else "in-memory ledger"
+    fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"
+                 if panels == 2 else name, fontsize=10)
     fig.tight_layout()
     try:
         fig.savefig(out, dpi=120)

@@ -11,6 +11,7 @@ from privguard._base import Mechanism
 from privguard._journal import ChargeRecord
 
 if TYPE_CHECKING:
+    from privguard._budget import Budget
     from privguard._ledger import Ledger
 
 
@@ -28,6 +29,8 @@ class Remaining:
         repeats: how many more times the queried mechanism would be admitted
             (``math.inf`` if the ledger has no filter); None if no mechanism
             was given.
+        budget: the budget meter (:meth:`privguard.Ledger.budget`), or None
+            without an (ε, δ) filter.
     """
 
     epsilon_target: float | None
@@ -35,12 +38,23 @@ class Remaining:
     epsilon_spent: float | None
     headroom: np.ndarray | None
     repeats: float | None
+    budget: Budget | None = None
+
+    def __repr__(self) -> str:
+        h = self.headroom
+        head = "None" if h is None else f"<{h.size} orders, max {float(np.max(h)):.4g}>"
+        return (f"Remaining(budget={self.budget!s}, epsilon_spent={self.epsilon_spent!r}, "
+                f"delta={self.delta!r}, headroom={head}, repeats={self.repeats!r})")
 
     def __str__(self) -> str:
         parts = []
+        if self.budget is not None:
+            parts.append(str(self.budget))
         if self.epsilon_spent is not None:
-            parts.append(f"running ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}")
-        if self.epsilon_target is not None:
+            note = ("; another statement, not capped by the target"
+                    if self.epsilon_target is not None else "")
+            parts.append(f"any-time ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}{note}")
+        if self.epsilon_target is not None and self.budget is None:
             parts.append(f"target ε = {self.epsilon_target:g}")
         if self.repeats is not None:
             parts.append(f"{self.repeats:g} more of the queried mechanism fit")
@@ -71,7 +85,11 @@ class Guarantee:
 
 @dataclasses.dataclass(frozen=True)
 class LedgerEvent:
-    """What listeners receive: ``kind`` is ``"charge"`` or ``"refused"``."""
+    """What listeners receive: ``kind`` is ``"charge"``, ``"refused"`` or ``"deviation"``.
+
+    ``"deviation"`` follows the ``"charge"`` event of the charge that closed a hybrid
+    filter's part A (once per ledger; :class:`privguard.PlanDeviationWarning`).
+    """
 
     kind: str
     ledger: Ledger

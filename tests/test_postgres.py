@@ -80,7 +80,8 @@ def test_reopening_resumes_and_another_configuration_is_refused(pg):
     a.close()
     b = Ledger(3.0, 1e-5, path=url)
     assert b.epsilon() == eps and np.array_equal(b.spent, spent) and len(b.history) == 31
-    for kwargs, what in [(dict(epsilon=4.0), "filter"), (dict(orders=[2.0, 4.0, 8.0]), "orders"),
+    for kwargs, what in [(dict(epsilon=4.0), "epsilon: stored 3, requested 4"),
+                         (dict(orders=[2.0, 4.0, 8.0]), "orders"),
                          (dict(odometer="paper"), "odometer")]:
         with pytest.raises(LedgerStateError, match=what):
             Ledger(kwargs.pop("epsilon", 3.0), 1e-5, path=url, **kwargs)

@@ -58,7 +58,7 @@ def test_in_memory_and_file_ledgers_agree_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,what", [
-    (dict(epsilon=4.0), "filter"),
+    (dict(epsilon=4.0), "epsilon: stored 3, requested 4"),
     (dict(orders=[2.0, 4.0, 8.0]), "orders"),
     (dict(odometer="paper"), "odometer"),
 ])

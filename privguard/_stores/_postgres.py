@@ -477,13 +477,10 @@ class PostgresStore:
     def _retarget(self, conn: Any, acc: Accounting, config: Config,
                   reason: str | None) -> None:
         differs = acc.config.differences(config)
-        if reason is None or set(differs) - {"epsilon", "delta", "filter", "shares", "plan"}:
+        if reason is None or set(differs) - _config.RETARGETABLE:
             raise LedgerStateError(
-                f"{self.path}: ledger {self.ledger!r} was created with another configuration "
-                f"({', '.join(differs)} differ): stored {acc.config.to_dict()}, requested "
-                f"{config.to_dict()}. Open it with Ledger.open(url) to use the stored "
-                "configuration; changing the target needs an owner's explicit, logged "
-                "Ledger(..., retarget='reason'), and the grid and odometer can never change")
+                f"{self.path}: ledger {self.ledger!r} has another configuration "
+                f"({acc.config.mismatch(config)}). " + _config.retarget_remedy(differs, "Ledger.open(url)", owner=True))
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
         acc.replay_event(body)

@@ -52,7 +52,7 @@ from typing import Any
 from privguard import _config
 from privguard._accounting import Accounting, Change
 from privguard._base import Mechanism
-from privguard._config import Config
+from privguard._config import Config, retarget_remedy
 from privguard._errors import LedgerStateError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
@@ -359,13 +359,10 @@ class SQLiteStore:
     def _retarget(self, conn: sqlite3.Connection, acc: Accounting, config: Config,
                   reason: str | None) -> None:
         differs = acc.config.differences(config)
-        if reason is None or set(differs) - {"epsilon", "delta", "filter", "shares", "plan"}:
+        if reason is None or set(differs) - _config.RETARGETABLE:
             raise LedgerStateError(
-                f"{self.path} was created with another configuration ({', '.join(differs)} "
-                f"differ): stored {acc.config.to_dict()}, requested {config.to_dict()}. Open "
-                "it with Ledger.open(path) to use the stored configuration; changing the "
-                "target needs an explicit, logged Ledger(..., retarget='reason'), and the "
-                "grid and odometer can never change")
+                f"{self.path} has another configuration ({acc.config.mismatch(config)}). "
+                + retarget_remedy(differs, "Ledger.open(path)"))
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
         acc.replay_event(body)

@@ -634,5 +634,30 @@ def attach(
     if coordinator is not None:
         handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
     handle.counter = _describe.counter_for(data_loader)
+    if privacy_engine is not None:
+        warnings.warn(_engine_warning(ledger, privacy_engine.accountant), AccountantWarning,
+                      stacklevel=2)
     handle._install(privacy_engine)
     return handle
+
+
+def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
+    """Said once, at attach with ``privacy_engine=``: engine.get_epsilon changes meaning."""
+    delta = ledger.delta
+    kind = str(getattr(wrapped, "mechanism", lambda: "?")()).upper()
+    if delta is None:
+        return ("engine.get_epsilon(delta) now reports the ledger's any-time ε (valid under "
+                f"adaptivity and early stopping), no longer Opacus' {kind} accountant's ε")
+    try:
+        theirs = f"{wrapped.get_epsilon(delta):.4g}" if len(wrapped) else "0"
+    except Exception:  # Opacus' accountant failing to answer must not stop the attach
+        theirs = "unavailable"
+    text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
+            f"({ledger.epsilon():.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
+            "now): the ledger's number stays valid under adaptive choices and early stopping, "
+            "so it is larger, and it may exceed the target while the filter's guarantee holds.")
+    meter = ledger.budget()
+    if meter is not None:
+        text += (f" Log ledger.budget() ({meter}) for how much of the target is used, and "
+                 "report ledger.guarantee().")
+    return text

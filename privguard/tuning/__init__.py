@@ -25,6 +25,7 @@ from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate
 from privguard.tuning._projection import project_bounded_simplex, project_density
 from privguard.tuning._propose_test import ProposeTest, ProposeTestResult
 from privguard.tuning._random_search import RandomSearch
+from privguard.tuning._rehearse import Rehearsal
 from privguard.tuning._space import Choice, IntUniform, LogUniform, SearchSpace, UniformFloat
 from privguard.tuning._subset_search import SubsetResult, SubsetSearch, paper_extrapolation
 from privguard.tuning._utility import expected_quantile, prob_top
@@ -42,6 +43,7 @@ __all__ = [
     "ProposeTest",
     "ProposeTestResult",
     "RandomSearch",
+    "Rehearsal",
     "RunsDistribution",
     "SearchSpace",
     "SubsetResult",

@@ -278,6 +278,13 @@ class Elapsed:
             self._thread.start()
         return self
 
+    def show_budget(self, ledger: Any) -> None:
+        """Show the ledger's budget meter after the up-front charge (data-independent:
+        the charge is the tuning bound, fixed before any candidate runs)."""
+        meter = ledger.budget()
+        if self._bar is not None and meter is not None:
+            self._bar.set_description_str(f"{self.label} ({meter})")
+
     def _tick(self) -> None:
         while not self._stop.wait(1.0):
             self._bar.refresh()

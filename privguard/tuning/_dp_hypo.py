@@ -45,6 +45,7 @@ from privguard.tuning._base import (
 )
 from privguard.tuning._executors import prepare, resolve
 from privguard.tuning._projection import project_density
+from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import Choice, SearchSpace
 
 History = list  # of (candidate index, score), in the order run
@@ -117,7 +118,7 @@ class GPUpdate:
         return w / w.sum()
 
 
-class DPHyPOSearch(Tuner):
+class DPHyPOSearch(RehearseOne, Tuner):
     """Adaptive random search with densities kept within [c, C] × the prior.
 
     A run releases the best run's hyperparameters, score and artifact, or
@@ -236,6 +237,8 @@ class DPHyPOSearch(Tuner):
             label: str | None = "DP-HyPO tuning", backend: Any = None) -> TuningResult:
         """Charge Theorem 1's bound, run T adaptively sampled candidates, release the winner.
 
+        Rehearse first (:meth:`rehearse`): a run hides every failed candidate.
+
         The adaptive part (densities, sampling) stays here at the driver;
         each training run goes to ``backend`` ("serial", "ray" or an
         executor). Candidates that raise or score NaN/±inf/non-numbers are ⊥,
@@ -264,8 +267,9 @@ class DPHyPOSearch(Tuner):
         mech = self.cost(grid)
         mech._rdp_checked(grid)
         prepare(executor, objective)
-        with Elapsed(label or "DP-HyPO tuning", self.progress):
+        with Elapsed(label or "DP-HyPO tuning", self.progress) as bar:
             self._charge(ledger, mech, label)
+            bar.show_budget(ledger)
             return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],

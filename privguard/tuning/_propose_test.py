@@ -77,6 +77,7 @@ from privguard.tuning._base import (
     make_rng,
     sealed,
 )
+from privguard.tuning._rehearse import Rehearsal
 from privguard.tuning._space import SearchSpace
 
 
@@ -240,6 +241,9 @@ class ProposeTest:
                     refused = True
                     break
                 rounds += 1
+                meter = ledger.budget() if self.progress else None
+                if meter is not None:  # a round's charge is public (the bar counts rounds)
+                    bar.set_postfix_str(f"budget {meter.spent:.3g} of ε = {meter.epsilon:g}")
                 proposal = u + step * self.g + rng.laplace(0.0, self.threshold_scale)
                 hit = None
                 for s in range(len(u_s)):
@@ -256,6 +260,27 @@ class ProposeTest:
         params = None if chosen is None else dict(self.candidates[chosen])
         return ProposeTestResult(chosen is not None, params, rounds, refused, u,
                                  self.seed is not None)
+
+    def rehearse(self, objective: Callable[[dict, np.ndarray], float], n_examples: int
+                 ) -> Rehearsal:
+        """Rehearse before :meth:`run`: the first candidate on one partition, nothing charged.
+
+        Bind the objective to public or synthetic data of ``n_examples``
+        examples: a rehearsal shows everything. Whatever the objective raises is
+        re-raised as it is; an accuracy that is not a number in [0, 1] raises
+        :class:`privguard.InvalidArgumentError` with its value (a run withholds it).
+        """
+        check_objective(objective)
+        n = check.positive_int("n_examples", n_examples)
+        params = dict(self.candidates[0])
+        part = partitions(n, self.k, make_rng(self.seed))[0]
+        value = objective(dict(params), part)
+        score = as_score(value)
+        if score is None or not 0.0 <= score <= 1.0:
+            raise InvalidArgumentError("objective", objective,
+                                       f"returned {value!r} for {params!r}: utilities must be "
+                                       "accuracies in [0, 1] (sensitivity 1/k)")
+        return Rehearsal(params, score, None)
 
     def run(self, objective: Callable[[dict, np.ndarray], float], ledger: Ledger,
             n_examples: int) -> ProposeTestResult:

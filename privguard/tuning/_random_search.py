@@ -31,6 +31,7 @@ from privguard.tuning._base import (
     sealed,
 )
 from privguard.tuning._executors import Task, prepare, resolve
+from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import SearchSpace
 
 
@@ -38,7 +39,7 @@ def check_space(space: Any) -> SearchSpace:
     return space if isinstance(space, SearchSpace) else SearchSpace(space)
 
 
-class RandomSearch(Tuner):
+class RandomSearch(RehearseOne, Tuner):
     """Draw K ~ ``runs`` candidates at random from ``space``; release only the best.
 
     A run releases the winner — its hyperparameters, score and artifact — or
@@ -109,6 +110,8 @@ class RandomSearch(Tuner):
             label: str | None = "tuning", backend: Any = None) -> TuningResult:
         """Charge the tuning bound, run K candidates, release only the winner.
 
+        Rehearse first (:meth:`rehearse`): a run hides every failed candidate.
+
         ``objective(params, child_ledger)`` trains and scores one candidate,
         charging its private work to ``child_ledger`` (e.g. through
         :func:`privguard.integrations.opacus.attach`); it returns a score,
@@ -138,8 +141,9 @@ class RandomSearch(Tuner):
         mech = self.cost(grid)
         mech._rdp_checked(grid)  # the bound's curve, computed before the charge
         prepare(executor, objective)
-        with Elapsed(label or "tuning", self.progress):
+        with Elapsed(label or "tuning", self.progress) as bar:
             self._charge(ledger, mech, label)
+            bar.show_budget(ledger)
             return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],

@@ -41,6 +41,7 @@ from privguard.tuning._base import (
     sealed,
 )
 from privguard.tuning._random_search import RandomSearch
+from privguard.tuning._rehearse import Rehearsal, call_with_child, rehearse_candidate
 
 
 def paper_extrapolation(optimizer: str = "sgd", lr_key: str = "lr") -> Callable[[dict, float], dict]:
@@ -182,10 +183,47 @@ class SubsetSearch:
         return TuningPlan(mech, grid, curve, RDPCurve._trusted(grid, curve).epsilon(d), d,
                           inner.expected_runs, inner.naive_epsilon)
 
+    def rehearse(self, tune_objective: Callable[[dict, Ledger, np.ndarray], Any],
+                 final_objective: Callable[[dict, Ledger, np.ndarray, Any], Any],
+                 n_examples: int, *, orders: Any = None) -> Rehearsal:
+        """Rehearse before :meth:`run`: one candidate on a subset, then the final training.
+
+        Nothing is charged: both objectives run under throwaway child ledgers
+        (the per-candidate cost, then the final cost), connected to no real
+        ledger. Bind the objectives to public or synthetic data of
+        ``n_examples`` examples: a rehearsal shows everything.
+
+        Returns:
+            A :class:`privguard.tuning.Rehearsal`: the extrapolated params, the
+            tuned candidate's score and the final objective's artifact.
+
+        Raises:
+            Whatever an objective raises, as it is; BudgetExhausted (naming the
+            cost and the remedy) when a child refused; InvalidArgumentError for a
+            tuning objective that returned no finite score.
+        """
+        check_objective(tune_objective, "tune_objective")
+        check_objective(final_objective, "final_objective")
+        n = check.positive_int("n_examples", n_examples)
+        grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
+        in_subset = make_rng(self.seed).random(n) < self.q
+        subset = np.flatnonzero(in_subset)
+        final_idx = np.flatnonzero(~in_subset) if self.variant == 1 else np.arange(n)
+        tuned = rehearse_candidate(self.tuner, lambda p, c: tune_objective(p, c, subset),
+                                   grid, self.seed)
+        params = self.extrapolate(dict(tuned.params), self.scale)
+        final = self.cost(grid).final
+        artifact = call_with_child(
+            lambda child: final_objective(dict(params), child, final_idx, tuned.artifact),
+            grid, final._rdp_checked(grid), final)
+        return Rehearsal(params, tuned.score, artifact)
+
     def run(self, tune_objective: Callable[[dict, Ledger, np.ndarray], Any],
             final_objective: Callable[[dict, Ledger, np.ndarray, Any], Any], ledger: Ledger,
             n_examples: int, *, label: str | None = "subset tuning") -> SubsetResult:
         """Charge the plan, tune on X₁, extrapolate, train the final model.
+
+        Rehearse first (:meth:`rehearse`): a run hides every failed candidate.
 
         ``tune_objective(params, child, subset_indices)`` trains and scores
         one candidate on X₁ (⊥ rules as in :meth:`RandomSearch.run`);
