@@ -282,8 +282,8 @@ class Accounting:
             return Verdict(True, mechanism, curve, times, None, None, None, None)
         n = journal._streak_count + times
         lim = self._limit
-        if lim is None or not lim.holds(journal, flt, self.config) or (n > lim.limit
-                                                                       and not lim.exact):
+        if lim is None or not lim.holds(journal, flt, self.config) or (
+                not lim.exact and journal._streak_count >= lim.limit):  # a capped search, used up
             # from the next count on, so the limit is the boundary whatever ``times`` is
             lim = self._limit = _fastpath.search(journal, flt, self.config,
                                                  journal._streak_count + 1)

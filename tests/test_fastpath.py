@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privguard import BudgetExhausted, Ledger, Plan, _ledger
+from privguard import BudgetExhausted, Ledger, LedgerStateError, Plan, _ledger
 from privguard import mechanisms as M
 from privguard._accounting import Accounting
 
@@ -26,6 +26,7 @@ CONFIGS = {
     "strict": dict(rdp_budget=M.SubsampledGaussian(2.0, 0.2, steps=40)),
     "hybrid": dict(epsilon=2.0, delta=1e-5, plan=Plan(ENVELOPE), filter="hybrid"),
     "odometer only": dict(delta=1e-5),
+    "rdp, a budget the search caps": dict(epsilon=1e9, delta=1e-5),
 }
 
 # an op: ("charge", pool index, times, same object?) | ("afford", i) | ("eps",) | ("reload",)
@@ -62,7 +63,13 @@ def _trace(config: dict, seq: list, fast: bool, monkeypatch) -> list:
         elif op[0] == "eps":
             out.append(("eps", ledger.epsilon()) if ledger.delta is not None else ("eps",))
         else:
-            ledger = Ledger.load_state_dict(ledger.state_dict())
+            try:
+                ledger = Ledger.load_state_dict(ledger.state_dict())
+            except LedgerStateError as exc:  # must fail alike on both paths
+                # (a hybrid run that crosses T_A replays as one charge of `count` steps,
+                # which leaves part A's count where single charges do not: a known
+                # limitation of the replay, on both paths alike)
+                out.append(("reload refused", str(exc)))
         flt = ledger._acc.filter
         out.append((ledger.spent.tobytes(), len(ledger.history),
                     getattr(flt, "a_count", None), getattr(flt, "a_alive", None)))
