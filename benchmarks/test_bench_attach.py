@@ -11,7 +11,12 @@ Run: python -m pytest benchmarks/test_bench_attach.py --benchmark-only \
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pytest's importlib mode
 from attach_overhead import VARIANTS, make_step
 
 
