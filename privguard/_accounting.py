@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from privguard import _conversion as conv
+from privguard import _fastpath
 from privguard._base import Mechanism
 from privguard._config import Config
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
@@ -41,7 +42,7 @@ class Verdict(NamedTuple):
     mechanism: Mechanism
     curve: np.ndarray
     times: int
-    spent_after: np.ndarray
+    spent_after: np.ndarray | None  # None: the journal computes it lazily (fast path)
     filter_state: Any
     fix: dict[str, Any] | None  # the plan-derived choices this charge would fix
     filter: Any  # the filter that decided (a fresh one when ``fix`` is set)
@@ -247,6 +248,10 @@ class Accounting:
                 raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
             curve = self._lookup_curve(mechanism)
         check_label(label)
+        if self.fixed is not None and self.fast:
+            verdict = self._decide_repeated(mechanism, curve, times)
+            if verdict is not None:
+                return verdict
         spent_after = self.journal.spent_after(mechanism, curve, times)
         fix, flt = None, self.filter
         if self.fixed is None:  # the first charge fixes the plan-derived choices
@@ -257,6 +262,44 @@ class Accounting:
             return Verdict(True, mechanism, curve, times, spent_after, None, fix, flt)
         admitted, state = flt.decide(spent_after, mechanism, times)
         return Verdict(bool(admitted), mechanism, curve, times, spent_after, state, fix, flt)
+
+    fast = True  # the repeated-charge fast path (tests compare against False)
+
+    def _decide_repeated(self, mechanism: Mechanism, curve: np.ndarray, times: int
+                         ) -> Verdict | None:
+        """:meth:`decide` in O(1) for another charge of the journal's current streak, when
+        the filter's answer is known to be "admitted" (privguard/_fastpath.py); None
+        otherwise (the ordinary path then decides, refusals included).
+
+        The verdict carries no spent curve: the journal materialises it lazily, as
+        ``base + n × curve``, the floats the ordinary path computes.
+        """
+        journal = self.journal
+        streak = journal._streak
+        if streak is None or not (mechanism is streak or mechanism == streak):
+            return None
+        flt = self.filter
+        if flt is None:
+            return Verdict(True, mechanism, curve, times, None, None, None, None)
+        n = journal._streak_count + times
+        lim = self._limit
+        if lim is None or not lim.holds(journal, flt, self.config) or (
+                not lim.exact and journal._streak_count >= lim.limit):  # a capped search, used up
+            # from the next count on, so the limit is the boundary whatever ``times`` is
+            lim = self._limit = _fastpath.search(journal, flt, self.config,
+                                                 journal._streak_count + 1)
+            if lim is None:
+                return None
+        b_ok = n <= lim.limit
+        if isinstance(flt, (DPFilter, StrictFilter)):
+            return Verdict(True, mechanism, curve, times, None, None, None, flt) if b_ok else None
+        if b_ok or flt.a_admits(mechanism, times):
+            admitted, state = flt.decide_with(b_ok, mechanism, times)
+            if admitted:
+                return Verdict(True, mechanism, curve, times, None, state, None, flt)
+        return None
+
+    _limit: _fastpath.Limit | None = None
 
     def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
         """Commit an admitted verdict; returns the journal changes to persist."""

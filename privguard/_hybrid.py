@@ -492,9 +492,24 @@ class HybridFilter:
         if spent_after.shape != self.orders.shape:
             raise LedgerStateError(f"spent curve of shape {spent_after.shape} does not match "
                                    f"the filter's {self.orders.size} orders")
+        return self.decide_with(self.fallback.admits(spent_after, weights), mechanism, times)
+
+    def a_admits(self, mechanism: Mechanism, times: int) -> bool:
+        """Whether part A alone admits ``times`` charges of ``mechanism`` (O(1)): alive,
+        inside the envelope and within T_A (the ``a_ok`` of :func:`admission_rule`)."""
+        s = self._state
+        if not s.a_alive:
+            return False
+        k = envelope_steps_in(mechanism, self.envelope)
+        return k is not None and s.a_count + k * times <= self.steps_a
+
+    def decide_with(self, b_ok: bool, mechanism: Mechanism, times: int
+                    ) -> tuple[bool, HybridState]:
+        """:meth:`decide` given part B's answer ``b_ok`` for the spent curve after the
+        charges (the repeated-charge fast path knows it without the curve,
+        privguard/_fastpath.py). When :meth:`a_admits`, ``b_ok`` does not matter."""
         k = envelope_steps_in(mechanism, self.envelope)
         inside = -1 if k is None else k * times
-        b_ok = self.fallback.admits(spent_after, weights)
         s = self._state
         admitted, alive, count = admission_rule(s.a_alive, s.a_count, inside, b_ok, self.steps_a)
         if not admitted:

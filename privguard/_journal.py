@@ -201,7 +201,7 @@ class Journal:
         run = self._cur_run = Run(*self._cur)
         return run, False
 
-    def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray) -> None:
+    def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
 
         ``run.index`` and ``run.start`` must be :attr:`run_count` and :attr:`charges`

@@ -1,0 +1,168 @@
+"""The cost of attach on a DP-SGD step: plain Opacus against attach in memory and on file.
+
+The issue-26 setting: a 20-64-2 MLP, batch 128, one thread, Opacus' RDP accountant in
+every variant. Each variant is timed over ``--steps`` steps, the variants alternate, and
+the table gives medians of ``--rounds`` rounds and the ratio to plain Opacus measured in
+the same run.
+
+A second table times attach's step hook alone (the charge), per call: what attach
+adds to a step, less sensitive to a loaded machine than the difference of two
+step times.
+
+Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from privguard import Ledger
+from privguard.integrations.opacus import attach
+
+warnings.filterwarnings("ignore")
+torch.set_num_threads(1)
+DELTA = 1e-5
+
+
+def make_step(variant: str, tmp: str):
+    """A closure running one DP-SGD step of the MLP under ``variant``."""
+    torch.manual_seed(0)
+    x = torch.randn(8192, 20)
+    data = TensorDataset(x, (x.sum(1) > 0).long())
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=128), noise_multiplier=1.0,
+        max_grad_norm=1.0, poisson_sampling=True)
+    ledger = None
+    if variant != "plain Opacus":
+        path = None if "in memory" in variant else os.path.join(tmp, f"{variant}.db")
+        if path is not None and os.path.exists(path):
+            os.remove(path)
+        ledger = Ledger(delta=DELTA, path=path)
+        if variant.endswith("fast path off"):
+            ledger._acc.fast = False  # the grid arithmetic on every charge (before issue 26)
+        attach(opt, ledger, data_loader=loader)
+    xb, yb = x[:128], data.tensors[1][:128]
+
+    def step():
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+    step.optimizer = opt  # type: ignore[attr-defined]
+    return step, ledger
+
+
+def hook_cost(variant: str, steps: int, tmp: str) -> float:
+    """Median time of attach's step hook (the charge) per step, timed around the hook
+    itself: a load-independent view of what attach adds to a step."""
+    step, ledger = make_step(variant, tmp)
+    opt = step.optimizer
+    hook, spent = opt.step_hook, []
+
+    def timed(optimizer):
+        t0 = time.perf_counter_ns()
+        hook(optimizer)
+        spent.append(time.perf_counter_ns() - t0)
+
+    opt.step_hook = timed
+    for _ in range(steps):
+        step()
+    if ledger is not None:
+        ledger.close()
+    return statistics.median(spent[20:]) / 1e9
+
+
+def hook_parts(calls: int = 3000) -> dict[str, float]:
+    """Medians (seconds) of the parts of attach's step hook, called directly on a trained
+    in-memory attach: the mechanism lookup, the charge (fast path on and off), Opacus'
+    own accountant hook (which plain Opacus runs too) and the whole hook."""
+    from privguard.integrations.opacus import _ATTACHED
+
+    step, ledger = make_step("attach, in memory", "")
+    for _ in range(30):
+        step()
+    opt = step.optimizer
+    handle = _ATTACHED[opt]
+    mech = handle.next_mechanism()
+
+    def med(fn) -> float:
+        ts = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append(time.perf_counter_ns() - t0)
+        return statistics.median(ts) / 1e9
+
+    out = {"next_mechanism()": med(handle.next_mechanism),
+           "charge, fast path": med(lambda: ledger.charge(mech, label=handle.label))}
+    ledger._acc.fast = False
+    out["charge, fast path off"] = med(lambda: ledger.charge(mech, label=handle.label))
+    ledger._acc.fast = True
+    out["Opacus' own accountant hook"] = med(lambda: handle._previous_hook(opt))
+    out["the whole hook (attach's and Opacus')"] = med(lambda: handle._hook(opt))
+    return out
+
+
+def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
+    per_step: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        made = {v: make_step(v, tmp) for v in variants}
+        for v in variants:  # warm-up
+            for _ in range(20):
+                made[v][0]()
+        for _ in range(rounds):
+            for v in variants:
+                step = made[v][0]
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                per_step[v].append((time.perf_counter() - t0) / steps)
+        for _, ledger in made.values():
+            if ledger is not None:
+                ledger.close()
+    return {v: statistics.median(ts) for v, ts in per_step.items()}
+
+
+VARIANTS = ["plain Opacus", "attach, in memory", "attach, file"]
+EXTRA = ["attach, in memory, fast path off"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    med = run(args.rounds, args.steps, VARIANTS + EXTRA)
+    base = med["plain Opacus"]
+    print(f"20-64-2 MLP, batch 128, 1 thread; medians of {args.rounds} alternating rounds "
+          f"of {args.steps} steps")
+    print("| | per step | vs plain Opacus |\n|---|---|---|")
+    for v, t in med.items():
+        print(f"| {v} | {t * 1e6:,.0f} µs | {t / base:.3f}× |")
+    print("\nthe hook's parts, called directly (medians of 3,000 calls):")
+    print("| part | median |\n|---|---|")
+    for what, t in hook_parts().items():
+        print(f"| {what} | {t * 1e6:,.1f} µs |")
+    print("\nattach's step hook alone (the charge), median per step:")
+    print("| | hook | share of the plain step above |\n|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in VARIANTS[1:] + EXTRA:
+            h = hook_cost(v, args.steps, tmp)
+            print(f"| {v} | {h * 1e6:,.1f} µs | {h / base:.2%} |")
+
+
+if __name__ == "__main__":
+    main()
