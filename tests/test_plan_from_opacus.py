@@ -63,3 +63,33 @@ def test_refusals():
         Plan.from_opacus(opt, loader, epochs=1, steps=3)
     with pytest.raises(InvalidArgumentError, match="optimizer"):
         Plan.from_opacus(object(), loader, epochs=1)
+
+
+def test_an_attached_prv_calibrated_run_ends_with_the_meter_within_1_percent_of_the_target():
+    """Issue 25's number: make_private_with_epsilon + Plan.from_opacus + the hybrid filter,
+    attached to the real loop: every planned step runs and the meter ends in [0.99, 1] × ε."""
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    n, batch, epochs = 1000, 50, 3
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(n, 4)
+    data = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=batch)
+    engine = PrivacyEngine()
+    model, opt, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=opt, data_loader=data, target_epsilon=3.0, target_delta=1e-5,
+        epochs=epochs, max_grad_norm=1.0)
+    plan = Plan.from_opacus(opt, loader, epochs=epochs)
+    ledger = Ledger(3.0, 1e-5, plan=plan, filter="hybrid")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine)
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    assert handle.steps_charged == plan.steps
+    b = ledger.budget()
+    assert 0.99 * 3.0 <= b.spent <= 3.0, b
