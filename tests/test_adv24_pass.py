@@ -74,3 +74,50 @@ def test_malformed_migrated_retargets_fail_closed(retargets):
     state["journal"].insert(0, ["event", {"event": "migrate", "retargets": retargets}])
     with pytest.raises(LedgerStateError, match="migrat"):
         Ledger.load_state_dict(_resummed(state))
+
+
+class _NoRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def _deep(depth=100_000):
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("call", [
+    # repr(10**5000) raises ValueError (Python's digit limit): it escaped as a plain one
+    lambda: Ledger(3.0, 1e-5).charge(M.Gaussian(2.0), times=10**5000),
+    lambda: M.Gaussian(10**5000),
+    # repr of a deeply nested list raises RecursionError; a user's __repr__ anything
+    lambda: Ledger(3.0, 1e-5).charge(M.Gaussian(2.0), label=_deep()),
+    lambda: Ledger(3.0, 1e-5).charge(M.Gaussian(2.0), label=_NoRepr()),
+], ids=["huge-times", "huge-sigma", "deep-label", "raising-repr"])
+def test_a_refused_argument_whose_repr_fails_is_still_an_invalid_argument_error(call):
+    from privguard import InvalidArgumentError
+
+    ledger_free = Ledger(3.0, 1e-5)
+    with pytest.raises(InvalidArgumentError, match="is invalid"):
+        call()
+    assert ledger_free.epsilon() == 0.0
+
+
+class _BadFloat:
+    def __float__(self):
+        raise RuntimeError("no float")
+
+
+@pytest.mark.parametrize("utilities", [10**400, [10**400], _BadFloat(), [_BadFloat()]],
+                         ids=["huge-int", "huge-int-list", "raising-float", "raising-list"])
+def test_propose_test_select_refuses_unconvertible_utilities_before_any_round(utilities):
+    from privguard import InvalidArgumentError
+    from privguard.tuning import ProposeTest
+
+    ledger = Ledger(3.0, 1e-5)
+    tuner = ProposeTest([{"a": 1}], epsilon0=0.1, partitions=5, seed=1, progress=False)
+    with pytest.raises(InvalidArgumentError, match="utilities"):
+        tuner.select(utilities, ledger)
+    assert ledger.epsilon() == 0.0
