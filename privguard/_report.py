@@ -28,7 +28,7 @@ from privguard._journal import Run
 from privguard._ledger import Ledger
 from privguard._mechanisms import Gaussian, SubsampledGaussian
 from privguard._optional import require
-from privguard._results import describe
+from privguard._results import created_delta, describe
 
 #: Opacus' PRV accountant is only asked about journals of at most this many runs.
 PRV_MAX_SEGMENTS = 10_000
@@ -42,14 +42,22 @@ def _replayer(ledger: Ledger) -> Accounting:
     return acc
 
 
+def stated_delta(ledger: Ledger) -> float | None:
+    """The δ a running ε is stated at: the ledger's, or after a retarget the one it was
+    created with, fixed before the first output (docs/theory.md §4, as guarantee()): an
+    odometer at a δ chosen after outputs is not valid under adaptivity (adv24)."""
+    return created_delta(ledger._acc) if ledger._acc.retargeted else ledger.delta
+
+
 def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
     """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs."""
     runs = ledger.runs
     total = runs[-1].start + runs[-1].count if runs else 0
     out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": []}
-    if ledger.delta is None or not total:
+    delta = stated_delta(ledger)
+    if delta is None or not total:
         return out
-    acc, delta = _replayer(ledger), ledger.delta
+    acc = _replayer(ledger)
     odometer = acc.odometer(delta)
     marks = np.unique(np.linspace(1, total, min(points, total)).astype(int))
     base = np.zeros(ledger.orders.size)
@@ -123,6 +131,11 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     remaining = ledger.remaining(last)
     delta = ledger.delta
     charges = runs[-1].start + runs[-1].count if runs else 0
+    # After a retarget the running ε is stated at the δ the ledger was created with, fixed
+    # before the first output, as guarantee() states it (docs/theory.md §4): at a δ
+    # chosen after outputs it is not valid under adaptivity (adv24).
+    retargeted = ledger._acc.retargeted
+    running_delta = stated_delta(ledger)
     return {
         "path": ledger.path,
         "orders": len(ledger.orders),
@@ -138,9 +151,13 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "strict_budget": cfg.filter == "strict",
         "charges": charges,
         "runs": len(runs),
-        "running_epsilon": None if delta is None else ledger.epsilon(),
-        "running_statement": (None if delta is None else
-                              f"P(privacy loss > running ε) ≤ {delta:g}, at any stopping time"),
+        "running_delta": running_delta,
+        "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),
+        "running_statement": (None if running_delta is None else
+                              f"P(privacy loss > running ε) ≤ {running_delta:g}, at any "
+                              "stopping time" + (", at the δ fixed before the first output "
+                                                 "(the target was changed afterwards)"
+                                                 if retargeted else "")),
         "naive_epsilon_not_a_guarantee": None if delta is None else ledger.nonadaptive_epsilon(),
         "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, delta)
                                                if compare_prv and delta is not None else None),
@@ -162,11 +179,12 @@ def print_report(data: dict[str, Any]) -> None:
     print(f"grid        {data['orders']} Rényi orders; odometer {data['odometer']!r}")
     print(f"charges     {data['charges']} in {data['runs']} runs")
     if data["running_epsilon"] is not None:
-        print(f"running ε   {data['running_epsilon']:.4f} at δ = {data['delta']:g} "
+        print(f"running ε   {data['running_epsilon']:.4f} at δ = {data['running_delta']:g} "
               f"({data['running_statement']}; valid under adaptivity)")
-        print(f"naive ε     {data['naive_epsilon_not_a_guarantee']:.4f} "
-              "(RDP conversion of the spent curve, as Opacus' RDP accountant: NOT a "
-              "guarantee under adaptivity)")
+        if data["naive_epsilon_not_a_guarantee"] is not None:  # None: retargeted to no δ
+            print(f"naive ε     {data['naive_epsilon_not_a_guarantee']:.4f} "
+                  "(RDP conversion of the spent curve, as Opacus' RDP accountant: NOT a "
+                  "guarantee under adaptivity)")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         if prv is not None:
             print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence: "
@@ -212,8 +230,9 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
             label="non-adaptive RDP (NOT a guarantee under adaptivity)")
     runs = ledger.runs
-    if compare_prv and ledger.delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
-        xs, ys = _prv_points(runs, ledger.delta)
+    delta = stated_delta(ledger)
+    if compare_prv and delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
+        xs, ys = _prv_points(runs, delta)
         if xs:
             ax.plot(xs, ys, linestyle="--", marker=".",
                     label="Opacus PRV (NOT a guarantee under adaptivity)")
@@ -221,7 +240,7 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
         ax.axhline(ledger.target[0], color="k", linestyle="--",
                    label=f"filter target ε = {ledger.target[0]:g}")
     ax.set_xlabel("charges")
-    ax.set_ylabel(f"ε at δ = {ledger.delta:g}" if ledger.delta else "ε")
+    ax.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
     ax.set_title(str(ledger.path))
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -121,3 +121,24 @@ def test_propose_test_select_refuses_unconvertible_utilities_before_any_round(ut
     with pytest.raises(InvalidArgumentError, match="utilities"):
         tuner.select(utilities, ledger)
     assert ledger.epsilon() == 0.0
+
+
+def test_report_after_a_retarget_states_the_running_epsilon_at_the_delta_fixed_first(tmp_path):
+    # Before: `privguard report` printed "running ε 2.3338 at δ = 0.001 (...; valid under
+    # adaptivity)" for a ledger created at δ = 10⁻⁶ and retargeted to 10⁻³ after its
+    # outputs, a δ chosen afterwards (guarantee() already said 3.262 at 10⁻⁶); the plot's
+    # running curve too.
+    from privguard._report import report, trajectory
+
+    path = str(tmp_path / "r.db")
+    with Ledger(delta=1e-6, path=path) as ledger:
+        ledger.charge(STEP, times=200)
+    with Ledger(delta=1e-3, path=path, retarget="chosen after the outputs") as ledger:
+        stated = ledger.guarantee()
+        data = report(ledger)
+        running = trajectory(ledger, points=3)["running_epsilon"]
+        assert ledger.epsilon() < stated.epsilon  # at the retargeted δ: not what is stated
+    assert stated.delta == 1e-6
+    assert (data["running_delta"], data["running_epsilon"]) == (1e-6, stated.epsilon)
+    assert "fixed before the first output" in data["running_statement"]
+    assert running[-1] == pytest.approx(stated.epsilon, rel=1e-12)
