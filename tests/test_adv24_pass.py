@@ -13,6 +13,7 @@ import pytest
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._integrity import Integrity
+from privguard.tuning import Choice, Poisson, RandomSearch
 
 STEP = M.SubsampledGaussian(1.1, 0.01)
 
@@ -142,3 +143,19 @@ def test_report_after_a_retarget_states_the_running_epsilon_at_the_delta_fixed_f
     assert (data["running_delta"], data["running_epsilon"]) == (1e-6, stated.epsilon)
     assert "fixed before the first output" in data["running_statement"]
     assert running[-1] == pytest.approx(stated.epsilon, rel=1e-12)
+
+
+class _BadIter:
+    def __iter__(self):
+        raise RuntimeError("no iteration")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Choice(_BadIter()),
+    lambda: RandomSearch({"lr": Choice(_BadIter())}, Poisson(3.0), cost=M.Gaussian(5.0)),
+], ids=["choice", "in-a-space"])
+def test_a_choice_whose_values_raise_on_iteration_is_an_invalid_argument_error(make):
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="values"):
+        make()
