@@ -159,3 +159,24 @@ def test_a_choice_whose_values_raise_on_iteration_is_an_invalid_argument_error(m
 
     with pytest.raises(InvalidArgumentError, match="values"):
         make()
+
+
+def test_fix_records_nudged_within_the_float_tolerance_never_lower_epsilon():
+    # check_fix accepts recorded floats within 1e-9 relative of the derived ones (another
+    # CPU's libm). Before, the recorded ones were installed: one mixture weight nudged up
+    # by 9.9e-10 lowered ε from 2.2617724925066125 to 2.261772492501391. Now the derived
+    # record is installed, so no nudge moves ε.
+    src = Ledger(delta=1e-5)
+    src.charge(STEP, times=1000)
+    honest, state = src.epsilon(), src.state_dict()
+    weights = state["fixed"]["odometer"]["weights"]
+    top = sorted(range(len(weights)), key=lambda i: -weights[i])[:12]
+    for i in top:
+        forged = copy.deepcopy(state)
+        nudged = list(weights)
+        nudged[i] *= 1 + 9.9e-10
+        forged["fixed"]["odometer"]["weights"] = nudged
+        next(e for e in forged["journal"] if e[0] == "fix")[1]["odometer"]["weights"] = nudged
+        loaded = Ledger.load_state_dict(_resummed(forged))
+        assert loaded.epsilon() == honest
+        assert loaded.state_dict()["fixed"] == state["fixed"]  # the derived record is kept
