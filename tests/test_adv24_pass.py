@@ -180,3 +180,19 @@ def test_fix_records_nudged_within_the_float_tolerance_never_lower_epsilon():
         loaded = Ledger.load_state_dict(_resummed(forged))
         assert loaded.epsilon() == honest
         assert loaded.state_dict()["fixed"] == state["fixed"]  # the derived record is kept
+
+
+class _BadPath:
+    def __fspath__(self):
+        raise RuntimeError("no path")
+
+
+@pytest.mark.parametrize("path", ["/tmp/adv24-a\0b.db", _BadPath()], ids=["nul", "raising-fspath"])
+@pytest.mark.parametrize("opener", ["new", "open"])
+def test_an_unusable_path_is_an_invalid_argument_error(path, opener):
+    # Before: sqlite3's ValueError ("embedded null byte") and the caller's RuntimeError
+    # escaped Ledger(path=...).
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="path="):
+        Ledger(3.0, 1e-5, path=path) if opener == "new" else Ledger.open(path)
