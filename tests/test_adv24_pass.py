@@ -196,3 +196,18 @@ def test_an_unusable_path_is_an_invalid_argument_error(path, opener):
 
     with pytest.raises(InvalidArgumentError, match="path="):
         Ledger(3.0, 1e-5, path=path) if opener == "new" else Ledger.open(path)
+
+
+def test_upgrade_leaves_no_stray_journal_of_its_temporary_file(tmp_path, capsys):
+    # Before: "budget.db.upgrading-journal" (the temporary's TRUNCATE-mode journal) stayed
+    # next to the upgraded file.
+    import shutil
+    from pathlib import Path
+
+    from privguard._cli import main
+
+    path = tmp_path / "budget.db"
+    shutil.copy(Path(__file__).parent / "data" / "ledger-0.1.db", path)
+    assert main(["upgrade", str(path), "--epsilon", "4", "--delta", "1e-5"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.db", "budget.db.v1"]
