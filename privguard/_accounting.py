@@ -398,11 +398,38 @@ class Accounting:
             if config == self.config:
                 raise LedgerStateError(f"{where}: a retarget that changes nothing (privguard "
                                        "never logs one)")
+        elif "retargets" in body:
+            self._check_migrated_retargets(body, where)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run
         if config is not None:
             self.retarget(config)
+
+    def _check_migrated_retargets(self, body: dict[str, Any], where: str) -> None:
+        """A 0.1 file's retargets, listed in the migrate event ``privguard upgrade`` writes
+        as a journal's first entry: they name the δ the ledger was created with, which
+        ``guarantee()`` states after a retarget (docs/theory.md §4). Anywhere else, or
+        not a chain of configurations ending in this one, such a list is forged: appended
+        to a checkpoint it moved guarantee() to a δ of the forger's choosing (adv24)."""
+        if self.marks or self.journal.charges or body.get("event") != "migrate":
+            raise LedgerStateError(f"{where}: a list of retargets outside the migrate event "
+                                   "that opens an upgraded journal (privguard writes none)")
+        from privguard import _config
+
+        chain = body["retargets"]
+        try:
+            if not isinstance(chain, list) or not all(
+                    isinstance(e, dict) and is_retarget(e) for e in chain):
+                raise TypeError("not a list of retarget events")
+            configs = [(_config.from_dict(e["old"]), _config.from_dict(e["new"])) for e in chain]
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"{where}: unreadable migrated retargets ({exc})") from None
+        # each retarget's new configuration is the next one's old, the last one's is this
+        targets = [old for old, _ in configs[1:]] + [self.config]
+        if any(new != target for (_, new), target in zip(configs, targets)):
+            raise LedgerStateError(f"{where}: the migrated retargets do not chain to this "
+                                   "ledger's configuration")
 
     def retarget(self, config: Config) -> None:
         """Adopt a new target (an explicit, logged decision). The fixed plan stays."""

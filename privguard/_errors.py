@@ -24,7 +24,19 @@ class InvalidArgumentError(PrivguardError, ValueError):
         self.argument = name
         self.value = value
         self.requirement = requirement
-        super().__init__(f"{name}={value!r} is invalid: {requirement}")
+        super().__init__(f"{name}={_shown(value)} is invalid: {requirement}")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or a description when it raises: an int beyond Python's digit
+    limit (``times=10**5000``), a deeply nested list, a user type whose ``__repr__``
+    fails. The refusal must stay an InvalidArgumentError, not the built-in (adv24)."""
+    try:
+        return repr(value)
+    except Exception:  # by design: any failure of a caller's repr
+        if isinstance(value, int):
+            return f"<an int of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__} whose repr failed>"
 
 
 class UnknownMechanismError(InvalidArgumentError):

@@ -125,12 +125,13 @@ class LedgerState:
                     "would rewind or rewrite spent budget. A ledger never goes backwards; "
                     "build a separate ledger with Ledger.load_state_dict(state) if that is "
                     "what you mean")
-        if any(not isinstance(item, Run) and is_retarget(item[1])
+        if any(not isinstance(item, Run) and (is_retarget(item[1]) or "retargets" in item[1])
                for item in theirs[len(mine):]):
             # An in-memory ledger has no retarget: a state that retargets after this
             # ledger's journal is not a later checkpoint of it. Loaded, a retarget (or a
             # round trip to another target and back) would swap a hybrid filter for the
-            # RDP filter at the full δ, a relaxation.
+            # RDP filter at the full δ, a relaxation. A migrate event's list of 0.1
+            # retargets would move guarantee() to the δ it names (adv24).
             return ("the state to load retargets this ledger after its journal; an in-memory "
                     "ledger never retargets, so loading it in place would change the rule "
                     "that admitted its charges. Build a separate ledger with "

@@ -295,8 +295,9 @@ def upgrade(path: str, epsilon: float | None = None, delta: float | None = None,
             shutil.copy2(path, backup)
             os.replace(tmp, path)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
+            for stale in (tmp, tmp + "-journal"):  # the temporary's TRUNCATE journal too
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(stale)
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path + suffix)

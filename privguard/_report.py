@@ -30,7 +30,7 @@ from privguard._journal import Run
 from privguard._ledger import Ledger
 from privguard._mechanisms import Gaussian, SubsampledGaussian
 from privguard._optional import require
-from privguard._results import describe
+from privguard._results import created_delta, describe
 from privguard._risk import risk_sentence
 
 #: Opacus' PRV accountant is only asked about journals of at most this many runs.
@@ -47,6 +47,13 @@ def _replayer(ledger: Ledger) -> Accounting:
     return acc
 
 
+def stated_delta(ledger: Ledger) -> float | None:
+    """The δ a running ε is stated at: the ledger's, or after a retarget the one it was
+    created with, fixed before the first output (docs/theory.md §4, as guarantee()): an
+    odometer at a δ chosen after outputs is not valid under adaptivity (adv24)."""
+    return created_delta(ledger._acc) if ledger._acc.retargeted else ledger.delta
+
+
 def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
     """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs, and
     the budget meter (docs/theory.md §12) at about :data:`METER_POINTS` of them."""
@@ -54,9 +61,10 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
     total = runs[-1].start + runs[-1].count if runs else 0
     out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": [],
                             "meter_charges": [], "meter": []}
-    if ledger.delta is None or not total:
+    delta = stated_delta(ledger)
+    if delta is None or not total:
         return out
-    acc, delta = _replayer(ledger), ledger.delta
+    acc = _replayer(ledger)
     odometer = acc.odometer(delta)
     marks = np.unique(np.linspace(1, total, min(points, total)).astype(int))
     flt = acc.filter if ledger.budget() is not None and not acc.retargeted else None
@@ -153,6 +161,11 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     charges = runs[-1].start + runs[-1].count if runs else 0
     meter = ledger.budget()
     claim = None if delta is None else ledger.guarantee()
+    # After a retarget the running ε is stated at the δ the ledger was created with, fixed
+    # before the first output, as guarantee() states it (docs/theory.md §4): at a δ
+    # chosen after outputs it is not valid under adaptivity.
+    retargeted = ledger._acc.retargeted
+    running_delta = stated_delta(ledger)
     return {
         "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
                                               "left": meter.left, "part": meter.part},
@@ -175,9 +188,13 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "strict_budget": cfg.filter == "strict",
         "charges": charges,
         "runs": len(runs),
-        "running_epsilon": None if delta is None else ledger.epsilon(),
-        "running_statement": (None if delta is None else
-                              f"P(privacy loss > running ε) ≤ {delta:g}, at any stopping time"),
+        "running_delta": running_delta,
+        "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),
+        "running_statement": (None if running_delta is None else
+                              f"P(privacy loss > running ε) ≤ {running_delta:g}, at any "
+                              "stopping time" + (", at the δ fixed before the first output "
+                                                 "(the target was changed afterwards)"
+                                                 if retargeted else "")),
         "naive_epsilon_not_a_guarantee": None if delta is None else ledger.nonadaptive_epsilon(),
         "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, delta)
                                                if compare_prv and delta is not None else None),
@@ -217,7 +234,7 @@ def print_report(data: dict[str, Any]) -> None:
         why = ("" if target is None else f" — {above}a different statement: it must hold at "
                "any stopping time without the filter, so it is usually larger than the meter "
                "and may exceed the target while the filter's guarantee holds")
-        print(f"any-time ε  {run:.4f} at δ = {delta:g} "
+        print(f"any-time ε  {run:.4f} at δ = {data['running_delta']:g} "
               f"({data['running_statement']}; valid under adaptivity){why}")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         naive = data["naive_epsilon_not_a_guarantee"]
@@ -225,8 +242,10 @@ def print_report(data: dict[str, Any]) -> None:
         if prv is not None:
             print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence; "
                   f"{fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
-        print(f"naive ε     {naive:.4f} (RDP conversion of the spent curve, as Opacus' RDP "
-              f"accountant; {fixed}){_above(naive, target, 'not a statement about this run')}")
+        if naive is not None:  # None: retargeted to no δ
+            print(f"naive ε     {naive:.4f} (RDP conversion of the spent curve, as Opacus' "
+                  f"RDP accountant; {fixed})"
+                  f"{_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")
     filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
             f"filter: {data['target_statement']}" if target is not None else
@@ -287,13 +306,14 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
             label="non-adaptive RDP (NOT a guarantee under adaptivity)")
     runs = ledger.runs
-    if compare_prv and ledger.delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
-        xs, ys = _prv_points(runs, ledger.delta)
+    delta = stated_delta(ledger)
+    if compare_prv and delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
+        xs, ys = _prv_points(runs, delta)
         if xs:
             ax.plot(xs, ys, linestyle="--", marker=".",
                     label="Opacus PRV (NOT a guarantee under adaptivity)")
     ax.set_xlabel("charges")
-    ax.set_ylabel(f"ε at δ = {ledger.delta:g}" if ledger.delta else "ε")
+    ax.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
     ax.legend(fontsize=8)
     name = os.path.basename(str(ledger.path)) if ledger.path else "in-memory ledger"
     fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"

@@ -33,8 +33,13 @@ def open_store(path: Any, *, read_only: bool = False) -> Store:
     """
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError("path", path, "must be a file path (str or os.PathLike)")
-    text = os.fspath(path)
-    if isinstance(text, str) and is_postgres_url(text):
+    try:
+        text = os.fspath(path)
+    except Exception:  # by design: a caller's __fspath__ that raises (adv24)
+        raise InvalidArgumentError("path", path, "its __fspath__ failed") from None
+    if not isinstance(text, str) or "\0" in text:  # sqlite3 raised ValueError (adv24)
+        raise InvalidArgumentError("path", path, "must be a str path without NUL characters")
+    if is_postgres_url(text):
         from privguard._stores._postgres import PostgresStore
 
         return PostgresStore(text, read_only=read_only)

@@ -258,8 +258,7 @@ def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) ->
         acc.replay_run(Run(index, start, count, label, mechanism, first, last, pid), where)
         c.last_count = count
     elif kind == "fix":
-        check_fix(acc, parsed, where)
-        acc.replay_fix(parsed)
+        acc.replay_fix(check_fix(acc, parsed, where))
         c.last_count = 0
     else:
         if is_retarget(parsed) and store.live:
@@ -407,7 +406,8 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
         raise LedgerStateError(f"{where} does not match the replayed journal")
 
 
-def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVATION) -> None:
+def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVATION
+              ) -> dict[str, Any]:
     """A fix entry must hold what this library derives from its plan (issue 24, item 1): a
     PostgreSQL charging role writes it, a re-chained file (unkeyed) or a re-checksummed
     state may hold anything, such as weaker filter weights, a larger T_A or an odometer
@@ -418,6 +418,10 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     a dependency that certifies more later keeps old records loadable); everything else
     must match (floats to 1e-9 relative, another CPU's libm; a forged record differs by
     far more). The refusal names the first field that differs.
+
+    Returns the record to install: the derived one (with the recorded T_A), never the
+    recorded floats, which a forger may move within that tolerance (adv24: odometer
+    weights nudged by 1e-9 lowered ε by 5e-12).
     """
     try:
         derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
@@ -425,11 +429,13 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
         raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
     if derivation not in KNOWN:  # one derivation so far: version 1, this code
         raise LedgerStateError(f"{where}: derivation {derivation!r} is unknown to this privguard")
-    field = first_difference(fixed, _at_recorded_steps(fixed, derived))
+    derived = _at_recorded_steps(fixed, derived)
+    field = first_difference(fixed, derived)
     if field is not None:
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
                                f"library derives from it ({field or 'the record'} differs: a "
                                "forged or foreign fix entry)")
+    return derived
 
 
 def _at_recorded_steps(fixed: Any, derived: dict[str, Any]) -> dict[str, Any]:

@@ -215,7 +215,7 @@ class ProposeTest:
         """
         try:
             u_s = np.array(utilities, dtype=float)
-        except (TypeError, ValueError):
+        except Exception:  # by design: an int beyond float range, a raising __float__ (adv24)
             u_s = np.full(1, np.nan)
         if (u_s.shape != (len(self.candidates),) or not np.all(np.isfinite(u_s))
                 or np.any((u_s < 0) | (u_s > 1))):

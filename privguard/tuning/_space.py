@@ -25,7 +25,7 @@ class Choice:
             raise InvalidArgumentError("values", values, "must be a list or tuple of values")
         try:
             vals = tuple(values)
-        except TypeError:
+        except Exception:  # by design: not iterable, or a caller's __iter__ that raises (adv24)
             raise InvalidArgumentError("values", values, "must be a list or tuple of values") from None
         if not vals:
             raise InvalidArgumentError("values", values, "a choice needs at least one value")
