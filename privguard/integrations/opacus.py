@@ -114,6 +114,16 @@ class AccountantWarning(UserWarning):
     """About Opacus' accountant: a PRV/GDP accountant, or steps that may be charged twice."""
 
 
+def _accumulated_allocation(k: int) -> NonPoissonSamplingError:
+    """The refusal of k > 1 micro-batches per step from a random-allocation loader: an epoch
+    of t batches would run t/k steps, which ``RandomAllocation(σ, t)`` under-counts."""
+    return NonPoissonSamplingError(
+        "micro_batches", k,
+        "accumulated micro-batches of a RandomAllocationSampler loader are not accounted (an "
+        "epoch of t batches would run t/k steps, which RandomAllocation(σ, t) under-counts); "
+        "step once per batch")
+
+
 # --------------------------------------------------------------------------- the handle
 class AttachHandle:
     """What :func:`attach` returns: the live link between an optimizer and a ledger.
@@ -243,13 +253,8 @@ class AttachHandle:
                 self.witnesses.check(self.next_mechanism() if self._epochs is not None
                                      else self._mechanism(predict=False))
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
-                if k > 1:  # t/k steps per epoch: RandomAllocation(σ, t) would under-count
-                    raise _sampling.NonPoissonSamplingError(
-                        "micro_batches", k,
-                        "accumulated micro-batches of a RandomAllocationSampler loader are not "
-                        "accounted (an epoch of t batches would run t/k steps, which "
-                        "RandomAllocation(σ, t) under-counts); step once per batch, or set "
-                        "steps_per_epoch to the number of optimizer steps")
+                if k > 1:
+                    raise _accumulated_allocation(k)
                 sigma = float(optimizer.noise_multiplier)
                 due = self._epochs.pending(sigma)
                 if due is not None:
@@ -551,11 +556,7 @@ def attach(
                                  recorded=total_steps(history_of(recorder)))
         sample_rate = 1.0 / sampler.steps_per_epoch  # Opacus' own view; not what is charged
         if declared > 1:
-            raise NonPoissonSamplingError(
-                "micro_batches", declared,
-                "accumulated micro-batches of a RandomAllocationSampler loader are not "
-                "accounted (an epoch of t batches would run t/k steps, which "
-                "RandomAllocation(σ, t) under-counts); step once per batch")
+            raise _accumulated_allocation(declared)
 
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
