@@ -120,6 +120,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def _setup(self, listeners: Any, store: Any) -> None:
         self._lock = threading.RLock()
         self._broken: str | None = None
+        self._held: str | None = None
         self._listeners: list[Callable[[LedgerEvent], None]] = []
         if isinstance(listeners, (str, bytes)) or not hasattr(listeners, "__iter__"):
             raise InvalidArgumentError("listeners", listeners, "must be an iterable of callables")
@@ -171,6 +172,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         with self._lock:
             if self._broken is not None:
                 raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
+            if self._held is not None:
+                raise LedgerStateError(f"ledger refuses reads and charges for now: {self._held}")
             if write and self._store is not None and self._store.read_only:
                 # refused before the store is touched: the ledger stays readable
                 raise LedgerStateError(f"{self._store.path} was opened read-only: it cannot "
@@ -194,6 +197,21 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         except LedgerStateError as exc:
             self._break(str(exc))
             raise
+
+    def _hold(self, reason: str) -> bool:
+        """Refuse every read and charge until :meth:`_unhold` (for a client such as a tuner
+        whose trials must not touch this ledger); ``False`` if it is already held or broken.
+        """
+        with self._lock:
+            if self._broken is not None or self._held is not None:
+                return False
+            self._held = reason
+            return True
+
+    def _unhold(self) -> None:
+        """End a hold; a ledger broken meanwhile stays broken (fail closed)."""
+        with self._lock:
+            self._held = None
 
     def _break(self, reason: str) -> None:
         """Refuse everything from now on (fail closed); the first cause is the one reported."""

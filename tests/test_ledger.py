@@ -296,3 +296,23 @@ def test_k_charges_at_once_equal_k_single_charges():
     assert not batch.can_afford(step)
     with pytest.raises(InvalidArgumentError, match="times"):
         batch.charge(step, times=0)
+
+
+def test_a_hold_refuses_reads_and_charges_and_never_clears_a_broken_ledger():
+    # the hold a tuner places on its parent ledger while the trials run (Optuna)
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    ledger.charge(M.Gaussian(4.0))
+    spent = ledger.epsilon()
+    assert ledger._hold("held by a test")
+    assert not ledger._hold("held twice")
+    with pytest.raises(LedgerStateError, match="held by a test"):
+        ledger.charge(M.Gaussian(4.0))
+    with pytest.raises(LedgerStateError, match="held by a test"):
+        ledger.epsilon()
+    ledger._unhold()
+    assert ledger.epsilon() == spent
+    ledger._break("a store failure during the hold")
+    assert not ledger._hold("after the break")
+    ledger._unhold()
+    with pytest.raises(LedgerStateError, match="a store failure during the hold"):
+        ledger.charge(M.Gaussian(4.0))

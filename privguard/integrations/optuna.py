@@ -217,21 +217,21 @@ class _ParentHeld:
     A trial that charged the parent it captured in a closure would add one
     journal entry per trial, and the journal would tell K. From the first
     trial (after the tuning bound is charged) until :meth:`release`, every
-    read or charge of the parent raises ``LedgerStateError`` (the ledger's own
-    fail-closed state, set and cleared here), so such a trial is ⊥.
+    read or charge of the parent raises ``LedgerStateError`` (the ledger's hold,
+    set and cleared here; it never clears a broken ledger), so such a trial is ⊥.
     """
 
     def __init__(self, trials: TrialObjective, ledger: Ledger) -> None:
         self.trials, self.ledger, self.holding = trials, ledger, False
 
     def __call__(self, params: dict[str, Any], child: Ledger) -> Any:
-        if not self.holding and self.ledger._broken is None:
-            self.ledger._broken, self.holding = _HELD, True
+        if not self.holding:
+            self.holding = self.ledger._hold(_HELD)
         return self.trials(params, child)
 
     def release(self) -> None:
-        if self.holding and self.ledger._broken == _HELD:
-            self.ledger._broken = None
+        if self.holding:
+            self.ledger._unhold()
         self.holding = False
 
 
