@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             res = demo_audit(quick=args.quick, seed=args.seed, steps=args.steps,
                              canaries=args.canaries)
             print(f"one-run audit, {res.steps} steps, {res.canaries} canaries: {res.correct} of "
-                  f"{res.guesses} guesses right\n"
+                  f"{res.guesses} guesses right (the best of {res.guess_sets} guess sets fixed "
+                  f"in advance, the confidence split between them)\n"
                   f"  epsilon_lower   = {res.epsilon_lower:.3f}  (true ε at δ = {res.delta:g} is "
                   f"at least this with {res.confidence:.0%} confidence)\n"
                   f"  epsilon_charged = {res.epsilon_charged:.3f}  (the ledger's ε for the run)\n"

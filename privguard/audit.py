@@ -2,21 +2,24 @@
 
 :func:`audit_opacus` trains the user's own private pipeline once with ``m``
 white-box gradient canaries (Nasr et al. 2023; Steinke, Nasr & Jagielski
-2023, §6): random unit directions ``u_i`` scaled to the clip norm C, each
-included with probability 1/2, and each included canary sampled at every step
-with the loader's Poisson rate q, exactly as a record is. Its gradient ``C·u_i``
-joins the clipped sum before Opacus adds the noise, so each canary is one more
-record of the charged subsampled Gaussian mechanism. Each canary is scored
-from what is released and what is independent of the canaries — never from
-their secret inclusion or sampling: the total ``Σ_t (g̃_t·s − D_t)`` of the
-released noisy gradients ``g̃_t`` (unscaled by Opacus' s) less the data's own
-clipped sums ``D_t`` (a function of the released parameters and of the data
-sampling), decoded by least squares ``(UUᵀ)⁻¹U·total`` when m ≤ d/2 (else
-correlated with each ``u_i``). The
-``k_in`` highest scores are guessed "in", the ``k_out`` lowest "out" (both
-fixed before the run), and the number of right guesses gives a lower bound
-on ε at the ledger's δ by Steinke–Nasr–Jagielski's Theorem 5.2
-(:mod:`privguard._one_run`; the guarantee is proved in docs/theory.md §16).
+2023, §6): unit directions ``u_i`` scaled to the clip norm C (distinct random
+coordinates when m ≤ d, so the canaries are orthonormal; random directions
+otherwise), each included with probability 1/2, and each included canary
+sampled at every step with the loader's Poisson rate q, exactly as a record
+is. Its gradient ``C·u_i`` joins the clipped sum before Opacus adds the noise,
+so each canary is one more record of the charged subsampled Gaussian
+mechanism. Each canary is scored from what is released and what is
+independent of the canaries — never from their secret inclusion or sampling:
+at every step, its projection ``x_t = ⟨u_i, g̃_t·s − D_t⟩/C`` of the released
+noisy gradient ``g̃_t`` (unscaled by Opacus' s) less the data's own clipped
+sum ``D_t`` (a function of the released parameters and of the data sampling)
+enters the charged step's log-likelihood ratio ``log(1 − q + q·e^{(x_t −
+½)/σ²})``, summed over all steps. For each of a few ``(k_in, k_out)`` pairs
+fixed before the run, the ``k_in`` highest scores are guessed "in" and the
+``k_out`` lowest "out"; each pair's right guesses give a lower bound on ε at
+the ledger's δ by Steinke–Nasr–Jagielski's Theorem 5.2 at a confidence split
+between the pairs, and the largest is returned (:mod:`privguard._one_run`,
+:mod:`privguard._audit_scoring`; docs/theory.md §16.3–16.4).
 The ledger attached for the run gives the charged ε of the same run.
 
 Example:
@@ -41,14 +44,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from privguard import _validation as check
+from privguard._audit_scoring import (
+    default_guesses,
+    lower_bound_over_guesses,
+    step_log_likelihood_ratio,
+)
 from privguard._errors import InvalidArgumentError
-from privguard._one_run import epsilon_lower_bound
 
 __all__ = ["AuditResult", "audit_opacus", "guess_and_count"]
 
@@ -66,9 +73,12 @@ class AuditResult:
         delta: the δ of both numbers.
         confidence: the confidence of ``epsilon_lower``.
         canaries: m, the number of canaries.
-        guesses: r, the number of guesses made (``k_in + k_out``).
-        correct: v, the number of right guesses.
+        guesses: r, the number of guesses made (``k_in + k_out``) by the
+            pre-registered pair that gave ``epsilon_lower``.
+        correct: v, the number of right guesses of that pair.
         steps: the real (noisy) steps of the run.
+        guess_sets: n, the number of pre-registered (k_in, k_out) pairs;
+            each was scored at confidence 1 − (1 − confidence)/n (§16.4).
     """
 
     epsilon_lower: float
@@ -79,6 +89,7 @@ class AuditResult:
     guesses: int
     correct: int
     steps: int
+    guess_sets: int = 1
 
     @property
     def ratio(self) -> float:
@@ -110,14 +121,20 @@ class _Canaries:
         self.params = [p for p in optimizer.params]
         self.sizes = [p.numel() for p in self.params]
         d = sum(self.sizes)
-        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        u = torch.randn(m, d, generator=gen, dtype=torch.float32)
-        self.u = u / u.norm(dim=1, keepdim=True)  # unit directions
+        self.coords: Any = None
+        self.u: Any = None
+        if m <= d:  # distinct random coordinates: orthonormal, no cross-talk (§16.4)
+            self.coords = torch.from_numpy(rng.choice(d, size=m, replace=False))
+        else:  # more canaries than coordinates: random unit directions (with cross-talk)
+            gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+            u = torch.randn(m, d, generator=gen, dtype=torch.float32)
+            self.u = u / u.norm(dim=1, keepdim=True)
+        self.d = d
         self.included = rng.random(m) < 0.5
         self.rate = rate
         self.rng = rng
-        self.total = torch.zeros(d, dtype=torch.float64)
-        self._data = self.total
+        self.score = np.zeros(m)  # Σ_t per-step log-likelihood ratio (§16.4)
+        self._data = torch.zeros(d, dtype=torch.float64)
         self.steps = 0
         self._inc = torch.from_numpy(self.included)
         self._add_noise = optimizer.add_noise
@@ -133,7 +150,11 @@ class _Canaries:
         # sampling, both independent of the canaries' inclusion (docs/theory.md §16)
         self._data = torch.cat([p.summed_grad.detach().reshape(-1).double() for p in self.params])
         sampled = torch.from_numpy(self.rng.random(len(self.included)) < self.rate) & self._inc
-        extra = c * self.u[sampled].sum(0)  # Σ C·u_i over the included canaries drawn now
+        if self.coords is not None:  # Σ C·e_{j_i} over the included canaries drawn now
+            extra = torch.zeros(self.d, dtype=torch.float32)
+            extra[self.coords[sampled]] = c
+        else:  # Σ C·u_i over the included canaries drawn now
+            extra = c * self.u[sampled].sum(0)
         for p, piece in zip(self.params, torch.split(extra, self.sizes), strict=True):
             p.summed_grad = p.summed_grad + piece.view_as(p.summed_grad).to(p.summed_grad)
         self._add_noise()
@@ -147,20 +168,19 @@ class _Canaries:
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
         flat = torch.cat([p.grad.detach().reshape(-1).double() for p in self.params])
-        self.total += flat * scale - self._data  # = the canaries drawn + the noise
+        released = flat * scale - self._data  # = the canaries drawn + the noise
+        c = float(opt.max_grad_norm)
+        if self.coords is not None:
+            x = (released[self.coords] / c).numpy()
+        else:
+            x = (self.u @ released.float()).double().numpy() / c
+        # the charged step's likelihood ratio at the projection: charged σ and q, no secret
+        self.score += step_log_likelihood_ratio(x, float(opt.noise_multiplier), self.rate)
         self.steps += 1
 
     def scores(self) -> np.ndarray:
-        """Each canary's score from Σ_t (released update·s − data's clipped sum)."""
-        import torch
-
-        u = self.u.double()
-        corr = u @ self.total
-        m, d = u.shape
-        if 2 * m > d:  # too many canaries to separate: correlation scores (with cross-talk)
-            return corr.numpy()
-        # least squares: (UUᵀ)⁻¹U·total undoes the canaries' cross-talk ⟨u_i, u_j⟩
-        return torch.linalg.solve(u @ u.T, corr).numpy()
+        """Each canary's score: Σ_t log(1 − q + q·exp((x_t − ½)/σ²)), x_t its projection."""
+        return self.score
 
     def remove(self) -> None:
         for name in ("add_noise", "scale_grad"):
@@ -186,7 +206,8 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
 
 def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
                  confidence: float = 0.95, delta: float = 1e-5,
-                 guesses: tuple[int, int] | None = None, loss: Callable | None = None,
+                 guesses: tuple[int, int] | Sequence[tuple[int, int]] | None = None,
+                 loss: Callable | None = None,
                  seed: int | None = None) -> AuditResult:
     """Train the pipeline ``build()`` makes once with canaries; return ε lower and charged.
 
@@ -198,8 +219,12 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         canaries: m, the number of gradient canaries.
         confidence: confidence of the lower bound.
         delta: the δ of both numbers.
-        guesses: ``(k_in, k_out)``, fixed before the run; default
-            ``(m // 10, m // 10)``.
+        guesses: ``(k_in, k_out)``, or a sequence of such pairs, fixed
+            before the run: the ``k_in`` top scores are guessed "in", the
+            ``k_out`` bottom ones "out"; with n pairs each is bounded at
+            confidence 1 − (1 − confidence)/n and the largest bound is
+            returned. Default :func:`privguard._audit_scoring.default_guesses`:
+            ``(m/50, 0), (m/10, 0), (m/10, m/10), (m/4, m/4)``.
         loss: the loss (default: cross-entropy); a 4th item of ``build()``
             overrides it.
         seed: seeds the canaries' directions, inclusion and sampling (for
@@ -221,12 +246,7 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0.0 < confidence < 1.0:
         raise InvalidArgumentError("confidence", confidence, "must be in (0, 1)")
-    k_in, k_out = (m // 10, m // 10) if guesses is None else guesses
-    for name, k in (("guesses[0]", k_in), ("guesses[1]", k_out)):
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidArgumentError(name, k, "must be a non-negative integer")
-    if k_in + k_out > m or k_in + k_out == 0:
-        raise InvalidArgumentError("guesses", guesses, f"must make 1 to m = {m} guesses")
+    pairs = _guess_pairs(guesses, m)
     built = build()
     if not isinstance(built, tuple) or len(built) not in (3, 4):
         raise InvalidArgumentError("build", build, "must return (model, optimizer, data_loader"
@@ -251,12 +271,36 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     finally:
         probe.remove()
         handle.detach()
-    r, v = guess_and_count(probe.scores(), probe.included, k_in, k_out)
+    low, r, v = lower_bound_over_guesses(probe.scores(), probe.included, pairs, delta,
+                                         float(confidence))
     charged = ledger.nonadaptive_epsilon() if len(ledger.history) else 0.0
-    return AuditResult(epsilon_lower=epsilon_lower_bound(m, r, v, delta, confidence),
+    return AuditResult(epsilon_lower=low,
                        epsilon_charged=float(charged) if math.isfinite(charged) else math.inf,
                        delta=delta, confidence=float(confidence), canaries=m, guesses=r,
-                       correct=v, steps=probe.steps)
+                       correct=v, steps=probe.steps, guess_sets=len(pairs))
+
+
+def _guess_pairs(guesses: Any, m: int) -> tuple[tuple[int, int], ...]:
+    """The pre-registered (k_in, k_out) pairs, checked (each makes 1 to m guesses)."""
+    if guesses is None:
+        return default_guesses(m)
+    if isinstance(guesses, tuple) and len(guesses) == 2 \
+            and not any(isinstance(k, (tuple, list)) for k in guesses):
+        guesses = (guesses,)
+    if not isinstance(guesses, (tuple, list)) or not guesses:
+        raise InvalidArgumentError("guesses", guesses, "must be a (k_in, k_out) pair or a "
+                                   "non-empty sequence of such pairs")
+    pairs = []
+    for pair in guesses:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidArgumentError("guesses", guesses, "must hold (k_in, k_out) pairs")
+        for name, k in (("guesses[0]", pair[0]), ("guesses[1]", pair[1])):
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise InvalidArgumentError(name, k, "must be a non-negative integer")
+        if pair[0] + pair[1] > m or pair[0] + pair[1] == 0:
+            raise InvalidArgumentError("guesses", guesses, f"must make 1 to m = {m} guesses")
+        pairs.append((int(pair[0]), int(pair[1])))
+    return tuple(pairs)
 
 
 def demo_audit(quick: bool = False, seed: int | None = None, steps: int | None = None,
