@@ -21,7 +21,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
 * **Sampling.** The accounting assumes Poisson sampling. ``data_loader=`` is
   checked (:class:`NonPoissonSamplingError` otherwise); without it attach
   cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
-  ``check_poisson=False`` is the explicit opt-out.
+  ``check_poisson=False`` is the explicit opt-out. The q charged must be
+  each record's draw probability: a non-distributed Poisson sampler under
+  DDP (every rank draws from all records) is refused with both numbers;
+  an honest q far above the batch the replaced loader had (Opacus #813, a
+  ``WeightedRandomSampler`` behind ``make_private``) warns
+  (:class:`SampleRateWarning`, ``privguard/integrations/_provenance.py``).
 * **Accumulation.** k Poisson micro-batches per real step (several
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
@@ -79,10 +84,11 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger import Ledger
-from privguard.integrations import _allocation, _describe, _samplers, _sampling
+from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
     find_opacus_hook,
@@ -102,7 +108,9 @@ except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
 
 __all__ = ["REPLAY_LABEL", "AccountantWarning", "AttachHandle", "LedgerAccountant",
            "NonPoissonSamplingError", "PoissonUnverifiedWarning", "RankDisagreementError",
-           "attach"]
+           "SampleRateWarning", "attach"]
+
+_provenance.install()  # records what each DPDataLoader replaced (Opacus #813 warning at attach)
 
 REPLAY_LABEL = "before attach"
 """Label of the charges for steps Opacus' accountant recorded before attach."""
@@ -405,6 +413,23 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
     return text
 
 
+def _check_records(loader: Any, optimizer: Any, ledger: Ledger) -> None:
+    """Refuse a Poisson loader whose q is not each record's rate under DDP; warn when q is
+    honest but far above the batch the user's own loader had (Opacus #813)."""
+    if is_distributed(optimizer):
+        import torch.distributed as dist
+
+        mismatch = _samplers.distributed_mismatch(loader, dist.get_world_size())
+        if mismatch is not None:
+            raise NonPoissonSamplingError("data_loader", type(loader).__name__, mismatch)
+    q = _sampling.poisson_rate(loader)
+    meant = None if q is None else _provenance.unintended_rate(loader, q)
+    if q is not None and meant is not None:
+        sigma = float(getattr(optimizer, "noise_multiplier", 0) or 0)
+        warnings.warn(_provenance.warning_text(loader, q, *meant, sigma, ledger),
+                      SampleRateWarning, stacklevel=3)
+
+
 # --------------------------------------------------------------------------- attach
 def attach(
     optimizer: DPOptimizer,
@@ -560,6 +585,7 @@ def attach(
 
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
+        _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
     if callable(sample_rate):
         rate: Callable[[], float] = sample_rate
     elif sample_rate is not None:
