@@ -147,6 +147,18 @@ class EpochCharges:
                 "time. Draw a new epoch from the data loader first")
         return None
 
+    def next_due(self, sigma: float) -> RandomAllocation | None:
+        """What the next step would charge, for ``can_step``/``should_stop`` (raises if refused).
+
+        Once all t steps of the charged epoch ran, the next step can only be
+        the first of a new epoch (the loop draws one from the loader), so it
+        would charge that epoch; otherwise as :meth:`pending`.
+        """
+        if (self.sampler.epochs_started == self.epochs_charged and self.sigma is not None
+                and self.steps_in_epoch >= self.sampler.steps_per_epoch):
+            return self.mechanism(sigma)
+        return self.pending(sigma)
+
     def done(self, sigma: float, charged: RandomAllocation | None) -> None:
         """Record a step that ran (after its charge, if any, was admitted)."""
         if charged is not None:

@@ -18,6 +18,14 @@ not charged. After every batch it logs the running ε with ``pl_module.log``
 and sets ``trainer.should_stop`` when the ledger would refuse the next step
 (under DDP the same flag on every rank).
 
+Random allocation: a training loader whose batch sampler is
+:class:`~privguard.integrations.RandomAllocationSampler` is charged as
+``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
+first step (the filter admits the epoch or none of it runs; an epoch stopped
+early stays charged; σ changed inside an epoch is refused). It must be the
+single training loader, with ``accumulate_grad_batches=1``; under DDP it is
+refused (one global allocation shared by the ranks is not supported yet).
+
 Checkpoints: the callback's state is the ledger's checkpoint entry (an
 in-memory ledger's whole state, a file-backed ledger's path and journal
 fingerprint). Resuming (``trainer.fit(..., ckpt_path=...)``) brings the
@@ -38,6 +46,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard.integrations import _sampling
+from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import AttachHandle, attach
@@ -110,7 +119,13 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
         self._detach()  # a previous fit that ended in an exception
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
-        if self.check_poisson:
+        allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
+        if allocated and len(loaders) > 1:  # attach charges epochs of one loader it can see
+            raise InvalidArgumentError(
+                "train_dataloader", f"{len(loaders)} loaders",
+                "include a RandomAllocationSampler loader: its epochs are charged only when it "
+                "is the single training loader; train on it alone")
+        if self.check_poisson and not allocated:  # attach charges random allocation per epoch
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14

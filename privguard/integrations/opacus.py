@@ -245,7 +245,7 @@ class AttachHandle:
         """
         if self._epochs is not None:  # random allocation: only an epoch's first step charges
             try:
-                due = self._epochs.pending(float(self.optimizer.noise_multiplier))
+                due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
             except PrivguardError:
                 return False
             return due is None or self.ledger.can_afford(due)
