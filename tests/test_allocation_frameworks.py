@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 transformers = pytest.importorskip("transformers")
 
+import test_huggingface  # noqa: E402  (its Pairs data set and Tiny model)
 from opacus import GradSampleModule  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
@@ -30,7 +31,7 @@ from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
-N, T, SIGMA = 128, 4, 1.0
+N, T, SIGMA = test_huggingface.N, 4, 1.0  # its Pairs data set
 EPOCH = M.RandomAllocation(SIGMA, T)
 
 
@@ -155,27 +156,6 @@ def test_lightning_accumulated_batches_of_an_allocation_loader_are_refused():
 
 
 # ------------------------------------------------------------------------- Hugging Face
-class Pairs(torch.utils.data.Dataset):
-    def __init__(self):
-        self.x, self.y = _data()
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class Head(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(10, 2)
-
-    def forward(self, x, labels=None, **unused):
-        logits = self.lin(x)
-        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
-
-
 class AllocationTrainer(transformers.Trainer):
     """Feeds random-allocation batches (privguard's RandomAllocationSampler)."""
 
@@ -186,14 +166,14 @@ class AllocationTrainer(transformers.Trainer):
 
 def _hf(tmp_path, ledger, **kw):
     torch.manual_seed(0)
-    model = GradSampleModule(Head())
+    model = GradSampleModule(test_huggingface.Tiny())
     opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=SIGMA,
                       max_grad_norm=1.0, expected_batch_size=N // T)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=N // T, logging_steps=1,
         report_to=[], use_cpu=True, remove_unused_columns=False, disable_tqdm=True,
         save_strategy="no", **kw)
-    return AllocationTrainer(model=model, args=args, train_dataset=Pairs(),
+    return AllocationTrainer(model=model, args=args, train_dataset=test_huggingface.Pairs(),
                              optimizers=(opt, None), callbacks=[LedgerTrainerCallback(ledger)])
 
 
