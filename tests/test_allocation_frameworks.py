@@ -199,3 +199,16 @@ def test_huggingface_accumulation_on_an_allocation_loader_is_refused(tmp_path):
     with pytest.raises(InvalidArgumentError, match="under-counts"):
         trainer.train()
     assert len(ledger.history) == 0
+
+
+class _WeightedTiny(Tiny):
+    def train_dataloader(self):  # the Opacus #813 shape: 32 of the N records per epoch
+        few = torch.utils.data.WeightedRandomSampler([1.0] * N, 32)
+        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=8, sampler=few))
+
+
+def test_lightning_warns_on_the_opacus_813_configuration():
+    from privguard.integrations.opacus import SampleRateWarning
+
+    with pytest.warns(SampleRateWarning, match=r"q = 1/len\(loader\) = 0\.25 .*batch size 8"):
+        _fit(Ledger(delta=1e-5), model=_WeightedTiny(), max_steps=1)

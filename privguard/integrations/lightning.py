@@ -132,7 +132,9 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=loaders[0] if len(loaders) == 1 else None,
                              label=self.label, on_exhausted="stop",
-                             check_poisson=False,  # checked above, or opted out
+                             # checked above, or opted out; attach checks one loader's q
+                             # against its records (DDP, Opacus #813) besides
+                             check_poisson=self.check_poisson and len(loaders) == 1,
                              micro_batches=accumulation if isinstance(accumulation, int) else None)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
