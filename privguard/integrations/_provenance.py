@@ -136,6 +136,7 @@ def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledg
     """The text of the :class:`SampleRateWarning`: both numbers and what the run will cost."""
     from privguard import mechanisms as M
     from privguard._curve import RDPCurve
+    from privguard._errors import PrivguardError
 
     source = source_of(loader)
     assert source is not None
@@ -148,13 +149,16 @@ def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledg
             f"sampling at 1/{source.batches} over the whole dataset (Opacus #813). The charge "
             "is honest for what runs, but likely not what you meant")
     if sigma > 0 and ledger.delta is not None:
-        epoch = M.SubsampledGaussian(sigma, q, steps=steps)
-        eps = RDPCurve._trusted(ledger.orders, epoch.rdp(ledger.orders)).epsilon(ledger.delta)
-        text += (f": one pass over this loader ({steps} steps at σ = {sigma:g}) costs "
-                 f"ε = {eps:.4g} at δ = {ledger.delta:g} on its own")
-        if ledger.target is not None:
-            allowed = ledger.remaining(M.SubsampledGaussian(sigma, q)).repeats
-            text += f", and the budget admits {allowed} more steps"
+        try:  # the cost is information: a failure to compute it must not fail the attach
+            epoch = M.SubsampledGaussian(sigma, q, steps=steps)
+            eps = RDPCurve._trusted(ledger.orders, epoch.rdp(ledger.orders)).epsilon(ledger.delta)
+            text += (f": one pass over this loader ({steps} steps at σ = {sigma:g}) costs "
+                     f"ε = {eps:.4g} at δ = {ledger.delta:g} on its own")
+            if ledger.target is not None:
+                allowed = ledger.remaining(M.SubsampledGaussian(sigma, q)).repeats
+                text += f", and the budget admits {allowed} more steps"
+        except PrivguardError:
+            pass
     return (text + ". To sample at batch_size/len(dataset), build the DPDataLoader from a "
             "loader over the whole dataset (DataLoader(dataset, batch_size=B)); to keep "
             "weighted sampling, no Poisson accounting covers it")
