@@ -212,3 +212,19 @@ def test_lightning_warns_on_the_opacus_813_configuration():
 
     with pytest.warns(SampleRateWarning, match=r"q = 1/len\(loader\) = 0\.25 .*batch size 8"):
         _fit(Ledger(delta=1e-5), model=_WeightedTiny(), max_steps=1)
+
+
+def test_under_ddp_an_allocation_loader_is_refused_with_what_is_missing(monkeypatch):
+    """attach (which both callbacks call) refuses it before anything is charged or installed."""
+    import privguard.integrations.opacus as po
+
+    monkeypatch.setattr(po, "is_distributed", lambda optimizer: True)
+    w = nn.Parameter(torch.zeros(2))
+    opt = DPOptimizer(torch.optim.SGD([w], lr=0.1), noise_multiplier=SIGMA, max_grad_norm=1.0,
+                      expected_batch_size=N // T)
+    loader = DataLoader(TensorDataset(*_data()), batch_sampler=_sampler())
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match="one global allocation shared by the ranks "
+                                                   "is not supported yet"):
+        po.attach(opt, ledger, data_loader=loader)
+    assert len(ledger.history) == 0 and opt.step_hook is None
