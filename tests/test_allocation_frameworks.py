@@ -224,7 +224,28 @@ def test_under_ddp_an_allocation_loader_is_refused_with_what_is_missing(monkeypa
                       expected_batch_size=N // T)
     loader = DataLoader(TensorDataset(*_data()), batch_sampler=_sampler())
     ledger = Ledger(delta=1e-5)
-    with pytest.raises(InvalidArgumentError, match="one global allocation shared by the ranks "
-                                                   "is not supported yet"):
+    with pytest.raises(InvalidArgumentError, match=r"each rank would draw its own allocation.*"
+                                                   "DistributedRandomAllocationSampler"):
         po.attach(opt, ledger, data_loader=loader)
+    assert len(ledger.history) == 0 and opt.step_hook is None
+
+
+def test_a_rank_share_sampler_without_a_distributed_optimizer_is_refused(monkeypatch):
+    """The shares of one allocation are one epoch only when the ranks' sums are added."""
+    from privguard.integrations import DistributedRandomAllocationSampler
+    from privguard.integrations.opacus import attach
+
+    with pytest.raises(InvalidArgumentError, match="needs a process group"):
+        DistributedRandomAllocationSampler(N, T)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 1)
+    sampler = DistributedRandomAllocationSampler(N, T)
+    w = nn.Parameter(torch.zeros(2))
+    opt = DPOptimizer(torch.optim.SGD([w], lr=0.1), noise_multiplier=SIGMA, max_grad_norm=1.0,
+                      expected_batch_size=N // T)
+    loader = DataLoader(TensorDataset(*_data()), batch_sampler=sampler)
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match=r"only its share \(1/2\)"):
+        attach(opt, ledger, data_loader=loader)
     assert len(ledger.history) == 0 and opt.step_hook is None

@@ -25,7 +25,9 @@ whose batch sampler is :class:`~privguard.integrations.RandomAllocationSampler`
 (each example once per epoch); each epoch is then charged whole,
 ``RandomAllocation(σ, t)``, before its first step, as ``attach`` does (an
 epoch stopped early stays charged; σ changed inside an epoch is refused;
-``gradient_accumulation_steps`` > 1 and DDP are refused).
+``gradient_accumulation_steps`` > 1 is refused, and so is DDP unless the
+sampler is ``DistributedRandomAllocationSampler``, which is tested with
+``attach`` in a hand-written DDP loop, not under the Trainer's accelerate).
 
 Checkpoints: at each save it writes the ledger's checkpoint entry as
 ``privguard_ledger.json`` into the checkpoint folder (an in-memory ledger's

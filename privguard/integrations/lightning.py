@@ -23,8 +23,11 @@ Random allocation: a training loader whose batch sampler is
 ``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
 first step (the filter admits the epoch or none of it runs; an epoch stopped
 early stays charged; σ changed inside an epoch is refused). It must be the
-single training loader, with ``accumulate_grad_batches=1``; under DDP it is
-refused (one global allocation shared by the ranks is not supported yet).
+single training loader, with ``accumulate_grad_batches=1``. Under DDP a
+plain ``RandomAllocationSampler`` is refused (each rank would draw its own
+allocation); ``DistributedRandomAllocationSampler`` (one global allocation,
+each rank its share) is charged by ``attach`` and tested in a hand-written
+DDP loop, not under Lightning's strategies, which may re-wrap samplers.
 
 Checkpoints: the callback's state is the ledger's checkpoint entry (an
 in-memory ledger's whole state, a file-backed ledger's path and journal

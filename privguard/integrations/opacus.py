@@ -265,7 +265,9 @@ class AttachHandle:
                     raise _accumulated_allocation(k)
                 sigma = float(optimizer.noise_multiplier)
                 due = self._epochs.pending(sigma)
-                if due is not None:
+                if due is not None and self._coordinator is not None:  # DDP: once, together
+                    _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
+                elif due is not None:
                     self.ledger.charge(due, label=self.label)
                 self._epochs.done(sigma, due)
             elif self._coordinator is None:
