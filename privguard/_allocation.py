@@ -104,12 +104,16 @@ def log_moments(n_max: int, sigma: float, steps: int) -> np.ndarray:
         log_g = np.full(n_max + 1, -np.inf)
         log_g[0] = 0.0  # f_0 = 1
         k_all = np.arange(1, n_max + 1, dtype=np.float64)
+        n_all = np.arange(1, n_max + 1, dtype=np.float64)[:, None]
+        # weights (t+1)k − n ≥ t + 1 − n ≥ 0 (a zero weight is a zero term: log 0 = −inf),
+        # all rows at once (row n − 1; only its first n entries are used)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_w = np.log((t + 1.0) * k_all[None, :] - n_all) + log_f[None, 1:]
         for n in range(1, n_max + 1):
-            # weights (t+1)k − n ≥ t + 1 − n ≥ 0 (a zero weight is a zero term: log 0 = −inf)
-            with np.errstate(divide="ignore"):
-                weights = np.log((t + 1.0) * k_all[:n] - n)
-            terms = weights + log_f[1:n + 1] + log_g[n - 1::-1]
-            log_g[n] = float(_logsumexp_rows(terms)) - math.log(n)
+            terms = log_w[n - 1, :n] + log_g[n - 1::-1]
+            # the k = n term, log(t·n) + log f_n + log g_0, is finite: so is the largest
+            top = terms.max()
+            log_g[n] = math.log(np.exp(terms - top).sum()) + top - math.log(n)
     else:
         log_g = None  # the series 1
         base, e = log_f, t

@@ -182,5 +182,47 @@ def checkpoint(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
+def allocation(rank: int, workdir: str, epsilon: float) -> dict:
+    """Issue 27: one global random allocation (DistributedRandomAllocationSampler), each rank
+    its share of every step's batch; each epoch charged once, before its first step, on a
+    ledger per rank; the epoch the filter refuses changes nothing on any rank."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard import Ledger
+    from privguard.integrations import DistributedRandomAllocationSampler
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    sampler = DistributedRandomAllocationSampler(
+        N, ALLOCATION_STEPS, generator=torch.Generator().manual_seed(7))
+    model = DPDDP(nn.Linear(8, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_sampler=sampler),
+        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
+    shares, changed, should_stop = [], [], []
+    for _epoch in range(10):
+        for batch in loader:
+            shares.append(batch[0][:, 0].tolist())  # x's first column identifies the record
+            changed.append(_one_step(model, opt, batch))
+            should_stop.append(handle.should_stop)
+            if handle.exhausted:
+                break
+        if handle.exhausted:
+            break
+    return {"journal": [r.mechanism.to_dict() for r in ledger.history], "shares": shares,
+            "changed": changed, "should_stop": should_stop, "exhausted": handle.exhausted,
+            "params": _params(model), "records": x[:, 0].tolist()}
+
+
+ALLOCATION_STEPS = 4
 SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
-             "checkpoint": checkpoint}
+             "checkpoint": checkpoint, "allocation": allocation}

@@ -126,3 +126,26 @@ def test_one_server_ledger_is_charged_once_per_global_step_however_ranks_spell_i
     journal = Ledger.open(url).history
     assert len(journal) == k  # not 2k: one charge per global step
     assert len({rec.pid for rec in journal}) == 1  # only one rank charged the server ledger
+
+
+def test_one_global_random_allocation_each_rank_its_share_each_epoch_charged_once(tmp_path):
+    """Issue 27: DistributedRandomAllocationSampler under DPDDP; a ledger per rank admitting
+    exactly two epochs: the shares of each step are disjoint and every record is in one step
+    of each epoch; each epoch charged once before its first step; the third epoch's first
+    step is refused on every rank and changes nothing; the ranks stay in step."""
+    t = _ddp_worker.ALLOCATION_STEPS
+    epoch = M.RandomAllocation(_ddp_worker.SIGMA, t)
+    eps = next(e for e in [0.5 + 0.05 * i for i in range(400)]
+               if Ledger(e, _ddp_worker.DELTA).remaining(epoch).repeats == 2)
+    ranks = launch("allocation", str(tmp_path), eps)
+    for out in ranks:
+        assert out["journal"] == [epoch.to_dict()] * 2
+        assert out["exhausted"] and out["changed"] == [True] * (2 * t) + [False]
+        assert out["should_stop"][2 * t - 1]  # the refusal was foreseen at the epoch's end
+    assert ranks[0]["params"] == ranks[1]["params"]
+    records = sorted(ranks[0]["records"])
+    for e in range(2):
+        steps = [ranks[0]["shares"][e * t + i] + ranks[1]["shares"][e * t + i] for i in range(t)]
+        assert sorted(v for s in steps for v in s) == records  # each record once per epoch
+        for i in range(t):
+            assert not set(ranks[0]["shares"][e * t + i]) & set(ranks[1]["shares"][e * t + i])

@@ -17,6 +17,9 @@ Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
 """
 
-from privguard.integrations._allocation import RandomAllocationSampler
+from privguard.integrations._allocation import (
+    DistributedRandomAllocationSampler,
+    RandomAllocationSampler,
+)
 
-__all__ = ["RandomAllocationSampler"]
+__all__ = ["DistributedRandomAllocationSampler", "RandomAllocationSampler"]

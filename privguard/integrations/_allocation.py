@@ -18,7 +18,7 @@ from privguard import _validation as check
 from privguard._allocation import RandomAllocation
 from privguard._errors import InvalidArgumentError
 
-__all__ = ["RandomAllocationSampler"]
+__all__ = ["DistributedRandomAllocationSampler", "RandomAllocationSampler"]
 
 
 class RandomAllocationSampler:
@@ -87,6 +87,60 @@ class RandomAllocationSampler:
         return uniform_from_os_entropy(n, t)
 
 
+class DistributedRandomAllocationSampler(RandomAllocationSampler):
+    """This rank's share of one global random allocation, under DDP (``torch.distributed``).
+
+    Each epoch rank 0 draws the allocation of all ``num_samples`` indices to
+    the ``steps_per_epoch`` steps (as :class:`RandomAllocationSampler` does:
+    OS entropy unless ``generator`` is given) and broadcasts it; every rank
+    then yields, for each step, its share of that step's batch (every
+    W-th index from its rank on, W the world size). The ranks' shares of a
+    step make up the global batch, so with Opacus' distributed optimizer
+    (clipped sums added across ranks, one noise draw) one epoch is one
+    ``RandomAllocation(σ, t)``, charged once per epoch by ``attach`` on
+    every rank (docs/theory.md §15). Construct it on every rank after
+    ``init_process_group``, and iterate it on every rank together (the
+    broadcast is a collective call).
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> dist.is_initialized()  # doctest: +SKIP
+        True
+        >>> sampler = DistributedRandomAllocationSampler(1000, 10)  # doctest: +SKIP
+    """
+
+    def __init__(self, num_samples: int, steps_per_epoch: int, generator: Any = None) -> None:
+        super().__init__(num_samples, steps_per_epoch, generator)
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise InvalidArgumentError(
+                "torch.distributed", "not initialized",
+                "DistributedRandomAllocationSampler needs a process group "
+                "(init_process_group) on every rank; on one process use RandomAllocationSampler")
+        self.num_replicas = dist.get_world_size()
+        self.rank = dist.get_rank()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in super().__iter__():
+            yield batch[self.rank::self.num_replicas]
+
+    def _allocation(self) -> np.ndarray:
+        """Rank 0's allocation, broadcast to every rank."""
+        import torch
+        import torch.distributed as dist
+
+        if self.rank == 0:
+            steps = super()._allocation()
+        else:
+            steps = np.empty(self.num_samples, dtype=np.int64)
+        tensor = torch.from_numpy(np.ascontiguousarray(steps, dtype=np.int64))
+        if dist.get_backend() == "nccl":
+            tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.broadcast(tensor, src=0)
+        return tensor.cpu().numpy()
+
+
 def uniform_from_os_entropy(n: int, t: int) -> np.ndarray:
     """``n`` independent integers uniform on {0, ..., t − 1}, from ``os.urandom``.
 
@@ -147,6 +201,18 @@ class EpochCharges:
                 "time. Draw a new epoch from the data loader first")
         return None
 
+    def next_due(self, sigma: float) -> RandomAllocation | None:
+        """What the next step would charge, for ``can_step``/``should_stop`` (raises if refused).
+
+        Once all t steps of the charged epoch ran, the next step can only be
+        the first of a new epoch (the loop draws one from the loader), so it
+        would charge that epoch; otherwise as :meth:`pending`.
+        """
+        if (self.sampler.epochs_started == self.epochs_charged and self.sigma is not None
+                and self.steps_in_epoch >= self.sampler.steps_per_epoch):
+            return self.mechanism(sigma)
+        return self.pending(sigma)
+
     def done(self, sigma: float, charged: RandomAllocation | None) -> None:
         """Record a step that ran (after its charge, if any, was admitted)."""
         if charged is not None:
@@ -177,14 +243,49 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             f"cannot charge {loader}: the hybrid filter's PLD envelope (docs/theory.md §2b) "
             "covers Poisson-subsampled steps only, and none is proved for random allocation; "
             "use the RDP filter (the default)")
-    if distributed:
+    if distributed and not isinstance(sampler, DistributedRandomAllocationSampler):
         raise InvalidArgumentError(
             "optimizer", "distributed",
-            f"runs under DDP with {loader}: one global allocation shared by the ranks is not "
-            "supported yet; run on one process or use Poisson sampling (DPDataLoader)")
+            f"runs under DDP with {loader}: each rank would draw its own allocation, so a "
+            "record could be in a batch on every rank in one epoch; use "
+            "DistributedRandomAllocationSampler (one global allocation, each rank its share)")
+    if not distributed and isinstance(sampler, DistributedRandomAllocationSampler) and \
+            sampler.num_replicas > 1:
+        raise InvalidArgumentError(
+            "optimizer", type(sampler).__name__,
+            f"is not an Opacus distributed optimizer, but {loader} gives this rank only its "
+            f"share (1/{sampler.num_replicas}) of each step's batch: the epoch is one "
+            "RandomAllocation only when the ranks' clipped sums are added before the noise "
+            "(make_private on a DPDDP model)")
     if resume is not None or recorded:
         raise InvalidArgumentError(
             "resume" if resume is not None else "optimizer", "recorded steps",
             f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
             "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
             "ledger (its journal holds every epoch charged)")
+
+
+def charge_together(coordinator: Any, ledger: Any, epoch: RandomAllocation, label: Any) -> None:
+    """Charge one epoch under DDP: once per distinct ledger, the same outcome on every rank.
+
+    Every rank reaches an epoch's first step together (the ranks share one
+    allocation, so each runs its t steps), so the charge is one collective
+    of ``privguard/integrations/_distributed.py``: each charger charges, and
+    every rank admits, or raises BudgetExhausted / RankDisagreementError,
+    before any rank updates.
+    """
+    from privguard._errors import BudgetExhausted
+
+    def attempt() -> bool:
+        try:
+            ledger.charge(epoch, label=label)
+        except BudgetExhausted:
+            return False
+        return True
+
+    def refusal() -> BudgetExhausted:
+        return BudgetExhausted(f"charge {label!r} of {epoch!r} refused by the ledger: the "
+                               "epoch does not fit, and no rank updates", requested=epoch,
+                               label=label, remaining=None)
+
+    coordinator.run(attempt, "while charging a random-allocation epoch", refusal)

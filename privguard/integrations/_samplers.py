@@ -10,6 +10,7 @@ with what was found and the two honest alternatives (:func:`refusal`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
@@ -50,6 +51,9 @@ def found(loader: Any) -> str:
                           f"({type(inner).__name__})")
     if batch_sampler is None:
         return f"a {type(loader).__name__} without a batch sampler"
+    wrapped = wrapped_poisson(batch_sampler)  # a sharding wrapper around a Poisson sampler
+    if wrapped is not None:
+        return wrapped
     return f"a batch sampler privguard does not know ({name})"
 
 
@@ -93,3 +97,80 @@ def check_hand_rate(name: str, given: float, loader_rate: float | None) -> None:
             name, given, f"differs from the rate the data loader samples at "
             f"({loader_rate:g}): the charge must be the probability each record is drawn; "
             "leave sample_rate out to use the loader's")
+
+
+def drawn_in_one_step(q: float, draws: int) -> float:
+    """P(a record joins at least one of ``draws`` independent Poisson(q) batches): 1 − (1 − q)^d.
+
+    Written −expm1(d·log1p(−q)) so that it stays exact for q ≪ 1.
+    """
+    return float(-math.expm1(draws * math.log1p(-q))) if q < 1 else 1.0
+
+
+def _inner_poisson(batch_sampler: Any) -> Any:
+    """The Poisson batch sampler a wrapper re-batches (accelerate's BatchSamplerShard holds
+    it as ``batch_sampler``; other wrappers as ``sampler``), or None."""
+    for attr in ("batch_sampler", "sampler"):
+        inner = getattr(batch_sampler, attr, None)
+        if type(inner).__name__ in ACCOUNTED:
+            return inner
+    return None
+
+
+def _shards(batch_sampler: Any) -> int | None:
+    """How many ranks a sharding wrapper deals batches to, where it says."""
+    for attr in ("num_processes", "num_replicas", "world_size"):
+        value = getattr(batch_sampler, attr, None)
+        if isinstance(value, int) and value >= 1:
+            return value
+    return None
+
+
+def wrapped_poisson(batch_sampler: Any) -> str | None:
+    """What a sharding wrapper around a Poisson sampler does to q, with both numbers, or None.
+
+    Each of the W ranks of such a wrapper (accelerate's ``BatchSamplerShard``
+    with ``split_batches=False``) takes its own batch of the inner sampler,
+    so one global step is W independent Poisson(q) batches: a record is in it
+    with probability 1 − (1 − q)^W, and up to W times, not the q charged.
+    (accelerate refuses ``split_batches=True`` on a batch sampler without a
+    fixed batch size, as a Poisson one is.)
+    """
+    inner = _inner_poisson(batch_sampler)
+    if inner is None:
+        return None
+    name, q = type(batch_sampler).__name__, getattr(inner, "sample_rate", None)
+    shards = _shards(batch_sampler)
+    if not isinstance(q, (int, float)) or not 0 < q <= 1 or shards is None:
+        return (f"a {name} that re-batches a Poisson sampler ({type(inner).__name__}): what "
+                "each record's draw probability becomes is unknown")
+    if getattr(batch_sampler, "split_batches", False):
+        return f"a {name} that splits each batch of a Poisson sampler (q = {q:g}) across ranks"
+    return (f"a {name} that deals {shards} ranks their own batches of a Poisson sampler: one "
+            f"global step holds each record with probability {drawn_in_one_step(q, shards):.4g} "
+            f"(up to {shards} times), not the charged q = {q:g}")
+
+
+def distributed_mismatch(loader: Any, world_size: int) -> str | None:
+    """Why a Poisson loader under DDP with ``world_size`` ranks is not drawn at q, or None.
+
+    A non-distributed ``UniformWithReplacementSampler`` on every rank (a
+    ``DPDataLoader`` built without ``distributed=True``) draws each rank's
+    batch from all records: Opacus' distributed optimizer sums the W
+    clipped batches and adds one noise draw, so each record is in a global
+    step with probability 1 − (1 − q)^W and up to W times, where the charge
+    assumes q. (``DistributedUniformWithReplacementSampler`` gives each rank
+    its own share of the records, each drawn at q: that one is q.)
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if world_size <= 1 or type(batch_sampler).__name__ != "UniformWithReplacementSampler":
+        return None
+    q = getattr(batch_sampler, "sample_rate", None)
+    if not isinstance(q, (int, float)) or not 0 < q <= 1:
+        return None
+    return (f"is a non-distributed Poisson sampler under DDP with {world_size} ranks: every "
+            f"rank draws its own batch from all {records(loader)} records at q = {q:g}, so one "
+            f"global step holds each record with probability "
+            f"{drawn_in_one_step(q, world_size):.4g} (up to {world_size} times), not the "
+            f"charged q = {q:g}; build the loader with DPDataLoader.from_data_loader(loader, "
+            "distributed=True) (make_private does so for a DPDDP model)")

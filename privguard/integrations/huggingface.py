@@ -20,6 +20,15 @@ attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
 step it sets ``control.should_training_stop`` when the ledger would refuse
 the next one; at each log it adds the running ε to the Trainer's logs.
 
+Random allocation: ``get_train_dataloader`` may instead return a loader
+whose batch sampler is :class:`~privguard.integrations.RandomAllocationSampler`
+(each example once per epoch); each epoch is then charged whole,
+``RandomAllocation(σ, t)``, before its first step, as ``attach`` does (an
+epoch stopped early stays charged; σ changed inside an epoch is refused;
+``gradient_accumulation_steps`` > 1 is refused, and so is DDP unless the
+sampler is ``DistributedRandomAllocationSampler``, which is tested with
+``attach`` in a hand-written DDP loop, not under the Trainer's accelerate).
+
 Checkpoints: at each save it writes the ledger's checkpoint entry as
 ``privguard_ledger.json`` into the checkpoint folder (an in-memory ledger's
 whole state, a file-backed ledger's path and journal fingerprint). When
@@ -45,6 +54,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._ledger import Ledger
 from privguard.integrations import _sampling
+from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import AttachHandle, attach
@@ -99,7 +109,8 @@ class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
                        train_dataloader: Any = None, **kwargs: Any) -> None:
         self._detach()  # a previous train() that ended in an exception
         optimizer = find_dp_optimizer(optimizer)
-        if train_dataloader is not None and self.check_poisson:
+        if train_dataloader is not None and self.check_poisson and \
+                allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
             self._resume(args, state)

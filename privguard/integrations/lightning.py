@@ -18,6 +18,17 @@ not charged. After every batch it logs the running ε with ``pl_module.log``
 and sets ``trainer.should_stop`` when the ledger would refuse the next step
 (under DDP the same flag on every rank).
 
+Random allocation: a training loader whose batch sampler is
+:class:`~privguard.integrations.RandomAllocationSampler` is charged as
+``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
+first step (the filter admits the epoch or none of it runs; an epoch stopped
+early stays charged; σ changed inside an epoch is refused). It must be the
+single training loader, with ``accumulate_grad_batches=1``. Under DDP a
+plain ``RandomAllocationSampler`` is refused (each rank would draw its own
+allocation); ``DistributedRandomAllocationSampler`` (one global allocation,
+each rank its share) is charged by ``attach`` and tested in a hand-written
+DDP loop, not under Lightning's strategies, which may re-wrap samplers.
+
 Checkpoints: the callback's state is the ledger's checkpoint entry (an
 in-memory ledger's whole state, a file-backed ledger's path and journal
 fingerprint). Resuming (``trainer.fit(..., ckpt_path=...)``) brings the
@@ -38,6 +49,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError
 from privguard._ledger import Ledger
 from privguard.integrations import _sampling
+from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import find_dp_optimizer, require
 from privguard.integrations.opacus import AttachHandle, attach
@@ -110,14 +122,22 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
         self._detach()  # a previous fit that ended in an exception
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
-        if self.check_poisson:
+        allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
+        if allocated and len(loaders) > 1:  # attach charges epochs of one loader it can see
+            raise InvalidArgumentError(
+                "train_dataloader", f"{len(loaders)} loaders",
+                "include a RandomAllocationSampler loader: its epochs are charged only when it "
+                "is the single training loader; train on it alone")
+        if self.check_poisson and not allocated:  # attach charges random allocation per epoch
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=loaders[0] if len(loaders) == 1 else None,
                              label=self.label, on_exhausted="stop",
-                             check_poisson=False,  # checked above, or opted out
+                             # checked above, or opted out; attach checks one loader's q
+                             # against its records (DDP, Opacus #813) besides
+                             check_poisson=self.check_poisson and len(loaders) == 1,
                              micro_batches=accumulation if isinstance(accumulation, int) else None)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,

@@ -21,7 +21,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
 * **Sampling.** The accounting assumes Poisson sampling. ``data_loader=`` is
   checked (:class:`NonPoissonSamplingError` otherwise); without it attach
   cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
-  ``check_poisson=False`` is the explicit opt-out.
+  ``check_poisson=False`` is the explicit opt-out. The q charged must be
+  each record's draw probability: a non-distributed Poisson sampler under
+  DDP (every rank draws from all records) is refused with both numbers;
+  an honest q far above the batch the replaced loader had (Opacus #813, a
+  ``WeightedRandomSampler`` behind ``make_private``) warns
+  (:class:`SampleRateWarning`, ``privguard/integrations/_provenance.py``).
 * **Accumulation.** k Poisson micro-batches per real step (several
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
@@ -79,10 +84,11 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger import Ledger
-from privguard.integrations import _allocation, _describe, _samplers, _sampling
+from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
     find_opacus_hook,
@@ -102,7 +108,9 @@ except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
 
 __all__ = ["REPLAY_LABEL", "AccountantWarning", "AttachHandle", "LedgerAccountant",
            "NonPoissonSamplingError", "PoissonUnverifiedWarning", "RankDisagreementError",
-           "attach"]
+           "SampleRateWarning", "attach"]
+
+_provenance.install()  # records what each DPDataLoader replaced (Opacus #813 warning at attach)
 
 REPLAY_LABEL = "before attach"
 """Label of the charges for steps Opacus' accountant recorded before attach."""
@@ -237,7 +245,7 @@ class AttachHandle:
         """
         if self._epochs is not None:  # random allocation: only an epoch's first step charges
             try:
-                due = self._epochs.pending(float(self.optimizer.noise_multiplier))
+                due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
             except PrivguardError:
                 return False
             return due is None or self.ledger.can_afford(due)
@@ -257,7 +265,9 @@ class AttachHandle:
                     raise _accumulated_allocation(k)
                 sigma = float(optimizer.noise_multiplier)
                 due = self._epochs.pending(sigma)
-                if due is not None:
+                if due is not None and self._coordinator is not None:  # DDP: once, together
+                    _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
+                elif due is not None:
                     self.ledger.charge(due, label=self.label)
                 self._epochs.done(sigma, due)
             elif self._coordinator is None:
@@ -403,6 +413,23 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
              "the steps PRV calibrated for while the run follows its plan (docs/theory.md §2b); "
              "or calibrate with PrivacyEngine(accountant='rdp').")
     return text
+
+
+def _check_records(loader: Any, optimizer: Any, ledger: Ledger) -> None:
+    """Refuse a Poisson loader whose q is not each record's rate under DDP; warn when q is
+    honest but far above the batch the user's own loader had (Opacus #813)."""
+    if is_distributed(optimizer):
+        import torch.distributed as dist
+
+        mismatch = _samplers.distributed_mismatch(loader, dist.get_world_size())
+        if mismatch is not None:
+            raise NonPoissonSamplingError("data_loader", type(loader).__name__, mismatch)
+    q = _sampling.poisson_rate(loader)
+    meant = None if q is None else _provenance.unintended_rate(loader, q)
+    if q is not None and meant is not None:
+        sigma = float(getattr(optimizer, "noise_multiplier", 0) or 0)
+        warnings.warn(_provenance.warning_text(loader, q, *meant, sigma, ledger),
+                      SampleRateWarning, stacklevel=3)
 
 
 # --------------------------------------------------------------------------- attach
@@ -560,6 +587,7 @@ def attach(
 
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
+        _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
     if callable(sample_rate):
         rate: Callable[[], float] = sample_rate
     elif sample_rate is not None:
