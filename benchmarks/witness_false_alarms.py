@@ -41,7 +41,7 @@ def main() -> None:
     alarms, started = [], time.perf_counter()
     for seed in range(runs):
         model, opt, loader, crit = pipeline(seed=1000 + seed, clip=0.1)
-        handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, witnesses=True)
+        handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True)
         try:
             run(model, opt, loader, crit, steps)
         except PipelineMismatchError as exc:

@@ -40,10 +40,10 @@ def main() -> None:
         model, opt, loader, crit = T.pipeline(**kw)
         if bug is not None:
             bug(opt)
-        handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, witnesses=True, **extra)
+        handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True, **extra)
         print(f"{name:40s} {_caught(handle, model, opt, loader, crit)}")
     model, opt, loader, crit = T.pipeline()
-    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, sample_rate=1 / 16,
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, sample_rate=1 / 16,
                     witnesses=True)
     loader.batch_sampler.sample_rate = 1.5 / 16
     print(f"{'sampler draws 1.5× the charged q':40s} {_caught(handle, model, opt, loader, crit)}")
@@ -58,7 +58,7 @@ def main() -> None:
         module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.05),
         data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=64),
         noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)
-    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, check_poisson=False,
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, check_poisson=False,
                     witnesses=True)
     caught = _caught(handle, net, opt, loader, nn.CrossEntropyLoss())
     print(f"{'fixed-size batches charged as Poisson':40s} {caught}")
