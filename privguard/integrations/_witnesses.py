@@ -21,8 +21,11 @@ charged or released, three things the charge asserts:
   the per-sample norms exist and the witness checks
   ``‖Σ clipped‖ ≤ Σ_i min(‖g_i‖, C)`` (a clipped sum whose contributions
   exceed C can pass it: that is left to the one-run audit; the same bound
-  under per-layer clipping). Deterministic
-  under a correct pipeline: it never fires, so it reveals nothing.
+  under per-layer clipping). The per-sample recomputation runs on the
+  handle's first micro-batch, then on each with probability
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step checks
+  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic under a correct
+  pipeline: it never fires, so it reveals nothing.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
   q the charged rate per draw), so their running sum over a stretch of
@@ -32,11 +35,17 @@ charged or released, three things the charge asserts:
   its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
 
 False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
-t-th step use level ``α·6/(π²t²)`` with ``α = FALSE_ALARM`` each, so over any number of
-steps each alarms with probability ≤ α under a correct pipeline (Σ 6/(π²t²) =
-1), whatever the data; the clipping test never alarms. docs/theory.md §16
-shows the witnessed run is then (ε, δ + (1+e^ε)·3α)-DP when the ledger
-charges (ε, δ).
+t-th step use level ``α·6/(π²t²)`` with α from :func:`reserve_for` each, so over any
+number of steps each alarms with probability ≤ α under a correct pipeline (Σ 6/(π²t²) =
+1), whatever the data; the clipping test never alarms. The witnessed run is
+(ε, δ + (1+e^ε)·3α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+:class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
+that δ aside from the ledger's target, so the target holds for the witnessed
+run (Proposition 16.4).
+
+Cost: one fused pass per step with one host sync; the exact χ² and binomial
+tails are evaluated only where they can alarm (cached cut, median side), with
+the same decisions as evaluating them every step (docs/theory.md §16.2).
 """
 
 from __future__ import annotations
