@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import InvalidArgumentError, Ledger, PipelineMismatchError, PrivguardError
 from privguard._conversion import epsilon_per_order
+from privguard.integrations._inclusion import InclusionCounts
 from privguard.integrations._witnesses import (
     DELTA_SHARE,
     STATISTICAL,
@@ -413,3 +414,85 @@ def test_step_bound_alone_catches_clipping_off():
     _no_clipping(opt, handle)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "clipping" and "records has norm" in str(exc)
+
+
+# ------------------------------------------------------------------ per-record inclusion
+class _Draws:
+    """A batch sampler yielding given index lists (the witness swaps its class)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+
+
+def _feed(batches, n, q, alpha=1e-12):
+    witness = InclusionCounts(_Draws(batches), n)
+    for step, _ in enumerate(witness.sampler, start=1):
+        witness.check(q, alpha, step)  # raises PipelineMismatchError
+    return witness
+
+
+def test_inclusion_counts_of_poisson_draws_do_not_alarm():
+    rng = np.random.default_rng(0)
+    n, q = 1024, 1 / 16
+    batches = [np.flatnonzero(rng.random(n) < q).tolist() for _ in range(2000)]
+    witness = _feed(batches, n, q)
+    assert witness.tests >= 100  # tested once per expected epoch
+
+
+def test_inclusion_counts_catch_a_weighted_sampler_of_the_right_batch_law():
+    """Half the records at 2q, the other half never: batch sizes look right, counts do not."""
+    rng = np.random.default_rng(1)
+    n, q = 1024, 1 / 16
+    batches = [np.flatnonzero(rng.random(n // 2) < 2 * q).tolist() for _ in range(200)]
+    with pytest.raises(PipelineMismatchError, match="not Poisson") as caught:
+        _feed(batches, n, q)
+    assert caught.value.witness == "sampling" and caught.value.step <= 40
+
+
+def test_inclusion_counts_catch_each_record_once_an_epoch():
+    rng = np.random.default_rng(2)
+    n, q = 1024, 1 / 16
+    batches = []
+    for _ in range(10):
+        order = rng.permutation(n)
+        batches += [order[i:i + 64].tolist() for i in range(0, n, 64)]
+    with pytest.raises(PipelineMismatchError, match="not Poisson") as caught:
+        _feed(batches, n, q)
+    assert caught.value.step <= 40
+
+
+def test_inclusion_witness_is_installed_and_restored():
+    model, opt, loader, crit = pipeline()
+    sampler_class = type(loader.batch_sampler)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert handle.witnesses.inclusion is not None
+    run(model, opt, loader, crit, 40)
+    assert handle.witnesses.inclusion.tests >= 1
+    handle.detach()
+    assert type(loader.batch_sampler) is sampler_class
+
+
+def test_weighted_sampler_on_a_real_pipeline_is_caught_within_50_steps():
+    model, opt, loader, crit = pipeline()
+
+    class HalfAtTwiceTheRate:
+        def __init__(self, n, q):
+            self.n, self.q, self.sample_rate = n, q, q
+
+        def __len__(self):
+            return int(1 / self.q)
+
+        def __iter__(self):
+            for _ in range(len(self)):
+                mask = torch.rand(self.n // 2) < 2 * self.q
+                yield mask.nonzero().reshape(-1).tolist()
+
+    weighted = DataLoader(loader.dataset, batch_sampler=HalfAtTwiceTheRate(N, 1 / 16))
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=weighted,
+                    sample_rate=1 / 16, check_poisson=False, witnesses=True)
+    exc = _refusal(handle, model, opt, weighted, crit)
+    assert exc.witness == "sampling" and handle.steps_charged < 50

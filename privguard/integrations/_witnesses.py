@@ -60,15 +60,17 @@ from scipy import special
 
 from privguard._errors import InvalidArgumentError, PipelineMismatchError
 from privguard._reserve import DeltaReserve
+from privguard.integrations._inclusion import InclusionCounts
 
 __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "reserve_for"]
 
 FALSE_ALARM = 1e-10
 """Total false-alarm probability of each statistical witness (noise, sampling) over a run."""
 
-STATISTICAL = 3
+STATISTICAL = 4
 """The statistical witnesses, each spending its own false-alarm budget: noise; sampling
-mean; sampling ties (the clipping witness is deterministic and never alarms)."""
+mean; sampling ties; per-record inclusion counts (privguard/integrations/_inclusion.py;
+the clipping witness is deterministic and never alarms)."""
 
 DELTA_SHARE = 1e-3
 """The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
@@ -178,7 +180,7 @@ class Witnesses:
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
-                 false_alarm: float | None = None) -> None:
+                 false_alarm: float | None = None, loader: Any = None) -> None:
         self.optimizer = optimizer
         self.dataset_size = dataset_size
         try:
@@ -203,6 +205,8 @@ class Witnesses:
         self._cuts: dict[int, float] = {}
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
+        self._loader = loader  # a Poisson-charged loader: its draws are counted per record
+        self.inclusion: InclusionCounts | None = None
 
     # ------------------------------------------------------------ install
     def install(self) -> None:
@@ -214,8 +218,13 @@ class Witnesses:
         self._original = original
         self._wrapped = (name, own)
         setattr(self.optimizer, name, wrapper)
+        if "sampling" in self.active and self._loader is not None:
+            self.inclusion = InclusionCounts.for_loader(self._loader, self.dataset_size)
 
     def uninstall(self) -> None:
+        if self.inclusion is not None:
+            self.inclusion.restore()
+            self.inclusion = None
         if self._wrapped is None:
             return
         name, own = self._wrapped
@@ -336,6 +345,11 @@ class Witnesses:
         if "sampling" in self.active and rate is not None:
             micro_batches = int(getattr(mechanism, "micro_batches", 1))
             self._check_sampling(records, float(rate), micro_batches)
+            if self.inclusion is not None:  # once per expected epoch of draws
+                try:
+                    self.inclusion.check(float(rate), self.false_alarm, self.steps)
+                except PipelineMismatchError as exc:
+                    self._fail(exc)
 
     def _check_noise(self, sigma: float, records: int) -> None:
         opt = self.optimizer
