@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from privguard._errors import PipelineMismatchError
+from privguard.integrations._describe import swap_iter
 
 __all__ = ["InclusionCounts"]
 
@@ -49,21 +50,11 @@ class InclusionCounts:
         self._counts = np.zeros(num_records, dtype=np.int64)
         self._q: float | None = None
         self._next = 0
-        self._original = type(batch_sampler)
-        witness = self
-        original = self._original
+        self._original, self._recording = swap_iter(batch_sampler, self._record)
 
-        def __iter__(self):
-            for indices in original.__iter__(self):
-                witness._pending.append(indices)
-                witness.draws += 1
-                yield indices
-
-        recording = type(original.__name__, (original,),
-                         {"__iter__": __iter__, "__qualname__": original.__qualname__,
-                          "__module__": original.__module__})
-        batch_sampler.__class__ = recording
-        self._recording = recording
+    def _record(self, indices: Any) -> None:
+        self._pending.append(indices)
+        self.draws += 1
 
     @classmethod
     def for_loader(cls, loader: Any, num_records: int | None) -> InclusionCounts | None:
