@@ -34,11 +34,15 @@ charged or released, three things the charge asserts:
   number of disjoint pairs of steps with equal batch sizes is tested against
   its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
 
+Per-record inclusion counts (privguard/integrations/_inclusion.py): with a
+Poisson-charged ``data_loader``, once per expected epoch, the numbers of
+rarely and often drawn records against their exact binomial laws.
+
 False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
-t-th step use level ``α·6/(π²t²)`` with α from :func:`reserve_for` each, so over any
-number of steps each alarms with probability ≤ α under a correct pipeline (Σ 6/(π²t²) =
-1), whatever the data; the clipping test never alarms. The witnessed run is
-(ε, δ + (1+e^ε)·3α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+t-th step (the per-record test at its t-th test) use level ``α·6/(π²t²)`` with α
+from :func:`reserve_for` each, so over any number of steps each alarms with
+probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
+clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
 :class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
