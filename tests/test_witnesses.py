@@ -496,3 +496,84 @@ def test_weighted_sampler_on_a_real_pipeline_is_caught_within_50_steps():
                     sample_rate=1 / 16, check_poisson=False, witnesses=True)
     exc = _refusal(handle, model, opt, weighted, crit)
     assert exc.witness == "sampling" and handle.steps_charged < 50
+
+
+# ------------------------------------------------------------------ random allocation
+def _allocation_refusal(handle, model, opt, loader, crit, steps=50):
+    """Like _refusal, but one pass over the epochs (a new iterator starts a new epoch)."""
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            before = [p.detach().clone() for p in model.parameters()]
+            charged = len(handle.ledger.history)
+            try:
+                opt.zero_grad()
+                crit(model(x), y).backward()
+                opt.step()
+            except PipelineMismatchError as exc:
+                assert all(torch.equal(a, b)
+                           for a, b in zip(before, model.parameters(), strict=True))
+                assert len(handle.ledger.history) == charged
+                return exc
+            done += 1
+    raise AssertionError(f"not caught within {steps} steps")
+
+
+def _allocation_pipeline(sampler_class, seed=0, n=1024, t=8):
+    from privguard.integrations import RandomAllocationSampler  # noqa: F401
+
+    torch.manual_seed(seed)
+    x = torch.randn(n, 20)
+    sampler = sampler_class(n, t, generator=torch.Generator().manual_seed(seed))
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_sampler=sampler),
+        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)
+    return model, opt, loader, nn.CrossEntropyLoss()
+
+
+def test_clean_random_allocation_epochs_do_not_alarm():
+    from privguard.integrations import RandomAllocationSampler
+
+    model, opt, loader, crit = _allocation_pipeline(RandomAllocationSampler)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert handle.witnesses.allocation is not None and handle.witnesses.inclusion is None
+    assert run(model, opt, loader, crit, 40) == 40  # 5 epochs of 8 steps
+    assert handle.witnesses.allocation.tests == 5
+    sampler = loader.batch_sampler
+    handle.detach()
+    assert type(sampler) is RandomAllocationSampler
+
+
+def test_skewed_allocation_is_caught_at_the_first_epoch_end():
+    """Each record once an epoch, but half of them in the first step: its size is ~N/2."""
+    from privguard.integrations import RandomAllocationSampler
+
+    class EvenRecordsFirst(RandomAllocationSampler):
+        def _allocation(self):  # the even records all in the first step, the rest uniform
+            steps = super()._allocation()
+            steps[::2] = 0
+            return steps
+
+    model, opt, loader, crit = _allocation_pipeline(EvenRecordsFirst)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    exc = _allocation_refusal(handle, model, opt, loader, crit)
+    assert exc.witness == "sampling" and "allocated uniformly" in str(exc) and exc.step <= 8
+
+
+def test_allocation_that_drops_records_is_caught():
+    from privguard.integrations import RandomAllocationSampler
+
+    class DropsSome(RandomAllocationSampler):
+        def __iter__(self):
+            for batch in super().__iter__():
+                yield batch[1:]
+
+    model, opt, loader, crit = _allocation_pipeline(DropsSome)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    exc = _allocation_refusal(handle, model, opt, loader, crit)
+    assert "exactly once" in str(exc) and exc.step <= 8

@@ -128,3 +128,81 @@ class InclusionCounts:
                 "record independently at q (a weighted or shuffled sampler?). Nothing was "
                 "charged or applied",
                 witness="sampling", charged=p, measured=k / n, interval=(lo, hi), step=step)
+
+
+class AllocationEpochs:
+    """Random allocation, once per epoch: every record once, batch sizes Binomial(N, 1/t).
+
+    Under :class:`~privguard.integrations.RandomAllocationSampler` each of the N
+    records is put in one of the epoch's t steps, uniform and independent, so
+    (deterministically) every index appears exactly once in the epoch, and each
+    batch size is Binomial(N, 1/t). When an epoch's t batches have been drawn
+    (before its last step is applied), the witness checks the first and tests
+    every size with the exact binomial tails at level α_e/(2t) each (the union
+    over the t sizes and both sides; α_e = α·6/(π²e²) at the e-th epoch tested),
+    so it alarms with probability ≤ α over the run under a correct sampler.
+    """
+
+    def __init__(self, sampler: Any, num_records: int) -> None:
+        self.sampler = sampler
+        self.num_records = num_records
+        self.steps = int(sampler.steps_per_epoch)
+        self.tests = 0
+        self._epoch: Any = None
+        self._batches: list[Any] = []
+        self._done: list[list[Any]] = []
+        self._original, self._recording = swap_iter(sampler, self._record)
+
+    def _record(self, indices: Any) -> None:
+        epoch = getattr(self.sampler, "epochs_started", None)
+        if epoch != self._epoch:  # a new pass over the sampler: an unfinished one is dropped
+            self._epoch, self._batches = epoch, []
+        self._batches.append(indices)
+        if len(self._batches) == self.steps:
+            self._done.append(self._batches)
+            self._batches = []
+
+    def restore(self) -> None:
+        """Give the sampler its own class back."""
+        if type(self.sampler) is self._recording:
+            self.sampler.__class__ = self._original
+
+    def check(self, alpha: float, step: int) -> None:
+        """Test every epoch drawn in full since the last call; raise PipelineMismatchError."""
+        from privguard.integrations._witnesses import (  # imported here: a cycle otherwise
+            _binomial_tail_lower,
+            _binomial_tail_upper,
+        )
+
+        done, self._done = self._done, []
+        n, t = self.num_records, self.steps
+        for batches in done:
+            drawn = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches])
+            counts = np.bincount(drawn[(drawn >= 0) & (drawn < n)], minlength=n)
+            if drawn.size != n or counts.size != n or not np.all(counts == 1):
+                raise PipelineMismatchError(
+                    f"sampling witness (random allocation): an epoch of {t} steps must draw each "
+                    f"of the N = {n} records exactly once; it drew {drawn.size} indices, "
+                    f"{int(np.count_nonzero(counts == 0))} records never and "
+                    f"{int(np.count_nonzero(counts > 1))} more than once. Nothing was charged "
+                    "or applied",
+                    witness="sampling", charged=float(n), measured=float(drawn.size),
+                    interval=None, step=step)
+            self.tests += 1
+            level = alpha * 6.0 / (math.pi ** 2 * self.tests ** 2) / (2.0 * t)
+            sizes = [len(b) for b in batches]
+            if t == 1:
+                continue  # one step: the size is N, deterministically (checked above)
+            mean = n / t
+            for s, k in enumerate(sizes):  # only the tail on k's side can be small (median)
+                tail = (_binomial_tail_lower(k, n, 1.0 / t) if k <= mean
+                        else _binomial_tail_upper(k, n, 1.0 / t))
+                if tail <= level:
+                    raise PipelineMismatchError(
+                        f"sampling witness (random allocation): under the charge each batch "
+                        f"size of an epoch is Binomial(N = {n}, 1/t = 1/{t}) (mean {mean:.4g}); "
+                        f"batch {s + 1} of the epoch had {k} records (tail {tail:.3g} ≤ "
+                        f"{level:.3g}): the records are not allocated uniformly to the steps. "
+                        "Nothing was charged or applied",
+                        witness="sampling", charged=mean, measured=float(k), interval=None,
+                        step=step)

@@ -64,7 +64,7 @@ from scipy import special
 
 from privguard._errors import InvalidArgumentError, PipelineMismatchError
 from privguard._reserve import DeltaReserve
-from privguard.integrations._inclusion import InclusionCounts
+from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
 
 __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "reserve_for"]
 
@@ -184,7 +184,8 @@ class Witnesses:
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
-                 false_alarm: float | None = None, loader: Any = None) -> None:
+                 false_alarm: float | None = None, loader: Any = None,
+                 allocation: Any = None) -> None:
         self.optimizer = optimizer
         self.dataset_size = dataset_size
         try:
@@ -211,6 +212,8 @@ class Witnesses:
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
+        self._allocation_sampler = allocation  # a random-allocation sampler: tested per epoch
+        self.allocation: AllocationEpochs | None = None
 
     # ------------------------------------------------------------ install
     def install(self) -> None:
@@ -224,11 +227,19 @@ class Witnesses:
         setattr(self.optimizer, name, wrapper)
         if "sampling" in self.active and self._loader is not None:
             self.inclusion = InclusionCounts.for_loader(self._loader, self.dataset_size)
+        if self.dataset_size and self._allocation_sampler is not None:
+            try:
+                self.allocation = AllocationEpochs(self._allocation_sampler, self.dataset_size)
+            except (TypeError, AttributeError):  # a fixed class: not witnessed
+                self.allocation = None
 
     def uninstall(self) -> None:
         if self.inclusion is not None:
             self.inclusion.restore()
             self.inclusion = None
+        if self.allocation is not None:
+            self.allocation.restore()
+            self.allocation = None
         if self._wrapped is None:
             return
         name, own = self._wrapped
@@ -346,6 +357,11 @@ class Witnesses:
         records, self._records = self._records, 0
         self._check_noise(float(mechanism.noise_multiplier), records)
         rate = getattr(mechanism, "sample_rate", None)
+        if "sampling" in self.active and self.allocation is not None:
+            try:
+                self.allocation.check(self.false_alarm, self.steps)
+            except PipelineMismatchError as exc:
+                self._fail(exc)
         if "sampling" in self.active and rate is not None:
             micro_batches = int(getattr(mechanism, "micro_batches", 1))
             self._check_sampling(records, float(rate), micro_batches)

@@ -632,7 +632,8 @@ def attach(
                           "plan and the filter falls back to RDP (docs/theory.md §16.2)",
                           AccountantWarning, stacklevel=2)
         handle.witnesses = Witnesses(optimizer, size, false_alarm=alpha,
-                                     loader=data_loader if sampler is None else None)
+                                     loader=data_loader if sampler is None else None,
+                                     allocation=sampler)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
