@@ -348,8 +348,9 @@ class Witnesses:
         an :class:`~privguard.mechanisms.AccumulatedSubsampledGaussian` (k
         Poisson micro-batches at the loader's rate q), or, for a random
         allocation loader, the epoch's
-        :class:`~privguard.mechanisms.RandomAllocation` (noise only: its
-        sampling is not witnessed).
+        :class:`~privguard.mechanisms.RandomAllocation` (its sampling is
+        tested once per epoch, when the epoch's batches have all been drawn:
+        privguard/integrations/_inclusion.py).
         """
         if self.failure is not None:
             raise self.failure
