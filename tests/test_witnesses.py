@@ -577,3 +577,13 @@ def test_allocation_that_drops_records_is_caught():
                     witnesses=True)
     exc = _allocation_refusal(handle, model, opt, loader, crit)
     assert "exactly once" in str(exc) and exc.step <= 8
+
+
+def test_hybrid_filter_with_witnesses_warns_that_the_reserve_leaves_the_plan():
+    from privguard import AccountantWarning, Plan
+
+    _model, opt, loader, _crit = pipeline()
+    ledger = Ledger(epsilon=8.0, delta=DELTA, plan=Plan(SubsampledGaussian(1.0, 1 / 16), 100),
+                    filter="hybrid")
+    with pytest.warns(AccountantWarning, match="falls back to RDP"):
+        attach(opt, ledger, data_loader=loader, witnesses=True)
