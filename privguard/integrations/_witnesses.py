@@ -432,11 +432,13 @@ class Witnesses:
         acc = torch.float64 if wide else None
         z_norm, sum_norm, grad_norm = torch.linalg.vector_norm(
             torch.stack([minus_z, summed, grad]), dim=1, dtype=acc).tolist()  # the one sync
-        gamma = (d + 2) * (2.0 ** -53 if wide else u)
+        v = 2.0 ** -53 if wide else u  # the unit roundoff of the accumulation
+        gamma = (d + 1) * v / (1.0 - (d + 1) * v) + v  # γ_{d+1}, and the squares' rounding
         # Upper bounds on the exact norms of the same tensors: |fl(a − s·b) − (a − s·b)| ≤
-        # 2u(|s·b| + |fl(·)|) per coordinate, and ‖x‖ ≤ computed·(1+u)/√(1−γ). The statistic
-        # below is never smaller than ‖grad·s − summed_grad‖ computed exactly.
-        widen = (1.0 + u) / math.sqrt(1.0 - gamma)
+        # 2u(|s·b| + |fl(·)|) per coordinate, and ‖x‖ ≤ computed/((1−v)·√(1−γ)) (the sum of
+        # squares, then the square root's rounding). The statistic below is never smaller
+        # than ‖grad·s − summed_grad‖ computed exactly.
+        widen = 1.0 / ((1.0 - v) * math.sqrt(1.0 - gamma))
         z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
         return z_high, sum_norm * widen, z_norm, d
 
