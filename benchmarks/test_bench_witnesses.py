@@ -36,7 +36,7 @@ def dp_sgd_step(mode: str):
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(data, batch_size=128), noise_multiplier=1.0, max_grad_norm=1.0)
     if mode != "opacus":
-        attach(opt, Ledger(epsilon=1e6, delta=1e-5), data_loader=loader,
+        attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader,
                witnesses=mode == "witnesses")
     def draws():  # fresh Poisson batches (replayed ones are not Binomial draws: the
         while True:  # sampling witness rightly refuses a replay)

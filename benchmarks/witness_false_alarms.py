@@ -3,8 +3,9 @@
 Each run is a correct Opacus pipeline (20-64-2 MLP, generated data, N = 1024,
 Poisson batches of expected size 64, σ = 1, C = 0.1 below the typical
 per-sample norm so clipping is active) with ``attach(..., witnesses=True)``;
-any PipelineMismatchError is a false alarm. The design bound is 2·10⁻¹⁰ per
-run (privguard/integrations/_witnesses.py), so the expected count is ~0.
+any PipelineMismatchError is a false alarm. The design bound is 4α per run, α
+from the ledger's target (privguard/integrations/_witnesses.py reserve_for: at
+(10, 10⁻⁵), 4.5·10⁻¹³), so the expected count is ~0.
 
 Run: python benchmarks/witness_false_alarms.py            # 200 runs × 300 steps
      python benchmarks/witness_false_alarms.py --quick    # 10 runs × 50 steps
@@ -41,7 +42,7 @@ def main() -> None:
     alarms, started = [], time.perf_counter()
     for seed in range(runs):
         model, opt, loader, crit = pipeline(seed=1000 + seed, clip=0.1)
-        handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, witnesses=True)
+        handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True)
         try:
             run(model, opt, loader, crit, steps)
         except PipelineMismatchError as exc:
@@ -50,7 +51,7 @@ def main() -> None:
         if args.progress:
             print(f"  {seed + 1} runs done, {len(alarms)} false alarms "
                   f"[{time.perf_counter() - started:.0f} s]", flush=True)
-    print(f"{runs} clean runs × {steps} steps (witnesses noise, clipping, sampling mean and ties): "
+    print(f"{runs} clean runs × {steps} steps (witnesses noise, clipping, sampling mean, ties and per-record counts): "
           f"{len(alarms)} false alarms {alarms or ''} "
           f"[{time.perf_counter() - started:.0f} s]")
 

@@ -16,7 +16,7 @@ warnings.filterwarnings("ignore")
 
 import test_witnesses as T  # noqa: E402
 
-from privguard import Ledger, PipelineMismatchError  # noqa: E402
+from privguard import InvalidArgumentError, Ledger, PipelineMismatchError  # noqa: E402
 from privguard.integrations.opacus import attach  # noqa: E402
 
 
@@ -40,10 +40,20 @@ def main() -> None:
         model, opt, loader, crit = T.pipeline(**kw)
         if bug is not None:
             bug(opt)
-        handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, witnesses=True, **extra)
+        try:
+            handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader,
+                            witnesses=True, **extra)
+        except InvalidArgumentError as exc:
+            print(f"{name:40s} refused at attach ({str(exc)[:60]}...)")
+            continue
         print(f"{name:40s} {_caught(handle, model, opt, loader, crit)}")
+    model, opt, loader, crit = T.pipeline(clip=0.01)
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True)
+    T.run(model, opt, loader, crit, 3)
+    T._no_clipping(opt, handle)
+    print(f"{'clipping off from step 4 (C = 0.01)':40s} {_caught(handle, model, opt, loader, crit)}")
     model, opt, loader, crit = T.pipeline()
-    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, sample_rate=1 / 16,
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, sample_rate=1 / 16,
                     witnesses=True)
     loader.batch_sampler.sample_rate = 1.5 / 16
     print(f"{'sampler draws 1.5× the charged q':40s} {_caught(handle, model, opt, loader, crit)}")
@@ -58,10 +68,27 @@ def main() -> None:
         module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.05),
         data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=64),
         noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)
-    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader, check_poisson=False,
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, check_poisson=False,
                     witnesses=True)
     caught = _caught(handle, net, opt, loader, nn.CrossEntropyLoss())
     print(f"{'fixed-size batches charged as Poisson':40s} {caught}")
+
+    class HalfAtTwiceTheRate:  # the batch-size law of Poisson(q), the wrong records
+        sample_rate = 1 / 16
+
+        def __len__(self):
+            return 16
+
+        def __iter__(self):
+            for _ in range(16):
+                yield (torch.rand(T.N // 2) < 2 / 16).nonzero().reshape(-1).tolist()
+
+    model, opt, loader, crit = T.pipeline()
+    weighted = DataLoader(loader.dataset, batch_sampler=HalfAtTwiceTheRate())
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=weighted,
+                    sample_rate=1 / 16, check_poisson=False, witnesses=True)
+    caught = _caught(handle, model, opt, weighted, crit)
+    print(f"{'half the records at 2q, half never':40s} {caught}")
 
 
 if __name__ == "__main__":

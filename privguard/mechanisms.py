@@ -17,6 +17,7 @@ from privguard._mechanisms import (
     SubsampledGaussian,
 )
 from privguard._repeat_select import DPHyPO, RepeatAndSelect
+from privguard._reserve import DeltaReserve
 from privguard._subset import SubsetTuning
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "AccumulatedSubsampledGaussian",
     "Composed",
     "DPHyPO",
+    "DeltaReserve",
     "Gaussian",
     "Laplace",
     "Mechanism",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from opacus import PrivacyEngine
@@ -20,14 +21,23 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import InvalidArgumentError, Ledger, PipelineMismatchError, PrivguardError
+from privguard._conversion import epsilon_per_order
+from privguard.integrations._inclusion import InclusionCounts
 from privguard.integrations._witnesses import (
+    DELTA_SHARE,
+    STATISTICAL,
+    Witnesses,
     _binomial_tails,
     _chi2_lower_tail,
+    _chi2_quantile,
     level,
+    reserve_for,
 )
 from privguard.integrations.opacus import attach
+from privguard.mechanisms import DeltaReserve, SubsampledGaussian
 
 DELTA = 1e-5
+EPSILON = 10.0  # a target: the witnesses set aside a share of δ from it
 N = 1024
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
 warnings.filterwarnings("ignore", message=".*Using a non-full backward hook.*")
@@ -111,7 +121,7 @@ def test_exact_tails_match_scipy_distributions():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_clean_run_has_no_false_alarm(seed):
     model, opt, loader, crit = pipeline(seed=seed, clip=0.1)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     assert run(model, opt, loader, crit, 40) == 40
     assert handle.steps_charged == 40 and handle.witnesses.steps == 40
     assert handle.witnesses.active == ("noise", "clipping", "sampling")
@@ -119,14 +129,14 @@ def test_clean_run_has_no_false_alarm(seed):
 
 def test_clean_ghost_clipping_run_has_no_false_alarm():
     model, opt, loader, crit = pipeline(ghost=True, clip=0.1)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     assert handle.witnesses.ghost
     assert run(model, opt, loader, crit, 30) == 30 == handle.steps_charged
 
 
 def test_clean_batch_memory_manager_run_has_no_false_alarm():
     model, opt, loader, crit = pipeline(batch_size=128, clip=0.1)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     with BatchMemoryManager(data_loader=loader, max_physical_batch_size=32,
                             optimizer=opt) as small:
         for x, y in small:
@@ -139,12 +149,13 @@ def test_clean_batch_memory_manager_run_has_no_false_alarm():
 def test_sigma_changed_on_the_optimizer_is_read_live_and_charged():
     """attach reads σ from the optimizer at every step: no hidden change is possible."""
     model, opt, loader, crit = pipeline(noise=1.0)
-    ledger = Ledger(delta=DELTA)
+    ledger = Ledger(epsilon=50.0, delta=DELTA)  # σ = 0.5 steps are dear
     handle = attach(opt, ledger, data_loader=loader, witnesses=True)
     run(model, opt, loader, crit, 5)
     opt.noise_multiplier = 0.5
     run(model, opt, loader, crit, 5)
-    sigmas = [r.mechanism.noise_multiplier for r in ledger.history]
+    sigmas = [r.mechanism.noise_multiplier for r in ledger.history
+              if not isinstance(r.mechanism, DeltaReserve)]
     assert sigmas == [1.0] * 5 + [0.5] * 5
     assert handle.steps_charged == 10
 
@@ -152,12 +163,12 @@ def test_sigma_changed_on_the_optimizer_is_read_live_and_charged():
 def test_witnesses_argument_is_checked():
     _model, opt, loader, _crit = pipeline()
     with pytest.raises(InvalidArgumentError, match="witnesses"):
-        attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses="yes")
+        attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses="yes")
 
 
 def test_detach_restores_the_optimizer():
     model, opt, loader, crit = pipeline()
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     assert "clip_and_accumulate" in vars(opt)
     handle.detach()
     assert "clip_and_accumulate" not in vars(opt)
@@ -181,18 +192,21 @@ def _no_noise(opt):
     opt.add_noise = add_noise
 
 
-def _no_clipping(opt):
+def _no_clipping(opt, handle=None):
     def clip_and_accumulate():
         for p in opt.params:
             grad = opt._get_flat_grad_sample(p).sum(0)
             p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
-    opt.clip_and_accumulate = clip_and_accumulate
+    if handle is None:
+        opt.clip_and_accumulate = clip_and_accumulate
+    else:  # after attach: the bug is in what the witness wraps
+        handle.witnesses._original = clip_and_accumulate
 
 
 def test_half_sigma_applied_is_caught():
     model, opt, loader, crit = pipeline()
     _half_noise(opt)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "noise" and exc.charged == 1.0
     assert exc.interval[0] < 0.5 < exc.interval[1]
@@ -207,7 +221,7 @@ def test_half_sigma_applied_is_caught():
 def test_noise_off_is_caught():
     model, opt, loader, crit = pipeline()
     _no_noise(opt)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "noise" and exc.measured < 1e-3
     assert isinstance(exc, PrivguardError)
@@ -222,7 +236,7 @@ def test_clipping_off_is_caught():
     assert float(norms.median()) > 0.01
     opt.zero_grad()
     _no_clipping(opt)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "clipping" and exc.charged == 0.01
     assert handle.steps_charged == 0
@@ -230,8 +244,8 @@ def test_clipping_off_is_caught():
 
 def test_sample_rate_set_by_hand_is_caught():
     """A q set by hand below the loader's: refused at attach, before any step or charge."""
-    model, opt, loader, crit = pipeline(batch_size=64)  # the loader draws at q = 1/16
-    ledger = Ledger(delta=DELTA)
+    _model, opt, loader, _crit = pipeline(batch_size=64)  # the loader draws at q = 1/16
+    ledger = Ledger(epsilon=EPSILON, delta=DELTA)
     with pytest.raises(InvalidArgumentError, match=r"differs from the rate the data loader"):
         attach(opt, ledger, data_loader=loader, sample_rate=1 / 32, witnesses=True)
     assert len(ledger.history) == 0
@@ -240,7 +254,7 @@ def test_sample_rate_set_by_hand_is_caught():
 def test_sampler_at_another_rate_than_charged_is_caught():
     """A loader swapped under the charge: records drawn at 1.5× the charged rate."""
     model, opt, loader, crit = pipeline(batch_size=64)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, sample_rate=1 / 16,
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, sample_rate=1 / 16,
                     witnesses=True)
     loader.batch_sampler.sample_rate = 1.5 / 16  # the sampler now draws more than charged
     exc = _refusal(handle, model, opt, loader, crit)
@@ -257,7 +271,7 @@ def test_clean_per_layer_clipping_run_has_no_false_alarm():
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
         max_grad_norm=[0.05] * 4, clipping="per_layer")
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, witnesses=True)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
     assert run(model, opt, loader, nn.CrossEntropyLoss(), 20) == 20 == handle.steps_charged
 
 
@@ -272,8 +286,304 @@ def test_fixed_size_batches_of_the_right_mean_are_caught():
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=64), noise_multiplier=1.0,
         max_grad_norm=1.0, poisson_sampling=False)
-    handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, check_poisson=False,
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, check_poisson=False,
                     witnesses=True)
     exc = _refusal(handle, model, opt, loader, nn.CrossEntropyLoss())
     assert exc.witness == "sampling" and "not Poisson" in str(exc)
     assert handle.steps_charged < 50
+
+
+# ------------------------------------------------------------------ δ of the false alarms
+def test_witnesses_need_a_target_and_change_nothing_when_refused():
+    """Without an (ε, δ) target the false alarms' δ has nowhere to come from: refused."""
+    _model, opt, loader, _crit = pipeline()
+    for ledger in (Ledger(delta=DELTA), Ledger()):
+        with pytest.raises(InvalidArgumentError, match="witnesses"):
+            attach(opt, ledger, data_loader=loader, witnesses=True)
+        assert len(ledger.history) == 0
+    assert "clip_and_accumulate" not in vars(opt)
+
+
+def test_delta_reserve_is_charged_once_after_the_first_step():
+    model, opt, loader, crit = pipeline()
+    ledger = Ledger(epsilon=EPSILON, delta=DELTA)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    assert len(ledger.history) == 0  # nothing at attach
+    run(model, opt, loader, crit, 4)
+    kinds = [type(r.mechanism) for r in ledger.history]
+    assert kinds == [SubsampledGaussian, DeltaReserve] + [SubsampledGaussian] * 3
+    assert isinstance(ledger.plan.step, SubsampledGaussian)  # the plan is the step
+    alpha, reserve = reserve_for(ledger)
+    assert ledger.history[1].mechanism == reserve and handle.witnesses.false_alarm == alpha
+    # Proposition 16.4 + 16.1: the alarms' δ fits in the share set aside
+    assert STATISTICAL * alpha * (1 + math.exp(EPSILON)) <= DELTA_SHARE * DELTA
+
+
+def test_delta_reserve_frees_its_share_at_every_order():
+    """K(α) = −log(1−r)/(α₀−1): converting ρ + K at δ gives no less than ρ at δ(1−r)."""
+    ledger = Ledger(epsilon=3.0, delta=DELTA)
+    _alpha, reserve = reserve_for(ledger)
+    orders = ledger.orders
+    rho = SubsampledGaussian(1.0, 1 / 16, steps=300).rdp(orders)
+    with_reserve = epsilon_per_order(orders, rho + reserve.rdp(orders), DELTA)
+    freed = epsilon_per_order(orders, rho, DELTA * (1 - DELTA_SHARE))
+    assert np.all(with_reserve >= freed - 1e-12)
+    # and it is not free: the smallest order sees exactly the share
+    assert math.isclose(with_reserve[0], freed[0], rel_tol=1e-12)
+
+
+def test_false_alarm_level_shrinks_with_the_target():
+    for epsilon in (1.0, 8.0, 30.0, 300.0):
+        alpha, _ = reserve_for(Ledger(epsilon=epsilon, delta=DELTA))
+        assert 0 < alpha <= 1e-10
+        assert STATISTICAL * alpha * (1 + math.exp(min(epsilon, 700))) <= DELTA_SHARE * DELTA * 1.0001
+
+
+# ------------------------------------------------------------------ the fast path (cost)
+@pytest.mark.parametrize("d", [1, 2, 10, 1474, 10**6])
+def test_cached_noise_cut_is_the_quantile_at_the_first_level(d):
+    """The cut that skips the scipy call is the χ²_d quantile at α₁ (to 10⁻⁵), never below."""
+    w = Witnesses(object(), None, false_alarm=1e-13)
+    first = level(1, 1e-13)
+    cut = w._noise_cut(d)
+    exact = _chi2_quantile(first, d)
+    assert exact <= cut <= exact * (1 + 1e-5)
+    assert _chi2_lower_tail(cut, d) > first >= level(7, 1e-13)
+    assert w._noise_cut(d) is cut or w._noise_cut(d) == cut  # cached
+
+
+def test_fused_noise_statistic_is_never_below_the_exact_one():
+    """The one-pass float32 norms, widened by their rounding bound, ≥ the float64 norms."""
+    model, opt, loader, crit = pipeline(clip=0.1)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    seen = []
+    measure = handle.witnesses._measure
+
+    def spy(scale):
+        out = measure(scale)
+        z = sum(float((p.grad.double() * scale - p.summed_grad.double()).square().sum())
+                for p in opt.params)
+        s = sum(float(p.summed_grad.double().square().sum()) for p in opt.params)
+        seen.append((out, math.sqrt(z), math.sqrt(s)))
+        return out
+
+    handle.witnesses._measure = spy
+    run(model, opt, loader, crit, 5)
+    assert len(seen) == 5
+    for (z_high, sum_high, z_norm, _d), z, s in seen:
+        assert z <= z_high <= z * (1 + 1e-3) and s <= sum_high <= s * (1 + 1e-3)
+        assert math.isclose(z_norm, z, rel_tol=1e-4)
+
+
+def test_witnesses_leave_the_run_unchanged():
+    """The witnesses draw no torch random numbers: the same seed trains the same model."""
+    finals = []
+    for witnesses in (False, True):
+        model, opt, loader, crit = pipeline(seed=3, clip=0.1)
+        attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+               witnesses=witnesses)
+        run(model, opt, loader, crit, 6)
+        finals.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*finals, strict=True))
+
+
+def test_clipping_turned_off_after_the_first_steps_is_caught():
+    """After the first micro-batch the exact check is sampled; the step bound runs always."""
+    model, opt, loader, crit = pipeline(clip=0.01)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert run(model, opt, loader, crit, 3) == 3
+    _no_clipping(opt, handle)
+    exc = _refusal(handle, model, opt, loader, crit)
+    assert exc.witness == "clipping" and exc.step == 4
+
+
+def test_step_bound_alone_catches_clipping_off():
+    """With the sampled per-sample check never drawn, ‖summed_grad‖ ≤ B·C still refuses."""
+    model, opt, loader, crit = pipeline(clip=0.01)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    handle.witnesses._clip_checked = True
+
+    class Never:
+        def random(self):
+            return 1.0
+
+    handle.witnesses._coins = Never()
+    _no_clipping(opt, handle)
+    exc = _refusal(handle, model, opt, loader, crit)
+    assert exc.witness == "clipping" and "records has norm" in str(exc)
+
+
+# ------------------------------------------------------------------ per-record inclusion
+class _Draws:
+    """A batch sampler yielding given index lists (the witness swaps its class)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+
+
+def _feed(batches, n, q, alpha=1e-12):
+    witness = InclusionCounts(_Draws(batches), n)
+    for step, _ in enumerate(witness.sampler, start=1):
+        witness.check(q, alpha, step)  # raises PipelineMismatchError
+    return witness
+
+
+def test_inclusion_counts_of_poisson_draws_do_not_alarm():
+    rng = np.random.default_rng(0)
+    n, q = 1024, 1 / 16
+    batches = [np.flatnonzero(rng.random(n) < q).tolist() for _ in range(2000)]
+    witness = _feed(batches, n, q)
+    assert witness.tests >= 100  # tested once per expected epoch
+
+
+def test_inclusion_counts_catch_a_weighted_sampler_of_the_right_batch_law():
+    """Half the records at 2q, the other half never: batch sizes look right, counts do not."""
+    rng = np.random.default_rng(1)
+    n, q = 1024, 1 / 16
+    batches = [np.flatnonzero(rng.random(n // 2) < 2 * q).tolist() for _ in range(200)]
+    with pytest.raises(PipelineMismatchError, match="not Poisson") as caught:
+        _feed(batches, n, q)
+    assert caught.value.witness == "sampling" and caught.value.step <= 40
+
+
+def test_inclusion_counts_catch_each_record_once_an_epoch():
+    rng = np.random.default_rng(2)
+    n, q = 1024, 1 / 16
+    batches = []
+    for _ in range(10):
+        order = rng.permutation(n)
+        batches += [order[i:i + 64].tolist() for i in range(0, n, 64)]
+    with pytest.raises(PipelineMismatchError, match="not Poisson") as caught:
+        _feed(batches, n, q)
+    assert caught.value.step <= 40
+
+
+def test_inclusion_witness_is_installed_and_restored():
+    model, opt, loader, crit = pipeline()
+    sampler_class = type(loader.batch_sampler)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert handle.witnesses.inclusion is not None
+    run(model, opt, loader, crit, 40)
+    assert handle.witnesses.inclusion.tests >= 1
+    handle.detach()
+    assert type(loader.batch_sampler) is sampler_class
+
+
+def test_weighted_sampler_on_a_real_pipeline_is_caught_within_50_steps():
+    model, opt, loader, crit = pipeline()
+
+    class HalfAtTwiceTheRate:
+        def __init__(self, n, q):
+            self.n, self.q, self.sample_rate = n, q, q
+
+        def __len__(self):
+            return int(1 / self.q)
+
+        def __iter__(self):
+            for _ in range(len(self)):
+                mask = torch.rand(self.n // 2) < 2 * self.q
+                yield mask.nonzero().reshape(-1).tolist()
+
+    weighted = DataLoader(loader.dataset, batch_sampler=HalfAtTwiceTheRate(N, 1 / 16))
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=weighted,
+                    sample_rate=1 / 16, check_poisson=False, witnesses=True)
+    exc = _refusal(handle, model, opt, weighted, crit)
+    assert exc.witness == "sampling" and handle.steps_charged < 50
+
+
+# ------------------------------------------------------------------ random allocation
+def _allocation_refusal(handle, model, opt, loader, crit, steps=50):
+    """Like _refusal, but one pass over the epochs (a new iterator starts a new epoch)."""
+    done = 0
+    while done < steps:
+        for x, y in loader:
+            before = [p.detach().clone() for p in model.parameters()]
+            charged = len(handle.ledger.history)
+            try:
+                opt.zero_grad()
+                crit(model(x), y).backward()
+                opt.step()
+            except PipelineMismatchError as exc:
+                assert all(torch.equal(a, b)
+                           for a, b in zip(before, model.parameters(), strict=True))
+                assert len(handle.ledger.history) == charged
+                return exc
+            done += 1
+    raise AssertionError(f"not caught within {steps} steps")
+
+
+def _allocation_pipeline(sampler_class, seed=0, n=1024, t=8):
+    from privguard.integrations import RandomAllocationSampler  # noqa: F401
+
+    torch.manual_seed(seed)
+    x = torch.randn(n, 20)
+    sampler = sampler_class(n, t, generator=torch.Generator().manual_seed(seed))
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_sampler=sampler),
+        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)
+    return model, opt, loader, nn.CrossEntropyLoss()
+
+
+def test_clean_random_allocation_epochs_do_not_alarm():
+    from privguard.integrations import RandomAllocationSampler
+
+    model, opt, loader, crit = _allocation_pipeline(RandomAllocationSampler)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert handle.witnesses.allocation is not None and handle.witnesses.inclusion is None
+    assert run(model, opt, loader, crit, 40) == 40  # 5 epochs of 8 steps
+    assert handle.witnesses.allocation.tests == 5
+    sampler = loader.batch_sampler
+    handle.detach()
+    assert type(sampler) is RandomAllocationSampler
+
+
+def test_skewed_allocation_is_caught_at_the_first_epoch_end():
+    """Each record once an epoch, but half of them in the first step: its size is ~N/2."""
+    from privguard.integrations import RandomAllocationSampler
+
+    class EvenRecordsFirst(RandomAllocationSampler):
+        def _allocation(self):  # the even records all in the first step, the rest uniform
+            steps = super()._allocation()
+            steps[::2] = 0
+            return steps
+
+    model, opt, loader, crit = _allocation_pipeline(EvenRecordsFirst)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    exc = _allocation_refusal(handle, model, opt, loader, crit)
+    assert exc.witness == "sampling" and "allocated uniformly" in str(exc) and exc.step <= 8
+
+
+def test_allocation_that_drops_records_is_caught():
+    from privguard.integrations import RandomAllocationSampler
+
+    class DropsSome(RandomAllocationSampler):
+        def __iter__(self):
+            for batch in super().__iter__():
+                yield batch[1:]
+
+    model, opt, loader, crit = _allocation_pipeline(DropsSome)
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    exc = _allocation_refusal(handle, model, opt, loader, crit)
+    assert "exactly once" in str(exc) and exc.step <= 8
+
+
+def test_hybrid_filter_with_witnesses_warns_that_the_reserve_leaves_the_plan():
+    from privguard import AccountantWarning, Plan
+
+    _model, opt, loader, _crit = pipeline()
+    ledger = Ledger(epsilon=8.0, delta=DELTA, plan=Plan(SubsampledGaussian(1.0, 1 / 16), 100),
+                    filter="hybrid")
+    with pytest.warns(AccountantWarning, match="falls back to RDP"):
+        attach(opt, ledger, data_loader=loader, witnesses=True)

@@ -29,6 +29,7 @@ loader's count tells them apart, so attach needs ``data_loader=`` for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from privguard import mechanisms as M
@@ -69,6 +70,26 @@ def reported_micro_batches(optimizer: Any) -> int | None:
     return value if isinstance(value, int) and value >= 1 else None
 
 
+def swap_iter(obj: Any, each: Callable[[Any], None]) -> tuple[type, type]:
+    """Swap ``obj``'s class for a subclass whose ``__iter__`` calls ``each`` on every item.
+
+    Returns (the original class, the subclass); ``obj.__class__ = original``
+    undoes it. Raises TypeError or AttributeError where the class is fixed.
+    """
+    original = type(obj)
+
+    def __iter__(self):
+        for item in original.__iter__(self):
+            each(item)
+            yield item
+
+    swapped = type(original.__name__, (original,),
+                   {"__iter__": __iter__, "__qualname__": original.__qualname__,
+                    "__module__": original.__module__})
+    obj.__class__ = swapped
+    return original, swapped
+
+
 class MicroBatchCounter:
     """Counts the batches a data loader hands to the loop (until :meth:`restore`).
 
@@ -80,20 +101,10 @@ class MicroBatchCounter:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.count = 0
-        self._original = type(loader)
-        counter = self
-        original = self._original
+        self._original, self._counting = swap_iter(loader, self._one)
 
-        def __iter__(self):
-            for batch in original.__iter__(self):
-                counter.count += 1
-                yield batch
-
-        counting = type(original.__name__, (original,),
-                        {"__iter__": __iter__, "__qualname__": original.__qualname__,
-                         "__module__": original.__module__})
-        loader.__class__ = counting
-        self._counting = counting
+    def _one(self, _batch: Any) -> None:
+        self.count += 1
 
     def take(self) -> int:
         """The batches delivered since the last call, and restart the count."""

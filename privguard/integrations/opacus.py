@@ -98,7 +98,7 @@ from privguard.integrations._recorded import (
     total_steps,
 )
 from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
-from privguard.integrations._witnesses import Witnesses
+from privguard.integrations._witnesses import Witnesses, reserve_for
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -179,6 +179,7 @@ class AttachHandle:
         self._view: EngineView | None = None
         self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
         self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
+        self.witness_reserve: M.Mechanism | None = None  # δ for their false alarms, charged once
 
     @property
     def distributed(self) -> bool:
@@ -275,6 +276,10 @@ class AttachHandle:
             else:
                 self._next_ok = self._coordinator.step(lambda: self._mechanism(predict=False),
                                                        self.label)
+            if self.witness_reserve is not None:  # once, after the first step fixed the plan
+                self.ledger.charge(self.witness_reserve,
+                                   label="witnesses: δ set aside for false alarms")
+                self.witness_reserve = None
             self.steps_charged += 1
             self._last_micro_batches = k
             if self.counter is not None:
@@ -493,9 +498,13 @@ def attach(
             ``privguard/integrations/_witnesses.py``). A mismatch raises
             :class:`privguard.PipelineMismatchError` out of
             ``optimizer.step()`` with the parameters untouched and nothing
-            charged, and every later step is refused too. Off by default
-            (its cost, README "Does my pipeline do what I charge?"); not
-            yet under DDP.
+            charged, and every later step is refused too. Needs a ledger
+            with an (ε, δ) target: with the first step a
+            :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
+            0.1% of δ aside for the witnesses' false alarms, so the
+            witnessed run keeps the target (docs/theory.md §16.2). Off by
+            default (its cost, README "Does my pipeline do what I charge?");
+            not yet under DDP.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -553,6 +562,8 @@ def attach(
     if witnesses and is_distributed(optimizer):
         raise InvalidArgumentError("witnesses", witnesses,
                                    "is not supported under DDP yet; attach without it")
+    if witnesses:
+        reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -642,7 +653,15 @@ def attach(
             size = None if dataset is None else len(dataset)
         except TypeError:
             size = None
-        handle.witnesses = Witnesses(optimizer, size)
+        alpha, handle.witness_reserve = reserve_for(ledger)  # docs/theory.md §16.2
+        if ledger._acc.config.filter == "hybrid":
+            warnings.warn("witnesses=True with the hybrid filter: the δ reserve for the "
+                          "witnesses' false alarms is not the plan's step, so the run leaves its "
+                          "plan and the filter falls back to RDP (docs/theory.md §16.2)",
+                          AccountantWarning, stacklevel=2)
+        handle.witnesses = Witnesses(optimizer, size, false_alarm=alpha,
+                                     loader=data_loader if sampler is None else None,
+                                     allocation=sampler)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
