@@ -118,3 +118,59 @@ def test_known_limit_a_copy_without_its_wal_drops_charges_while_open(tmp_path):
     shutil.copy(path, tmp_path / "copy2.db")
     with Ledger.open(tmp_path / "copy2.db") as copy:
         assert len(copy.history) == 5
+
+
+def _closed_wal_ledger(tmp_path):
+    path = tmp_path / "d" / "budget.db"
+    path.parent.mkdir()
+    with Ledger(3.0, 1e-5, path=path) as ledger:
+        ledger.charge(STEP)
+        ledger.charge(STEP)
+    assert not os.path.exists(str(path) + "-wal")  # the last close removed it
+    return path
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only directory anyway")
+def test_a_closed_wal_ledger_in_a_read_only_directory_stays_readable(tmp_path):
+    path = _closed_wal_ledger(tmp_path)
+    os.chmod(path.parent, 0o555)
+    try:
+        with Ledger.open(path, read_only=True) as reader:
+            assert len(reader.history) == 2
+    finally:
+        os.chmod(path.parent, 0o755)
+
+
+def test_a_read_only_open_falls_back_to_immutable_only_without_a_wal(tmp_path, monkeypatch):
+    # The branch above, for root too: SQLite refuses a WAL file's reader that cannot
+    # create the -shm index ("attempt to write a readonly database"); simulated here.
+    import privguard._stores._sqlite as store
+
+    path = _closed_wal_ledger(tmp_path)
+    real = sqlite3.connect
+    opened = []
+
+    class Refusing:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, *args):
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+
+        def close(self):
+            self.conn.close()
+
+    def connect(target, *args, **kwargs):
+        opened.append(str(target))
+        conn = real(target, *args, **kwargs)
+        return conn if "immutable=1" in str(target) else Refusing(conn)
+
+    monkeypatch.setattr(store.sqlite3, "connect", connect)
+    with Ledger.open(path, read_only=True) as reader:
+        assert len(reader.history) == 2
+    assert "immutable=1" in opened[-1]
+    open(str(path) + "-wal", "wb").close()  # a writer may have charges there: no fallback
+    before = _fds()
+    with pytest.raises(LedgerStateError, match="readonly"):
+        Ledger.open(path, read_only=True)
+    assert _fds() == before

@@ -145,9 +145,7 @@ class SQLiteStore:
         conn = None
         try:
             if self.read_only:
-                uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, timeout=self.timeout,
-                                       isolation_level=None, check_same_thread=False)
+                conn = self._connect_read_only()
             else:
                 conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                        check_same_thread=False)
@@ -178,6 +176,30 @@ class SQLiteStore:
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
         self._conn = conn
         return conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A read-only connection. A WAL file needs its ``-shm`` index, which a reader
+        cannot create in a directory it may not write (SQLite: "attempt to write a
+        readonly database"). If no ``-wal`` exists then, no writer has the file open (the
+        last close removes it) and the main file holds every charge: it is read as
+        immutable. With a ``-wal`` present the error stands (its charges cannot be read).
+        """
+        uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "readonly" not in str(exc) or os.path.exists(self.path + "-wal"):
+                raise
+        with open(self.path, "rb") as f:  # bytes 18-19 are 2 in a WAL-mode file
+            header = f.read(20)
+        if header[18:20] != b"\x02\x02":
+            raise LedgerStateError(f"{self.path}: cannot be read without writing beside it")
+        return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout,
+                               isolation_level=None, check_same_thread=False)
 
     def close(self) -> None:
         if self._conn is not None:
