@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -174,3 +176,39 @@ def test_a_read_only_open_falls_back_to_immutable_only_without_a_wal(tmp_path, m
     with pytest.raises(LedgerStateError, match="readonly"):
         Ledger.open(path, read_only=True)
     assert _fds() == before
+
+
+def test_closing_one_ledger_keeps_another_in_this_process_visible_to_others(tmp_path):
+    # Closing the first ledger's flock fd dropped every POSIX lock of this process on the
+    # file, SQLite's WAL shared lock of the second ledger's connection included; another
+    # process closing the file then took itself for the last user and deleted the -wal,
+    # and the second ledger's next charges went into an unlinked file no one else reads.
+    path = str(tmp_path / "budget.db")
+    a = Ledger(3.0, 1e-5, path=path)
+    a.charge(STEP)
+    b = Ledger.open(path)
+    b.charge(STEP)
+    a.close()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", f"from privguard import Ledger; "
+                    f"Ledger.open({path!r}).close()"], check=True, env=env, timeout=120)
+    b.charge(STEP)
+    b.charge(STEP)
+    seen = subprocess.run([sys.executable, "-c", f"from privguard import Ledger; "
+                           f"print(len(Ledger.open({path!r}).history))"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert seen.stdout.strip() == "4", seen
+    b.close()
+
+
+def test_reopening_beside_an_open_ledger_holds_one_spare_descriptor(tmp_path):
+    path = str(tmp_path / "budget.db")
+    keep = Ledger(3.0, 1e-5, path=path)
+    Ledger.open(path).close()
+    before = _fds()
+    for _ in range(5):
+        with Ledger.open(path) as other:
+            other.charge(STEP)
+    assert _fds() == before
+    keep.close()
+    assert len(_fds()) < len(before)  # the spare went with the last store

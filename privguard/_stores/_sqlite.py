@@ -59,7 +59,7 @@ from privguard._config import Config, retarget_remedy
 from privguard._errors import LedgerStateError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
-from privguard._stores import _rows
+from privguard._stores import _lockfds, _rows
 from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._rows import Cursor as _Cursor
@@ -155,9 +155,13 @@ class SQLiteStore:
                 self._wal = str(got).lower() == "wal"
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self._identity = None
+            self._lock_fd = _lockfds.reuse(self.path)
+            if self._lock_fd is None:
+                self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
             self._identity = (st.st_dev, st.st_ino)
+            _lockfds.retain(self._identity)  # closed only with this process's last store
             if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
@@ -165,8 +169,8 @@ class SQLiteStore:
             if conn is not None:
                 conn.close()
             if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+                _lockfds.release(self._identity, self._lock_fd)
+                self._lock_fd = self._identity = None
             if isinstance(exc, LedgerStateError):
                 raise
             cause = explain(self.path, write=not self.read_only)
@@ -208,7 +212,8 @@ class SQLiteStore:
             self._conn.close()
             self._conn = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            # not os.close: that would drop this process's other connections' SQLite locks
+            _lockfds.release(self._identity, self._lock_fd)
             self._lock_fd = None
 
     def _checkpoint_wal(self) -> None:
