@@ -31,11 +31,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import _pgserver  # noqa: E402
 
 
-def _worker(path: str, charges: int, start, done) -> None:
+def _worker(path: str, charges: int, start, done, kwargs=None, env=None) -> None:
+    os.environ.update(env or {})  # e.g. PRIVGUARD_SQLITE_JOURNAL (shared_ledger.py)
     from privguard import Ledger
     from privguard import mechanisms as M
 
-    ledger = Ledger(epsilon=1e6, delta=1e-5, path=path)
+    ledger = Ledger(epsilon=1e6, delta=1e-5, path=path, **(kwargs or {}))
     step = M.SubsampledGaussian(1.1, 0.004)
     label = f"pid {os.getpid()}"
     start.wait()
@@ -48,10 +49,10 @@ def _worker(path: str, charges: int, start, done) -> None:
     done.put(latencies)
 
 
-def _run(path: str, clients: int, charges: int) -> dict[str, float]:
+def _run(path: str, clients: int, charges: int, kwargs=None, env=None) -> dict[str, float]:
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(path, charges, start, done))
+    procs = [ctx.Process(target=_worker, args=(path, charges, start, done, kwargs, env))
              for _ in range(clients)]
     for p in procs:
         p.start()
@@ -65,7 +66,8 @@ def _run(path: str, clients: int, charges: int) -> dict[str, float]:
     latencies.sort()
     return {"per_second": clients * charges / elapsed,
             "p50_ms": 1e3 * statistics.median(latencies),
-            "p99_ms": 1e3 * latencies[int(0.99 * (len(latencies) - 1))]}
+            "p99_ms": 1e3 * latencies[int(0.99 * (len(latencies) - 1))],
+            "p999_ms": 1e3 * latencies[int(0.999 * (len(latencies) - 1))]}
 
 
 def main() -> None:

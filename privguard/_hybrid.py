@@ -514,6 +514,14 @@ class HybridFilter:
         admitted, alive, count = admission_rule(s.a_alive, s.a_count, inside, b_ok, self.steps_a)
         if not admitted:
             return False, s
+        if s.a_alive and not alive and k:
+            # ``times`` identical charges are ``times`` charges (docs/theory.md §2b): those
+            # that fit in T_A are A-admissible one by one and raise c; the first that does
+            # not (B admits it, since B admits the whole block and its spent only grows)
+            # closes A. The state is then the one ``times`` single charges reach, which is
+            # what a replay of the journal's merged run row reaches too (issue 26). No
+            # decision changes: a closed A decides nothing, whatever its count.
+            count = s.a_count + k * min(times, (self.steps_a - s.a_count) // k)
         return True, HybridState(int(count), bool(alive))
 
     def apply(self, state: HybridState) -> None:

@@ -241,6 +241,23 @@ def test_k_charges_at_once_equal_k_single_charges():
                 break
 
 
+@pytest.mark.parametrize("per_charge,times", [(1, 50), (3, 10), (3, 7)])
+def test_k_charges_crossing_t_a_reach_the_state_of_k_single_charges(per_charge, times):
+    # Issue 26: a block of identical inside charges that does not fit in T_A but that B
+    # admits closed A with its count unchanged, where single charges raise it to the last
+    # charge that fits; a journal row merging them then did not replay to the live state.
+    step = M.SubsampledGaussian(1.0, 0.01)
+    cheap = M.SubsampledGaussian(3.0, 0.01, steps=per_charge)  # inside; B admits far more
+    one, many = (MiniLedger(make(EPS, DELTA, step, steps_a=20)) for _ in range(2))
+    one.charge(cheap)
+    many.charge(cheap)
+    assert all(one.charge(cheap) for _ in range(times))
+    assert many.charge(cheap, times)
+    assert not one.f.a_alive and one.f.a_count == 20 - 20 % per_charge
+    assert HybridState(many.f.a_count, many.f.a_alive) == HybridState(one.f.a_count, False)
+    np.testing.assert_array_equal(many.spent, one.spent)
+
+
 # ------------------------------------------------------------ step counts
 @pytest.mark.parametrize("sigma,q", CASES)
 def test_on_plan_admits_at_least_97_percent_of_prv(sigma, q):

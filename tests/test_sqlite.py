@@ -347,18 +347,29 @@ def test_a_file_replaced_under_an_open_ledger_fails_it_closed(tmp_path):
         ledger.can_afford(STEP)
 
 
-def test_committed_charges_live_in_the_main_file(tmp_path):
-    # The rollback journal, not WAL: deleting side files can never lose a committed charge.
+def test_committed_charges_live_in_the_main_file_after_close(tmp_path):
+    # WAL (issue 26): while a ledger is open its charges may live in budget.db-wal; closing
+    # checkpoints them into the main file, so deleting the side files after every close
+    # can never lose a committed charge.
     path = tmp_path / "b.db"
     ledger = filled(path, n=10)
+    other = Ledger.open(path)  # another connection stays open: SQLite's last close does
+    ledger.close()             # not fold the -wal in then, privguard's close must
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal"
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
+    assert os.path.getsize(str(path) + "-wal") == 0  # checkpointed and truncated
+    other.close()
     for suffix in ("-journal", "-wal", "-shm"):
         if os.path.exists(str(path) + suffix):
             os.remove(str(path) + suffix)
-    assert len(Ledger.open(path).history) == 11
-    ledger.charge(STEP)
+    reopened = Ledger.open(path)
+    assert len(reopened.history) == 11
+    reopened.charge(STEP)
+    reopened.close()
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(str(path) + suffix):
+            os.remove(str(path) + suffix)
     assert len(Ledger.open(path).history) == 12
 
 

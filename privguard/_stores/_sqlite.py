@@ -32,8 +32,11 @@ kernel instead of in SQLite's sleep-and-retry backoff): it checks that the
 file is still the file it opened (inode and ``file_id``), replays the rows
 other processes appended (verifying the chain and that no row it had already
 seen changed), decides, writes and commits with ``synchronous=FULL`` before
-the ledger returns. The rollback journal (not WAL) is used, so a committed
-charge is in the main file: no side file whose loss could silently drop it.
+the ledger returns. The journal mode is WAL (one fsync'd append per commit), or
+the rollback journal on a network filesystem, where WAL cannot work (see
+:mod:`privguard._stores._journalmode`); in WAL a committed charge may live in
+``budget.db-wal`` until a checkpoint, and closing a ledger checkpoints it into the
+main file (README, "On disk", has the threat model).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ from privguard._config import Config, retarget_remedy
 from privguard._errors import LedgerStateError
 from privguard._integrity import Integrity, canonical
 from privguard._journal import Run
-from privguard._stores import _rows
+from privguard._stores import _lockfds, _rows
+from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._rows import Cursor as _Cursor
 from privguard._stores._rows import checked_items
@@ -137,21 +141,27 @@ class SQLiteStore:
         if self._conn is not None:
             return self._conn
         require_regular_file(self.path)  # a FIFO would block the open below forever
+        mode = None if self.read_only else journal_mode(self.path)
         conn = None
         try:
             if self.read_only:
-                uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, timeout=self.timeout,
-                                       isolation_level=None, check_same_thread=False)
+                conn = self._connect_read_only()
             else:
                 conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None,
                                        check_same_thread=False)
-                conn.execute("PRAGMA journal_mode = TRUNCATE")
+                # WAL, or the rollback journal on a network filesystem (_journalmode);
+                # FULL: every commit is fsync'd before the charge returns, in either mode.
+                got = conn.execute(f"PRAGMA journal_mode = {mode}").fetchone()[0]
+                self._wal = str(got).lower() == "wal"
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self._identity = None
+            self._lock_fd = _lockfds.reuse(self.path)
+            if self._lock_fd is None:
+                self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
             self._identity = (st.st_dev, st.st_ino)
+            _lockfds.retain(self._identity)  # closed only with this process's last store
             if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
@@ -159,8 +169,8 @@ class SQLiteStore:
             if conn is not None:
                 conn.close()
             if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+                _lockfds.release(self._identity, self._lock_fd)
+                self._lock_fd = self._identity = None
             if isinstance(exc, LedgerStateError):
                 raise
             cause = explain(self.path, write=not self.read_only)
@@ -171,13 +181,59 @@ class SQLiteStore:
         self._conn = conn
         return conn
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A read-only connection. A WAL file needs its ``-shm`` index, which a reader
+        cannot create in a directory it may not write (SQLite: "attempt to write a
+        readonly database"). If no ``-wal`` exists then, no writer has the file open (the
+        last close removes it) and the main file holds every charge: it is read as
+        immutable. With a ``-wal`` present the error stands (its charges cannot be read).
+        """
+        uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "readonly" not in str(exc) or os.path.exists(self.path + "-wal"):
+                raise
+        with open(self.path, "rb") as f:  # bytes 18-19 are 2 in a WAL-mode file
+            header = f.read(20)
+        if header[18:20] != b"\x02\x02":
+            raise LedgerStateError(f"{self.path}: cannot be read without writing beside it")
+        return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout,
+                               isolation_level=None, check_same_thread=False)
+
     def close(self) -> None:
         if self._conn is not None:
+            if self._wal and self._lock_fd is not None and not self._depth:
+                self._checkpoint_wal()
             self._conn.close()
             self._conn = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            # not os.close: that would drop this process's other connections' SQLite locks
+            _lockfds.release(self._identity, self._lock_fd)
             self._lock_fd = None
+
+    def _checkpoint_wal(self) -> None:
+        """Fold the ``-wal`` into the main file and empty it, unless a process is inside a
+        transaction (it checkpoints at its own close; SQLite's last close does too).
+
+        After a normal close, then, the main file alone holds every charge: a copy of
+        ``budget.db`` without its ``-wal`` taken while the ledger is open can miss
+        committed charges (README, "On disk"), one taken after every close cannot.
+        """
+        assert self._conn is not None and self._lock_fd is not None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # a charge is being written: its process closes later
+        try:
+            with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _check_identity(self) -> None:
         """Fail closed if the path now names another file than the one opened."""
@@ -224,6 +280,7 @@ class SQLiteStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     _writing = False
+    _wal = False
 
     # -- digests -------------------------------------------------------------------------
     def _genesis_digest(self, config: dict[str, Any]) -> str:
@@ -300,6 +357,15 @@ class SQLiteStore:
     # -- opening -----------------------------------------------------------------------------
     def open(self, config: Config | None, acc: Accounting | None,
              retarget: str | None) -> Accounting:
+        try:
+            return self._open(config, acc, retarget)
+        except BaseException:
+            # A failed open leaves nothing behind: no connection, no flock fd (issue 26).
+            self.close()
+            raise
+
+    def _open(self, config: Config | None, acc: Accounting | None,
+              retarget: str | None) -> Accounting:
         if config is None and not os.path.exists(self.path):
             raise LedgerStateError(f"{self.path}: no such ledger file")
         if self.read_only and not os.path.exists(self.path):
