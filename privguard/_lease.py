@@ -15,16 +15,19 @@ The rules (docs/theory.md §13; README "Leases"):
   an under-count). A change of mechanism and a normal :meth:`Ledger.close`
   record the unused remainder as a ``lease-unused`` journal event.
 * Sizes: the k-th lease of a streak of identical steps is at most the number of
-  steps the streak has already released (so sizes grow geometrically: 1, 1, 2,
-  4, …), at most the cap ``lease=`` (:data:`DEFAULT_CAP` steps by default), its
+  steps the streak has already released, r (so sizes grow geometrically: 1, 1, 2,
+  4, …), at most max(C, r // :data:`RELATIVE`) for the cap C = ``lease=``
+  (:data:`DEFAULT_CAP` steps by default; a long streak's leases grow to 1/64 of
+  what it released, so a 10⁴-step run pays ~200 commits, not 600), its
   cost in the budget meter's currency (docs/theory.md §12, the RDP meter of the
   filter, or of the hybrid filter's part B) is at most :data:`FRACTION` of the
   meter's remaining budget, and it is shrunk to the largest count the filter
   admits. With the hybrid filter, while part A is alive, a lease never takes A
   past T_A (docs/theory.md §2b): at most T_A − c envelope steps.
-* Hence the unused remainder at any abandonment is at most ``min(cap, steps the
-  streak released before the lease)`` steps, and its meter cost at most
-  ``FRACTION`` × the remaining budget when it was taken.
+* Hence the unused remainder at any abandonment is fewer than
+  ``min(max(C, r // RELATIVE), max(1, r))`` steps (r: steps the streak released
+  before the lease), and its meter cost at most ``FRACTION`` × the remaining
+  budget when it was taken.
 """
 
 from __future__ import annotations
@@ -43,12 +46,16 @@ from privguard._base import Mechanism
 #: 1,000 steps is ≤ 16/1000 of its released spend (docs/theory.md §13).
 DEFAULT_CAP = 16
 
+#: A streak that released r steps may take leases of up to r // RELATIVE steps beyond
+#: the cap (over-count ≤ 1/64 ≈ 1.6% of the streak's released steps).
+RELATIVE = 64
+
 #: Largest lease accepted by ``lease=`` (a cap in steps).
 MAX_CAP = 2**20
 
 #: A lease's cost in the budget meter's currency is at most this fraction of the
 #: meter's remaining budget (ε − meter), so leases shrink near the end of the budget.
-FRACTION = 0.02
+FRACTION = 0.1
 
 #: The journal event that records a lease's unused remainder (still spent).
 UNUSED = "lease-unused"
@@ -98,8 +105,11 @@ class Lease:
 
 def target_size(cap: int, released: int, times: int) -> int:
     """The size a lease asks for before the filter's shrink: geometric growth with the
-    streak (at most what it released), at most ``cap``, at least ``times``."""
-    return max(times, min(cap, max(1, released)))
+    streak (at most what it released), at most max(``cap``, released // RELATIVE), at
+    least ``times``; ``times`` itself for ``cap`` = 1 (no leases)."""
+    if cap <= 1:
+        return times
+    return max(times, min(max(cap, released // RELATIVE), max(1, released)))
 
 
 def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
@@ -168,6 +178,6 @@ def unused_steps(events: Any) -> int:
                if isinstance(e, dict) and e.get("event") == UNUSED)
 
 
-__all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "UNUSED", "Lease",
+__all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "RELATIVE", "UNUSED", "Lease",
            "check_cap", "check_unused_event", "hybrid_room", "meter_room", "target_size",
            "unused_event", "unused_steps"]

@@ -79,13 +79,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             :meth:`Ledger.open` to adopt the stored configuration).
         retarget: with ``path``, a reason for opening an existing file with
             another target or budget; the change is logged in the file.
-        lease: the largest lease, in steps (docs/theory.md §13, README "Leases"):
+        lease: the lease cap C, in steps (docs/theory.md §13, README "Leases"):
             a file or server ledger admits a block of identical steps of the
             current mechanism in one durable transaction (spent at once, shared
             with every process) and hands them out from memory. ``1`` charges
             every step durably (no leases); the default, None, is
             ``DEFAULT_CAP`` (16) steps for a file or server ledger and 1 in
-            memory. Unused leased steps stay spent (over-count, never under).
+            memory. A streak that released r steps takes leases of up to
+            max(C, r // 64) steps. Unused leased steps stay spent (over-count,
+            never under).
 
     Raises:
         InvalidArgumentError: any argument out of its domain.
