@@ -194,11 +194,17 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             live = lease.left if lease is not None and lease.pid == os.getpid() else 0
             return leases.unused_steps(self._acc.events) + live
 
+    def _logs_unused(self) -> bool:
+        """Whether this ledger's store takes a lease-unused event (a PostgreSQL charging
+        role may append charges only: its remainders stay spent, unrecorded, as after a
+        crash)."""
+        return self._store is not None and getattr(self._store, "writes_events", True)
+
     def _record_unused(self, reason: str) -> None:
         """Log this process's lease remainder (still spent) and drop the lease."""
         lease, self._lease = self._lease, None
         if (lease is None or not lease.left or lease.pid != os.getpid()
-                or self._broken is not None or self._store is None):
+                or self._broken is not None or not self._logs_unused()):
             return
         with self._synced(write=True) as txn:
             body = leases.unused_event(lease, reason, time.time())
@@ -299,7 +305,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 step = _deviation.plan_step(self._acc, verdict)
                 before = self._acc.repeats(step, None, pid)
             now, pre = time.time(), []
-            if abandon is not None:  # another key: the old lease's remainder stays spent
+            if abandon is not None and self._logs_unused():  # it stays spent either way
                 body = leases.unused_event(abandon, "mechanism change", now)
                 self._acc.replay_event(body)
                 pre = [Change("event", body=body)]
