@@ -8,7 +8,7 @@ as released never exceed the steps the journal holds as spent for it, and the bu
 meter never exceeds the target. Prints one line per round and exits non-zero on a
 violation.
 
-Run: python benchmarks/lease_crash.py [--rounds 20] [--epsilon 1.5]
+Run: python benchmarks/lease_crash.py [--rounds 20] [--epsilon 16]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from privguard import Ledger
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--epsilon", type=float, default=1.5)
+    parser.add_argument("--epsilon", type=float, default=16.0)
     parser.add_argument("--seed", type=int, default=26)
     args = parser.parse_args()
     rng = random.Random(args.seed)

@@ -270,7 +270,7 @@ def test_sigkilled_workers_never_release_more_than_is_spent(tmp_path):
     exceed the steps the journal holds as spent for it, and the target is never exceeded."""
     import _lease_workers
 
-    path, eps = str(tmp_path / "shared.db"), 1.5
+    path, eps = str(tmp_path / "shared.db"), 3.0
     Ledger(eps, 1e-5, path=path).close()
     rng, logs = random.Random(26), {}
     for rnd in range(3):
