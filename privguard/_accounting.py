@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from privguard import _conversion as conv
-from privguard import _fastpath
+from privguard import _fastpath, _lease
 from privguard._base import Mechanism
 from privguard._config import Config
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
@@ -400,6 +400,8 @@ class Accounting:
                                        "never logs one)")
         elif "retargets" in body:
             self._check_migrated_retargets(body, where)
+        elif body.get("event") == _lease.UNUSED:
+            _lease.check_unused_event(body, self.journal.charges, where)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from privguard import _config, _deviation
+from privguard import _lease as leases
 from privguard import _validation as check
-from privguard._accounting import Accounting, check_label
+from privguard._accounting import Accounting, Change, check_label
 from privguard._base import Mechanism
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._journal import ChargeRecord
@@ -78,6 +79,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             :meth:`Ledger.open` to adopt the stored configuration).
         retarget: with ``path``, a reason for opening an existing file with
             another target or budget; the change is logged in the file.
+        lease: the lease cap C, in steps (docs/theory.md §13, README "Leases"):
+            a file or server ledger admits a block of identical steps of the
+            current mechanism in one durable transaction (spent at once, shared
+            with every process) and hands them out from memory. ``1`` charges
+            every step durably (no leases); the default, None, is
+            ``DEFAULT_CAP`` (16) steps for a file or server ledger and 1 in
+            memory. A streak that released r steps takes leases of up to
+            max(C, r // 64) steps. Unused leased steps stay spent (over-count,
+            never under).
 
     Raises:
         InvalidArgumentError: any argument out of its domain.
@@ -100,8 +110,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                  plan: Plan | Mechanism | None = None, filter: str | None = None,
                  orders: Any = None, shares: Any = None, rdp_budget: Any = None,
                  odometer: str | None = None, listeners: Any = (),
-                 path: str | os.PathLike[str] | None = None, retarget: str | None = None
-                 ) -> None:
+                 path: str | os.PathLike[str] | None = None, retarget: str | None = None,
+                 lease: int | None = None) -> None:
         config = _config.build(epsilon, delta, orders=orders, shares=shares, plan=plan,
                                rdp_budget=rdp_budget, odometer=odometer, filter=filter)
         if retarget is not None:
@@ -110,7 +120,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if not isinstance(retarget, str) or not retarget.strip():
                 raise InvalidArgumentError("retarget", retarget,
                                            "must be a non-empty reason (it is logged)")
+        cap = leases.check_cap(lease, path is not None)
         self._setup(listeners, None if path is None else open_store(path))
+        self._lease_cap = cap
         if self._store is None:
             self._acc = Accounting(config)
         else:
@@ -128,30 +140,77 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self.add_listener(fn)
         self._store = store
         self._backend = store or MemoryStore()
+        self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        self._lease_cap = 1
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, listeners: Any = (),
-             read_only: bool = False) -> Ledger:
+             read_only: bool = False, lease: int | None = None) -> Ledger:
         """Open an existing ledger file with the configuration stored in it.
 
         With ``read_only=True`` the file is opened for reading only (for
-        inspecting a ledger you may not write); charging it raises.
+        inspecting a ledger you may not write); charging it raises. ``lease``:
+        as for :class:`Ledger`.
 
         Raises:
             LedgerStateError: no such file, or it is unreadable, inconsistent or edited.
         """
+        cap = leases.check_cap(lease, True)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
+        self._lease_cap = cap
         self._acc = self._store.open(None, None, None)
         self._store.live = True
         return self
 
     def close(self) -> None:
-        """Close the ledger's file (if any). The ledger can no longer be charged."""
+        """Close the ledger's file (if any). The ledger can no longer be charged.
+
+        The unused remainder of a lease is recorded in the journal as a
+        ``lease-unused`` event first (it stays spent).
+        """
         with self._lock:
             if self._store is not None:
-                self._store.close()
-                self._broken = "closed"
+                try:
+                    self._record_unused("close")
+                finally:
+                    self._store.close()
+                    self._broken = "closed"
+
+    @property
+    def leased_unused(self) -> int:
+        """Steps the journal holds as spent that were leased but never released: the
+        remainders recorded as ``lease-unused`` events, plus this process's open lease
+        (docs/theory.md §13). A process that died with a lease leaves its remainder
+        spent and unrecorded: it counts as released here. :attr:`history` lists every
+        spent step, these included.
+
+        Example:
+            >>> from privguard import Ledger
+            >>> Ledger(epsilon=3.0, delta=1e-5).leased_unused  # in memory: no leases
+            0
+        """
+        with self._synced(write=False):
+            lease = self._lease
+            live = lease.left if lease is not None and lease.pid == os.getpid() else 0
+            return leases.unused_steps(self._acc.events) + live
+
+    def _logs_unused(self) -> bool:
+        """Whether this ledger's store takes a lease-unused event (a PostgreSQL charging
+        role may append charges only: its remainders stay spent, unrecorded, as after a
+        crash)."""
+        return self._store is not None and getattr(self._store, "writes_events", True)
+
+    def _record_unused(self, reason: str) -> None:
+        """Log this process's lease remainder (still spent) and drop the lease."""
+        lease, self._lease = self._lease, None
+        if (lease is None or not lease.left or lease.pid != os.getpid()
+                or self._broken is not None or not self._logs_unused()):
+            return
+        with self._synced(write=True) as txn:
+            body = leases.unused_event(lease, reason, time.time())
+            self._acc.replay_event(body)
+            txn.write(self._acc, [Change("event", body=body)])
 
     def __enter__(self) -> Ledger:
         return self
@@ -239,12 +298,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         label = check_label(label)
         times = check.positive_int("times", times, maximum=check.MAX_STEPS)
         pid = os.getpid()
+        lease = self._lease
+        if lease is not None and lease.covers(mechanism, label, pid, times):
+            record = self._from_lease(lease, mechanism, label, pid, times)
+            if record is not None:
+                self._notify(LedgerEvent("charge", self, mechanism, label, record))
+                return record
         if isinstance(mechanism, Mechanism):
             # A new mechanism's curve can take milliseconds: compute it (pure, cached)
             # before taking the store's lock, which other processes are waiting for.
             self._acc.curve(mechanism)
         with self._synced(write=True) as txn:
-            verdict = self._acc.decide(mechanism, label, pid, times)
+            verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid, times)
             if not verdict.admitted:
                 remaining = self._remaining(mechanism)
                 self._notify(LedgerEvent("refused", self, mechanism, label, None))
@@ -257,14 +322,24 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if closing:  # part A closes (once per ledger): say what it cost
                 step = _deviation.plan_step(self._acc, verdict)
                 before = self._acc.repeats(step, None, pid)
-            changes = self._acc.apply(verdict, label, time.time(), pid)
+            now, pre = time.time(), []
+            if abandon is not None and self._logs_unused():  # it stays spent either way
+                body = leases.unused_event(abandon, "mechanism change", now)
+                self._acc.replay_event(body)
+                pre = [Change("event", body=body)]
+            self._lease = None
+            changes = pre + self._acc.apply(verdict, label, now, pid)
             txn.write(self._acc, changes)  # durable at commit, before the caller acts
             if closing:  # committed: nothing here may raise into the transaction
                 deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
                                                _deviation.repeats_or_nan(self._acc, step, pid))
-        run = changes[-1].run
-        assert run is not None
-        record = run.record(run.count - 1)
+            run = changes[-1].run
+            assert run is not None
+            spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
+            record = run.record(run.count - 1 - spare)
+            if self._lease_cap > 1:
+                self._lease = leases.Lease(run.mechanism, label, pid, spare,
+                                           run.start + run.count - spare, streak + times)
         self._notify(LedgerEvent("charge", self, mechanism, label, record))
         if deviation is not None:
             warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
@@ -272,9 +347,65 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return record
 
     def can_afford(self, mechanism: Mechanism) -> bool:
-        """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records nothing)."""
+        """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
+        nothing). A step this process holds leased (already spent) is affordable."""
+        lease = self._lease
+        if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
+                and self._broken is None:
+            return True
         with self._synced(write=False):
             return self._acc.decide(mechanism, None, os.getpid()).admitted
+
+    def _from_lease(self, lease: leases.Lease, mechanism: Mechanism, label: str | None,
+                    pid: int, times: int) -> ChargeRecord | None:
+        """``times`` steps handed out from this process's lease (already admitted and
+        spent in the journal: no I/O, no grid arithmetic); None if the lease is gone."""
+        with self._lock:
+            if self._broken is not None or self._lease is not lease \
+                    or not lease.covers(mechanism, label, pid, times):
+                return None
+            return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+
+    def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int
+                       ) -> tuple[Any, int, leases.Lease | None, int]:
+        """The verdict for ``times`` steps, with a lease when this ledger takes leases.
+
+        Returns (verdict, carry, abandon, streak): ``carry`` steps come from this process's
+        lease of the same key (fewer than ``times``), the verdict admits the rest plus a
+        lease, through the decision ``charge(times=n)`` takes (the filter admits the whole
+        lease before its first step); ``abandon`` is a lease of another key whose
+        remainder is to be recorded as unused; ``streak`` the steps the key released so far.
+        When the lease cannot be admitted whole it
+        shrinks to the largest count admitted; when the steps needed are refused, the
+        verdict is that refusal, exactly as without leases (docs/theory.md §13).
+        """
+        acc, cap, old = self._acc, self._lease_cap, self._lease
+        if old is not None and old.pid != pid:
+            old = self._lease = None  # a forked child: the parent's lease is not ours
+        same = old is not None and old.same_key(mechanism, label, pid)
+        carry = old.left if same and old is not None else 0
+        abandon = old if old is not None and not same and old.left else None
+        streak = old.streak if same and old is not None else 0
+        need = times - carry
+        verdict = acc.decide(mechanism, label, pid, need)
+        if cap <= 1 or not verdict.admitted or self._store is None:
+            return verdict, carry, abandon, streak
+        n = leases.target_size(cap, streak, need)
+        flt = acc.filter
+        if flt is not None and n > need:
+            n = leases.hybrid_room(flt, mechanism, need, n)
+            n = leases.meter_room(flt, acc.spent(), acc.curve(mechanism), need, n)
+        if n > need:
+            bigger = acc.decide(mechanism, label, pid, n)
+            if not bigger.admitted:  # shrink to the largest admitted count (monotone in n)
+                lo, hi = need, n
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if acc.decide(mechanism, label, pid, mid).admitted \
+                        else (lo, mid)
+                bigger = verdict if lo == need else acc.decide(mechanism, label, pid, lo)
+            verdict = bigger
+        return verdict, carry, abandon, streak
 
     def child(self, budget: Any, *, delta: float | None = None) -> Ledger:
         """A strict, in-memory sub-ledger for one tuning candidate.

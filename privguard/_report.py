@@ -187,6 +187,9 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
                                 if ledger._acc.retargeted else "")),
         "strict_budget": cfg.filter == "strict",
         "charges": charges,
+        # leases (docs/theory.md §13): spent in the journal, never released (still spent)
+        "leased_unused": ledger.leased_unused,
+        "released": charges - ledger.leased_unused,
         "runs": len(runs),
         "running_delta": running_delta,
         "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),
@@ -252,7 +255,9 @@ def print_report(data: dict[str, Any]) -> None:
             "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
     print(f"filter      {filt}")
     print(f"grid        {data['orders']} Rényi orders; odometer {data['odometer']!r}")
-    print(f"charges     {data['charges']} in {data['runs']} runs")
+    unused = data.get("leased_unused") or 0
+    print(f"charges     {data['charges']} in {data['runs']} runs" + (
+        f": {data['released']} released, {unused} leased but unused (spent)" if unused else ""))
     if data["last_mechanism"] is not None:
         reps = data["remaining_repeats_of_last_mechanism"]
         print(f"remaining   {reps if reps == 'unlimited' else int(reps)} more of "

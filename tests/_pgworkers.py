@@ -19,7 +19,7 @@ def charge_through_restarts(url: str, seconds: float, log_path: str) -> None:
     from privguard import mechanisms as M
 
     step = M.SubsampledGaussian(1.0, 0.01)
-    ledger = Ledger.open(url)
+    ledger = Ledger.open(url, lease=1)
     deadline = time.monotonic() + seconds
     with open(log_path, "w") as log:
         while time.monotonic() < deadline:
@@ -31,7 +31,7 @@ def charge_through_restarts(url: str, seconds: float, log_path: str) -> None:
                 ledger.close()
                 while True:  # the server may still be restarting
                     try:
-                        ledger = Ledger.open(url)
+                        ledger = Ledger.open(url, lease=1)
                         break
                     except LedgerStateError:
                         time.sleep(0.2)

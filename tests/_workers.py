@@ -6,13 +6,14 @@ import os
 import sys
 
 
-def charge_until_refused(path: str, attempts: int, queue, epsilon: float = 2.0) -> None:
+def charge_until_refused(path: str, attempts: int, queue, epsilon: float = 2.0,
+                         lease: int | None = None) -> None:
     """Open the shared ledger (a file or a URL) and try ``attempts`` charges; report how
-    many were admitted."""
+    many were admitted. ``lease``: as for Ledger (None: leases for a file or server)."""
     from privguard import BudgetExhausted, Ledger
     from privguard import mechanisms as M
 
-    ledger = Ledger(epsilon, 1e-5, path=path)
+    ledger = Ledger(epsilon, 1e-5, path=path, lease=lease)
     admitted = 0
     for _ in range(attempts):
         try:

@@ -18,7 +18,7 @@ from privguard._report import trajectory
 @pytest.fixture()
 def fixture_ledger(tmp_path):
     path = tmp_path / "budget.db"
-    ledger = Ledger(4.0, 1e-5, path=path)
+    ledger = Ledger(4.0, 1e-5, path=path, lease=1)  # exact counts (leases: test_leases.py)
     for _ in range(300):
         ledger.charge(M.SubsampledGaussian(1.1, 0.01), label="train")
     for _ in range(3):
@@ -105,7 +105,7 @@ def test_report_compares_with_opacus_prv_on_request(fixture_ledger, capsys):
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     # `privguard report FILE | head`: the pipe closes; the CLI exits like any other CLI
     db = tmp_path / "l.db"
-    ledger = Ledger(3.0, 1e-5, path=str(db))
+    ledger = Ledger(3.0, 1e-5, path=str(db), lease=1)
     for i in range(2000):  # a report longer than a pipe's buffer
         ledger.charge(M.SubsampledGaussian(1.0, 0.01), label=f"job {i}")
     ledger.close()

@@ -133,11 +133,11 @@ def test_a_resume_never_rewinds_and_never_starts_a_fresh_budget(tmp_path):
 
 def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     db = str(tmp_path / "ledger.db")
-    ckpt = _train_and_save(tmp_path, Ledger(delta=1e-5, path=db))
+    ckpt = _train_and_save(tmp_path, Ledger(delta=1e-5, path=db, lease=1))  # exact counts
     trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_strategy="no")
     with pytest.raises(LedgerStateError, match="ledger.db"):
         trainer.train(resume_from_checkpoint=str(ckpt))
-    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db), max_steps=6,
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db, lease=1), max_steps=6,
                               save_strategy="no")
     trainer.train(resume_from_checkpoint=str(ckpt))
     assert len(Ledger.open(db).history) == 6

@@ -36,7 +36,8 @@ def test_a_prv_calibrated_plan_runs_to_the_end(eps, q, steps):
 
 def test_the_envelope_state_survives_a_file_and_a_state(tmp_path):
     step = M.SubsampledGaussian(1.0, 0.01)
-    ledger = Ledger(3.0, 1e-5, plan=Plan(step, 2600), filter="hybrid", path=tmp_path / "h.db")
+    ledger = Ledger(3.0, 1e-5, plan=Plan(step, 2600), filter="hybrid", path=tmp_path / "h.db",
+                    lease=1)  # exact counts (leases and part A: tests/test_leases.py)
     for _ in range(1000):
         ledger.charge(step)
     ledger.close()

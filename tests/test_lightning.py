@@ -121,10 +121,10 @@ def test_a_resume_never_rewinds_and_refuses_a_foreign_ledger(tmp_path):
 
 def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     db = str(tmp_path / "ledger.db")
-    path = _fit_and_save(tmp_path, Ledger(delta=1e-5, path=db))
+    path = _fit_and_save(tmp_path, Ledger(delta=1e-5, path=db, lease=1))  # exact counts
     with pytest.raises(LedgerStateError, match="ledger.db"):
         trainer(LedgerCallback(Ledger(delta=1e-5)), max_steps=8).fit(Tiny(), ckpt_path=path)
-    reopened = Ledger(delta=1e-5, path=db)
+    reopened = Ledger(delta=1e-5, path=db, lease=1)
     trainer(LedgerCallback(reopened), max_steps=8).fit(Tiny(), ckpt_path=path)
     assert len(Ledger.open(db).history) == 8
 

@@ -438,13 +438,13 @@ def test_attach_then_load_checkpoint_resumes_too(tmp_path):
 
 def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     db = str(tmp_path / "ledger.db")
-    path = _run_and_save(tmp_path, Ledger(4.0, DELTA, path=db))
+    path = _run_and_save(tmp_path, Ledger(4.0, DELTA, path=db, lease=1))  # exact counts
     engine, model, opt, loader = make_private(seed=1)
     ckpt = engine.load_checkpoint(path=path, module=model, optimizer=opt)
     assert ckpt["privacy_accountant_state_dict"]["privguard"]["state"] is None  # a reference
     with pytest.raises(LedgerStateError, match="ledger.db"):  # not the checkpoint's ledger
         attach(opt, Ledger(4.0, DELTA), data_loader=loader, resume=ckpt)
-    ledger = Ledger(4.0, DELTA, path=db)
+    ledger = Ledger(4.0, DELTA, path=db, lease=1)
     attach(opt, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
     assert len(ledger.history) == 6  # resumed from the file, nothing charged twice
     train(model, opt, loader, 2)
@@ -453,10 +453,10 @@ def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
 
 def test_a_file_backed_resume_without_resume_counts_twice_and_says_so(tmp_path):
     db = str(tmp_path / "ledger.db")
-    path = _run_and_save(tmp_path, Ledger(delta=DELTA, path=db))
+    path = _run_and_save(tmp_path, Ledger(delta=DELTA, path=db, lease=1))  # exact counts
     engine, model, opt, loader = make_private(seed=1)
     engine.load_checkpoint(path=path, module=model, optimizer=opt)
-    ledger = Ledger(delta=DELTA, path=db)
+    ledger = Ledger(delta=DELTA, path=db, lease=1)
     with pytest.warns(AccountantWarning, match="counted twice"):
         attach(opt, ledger, data_loader=loader, privacy_engine=engine)
     assert len(ledger.history) == 12  # safe: over-counted, never forgotten

@@ -18,6 +18,7 @@ import pytest
 import _workers
 from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
+from privguard._lease import DEFAULT_CAP, RELATIVE
 from privguard._stores import open_store
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -46,7 +47,7 @@ def test_reopening_resumes_the_same_ledger(tmp_path):
 
 def test_in_memory_and_file_ledgers_agree_exactly(tmp_path):
     mem = Ledger(3.0, 1e-5)
-    disk = Ledger(3.0, 1e-5, path=tmp_path / "b.db")
+    disk = Ledger(3.0, 1e-5, path=tmp_path / "b.db", lease=1)  # leases: test_leases.py
     rng = np.random.default_rng(1)
     for _ in range(200):
         m = M.SubsampledGaussian(float(rng.choice([0.9, 1.0, 1.3])), 0.01)
@@ -96,8 +97,8 @@ def test_processes_never_overspend_together(tmp_path):
     Ledger(2.0, 1e-5, path=path).close()  # create it
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_workers.charge_until_refused, args=(path, 300, queue))
-             for _ in range(4)]
+    procs = [ctx.Process(target=_workers.charge_until_refused, args=(path, 300, queue, 2.0, 1))
+             for _ in range(4)]  # lease=1: every charge exact (leases: test_leases.py)
     assert 4 * 300 > expected
     for p in procs:
         p.start()
@@ -128,9 +129,9 @@ def test_sigkill_never_loses_an_applied_step(tmp_path):
         journal = len(Ledger.open(path).history)
         assert journal >= applied, "an applied update is missing from the journal"
         # Each kill can leave at most one step charged but not applied (or applied but
-        # not yet counted: the child's counter then restarts one short), so the gap
-        # grows by at most one per kill.
-        assert journal <= applied + kills
+        # not yet counted: the child's counter then restarts one short), plus the unused
+        # part of a lease (fewer than max(cap, streak // 64), docs/theory.md §13), per kill.
+        assert journal <= applied + kills * max(DEFAULT_CAP, journal // RELATIVE)
         progress.append(applied)
     assert progress[0] > 0 and progress[-1] > progress[0]  # the kills landed mid-training
     # after the crashes the ledger still enforces the budget

@@ -94,7 +94,7 @@ def kind(request, tmp_path):
 
 
 def test_identical_consecutive_charges_form_one_run_and_replay_exactly(kind):
-    ledger = kind.make(delta=1e-5)
+    ledger = kind.make(delta=1e-5, lease=1)  # one charge, one step (leases: below)
     for _ in range(500):
         ledger.charge(STEP, label="train")
     ledger.charge(M.Gaussian(10.0), label="eval")
@@ -118,8 +118,30 @@ def test_t_identical_charges_equal_opacus_t_steps_bit_for_bit(kind):
     assert kind.reopen(ledger).spent.tolist() == list(expected)
 
 
+def test_leases_replay_exactly_and_never_under_count(kind):
+    # Leases (docs/theory.md §13): on by default for file and server stores, off in
+    # memory. The journal holds every released step plus the leased-but-unused ones.
+    ledger = kind.make(3.0, 1e-5)
+    records = [ledger.charge(STEP, label="train") for _ in range(100)]
+    assert [r.index for r in records] == list(range(100))
+    ledger.charge(M.Gaussian(30.0), label="eval")  # the lease's remainder is recorded
+    unused = ledger.leased_unused
+    # the PostgreSQL charging role appends charges only: its remainders stay spent, unlogged
+    logged = not isinstance(kind, (MemoryKind, PostgresChargerKind))
+    assert (unused > 0) == logged
+    spent = ledger.spent
+    again = kind.reopen(ledger)
+    assert again.leased_unused == unused
+    assert len(again.history) == 101 + unused if logged else len(again.history) >= 101
+    np.testing.assert_array_equal(again.spent, spent)
+    released = Ledger(3.0, 1e-5)
+    released.charge(STEP, times=100)
+    released.charge(M.Gaussian(30.0))
+    assert (spent >= released.spent).all()
+
+
 def test_history_expands_runs_with_their_first_and_last_times(kind):
-    ledger = kind.make(delta=1e-5)
+    ledger = kind.make(delta=1e-5, lease=1)
     records = [ledger.charge(STEP, label="s") for _ in range(5)]
     history = kind.reopen(ledger).history
     assert len(history) == 5 and [r.index for r in history] == list(range(5))
@@ -183,7 +205,7 @@ def test_pickling_round_trips(kind):
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "memory"], indirect=True)
 def test_a_write_that_fails_breaks_the_ledger_and_records_nothing(kind, monkeypatch):
-    ledger = kind.make(3.0, 1e-5)
+    ledger = kind.make(3.0, 1e-5, lease=1)  # every charge writes
     for _ in range(3):
         ledger.charge(STEP, label="x")
     store = type(ledger._store)

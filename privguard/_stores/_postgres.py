@@ -97,6 +97,12 @@ class PostgresStore:
         self._desync: str | None = None
         self.live = False
 
+    @property
+    def writes_events(self) -> bool:
+        """Whether this connection may append event rows (a lease's unused remainder,
+        docs/theory.md §13): the owner may, the charging role may not."""
+        return self._owner
+
     # -- connection ------------------------------------------------------------------------
     @property
     def _pg(self) -> Any:
