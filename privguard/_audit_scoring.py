@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from privguard._one_run import epsilon_lower_bound
+from privguard._one_run import epsilon_lower_bound, guess_and_count
 
 __all__ = ["default_guesses", "lower_bound_over_guesses", "step_log_likelihood_ratio"]
 
@@ -87,8 +87,6 @@ def lower_bound_over_guesses(scores: np.ndarray, included: np.ndarray,
         ...                          0.95)[0] > 2.0
         True
     """
-    from privguard.audit import guess_and_count  # the one guess rule (ties: canary order)
-
     m = len(scores)
     level = (1.0 - confidence) / len(pairs)
     best = (0.0, pairs[0][0] + pairs[0][1], -1)

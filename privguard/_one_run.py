@@ -9,7 +9,8 @@ are right. If the run is (ε, δ)-DP with respect to each canary, then
     β(ε) = P[B ≥ v],  B ~ Binomial(r, e^ε/(1+e^ε)).
 
 :func:`epsilon_lower_bound` inverts this test on a grid fixed in advance,
-scanning upward, so that it needs no monotonicity of the p-value in ε.
+scanning upward, so that it needs no monotonicity of the p-value in ε;
+:func:`guess_and_count` is the one guess rule (ties: canary order).
 """
 
 from __future__ import annotations
@@ -92,3 +93,17 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float 
             first = start + int(np.argmin(kept))
             return 0.0 if first == 0 else float(grid[first - 1])
     return float(grid[-1])
+
+
+def guess_and_count(scores: np.ndarray, included: np.ndarray, k_in: int,
+                    k_out: int) -> tuple[int, int]:
+    """(r, v): guess the ``k_in`` top scores "in" and the ``k_out`` bottom "out"; count the right ones.
+
+    Example:
+        >>> guess_and_count(np.array([3., 2., 1., 0.]), np.array([1, 0, 1, 0], bool), 1, 1)
+        (2, 2)
+    """
+    order = np.argsort(scores, kind="stable")
+    top = order[len(order) - k_in:] if k_in else order[:0]
+    bottom = order[:k_out]
+    return k_in + k_out, int(included[top].sum() + (~included[bottom]).sum())

@@ -56,6 +56,7 @@ from privguard._audit_scoring import (
     step_log_likelihood_ratio,
 )
 from privguard._errors import InvalidArgumentError
+from privguard._one_run import guess_and_count
 
 __all__ = ["AuditResult", "audit_opacus", "guess_and_count"]
 
@@ -95,20 +96,6 @@ class AuditResult:
     def ratio(self) -> float:
         """``epsilon_lower / epsilon_charged`` (0 when nothing was charged)."""
         return self.epsilon_lower / self.epsilon_charged if self.epsilon_charged > 0 else 0.0
-
-
-def guess_and_count(scores: np.ndarray, included: np.ndarray, k_in: int,
-                    k_out: int) -> tuple[int, int]:
-    """(r, v): guess the ``k_in`` top scores "in" and the ``k_out`` bottom "out"; count the right ones.
-
-    Example:
-        >>> guess_and_count(np.array([3., 2., 1., 0.]), np.array([1, 0, 1, 0], bool), 1, 1)
-        (2, 2)
-    """
-    order = np.argsort(scores, kind="stable")
-    top = order[len(order) - k_in:] if k_in else order[:0]
-    bottom = order[:k_out]
-    return k_in + k_out, int(included[top].sum() + (~included[bottom]).sum())
 
 
 class _Canaries:
