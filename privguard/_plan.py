@@ -105,9 +105,9 @@ class Plan:
         """
         from privguard.integrations._plan_opacus import plan_from_opacus
 
-        return plan_from_opacus(optimizer, data_loader, epochs=epochs, steps=steps,
-                                gradient_accumulation_steps=gradient_accumulation_steps,
-                                every=every)
+        return cls(**plan_from_opacus(optimizer, data_loader, epochs=epochs, steps=steps,
+                                      gradient_accumulation_steps=gradient_accumulation_steps,
+                                      every=every))
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step.to_dict(), "steps": self.steps, "every": self.every}

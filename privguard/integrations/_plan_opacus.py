@@ -14,14 +14,17 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
-from privguard._plan import Plan
 from privguard.integrations import _describe, _sampling
 
 
 def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = None,
                      steps: int | None = None, gradient_accumulation_steps: int = 1,
-                     every: int | None = None) -> Plan:
-    """See :meth:`privguard.Plan.from_opacus`."""
+                     every: int | None = None) -> dict[str, Any]:
+    """See :meth:`privguard.Plan.from_opacus`: the plan's arguments (``Plan(**them)``).
+
+    The integration hands back arguments, not a ``Plan``: ``_plan`` imports this module,
+    so importing ``_plan`` here would be an import cycle (tests/test_import_graph.py).
+    """
     sigma = getattr(optimizer, "noise_multiplier", None)
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
         raise InvalidArgumentError("optimizer", type(optimizer).__name__,
@@ -37,4 +40,4 @@ def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = N
         # (a last partial accumulation is still a step: rounded up)
         steps = epochs * max(1, math.ceil(len(data_loader) / k))
     steps = check.positive_int("steps", steps)
-    return Plan(_describe.step_mechanism(sigma, rate, k), steps=steps, every=every)
+    return {"step": _describe.step_mechanism(sigma, rate, k), "steps": steps, "every": every}

@@ -48,7 +48,7 @@ from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard.integrations._frameworks import require
-from privguard.tuning._executors import Outcome, Reduce, Task, run_candidate
+from privguard.tuning._executors import Outcome, Reduce, Task, register_executor, run_candidate
 
 ray = require("ray", "ray")
 
@@ -198,3 +198,6 @@ class RayExecutor:
                 except Exception:
                     pass
             pending.clear()
+
+
+register_executor("ray", RayExecutor)  # backend="ray" (tuning/_executors.py's registry)

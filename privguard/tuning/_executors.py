@@ -1,5 +1,10 @@
 """Where tuning candidates run: in this process, or on Ray (privguard.integrations.ray).
 
+This module is below the executors it names: ``backend="ray"`` is looked up in a registry
+that the Ray integration fills when it is imported (:func:`register_executor`), or else
+through the ``privguard.executors`` entry point the package declares, so tuning never
+imports an integration (tests/test_import_graph.py).
+
 A tuner draws K and every candidate's hyperparameters at the driver and
 hands the executor a stream of tasks, one per candidate. Each task builds
 its own strict child ledger from the grid and the declared budget, runs the
@@ -70,14 +75,42 @@ class SerialExecutor:
             reduce(index, task[1], run_candidate(*task))
 
 
+#: Executors by name: a factory called with no argument. "serial" is this module's; the Ray
+#: integration registers "ray" when it is imported.
+_NAMED: dict[str, Callable[[], Any]] = {"serial": SerialExecutor}
+
+#: The entry-point group through which ``backend="<name>"`` finds an executor whose module
+#: has not been imported yet (pyproject.toml declares ``ray`` in it).
+ENTRY_POINT_GROUP = "privguard.executors"
+
+
+def register_executor(name: str, factory: Callable[[], Any]) -> None:
+    """Make ``backend=name`` call ``factory()`` (the Ray integration registers "ray")."""
+    _NAMED[name] = factory
+
+
+def _named(name: str) -> Callable[[], Any] | None:
+    factory = _NAMED.get(name)
+    if factory is not None:
+        return factory
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        entry.load()  # imports the integration (its missing extra raises the install hint)
+        return _NAMED.get(name)
+    return None
+
+
 def resolve(backend: Any):
     """``None``/"serial" → SerialExecutor; "ray" → a local RayExecutor; or an executor object."""
-    if backend is None or (isinstance(backend, str) and backend == "serial"):
+    if backend is None:
         return SerialExecutor()
-    if isinstance(backend, str) and backend == "ray":
-        from privguard.integrations.ray import RayExecutor
-
-        return RayExecutor()
+    if isinstance(backend, str) and backend in ("serial", "ray"):
+        factory = _named(backend)
+        if factory is None:  # an install whose metadata predates the entry point
+            raise InvalidArgumentError("backend", backend, "needs `import privguard.integrations"
+                                       f".{backend}` first (pip install 'privguard[{backend}]')")
+        return factory()
     if not isinstance(backend, str) and callable(getattr(backend, "run", None)):
         return backend
     raise InvalidArgumentError("backend", backend,
