@@ -29,6 +29,7 @@ import numpy as np
 
 from privguard._errors import PipelineMismatchError
 from privguard.integrations._describe import swap_iter
+from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upper, clopper_pearson
 
 __all__ = ["InclusionCounts"]
 
@@ -95,30 +96,23 @@ class InclusionCounts:
         self._test(q, level, step)
 
     def _test(self, q: float, level: float, step: int) -> None:
-        # imported here: _witnesses imports this module
-        from privguard.integrations._witnesses import (
-            _binomial_tail_lower,
-            _binomial_tail_upper,
-            _clopper_pearson,
-        )
-
         m, n = self.draws, self.num_records
         mean = m * q
         spread = math.sqrt(mean)
         low, high = math.floor(mean - spread), math.ceil(mean + spread)
         for name, k, p in (
             (f"drawn ≤ {low} times", int(np.count_nonzero(self._counts <= low)),
-             _binomial_tail_lower(low, m, q) if low >= 0 else 0.0),
+             binomial_tail_lower(low, m, q) if low >= 0 else 0.0),
             (f"drawn ≥ {high} times", int(np.count_nonzero(self._counts >= high)),
-             _binomial_tail_upper(high, m, q) if high <= m else 0.0),
+             binomial_tail_upper(high, m, q) if high <= m else 0.0),
         ):
             if not 0.0 < p < 1.0:
                 continue
-            below = _binomial_tail_lower(k, n, p)
-            above = _binomial_tail_upper(k, n, p)
+            below = binomial_tail_lower(k, n, p)
+            above = binomial_tail_upper(k, n, p)
             if min(below, above) > level:
                 continue
-            lo, hi = _clopper_pearson(k, n)
+            lo, hi = clopper_pearson(k, n)
             raise PipelineMismatchError(
                 f"sampling witness (per record): the steps are charged as Poisson sampling at "
                 f"q = {q:.6g}, under which, after {m} draws, each of the N = {n} records is "
@@ -169,10 +163,6 @@ class AllocationEpochs:
 
     def check(self, alpha: float, step: int) -> None:
         """Test every epoch drawn in full since the last call; raise PipelineMismatchError."""
-        from privguard.integrations._witnesses import (  # imported here: a cycle otherwise
-            _binomial_tail_lower,
-            _binomial_tail_upper,
-        )
 
         done, self._done = self._done, []
         n, t = self.num_records, self.steps
@@ -195,8 +185,8 @@ class AllocationEpochs:
                 continue  # one step: the size is N, deterministically (checked above)
             mean = n / t
             for s, k in enumerate(sizes):  # only the tail on k's side can be small (median)
-                tail = (_binomial_tail_lower(k, n, 1.0 / t) if k <= mean
-                        else _binomial_tail_upper(k, n, 1.0 / t))
+                tail = (binomial_tail_lower(k, n, 1.0 / t) if k <= mean
+                        else binomial_tail_upper(k, n, 1.0 / t))
                 if tail <= level:
                     raise PipelineMismatchError(
                         f"sampling witness (random allocation): under the charge each batch "

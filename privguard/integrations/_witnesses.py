@@ -65,6 +65,13 @@ from scipy import special
 from privguard._errors import InvalidArgumentError, PipelineMismatchError
 from privguard._reserve import DeltaReserve
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
+from privguard.integrations._tails import CONFIDENCE
+from privguard.integrations._tails import binomial_tail_lower as _binomial_tail_lower
+from privguard.integrations._tails import binomial_tail_upper as _binomial_tail_upper
+from privguard.integrations._tails import binomial_tails as _binomial_tails
+from privguard.integrations._tails import chi2_lower_tail as _chi2_lower_tail
+from privguard.integrations._tails import chi2_quantile as _chi2_quantile
+from privguard.integrations._tails import clopper_pearson as _clopper_pearson
 
 __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "reserve_for"]
 
@@ -81,10 +88,6 @@ DELTA_SHARE = 1e-3
 
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
-
-CONFIDENCE = 0.95
-"""Confidence of the interval reported with a mismatch."""
-
 
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
@@ -136,37 +139,6 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
             f"cannot be paid for at the target ε = {epsilon:g}: the false-alarm budget "
             f"r·δ/(1+e^ε) underflows")
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
-
-
-def _chi2_lower_tail(x: float, d: int) -> float:
-    """P(χ²_d ≤ x), exactly: the regularised lower incomplete gamma P(d/2, x/2)."""
-    return float(special.gammainc(d / 2.0, x / 2.0))
-
-
-def _chi2_quantile(p: float, d: int) -> float:
-    return 2.0 * float(special.gammaincinv(d / 2.0, p))
-
-
-def _binomial_tail_lower(k: int, n: int, q: float) -> float:
-    """P(X ≤ k) for X ~ Binomial(n, q) = I_{1−q}(n−k, k+1) (the incomplete beta identity)."""
-    return 1.0 if k >= n else float(special.betainc(n - k, k + 1, 1.0 - q))
-
-
-def _binomial_tail_upper(k: int, n: int, q: float) -> float:
-    """P(X ≥ k) for X ~ Binomial(n, q) = I_q(k, n−k+1)."""
-    return 1.0 if k <= 0 else float(special.betainc(k, n - k + 1, q))
-
-
-def _binomial_tails(k: int, n: int, q: float) -> tuple[float, float]:
-    """(P(X ≤ k), P(X ≥ k)) for X ~ Binomial(n, q), by the incomplete beta identity."""
-    return _binomial_tail_lower(k, n, q), _binomial_tail_upper(k, n, q)
-
-
-def _clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    a = (1.0 - confidence) / 2.0
-    lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, a))
-    hi = 1.0 if k >= n else float(special.betaincinv(k + 1, n - k, 1.0 - a))
-    return lo, hi
 
 
 class Witnesses:
