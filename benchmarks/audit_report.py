@@ -71,7 +71,7 @@ def main() -> None:
 def simulate(args: argparse.Namespace) -> None:
     """Projections x = [drawn] + N(0, σ²) per step and canary (q = 1/16, sampling hidden),
     scored and bounded exactly as audit_opacus does; the charged ε from the Opacus run."""
-    from privguard._audit_scoring import (
+    from privguard._audit._audit_scoring import (
         default_guesses,
         lower_bound_over_guesses,
         step_log_likelihood_ratio,

@@ -26,9 +26,9 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
 from privguard import DEFAULT_ORDERS, Concentrated, Ledger, Plan, Uniform
-from privguard import _hybrid as H
 from privguard import mechanisms as M
-from privguard._hybrid import HybridFilter, envelope_of
+from privguard._accounting import _hybrid as H
+from privguard._accounting._hybrid import HybridFilter, envelope_of
 
 
 def largest(ok, start: int = 1) -> int:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         db = _ledger_file(folder)
-        cli = [sys.executable, "-c", "import sys; from privguard._cli import main; "
+        cli = [sys.executable, "-c", "import sys; from privguard._cli._cli import main; "
                "sys.exit(main(sys.argv[1:]))", "report", db]
         commands = {
             "baseline: " + BASELINE: [sys.executable, "-c", BASELINE],

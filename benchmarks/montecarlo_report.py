@@ -32,7 +32,7 @@ from _montecarlo import (
 
 from privguard import DEFAULT_ORDERS, Concentrated, Ledger, Plan, Uniform
 from privguard import mechanisms as M
-from privguard._odometer import mixture_weights, paper_excess_bound
+from privguard._accounting._odometer import mixture_weights, paper_excess_bound
 
 SEEDS = {"plan": 101, "ahead": 202, "aim": 303}  # as in tests/test_montecarlo.py
 

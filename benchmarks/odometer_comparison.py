@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from privguard import DEFAULT_ORDERS, Odometer, Plan
-from privguard import _conversion as conv
 from privguard import mechanisms as M
-from privguard._odometer import (
+from privguard._accounting._odometer import (
     OPEN_READS,
     OPEN_SHARE,
     PLAN_SHARE,
@@ -35,6 +34,7 @@ from privguard._odometer import (
     mixture_weights,
     paper_excess_bound,
 )
+from privguard._curves import _conversion as conv
 
 ORDERS = np.array(DEFAULT_ORDERS)
 Q_A = 512 / 50_000

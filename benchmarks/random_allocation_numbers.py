@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from privguard import DEFAULT_ORDERS, RDPCurve, _allocation
+from privguard import DEFAULT_ORDERS, RDPCurve
 from privguard import mechanisms as M
+from privguard._mechanisms import _allocation
 
 SIGMA, DELTA = 1.0, 1e-5
 ORDERS = np.array(DEFAULT_ORDERS)

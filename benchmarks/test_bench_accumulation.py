@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from privguard import DEFAULT_ORDERS, Ledger
-from privguard import _accumulated as acc
-from privguard import _sgm
 from privguard import mechanisms as M
+from privguard._curves import _sgm
+from privguard._mechanisms import _accumulated as acc
 
 GRID = np.array(DEFAULT_ORDERS)
 

@@ -1,4 +1,4 @@
-"""A repeated identical charge, with the fast path (privguard/_fastpath.py) and without.
+"""A repeated identical charge, with the fast path (privguard/_accounting/_fastpath.py) and without.
 
 The fast path decides another charge of the current streak with an integer comparison
 instead of the filter's arithmetic over the grid: its cost does not grow with the grid.
@@ -16,7 +16,7 @@ import pytest
 
 from privguard import DEFAULT_ORDERS, Ledger, Plan
 from privguard import mechanisms as M
-from privguard._accounting import Accounting
+from privguard._accounting._accounting import Accounting
 
 DELTA = 1e-5
 STEP = M.SubsampledGaussian(1.1, 0.004)

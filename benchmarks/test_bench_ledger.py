@@ -93,7 +93,7 @@ def test_privguard_adaptive_run(benchmark):
         return ledger.epsilon()
 
     def cold():  # every round computes its curves again, as Opacus does
-        from privguard._base import _cached_curve
+        from privguard._mechanisms._base import _cached_curve
 
         _cached_curve.cache_clear()
 

@@ -17,7 +17,7 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 
 from privguard import DEFAULT_ORDERS, Odometer, Plan
 from privguard import mechanisms as M
-from privguard._odometer import mixture_weights
+from privguard._accounting._odometer import mixture_weights
 
 DELTA = 1e-6
 ORDERS = np.array(DEFAULT_ORDERS)

@@ -13,9 +13,14 @@ import pytest
 from opacus.accountants.utils import get_noise_multiplier
 
 from privguard import DEFAULT_ORDERS, Ledger
-from privguard._base import _cached_curve
 from privguard import mechanisms as M
-from privguard.tuning import Poisson, RandomSearch, calibrate_noise_multiplier, calibrate_tuning_noise
+from privguard._mechanisms._base import _cached_curve
+from privguard.tuning import (
+    Poisson,
+    RandomSearch,
+    calibrate_noise_multiplier,
+    calibrate_tuning_noise,
+)
 
 warnings.filterwarnings("ignore")
 RUN = M.SubsampledGaussian(1.0, 0.004, steps=2000)

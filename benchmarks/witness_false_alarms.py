@@ -4,7 +4,7 @@ Each run is a correct Opacus pipeline (20-64-2 MLP, generated data, N = 1024,
 Poisson batches of expected size 64, σ = 1, C = 0.1 below the typical
 per-sample norm so clipping is active) with ``attach(..., witnesses=True)``;
 any PipelineMismatchError is a false alarm. The design bound is 4α per run, α
-from the ledger's target (privguard/integrations/_witnesses.py reserve_for: at
+from the ledger's target (integrations/_witnesses.py reserve_for: at
 (10, 10⁻⁵), 4.5·10⁻¹³), so the expected count is ~0.
 
 Run: python benchmarks/witness_false_alarms.py            # 200 runs × 300 steps

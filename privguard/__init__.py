@@ -14,10 +14,15 @@ Example:
 """
 
 from privguard import mechanisms
-from privguard._budget import Budget
-from privguard._conversion import CLASSIC, IMPROVED
-from privguard._curve import RDPCurve
-from privguard._deviation import PlanDeviationWarning
+from privguard._accounting._budget import Budget
+from privguard._accounting._deviation import PlanDeviationWarning
+from privguard._accounting._journal import ChargeRecord, History, Run
+from privguard._accounting._odometer import MIXTURE, PAPER, TIGHT, Odometer
+from privguard._accounting._plan import Plan
+from privguard._accounting._results import Guarantee, LedgerEvent, Remaining
+from privguard._accounting._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
+from privguard._curves._conversion import CLASSIC, IMPROVED
+from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -26,13 +31,8 @@ from privguard._errors import (
     PrivguardError,
     UnknownMechanismError,
 )
-from privguard._journal import ChargeRecord, History, Run
-from privguard._ledger import Ledger
-from privguard._odometer import MIXTURE, PAPER, TIGHT, Odometer
-from privguard._orders import DEFAULT_ORDERS
-from privguard._plan import Plan
-from privguard._results import Guarantee, LedgerEvent, Remaining
-from privguard._shares import Concentrated, DeltaShares, Explicit, Uniform, single_order
+from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._curve import RDPCurve
 from privguard.integrations._sampling import NonPoissonSamplingError
 from privguard.mechanisms import Mechanism, mechanism_from_dict
 
@@ -92,3 +92,8 @@ __all__ = [
     "mechanisms",
     "single_order",
 ]
+
+# privguard 0.2 pickles name private paths that moved (issue 30)
+from privguard import _moved  # noqa: E402
+
+_moved.install()

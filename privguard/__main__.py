@@ -2,7 +2,7 @@
 
 import sys
 
-from privguard._cli import main
+from privguard._cli._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

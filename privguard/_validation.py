@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from privguard._curves._orders import MAX_ORDER, MIN_ORDER
 from privguard._errors import InvalidArgumentError
-from privguard._orders import MAX_ORDER, MIN_ORDER
 
 RDP_RTOL = 1e-9
 """Relative floating-point tolerance on RDP values (see :func:`rdp_tolerance`)."""
@@ -121,7 +121,7 @@ def non_negative_finite(name: str, value: Any) -> float:
 MIN_DELTA = 1e-290
 """The smallest δ accepted (issue 24). Before a logarithm, δ is multiplied by a share of
 at least 0.9/2⁵³ ≈ 10⁻¹⁶ (the mixture odometer's share per read of a plan of at most
-2⁵³ steps, :func:`privguard._odometer.mixture_weights`; every δ-share rule's nonzero
+2⁵³ steps, :func:`privguard._accounting._odometer.mixture_weights`; every δ-share rule's nonzero
 weights are larger or give −∞, a share that admits nothing); 10⁻²⁹⁰·10⁻¹⁶ = 10⁻³⁰⁶ is
 still a normal float (≥ 2.2·10⁻³⁰⁸), so every log(share·δ) is finite. 10⁻³²³ made every
 charge raise ``ValueError: math domain error``."""
@@ -215,13 +215,13 @@ def orders(name: str, value: Any) -> np.ndarray:
         raise InvalidArgumentError(
             name, short(value),
             f"every order must be >= {MIN_ORDER} (found {bad!r}); orders closer to 1 give no "
-            f"useful (ε, δ) conversion and lose their digits to round-off (privguard._orders)")
+            f"useful (ε, δ) conversion and lose their digits to round-off (privguard._curves._orders)")
     if np.any(arr > MAX_ORDER):
         bad = arr[arr > MAX_ORDER][0]
         raise InvalidArgumentError(
             name, short(value),
             f"every order must be <= {MAX_ORDER:g} (found {bad:g}); larger orders change no "
-            f"(ε, δ) conversion and make some curves slow to evaluate (privguard._orders)")
+            f"(ε, δ) conversion and make some curves slow to evaluate (privguard._curves._orders)")
     if np.any(np.diff(arr) <= 0):
         i = int(np.argmax(np.diff(arr) <= 0))
         raise InvalidArgumentError(

@@ -18,8 +18,8 @@ enters the charged step's log-likelihood ratio ``log(1 − q + q·e^{(x_t −
 fixed before the run, the ``k_in`` highest scores are guessed "in" and the
 ``k_out`` lowest "out"; each pair's right guesses give a lower bound on ε at
 the ledger's δ by Steinke–Nasr–Jagielski's Theorem 5.2 at a confidence split
-between the pairs, and the largest is returned (:mod:`privguard._one_run`,
-:mod:`privguard._audit_scoring`; docs/theory.md §16.3–16.4).
+between the pairs, and the largest is returned (:mod:`privguard._audit._one_run`,
+:mod:`privguard._audit._audit_scoring`; docs/theory.md §16.3–16.4).
 The ledger attached for the run gives the charged ε of the same run.
 
 Example:
@@ -50,13 +50,13 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
-from privguard._audit_scoring import (
+from privguard._audit._audit_scoring import (
     default_guesses,
     lower_bound_over_guesses,
     step_log_likelihood_ratio,
 )
+from privguard._audit._one_run import guess_and_count
 from privguard._errors import InvalidArgumentError
-from privguard._one_run import guess_and_count
 
 __all__ = ["AuditResult", "audit_opacus", "guess_and_count"]
 
@@ -210,7 +210,7 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
             before the run: the ``k_in`` top scores are guessed "in", the
             ``k_out`` bottom ones "out"; with n pairs each is bounded at
             confidence 1 − (1 − confidence)/n and the largest bound is
-            returned. Default :func:`privguard._audit_scoring.default_guesses`:
+            returned. Default :func:`privguard._audit._audit_scoring.default_guesses`:
             ``(m/50, 0), (m/10, 0), (m/10, m/10), (m/4, m/4)``.
         loss: the loss (default: cross-entropy); a 4th item of ``build()``
             overrides it.
@@ -224,7 +224,7 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         InvalidArgumentError: a bad argument, or ``build()`` did not return
             an Opacus pipeline with a Poisson loader.
     """
-    from privguard._ledger import Ledger
+    from privguard._ledger._ledger import Ledger
     from privguard.integrations.opacus import attach
 
     steps = check.positive_int("steps", steps)
@@ -297,7 +297,7 @@ def demo_audit(quick: bool = False, seed: int | None = None, steps: int | None =
     ``quick``: 100 steps and 1,000 canaries (seconds); else 600 steps and
     2,000 canaries (minutes on a CPU); ``steps``/``canaries`` override.
     """
-    from privguard._demo import _data, _private_model
+    from privguard._cli._demo import _data, _private_model
 
     warnings_off()
     train, _, _ = _data(0)

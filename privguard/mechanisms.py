@@ -4,11 +4,11 @@ Every mechanism has ``rdp(orders) -> numpy.ndarray`` and ``to_dict()``;
 :func:`mechanism_from_dict` rebuilds one from its dict.
 """
 
-from privguard._accumulated import AccumulatedSubsampledGaussian
-from privguard._allocation import RandomAllocation
-from privguard._base import Mechanism, mechanism_from_dict
-from privguard._curve import RDPCurve
-from privguard._mechanisms import (
+from privguard._mechanisms._accumulated import AccumulatedSubsampledGaussian
+from privguard._mechanisms._allocation import RandomAllocation
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict
+from privguard._mechanisms._curve import RDPCurve
+from privguard._mechanisms._mechanisms import (
     ZCDP,
     Composed,
     Gaussian,
@@ -16,9 +16,9 @@ from privguard._mechanisms import (
     PureDP,
     SubsampledGaussian,
 )
-from privguard._repeat_select import DPHyPO, RepeatAndSelect
-from privguard._reserve import DeltaReserve
-from privguard._subset import SubsetTuning
+from privguard._mechanisms._repeat_select import DPHyPO, RepeatAndSelect
+from privguard._mechanisms._reserve import DeltaReserve
+from privguard._mechanisms._subset import SubsetTuning
 
 __all__ = [
     "ZCDP",

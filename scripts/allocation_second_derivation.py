@@ -21,8 +21,8 @@ import numpy as np
 from scipy import integrate
 from scipy.special import gammaln
 
-from privguard import _allocation as A
-from privguard import _allocation_add as B
+from privguard._mechanisms import _allocation as A
+from privguard._mechanisms import _allocation_add as B
 
 SIGMAS = [0.5, 0.8, 1.0, 2.0, 5.0]
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]

@@ -1,6 +1,6 @@
 """Write tests/data/*-0.2.pickle: objects pickled by privguard 0.2 (issue 30, item 4).
 
-A pickle names the module of every class in it (``privguard._ledger.Ledger`` in 0.2), so
+A pickle names the module of every class in it (``privguard._ledger._ledger.Ledger`` in 0.2), so
 these files pin the private paths a user's checkpoint may hold; tests/test_pickle_compat.py
 unpickles them with the current code. The fixtures were made by running this script on the
 commit that added it (privguard 0.2.0.dev0, before the layout of issue 30):

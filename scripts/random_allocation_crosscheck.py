@@ -44,9 +44,9 @@ def compare(path: str) -> None:
     import numpy as np
 
     from privguard import DEFAULT_ORDERS, RDPCurve
-    from privguard import _allocation as A
-    from privguard import _allocation_add as B
     from privguard import mechanisms as M
+    from privguard._mechanisms import _allocation as A
+    from privguard._mechanisms import _allocation_add as B
 
     with open(path) as fh:
         d = json.load(fh)

@@ -1,6 +1,6 @@
 """Where Opacus' compute_rdp (and closed forms near α = 1) stop being usable.
 
-Prints the measurements behind privguard/_sgm.py, privguard/_orders.py and the
+Prints the measurements behind privguard/_curves/_sgm.py, privguard/_curves/_orders.py and the
 round-off tolerance of privguard._validation (RDP_RTOL, RDP_ATOL):
 
     .venv/bin/python scripts/sgm_limits.py        # about a minute
@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from privguard import DEFAULT_ORDERS, _opacus_rdp, _sgm
+from privguard import DEFAULT_ORDERS
 from privguard import mechanisms as M
+from privguard._curves import _opacus_rdp, _sgm
 
 opacus = _opacus_rdp._module()
 

@@ -8,7 +8,7 @@ hockey-stick E[(1 − e^(ε − L))₊] is exactly the δ(ε) of the interaction
 Part B's decision on a Gaussian-only run is a function of R = Σρ (its spent
 curve is R·α): we find the largest R the real DPFilter admits by bisection
 on ``DPFilter.admits`` and compare. Part A and the combination are the real
-``privguard._hybrid.admission_rule``, vectorised over runs; the wrong variants
+``privguard._accounting._hybrid.admission_rule``, vectorised over runs; the wrong variants
 below change exactly one thing each.
 """
 
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from privguard._hybrid import HybridFilter, admission_rule
+from privguard._accounting._hybrid import HybridFilter, admission_rule
 
 INSIDE, OUTSIDE = 0, 1
 
@@ -170,7 +170,7 @@ def report(n: int = 100_000) -> None:
     """
     from privguard import DEFAULT_ORDERS, Concentrated
     from privguard import mechanisms as M
-    from privguard._hybrid import envelope_of
+    from privguard._accounting._hybrid import envelope_of
 
     eps, delta, sigma0 = 2.0, 0.02, 10.0
     step = M.Gaussian(sigma0)

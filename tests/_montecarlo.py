@@ -19,9 +19,9 @@ import math
 import numpy as np
 
 from privguard import DEFAULT_ORDERS, Ledger, Plan
-from privguard import _conversion as conv
 from privguard import mechanisms as M
-from privguard._odometer import Odometer, _mixture_epsilon, mixture_weights
+from privguard._accounting._odometer import Odometer, _mixture_epsilon, mixture_weights
+from privguard._curves import _conversion as conv
 
 # The odometer experiment (issue 15 item 5): δ = 0.01, 200,000 runs of 1,000
 # adaptive steps; the spent ρ grows at least 1,000× over every run that

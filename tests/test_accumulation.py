@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from privguard import DEFAULT_ORDERS, Ledger, RDPCurve, mechanism_from_dict
-from privguard import _accumulated as acc
 from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError
+from privguard._mechanisms import _accumulated as acc
 
 GRID = np.array(DEFAULT_ORDERS)
 

@@ -12,7 +12,7 @@ import pytest
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._integrity import Integrity
+from privguard._stores._integrity import Integrity
 from privguard.tuning import Choice, Poisson, RandomSearch
 
 STEP = M.SubsampledGaussian(1.1, 0.01)
@@ -129,7 +129,7 @@ def test_report_after_a_retarget_states_the_running_epsilon_at_the_delta_fixed_f
     # adaptivity)" for a ledger created at δ = 10⁻⁶ and retargeted to 10⁻³ after its
     # outputs, a δ chosen afterwards (guarantee() already said 3.262 at 10⁻⁶); the plot's
     # running curve too.
-    from privguard._report import report, trajectory
+    from privguard._cli._report import report, trajectory
 
     path = str(tmp_path / "r.db")
     with Ledger(delta=1e-6, path=path) as ledger:
@@ -204,7 +204,7 @@ def test_upgrade_leaves_no_stray_journal_of_its_temporary_file(tmp_path, capsys)
     import shutil
     from pathlib import Path
 
-    from privguard._cli import main
+    from privguard._cli._cli import main
 
     path = tmp_path / "budget.db"
     shutil.copy(Path(__file__).parent / "data" / "ledger-0.1.db", path)

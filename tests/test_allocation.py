@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from privguard import DEFAULT_ORDERS, InvalidArgumentError, mechanism_from_dict
-from privguard import _allocation as A
-from privguard import _allocation_add as B
 from privguard import mechanisms as M
+from privguard._mechanisms import _allocation as A
+from privguard._mechanisms import _allocation_add as B
 
 ORDERS = np.array(DEFAULT_ORDERS)
 

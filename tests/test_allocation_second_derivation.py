@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from privguard import _allocation as A
-from privguard import _allocation_add as B
 from privguard import mechanisms as M
+from privguard._mechanisms import _allocation as A
+from privguard._mechanisms import _allocation_add as B
 
 SIGMAS = [0.5, 0.8, 1.0, 2.0, 5.0]
 ORDERS = np.array([1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0])

@@ -23,12 +23,12 @@ from test_witnesses import _one_thread  # noqa: F401  (autouse: one torch thread
 from torch import nn
 
 from privguard import InvalidArgumentError
-from privguard._one_run import epsilon_lower_bound, p_value
-from privguard._audit_scoring import (
+from privguard._audit._audit_scoring import (
     default_guesses,
     lower_bound_over_guesses,
     step_log_likelihood_ratio,
 )
+from privguard._audit._one_run import epsilon_lower_bound, p_value
 from privguard.audit import AuditResult, audit_opacus, guess_and_count
 
 DELTA = 1e-5
@@ -285,7 +285,7 @@ def test_audit_arguments_are_checked():
 
 
 def test_privguard_audit_prints_both_numbers(capsys):
-    from privguard._cli import main
+    from privguard._cli._cli import main
 
     assert main(["audit", "--steps", "5", "--canaries", "100", "--seed", "0"]) == 0
     out = capsys.readouterr().out

@@ -131,7 +131,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from privguard import PrivguardError  # noqa: E402
-from privguard._runs import runs_from_dict  # noqa: E402
+from privguard._mechanisms._runs import runs_from_dict  # noqa: E402
 from privguard.tuning import Geometric, Poisson, TruncatedNegativeBinomial  # noqa: E402
 
 
@@ -201,7 +201,7 @@ def test_orders_outside_the_supported_range_are_refused(orders):
     with pytest.raises(InvalidArgumentError) as info:
         Ledger(orders=orders)
     _assert_names(info, "orders")
-    assert "privguard._orders" in str(info.value)
+    assert "privguard._curves._orders" in str(info.value)
     with pytest.raises(InvalidArgumentError, match="orders"):
         M.SubsampledGaussian(1.0, 0.01).rdp(orders)
 
@@ -561,7 +561,7 @@ def test_an_unencodable_label_is_refused_everywhere_and_charges_nothing(tmp_path
 def test_report_json_is_strict_json_for_a_report_only_ledger(tmp_path, capsys):
     import json
 
-    from privguard._cli import main
+    from privguard._cli._cli import main
 
     path = tmp_path / "a.db"
     ledger = Ledger(delta=1e-5, path=path)
@@ -580,7 +580,7 @@ def test_report_opens_read_only_and_never_writes(tmp_path):
     import os
 
     from privguard import LedgerStateError
-    from privguard._cli import main
+    from privguard._cli._cli import main
 
     path = tmp_path / "a.db"
     Ledger(1.0, 1e-5, path=path).charge(M.Gaussian(10.0))

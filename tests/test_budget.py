@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privguard import Budget, BudgetExhausted, Ledger
-from privguard import _conversion as conv
 from privguard import mechanisms as M
-from privguard._budget import PART_A, PART_B, PART_RDP, grid_count, meter_after
+from privguard._accounting._budget import PART_A, PART_B, PART_RDP, grid_count, meter_after
+from privguard._curves import _conversion as conv
 
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
 EPS, DELTA = 3.0, 1e-5
@@ -141,7 +141,7 @@ def test_budget_value_reads_and_is_frozen():
 def test_membership_tpr_bound_is_the_dp_tradeoff_and_holds_for_a_gaussian():
     from scipy.stats import norm
 
-    from privguard._risk import membership_tpr_bound, risk_sentence
+    from privguard._cli._risk import membership_tpr_bound, risk_sentence
 
     for eps, delta, fpr in [(3.0, 1e-5, 0.01), (1.0, 1e-6, 0.05), (0.5, 0.0 + 1e-9, 0.3)]:
         # Dong, Roth & Su 2022, eq. (5): f_{ε,δ}(α) = max(0, 1−δ−e^ε α, e^−ε (1−δ−α)); TPR ≤ 1 − f
@@ -159,7 +159,7 @@ def test_membership_tpr_bound_is_the_dp_tradeoff_and_holds_for_a_gaussian():
 def test_report_leads_with_the_meter_and_explains_every_epsilon_above_the_target(capsys):
     import re
 
-    from privguard._report import print_report, report
+    from privguard._cli._report import print_report, report
 
     ledger = Ledger(EPS, DELTA)
     step = M.SubsampledGaussian(1.0, 0.01)

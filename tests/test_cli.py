@@ -11,8 +11,8 @@ import pytest
 
 from privguard import Ledger
 from privguard import mechanisms as M
-from privguard._cli import main
-from privguard._report import trajectory
+from privguard._cli._cli import main
+from privguard._cli._report import trajectory
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""The O(1) repeated charge (privguard/_fastpath.py) decides exactly as the grid arithmetic.
+"""The O(1) repeated charge (privguard/_accounting/_fastpath.py) decides exactly as the grid arithmetic.
 
 Every sequence is run twice, with the fast path on and off (``Accounting.fast``), and the
 two runs must agree bit for bit: each decision, the spent curve, the running ε, the
@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privguard import BudgetExhausted, Ledger, LedgerStateError, Plan, _ledger
+from privguard import BudgetExhausted, Ledger, LedgerStateError, Plan
 from privguard import mechanisms as M
-from privguard._accounting import Accounting
+from privguard._accounting._accounting import Accounting
+from privguard._ledger import _ledger
 
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
 POOL = [M.SubsampledGaussian(2.0, 0.2), M.SubsampledGaussian(2.5, 0.1),

@@ -29,10 +29,10 @@ from privguard import (
     LedgerStateError,
     Uniform,
 )
-from privguard import _hybrid as H
 from privguard import mechanisms as M
-from privguard._filters import DPFilter
-from privguard._hybrid import (
+from privguard._accounting import _hybrid as H
+from privguard._accounting._filters import DPFilter
+from privguard._accounting._hybrid import (
     Envelope,
     HybridFilter,
     HybridState,
@@ -454,7 +454,7 @@ def test_dp_accounting_is_imported_only_when_T_A_is_computed():
     import subprocess
     import sys
 
-    probe = ("import sys, privguard._hybrid as H; a = 'dp_accounting' in sys.modules; "
+    probe = ("import sys, privguard._accounting._hybrid as H; a = 'dp_accounting' in sys.modules; "
              "H.envelope_steps(H.Envelope(5.0, 1.0), 1.0, 0.01); "
              "print(a, 'dp_accounting' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

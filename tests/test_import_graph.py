@@ -175,7 +175,7 @@ def test_the_graph_reads_the_installed_package():
     graph = import_graph()
     # Both roots were read, and the edges are real: the façade imports the ledger, the Ray
     # executor imports the tuners' executor protocol.
-    assert "privguard._ledger" in graph["privguard"]
+    assert "privguard._ledger._ledger" in graph["privguard"]
     assert "privguard.tuning._executors" in graph["privguard.integrations.ray"]
     assert "privguard.integrations.opacus" in graph
 
@@ -190,12 +190,12 @@ def test_find_cycles_finds_a_cycle():
 def test_type_checking_imports_are_exempt_and_function_level_ones_count():
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from privguard._ledger import Ledger\n"
+        "if TYPE_CHECKING:\n    from privguard._ledger._ledger import Ledger\n"
         "def f():\n    from privguard.integrations import ray\n"
-        "    import importlib; importlib.import_module('privguard._cli')\n")
-    names = [n for n, _ in _imports(tree, "privguard._results", False)]
-    assert not [n for n in names if n.startswith("privguard._ledger")]
-    assert "privguard.integrations:ray" in names and "privguard._cli" in names
+        "    import importlib; importlib.import_module('privguard._cli._cli')\n")
+    names = [n for n, _ in _imports(tree, "privguard._accounting._results", False)]
+    assert not [n for n in names if n.startswith("privguard._ledger._ledger")]
+    assert "privguard.integrations:ray" in names and "privguard._cli._cli" in names
 
 
 def test_no_import_cycle():

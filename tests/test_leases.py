@@ -10,9 +10,10 @@ import sqlite3
 import numpy as np
 import pytest
 
-from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError, Plan, _lease
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError, Plan
 from privguard import mechanisms as M
-from privguard._budget import rdp_meter
+from privguard._accounting import _lease
+from privguard._accounting._budget import rdp_meter
 from privguard._stores import open_store
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -281,7 +282,7 @@ def test_sigkilled_workers_never_release_more_than_is_spent(tmp_path):
 
 
 def test_report_shows_released_and_leased_but_unused_steps(tmp_path, capsys):
-    from privguard._report import print_report, report
+    from privguard._cli._report import print_report, report
 
     path = tmp_path / "rep.db"
     ledger = Ledger(3.0, 1e-5, path=path)

@@ -74,7 +74,7 @@ def _state():
 
 
 def _reseal(state):
-    from privguard._integrity import Integrity
+    from privguard._stores._integrity import Integrity
 
     body = {k: v for k, v in state.items() if k != "checksum"}
     state["checksum"] = Integrity.from_environment().digest("state", body)
@@ -190,7 +190,7 @@ def test_copy_of_state_is_independent():
 
 
 def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
-    from privguard import _mechanisms
+    from privguard._mechanisms import _mechanisms
 
     calls = []
     real = _mechanisms._opacus_rdp.compute_rdp
@@ -200,7 +200,7 @@ def test_repeated_parameters_never_recompute_the_curve(monkeypatch):
         return real(**kwargs)
 
     monkeypatch.setattr(_mechanisms._opacus_rdp, "compute_rdp", counting)
-    from privguard._base import _cached_curve
+    from privguard._mechanisms._base import _cached_curve
 
     _cached_curve.cache_clear()
     ledger = Ledger(epsilon=1e6, delta=DELTA)
@@ -214,7 +214,7 @@ def test_curves_remembered_by_identity_are_always_the_objects_own():
     # The accounting remembers curves by object identity (a replay's fast path). Fresh
     # objects every step, some equal in value, many freed (so ids are reused): every curve
     # it gives is the object's own, and what it remembers stays bounded.
-    from privguard import _accounting
+    from privguard._accounting import _accounting
 
     ledger = Ledger(delta=DELTA)
     acc = ledger._acc

@@ -104,7 +104,7 @@ def test_raw_curve_on_another_grid_is_a_monotone_upper_bound():
 
 
 # ---------------------------------------------- the subsampled Gaussian beyond Opacus' range
-from privguard import _opacus_rdp, _sgm  # noqa: E402
+from privguard._curves import _opacus_rdp, _sgm  # noqa: E402
 
 
 def _exact_sgm(q, sigma, alpha):

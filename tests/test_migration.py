@@ -23,8 +23,8 @@ import pytest
 
 from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._cli import main
-from privguard._migrate import upgrade
+from privguard._cli._cli import main
+from privguard._stores._migrate import upgrade
 
 DATA = Path(__file__).parent / "data"
 V01_EPSILON = 3.224338293201262

@@ -20,9 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privguard import DEFAULT_ORDERS, InvalidArgumentError, Ledger, Odometer, Plan, RDPCurve
-from privguard import _conversion as conv
 from privguard import mechanisms as M
-from privguard._odometer import (
+from privguard._accounting._odometer import (
     MIXTURE,
     MODES,
     NEW_MODES,
@@ -31,6 +30,7 @@ from privguard._odometer import (
     mixture_weights,
     paper_excess_bound,
 )
+from privguard._curves import _conversion as conv
 
 ORDERS = np.array(DEFAULT_ORDERS)
 N = ORDERS.size

@@ -140,7 +140,7 @@ def test_the_declaration_check_catches_an_undeclared_import():
 @pytest.mark.parametrize("code", [
     "import privguard",
     "import privguard, privguard.mechanisms as M; M.SubsampledGaussian(1.0, 0.01).rdp([2.0])",
-    "import privguard._cli",
+    "import privguard._cli._cli",
     "import privguard.tuning",
 ])
 def test_torch_and_opacus_are_not_imported_until_needed(code):

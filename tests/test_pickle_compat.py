@@ -2,7 +2,7 @@
 
 tests/data/*-0.2.pickle were written by scripts/make_pickle_fixtures.py on privguard
 0.2.0.dev0, before the layout moved the private modules their pickles name
-(``privguard._ledger.Ledger``, ``privguard._curve.RDPCurve``, ...); the numbers they must
+(``privguard._ledger._ledger.Ledger``, ``privguard._mechanisms._curve.RDPCurve``, ...); the numbers they must
 show are in tests/data/pickles-0.2.json, written by the same run.
 """
 from __future__ import annotations

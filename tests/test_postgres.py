@@ -28,8 +28,8 @@ import pytest
 
 from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError, Plan
 from privguard import mechanisms as M
-from privguard._cli import main as cli
-from privguard._lease import DEFAULT_CAP, RELATIVE
+from privguard._accounting._lease import DEFAULT_CAP, RELATIVE
+from privguard._cli._cli import main as cli
 from privguard._stores._pgadmin import server_init
 
 STEP = M.SubsampledGaussian(1.0, 0.01)

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privguard import BudgetExhausted, Ledger, Odometer, single_order
-from privguard import _conversion as conv
 from privguard import mechanisms as M
+from privguard._curves import _conversion as conv
 
 steps = st.tuples(st.floats(0.5, 5.0), st.floats(1e-3, 1.0))
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0]

@@ -20,7 +20,7 @@ import pytest
 
 from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._cli import main
+from privguard._cli._cli import main
 from privguard._stores import _paths
 from privguard.tuning import Poisson, RandomSearch, SubsetSearch
 
@@ -188,7 +188,7 @@ def test_demo_validates_its_arguments_before_printing(tmp_path, monkeypatch, cap
 def test_demo_names_why_it_runs_reduced(tmp_path, monkeypatch):
     """The reduced-size reason printed is the one that applies (it said CI=true for --quick
     with CI unset)."""
-    import privguard._demo as demo
+    import privguard._cli._demo as demo
 
     printed = []
 

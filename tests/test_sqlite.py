@@ -12,13 +12,13 @@ import subprocess
 import sys
 import time
 
+import _workers
 import numpy as np
 import pytest
 
-import _workers
 from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._lease import DEFAULT_CAP, RELATIVE
+from privguard._accounting._lease import DEFAULT_CAP, RELATIVE
 from privguard._stores import open_store
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -79,7 +79,7 @@ def test_retarget_is_explicit_logged_and_keeps_the_journal(tmp_path):
     assert new.events[-1]["reason"].startswith("DPO approved")
     assert new.target == (4.0, 1e-5) and new.can_afford(STEP)
     assert new.epsilon() == eps  # the running ε is the journal's, whatever the target
-    from privguard._report import report
+    from privguard._cli._report import report
 
     assert "not fixed in advance" in report(new)["target_statement"]
     with pytest.raises(InvalidArgumentError, match="retarget"):
@@ -477,7 +477,7 @@ def test_keyed_digests_are_hmac_sha256_and_unkeyed_ones_sha256():
     import hashlib
     import hmac
 
-    from privguard._integrity import Integrity
+    from privguard._stores._integrity import Integrity
 
     jefe = Integrity(b"Jefe")
     assert jefe.digest_text("what do ya want for nothing?") == (

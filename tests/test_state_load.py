@@ -15,7 +15,7 @@ import pytest
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._integrity import Integrity, canonical
+from privguard._stores._integrity import Integrity, canonical
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
 
@@ -166,7 +166,7 @@ def _forged_retargets(ledger, events):
     """``ledger``'s state with retarget ``events`` appended, its fixed record and filter
     state recomputed by the library's own replay, re-checksummed: what a forger without a
     key can write."""
-    from privguard import _config
+    from privguard._accounting import _config
 
     state = copy.deepcopy(ledger.state_dict())
     acc = copy.deepcopy(ledger._acc)
@@ -373,7 +373,7 @@ def test_a_state_whose_plan_was_chosen_after_its_charges_never_loads(declared):
     # A plan (and the weights derived from it, consistently) picked after the charges:
     # Plan(step, steps=5000) lowered ε from 2.970 to 2.872 for 2000 charges of the step.
     from privguard import Plan
-    from privguard._accounting import Accounting
+    from privguard._accounting._accounting import Accounting
 
     step = M.SubsampledGaussian(1.1, 0.01)
     src = Ledger(3.0, 1e-5, plan=Plan(step, steps=100) if declared else None)

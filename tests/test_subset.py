@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 import pytest
-
 from _slow_subset import eps1, eps2, zhu_wang
+
 from privguard import DEFAULT_ORDERS, BudgetExhausted, InvalidArgumentError, Ledger, RDPCurve
 from privguard import mechanisms as M
-from privguard._subset import koskela_kulkarni_variant1, zhu_wang_subsampled
+from privguard._mechanisms._subset import koskela_kulkarni_variant1, zhu_wang_subsampled
 from privguard.tuning import Poisson, RandomSearch, SubsetSearch, paper_extrapolation
 
 ORDERS = np.array(DEFAULT_ORDERS)

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import InvalidArgumentError, Ledger, PipelineMismatchError, PrivguardError
-from privguard._conversion import epsilon_per_order
+from privguard._curves._conversion import epsilon_per_order
 from privguard.integrations._inclusion import InclusionCounts
 from privguard.integrations._witnesses import (
     DELTA_SHARE,

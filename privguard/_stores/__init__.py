@@ -1,6 +1,6 @@
 """Where a ledger's journal lives: one small protocol, several stores.
 
-A store persists the journal changes an :class:`~privguard._accounting.Accounting`
+A store persists the journal changes an :class:`~privguard._accounting._accounting.Accounting`
 produces and brings an accounting up to date with changes other processes
 made. Every store passes one contract suite (tests/test_store_contract.py).
 

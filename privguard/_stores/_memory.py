@@ -6,10 +6,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from privguard._accounting import Accounting, Change
-from privguard._config import Config
+from privguard._accounting._accounting import Accounting, Change
+from privguard._accounting._config import Config
+from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
-from privguard._journal import Run
 
 
 class _NoTransaction:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from privguard import _config
-from privguard._accounting import Accounting
+from privguard._accounting import _config
+from privguard._accounting._accounting import Accounting
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._optional import require
 from privguard._stores import _pgschema, _pgurl

@@ -41,15 +41,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from privguard import _config
-from privguard._accounting import Accounting, Change
-from privguard._base import Mechanism
-from privguard._config import Config
+from privguard._accounting import _config
+from privguard._accounting._accounting import Accounting, Change
+from privguard._accounting._config import Config
+from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError
-from privguard._integrity import Integrity
-from privguard._journal import Run
+from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard._stores import _pgschema, _pgurl, _rows
+from privguard._stores._integrity import Integrity
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from privguard._accounting import Accounting, Change
-from privguard._config import Config
-from privguard._journal import Run
+from privguard._accounting._accounting import Accounting, Change
+from privguard._accounting._config import Config
+from privguard._accounting._journal import Run
 
 
 class Transaction(Protocol):

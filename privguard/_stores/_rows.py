@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from privguard._accounting import Accounting, is_retarget
-from privguard._base import Mechanism, mechanism_from_dict
-from privguard._derivation import DERIVATION, KNOWN, first_difference
+from privguard._accounting._accounting import Accounting, is_retarget
+from privguard._accounting._derivation import DERIVATION, KNOWN, first_difference
+from privguard._accounting._journal import Run
+from privguard._accounting._plan import Plan
 from privguard._errors import LedgerStateError, PrivguardError
-from privguard._journal import Run
-from privguard._plan import Plan
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict
 
 
 class Cursor:
@@ -336,7 +336,7 @@ def recertify(acc: Accounting, path: str) -> None:
     """A hybrid filter's T_A, read back without certification, certified again."""
     flt = acc.filter
     if flt is not None and flt.kind == "hybrid":
-        from privguard._hybrid import envelope_steps
+        from privguard._accounting._hybrid import envelope_steps
 
         if flt.steps_a > envelope_steps(flt.envelope, flt.epsilon, flt.delta_a):
             raise LedgerStateError(f"{path}: the recorded hybrid filter admits more envelope "
@@ -413,7 +413,7 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     state may hold anything, such as weaker filter weights, a larger T_A or an odometer
     record that only fails when ε is read.
 
-    ``derivation`` names the code that derived it (:mod:`privguard._derivation`). A
+    ``derivation`` names the code that derived it (:mod:`privguard._accounting._derivation`). A
     recorded hybrid T_A may be at most the derived one (fewer certified steps are safe, so
     a dependency that certifies more later keeps old records loadable); everything else
     must match (floats to 1e-9 relative, another CPU's libm; a forged record differs by

@@ -4,7 +4,7 @@ Layout (schema version 2):
 
 * ``meta(key, value)``: ``schema_version``, ``file_id`` (random, chosen at
   creation), ``created``, ``keyed`` and ``key_check`` (see
-  :mod:`privguard._integrity`), ``genesis_config`` (the configuration at
+  :mod:`privguard._stores._integrity`), ``genesis_config`` (the configuration at
   creation), ``genesis`` (its digest), ``config`` (the configuration in
   force, which the journal's retarget events must reproduce).
 * ``mechanisms(id, body, digest)``: each distinct mechanism once, as JSON.
@@ -52,14 +52,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from privguard import _config
-from privguard._accounting import Accounting, Change
-from privguard._base import Mechanism
-from privguard._config import Config, retarget_remedy
+from privguard._accounting import _config
+from privguard._accounting._accounting import Accounting, Change
+from privguard._accounting._config import Config, retarget_remedy
+from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
-from privguard._integrity import Integrity, canonical
-from privguard._journal import Run
+from privguard._mechanisms._base import Mechanism
 from privguard._stores import _lockfds, _rows
+from privguard._stores._integrity import Integrity, canonical
 from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._rows import Cursor as _Cursor

@@ -8,7 +8,7 @@ scores NaN, ±inf or a non-number is ⊥ (never selected). See
 :class:`RandomSearch` and :class:`TuningResult`.
 """
 
-from privguard._runs import (
+from privguard._mechanisms._runs import (
     Geometric,
     Logarithmic,
     Poisson,

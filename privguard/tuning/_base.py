@@ -67,11 +67,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from privguard import _validation as check
-from privguard._base import Mechanism
-from privguard._curve import RDPCurve
+from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, PrivguardError
-from privguard._ledger import Ledger
-from privguard._orders import DEFAULT_ORDERS
+from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._base import Mechanism
+from privguard._mechanisms._curve import RDPCurve
 
 log = logging.getLogger("privguard.tuning")
 

@@ -13,12 +13,12 @@ from collections.abc import Callable
 import numpy as np
 
 from privguard import _validation as check
-from privguard._curve import RDPCurve
+from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError
-from privguard._mechanisms import SubsampledGaussian
-from privguard._orders import DEFAULT_ORDERS
-from privguard._repeat_select import RepeatAndSelect
-from privguard._runs import RunsDistribution
+from privguard._mechanisms._curve import RDPCurve
+from privguard._mechanisms._mechanisms import SubsampledGaussian
+from privguard._mechanisms._repeat_select import RepeatAndSelect
+from privguard._mechanisms._runs import RunsDistribution
 
 _LO, _HI = 1e-3, 1e4
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from privguard._errors import InvalidArgumentError
-from privguard._ledger import Ledger
+from privguard._ledger._ledger import Ledger
 from privguard.tuning._base import accept
 
 Task = tuple  # (objective, params, orders, budget)

@@ -64,10 +64,10 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
-from privguard._accounting import check_label
+from privguard._accounting._accounting import check_label
 from privguard._errors import BudgetExhausted, InvalidArgumentError
-from privguard._ledger import Ledger
-from privguard._mechanisms import PureDP
+from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._mechanisms import PureDP
 from privguard.tuning._base import (
     as_score,
     check_flag,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from privguard._errors import BudgetExhausted, InvalidArgumentError
-from privguard._ledger import Ledger
+from privguard._ledger._ledger import Ledger
 from privguard.tuning._base import accept, check_objective, make_rng
 
 
@@ -78,7 +78,7 @@ def rehearse_candidate(tuner: Any, objective: Callable, orders: Any, seed: int |
                        ) -> Rehearsal:
     """One candidate of ``tuner`` (a space and per-candidate costs), drawn as a run would."""
     from privguard import _validation as check
-    from privguard._orders import DEFAULT_ORDERS
+    from privguard._curves._orders import DEFAULT_ORDERS
 
     check_objective(objective)
     grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
-from privguard._accounting import check_label
-from privguard._base import Mechanism
-from privguard._curve import RDPCurve
+from privguard._accounting._accounting import check_label
+from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError
-from privguard._ledger import Ledger
-from privguard._orders import DEFAULT_ORDERS
-from privguard._subset import SubsetTuning
+from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._base import Mechanism
+from privguard._mechanisms._curve import RDPCurve
+from privguard._mechanisms._subset import SubsetTuning
 from privguard.tuning._base import (
     CandidateCosts,
     TuningPlan,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from scipy import integrate
 
 from privguard import _validation as check
-from privguard._runs import RunsDistribution
+from privguard._mechanisms._runs import RunsDistribution
 
 
 def expected_quantile(runs: RunsDistribution) -> float:

@@ -1,0 +1,211 @@
+"""Opacus accountants backed by a ledger (private; re-exported by the opacus integration).
+
+* :class:`LedgerAccountant` stands in for Opacus' accountant: Opacus' own
+  hook then charges the ledger.
+* :class:`EngineView` is what ``attach(..., privacy_engine=engine)`` puts in
+  ``engine.accountant``: it reports the ledger's ε and carries the ledger's
+  checkpoint entry next to Opacus' accountant state, which it keeps.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from privguard import mechanisms as M
+from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
+from privguard._ledger._ledger import Ledger
+from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._distributed import is_distributed
+from privguard.integrations._recorded import History, history_of
+
+try:  # opacus is a runtime dependency of privguard
+    from opacus.accountants.accountant import IAccountant
+    from opacus.optimizers import DPOptimizer
+except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
+    raise ImportError("privguard.integrations.opacus needs opacus: pip install opacus") from exc
+
+__all__ = ["CHECKPOINT_LABEL", "EngineView", "LedgerAccountant"]
+
+CHECKPOINT_LABEL = "opacus checkpoint"
+"""Label of the charges for steps a checkpoint's accountant held and the ledger did not."""
+
+
+class LedgerAccountant(IAccountant):
+    """An Opacus accountant backed by a privguard ledger.
+
+    Usable wherever Opacus expects an accountant: ``get_epsilon(delta)``
+    returns the ledger's valid running ε (the odometer's tail bound, not capped
+    by a filter's target), and ``step(...)`` charges the ledger (raising
+    :class:`privguard.BudgetExhausted` if the filter refuses). Set it on a
+    ``PrivacyEngine`` before ``make_private`` to have Opacus' own hook charge
+    the ledger::
+
+        engine = PrivacyEngine()
+        engine.accountant = LedgerAccountant(ledger)
+        model, optimizer, loader = engine.make_private(...)
+
+    ``make_private_with_epsilon`` calibrates σ through Opacus' accountants
+    by name and cannot use this one; keep Opacus' accountant there and
+    :func:`attach` the ledger to the optimizer instead. It does not
+    coordinate ranks: under DDP its hook raises; use :func:`attach`.
+
+    Its ``state_dict`` (what ``engine.save_checkpoint`` stores) holds the
+    steps it recorded and the ledger's checkpoint entry; ``load_state_dict``
+    brings the ledger forward to it (never backwards).
+
+    Example:
+        >>> from privguard import Ledger
+        >>> acc = LedgerAccountant(Ledger(delta=1e-5))
+        >>> acc.step(noise_multiplier=1.0, sample_rate=0.01)
+        >>> len(acc), acc.history, acc.get_epsilon(1e-5) > 0
+        (1, [(1.0, 0.01, 1)], True)
+    """
+
+    def __init__(self, ledger: Ledger, label: str = "step", charge: bool = True) -> None:
+        super().__init__()
+        if not isinstance(ledger, Ledger):
+            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if label is not None and not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string or None")
+        self.ledger = ledger
+        self.label = label
+        self._charge = bool(charge)
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        if self._charge:
+            self.ledger.charge(M.SubsampledGaussian(noise_multiplier, sample_rate), label=self.label)
+        _record(self.history, noise_multiplier, sample_rate)
+
+    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
+        return self.ledger.epsilon(delta)
+
+    def __len__(self) -> int:
+        return len(self.ledger.history)
+
+    @classmethod
+    def mechanism(cls) -> str:
+        return "privguard"
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[DPOptimizer], None]:
+        opacus_hook = super().get_optimizer_hook_fn(sample_rate)
+
+        def hook_fn(optim: DPOptimizer) -> None:
+            if self._charge and is_distributed(optim):
+                # Raised on every rank alike (each runs this hook), before any update.
+                raise InvalidArgumentError(
+                    "optimizer", type(optim).__name__,
+                    "is distributed: a LedgerAccountant would charge once per rank; call "
+                    "attach(optimizer, ledger) on every rank instead")
+            opacus_hook(optim)
+
+        return hook_fn
+
+    def state_dict(self, destination: Any = None) -> Any:
+        destination = OrderedDict() if destination is None else destination
+        destination["history"] = copy.deepcopy(self.history)
+        destination["mechanism"] = self.mechanism()
+        destination["privguard"] = ledger_entry(self.ledger, history_of(self))
+        return destination
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        if not isinstance(state_dict, dict):
+            raise InvalidArgumentError("state_dict", type(state_dict).__name__, "must be a dict")
+        if "privguard" in state_dict:
+            restore(self.ledger, state_dict["privguard"], where="state_dict['privguard']")
+        elif "privguard_ledger" in state_dict:  # written by privguard 0.1
+            self.ledger.load_state_dict(state_dict["privguard_ledger"])
+        else:
+            raise LedgerStateError(
+                "this accountant state holds no privguard ledger (it was written by "
+                f"Opacus' {state_dict.get('mechanism')!r} accountant); load it into Opacus' "
+                "accountant and attach() the ledger, which charges the steps it recorded")
+        self.history = [tuple(row) for row in state_dict.get("history", [])]
+
+
+def _record(history: list, sigma: float, rate: float) -> None:
+    """Append one step to an Opacus-style run-length history, in place."""
+    if history and tuple(history[-1][:2]) == (sigma, rate):
+        history[-1] = (sigma, rate, history[-1][2] + 1)
+    else:
+        history.append((sigma, rate, 1))
+
+
+class EngineView(IAccountant):
+    """What ``attach(..., privacy_engine=engine)`` puts in ``engine.accountant`` until detach.
+
+    ``get_epsilon`` reports the ledger. Opacus' own accountant (``wrapped``)
+    keeps recording every step through its hook on the optimizer, and its
+    state is saved and loaded next to the ledger's entry, so an Opacus
+    accountant can load this checkpoint too.
+    """
+
+    def __init__(self, handle: Any, wrapped: IAccountant) -> None:
+        # IAccountant.__init__ is not called: ``history`` is the wrapped accountant's.
+        self._handle = handle
+        self.wrapped = wrapped
+        self.ledger = handle.ledger
+
+    @property
+    def history(self) -> list:
+        return self.wrapped.history
+
+    @history.setter
+    def history(self, value: list) -> None:
+        self.wrapped.history = value
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        # The optimizer's hook charges the ledger; this only keeps Opacus' record.
+        self.wrapped.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+
+    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
+        return self.ledger.epsilon(delta)
+
+    def __len__(self) -> int:
+        return len(self.wrapped)
+
+    @classmethod
+    def mechanism(cls) -> str:
+        return "privguard"
+
+    def state_dict(self, destination: Any = None) -> Any:
+        destination = OrderedDict() if destination is None else destination
+        self.wrapped.state_dict(destination)  # Opacus' own: history and mechanism
+        held = history_of(self.wrapped) if self._handle.recorder is self.wrapped else None
+        destination["privguard"] = ledger_entry(self.ledger, held)
+        return destination
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Load Opacus' accountant state and bring the ledger to the checkpoint's entry.
+
+        Steps the loaded accountant holds that the ledger does not (a
+        checkpoint written without the ledger) are charged. Under DDP every
+        rank must load (as every rank attached); a failure on one stops all.
+        """
+        error: PrivguardError | None = None
+        entry = state_dict.get("privguard") if isinstance(state_dict, dict) else None
+        held: History = []
+        try:
+            if not isinstance(state_dict, dict):
+                raise InvalidArgumentError("state_dict", type(state_dict).__name__,
+                                           "must be a dict")
+            if entry is None and "privguard_ledger" in state_dict:  # a LedgerAccountant's, 0.1
+                raise LedgerStateError(
+                    "this checkpoint was written by a LedgerAccountant in place of Opacus' "
+                    "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
+            if "history" in state_dict:
+                try:
+                    self.wrapped.load_state_dict(
+                        {k: state_dict[k] for k in ("history", "mechanism") if k in state_dict})
+                except ValueError as exc:  # Opacus' own validation
+                    raise LedgerStateError(
+                        f"Opacus' accountant refused the checkpoint: {exc}") from exc
+            if entry is not None:
+                restore(self.ledger, entry, where="privacy_accountant_state_dict['privguard']")
+                held = [tuple(r) for r in entry.get("accountant_history") or []]
+        except PrivguardError as exc:  # under DDP, raised on every rank alike below
+            error = exc
+        self._handle._charge_recorded(history_of(self.wrapped), held, CHECKPOINT_LABEL,
+                                      from_entry=entry is not None, stacklevel=3, error=error)

@@ -1,0 +1,256 @@
+"""One charge per global step and one decision on every rank under DDP (private).
+
+Under Opacus' distributed optimizers (``DistributedDPOptimizer`` and its
+per-layer, ghost-clipping and FSDP variants, built by ``make_private`` on a
+``DPDDP``/``DDP``/FSDP module), every rank runs the optimizer's step hook once
+per global step: after the noise is formed (on rank 0) and before any rank
+reduces gradients or updates parameters. The global step is one
+Poisson-subsampled Gaussian with the σ and q in force, whatever the number of
+ranks, so it must be charged once, and every rank must take the same
+admit/refuse decision before any of them enters ``all_reduce``.
+
+The protocol (every rank runs it, at the same point):
+
+1. **At attach** (collective: call ``attach`` on every rank). Each rank
+   describes its ledger: the file it lives in (host and file identity), the
+   server ledger's identity, or "in memory". Ranks whose ledgers are the same file on the same host share
+   one ledger; its lowest rank is its *charger* and the others never charge
+   it. Every in-memory ledger is its own charger (one replica per rank).
+   All chargers' ledgers must be replicas: the same configuration, journal
+   length and spent curve. Otherwise every rank raises
+   :class:`RankDisagreementError`.
+2. **Each step.** Each charger charges its ledger (one atomic
+   check-and-charge) and asks whether the next step of the same σ and q
+   would fit. Every rank then all-gathers ``(operation, status, σ, q, next fits)`` and
+   decides from the same table: all chargers admitted → every rank updates;
+   all refused → every rank raises :class:`privguard.BudgetExhausted` before
+   any update; anything else (mixed verdicts, an error on some rank, ranks
+   charging different σ or q) → every rank raises
+   :class:`RankDisagreementError` before any update (fail closed; a charger
+   that had admitted keeps the charge, an over-count).
+
+So each distinct ledger is charged exactly once per global step (a shared
+file once in all), ledger replicas stay equal, and no rank enters the
+gradient ``all_reduce`` alone. The cost is one ``all_gather`` of five numbers
+per step. Loading a checkpoint through the engine is collective too (every
+rank loads, as every rank attached); ranks found in different operations
+raise :class:`RankDisagreementError` instead of pairing the wrong rows. A
+server ledger (PostgreSQL) is one ledger for every rank that opens it, on any
+machine: ranks are grouped by the identity the server gave it at creation,
+not by the spelling of its URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from privguard._errors import BudgetExhausted, LedgerStateError
+from privguard._ledger._ledger import Ledger
+
+__all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
+
+NOT_CHARGER, ADMITTED, REFUSED, ERROR = 0.0, 1.0, 2.0, 3.0
+# Which collective a row belongs to: ranks at different points (one loading a checkpoint,
+# another stepping) meet in the same all_gather; the tag turns that into an error on both.
+_STEP, _RUN, _FIT = 1.0, 2.0, 3.0
+_OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach"}
+
+
+class RankDisagreementError(LedgerStateError):
+    """The ranks of a distributed run disagree about a charge; every rank stops.
+
+    Raised on every rank at the same step, before any rank updates its
+    parameters: the ranks' ledgers are not replicas of one another, some rank
+    failed while charging, or ranks would charge different steps.
+    """
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is an Opacus distributed optimizer in a process group of >1 rank."""
+    if not hasattr(optimizer, "world_size"):
+        return False
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _ledger_key(ledger: Ledger, rank: int) -> tuple:
+    if ledger.path is None:
+        return ("memory", rank)
+    server_id = getattr(ledger._store, "ledger_id", None)
+    if server_id is not None:  # a server ledger: its identity, however each rank spells its URL
+        return ("server", server_id)
+    try:
+        st = os.stat(ledger.path)
+        return ("file", socket.gethostname(), st.st_dev, st.st_ino)
+    except OSError:
+        return ("store", ledger.path)
+
+
+def _describe(ledger: Ledger, rank: int) -> dict[str, Any]:
+    config = json.dumps(ledger._acc.config.to_dict(), sort_keys=True)
+    spent = json.dumps(ledger.spent.tolist())
+    return {"key": _ledger_key(ledger, rank),
+            "config": hashlib.sha256(config.encode()).hexdigest(),
+            "charges": len(ledger.history),
+            "spent": hashlib.sha256(spent.encode()).hexdigest()}
+
+
+class Coordinator:
+    """Runs the protocol above for one attached ledger on this rank.
+
+    Built inside ``attach`` on every rank (a collective call).
+    """
+
+    def __init__(self, ledger: Ledger, local_error: BaseException | None = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._dist, self._torch = dist, torch
+        self.ledger = ledger
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._device = (torch.device("cuda", torch.cuda.current_device())
+                        if dist.get_backend() == "nccl" else torch.device("cpu"))
+        mine: dict[str, Any] = {"error": None if local_error is None else repr(local_error)}
+        if local_error is None:
+            try:
+                mine.update(_describe(ledger, self.rank))
+            except Exception as exc:  # reported to every rank below
+                local_error, mine["error"] = exc, repr(exc)
+        table: list[Any] = [None] * self.world
+        dist.all_gather_object(table, mine)
+        self._raise_errors([row["error"] for row in table], local_error, "at attach")
+        first: dict[tuple, int] = {}
+        for r, row in enumerate(table):
+            first.setdefault(row["key"], r)
+        self.chargers = sorted(set(first.values()))
+        self.is_charger = self.rank in self.chargers
+        ref = table[self.chargers[0]]
+        for r in self.chargers[1:]:
+            if (table[r]["config"], table[r]["charges"], table[r]["spent"]) != (
+                    ref["config"], ref["charges"], ref["spent"]):
+                raise RankDisagreementError(
+                    f"the ranks' ledgers are not replicas of one another (rank "
+                    f"{self.chargers[0]}: {ref['charges']} charges, rank {r}: "
+                    f"{table[r]['charges']} charges, or another configuration or spend); give "
+                    "every rank the same ledger: one shared file (Ledger(..., path=...) on "
+                    "every rank), or equal in-memory ledgers (built the same way, or restored "
+                    "from the same state)")
+        self.shared = len(self.chargers) < self.world
+
+    # ----------------------------------------------------------------- steps
+    def step(self, make_mechanism: Callable[[], Any], label: str | None) -> bool:
+        """Charge one global step on every distinct ledger once; same outcome on every rank.
+
+        Returns whether the next step of the same σ and q fits (as decided
+        together). Raises BudgetExhausted or RankDisagreementError on every
+        rank alike.
+        """
+        status, sigma, q, next_ok, err, mech = NOT_CHARGER, math.nan, math.nan, 1.0, None, None
+        try:
+            mech = make_mechanism()
+            sigma, q = float(mech.noise_multiplier), float(mech.sample_rate)
+            if self.is_charger:
+                try:
+                    self.ledger.charge(mech, label=label)
+                    status = ADMITTED
+                    next_ok = float(self.ledger.can_afford(mech))
+                except BudgetExhausted as exc:
+                    status, err = REFUSED, exc
+        except Exception as exc:  # reported to every rank below
+            status, err = ERROR, exc  # type: ignore[assignment]
+        table = self._gather(_STEP, [status, sigma, q, next_ok])
+        self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
+                            for r, row in enumerate(table)],
+                           err if status == ERROR else None, "while charging a step")
+        for r, row in enumerate(table):
+            if (row[1], row[2]) != (table[0][1], table[0][2]):
+                raise RankDisagreementError(
+                    f"ranks would charge different steps: rank 0 has σ={table[0][1]:g}, "
+                    f"q={table[0][2]:g}, rank {r} has σ={row[1]:g}, q={row[2]:g}; every rank "
+                    "stops before the update")
+        self._decide([table[r][0] for r in self.chargers], err, mech, label)
+        return all(table[r][3] > 0.5 for r in self.chargers)
+
+    def run(self, attempt: Callable[[], bool], what: str, refusal: Callable[[], BudgetExhausted]
+            ) -> None:
+        """Run ``attempt`` on chargers (True: done, False: refused); same outcome everywhere."""
+        status, err = NOT_CHARGER, None
+        try:
+            if self.is_charger:
+                status = ADMITTED if attempt() else REFUSED
+        except Exception as exc:
+            status, err = ERROR, exc
+        table = self._gather(_RUN, [status, 0.0, 0.0, 1.0])
+        self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
+                            for r, row in enumerate(table)], err, what)
+        verdicts = {table[r][0] for r in self.chargers}
+        if verdicts == {REFUSED}:
+            raise refusal()
+        if verdicts != {ADMITTED}:
+            raise RankDisagreementError(f"ranks disagree {what}: some ledgers admitted and "
+                                        "others refused; the ledgers are not replicas")
+
+    def all_fit(self, fits: Callable[[], bool]) -> bool:
+        """Whether ``fits()`` holds on every charger (a collective call)."""
+        ok = 1.0
+        try:
+            if self.is_charger:
+                ok = float(fits())
+        except Exception:
+            ok = 0.0
+        table = self._gather(_FIT, [NOT_CHARGER, 0.0, 0.0, ok])
+        return all(table[r][3] > 0.5 for r in self.chargers)
+
+    # --------------------------------------------------------------- helpers
+    def _gather(self, op: float, row: list[float]) -> list[list[float]]:
+        """All-gather one row per rank; every rank must be in the same operation."""
+        torch = self._torch
+        mine = torch.tensor([op, *row], dtype=torch.float64, device=self._device)
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        self._dist.all_gather(out, mine)
+        table = [t.tolist() for t in out]
+        for r, other in enumerate(table):
+            if other[0] != op:
+                raise RankDisagreementError(
+                    f"rank {r} is in {_OPS.get(other[0], 'another operation')} while rank "
+                    f"{self.rank} is in {_OPS[op]}: every rank must attach, step and load "
+                    "checkpoints together")
+        return [row[1:] for row in table]
+
+    def _raise_errors(self, errors: list[Any], local: BaseException | None, what: str) -> None:
+        if local is not None:
+            raise local
+        failed = [r for r, e in enumerate(errors) if e]
+        if failed:
+            raise RankDisagreementError(
+                f"rank {failed[0]} failed {what} ({errors[failed[0]]}); every rank stops "
+                "before the update")
+
+    def _decide(self, verdicts: list[float], err: BaseException | None, mech: Any,
+                label: str | None) -> None:
+        kinds = set(verdicts)
+        if kinds == {ADMITTED}:
+            return
+        if kinds == {REFUSED}:
+            if err is not None:
+                raise err
+            try:
+                remaining = self.ledger.remaining(mech)
+            except Exception:
+                remaining = None
+            raise BudgetExhausted(
+                f"charge {label!r} of {mech!r} refused by the ledger this rank shares with "
+                f"rank {self.chargers[0]}, which charges it; nothing was recorded ({remaining})",
+                requested=mech, label=label, remaining=remaining)
+        raise RankDisagreementError(
+            "the ranks' ledgers disagree about this step (some admitted it, others refused "
+            "it): they are not replicas; every rank stops before the update")

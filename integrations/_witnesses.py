@@ -1,0 +1,528 @@
+"""Runtime witnesses: did the Opacus step run as the ledger is told it ran?
+
+The ``check`` stage of the step hook (``describe → check → charge →
+release``, /work/shared/design.md). With white-box access to the
+``DPOptimizer`` it measures, at every real step and before the step is
+charged or released, three things the charge asserts:
+
+* **noise** — Opacus keeps the clipped sum ``p.summed_grad`` beside the noisy
+  scaled gradient ``p.grad = (summed_grad + Z) / s`` (``s`` = expected batch
+  size × accumulated iterations for ``loss_reduction="mean"``, else 1;
+  ``DPOptimizer.add_noise``/``scale_grad``, the same under ghost clipping), so
+  the noise actually added is ``Z = p.grad · s − p.summed_grad``. Under the
+  charge, ``Z ~ N(0, (σC)² I_d)`` and ``‖Z‖²/(σC)² ~ χ²_d`` exactly; the test
+  is one-sided (it alarms only when the noise is *smaller* than charged: more
+  noise, as AdaClip adds by design, is safe) with the exact χ² lower tail
+  (regularised incomplete gamma), docs/theory.md §16.
+* **clipping** — where per-sample gradients exist, the increment of
+  ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
+  from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
+  float tolerance a correct clip never reaches; under ghost clipping only
+  the per-sample norms exist and the witness checks
+  ``‖Σ clipped‖ ≤ Σ_i min(‖g_i‖, C)`` (a clipped sum whose contributions
+  exceed C can pass it: that is left to the one-run audit; the same bound
+  under per-layer clipping). The per-sample recomputation runs on the
+  handle's first micro-batch, then on each with probability
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step checks
+  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic under a correct
+  pipeline: it never fires, so it reveals nothing.
+* **sampling** — the batch sizes are the sampler's own draws: under the
+  charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
+  q the charged rate per draw), so their running sum over a stretch of
+  constant q is Binomial(Σ N·k, q) and is tested two-sided with the exact
+  binomial tails (regularised incomplete beta) after every step; and the
+  number of disjoint pairs of steps with equal batch sizes is tested against
+  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
+
+Per-record inclusion counts (integrations/_inclusion.py): with a
+Poisson-charged ``data_loader``, once per expected epoch, the numbers of
+rarely and often drawn records against their exact binomial laws.
+
+False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
+t-th step (the per-record test at its t-th test) use level ``α·6/(π²t²)`` with α
+from :func:`reserve_for` each, so over any number of steps each alarms with
+probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
+clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+:class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
+that δ aside from the ledger's target, so the target holds for the witnessed
+run (Proposition 16.4).
+
+Cost: one fused pass per step with one host sync; the exact χ² and binomial
+tails are evaluated only where they can alarm (cached cut, median side), with
+the same decisions as evaluating them every step (docs/theory.md §16.2).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import special
+
+from privguard._errors import InvalidArgumentError, PipelineMismatchError
+from privguard._mechanisms._reserve import DeltaReserve
+from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
+from privguard.integrations._tails import CONFIDENCE
+from privguard.integrations._tails import binomial_tail_lower as _binomial_tail_lower
+from privguard.integrations._tails import binomial_tail_upper as _binomial_tail_upper
+from privguard.integrations._tails import binomial_tails as _binomial_tails
+from privguard.integrations._tails import chi2_lower_tail as _chi2_lower_tail
+from privguard.integrations._tails import chi2_quantile as _chi2_quantile
+from privguard.integrations._tails import clopper_pearson as _clopper_pearson
+
+__all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "reserve_for"]
+
+FALSE_ALARM = 1e-10
+"""Total false-alarm probability of each statistical witness (noise, sampling) over a run."""
+
+STATISTICAL = 4
+"""The statistical witnesses, each spending its own false-alarm budget: noise; sampling
+mean; sampling ties; per-record inclusion counts (integrations/_inclusion.py;
+the clipping witness is deterministic and never alarms)."""
+
+DELTA_SHARE = 1e-3
+"""The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
+
+CLIP_CHECK_RATE = 0.125
+"""Probability that a micro-batch after the first gets the exact per-sample clipping check."""
+
+def level(t: int, total: float = FALSE_ALARM) -> float:
+    """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
+
+    Σ_{t≥1} 6/(π²t²) = 1 (Euler's Basel sum), so the union bound over all
+    steps is ``total``.
+
+    Example:
+        >>> round(sum(level(t, 1.0) for t in range(1, 10**5)), 4)
+        1.0
+    """
+    return total * 6.0 / (math.pi ** 2 * t * t)
+
+
+def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
+    """The false-alarm budget α of each statistical witness and the charge that pays for it.
+
+    With a filter target (ε, δ), the run with witnesses is (ε, δ)-DP when the
+    ledger also holds :class:`~privguard.mechanisms.DeltaReserve` (r·δ set
+    aside, r = :data:`DELTA_SHARE`) and the witnesses' total false-alarm
+    probability ``a = STATISTICAL·α`` has ``(1 + e^ε)·a ≤ r·δ``
+    (docs/theory.md §16.2, Propositions 16.1 and 16.4); α is also at most
+    :data:`FALSE_ALARM`.
+
+    Raises:
+        InvalidArgumentError: the ledger has no (ε, δ) target (an odometer or
+            an RDP budget): the δ of the false alarms has nothing to come from.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> alpha, reserve = reserve_for(Ledger(epsilon=8.0, delta=1e-5))
+        >>> 3 * alpha * (1 + math.exp(8.0)) <= 1e-3 * 1e-5
+        True
+    """
+    target = ledger.target
+    if target is None:
+        raise InvalidArgumentError(
+            "witnesses", True,
+            "needs a ledger with an (ε, δ) target, Ledger(epsilon, delta): a witnessed run is "
+            "(ε, δ + (1+e^ε)·a)-DP for the witnesses' false-alarm probability a, and that δ "
+            "is set aside from the target (docs/theory.md §16.2)")
+    epsilon, delta = target
+    # log a = log(r·δ) − log(1 + e^ε), in log space (no overflow for a large ε)
+    log_a = math.log(DELTA_SHARE * delta) - float(np.logaddexp(0.0, epsilon))
+    alpha = min(FALSE_ALARM, math.exp(log_a) / STATISTICAL * (1.0 - 1e-9))
+    if not alpha > 0.0:
+        raise InvalidArgumentError(
+            "witnesses", True,
+            f"cannot be paid for at the target ε = {epsilon:g}: the false-alarm budget "
+            f"r·δ/(1+e^ε) underflows")
+    return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
+
+
+class Witnesses:
+    """The three witnesses on one Opacus optimizer (created by ``attach(..., witnesses=True)``).
+
+    Args:
+        optimizer: the Opacus ``DPOptimizer``.
+        dataset_size: N, the number of records the loader samples from
+            (``len(data_loader.dataset)``); ``None`` turns the sampling
+            witness off.
+
+    Attributes:
+        active: the names of the witnesses that run.
+        steps: real steps checked so far.
+    """
+
+    def __init__(self, optimizer: Any, dataset_size: int | None,
+                 false_alarm: float | None = None, loader: Any = None,
+                 allocation: Any = None) -> None:
+        self.optimizer = optimizer
+        self.dataset_size = dataset_size
+        try:
+            from opacus.optimizers import DPOptimizerFastGradientClipping
+        except ImportError:  # an Opacus without ghost clipping
+            self.ghost = False
+        else:
+            self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
+        self.active = ("noise", "clipping") + (("sampling",) if dataset_size else ())
+        self.steps = 0
+        self.failure: PipelineMismatchError | None = None
+        self._records = 0  # records in the micro-batches since the last real step
+        self._segment_q: float | None = None
+        self._segment_k = 0
+        self._segment_n = 0
+        self._pair: tuple[int, int] | None = None  # (draws, size) of the first step of a pair
+        self._pairs = 0
+        self._ties = 0
+        self._tie_rate = 0.0
+        self._wrapped: tuple[str, Any] | None = None
+        self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
+        self._cuts: dict[int, float] = {}
+        self._clip_checked = False
+        self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
+        self._loader = loader  # a Poisson-charged loader: its draws are counted per record
+        self.inclusion: InclusionCounts | None = None
+        self._allocation_sampler = allocation  # a random-allocation sampler: tested per epoch
+        self.allocation: AllocationEpochs | None = None
+
+    # ------------------------------------------------------------ install
+    def install(self) -> None:
+        """Wrap the optimizer's per-micro-batch clipping (an instance attribute; undone by uninstall)."""
+        name = "accumulate" if self.ghost else "clip_and_accumulate"
+        own = vars(self.optimizer).get(name)
+        original = getattr(self.optimizer, name)
+        wrapper = self._ghost_accumulate if self.ghost else self._clip_and_accumulate
+        self._original = original
+        self._wrapped = (name, own)
+        setattr(self.optimizer, name, wrapper)
+        if "sampling" in self.active and self._loader is not None:
+            self.inclusion = InclusionCounts.for_loader(self._loader, self.dataset_size)
+        if self.dataset_size and self._allocation_sampler is not None:
+            try:
+                self.allocation = AllocationEpochs(self._allocation_sampler, self.dataset_size)
+            except (TypeError, AttributeError):  # a fixed class: not witnessed
+                self.allocation = None
+
+    def uninstall(self) -> None:
+        if self.inclusion is not None:
+            self.inclusion.restore()
+            self.inclusion = None
+        if self.allocation is not None:
+            self.allocation.restore()
+            self.allocation = None
+        if self._wrapped is None:
+            return
+        name, own = self._wrapped
+        if own is None:
+            vars(self.optimizer).pop(name, None)
+        else:
+            setattr(self.optimizer, name, own)
+        self._wrapped = None
+
+    def _fail(self, error: PipelineMismatchError) -> None:
+        self.failure = error
+        raise error
+
+    # ------------------------------------------------------------ clipping
+    def _clip_and_accumulate(self) -> None:
+        opt = self.optimizer
+        if self.failure is not None:
+            raise self.failure
+        params = opt.params
+        batch = len(opt._get_flat_grad_sample(params[0])) if params else 0
+        self._records += batch
+        # The exact per-sample check costs as much as Opacus' own norms: it runs on the
+        # handle's first micro-batch and then on each with probability CLIP_CHECK_RATE,
+        # drawn from the witnesses' own generator (not torch's: the user's stream is
+        # untouched). It never alarms on a correct clip, so the schedule costs no privacy.
+        if batch == 0 or (self._clip_checked and self._coins.random() >= CLIP_CHECK_RATE):
+            self._original()
+            return
+        self._clip_checked = True
+        before = [None if p.summed_grad is None else p.summed_grad.detach().clone()
+                  for p in params]
+        samples = [opt._get_flat_grad_sample(p).detach().reshape(batch, -1) for p in params]
+        self._original()
+        c = float(opt.max_grad_norm)
+        norms = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, dim=1) for g in samples], dim=1), dim=1)
+        # clip_C(g) = g·min(1, C/‖g‖) (Abadi et al. 2016, Alg. 1): recomputed here, not read
+        factor = (c / norms.clamp_min(1e-30)).clamp_(max=1.0)
+        got = [p.summed_grad.detach().reshape(-1) if prior is None
+               else (p.summed_grad.detach() - prior).reshape(-1)
+               for p, prior in zip(params, before, strict=True)]
+        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
+        bound = norms.clamp(max=c).sum().to(torch.float64)
+        eps = torch.finfo(samples[0].dtype).eps
+        # float32 sums of squares err by ≤ γ_{d+1} relatively (any order; Higham 2002,
+        # §3.1): at most doubling a correct clip's tiny deviation while d·eps < 1/2, which
+        # the tolerance below leaves room for; above that, accumulate in float64.
+        acc = torch.float64 if sum(g.shape[1] for g in samples) * eps >= 0.5 else None
+        if per_layer:
+            # per-layer clipping to C_l with Σ C_l² = C²: each contribution's norm is at most
+            # min(‖g_i‖, C), so ‖Σ clipped‖ ≤ Σ min(‖g_i‖, C) (the triangle inequality)
+            parts = torch._foreach_norm(got, 2, dtype=acc)
+        else:
+            expected = [factor.to(g.dtype) @ g for g in samples]
+            parts = torch._foreach_norm(torch._foreach_sub(got, expected), 2, dtype=acc)
+        size, bound_norm = torch.stack([torch.linalg.vector_norm(torch.stack(parts)).double(),
+                                        bound]).tolist()  # the one sync of this check
+        # float tolerance: summation/product rounding ≤ γ_B·Σ‖clipped‖ (Higham 2002, §3.1)
+        # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both
+        tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
+        deviation = max(0.0, size - bound_norm) if per_layer else size
+        if deviation > tolerance:
+            largest = float(norms.max())
+            self._fail(PipelineMismatchError(
+                f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
+                f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
+                f"charged C = {c:.6g} (tolerance {tolerance:.3g}); the largest per-sample norm is "
+                f"{largest:.4g}, so contributions above C reached the sum: the charge assumes "
+                "each record moves the sum by at most C. Nothing was charged or applied",
+                witness="clipping", charged=c, measured=deviation, interval=None,
+                step=self.steps + 1))
+
+    def _ghost_accumulate(self) -> None:
+        opt = self.optimizer
+        if self.failure is not None:
+            raise self.failure
+        c = float(opt.max_grad_norm)
+        per_param = [p._norm_sample for p in opt.params if getattr(p, "_norm_sample", None) is not None]
+        batch = len(per_param[0]) if per_param else 0
+        self._records += batch
+        if batch:
+            norms = torch.stack([n.reshape(batch) for n in per_param], dim=1).norm(2, dim=1)
+            grads = [p.grad.detach() for p in opt.params if p.grad is not None]
+            got, bound = torch.stack([
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2,
+                                                                         dtype=torch.float64))),
+                norms.clamp(max=c).sum().to(torch.float64)]).tolist()
+            # ‖Σ_i clip_C(g_i)‖ ≤ Σ_i min(‖g_i‖, C) (triangle inequality)
+            tolerance = (1e-3 + 4.0 * batch * torch.finfo(norms.dtype).eps) * bound + 1e-5 * batch
+            if got > bound + tolerance:
+                self._fail(PipelineMismatchError(
+                    f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
+                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
+                    f"charged C = {c:.6g}. Nothing was charged or applied",
+                    witness="clipping", charged=c, measured=got, interval=None,
+                    step=self.steps + 1))
+        self._original()
+
+    # ------------------------------------------------------------ at the step
+    def check(self, mechanism: Any) -> None:
+        """Check the step about to be charged as ``mechanism``; raise :class:`PipelineMismatchError`.
+
+        Called by the step hook after Opacus formed the noisy gradient and
+        before the charge and the parameter update. ``mechanism`` is what the
+        step is charged as: a :class:`privguard.mechanisms.SubsampledGaussian`,
+        an :class:`~privguard.mechanisms.AccumulatedSubsampledGaussian` (k
+        Poisson micro-batches at the loader's rate q), or, for a random
+        allocation loader, the epoch's
+        :class:`~privguard.mechanisms.RandomAllocation` (its sampling is
+        tested once per epoch, when the epoch's batches have all been drawn:
+        integrations/_inclusion.py).
+        """
+        if self.failure is not None:
+            raise self.failure
+        self.steps += 1
+        records, self._records = self._records, 0
+        self._check_noise(float(mechanism.noise_multiplier), records)
+        rate = getattr(mechanism, "sample_rate", None)
+        if "sampling" in self.active and self.allocation is not None:
+            try:
+                self.allocation.check(self.false_alarm, self.steps)
+            except PipelineMismatchError as exc:
+                self._fail(exc)
+        if "sampling" in self.active and rate is not None:
+            micro_batches = int(getattr(mechanism, "micro_batches", 1))
+            self._check_sampling(records, float(rate), micro_batches)
+            if self.inclusion is not None:  # once per expected epoch of draws
+                try:
+                    self.inclusion.check(float(rate), self.false_alarm, self.steps)
+                except PipelineMismatchError as exc:
+                    self._fail(exc)
+
+    def _check_noise(self, sigma: float, records: int) -> None:
+        opt = self.optimizer
+        c = float(opt.max_grad_norm)
+        if sigma <= 0 or c <= 0:
+            return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
+        scale = 1.0
+        if opt.loss_reduction == "mean":
+            scale = float(opt.expected_batch_size * opt.accumulated_iterations)
+        measured = self._measure(scale)
+        if measured is None:
+            return
+        z_high, sum_high, z_norm, d = measured
+        self._check_clipped_sum(sum_high, records, c)
+        sd = sigma * c
+        stat = z_high * z_high / (sd * sd)
+        if stat > self._noise_cut(d):
+            return  # above the χ²_d quantile at the largest level spent: no step alarms here
+        alpha = level(self.steps, self.false_alarm)
+        tail = _chi2_lower_tail(stat, d)
+        if tail > alpha:
+            return
+        # σ_applied = ‖Z‖/(C·√χ²_d): a 95% interval from the χ²_d quantiles
+        sq = z_norm * z_norm
+        a = (1.0 - CONFIDENCE) / 2.0
+        lo = math.sqrt(sq / _chi2_quantile(1.0 - a, d)) / c
+        hi = math.sqrt(sq / _chi2_quantile(a, d)) / c
+        estimate = math.sqrt(sq / d) / c
+        self._fail(PipelineMismatchError(
+            f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
+            f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
+            f"step's {d} coordinates has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, {hi:.4g}]); "
+            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent at "
+            f"step {self.steps}. Nothing was charged or applied",
+            witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
+            step=self.steps))
+
+    def _measure(self, scale: float) -> tuple[float, float, float, int] | None:
+        """(upper bound on ‖Z‖, upper bound on ‖summed_grad‖, computed ‖Z‖, d) for this step.
+
+        Z = grad·s − summed_grad over every parameter with both, in one fused pass
+        with a single sync; the two bounds are never below the exact norms of the
+        same float tensors (None: no parameter has a noisy gradient).
+        """
+        params = [p for p in self.optimizer.params
+                  if p.grad is not None and p.summed_grad is not None]
+        if not params:
+            return None
+        grad = torch.cat([p.grad.detach().reshape(-1) for p in params])
+        summed = torch.cat([p.summed_grad.detach().reshape(-1) for p in params])
+        d = grad.numel()
+        # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad): one pass
+        minus_z = torch.add(summed, grad, alpha=-scale)
+        u = torch.finfo(grad.dtype).eps / 2.0  # unit roundoff
+        # Sums of d squares in any order err by ≤ γ_{d+1} = (d+1)u/(1−(d+1)u) relatively
+        # (Higham 2002, §3.1; + u for the squares); where that is not small, accumulate in
+        # float64 (d·2⁻⁵³ then).
+        wide = (d + 2) * u > 1e-3
+        acc = torch.float64 if wide else None
+        z_norm, sum_norm, grad_norm = torch.linalg.vector_norm(
+            torch.stack([minus_z, summed, grad]), dim=1, dtype=acc).tolist()  # the one sync
+        v = 2.0 ** -53 if wide else u  # the unit roundoff of the accumulation
+        gamma = (d + 1) * v / (1.0 - (d + 1) * v) + v  # γ_{d+1}, and the squares' rounding
+        # Upper bounds on the exact norms of the same tensors: |fl(a − s·b) − (a − s·b)| ≤
+        # 2u(|s·b| + |fl(·)|) per coordinate, and ‖x‖ ≤ computed/((1−v)·√(1−γ)) (the sum of
+        # squares, then the square root's rounding). The statistic below is never smaller
+        # than ‖grad·s − summed_grad‖ computed exactly.
+        widen = 1.0 / ((1.0 - v) * math.sqrt(1.0 - gamma))
+        z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
+        return z_high, sum_norm * widen, z_norm, d
+
+    def _noise_cut(self, d: int) -> float:
+        """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).
+
+        Computed once per d and cached: a statistic above it has a tail above α_t for
+        every t, so the exact tail (a scipy call) is evaluated only below it, with the
+        same decision as evaluating it at every step.
+        """
+        cut = self._cuts.get(d)
+        if cut is None:
+            first = level(1, self.false_alarm)
+            cut = _chi2_quantile(first, d) * (1.0 + 1e-6)
+            while _chi2_lower_tail(cut, d) <= first:  # guard the inverse's accuracy
+                cut *= 1.0 + 1e-3
+            self._cuts[d] = cut
+        return cut
+
+    def _check_clipped_sum(self, size: float, records: int, c: float) -> None:
+        """‖summed_grad‖ ≤ (records)·C: every record moves the clipped sum by at most C.
+
+        Deterministic (the triangle inequality; the tolerance of the per-micro-batch
+        check covers the rounding): a correct clip never trips it, whatever the data.
+        """
+        eps = torch.finfo(self.optimizer.params[0].dtype).eps if self.optimizer.params else 0.0
+        bound = records * c
+        tolerance = (1e-3 + 4.0 * records * eps) * bound + 1e-5 * records
+        if size > bound + tolerance:
+            self._fail(PipelineMismatchError(
+                f"clipping witness: the clipped sum of this step's {records} records has norm "
+                f"{size:.4g} > {records} × C = {bound:.4g} at the charged C = {c:.6g}: some "
+                "record moved the sum by more than C. Nothing was charged or applied",
+                witness="clipping", charged=c, measured=size, interval=None,
+                step=self.steps))
+
+    def _check_sampling(self, records: int, q: float, accumulated: int) -> None:
+        """``records`` drawn in ``accumulated`` Poisson(q) micro-batches of the dataset."""
+        assert self.dataset_size is not None
+        if q != self._segment_q:  # a new stretch of constant q: a new running sum
+            self._segment_q, self._segment_k, self._segment_n = q, 0, 0
+            self._pair, self._pairs, self._ties, self._tie_rate = None, 0, 0, 0.0
+        draws = self.dataset_size * accumulated
+        if 0.0 < q < 1.0:
+            self._check_ties(records, draws, q)
+        self._segment_k += records
+        self._segment_n += draws
+        k, n = self._segment_k, self._segment_n
+        if not 0.0 < q < 1.0:
+            return
+        alpha = level(self.steps, self.false_alarm)
+        # Only the tail on K's side of the mean can be small: a binomial median m has
+        # ⌊nq⌋ ≤ m ≤ ⌈nq⌉ and P(B ≤ m), P(B ≥ m) ≥ 1/2, so P(B ≥ K) ≥ 1/2 for K ≤ ⌊nq⌋
+        # and P(B ≤ K) ≥ 1/2 for K ≥ ⌈nq⌉ (one scipy call a step, the same decision).
+        mean = n * q
+        if k <= math.floor(mean):
+            lower, upper = _binomial_tail_lower(k, n, q), 1.0
+        elif k >= math.ceil(mean):
+            lower, upper = 1.0, _binomial_tail_upper(k, n, q)
+        else:  # pragma: no cover - a non-integer mean has no integer strictly between
+            lower, upper = _binomial_tails(k, n, q)
+        if min(lower, upper) > alpha / 2:
+            return
+        lower, upper = _binomial_tails(k, n, q)
+        lo, hi = _clopper_pearson(k, n)
+        self._fail(PipelineMismatchError(
+            f"sampling witness: the steps are charged with sample rate q = {q:.6g} per record "
+            f"(Poisson, N = {self.dataset_size} records), but {k} records were drawn in "
+            f"{n // self.dataset_size} draws of the dataset since q took this value: rate ≈ "
+            f"{k / n:.4g} (95% Clopper–Pearson interval [{lo:.4g}, {hi:.4g}]); two-sided "
+            f"binomial p = {2 * min(lower, upper):.3g} ≤ {alpha:.3g}, the level spent at step "
+            f"{self.steps}. Nothing was charged or applied",
+            witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
+            step=self.steps))
+
+    def _check_ties(self, records: int, draws: int, q: float) -> None:
+        """Dispersion: disjoint pairs of steps with equal batch sizes, against Poisson's rate.
+
+        Two independent Binomial(n, q) draws are equal with probability
+        c = Σ_b P(B = b)²; over P disjoint pairs (same n and q) the number of
+        ties is exactly Binomial(P, c). A fixed-size sampler ties nearly
+        always, though its mean batch size is right.
+        """
+        if self._pair is None or self._pair[0] != draws:
+            self._pair = (draws, records)
+            return
+        if self._tie_rate == 0.0:
+            # P(B = b) on mean ± 40 sd (the mass outside is < 1e-300), as CDF differences
+            mean, sd = draws * q, math.sqrt(draws * q * (1.0 - q))
+            lo_b, hi_b = max(0, int(mean - 40 * sd) - 1), min(draws, int(mean + 40 * sd) + 1)
+            below = float(special.bdtr(lo_b - 1, draws, q)) if lo_b > 0 else 0.0
+            cdf = special.bdtr(np.arange(lo_b, hi_b + 1), draws, q)
+            pmf = np.diff(np.concatenate(([below], cdf)))
+            # ×(1 + 1e-6): above the float error of the CDF differences (a larger c is safe)
+            self._tie_rate = float(np.clip(np.sum(pmf * pmf) * (1 + 1e-6), 1e-300, 1.0))
+        self._pairs += 1
+        self._ties += int(records == self._pair[1])
+        self._pair = None
+        c = self._tie_rate
+        if self._ties <= math.floor(self._pairs * c):
+            return  # at or below the median: P(ties ≥ this) ≥ 1/2 (as in _check_sampling)
+        upper = _binomial_tail_upper(self._ties, self._pairs, c)
+        alpha = level(self.steps, self.false_alarm)  # the handle's step: one union bound
+        if upper > alpha:
+            return
+        lo, hi = _clopper_pearson(self._ties, self._pairs)
+        self._fail(PipelineMismatchError(
+            f"sampling witness: the steps are charged as Poisson sampling at q = {q:.6g} "
+            f"(N·k = {draws} draws a step), under which two steps' batch sizes are equal with "
+            f"probability {c:.4g}; {self._ties} of {self._pairs} pairs of steps had equal "
+            f"batch sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
+            f"{hi:.4g}]; binomial p = {upper:.3g} ≤ {alpha:.3g}): the batches are not Poisson "
+            "draws (fixed-size batches?). Nothing was charged or applied",
+            witness="sampling", charged=c, measured=self._ties / self._pairs,
+            interval=(lo, hi), step=self.steps))

@@ -1,0 +1,183 @@
+"""A Hugging Face ``transformers`` TrainerCallback that charges a privguard ledger.
+
+Install: ``pip install 'privguard[huggingface]'``.
+
+    from privguard.integrations.huggingface import LedgerTrainerCallback
+    trainer = MyPoissonTrainer(..., optimizers=(dp_optimizer, None),
+                               callbacks=[LedgerTrainerCallback(ledger)])
+
+The model is an Opacus ``GradSampleModule`` and the optimizer an Opacus
+``DPOptimizer``. The accounting assumes Poisson-sampled batches, which the
+default Trainer does not produce (it shuffles into fixed-size batches):
+override ``get_train_dataloader`` to return Opacus' ``DPDataLoader``. When
+training begins the callback checks the training loader the Trainer passes
+to callbacks and refuses a non-Poisson one with
+:class:`~privguard.integrations.opacus.NonPoissonSamplingError`
+(``check_poisson=False`` is the explicit opt-out); the sample rate is read
+from the loader's Poisson sampler unless ``sample_rate`` is given. It then
+attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
+"stop" mode): each real noisy step is charged before its update. After each
+step it sets ``control.should_training_stop`` when the ledger would refuse
+the next one; at each log it adds the running ε to the Trainer's logs.
+
+Random allocation: ``get_train_dataloader`` may instead return a loader
+whose batch sampler is :class:`~privguard.integrations.RandomAllocationSampler`
+(each example once per epoch); each epoch is then charged whole,
+``RandomAllocation(σ, t)``, before its first step, as ``attach`` does (an
+epoch stopped early stays charged; σ changed inside an epoch is refused;
+``gradient_accumulation_steps`` > 1 is refused, and so is DDP unless the
+sampler is ``DistributedRandomAllocationSampler``, which is tested with
+``attach`` in a hand-written DDP loop, not under the Trainer's accelerate).
+
+Checkpoints: at each save it writes the ledger's checkpoint entry as
+``privguard_ledger.json`` into the checkpoint folder (an in-memory ledger's
+whole state, a file-backed ledger's path and journal fingerprint). When
+training resumes (``state.global_step > 0``) it brings the ledger to the
+entry of the checkpoint resumed from, looked up in
+``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``:
+a fresh in-memory ledger loads it, a file-backed ledger must be the same
+file, and a ledger is never rewound. A resume without an entry raises
+:class:`privguard.LedgerStateError` rather than start a fresh budget.
+
+The Trainer clears gradients with ``model.zero_grad()``, which does not clear
+Opacus' per-sample state; the callback therefore calls the DPOptimizer's
+``zero_grad`` after every optimizer step (``on_step_end``), as Opacus requires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._ledger._ledger import Ledger
+from privguard.integrations import _sampling
+from privguard.integrations._allocation import allocation_sampler
+from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
+from privguard.integrations._frameworks import find_dp_optimizer, require
+from privguard.integrations.opacus import AttachHandle, attach
+
+_tf = require("transformers", "huggingface")
+
+__all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
+
+LEDGER_FILE = "privguard_ledger.json"
+
+
+class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
+    """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
+
+    Args:
+        ledger: the privguard ledger.
+        sample_rate: Poisson rate (or a callable giving the current one);
+            default: the rate of the training loader's Poisson sampler, else
+            of Opacus' accountant hook on the optimizer.
+        log_name: key of the running ε in the Trainer's logs.
+        label: label of each charge.
+        check_poisson: refuse a training loader that does not sample by
+            Poisson sampling (default True). ``False`` is the explicit
+            opt-out: the reported ε then does not hold unless the batches are
+            Poisson.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> LedgerTrainerCallback(Ledger(delta=1e-5)).log_name
+        'privacy_epsilon'
+    """
+
+    def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
+                 log_name: str = "privacy_epsilon", label: str = "step",
+                 check_poisson: bool = True) -> None:
+        if not isinstance(ledger, Ledger):
+            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if not isinstance(log_name, str):
+            raise InvalidArgumentError("log_name", log_name, "must be a string")
+        if not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string")
+        if not isinstance(check_poisson, bool):
+            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+        self.ledger = ledger
+        self.sample_rate = sample_rate
+        self.log_name = log_name
+        self.label = label
+        self.check_poisson = check_poisson
+        self.handle: AttachHandle | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
+        self._detach()  # a previous train() that ended in an exception
+        optimizer = find_dp_optimizer(optimizer)
+        if train_dataloader is not None and self.check_poisson and \
+                allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
+            _sampling.check_poisson(train_dataloader, "train_dataloader")
+        if state.global_step > 0:
+            self._resume(args, state)
+        accumulation = getattr(args, "gradient_accumulation_steps", 1)  # theory §14
+        self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
+                             data_loader=train_dataloader, label=self.label,
+                             on_exhausted="stop", check_poisson=self.check_poisson,
+                             micro_batches=accumulation if isinstance(accumulation, int) else None)
+
+    def _resume(self, args: Any, state: Any) -> None:
+        """Bring the ledger to the entry saved with the checkpoint resumed from."""
+        folders = []
+        if isinstance(getattr(args, "resume_from_checkpoint", None), str):
+            folders.append(args.resume_from_checkpoint)
+        folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        for folder in folders:
+            path = os.path.join(folder, LEDGER_FILE)
+            if os.path.exists(path):
+                try:
+                    with open(path) as fh:
+                        saved = json.load(fh)
+                except (OSError, ValueError) as exc:
+                    raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+                if is_entry(saved):
+                    restore(self.ledger, saved, where=path)
+                else:  # a bare ledger state, written by privguard 0.1
+                    self.ledger.load_state_dict(saved)
+                return
+        raise LedgerStateError(
+            f"training resumes at step {state.global_step} but no {LEDGER_FILE} was found in "
+            f"{folders}: the ledger would start a fresh budget. Resume from a checkpoint "
+            "written with this callback (set TrainingArguments(resume_from_checkpoint=<folder>) "
+            "when it is outside output_dir)")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.handle is None:
+            return
+        self.handle.optimizer.zero_grad(set_to_none=True)
+        if self.handle.should_stop:
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
+               **kwargs: Any) -> None:
+        if self.ledger.delta is None or logs is None:
+            return
+        eps = self.ledger.epsilon()
+        logs[self.log_name] = eps
+        if state.log_history:
+            state.log_history[-1][self.log_name] = eps
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not getattr(state, "is_world_process_zero", True):
+            return  # one writer per checkpoint
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
+            json.dump(ledger_entry(self.ledger), fh)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        if self.handle is not None:
+            self.handle.detach()
+            self.handle = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["handle"] = None  # a live link to this process's optimizer
+        return state

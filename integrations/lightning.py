@@ -1,0 +1,179 @@
+"""A PyTorch Lightning callback that charges a privguard ledger.
+
+Install: ``pip install 'privguard[lightning]'``.
+
+    from privguard.integrations.lightning import LedgerCallback
+    trainer = Trainer(callbacks=[LedgerCallback(ledger)])
+
+The LightningModule trains with an Opacus ``DPOptimizer`` (returned from
+``configure_optimizers``) on Poisson-sampled batches (Opacus'
+``DPDataLoader``). When training starts the callback checks the training
+loader(s) Lightning will use — a loader that does not sample by Poisson
+sampling raises :class:`~privguard.integrations.opacus.NonPoissonSamplingError`
+before any step (``check_poisson=False`` is the explicit opt-out) — and
+attaches the ledger to the optimizer
+(:func:`privguard.integrations.opacus.attach`, in "stop" mode): each real
+noisy step is charged before its update; steps Opacus does not account are
+not charged. After every batch it logs the running ε with ``pl_module.log``
+and sets ``trainer.should_stop`` when the ledger would refuse the next step
+(under DDP the same flag on every rank).
+
+Random allocation: a training loader whose batch sampler is
+:class:`~privguard.integrations.RandomAllocationSampler` is charged as
+``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
+first step (the filter admits the epoch or none of it runs; an epoch stopped
+early stays charged; σ changed inside an epoch is refused). It must be the
+single training loader, with ``accumulate_grad_batches=1``. Under DDP a
+plain ``RandomAllocationSampler`` is refused (each rank would draw its own
+allocation); ``DistributedRandomAllocationSampler`` (one global allocation,
+each rank its share) is charged by ``attach`` and tested in a hand-written
+DDP loop, not under Lightning's strategies, which may re-wrap samplers.
+
+Checkpoints: the callback's state is the ledger's checkpoint entry (an
+in-memory ledger's whole state, a file-backed ledger's path and journal
+fingerprint). Resuming (``trainer.fit(..., ckpt_path=...)``) brings the
+ledger to it: a fresh in-memory ledger loads it, a file-backed ledger must be
+the same file, and a ledger is never rewound (one that already holds the
+checkpoint's journal and more keeps everything; one that holds something
+else raises :class:`privguard.LedgerStateError`). Pickling the callback (as
+spawn-based strategies do) pickles the ledger, not the live attachment; a
+copy of an in-memory ledger is a separate ledger, so prefer a file-backed
+ledger when the trainer runs in other processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from privguard._errors import InvalidArgumentError
+from privguard._ledger._ledger import Ledger
+from privguard.integrations import _sampling
+from privguard.integrations._allocation import allocation_sampler
+from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._frameworks import find_dp_optimizer, require
+from privguard.integrations.opacus import AttachHandle, attach
+
+_pl = require("lightning.pytorch", "lightning")
+
+__all__ = ["LedgerCallback"]
+
+
+def _train_loaders(trainer: Any) -> list:
+    """The training loaders Lightning iterates (unwrapping its CombinedLoader)."""
+    loader = getattr(trainer, "train_dataloader", None)
+    loaders = getattr(loader, "iterables", loader)
+    if loaders is None:
+        return []
+    if isinstance(loaders, dict):
+        return list(loaders.values())
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
+
+
+class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
+    """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
+
+    Args:
+        ledger: the privguard ledger.
+        sample_rate: Poisson rate (or a callable giving the current one);
+            default: read from the training loader's Poisson sampler, else
+            from Opacus' accountant hook on the optimizer.
+        log_name: the metric name for the running ε (logged when the ledger
+            has a δ).
+        label: label of each charge.
+        prog_bar: show ε in the progress bar.
+        check_poisson: refuse training loaders that do not sample by Poisson
+            sampling (default True). ``False`` is the explicit opt-out: the
+            reported ε then does not hold unless the batches are Poisson.
+
+    Example:
+        >>> from privguard import Ledger
+        >>> cb = LedgerCallback(Ledger(delta=1e-5))
+        >>> cb.state_key
+        'privguard.LedgerCallback[step]'
+    """
+
+    def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
+                 log_name: str = "privacy/epsilon", label: str = "step",
+                 prog_bar: bool = True, check_poisson: bool = True) -> None:
+        if not isinstance(ledger, Ledger):
+            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+        if not isinstance(log_name, str):
+            raise InvalidArgumentError("log_name", log_name, "must be a string")
+        if not isinstance(label, str):
+            raise InvalidArgumentError("label", label, "must be a string")
+        if not isinstance(check_poisson, bool):
+            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+        self.ledger = ledger
+        self.sample_rate = sample_rate
+        self.log_name = log_name
+        self.label = label
+        self.prog_bar = prog_bar
+        self.check_poisson = check_poisson
+        self.handle: AttachHandle | None = None
+
+    @property
+    def state_key(self) -> str:
+        return f"privguard.LedgerCallback[{self.label}]"
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._detach()  # a previous fit that ended in an exception
+        optimizer = find_dp_optimizer(trainer.optimizers)
+        loaders = _train_loaders(trainer)
+        allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
+        if allocated and len(loaders) > 1:  # attach charges epochs of one loader it can see
+            raise InvalidArgumentError(
+                "train_dataloader", f"{len(loaders)} loaders",
+                "include a RandomAllocationSampler loader: its epochs are charged only when it "
+                "is the single training loader; train on it alone")
+        if self.check_poisson and not allocated:  # attach charges random allocation per epoch
+            for loader in loaders:
+                _sampling.check_poisson(loader, "train_dataloader")
+        accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
+        self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
+                             data_loader=loaders[0] if len(loaders) == 1 else None,
+                             label=self.label, on_exhausted="stop",
+                             # checked above, or opted out; attach checks one loader's q
+                             # against its records (DDP, Opacus #813) besides
+                             check_poisson=self.check_poisson and len(loaders) == 1,
+                             micro_batches=accumulation if isinstance(accumulation, int) else None)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.handle is None:
+            return
+        if self.ledger.delta is not None:
+            pl_module.log(self.log_name, self.ledger.epsilon(), on_step=True, on_epoch=False,
+                          prog_bar=self.prog_bar, logger=True)
+        if self.handle.should_stop:
+            trainer.should_stop = True
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._detach()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._detach()
+
+    def _detach(self) -> None:
+        if self.handle is not None:
+            self.handle.detach()
+            self.handle = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"privguard": ledger_entry(self.ledger)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(state_dict, dict) and "privguard" in state_dict:
+            restore(self.ledger, state_dict["privguard"], where="LedgerCallback state")
+        elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
+            self.ledger.load_state_dict(state_dict["ledger"])
+        else:
+            raise InvalidArgumentError("state_dict", type(state_dict).__name__,
+                                       "is not a LedgerCallback state")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["handle"] = None  # a live link to this process's optimizer
+        return state

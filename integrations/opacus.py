@@ -1,0 +1,711 @@
+"""Put a privguard ledger under an existing Opacus training loop.
+
+Two lines::
+
+    from privguard.integrations.opacus import attach
+    handle = attach(optimizer, ledger, data_loader=loader)  # optimizer: an Opacus DPOptimizer
+
+Every real noisy step is then charged to the ledger exactly once, as a
+Poisson-subsampled Gaussian with the noise multiplier and sample rate in force
+at that step. The charge runs in the optimizer's step hook, which Opacus calls
+after the noisy gradient is formed and before the wrapped optimizer updates
+the parameters (``DPOptimizer.pre_step``). A refused step therefore raises
+:class:`privguard.BudgetExhausted` (or, with ``on_exhausted="stop"``, is
+skipped and flagged) before any parameter changes. Steps Opacus does not
+account — the virtual steps of ``BatchMemoryManager``, steps skipped with
+``signal_skip_step`` — never reach the hook and are not charged, so the count
+matches Opacus' own accountant.
+
+What ``attach`` checks and does, so that the ε the ledger reports holds:
+
+* **Sampling.** The accounting assumes Poisson sampling. ``data_loader=`` is
+  checked (:class:`NonPoissonSamplingError` otherwise); without it attach
+  cannot see the sampling and warns (:class:`PoissonUnverifiedWarning`).
+  ``check_poisson=False`` is the explicit opt-out. The q charged must be
+  each record's draw probability: a non-distributed Poisson sampler under
+  DDP (every rank draws from all records) is refused with both numbers;
+  an honest q far above the batch the replaced loader had (Opacus #813, a
+  ``WeightedRandomSampler`` behind ``make_private``) warns
+  (:class:`SampleRateWarning`, ``integrations/_provenance.py``).
+* **Accumulation.** k Poisson micro-batches per real step (several
+  ``backward()`` per ``step()``) are charged as
+  ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
+  from the batches ``data_loader`` delivered, the optimizer's per-sample
+  gradients (not under ghost clipping, whose optimizer reports 1) and
+  ``micro_batches=``; see ``integrations/_describe.py``.
+* **Steps taken before attach.** The steps Opacus' accountant on this
+  optimizer already recorded are charged at attach, one record per step with
+  its σ and q, labelled ``"before attach"`` (the same records an attach at the
+  start would have written). If the ledger's filter refuses them, attach
+  raises :class:`privguard.BudgetExhausted`, charges nothing and attaches
+  nothing.
+* **Once per optimizer.** A second ``attach`` on an attached optimizer raises;
+  ``handle.detach()`` restores exactly what was there (step hook, ``step``,
+  the engine's accountant).
+* **Opacus' accountant.** Opacus' default accountant is PRV; the ledger
+  accounts in RDP, which gives a larger ε for the same σ and q. Attach warns
+  (:class:`AccountantWarning`) with what the run costs by RDP.
+* **DDP.** Under Opacus' distributed optimizers, call ``attach`` on every
+  rank: each global step is charged once (once per distinct ledger: a file
+  shared by the ranks once in all, or one in-memory replica per rank) and
+  every rank takes the same admit/refuse decision before any rank updates
+  (protocol in ``integrations/_distributed.py``).
+* **Checkpoints.** With ``privacy_engine=``, ``engine.get_epsilon(delta)``
+  reports the ledger's running ε, and ``engine.save_checkpoint`` stores
+  Opacus' accountant state together with the ledger's entry (an in-memory
+  ledger's whole state; a file-backed ledger's path and journal
+  fingerprint). Resume in Opacus' usual order, ``make_private →
+  engine.load_checkpoint → attach(..., privacy_engine=engine, resume=ckpt)``,
+  or attach first and then ``engine.load_checkpoint``.
+
+In a hand-written loop the handle is also a context manager and a stop flag::
+
+    with attach(optimizer, ledger, data_loader=loader, on_exhausted="stop") as guard:
+        for x, y in loader:
+            optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+            if guard.should_stop:    # refused, or the next step would be
+                break
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from privguard import _validation as check
+from privguard import mechanisms as M
+from privguard._errors import (
+    BudgetExhausted,
+    InvalidArgumentError,
+    LedgerStateError,
+    PrivguardError,
+)
+from privguard._ledger._ledger import Ledger
+from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
+from privguard.integrations._accountants import EngineView, LedgerAccountant
+from privguard.integrations._checkpoint import is_entry, restore
+from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._provenance import SampleRateWarning
+from privguard.integrations._recorded import (
+    History,
+    find_opacus_hook,
+    history_of,
+    replay,
+    steps_beyond,
+    total_steps,
+)
+from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
+from privguard.integrations._witnesses import Witnesses, reserve_for
+
+try:  # opacus is a runtime dependency of privguard
+    from opacus.accountants.accountant import IAccountant
+    from opacus.optimizers import DPOptimizer
+except ImportError as exc:  # pragma: no cover - opacus is a hard dependency
+    raise ImportError("privguard.integrations.opacus needs opacus: pip install opacus") from exc
+
+__all__ = ["REPLAY_LABEL", "AccountantWarning", "AttachHandle", "LedgerAccountant",
+           "NonPoissonSamplingError", "PoissonUnverifiedWarning", "RankDisagreementError",
+           "SampleRateWarning", "attach"]
+
+_provenance.install()  # records what each DPDataLoader replaced (Opacus #813 warning at attach)
+
+REPLAY_LABEL = "before attach"
+"""Label of the charges for steps Opacus' accountant recorded before attach."""
+
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class AccountantWarning(UserWarning):
+    """About Opacus' accountant: a PRV/GDP accountant, or steps that may be charged twice."""
+
+
+def _accumulated_allocation(k: int) -> NonPoissonSamplingError:
+    """The refusal of k > 1 micro-batches per step from a random-allocation loader: an epoch
+    of t batches would run t/k steps, which ``RandomAllocation(σ, t)`` under-counts."""
+    return NonPoissonSamplingError(
+        "micro_batches", k,
+        "accumulated micro-batches of a RandomAllocationSampler loader are not accounted (an "
+        "epoch of t batches would run t/k steps, which RandomAllocation(σ, t) under-counts); "
+        "step once per batch")
+
+
+# --------------------------------------------------------------------------- the handle
+class AttachHandle:
+    """What :func:`attach` returns: the live link between an optimizer and a ledger.
+
+    Attributes:
+        ledger: the ledger charged.
+        optimizer: the Opacus optimizer.
+        steps_charged: real noisy steps admitted through this handle (under
+            DDP: global steps, the same on every rank).
+        steps_replayed: steps Opacus' accountant had recorded before attach
+            (or loaded from a checkpoint without the ledger) and that were
+            charged for them.
+        exhausted: True once a step was refused (``on_exhausted="stop"``).
+        last_refusal: the last :class:`privguard.BudgetExhausted` (``"stop"``).
+        distributed: whether the ranks coordinate (DDP).
+
+    Use it as a context manager to detach on exit. It cannot be pickled
+    (it is a link to a live optimizer): pickle the ledger instead.
+    """
+
+    def __init__(self, optimizer: DPOptimizer, ledger: Ledger, rate: Callable[[], float],
+                 label: str, on_exhausted: str, coordinator: Coordinator | None,
+                 recorder: Any) -> None:
+        self.optimizer = optimizer
+        self.ledger = ledger
+        self.label = label
+        self.on_exhausted = on_exhausted
+        self.steps_charged = 0
+        self.steps_replayed = 0
+        self.exhausted = False
+        self.last_refusal: BudgetExhausted | None = None
+        self.recorder = recorder
+        self._rate = rate
+        self._coordinator = coordinator
+        self._next_ok = True
+        self._last_key: tuple[float, float, int] | None = None
+        self._last_mechanism: M.Mechanism | None = None
+        self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
+        self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
+        self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
+        self._last_micro_batches = 1
+        self._active = False
+        self._engine: Any = None
+        self._engine_accountant: Any = None
+        self._view: EngineView | None = None
+        self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
+        self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
+        self.witness_reserve: M.Mechanism | None = None  # δ for their false alarms, charged once
+
+    @property
+    def distributed(self) -> bool:
+        return self._coordinator is not None
+
+    # Installed last, once every check passed (nothing is changed on refusal).
+    def _install(self, privacy_engine: Any) -> None:
+        optimizer = self.optimizer
+        self._previous_hook = optimizer.step_hook
+        self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
+        optimizer.attach_step_hook(self._hook)
+        if self.witnesses is not None:
+            self.witnesses.install()
+        if self.on_exhausted == "stop":
+            self._original_step = optimizer.step
+            optimizer.step = self._graceful_step  # instance attribute; restored on detach
+        if privacy_engine is not None:
+            self._engine = privacy_engine
+            self._engine_accountant = privacy_engine.accountant
+            self._view = EngineView(self, privacy_engine.accountant)
+            privacy_engine.accountant = self._view
+        self._active = True
+        _ATTACHED[optimizer] = self
+
+    # The mechanism of the next real step, read live from the optimizer.
+    def next_mechanism(self) -> M.Mechanism:
+        """The mechanism the next real step would be charged as.
+
+        k micro-batches accumulated into one step are charged as
+        ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
+        largest of: the batches ``data_loader`` delivered since the last
+        step, the optimizer's own count (not under ghost clipping), the
+        declared accumulation, and (between steps) the last step's k.
+
+        For a :class:`~privguard.integrations.RandomAllocationSampler` loader:
+        one epoch, ``RandomAllocation(σ, t)``, charged at the epoch's first
+        step only.
+        """
+        if self._epochs is not None:
+            return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
+        return self._mechanism(predict=True)
+
+    def _micro_batches(self, predict: bool) -> int:
+        counted = 0 if self.counter is None else self.counter.count
+        reported = _describe.reported_micro_batches(self.optimizer) or 1
+        k = max(counted, reported, self.declared_micro_batches)
+        return max(k, self._last_micro_batches) if predict else k
+
+    def _mechanism(self, predict: bool) -> M.Mechanism:
+        key = (float(self.optimizer.noise_multiplier), float(self._rate()),
+               self._micro_batches(predict))
+        if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
+            self._last_mechanism = _describe.step_mechanism(*key)
+            self._last_key = key
+        assert self._last_mechanism is not None
+        return self._last_mechanism
+
+    def can_step(self) -> bool:
+        """Whether the ledger would admit the next real step (nothing is charged).
+
+        Under DDP this is the decision all ranks took together at the last
+        step (or at attach), for that step's σ and q, so it is the same on
+        every rank.
+        """
+        if self._epochs is not None:  # random allocation: only an epoch's first step charges
+            try:
+                due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
+            except PrivguardError:
+                return False
+            return due is None or self.ledger.can_afford(due)
+        if self._coordinator is not None:
+            return self._next_ok
+        return self.ledger.can_afford(self.next_mechanism())
+
+    def _hook(self, optimizer: DPOptimizer) -> None:
+        if self._active:
+            # Charged before the parameter update; raises if refused.
+            k = self._micro_batches(predict=False)
+            if self.witnesses is not None:  # check stage: raises PipelineMismatchError
+                self.witnesses.check(self.next_mechanism() if self._epochs is not None
+                                     else self._mechanism(predict=False))
+            if self._epochs is not None:  # random allocation: the whole epoch at its first step
+                if k > 1:
+                    raise _accumulated_allocation(k)
+                sigma = float(optimizer.noise_multiplier)
+                due = self._epochs.pending(sigma)
+                if due is not None and self._coordinator is not None:  # DDP: once, together
+                    _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
+                elif due is not None:
+                    self.ledger.charge(due, label=self.label)
+                self._epochs.done(sigma, due)
+            elif self._coordinator is None:
+                self.ledger.charge(self._mechanism(predict=False), label=self.label)
+            else:
+                self._next_ok = self._coordinator.step(lambda: self._mechanism(predict=False),
+                                                       self.label)
+            if self.witness_reserve is not None:  # once, after the first step fixed the plan
+                self.ledger.charge(self.witness_reserve,
+                                   label="witnesses: δ set aside for false alarms")
+                self.witness_reserve = None
+            self.steps_charged += 1
+            self._last_micro_batches = k
+            if self.counter is not None:
+                self.counter.take()
+        if self._previous_hook is not None:
+            self._previous_hook(optimizer)
+
+    def _graceful_step(self, *args: Any, **kwargs: Any):
+        try:
+            return self._original_step(*args, **kwargs)
+        except BudgetExhausted as exc:
+            self.exhausted = True
+            self.last_refusal = exc
+            return None
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a step was refused, or if the next one would be."""
+        if self.witnesses is not None and self.witnesses.failure is not None:
+            return True  # a witness refused a step: every later step is refused too
+        return self.exhausted or not self.can_step()
+
+    def detach(self) -> None:
+        """Stop charging; restore the optimizer's previous hook and step, and the engine's
+        accountant. Budget already charged stays charged."""
+        if not self._active:
+            return
+        self._active = False
+        if self.witnesses is not None:
+            self.witnesses.uninstall()
+        if self.optimizer.step_hook == self._hook:
+            self.optimizer.step_hook = self._previous_hook
+        # else: another hook wraps ours; ours stays in its chain as a pass-through.
+        if vars(self.optimizer).get("step") == self._graceful_step:
+            if self._own_step_attr is None:
+                del self.optimizer.step
+            else:
+                self.optimizer.step = self._own_step_attr
+        if self._engine is not None and self._engine.accountant is self._view:
+            self._engine.accountant = self._engine_accountant
+        if _ATTACHED.get(self.optimizer) is self:
+            del _ATTACHED[self.optimizer]
+        if self.counter is not None:
+            self.counter.restore()
+
+    # -------------------------------------------------------- recorded steps
+    def _charge_recorded(self, current: History, held: History | None, label: str, *,
+                         from_entry: bool, stacklevel: int,
+                         error: PrivguardError | None = None) -> None:
+        """Charge the steps of ``current`` (Opacus' record) beyond ``held`` (the ledger's).
+
+        Under DDP this is collective: every rank runs it, and ``error`` (a
+        failure found before it on this rank) stops every rank alike.
+        """
+        todo = steps_beyond(current, held or [])
+        if todo is None and error is None:
+            error = LedgerStateError(
+                f"Opacus' accountant history ({total_steps(current)} steps) does not extend "
+                f"the one saved with the ledger ({total_steps(held or [])} steps): they come "
+                "from different runs; load the engine's accountant and the ledger from the "
+                "same checkpoint")
+        if self._coordinator is None:
+            if error is not None:
+                raise error
+            if not todo:
+                return
+        todo = todo or []
+        n = total_steps(todo)
+        if n and error is None and not from_entry and len(self.ledger.history) > 0:
+            warnings.warn(
+                f"charging the {n} steps Opacus' accountant recorded (label {label!r}) to a "
+                f"ledger that already holds {len(self.ledger.history)} charges. If those "
+                "include these steps (resuming with the same ledger file), they are now "
+                "counted twice (safe, but budget is lost): attach with privacy_engine= so "
+                "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
+                AccountantWarning, stacklevel=stacklevel + 1)
+        self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL,
+                                     base_rate=self.loader_rate)
+
+    def __getstate__(self) -> dict:
+        raise InvalidArgumentError(
+            "handle", repr(self), "is a live link to one optimizer and cannot be pickled or "
+            "copied; pickle the ledger (handle.ledger) and attach again after loading")
+
+    def __enter__(self) -> AttachHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def __repr__(self) -> str:
+        state = "attached" if self._active else "detached"
+        return f"AttachHandle({state}, {self.steps_charged} steps charged, {self.ledger!r})"
+
+
+def _entry_from(resume: Any) -> dict:
+    """The privguard entry in ``resume``: a checkpoint, an accountant state, or the entry."""
+    if isinstance(resume, dict):
+        for candidate in (resume, resume.get("privguard"),
+                          (resume.get("privacy_accountant_state_dict") or {}).get("privguard")):
+            if is_entry(candidate):
+                assert isinstance(candidate, dict)
+                return candidate
+    raise InvalidArgumentError(
+        "resume", type(resume).__name__,
+        "must be the checkpoint engine.load_checkpoint returned (or its "
+        "'privacy_accountant_state_dict') from a run attached with privacy_engine=; this one "
+        "holds no privguard ledger entry. Without one, attach charges the steps Opacus' "
+        "accountant recorded")
+
+
+def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
+                 planned_steps: int | None) -> str:
+    """The PRV/GDP warning text, with what the plan costs by RDP."""
+    q = mech.sample_rate
+    steps = planned_steps or max(1, math.ceil(1.0 / q - 1e-9))
+    name = kind.upper() + (" (Opacus' default)" if kind == "prv" else "")
+    text = (f"the engine's accountant is {name}, but privguard's ledger accounts in RDP, "
+            "which gives a larger ε for the same noise and sampling: the ledger's ε and its "
+            f"filter will not match the engine's {kind.upper()} numbers (a σ that "
+            f"make_private_with_epsilon calibrated by {kind.upper()} reaches the ledger's "
+            "target in fewer steps).")
+    if ledger.delta is not None:
+        probe = Ledger(delta=ledger.delta, orders=ledger.orders)
+        probe.charge(M.SubsampledGaussian(mech.noise_multiplier, q, steps=steps))
+        what = "the planned" if planned_steps else "one epoch of"
+        text += (f" By RDP, σ = {mech.noise_multiplier:.6g} and q = {q:.6g} over {what} "
+                 f"{steps} steps give ε = {probe.nonadaptive_epsilon():.4g} at δ = "
+                 f"{ledger.delta:g} (running ε, valid at any stopping time: "
+                 f"{probe.epsilon():.4g}).")
+    if ledger.target is not None:
+        text += (f" The ledger's filter (ε = {ledger.target[0]:g}, δ = {ledger.target[1]:g}) "
+                 f"admits {ledger.remaining(mech).repeats:g} more such steps.")
+    text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
+             "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
+             "the steps PRV calibrated for while the run follows its plan (docs/theory.md §2b); "
+             "or calibrate with PrivacyEngine(accountant='rdp').")
+    return text
+
+
+def _check_records(loader: Any, optimizer: Any, ledger: Ledger) -> None:
+    """Refuse a Poisson loader whose q is not each record's rate under DDP; warn when q is
+    honest but far above the batch the user's own loader had (Opacus #813)."""
+    if is_distributed(optimizer):
+        import torch.distributed as dist
+
+        mismatch = _samplers.distributed_mismatch(loader, dist.get_world_size())
+        if mismatch is not None:
+            raise NonPoissonSamplingError("data_loader", type(loader).__name__, mismatch)
+    q = _sampling.poisson_rate(loader)
+    meant = None if q is None else _provenance.unintended_rate(loader, q)
+    if q is not None and meant is not None:
+        sigma = float(getattr(optimizer, "noise_multiplier", 0) or 0)
+        warnings.warn(_provenance.warning_text(loader, q, *meant, sigma, ledger),
+                      SampleRateWarning, stacklevel=3)
+
+
+# --------------------------------------------------------------------------- attach
+def attach(
+    optimizer: DPOptimizer,
+    ledger: Ledger,
+    *,
+    sample_rate: float | Callable[[], float] | None = None,
+    data_loader: Any = None,
+    label: str = "step",
+    on_exhausted: str = "raise",
+    privacy_engine: Any = None,
+    check_poisson: bool = True,
+    resume: Any = None,
+    planned_steps: int | None = None,
+    micro_batches: int | None = None,
+    witnesses: bool = False,
+) -> AttachHandle:
+    """Charge every real noisy step of ``optimizer`` to ``ledger``.
+
+    Args:
+        optimizer: an Opacus ``DPOptimizer`` (from ``make_private``,
+            ``make_private_with_epsilon`` or built directly), not yet attached.
+        ledger: the privguard ledger to charge.
+        sample_rate: the Poisson sampling rate, or a callable returning the
+            rate in force (for a policy that changes the batch size). Default:
+            the rate of ``data_loader`` if given, else the rate Opacus' own
+            accountant hook on this optimizer was created with.
+        data_loader: the training data loader; checked for Poisson sampling
+            and used for the sample rate (read live each step).
+        label: label of each charge in the ledger's journal.
+        on_exhausted: ``"raise"`` (default): a refused step raises
+            :class:`privguard.BudgetExhausted` out of ``optimizer.step()``;
+            ``"stop"``: the step returns None without updating and
+            ``handle.exhausted`` becomes True. Either way the parameters are
+            left exactly as they were.
+        privacy_engine: the ``PrivacyEngine``; its accountant is replaced
+            (until detach) by a view that reports the ledger's ε
+            (``engine.get_epsilon(delta)``) and puts the ledger's entry into
+            ``engine.save_checkpoint`` next to Opacus' own accountant state.
+        check_poisson: check ``data_loader`` for Poisson sampling (default
+            True; without ``data_loader`` a warning says it was not checked).
+            ``False`` is the documented opt-out: you accept that the reported
+            ε does not hold if the batches are not Poisson-sampled.
+        resume: when resuming in Opacus' order ``make_private →
+            engine.load_checkpoint → attach``: the checkpoint
+            ``engine.load_checkpoint`` returned. The ledger is brought to the
+            checkpoint's journal (an in-memory ledger loads it; a file-backed
+            ledger must be the same file) and the steps the checkpoint's
+            accountant holds are not charged again.
+        planned_steps: the number of steps the run plans; only used to say
+            what they cost by RDP when the engine's accountant is PRV or GDP.
+        micro_batches: the Poisson micro-batches the loop accumulates into
+            each step, where it declares them (Hugging Face's
+            ``gradient_accumulation_steps``). Steps are charged with at least
+            this many; privguard also counts the batches ``data_loader``
+            delivers and the per-sample gradients the optimizer holds, and
+            charges the largest (docs/theory.md §14).
+        witnesses: check every step against its charge before charging it
+            (noise, clipping, and with ``data_loader`` sampling;
+            ``integrations/_witnesses.py``). A mismatch raises
+            :class:`privguard.PipelineMismatchError` out of
+            ``optimizer.step()`` with the parameters untouched and nothing
+            charged, and every later step is refused too. Needs a ledger
+            with an (ε, δ) target: with the first step a
+            :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
+            0.1% of δ aside for the witnesses' false alarms, so the
+            witnessed run keeps the target (docs/theory.md §16.2). Off by
+            default (its cost, README "Does my pipeline do what I charge?");
+            not yet under DDP.
+
+    Returns:
+        An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
+
+    Raises:
+        InvalidArgumentError: bad arguments, no way to know the sample rate,
+            or the optimizer is already attached (or charged by a
+            :class:`LedgerAccountant`).
+        NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
+            or a ghost-clipping optimizer (which reports one micro-batch per
+            step whatever ran) comes with neither ``data_loader`` nor
+            ``micro_batches``, so the micro-batches per step cannot be known.
+        BudgetExhausted: the steps Opacus recorded before attach do not fit;
+            nothing was charged and nothing attached.
+        LedgerStateError: ``resume`` does not match the ledger or the
+            engine's accountant; under DDP, :class:`RankDisagreementError`
+            when the ranks' ledgers are not replicas.
+
+    Example:
+        >>> import torch, warnings
+        >>> from opacus.optimizers import DPOptimizer
+        >>> from privguard import Ledger
+        >>> w = torch.nn.Parameter(torch.zeros(2))
+        >>> opt = DPOptimizer(torch.optim.SGD([w], lr=0.1), noise_multiplier=1.0,
+        ...                   max_grad_norm=1.0, expected_batch_size=8)
+        >>> handle = attach(opt, Ledger(delta=1e-5), sample_rate=0.01, check_poisson=False)
+        >>> handle.next_mechanism()
+        SubsampledGaussian(noise_multiplier=1.0, sample_rate=0.01, steps=1)
+        >>> handle.detach()
+    """
+    # ---- every check first: a refused attach changes nothing
+    if not isinstance(optimizer, DPOptimizer):
+        raise InvalidArgumentError("optimizer", type(optimizer).__name__,
+                                   "must be an Opacus DPOptimizer (see PrivacyEngine.make_private)")
+    if not isinstance(ledger, Ledger):
+        raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+    if on_exhausted not in ("raise", "stop"):
+        raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
+    if label is not None and not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string or None")
+    if not isinstance(check_poisson, bool):
+        raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+    if planned_steps is not None:
+        planned_steps = check.positive_int("planned_steps", planned_steps)
+    declared = 1 if micro_batches is None else check.positive_int("micro_batches", micro_batches)
+    if _describe.is_ghost(optimizer) and data_loader is None and micro_batches is None:
+        raise NonPoissonSamplingError(
+            "data_loader", None,
+            "is needed with a ghost-clipping optimizer (grad_sample_mode='ghost'): it reports "
+            "one micro-batch per step whatever the loop accumulated, so privguard counts the "
+            "micro-batches the loader delivers between steps; pass data_loader= (or "
+            "micro_batches= if the loop accumulates a fixed number)")
+    if not isinstance(witnesses, bool):
+        raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
+    if witnesses and is_distributed(optimizer):
+        raise InvalidArgumentError("witnesses", witnesses,
+                                   "is not supported under DDP yet; attach without it")
+    if witnesses:
+        reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
+    previous = _ATTACHED.get(optimizer)
+    if previous is not None and previous._active:
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            f"already has a ledger attached ({previous!r}); keep using that handle, or call "
+            "its detach() first: attaching twice would charge every step twice")
+    if privacy_engine is not None and not isinstance(getattr(privacy_engine, "accountant", None),
+                                                     IAccountant):
+        raise InvalidArgumentError("privacy_engine", type(privacy_engine).__name__,
+                                   "must be an Opacus PrivacyEngine (with an accountant)")
+    if privacy_engine is not None and isinstance(privacy_engine.accountant, EngineView):
+        raise InvalidArgumentError(
+            "privacy_engine", type(privacy_engine).__name__,
+            "already reports a ledger attached to another optimizer; detach that handle first")
+    hook_accountant, hook_rate = find_opacus_hook(optimizer.step_hook)
+    engine_accountant = None if privacy_engine is None else privacy_engine.accountant
+    for acc in (hook_accountant, engine_accountant):
+        if isinstance(acc, LedgerAccountant) and acc._charge:
+            raise InvalidArgumentError(
+                "optimizer", type(optimizer).__name__,
+                "is already charged to a ledger by a LedgerAccountant in the engine; use "
+                "either that or attach(), not both (each step would be charged twice)")
+    recorder = hook_accountant if hook_accountant is not None else engine_accountant
+    sampler = None if data_loader is None else _allocation.allocation_sampler(data_loader)
+    if sampler is not None:  # random allocation: charged per epoch (docs/theory.md §15)
+        _allocation.check_attach(sampler, ledger, sample_rate=sample_rate, resume=resume,
+                                 distributed=is_distributed(optimizer),
+                                 recorded=total_steps(history_of(recorder)))
+        sample_rate = 1.0 / sampler.steps_per_epoch  # Opacus' own view; not what is charged
+        if declared > 1:
+            raise _accumulated_allocation(declared)
+
+    if data_loader is not None and check_poisson and sampler is None:
+        _sampling.check_poisson(data_loader)
+        _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
+    if callable(sample_rate):
+        rate: Callable[[], float] = sample_rate
+    elif sample_rate is not None:
+        fixed = check.sample_rate("sample_rate", sample_rate)
+        if data_loader is not None and check_poisson:  # issue 27: q checked against the loader
+            _samplers.check_hand_rate("sample_rate", fixed, _sampling.poisson_rate(data_loader))
+        rate = lambda: fixed
+    elif data_loader is not None:
+        if _sampling.poisson_rate(data_loader) is not None:
+            rate = lambda: float(data_loader.batch_sampler.sample_rate)
+        else:  # check_poisson=False on a non-Poisson loader: its nominal rate
+            try:
+                nominal = check.sample_rate("data_loader", 1.0 / len(data_loader))
+            except (TypeError, ZeroDivisionError) as exc:
+                raise InvalidArgumentError("data_loader", type(data_loader).__name__,
+                                           "has no length to derive a sample rate from; pass "
+                                           "sample_rate=") from exc
+            rate = lambda: nominal
+    elif hook_rate is not None:
+        found = hook_rate
+        rate = lambda: found
+    else:
+        raise InvalidArgumentError(
+            "sample_rate", None,
+            "cannot be inferred: pass sample_rate=... or data_loader=... (no Opacus "
+            "accountant hook is attached to this optimizer)")
+    entry = None if resume is None else _entry_from(resume)
+
+    # ---- distributed: from here on every rank takes the same decisions
+    local_error: PrivguardError | None = None
+    if entry is not None:
+        try:
+            restore(ledger, entry, where="resume")
+        except PrivguardError as exc:
+            local_error = exc
+    coordinator = None
+    if is_distributed(optimizer):
+        coordinator = Coordinator(ledger, local_error)  # collective; raises on every rank alike
+    elif local_error is not None:
+        raise local_error
+    if data_loader is None and check_poisson:
+        _sampling.warn_unverified(stacklevel=2)
+
+    handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
+    handle.declared_micro_batches = declared
+    handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
+    if sampler is not None:
+        handle._epochs = _allocation.EpochCharges(sampler)
+    if witnesses:  # ---- witnesses (issue 28): the check stage of the hook
+        dataset = getattr(data_loader, "dataset", None)
+        try:
+            size = None if dataset is None else len(dataset)
+        except TypeError:
+            size = None
+        alpha, handle.witness_reserve = reserve_for(ledger)  # docs/theory.md §16.2
+        if ledger._acc.config.filter == "hybrid":
+            warnings.warn("witnesses=True with the hybrid filter: the δ reserve for the "
+                          "witnesses' false alarms is not the plan's step, so the run leaves its "
+                          "plan and the filter falls back to RDP (docs/theory.md §16.2)",
+                          AccountantWarning, stacklevel=2)
+        handle.witnesses = Witnesses(optimizer, size, false_alarm=alpha,
+                                     loader=data_loader if sampler is None else None,
+                                     allocation=sampler)
+    if recorder is not None:
+        held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
+        handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
+                                from_entry=entry is not None, stacklevel=2)
+    kind = getattr(recorder, "mechanism", lambda: None)()
+    if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid" and sampler is None:
+        # (a hybrid filter keeps pace with PRV on plan: nothing to warn about)
+        try:
+            mech = handle.next_mechanism()
+        except PrivguardError:
+            mech = None
+        if isinstance(mech, M.SubsampledGaussian):
+            warnings.warn(_rdp_warning(kind, ledger, mech, planned_steps), AccountantWarning,
+                          stacklevel=2)
+    if getattr(optimizer, "noise_multiplier", 0) == 0:
+        warnings.warn("optimizer.noise_multiplier is 0: no privacy; every step will raise "
+                      "InvalidArgumentError before it updates anything", stacklevel=2)
+    if coordinator is not None:
+        handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
+    handle.counter = _describe.counter_for(data_loader)
+    if privacy_engine is not None:
+        warnings.warn(_engine_warning(ledger, privacy_engine.accountant), AccountantWarning,
+                      stacklevel=2)
+    handle._install(privacy_engine)
+    return handle
+
+
+def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
+    """Said once, at attach with ``privacy_engine=``: engine.get_epsilon changes meaning."""
+    delta = ledger.delta
+    kind = str(getattr(wrapped, "mechanism", lambda: "?")()).upper()
+    if delta is None:
+        return ("engine.get_epsilon(delta) now reports the ledger's any-time ε (valid under "
+                f"adaptivity and early stopping), no longer Opacus' {kind} accountant's ε")
+    try:
+        theirs = f"{wrapped.get_epsilon(delta):.4g}" if len(wrapped) else "0"
+    except Exception:  # Opacus' accountant failing to answer must not stop the attach
+        theirs = "unavailable"
+    text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
+            f"({ledger.epsilon():.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
+            "now): the ledger's number stays valid under adaptive choices and early stopping, "
+            "so it is larger, and it may exceed the target while the filter's guarantee holds.")
+    meter = ledger.budget()
+    if meter is not None:
+        text += (f" Log ledger.budget() ({meter}) for how much of the target is used, and "
+                 "report ledger.guarantee().")
+    return text

@@ -1,0 +1,539 @@
+"""A ledger's accounting state and its one decision path. Pure: no I/O, no locks.
+
+:class:`Accounting` holds the configuration, the choices fixed from the plan
+before the first output (δ shares, mixture weights, the hybrid envelope), the
+filter with its state, the odometer and the journal. ``decide`` checks a
+charge without changing anything; ``apply`` commits a decision and returns
+the journal changes a store must persist; ``replay_*`` re-applies changes a
+store read back, verifying that each one is what this code would have
+admitted. Deciding, applying and replaying share one code path, so a check,
+a charge and a replay can never disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from privguard._accounting import _fastpath, _lease
+from privguard._accounting._config import Config
+from privguard._accounting._filters import DPFilter, StrictFilter
+from privguard._accounting._journal import Journal, Run
+from privguard._accounting._odometer import MIXTURE, Odometer, _checked_weights, mixture_weights
+from privguard._accounting._plan import Plan
+from privguard._curves import _conversion as conv
+from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
+from privguard._mechanisms._base import Mechanism
+
+_CACHE_LIMIT = 4096
+_BY_ID_LIMIT = 256
+
+
+class Verdict(NamedTuple):
+    """The outcome of :meth:`Accounting.decide`: nothing has changed yet.
+
+    (A named tuple: built on every charge and every replayed row.)
+    """
+
+    admitted: bool
+    mechanism: Mechanism
+    curve: np.ndarray
+    times: int
+    spent_after: np.ndarray | None  # None: the journal computes it lazily (fast path)
+    filter_state: Any
+    fix: dict[str, Any] | None  # the plan-derived choices this charge would fix
+    filter: Any  # the filter that decided (a fresh one when ``fix`` is set)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One journal change for a store: ``kind`` is "fix", "run" or "event"."""
+
+    kind: str
+    run: Run | None = None
+    extended: bool = False
+    body: dict[str, Any] | None = None
+
+
+def nonadaptive_epsilon(orders: np.ndarray, spent: np.ndarray, delta: float) -> float:
+    """The improved conversion of a spent curve (Opacus' number; valid only for a
+    sequence fixed in advance: formulas.md §1)."""
+    return conv.best(orders, conv.epsilon_per_order(orders, spent, delta))[0]
+
+
+def check_label(label: Any) -> str | None:
+    """A label is None or a string that UTF-8 can encode (every store can keep it)."""
+    if label is None or (type(label) is str and label.isascii()):  # ASCII always encodes
+        return label
+    if not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string or None")
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("label", label, "must be encodable as UTF-8 (no lone "
+                                   "surrogates), so that every store can keep it") from None
+    return label
+
+
+def is_retarget(body: Any) -> bool:
+    """Whether a journal event's body records a change of target (a retarget)."""
+    return isinstance(body, dict) and body.get("event") == "retarget"
+
+
+class Accounting:
+    """Configuration, fixed choices, filter, odometer and journal of one ledger."""
+
+    def __init__(self, config: Config, *, fix_now: bool = True) -> None:
+        self.config = config
+        self.orders = config.orders
+        self.journal = Journal(self.orders.size)
+        self.fixed: dict[str, Any] | None = None
+        self.filter: Any = None
+        self.events: list[dict[str, Any]] = []
+        # ("fix" | "event", body) with the number of runs before it, in journal order.
+        self.marks: list[tuple[int, list[Any]]] = []
+        self._odometers: dict[float, Odometer] = {}
+        self._curves: dict[Mechanism, np.ndarray] = {}
+        self._by_id: dict[int, tuple[Mechanism, np.ndarray]] = {}
+        self._plan_of_first_run = False  # set by replay_fix: check the next run's mechanism
+        if fix_now and config.plan is not None:  # declared: fixed now, before any output
+            flt = self._make_filter(config.plan)
+            self.install_fixed(self.derive_fixed(config.plan, flt), flt)
+            self.marks.append((0, ["fix", self.fixed]))
+
+    # -- curves ----------------------------------------------------------------
+    def _known_curve(self, mechanism: Any) -> np.ndarray | None:
+        """The curve of this very object if it was looked up recently, else None.
+
+        Keyed by identity, holding the object (so its id cannot be reused while
+        remembered): a replay meets the same few mechanism objects, the store's,
+        again and again, and this skips hashing their parameters. A training loop
+        that builds a new mechanism object every step fills it with objects it
+        will not see again, so it stays small (``_BY_ID_LIMIT``).
+        """
+        hit = self._by_id.get(id(mechanism))
+        return hit[1] if hit is not None and hit[0] is mechanism else None
+
+    def curve(self, mechanism: Mechanism) -> np.ndarray:
+        curve = self._known_curve(mechanism)
+        return self._lookup_curve(mechanism) if curve is None else curve
+
+    def _lookup_curve(self, mechanism: Mechanism) -> np.ndarray:
+        """The curve by value (computed once per distinct mechanism), then remembered by
+        identity."""
+        curve = self._curves.get(mechanism)
+        if curve is None:
+            curve = mechanism._rdp_checked(self.orders)
+            if len(self._curves) >= _CACHE_LIMIT:
+                self._curves.clear()
+            self._curves[mechanism] = curve
+        if len(self._by_id) >= _BY_ID_LIMIT:
+            self._by_id.clear()
+        self._by_id[id(mechanism)] = (mechanism, curve)
+        return curve
+
+    # -- choices fixed from the plan ---------------------------------------------
+    def _make_filter(self, plan: Plan | None) -> Any:
+        """The filter the configuration asks for, fixed from ``plan`` when given.
+
+        ``filter="hybrid"`` needs a plan whose step has an envelope (a
+        subsampled or plain Gaussian) and a positive T_A; otherwise — a choice
+        made from the plan alone, before any output — it is the RDP filter at
+        the full δ (docs/theory.md §2b).
+        """
+        cfg = self.config
+        if cfg.filter is None:
+            return None
+        if cfg.filter == "strict":
+            assert cfg.rdp_budget is not None
+            return StrictFilter(cfg.rdp_budget, self.orders)
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+        flt: Any = None
+        if cfg.filter == "hybrid" and plan is not None and not self.retargeted:
+            from privguard._accounting._hybrid import HybridFilter, envelope_of
+
+            envelope = envelope_of(plan.step)
+            if envelope is not None:
+                flt = HybridFilter(cfg.epsilon, cfg.delta, envelope, self.orders, cfg.shares)
+                flt = flt if flt.steps_a > 0 else None
+        if flt is None:
+            flt = DPFilter(cfg.epsilon, cfg.delta, cfg.shares, self.orders)
+        if plan is not None:
+            flt.fix(self.curve(plan.step))
+        return flt
+
+    def _filter_record(self, flt: Any) -> dict[str, Any] | None:
+        if flt is None:
+            return None
+        if flt.kind == "hybrid":
+            return {"kind": "hybrid", "config": flt.config(), "weights": flt.weights.tolist()}
+        return {"kind": flt.kind, **flt.fixed()}
+
+    def _filter_from_record(self, record: dict[str, Any]) -> Any:
+        cfg = self.config
+        kind = record.get("kind", "dp")
+        if kind == "strict" or cfg.filter == "strict":
+            assert cfg.rdp_budget is not None
+            return StrictFilter(cfg.rdp_budget, self.orders)
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+        if kind == "hybrid":
+            from privguard._accounting._hybrid import Envelope, HybridFilter
+
+            c = record["config"]
+            if (c["epsilon"], c["delta"]) != (cfg.epsilon, cfg.delta):
+                raise LedgerStateError("the recorded hybrid filter has another target")
+            flt: Any = HybridFilter(c["epsilon"], c["delta"], Envelope.from_dict(c["envelope"]),
+                                    self.orders, cfg.shares, delta_a=c["delta_a"],
+                                    steps_a=c["steps_a"], certify=False)
+            flt.load_state({"a_count": 0, "a_alive": True, "weights": record["weights"]})
+            return flt
+        assert cfg.epsilon is not None and cfg.delta is not None and cfg.shares is not None
+        flt = DPFilter(cfg.epsilon, cfg.delta, cfg.shares, self.orders)
+        flt.load_fixed(record)
+        return flt
+
+    def derive_fixed(self, plan: Plan, flt: Any = None) -> dict[str, Any]:
+        """The record of what is fixed from ``plan`` (chosen before any output)."""
+        flt = self._make_filter(plan) if flt is None else flt
+        return {"plan": plan.to_dict(), "filter": self._filter_record(flt),
+                "odometer": self._odometer_fixed(plan)}
+
+    def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:
+        """The mixture odometer's weights, from the plan and the ledger's δ (issue 15)."""
+        if self.config.delta is None or self.config.odometer != MIXTURE:
+            return None
+        return {"weights": mixture_weights(self.orders, plan, self.config.delta).tolist()}
+
+    def items(self) -> list[Any]:
+        """The held journal in order: runs, and ["fix" | "event", body] entries."""
+        out: list[Any] = []
+        marks = iter(self.marks)
+        mark = next(marks, None)
+        for run in self.journal.held_runs():
+            while mark is not None and mark[0] <= run.index:
+                out.append(mark[1])
+                mark = next(marks, None)
+            out.append(run)
+        while mark is not None:
+            out.append(mark[1])
+            mark = next(marks, None)
+        return out
+
+    def install_fixed(self, fixed: dict[str, Any], flt: Any = None) -> None:
+        record = fixed.get("odometer")  # mixture weights, read whenever ε is: checked here
+        if record is not None:
+            if not isinstance(record, dict) or set(record) != {"weights"}:
+                raise LedgerStateError(f"the fixed odometer record {record!r} is not "
+                                       '{"weights": [...]}')
+            _checked_weights(record["weights"], self.orders.size)
+        if flt is None and self.config.filter is not None:
+            flt = self._filter_from_record(fixed["filter"])
+        self.fixed, self.filter = fixed, flt
+        self._odometers.clear()
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in force: declared, or fixed from the first charge."""
+        return None if self.fixed is None else Plan.from_dict(self.fixed["plan"])
+
+    # -- the one decision path -----------------------------------------------------
+    def decide(self, mechanism: Any, label: Any, pid: int, times: int = 1) -> Verdict:
+        """Would ``times`` more charges of ``mechanism`` be admitted? Changes nothing."""
+        curve = self._known_curve(mechanism)  # known: a mechanism checked before
+        if curve is None:
+            if not isinstance(mechanism, Mechanism):
+                raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+            curve = self._lookup_curve(mechanism)
+        check_label(label)
+        if self.fixed is not None and self.fast:
+            verdict = self._decide_repeated(mechanism, curve, times)
+            if verdict is not None:
+                return verdict
+        spent_after = self.journal.spent_after(mechanism, curve, times)
+        fix, flt = None, self.filter
+        if self.fixed is None:  # the first charge fixes the plan-derived choices
+            plan = self.config.plan or Plan(mechanism)
+            flt = self._make_filter(plan)
+            fix = self.derive_fixed(plan, flt)
+        if flt is None:
+            return Verdict(True, mechanism, curve, times, spent_after, None, fix, flt)
+        admitted, state = flt.decide(spent_after, mechanism, times)
+        return Verdict(bool(admitted), mechanism, curve, times, spent_after, state, fix, flt)
+
+    fast = True  # the repeated-charge fast path (tests compare against False)
+
+    def _decide_repeated(self, mechanism: Mechanism, curve: np.ndarray, times: int
+                         ) -> Verdict | None:
+        """:meth:`decide` in O(1) for another charge of the journal's current streak, when
+        the filter's answer is known to be "admitted" (privguard/_accounting/_fastpath.py); None
+        otherwise (the ordinary path then decides, refusals included).
+
+        The verdict carries no spent curve: the journal materialises it lazily, as
+        ``base + n × curve``, the floats the ordinary path computes.
+        """
+        journal = self.journal
+        streak = journal._streak
+        if streak is None or not (mechanism is streak or mechanism == streak):
+            return None
+        flt = self.filter
+        if flt is None:
+            return Verdict(True, mechanism, curve, times, None, None, None, None)
+        n = journal._streak_count + times
+        lim = self._limit
+        if lim is None or not lim.holds(journal, flt, self.config) or (
+                not lim.exact and journal._streak_count >= lim.limit):  # a capped search, used up
+            # from the next count on, so the limit is the boundary whatever ``times`` is
+            lim = self._limit = _fastpath.search(journal, flt, self.config,
+                                                 journal._streak_count + 1)
+            if lim is None:
+                return None
+        b_ok = n <= lim.limit
+        if isinstance(flt, (DPFilter, StrictFilter)):
+            return Verdict(True, mechanism, curve, times, None, None, None, flt) if b_ok else None
+        if b_ok or flt.a_admits(mechanism, times):
+            admitted, state = flt.decide_with(b_ok, mechanism, times)
+            if admitted:
+                return Verdict(True, mechanism, curve, times, None, state, None, flt)
+        return None
+
+    _limit: _fastpath.Limit | None = None
+
+    def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
+        """Commit an admitted verdict; returns the journal changes to persist."""
+        assert verdict.admitted
+        changes = []
+        if verdict.fix is not None:
+            self.install_fixed(verdict.fix, verdict.filter)
+            self.marks.append((self.journal.run_count, ["fix", verdict.fix]))
+            changes.append(Change("fix", body=verdict.fix))
+        if self.filter is not None:
+            self.filter.apply(verdict.filter_state)
+        run, extended = self.journal.append(verdict.mechanism, label, pid, verdict.curve, t,
+                                            verdict.times, spent_after=verdict.spent_after)
+        changes.append(Change("run", run=run, extended=extended))
+        return changes
+
+    # -- replay -----------------------------------------------------------------------
+    def replay_fix(self, fixed: dict[str, Any]) -> None:
+        if self.fixed is not None:
+            if self.fixed != fixed:
+                raise LedgerStateError("the journal fixes the plan twice, differently")
+            return
+        try:
+            plan = Plan.from_dict(fixed["plan"])
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
+        # The plan is the declared one, else the first charge's mechanism (decide()); a plan
+        # chosen after the charges, with weights derived from it, would lower ε (issue 24).
+        declared = self.config.plan
+        if declared is not None and plan != declared:
+            raise LedgerStateError("the journal's fixed plan is not the ledger's declared plan")
+        try:
+            self.install_fixed(fixed)
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"the journal's fixed plan is unreadable ({exc})") from exc
+        self._plan_of_first_run = declared is None
+        self.marks.append((self.journal.run_count, ["fix", fixed]))
+
+    def replay_run(self, run: Run, where: str) -> None:
+        """Re-admit a run read back from a store (new, or the current one extended)."""
+        journal = self.journal
+        cur = journal.current_fields()
+        if cur is not None and run.index == cur[0]:
+            if ((run.mechanism, run.label, run.pid) != (cur[4], cur[3], cur[7])
+                    or run.start != cur[1] or run.first_time != cur[5] or run.count < cur[2]):
+                raise LedgerStateError(f"{where}: the current run changed behind this ledger")
+            more = run.count - cur[2]
+            if more:
+                verdict = self._readmit(run, more, where)
+                journal.extend_current(run.count, run.last_time, verdict.curve,
+                                       verdict.spent_after)
+            return
+        if run.index != journal.run_count or run.start != journal.charges \
+                or run.count < 1 or run.last_time < run.first_time:
+            raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
+        if self._plan_of_first_run:  # the first charge after a fix without a declared plan
+            self._plan_of_first_run = False
+            if self.fixed is not None and Plan(run.mechanism) != self.plan:
+                raise LedgerStateError(f"{where}: the journal's fixed plan is not Plan(the "
+                                       "first charge's mechanism), the one privguard fixes")
+        verdict = self._readmit(run, run.count, where)
+        journal.start_run(run, verdict.curve, verdict.spent_after)
+
+    def _readmit(self, run: Run, times: int, where: str) -> Verdict:
+        if self.fixed is None:
+            raise LedgerStateError(f"{where}: a charge precedes the fixing of the plan")
+        try:
+            verdict = self.decide(run.mechanism, run.label, run.pid, times)
+        except PrivguardError as exc:
+            raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
+        if not verdict.admitted:
+            raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
+                                   "would be refused by the recorded budget")
+        if self.filter is not None:
+            self.filter.apply(verdict.filter_state)
+        return verdict
+
+    def replay_event(self, body: dict[str, Any], where: str = "an event") -> None:
+        """An explicit, logged event; a retarget (:func:`is_retarget`) brings its new
+        configuration, which this accounting adopts.
+
+        A retarget goes from the configuration in force (its "old") to another one
+        (its "new"): privguard never logs one that changes nothing, so such a record is
+        forged (a retarget relaxes a hybrid filter into the RDP filter) and fails closed.
+        """
+        config = None
+        if is_retarget(body):
+            from privguard._accounting import _config
+
+            try:
+                old, config = _config.from_dict(body["old"]), _config.from_dict(body["new"])
+            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerStateError(f"{where}: an unreadable retarget ({exc})") from None
+            if old != self.config:
+                raise LedgerStateError(f"{where}: a retarget from a configuration not in force")
+            if config == self.config:
+                raise LedgerStateError(f"{where}: a retarget that changes nothing (privguard "
+                                       "never logs one)")
+        elif "retargets" in body:
+            self._check_migrated_retargets(body, where)
+        elif body.get("event") == _lease.UNUSED:
+            _lease.check_unused_event(body, self.journal.charges, where)
+        self.events.append(body)
+        self.marks.append((self.journal.run_count, ["event", body]))
+        self.journal.close_current()  # the journal's rows: an event ends the current run
+        if config is not None:
+            self.retarget(config)
+
+    def _check_migrated_retargets(self, body: dict[str, Any], where: str) -> None:
+        """A 0.1 file's retargets, listed in the migrate event ``privguard upgrade`` writes
+        as a journal's first entry: they name the δ the ledger was created with, which
+        ``guarantee()`` states after a retarget (docs/theory.md §4). Anywhere else, or
+        not a chain of configurations ending in this one, such a list is forged: appended
+        to a checkpoint it moved guarantee() to a δ of the forger's choosing (adv24)."""
+        if self.marks or self.journal.charges or body.get("event") != "migrate":
+            raise LedgerStateError(f"{where}: a list of retargets outside the migrate event "
+                                   "that opens an upgraded journal (privguard writes none)")
+        from privguard._accounting import _config
+
+        chain = body["retargets"]
+        try:
+            if not isinstance(chain, list) or not all(
+                    isinstance(e, dict) and is_retarget(e) for e in chain):
+                raise TypeError("not a list of retarget events")
+            configs = [(_config.from_dict(e["old"]), _config.from_dict(e["new"])) for e in chain]
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"{where}: unreadable migrated retargets ({exc})") from None
+        # each retarget's new configuration is the next one's old, the last one's is this
+        targets = [old for old, _ in configs[1:]] + [self.config]
+        if any(new != target for (_, new), target in zip(configs, targets)):
+            raise LedgerStateError(f"{where}: the migrated retargets do not chain to this "
+                                   "ledger's configuration")
+
+    def retarget(self, config: Config) -> None:
+        """Adopt a new target (an explicit, logged decision). The fixed plan stays."""
+        self.config = config
+        if self.fixed is not None:
+            plan = Plan.from_dict(self.fixed["plan"])
+            flt = self._make_filter(plan)  # a retargeted hybrid is the RDP filter (fresh A: no)
+            self.fixed = {**self.fixed, "filter": self._filter_record(flt)}
+            self.filter = flt
+        self._odometers.clear()
+
+    @property
+    def retargeted(self) -> bool:
+        """Whether the target was changed after charges were made (then not fixed in advance)."""
+        return any(is_retarget(e) or e.get("retargets") for e in self.events)
+
+    # -- queries ------------------------------------------------------------------------
+    def spent(self) -> np.ndarray:
+        return self.journal.spent()
+
+    def odometer(self, delta: float) -> Odometer:
+        """The odometer to read at ``delta``.
+
+        The mixture's weights are the ones fixed with the plan. A ledger
+        without δ fixed none; it derives them at the queried δ from the plan
+        recorded at the first charge — a function of that plan alone, hence
+        also fixed before any output.
+        """
+        odo = self._odometers.get(delta)
+        if odo is None:
+            weights = None
+            if self.config.odometer == MIXTURE and self.fixed is not None:
+                record = self.fixed.get("odometer")
+                weights = (record["weights"] if record is not None else
+                           mixture_weights(self.orders, Plan.from_dict(self.fixed["plan"]), delta))
+            odo = Odometer(self.orders, self.config.odometer, weights=weights)
+            self._odometers[delta] = odo
+        return odo
+
+    def epsilon(self, delta: float) -> float:
+        """The odometer's running ε at ``delta`` (0.0 before any charge)."""
+        if self.journal.charges == 0:
+            return 0.0
+        return self.odometer(delta).epsilon(self.spent(), delta)
+
+    def nonadaptive_epsilon(self, delta: float) -> float:
+        return nonadaptive_epsilon(self.orders, self.spent(), delta)
+
+    def repeats(self, mechanism: Mechanism, label: str | None, pid: int) -> float:
+        """Largest k such that k more charges of ``mechanism`` would each be admitted."""
+        if self.config.filter is None:
+            return math.inf
+
+        def fits(k: int) -> bool:
+            return self.decide(mechanism, label, pid, times=k).admitted
+
+        if not fits(1):
+            return 0
+        lo, hi = 1, 2
+        while fits(hi):
+            lo, hi = hi, hi * 2
+            if hi > 2**62:
+                return math.inf
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def headroom(self, mechanism: Mechanism | None) -> np.ndarray | None:
+        flt = self.filter
+        if flt is None and self.config.filter is not None and mechanism is not None:
+            flt = self._make_filter(self.config.plan or Plan(mechanism))
+        if flt is None:
+            return None
+        if isinstance(flt, StrictFilter):
+            return flt.headroom(self.spent(), None)
+        if isinstance(flt, DPFilter):
+            return flt.headroom(self.spent(), flt.resolve_weights(None))
+        return flt.headroom(self.spent())
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "fixed": self.fixed,
+                "journal": self.journal.snapshot(),
+                "filter_state": None if self.filter is None else self.filter.state(),
+                "events": list(self.events)}
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> Accounting:
+        from privguard._accounting import _config
+
+        try:
+            acc = cls(_config.from_dict(snap["config"]), fix_now=False)
+            if snap["fixed"] is not None:
+                acc.install_fixed(snap["fixed"])
+            acc.journal = Journal.from_snapshot(acc.orders.size, snap["journal"], acc.curve)
+            if acc.filter is not None:
+                acc.filter.load_state(snap["filter_state"] or {})
+            acc.events = list(snap["events"])
+        except LedgerStateError:
+            raise
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,
+                OverflowError) as exc:
+            raise LedgerStateError(f"checkpoint unreadable ({exc})") from exc
+        return acc

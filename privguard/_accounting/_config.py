@@ -1,0 +1,220 @@
+"""A ledger's configuration: what is fixed when the ledger is created.
+
+The grid of orders, δ, the budget (an (ε, δ) filter of some kind, or a
+strict per-order RDP budget), the odometer's mode and the declared plan.
+It is validated once, compared for equality when a file is reopened,
+serialised into the journal's genesis, and covered by its digests.
+Choices derived from the plan later (δ shares, mixture weights, the hybrid
+filter's envelope) are not configuration: the journal records them as a
+``fix`` entry before the first charge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._accounting._odometer import MIXTURE, NEW_MODES
+from privguard._accounting._odometer import MODES as ODOMETER_MODES
+from privguard._accounting._plan import Plan, as_plan
+from privguard._accounting._shares import Concentrated, DeltaShares, shares_from_dict
+from privguard._curves._orders import DEFAULT_ORDERS
+from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict
+
+FILTERS = ("rdp", "hybrid")
+#: The odometer of new ledgers (docs/theory.md §3).
+DEFAULT_ODOMETER = MIXTURE
+#: Modes a new ledger may choose; "tight" is retired (files written with it still open).
+NEW_ODOMETER_MODES = NEW_MODES
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Config:
+    """A validated ledger configuration (internal; build with :func:`build`)."""
+
+    orders: np.ndarray
+    delta: float | None
+    epsilon: float | None
+    filter: str | None  # "rdp", "hybrid", "strict" or None
+    shares: DeltaShares | None
+    rdp_budget: np.ndarray | None
+    odometer: str
+    plan: Plan | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 2,
+            "orders": self.orders.tolist(),
+            "delta": self.delta,
+            "epsilon": self.epsilon,
+            "filter": self.filter,
+            "shares": None if self.shares is None else self.shares.to_dict(),
+            "rdp_budget": None if self.rdp_budget is None else self.rdp_budget.tolist(),
+            "odometer": self.odometer,
+            "plan": None if self.plan is None else self.plan.to_dict(),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def differences(self, other: Config) -> list[str]:
+        mine, theirs = self.to_dict(), other.to_dict()
+        return sorted(k for k in mine if mine[k] != theirs.get(k))
+
+    def mismatch(self, other: Config, mine: str = "stored", theirs: str = "requested") -> str:
+        """Only the fields that differ, each with both values, abbreviated (one line).
+
+        Example:
+            >>> build(3.0, 1e-5).mismatch(build(4.0, 1e-5))
+            'epsilon: stored 3, requested 4'
+        """
+        a, b = self.to_dict(), other.to_dict()
+        return "; ".join(f"{k}: {mine} {_brief(a[k])}, {theirs} {_brief(b.get(k))}"
+                         for k in self.differences(other))
+
+    def describe(self) -> str:
+        if self.filter == "strict":
+            return "strict per-order RDP filter"
+        if self.filter is not None:
+            kind = "hybrid (PLD envelope + RDP) " if self.filter == "hybrid" else ""
+            return f"(ε={self.epsilon:g}, δ={self.delta:g}) {kind}filter"
+        return "no budget (report only)"
+
+
+#: The fields a logged retarget may change; the others (grid, odometer) never change.
+RETARGETABLE = frozenset({"epsilon", "delta", "filter", "shares", "plan"})
+
+
+def retarget_remedy(differs: list[str], opener: str, owner: bool = False) -> str:
+    """What to do about a stored configuration that differs from the requested one."""
+    keep = f"Open it with {opener} to use the stored configuration"
+    if set(differs) - RETARGETABLE:
+        return keep + "; the grid and odometer of a ledger can never change."
+    return (keep + f", or change it with {'an owner' + chr(39) + 's ' if owner else 'an '}"
+            "explicit, logged Ledger(..., path=..., retarget='reason').")
+
+
+def _brief(value: Any) -> str:
+    """A configuration value in a few characters: a grid or budget as its size and ends."""
+    from privguard._accounting._results import describe
+
+    if isinstance(value, list) and len(value) > 4 and all(isinstance(v, float) for v in value):
+        return f"{len(value)} values {value[0]:g}…{value[-1]:g}"
+    if isinstance(value, dict) and set(value) == {"step", "steps", "every"}:
+        return (f"Plan({describe(value['step'])}, steps={value['steps']}, "
+                f"every={value['every']})")
+    text = describe(value) if value is not None else "None"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
+          shares: Any = None, plan: Any = None, rdp_budget: Any = None,
+          odometer: Any = None, filter: Any = None) -> Config:
+    """Validate the arguments of ``Ledger(...)`` into a :class:`Config`."""
+    grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
+    mode = DEFAULT_ODOMETER if odometer is None else odometer
+    if mode not in NEW_ODOMETER_MODES:
+        hint = ("is retired: the mixture odometer reports less and is never above it; files "
+                "and states written with it still open" if mode == "tight" else "")
+        raise InvalidArgumentError("odometer", odometer, hint or f"must be one of "
+                                   f"{NEW_ODOMETER_MODES}")
+    d = None if delta is None else check.delta("delta", delta)
+    the_plan = as_plan(plan)
+    if shares is not None and not isinstance(shares, DeltaShares):
+        raise InvalidArgumentError("shares", shares,
+                                   "must be Uniform(), Concentrated(...) or Explicit(...)")
+    if filter is not None and filter not in FILTERS:
+        raise InvalidArgumentError("filter", filter, f"must be one of {FILTERS}")
+    if filter == "hybrid" and the_plan is not None and getattr(
+            the_plan.step, "micro_batches", 1) != 1:  # docs/theory.md §14, Not claimed
+        raise InvalidArgumentError(
+            "filter", filter, "has a PLD envelope for SubsampledGaussian steps only, not for "
+            f"the plan's accumulated step {the_plan.step!r}; use filter='rdp' (its RDP curve "
+            "is a proven bound)")
+    if epsilon is not None and rdp_budget is not None:
+        raise InvalidArgumentError("rdp_budget", rdp_budget,
+                                   "give either (epsilon, delta) or rdp_budget, not both")
+    if epsilon is not None:
+        eps = check.positive_finite("epsilon", epsilon)
+        if d is None:
+            raise InvalidArgumentError("delta", delta, "an (ε, δ) budget needs delta in (0, 1)")
+        if shares is not None and not shares.needs_plan:
+            shares.weights(grid, eps, d, None)  # shares fixed in advance: checked now
+        return Config(grid, d, eps, filter or "rdp", shares or Concentrated(), None, mode,
+                      the_plan)
+    if filter is not None:
+        raise InvalidArgumentError("filter", filter, "needs an (epsilon, delta) budget")
+    if shares is not None:
+        raise InvalidArgumentError("shares", shares, "only applies to an (epsilon, delta) budget")
+    budget = None
+    if rdp_budget is not None:
+        if isinstance(rdp_budget, Mechanism):
+            budget = rdp_budget._rdp_checked(grid)
+        else:
+            budget = check.rdp_values("rdp_budget", rdp_budget, grid.size)
+    return Config(grid, d, None, None if budget is None else "strict", None, budget, mode,
+                  the_plan)
+
+
+def from_dict(data: Any) -> Config:
+    """Inverse of :meth:`Config.to_dict`; also reads privguard 0.1's format.
+
+    Raises:
+        LedgerStateError: the configuration is malformed or invalid.
+    """
+    try:
+        if not isinstance(data, dict):
+            raise LedgerStateError(f"configuration must be a dict, got {data!r}")
+        if data.get("version") == 2:
+            return _from_v2(data)
+        if "version" not in data and set(data) == {"orders", "delta", "odometer", "filter", "plan"}:
+            return _from_v1(data)
+        raise LedgerStateError(f"unknown configuration format: {sorted(data)}")
+    except (InvalidArgumentError, KeyError, TypeError, ValueError) as exc:
+        raise LedgerStateError(f"stored configuration is invalid: {exc}") from exc
+
+
+def _common(data: dict[str, Any]) -> tuple[np.ndarray, float | None, str]:
+    grid = check.orders("orders", data["orders"])
+    delta = None if data["delta"] is None else check.delta("delta", data["delta"])
+    if data["odometer"] not in ODOMETER_MODES:
+        raise LedgerStateError(f"unknown odometer mode {data['odometer']!r}")
+    return grid, delta, data["odometer"]
+
+
+def _from_v2(data: dict[str, Any]) -> Config:
+    grid, delta, mode = _common(data)
+    kind = data["filter"]
+    if kind not in (*FILTERS, "strict", None):
+        raise LedgerStateError(f"unknown filter kind {kind!r}")
+    eps = None if data["epsilon"] is None else check.positive_finite("epsilon", data["epsilon"])
+    shares = None if data["shares"] is None else shares_from_dict(data["shares"])
+    budget = (None if data["rdp_budget"] is None
+              else check.rdp_values("rdp_budget", data["rdp_budget"], grid.size))
+    plan = None if data["plan"] is None else Plan.from_dict(data["plan"])
+    if (kind in FILTERS) != (eps is not None and delta is not None and shares is not None) \
+            or (kind == "strict") != (budget is not None):
+        raise LedgerStateError(f"inconsistent budget configuration {data!r}")
+    return Config(grid, delta, eps, kind, shares, budget, mode, plan)
+
+
+def _from_v1(data: dict[str, Any]) -> Config:
+    """privguard 0.1: ``filter`` was a dict or None, ``plan`` a bare mechanism."""
+    grid, delta, mode = _common(data)
+    plan = None if data["plan"] is None else Plan(mechanism_from_dict(data["plan"]))
+    budget = data["filter"]
+    if budget is None:
+        return Config(grid, delta, None, None, None, None, mode, plan)
+    if budget.get("kind") == "dp" and budget.get("delta") == delta:
+        return Config(grid, delta, check.positive_finite("epsilon", budget["epsilon"]), "rdp",
+                      shares_from_dict(budget["shares"]), None, mode, plan)
+    if budget.get("kind") == "strict":
+        return Config(grid, delta, None, "strict", None,
+                      check.rdp_values("rdp_budget", budget["budget"], grid.size), mode, plan)
+    raise LedgerStateError(f"unknown budget configuration {budget!r}")

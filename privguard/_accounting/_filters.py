@@ -1,0 +1,168 @@
+"""Privacy filters: admit or refuse a charge before anything is released.
+
+Pure accounting rules with no I/O. Every filter has the same small protocol,
+which the ledger drives in the one code path that both checks and applies
+(so ``can_afford`` and ``charge`` cannot disagree):
+
+* ``fix(plan_curve)`` fixes, once and before any output, what the filter
+  derives from the plan (e.g. δ shares); ``fixed()`` / ``load_fixed(d)``
+  serialise that choice, which the journal records;
+* ``decide(spent_after, mechanism, times) -> (admitted, state)`` is pure;
+* ``apply(state)`` commits the state a decision returned (a filter whose
+  only state is the spent curve returns None);
+* ``state()`` / ``load_state(d)`` for checkpoints; ``config()`` for the
+  ledger's configuration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._accounting._shares import DeltaShares
+from privguard._curves import _conversion as conv
+from privguard._errors import LedgerStateError
+
+
+class DPFilter:
+    """An (ε, δ)-DP filter over the whole grid (formulas.md §2, docs/theory.md §2).
+
+    Each order α gets a share w_α of δ (Σ w_α ≤ 1), fixed before any output
+    is seen. A charge is admitted while at least one order α keeps the
+    improved conversion of its spent RDP, at δ_α = w_α·δ, within ε:
+
+        ∃α: spent(α) + new(α) − (log δ_α + log α)/(α−1) + log((α−1)/α) ≤ ε.
+
+    On the views where α survives, the interaction is the single-order filter
+    of seed 001 Theorem 1 at budget b(α), hence (ε, δ_α)-DP; partitioning the
+    views by a surviving order gives (ε, Σ δ_α)-DP. The comparison is made in
+    ε space with Opacus' own expression, so with all of δ on one order the
+    filter admits exactly the steps Opacus' accountant would.
+    """
+
+    kind = "dp"
+
+    def __init__(self, epsilon: float, delta: float, shares: DeltaShares,
+                 orders: np.ndarray, weights: np.ndarray | None = None) -> None:
+        self.epsilon = check.positive_finite("epsilon", epsilon)
+        self.delta = check.delta("delta", delta, minimum=0.0)  # a ledger's, or its δ_B
+        self.shares = shares
+        self.orders = orders
+        self.weights = weights  # fixed at the first admitted charge
+        self._terms_for: np.ndarray | None = None
+
+    def resolve_weights(self, plan: np.ndarray | None) -> np.ndarray:
+        """The weights in force, or the ones ``plan`` would fix (fixes nothing)."""
+        if self.weights is not None:
+            return self.weights
+        w = np.asarray(self.shares.weights(self.orders, self.epsilon, self.delta, plan), dtype=float)
+        return _valid_weights(w, self.orders, f"delta shares {self.shares}")
+
+    # -- the filter protocol --------------------------------------------------
+    def fix(self, plan_curve: np.ndarray | None) -> None:
+        """Fix the δ shares from the planned step's curve (once; later calls keep them)."""
+        self.weights = self.resolve_weights(plan_curve)
+
+    def fixed(self) -> dict[str, Any]:
+        return {"weights": None if self.weights is None else self.weights.tolist()}
+
+    def load_fixed(self, data: dict[str, Any]) -> None:
+        self.weights = _valid_weights(np.array(data["weights"], dtype=float), self.orders,
+                                      "recorded delta shares")
+
+    def decide(self, spent_after: np.ndarray, mechanism: Any, times: int) -> tuple[bool, None]:
+        return self.admits(spent_after, self.resolve_weights(None)), None
+
+    def apply(self, state: None) -> None:
+        pass
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        if weights is not self._terms_for:  # cached once the weights are fixed
+            self._terms = conv.improved_terms(self.orders, weights * self.delta)
+            self._terms_for = weights
+        a, b = self._terms
+        # a is finite or -inf (zero share), so no inf - inf can arise here.
+        return bool(((spent_after - a) + b <= self.epsilon).any())
+
+    def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """Per-order RDP budget left (negative where an order is exhausted)."""
+        return conv.rdp_budget_per_order(self.orders, self.epsilon, weights * self.delta) - spent
+
+    def describe(self) -> str:
+        return f"(ε={self.epsilon:g}, δ={self.delta:g}) filter"
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "epsilon": self.epsilon, "delta": self.delta,
+                "shares": self.shares.to_dict()}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+def _valid_weights(w: np.ndarray, orders: np.ndarray, what: str) -> np.ndarray:
+    if w.shape != orders.shape or not np.all(np.isfinite(w)) or np.any(w < 0) \
+            or w.sum() > 1 + 1e-12:
+        raise LedgerStateError(f"{what} gave invalid weights {w}")
+    w = np.array(w, dtype=float)
+    w.setflags(write=False)
+    return w
+
+
+class StrictFilter:
+    """An RDP filter that refuses if ANY order would exceed its budget.
+
+    By seed 001 Theorem 1 applied at each order (the proof only needs every
+    admitted sequence to stay within budget at that order, with refusals
+    decided from past outputs), the interaction is (α, budget(α))-RDP at
+    every order of the grid simultaneously. This is what a tuning theorem
+    assuming a uniform per-candidate curve needs.
+    """
+
+    kind = "strict"
+
+    def __init__(self, budget: np.ndarray, orders: np.ndarray) -> None:
+        self.budget = check.rdp_values("rdp_budget", budget, orders.size)
+        self.orders = orders
+        self.weights = None
+
+    def resolve_weights(self, plan: np.ndarray | None) -> None:
+        return None
+
+    def admits(self, spent_after: np.ndarray, weights: Any) -> bool:
+        return bool((spent_after <= self.budget).all())
+
+    def headroom(self, spent: np.ndarray, weights: Any) -> np.ndarray:
+        return self.budget - spent
+
+    # -- the filter protocol (nothing to fix, no state) -----------------------
+    def fix(self, plan_curve: np.ndarray | None) -> None:
+        pass
+
+    def fixed(self) -> dict[str, Any]:
+        return {}
+
+    def load_fixed(self, data: dict[str, Any]) -> None:
+        pass
+
+    def decide(self, spent_after: np.ndarray, mechanism: Any, times: int) -> tuple[bool, None]:
+        return self.admits(spent_after, None), None
+
+    def apply(self, state: None) -> None:
+        pass
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "strict per-order RDP filter"
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "budget": self.budget.tolist()}
+
+    def state(self) -> dict[str, Any]:
+        return {}

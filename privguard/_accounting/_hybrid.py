@@ -1,0 +1,610 @@
+"""The hybrid filter: a PLD-accounted envelope (part A) with an RDP fallback (part B).
+
+Issue 16, proof in docs/theory.md §2b. Pure accounting code: no I/O, no ledger.
+
+* **Part A** counts the steps that lie inside the *envelope* (sample rate
+  ≤ q₀, noise multiplier ≥ σ₀; the plan's step). It admits while the count
+  stays within T_A, the largest T for which T envelope steps are
+  (ε, δ_A)-DP by dp-accounting's pessimistic PLD (both neighbouring
+  directions). Every inside step is dominated by the envelope step
+  (docs/theory.md §2b, Lemma 1), so by the adaptive composition of
+  dominating pairs (Zhu, Dong & Wang 2022, Thm 10) A alone is (ε, δ_A)-DP.
+* **Part B** is the RDP filter of docs/theory.md §2 (seed 001 Thm 1 with δ
+  shares) at δ_B = δ − δ_A, charged for EVERY admitted step (C2).
+* A charge is admitted iff A or B admits it. A charge admitted without A
+  (outside the envelope, or past T_A) kills A for good (C1).
+
+Then on every view either every admitted step was A-admissible or every one
+was B-admissible, and the interaction is (ε, δ_A + δ_B)-DP (theory §2b).
+
+Sources: PLD accounting by FFT (Koskela, Jälkö & Honkela 2020; Koskela et
+al. 2021) as implemented by dp-accounting with pessimistic connect-the-dots
+discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022);
+dominating pairs and their adaptive composition (Zhu, Dong & Wang 2022);
+f-DP / Gaussian DP closed forms used by the tests (Dong, Roth & Su 2022);
+part B's filter (Lécuyer 2021, Thm 1; docs/theory.md §2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._accounting._filters import DPFilter
+from privguard._accounting._shares import DeltaShares, shares_from_dict
+from privguard._curves import _conversion as conv
+from privguard._curves._orders import DEFAULT_ORDERS
+from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._mechanisms._base import Mechanism
+from privguard.mechanisms import Gaussian, SubsampledGaussian
+
+#: Part A's default share of δ. A run on plan then admits at least what Opacus'
+#: PRV accountant calibrated it for, also for short runs with little noise
+#: (0.9 admits only 60 of 64 PRV-calibrated steps at q = 256/60000, ε = 3); the
+#: price is a fallback at δ_B = 0.01·δ for a run that leaves its envelope
+#: (docs/theory.md §2b, "Choosing δ_A").
+DEFAULT_SHARE_A = 0.99
+
+#: PLD loss discretisation interval (dp-accounting's default). Pessimistic
+#: connect-the-dots rounding makes δ larger, never smaller, so this only trades
+#: tightness for speed (Doroshenko et al. 2022, Algorithm 1).
+DISCRETISATION = 1e-4
+#: Largest number of grid points of the one-step PLD; a coarser interval is used
+#: beyond it (again only on the safe side).
+MAX_PLD_POINTS = 2_000_000
+#: Mass the FFT self-composition may truncate from the tails (dp-accounting's
+#: default); dp-accounting adds it to the infinite-loss mass, i.e. to δ.
+TAIL_MASS = 1e-15
+#: Relative safety margin: T_A steps must satisfy δ_PLD + round-off ≤ δ_A·(1 − MARGIN).
+MARGIN = 1e-3
+#: Round-off allowance: this many times the total negative mass of the composed
+#: PMFs (the FFT's sign-symmetric round-off noise made visible) is added to δ.
+ROUNDOFF_FACTOR = 10.0
+#: T_A is capped here (a certified count, just not searched beyond).
+MAX_STEPS = 10**7
+
+
+@dataclasses.dataclass(frozen=True)
+class Envelope:
+    """The envelope of part A: steps with σ ≥ ``noise_multiplier`` and q ≤ ``sample_rate``.
+
+    Every Poisson-subsampled Gaussian step inside it (sensitivity ≤ 1 relative
+    to the step's clip norm) is dominated, in both neighbouring directions, by
+    the envelope step itself (docs/theory.md §2b, Lemma 1).
+
+    Example:
+        >>> Envelope(noise_multiplier=1.0, sample_rate=0.01)
+        Envelope(noise_multiplier=1.0, sample_rate=0.01)
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier",
+                           check.positive_finite("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "sample_rate", check.sample_rate("sample_rate", self.sample_rate))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Envelope:
+        if not isinstance(data, dict) or set(data) != {"noise_multiplier", "sample_rate"}:
+            raise InvalidArgumentError("envelope", data,
+                                       "must be a dict with keys noise_multiplier, sample_rate")
+        return cls(data["noise_multiplier"], data["sample_rate"])
+
+
+def envelope_of(step: Any) -> Envelope | None:
+    """The envelope a plan's step declares, or None if it declares none.
+
+    ``SubsampledGaussian(σ, q, steps=k)`` gives (σ, q) (the envelope is per
+    step, whatever k); ``Gaussian(σ)`` gives (σ, 1.0); any other mechanism None.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> envelope_of(M.SubsampledGaussian(1.1, 0.004))
+        Envelope(noise_multiplier=1.1, sample_rate=0.004)
+        >>> envelope_of(M.Gaussian(2.0)), envelope_of(M.Laplace(1.0))
+        (Envelope(noise_multiplier=2.0, sample_rate=1.0), None)
+    """
+    if not isinstance(step, Mechanism):
+        raise InvalidArgumentError("step", step, "must be a privguard mechanism")
+    if type(step) is SubsampledGaussian:
+        return Envelope(step.noise_multiplier, step.sample_rate)
+    if type(step) is Gaussian:
+        return Envelope(step.noise_multiplier, 1.0)
+    return None
+
+
+def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
+    """How many envelope steps a charge of ``mechanism`` amounts to, or None if outside.
+
+    ``SubsampledGaussian(σ, q, k)`` with σ ≥ σ₀ and q ≤ q₀ is k steps, each
+    dominated by the envelope step (docs/theory.md §2b, Lemma 1: subsampling
+    less and adding more noise are post-processings). ``Gaussian(σ)`` with
+    σ ≥ σ₀ is one step when q₀ = 1 (it is the q = 1 subsampled Gaussian).
+    Anything else — a smaller σ, a larger q, another mechanism — is outside.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> env = Envelope(1.0, 0.01)
+        >>> envelope_steps_in(M.SubsampledGaussian(1.2, 0.005, steps=3), env)
+        3
+        >>> envelope_steps_in(M.SubsampledGaussian(0.9, 0.01), env) is None
+        True
+    """
+    if not isinstance(mechanism, Mechanism):
+        raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
+    if not isinstance(envelope, Envelope):
+        raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
+    if type(mechanism) is SubsampledGaussian:
+        if (mechanism.noise_multiplier >= envelope.noise_multiplier
+                and mechanism.sample_rate <= envelope.sample_rate):
+            return mechanism.steps
+        return None
+    if type(mechanism) is Gaussian:
+        if envelope.sample_rate == 1.0 and mechanism.noise_multiplier >= envelope.noise_multiplier:
+            return 1
+        return None
+    return None
+
+
+# ------------------------------------------------------------ PLD accounting
+def _pld_module():
+    # dp-accounting is a runtime dependency, imported on first use only.
+    from dp_accounting.pld import privacy_loss_distribution
+
+    return privacy_loss_distribution
+
+
+def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
+    """Exact δ(ε) of ONE envelope step, max over remove and add (no discretisation).
+
+    dp-accounting's closed-form hockey-stick of the subsampled Gaussian pair:
+    remove = ((1−q)N(0,σ²) + qN(1,σ²), N(0,σ²)), add = the swap
+    (docs/theory.md §2b, Lemma 1; dp-accounting's GaussianPrivacyLoss).
+    """
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    deltas = []
+    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+        loss = plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
+                                       sampling_prob=envelope.sample_rate,
+                                       adjacency_type=adjacency)
+        deltas.append(float(loss.get_delta_for_epsilon(epsilon)))
+    return max(deltas)
+
+
+@functools.lru_cache(maxsize=64)
+def _one_step_pld(envelope: Envelope):
+    """dp-accounting's pessimistic PLD of one envelope step (both directions).
+
+    Connect-the-dots discretisation (Doroshenko, Ghazi, Kamath, Kumar &
+    Manurangsi 2022, Algorithm 1): the discrete pair dominates the true pair
+    at every ε; the noise-tail mass beyond e^−50 is put at infinite loss.
+    """
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    interval = DISCRETISATION
+    loss = plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
+                                   sampling_prob=envelope.sample_rate,
+                                   adjacency_type=plm.AdjacencyType.REMOVE)
+    bounds = loss.connect_dots_bounds()
+    width = bounds.epsilon_upper - bounds.epsilon_lower
+    if width / interval > MAX_PLD_POINTS:  # coarser grid: still pessimistic
+        interval = width / MAX_PLD_POINTS
+    pld_lib = _pld_module()
+    pld = pld_lib.from_gaussian_mechanism(
+        envelope.noise_multiplier, sensitivity=1.0, pessimistic_estimate=True,
+        value_discretization_interval=interval, sampling_prob=envelope.sample_rate,
+        use_connect_dots=True)
+    # Dense PMFs: dp-accounting's sparse self_compose evaluates size**T as a
+    # Python integer first (seconds for T ~ 10⁶); the dense one is an FFT.
+    remove = getattr(pld, "_pmf_remove", None)
+    if remove is None or not hasattr(remove, "to_dense_pmf"):
+        raise LedgerStateError("this dp-accounting version hides its PMFs; privguard cannot "
+                               "certify the hybrid filter's T_A with it")
+    add = None if getattr(pld, "_symmetric", False) else pld._pmf_add.to_dense_pmf()
+    return pld_lib.PrivacyLossDistribution(remove.to_dense_pmf(), add)
+
+
+def _negative_mass(pld: Any) -> float:
+    """Total negative probability in the composed PMFs: FFT round-off made visible."""
+    total = 0.0
+    for name in ("_pmf_remove", "_pmf_add"):
+        pmf = getattr(pld, name, None)
+        if pmf is None:
+            continue
+        probs = getattr(pmf, "_probs", None)
+        if probs is None:
+            raise LedgerStateError("this dp-accounting version hides its PMFs; privguard "
+                                   "cannot bound the FFT round-off of the hybrid filter's T_A")
+        probs = np.asarray(probs)
+        total += float(-probs[probs < 0].sum())
+    return total
+
+
+def certified_delta(envelope: Envelope, epsilon: float, steps: int) -> float:
+    """δ at ε of ``steps`` envelope steps by pessimistic PLD, plus the round-off allowance.
+
+    dp-accounting's value is max over remove and add of the hockey-stick of
+    the T-fold composition of the pessimistic one-step PMF (FFT
+    self-convolution; mass truncated from the tails, ≤ 1e−15, goes to
+    infinite loss). We add ROUNDOFF_FACTOR × the negative mass of the
+    composed PMFs for floating-point round-off. Zero steps give 0.
+
+    Example:
+        >>> d = certified_delta(Envelope(1.0, 0.01), 3.0, 2000)
+        >>> 1e-7 < d < 1e-5
+        True
+    """
+    if steps == 0:
+        return 0.0
+    composed = _one_step_pld(envelope).self_compose(steps, tail_mass_truncation=TAIL_MASS)
+    delta = float(composed.get_delta_for_epsilon(epsilon))
+    return delta + ROUNDOFF_FACTOR * _negative_mass(composed)
+
+
+def _rdp_guess(envelope: Envelope, epsilon: float, delta_a: float) -> int:
+    """Non-adaptive RDP step count at (ε, δ_A): a cheap starting point for the search."""
+    orders = np.array(DEFAULT_ORDERS)
+    one = SubsampledGaussian(envelope.noise_multiplier, envelope.sample_rate)._rdp_checked(orders)
+    budget = conv.rdp_budget_per_order(orders, epsilon, delta_a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(one > 0, budget / one, np.inf)
+    best = float(np.nanmax(t))
+    return int(min(max(best, 1.0), MAX_STEPS))
+
+
+@functools.lru_cache(maxsize=256)
+def _envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
+    target = delta_a * (1.0 - MARGIN)
+    # One step, exactly (closed form, no discretisation): if it already fails,
+    # T_A = 0 and no PLD is built.
+    if _one_step_delta(envelope, epsilon) > target:
+        return 0
+    memo: dict[int, float] = {0: 0.0}
+
+    def f(t: int) -> float:
+        if t not in memo:
+            memo[t] = certified_delta(envelope, epsilon, t)
+        return memo[t]
+
+    # Bracket [lo, hi): f(lo) ≤ target < f(hi), galloping from the RDP count.
+    guess = _rdp_guess(envelope, epsilon, delta_a)
+    if f(guess) <= target:
+        lo, hi = guess, None
+        while hi is None:
+            nxt = min(MAX_STEPS, max(lo + 1, math.ceil(lo * 1.125)))
+            if f(nxt) <= target:
+                if nxt == MAX_STEPS:
+                    return MAX_STEPS
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        lo, hi = 0, guess
+        while lo == 0 and hi > 1:
+            nxt = max(1, math.floor(hi / 1.125))
+            if f(nxt) <= target:
+                lo = nxt
+            else:
+                hi = nxt
+    # Safeguarded interpolation on log δ (nearly linear in T over the bracket),
+    # bisection whenever interpolation did not halve the bracket.
+    bisect = lo == 0
+    while hi - lo > 1:
+        width = hi - lo
+        if bisect or f(lo) <= 0:
+            probe = (lo + hi) // 2
+        else:
+            a, b = math.log(f(lo)), math.log(f(hi))
+            probe = lo + round((math.log(target) - a) / (b - a) * width) if b > a else (lo + hi) // 2
+        probe = min(max(probe, lo + 1), hi - 1)
+        if f(probe) <= target:
+            lo = probe
+        else:
+            hi = probe
+        bisect = (hi - lo) * 2 > width and not bisect
+    return lo
+
+
+def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
+    """T_A: the largest T such that T envelope steps are certified (ε, δ_A)-DP.
+
+    Certified means dp-accounting's pessimistic PLD δ(ε) (max over remove and
+    add, Zhu, Dong & Wang 2022, Thm 10 per direction) plus the round-off
+    allowance stays within δ_A·(1 − MARGIN); see docs/theory.md §2b for the
+    error terms. Cached process-wide; the first call for an envelope costs
+    about a second (a galloping search, then interpolation, reusing one
+    one-step PLD), later calls are free.
+
+    Example:
+        >>> envelope_steps(Envelope(1.0, 0.01), 3.0, 0.9e-5)
+        2632
+    """
+    if not isinstance(envelope, Envelope):
+        raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
+    epsilon = check.positive_finite("epsilon", epsilon)
+    delta_a = check.delta("delta_a", delta_a, minimum=0.0)
+    try:
+        return _envelope_steps(envelope, epsilon, delta_a)
+    except (ValueError, ArithmeticError, MemoryError) as exc:
+        # name what the user passed (the planned step's σ and q), not this internal argument
+        raise InvalidArgumentError(
+            "noise_multiplier", envelope.noise_multiplier,
+            f"filter='hybrid' cannot plan steps with noise_multiplier="
+            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}: their "
+            f"PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
+            "such a step") from None
+
+
+# ------------------------------------------------------------------ the rule
+def admission_rule(a_alive, a_count, inside_steps, b_admits, steps_a):
+    """The hybrid's decision for one charge, vectorised over numpy arrays.
+
+    Args:
+        a_alive: part A not yet killed.
+        a_count: envelope steps A has admitted so far.
+        inside_steps: envelope steps in the charge, or −1 if it is outside.
+        b_admits: part B (the RDP filter, charged for every admitted step, C2)
+            admits the spent curve after the charge.
+        steps_a: T_A.
+
+    Returns:
+        (admitted, a_alive_after, a_count_after). A admits iff alive, the
+        charge is inside and the count stays ≤ T_A; the charge is admitted iff
+        A or B admits; a charge admitted without A kills A for good (C1).
+
+    Example:
+        >>> [bool(x) for x in admission_rule(True, 10, -1, True, 20)]  # outside, B admits
+        [True, False, True]
+    """
+    inside = np.greater_equal(inside_steps, 0)
+    a_ok = np.logical_and(np.logical_and(a_alive, inside),
+                          np.less_equal(np.add(a_count, inside_steps), steps_a))
+    admitted = np.logical_or(a_ok, b_admits)
+    alive = np.logical_and(a_alive, np.logical_not(np.logical_and(admitted, np.logical_not(a_ok))))
+    count = np.where(a_ok, np.add(a_count, inside_steps), a_count)
+    return admitted, alive, count
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridState:
+    """Part A's state: envelope steps admitted so far and whether A is alive."""
+
+    a_count: int
+    a_alive: bool
+
+
+class HybridFilter:
+    """Admit a charge if part A (PLD envelope) or part B (RDP filter) admits it.
+
+    The interaction is (ε, δ)-DP with δ = δ_A + δ_B (docs/theory.md §2b).
+
+    Args:
+        epsilon: target ε.
+        delta: total δ.
+        envelope: the envelope (usually :func:`envelope_of` the plan's step).
+        orders: the ledger's grid of orders (part B).
+        shares: how part B splits δ_B over orders.
+        delta_a: part A's share, in (0, δ); default 0.9·δ.
+        steps_a: T_A; default and maximum :func:`envelope_steps`.
+
+    Example:
+        >>> import numpy as np
+        >>> from privguard import DEFAULT_ORDERS, Concentrated, mechanisms as M
+        >>> step = M.SubsampledGaussian(1.0, 0.01)
+        >>> f = HybridFilter(3.0, 1e-5, envelope_of(step), np.array(DEFAULT_ORDERS), Concentrated())
+        >>> f.fix(step.rdp(DEFAULT_ORDERS))
+        >>> f.steps_a
+        2662
+        >>> ok, state = f.decide(step.rdp(DEFAULT_ORDERS), step, 1)
+        >>> ok, state
+        (True, HybridState(a_count=1, a_alive=True))
+    """
+
+    kind = "hybrid"
+
+    def __init__(self, epsilon: float, delta: float, envelope: Envelope, orders: Any,
+                 shares: DeltaShares, *, delta_a: float | None = None,
+                 steps_a: int | None = None, certify: bool = True) -> None:
+        self.epsilon = check.positive_finite("epsilon", epsilon)
+        self.delta = check.delta("delta", delta)
+        if not isinstance(envelope, Envelope):
+            raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
+        if not isinstance(shares, DeltaShares):
+            raise InvalidArgumentError("shares", shares, "must be a privguard DeltaShares rule")
+        self.envelope = envelope
+        self.orders = check.orders("orders", orders)
+        if delta_a is None:
+            delta_a = DEFAULT_SHARE_A * self.delta
+        else:
+            delta_a = check.delta("delta_a", delta_a, minimum=0.0)
+            if not delta_a < self.delta:
+                raise InvalidArgumentError("delta_a", delta_a,
+                                           f"must lie in the open interval (0, delta={self.delta})")
+        self.delta_a = float(delta_a)
+        delta_b = self.delta - self.delta_a
+        while delta_b + self.delta_a > self.delta:  # δ_A + δ_B ≤ δ in floating point
+            delta_b = math.nextafter(delta_b, 0.0)
+        # certify=False only for a T_A read back from a ledger's own (chained, possibly
+        # keyed) journal, where it was certified when fixed; privguard verify re-certifies.
+        certified = (envelope_steps(envelope, self.epsilon, self.delta_a)
+                     if certify or steps_a is None else int(steps_a))
+        if steps_a is None:
+            steps_a = certified
+        else:
+            if isinstance(steps_a, bool) or not isinstance(steps_a, (int, np.integer)) or steps_a < 0:
+                raise InvalidArgumentError("steps_a", steps_a, "must be an integer >= 0")
+            if steps_a > certified:
+                raise InvalidArgumentError(
+                    "steps_a", steps_a,
+                    f"exceeds the {certified} envelope steps PLD accounting certifies at "
+                    f"(ε={self.epsilon:g}, δ_A={self.delta_a:g})")
+        self.steps_a = int(steps_a)
+        # Part B (docs/theory.md §2): the RDP filter at δ_B.
+        self.fallback = DPFilter(self.epsilon, delta_b, shares, self.orders)
+        if not shares.needs_plan:
+            self.fallback.weights = self.fallback.resolve_weights(None)
+        self._state = HybridState(0, True)
+
+    # ------------------------------------------------------------ decisions
+    @property
+    def shares(self) -> DeltaShares:
+        return self.fallback.shares
+
+    @property
+    def delta_b(self) -> float:
+        return self.fallback.delta
+
+    @property
+    def weights(self) -> np.ndarray | None:
+        """Part B's δ-share weights (None until fixed)."""
+        return self.fallback.weights
+
+    def fix(self, plan_curve: np.ndarray | None) -> None:
+        """Fix part B's weights once, from the plan's curve, before any output."""
+        if self.fallback.weights is None:
+            self.fallback.weights = self.fallback.resolve_weights(plan_curve)
+
+    def decide(self, spent_after: np.ndarray, mechanism: Mechanism, times: int = 1
+               ) -> tuple[bool, HybridState]:
+        """Would ``times`` charges of ``mechanism`` all be admitted, and the state after.
+
+        ``spent_after`` is the ledger's spent curve including these charges (so
+        part B is charged for every admitted step, C2). Pure: nothing changes
+        until :meth:`apply`. O(1) in the number of past charges; k identical
+        charges at once give the same decision and state as k single ones.
+        """
+        weights = self.fallback.weights
+        if weights is None:
+            raise LedgerStateError("hybrid filter used before fix(): part B's weights are unset")
+        times = check.positive_int("times", times)
+        spent_after = np.asarray(spent_after, dtype=float)
+        if spent_after.shape != self.orders.shape:
+            raise LedgerStateError(f"spent curve of shape {spent_after.shape} does not match "
+                                   f"the filter's {self.orders.size} orders")
+        return self.decide_with(self.fallback.admits(spent_after, weights), mechanism, times)
+
+    def a_admits(self, mechanism: Mechanism, times: int) -> bool:
+        """Whether part A alone admits ``times`` charges of ``mechanism`` (O(1)): alive,
+        inside the envelope and within T_A (the ``a_ok`` of :func:`admission_rule`)."""
+        s = self._state
+        if not s.a_alive:
+            return False
+        k = envelope_steps_in(mechanism, self.envelope)
+        return k is not None and s.a_count + k * times <= self.steps_a
+
+    def decide_with(self, b_ok: bool, mechanism: Mechanism, times: int
+                    ) -> tuple[bool, HybridState]:
+        """:meth:`decide` given part B's answer ``b_ok`` for the spent curve after the
+        charges (the repeated-charge fast path knows it without the curve,
+        privguard/_accounting/_fastpath.py). When :meth:`a_admits`, ``b_ok`` does not matter."""
+        k = envelope_steps_in(mechanism, self.envelope)
+        inside = -1 if k is None else k * times
+        s = self._state
+        admitted, alive, count = admission_rule(s.a_alive, s.a_count, inside, b_ok, self.steps_a)
+        if not admitted:
+            return False, s
+        if s.a_alive and not alive and k:
+            # ``times`` identical charges are ``times`` charges (docs/theory.md §2b): those
+            # that fit in T_A are A-admissible one by one and raise c; the first that does
+            # not (B admits it, since B admits the whole block and its spent only grows)
+            # closes A. The state is then the one ``times`` single charges reach, which is
+            # what a replay of the journal's merged run row reaches too (issue 26). No
+            # decision changes: a closed A decides nothing, whatever its count.
+            count = s.a_count + k * min(times, (self.steps_a - s.a_count) // k)
+        return True, HybridState(int(count), bool(alive))
+
+    def apply(self, state: HybridState) -> None:
+        """Commit the state :meth:`decide` returned for an admitted charge."""
+        if not isinstance(state, HybridState):
+            raise LedgerStateError(f"not a hybrid filter state: {state!r}")
+        self._check(state)
+        old = self._state
+        if state.a_count < old.a_count or (state.a_alive and not old.a_alive):
+            raise LedgerStateError(f"hybrid filter state cannot go from {old} to {state}: "
+                                   "part A's count never decreases and a closed A stays closed")
+        self._state = state
+
+    # ------------------------------------------------------------ reporting
+    @property
+    def a_count(self) -> int:
+        return self._state.a_count
+
+    @property
+    def a_alive(self) -> bool:
+        return self._state.a_alive
+
+    def headroom(self, spent: np.ndarray) -> np.ndarray | None:
+        """Part B's per-order RDP budget left (None until its weights are fixed)."""
+        if self.fallback.weights is None:
+            return None
+        return self.fallback.headroom(spent, self.fallback.weights)
+
+    def describe(self) -> str:
+        env = self.envelope
+        a = (f"{self.steps_a - self.a_count} of {self.steps_a} envelope steps left"
+             if self.a_alive else "envelope left, part A closed")
+        return (f"(ε={self.epsilon:g}, δ={self.delta:g}) hybrid filter: PLD envelope "
+                f"σ≥{env.noise_multiplier:g}, q≤{env.sample_rate:g} at δ_A={self.delta_a:g} "
+                f"({a}), RDP fallback at δ_B={self.delta_b:g}")
+
+    # -------------------------------------------------------- serialisation
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "epsilon": self.epsilon, "delta": self.delta,
+                "delta_a": self.delta_a, "steps_a": self.steps_a,
+                "envelope": self.envelope.to_dict(), "shares": self.shares.to_dict()}
+
+    @classmethod
+    def from_config(cls, config: Any, orders: Any) -> HybridFilter:
+        """Rebuild from :meth:`config`; T_A is re-certified (fail closed if it grew)."""
+        keys = {"kind", "epsilon", "delta", "delta_a", "steps_a", "envelope", "shares"}
+        if not isinstance(config, dict) or set(config) != keys or config["kind"] != cls.kind:
+            raise LedgerStateError(f"not a hybrid filter configuration: {config!r}")
+        try:
+            return cls(config["epsilon"], config["delta"], Envelope.from_dict(config["envelope"]),
+                       orders, shares_from_dict(config["shares"]), delta_a=config["delta_a"],
+                       steps_a=config["steps_a"])
+        except InvalidArgumentError as exc:
+            raise LedgerStateError(f"hybrid filter configuration does not load: {exc}") from exc
+
+    def state(self) -> dict[str, Any]:
+        w = self.fallback.weights
+        return {"a_count": self.a_count, "a_alive": self.a_alive,
+                "weights": None if w is None else w.tolist()}
+
+    def load_state(self, data: Any) -> None:
+        """Restore :meth:`state` output; anything inconsistent raises LedgerStateError."""
+        if not isinstance(data, dict) or set(data) != {"a_count", "a_alive", "weights"}:
+            raise LedgerStateError(f"not a hybrid filter state: {data!r}")
+        count, alive, weights = data["a_count"], data["a_alive"], data["weights"]
+        if isinstance(count, bool) or not isinstance(count, int) or not isinstance(alive, bool):
+            raise LedgerStateError(f"hybrid filter state has bad types: {data!r}")
+        state = HybridState(count, alive)
+        self._check(state)
+        if weights is not None:
+            try:
+                w = np.array(weights, dtype=float)
+            except (TypeError, ValueError):
+                raise LedgerStateError(f"hybrid filter weights unreadable: {weights!r}") from None
+            if (w.shape != self.orders.shape or not np.all(np.isfinite(w)) or np.any(w < 0)
+                    or w.sum() > 1 + 1e-12):
+                raise LedgerStateError(f"hybrid filter weights are invalid: {weights!r}")
+            if self.fallback.weights is not None and not np.array_equal(w, self.fallback.weights):
+                raise LedgerStateError("recorded part-B weights differ from the fixed ones")
+        self._state = state
+        if weights is not None:
+            self.fallback.weights = w
+
+    def _check(self, state: HybridState) -> None:
+        if not (0 <= state.a_count <= self.steps_a):
+            raise LedgerStateError(f"part A's count {state.a_count} is outside [0, T_A={self.steps_a}]")

@@ -1,0 +1,331 @@
+"""The journal: admitted charges as runs of identical consecutive charges.
+
+A run is (mechanism, label, process, count, first and last time). Charging
+the same mechanism with the same label from the same process again extends
+the current run, so a 10⁶-step DP-SGD run whose σ changes every 1,000 steps
+costs a thousand runs, not a million records, in memory and on disk.
+
+The spent curve is kept as ``base + count × curve`` for the current run, so
+T identical charges add up to exactly T × curve, the float Opacus'
+``compute_rdp(..., steps=T)`` gives. Every process that replays the same
+runs in the same order computes the same floats.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+
+from privguard._mechanisms._base import Mechanism
+
+
+@dataclasses.dataclass(frozen=True)
+class ChargeRecord:
+    """One admitted charge: what was charged, when, and under which label.
+
+    ``time`` is known for the first and last charge of a run; for the charges
+    in between it is None (a run keeps only its first and last time).
+    """
+
+    index: int
+    label: str | None
+    mechanism: Mechanism
+    time: float | None
+    pid: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "label": self.label, "mechanism": self.mechanism.to_dict(),
+                "time": self.time, "pid": self.pid}
+
+
+class Run(NamedTuple):
+    """``count`` identical consecutive charges of ``mechanism`` with one label, by one process.
+
+    An immutable value (a named tuple: a replay builds one for every journal row, and a
+    named tuple costs a quarter of a frozen dataclass to build).
+
+    Attributes:
+        index: position of the run in the journal.
+        start: index of its first charge among all charges.
+        count: number of charges.
+        label, mechanism, pid: what every charge of the run shares.
+        first_time, last_time: when its first and last charge were admitted.
+    """
+
+    # ``index`` and ``count`` are fields, as they were when Run was a dataclass; they
+    # shadow tuple's index() and count() methods, which a run does not offer.
+    index: int  # type: ignore[assignment]
+    start: int
+    count: int  # type: ignore[assignment]
+    label: str | None
+    mechanism: Mechanism
+    first_time: float
+    last_time: float
+    pid: int
+
+    def record(self, i: int) -> ChargeRecord:
+        """The i-th charge of the run (0 ≤ i < count) as a :class:`ChargeRecord`."""
+        t = self.first_time if i == 0 else self.last_time if i == self.count - 1 else None
+        return ChargeRecord(self.start + i, self.label, self.mechanism, t, self.pid)
+
+    def key(self) -> tuple[Mechanism, str | None, int]:
+        return (self.mechanism, self.label, self.pid)
+
+
+class History(Sequence[ChargeRecord]):
+    """Every admitted charge, one :class:`ChargeRecord` each, expanded from runs on demand."""
+
+    def __init__(self, runs: Sequence[Run]) -> None:
+        self._runs = list(runs)
+        self._starts = [r.start for r in self._runs]
+        self._len = self._runs[-1].start + self._runs[-1].count if self._runs else 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, i: int) -> ChargeRecord: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ChargeRecord]: ...
+    def __getitem__(self, i: int | slice) -> ChargeRecord | list[ChargeRecord]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._len))]
+        if not isinstance(i, int) or isinstance(i, bool):
+            raise TypeError(f"history indices must be integers, not {type(i).__name__}")
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("history index out of range")
+        run = self._runs[bisect.bisect_right(self._starts, i) - 1]
+        return run.record(i - run.start)
+
+    def __iter__(self) -> Iterator[ChargeRecord]:
+        for run in self._runs:
+            for i in range(run.count):
+                yield run.record(i)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, History):
+            return self._runs == other._runs
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"History({self._len} charges in {len(self._runs)} runs)"
+
+
+class Journal:
+    """Runs and the spent curve, with exact repeated composition. No I/O, no locks.
+
+    Closed runs are kept as :class:`Run` values; the current run is kept as
+    mutable fields, so extending it allocates nothing. The spent curve is
+    ``base + streak × curve``, where the streak counts consecutive charges of
+    one mechanism across runs (labels and processes do not matter to it), so
+    T consecutive identical charges add up to exactly T × curve.
+
+    A journal resumed from a checkpoint holds only the runs from the
+    checkpoint on, plus the spent state before them; ``load_prefix``
+    supplies the older runs on demand.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._closed: list[Run] = []
+        self._runs_before = 0  # runs not held (before a checkpoint)
+        self._charges_closed = 0  # charges in every run before the current one
+        self._cur: list[Any] | None = None  # [index, start, count, label, mech, first, last, pid]
+        self._cur_run: Run | None = None  # a Run equal to ``_cur`` if one is at hand, else None
+        # Totals, kept up to date by every change (read on every charge and replayed row).
+        self.run_count = 0  # runs, the current one included
+        self.charges = 0  # charges, the current run's included
+        self._base = np.zeros(size)  # spent before the streak
+        self._streak: Mechanism | None = None
+        self._streak_curve = np.zeros(size)
+        self._streak_count = 0
+        self.load_prefix: Callable[[], list[Run]] | None = None
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def last(self) -> Run | None:
+        """The current run (None before the first charge or right after an event)."""
+        if self._cur is None:
+            return None
+        return Run(*self._cur) if self._cur_run is None else self._cur_run
+
+    @property
+    def runs_before(self) -> int:
+        """Runs before the first one held (resumed from a checkpoint), else 0."""
+        return self._runs_before
+
+    def spent(self) -> np.ndarray:
+        if not self._streak_count:
+            return self._base
+        cached = self._spent_cache
+        if cached is None:
+            cached = self._spent_cache = self._base + self._streak_count * self._streak_curve
+        return cached
+
+    _spent_cache: np.ndarray | None = None
+
+    def spent_after(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> np.ndarray:
+        """The spent curve after ``times`` more charges of ``mechanism``."""
+        if mechanism is self._streak or mechanism == self._streak:
+            return self._base + (self._streak_count + times) * self._streak_curve
+        return self.spent() + times * curve
+
+    # -- changes -------------------------------------------------------------
+    def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
+               t: float, times: int = 1, spent_after: np.ndarray | None = None
+               ) -> tuple[Run, bool]:
+        """Record ``times`` charges; returns (the run now current, whether it was extended).
+
+        ``spent_after``: :meth:`spent_after` for these charges, if just computed."""
+        self._add(mechanism, curve, times, spent_after)
+        c = self._cur
+        self.charges += times
+        if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
+            c[2] += times
+            c[6] = t
+            run = self._cur_run = Run(*c)
+            return run, True
+        self.close_current()
+        self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
+        self.run_count += 1
+        run = self._cur_run = Run(*self._cur)
+        return run, False
+
+    def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
+        """Make ``run`` (read back from a store, already admitted) the current run.
+
+        ``run.index`` and ``run.start`` must be :attr:`run_count` and :attr:`charges`
+        (checked by the caller); ``spent_after`` is :meth:`spent_after` for it."""
+        if self._cur is not None:  # a new row is a new run even if its key matches
+            self.close_current()
+        self._add(run.mechanism, curve, run.count, spent_after)
+        cur = self._cur = [self.run_count, self._charges_closed, run.count, run.label,
+                           run.mechanism, run.first_time, run.last_time, run.pid]
+        self.run_count += 1
+        self.charges += run.count
+        # ``run`` itself is the current run when its position is right (closing reuses it)
+        self._cur_run = run if run.index == cur[0] and run.start == cur[1] else None
+
+    def current_fields(self) -> list[Any] | None:
+        """The current run as [index, start, count, label, mechanism, first, last, pid]
+        (read-only; None if there is none). Cheaper than :attr:`last`."""
+        return self._cur
+
+    def _add(self, mechanism: Mechanism, curve: np.ndarray, times: int,
+             spent_after: np.ndarray | None = None) -> None:
+        # ``spent_after``, when given, is what :meth:`spent_after` returned for this very
+        # addition: the same operations on the same operands as :meth:`spent` would now
+        # perform, so it is bit-identical to it, and kept instead of recomputed.
+        if mechanism is self._streak or mechanism == self._streak:
+            self._streak_count += times
+        else:
+            self._base = self.spent()
+            self._streak, self._streak_curve, self._streak_count = mechanism, curve, times
+        self._spent_cache = spent_after
+
+    def close_current(self) -> None:
+        """End the current run, so that the next charge starts a new one."""
+        c = self._cur
+        if c is not None:
+            self._charges_closed += c[2]
+            self._closed.append(Run(*c) if self._cur_run is None else self._cur_run)
+            self._cur = self._cur_run = None
+
+    def extend_current(self, count: int, last_time: float, curve: np.ndarray,
+                       spent_after: np.ndarray | None = None) -> None:
+        """Adopt a newer state of the current run (replayed from a store)."""
+        c = self._cur
+        assert c is not None and count >= c[2]
+        if count > c[2]:
+            self._add(c[4], curve, count - c[2], spent_after)
+            self.charges += count - c[2]
+        c[2], c[6] = count, last_time
+        self._cur_run = None
+
+    # -- views ---------------------------------------------------------------
+    def held_runs(self) -> list[Run]:
+        """The runs this journal holds (all of them unless resumed from a checkpoint)."""
+        return self._closed + ([] if self._cur is None else [Run(*self._cur)])
+
+    def runs(self) -> list[Run]:
+        """Every run, loading the ones before a checkpoint if needed."""
+        held = self.held_runs()
+        if not self._runs_before:
+            return held
+        from privguard._errors import LedgerStateError
+
+        prefix = self.load_prefix() if self.load_prefix is not None else []
+        if len(prefix) < self._runs_before:
+            raise LedgerStateError(f"the journal holds {len(prefix)} runs before its "
+                                   f"checkpoint, which says {self._runs_before}")
+        return prefix[:self._runs_before] + held
+
+    # -- checkpoints -----------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume exactly: spent state, current run, counts."""
+        return {"base": self._base.tolist(),
+                "streak": None if self._streak is None else [self._streak.to_dict(),
+                                                             self._streak_count],
+                "runs": self.run_count, "charges": self.charges,
+                "last": None if self._cur is None else _run_to_list(Run(*self._cur))}
+
+    @classmethod
+    def from_snapshot(cls, size: int, snap: dict[str, Any],
+                      curve_of: Callable[[Mechanism], np.ndarray]) -> Journal:
+        """A journal resumed from :meth:`snapshot` output (validated)."""
+        from privguard._errors import LedgerStateError
+        from privguard._mechanisms._base import mechanism_from_dict
+
+        journal = cls(size)
+        base = np.array(snap["base"], dtype=float)
+        if base.shape != (size,) or np.isnan(base).any() or (base < 0).any():
+            raise LedgerStateError("checkpoint: spent curve is not a valid curve on the grid")
+        journal._base = base
+        runs, charges = int(snap["runs"]), int(snap["charges"])
+        if snap["streak"] is not None:
+            mech, count = snap["streak"]
+            if type(count) is not int or not 0 < count <= charges:
+                raise LedgerStateError(f"checkpoint: a streak of {count!r} charges, of "
+                                       f"{charges} in all")
+            journal._streak = mechanism_from_dict(mech)
+            journal._streak_curve = curve_of(journal._streak)
+            journal._streak_count = count
+        if snap["last"] is None:
+            journal._runs_before, journal._charges_closed = runs, charges
+            journal.run_count, journal.charges = runs, charges
+            return journal
+        last = _run_from_list(snap["last"])
+        journal._runs_before, journal._charges_closed = last.index, last.start
+        journal._cur = [last.index, last.start, last.count, last.label, last.mechanism,
+                        last.first_time, last.last_time, last.pid]
+        journal.run_count, journal.charges = last.index + 1, last.start + last.count
+        if journal.charges != charges or journal.run_count != runs:
+            raise LedgerStateError("checkpoint: run and charge counts disagree")
+        return journal
+
+
+def _run_to_list(run: Run) -> list[Any]:
+    return [run.index, run.start, run.count, run.label, run.mechanism.to_dict(),
+            run.first_time, run.last_time, run.pid]
+
+
+def _run_from_list(data: list[Any]) -> Run:
+    from privguard._mechanisms._base import mechanism_from_dict
+
+    index, start, count, label, mech, first, last, pid = data
+    return Run(int(index), int(start), int(count), label, mechanism_from_dict(mech),
+               float(first), float(last), int(pid))
+
+
+run_to_list = _run_to_list
+run_from_list = _run_from_list

@@ -1,0 +1,183 @@
+"""Leases: a block of identical steps admitted and made durable in one transaction.
+
+A durable charge costs one commit (an fsync, or a round trip to the server).
+A DP-SGD run charges the same mechanism thousands of times in a row, so a file
+or server ledger admits a block of ``n`` identical steps of the current
+mechanism at once — through the very decision a ``charge(times=n)`` takes, the
+filter admitting the whole block before its first step — writes it to the
+journal as ``n`` charges (spent, visible to every process sharing the journal),
+and then hands the steps out from memory: no I/O, no grid arithmetic.
+
+The rules (docs/theory.md §13; README "Leases"):
+
+* Nothing is ever refunded. A crash, a SIGKILL, a change of mechanism or label,
+  or an early stop leaves the unused part of a lease spent (an over-count, never
+  an under-count). A change of mechanism and a normal :meth:`Ledger.close`
+  record the unused remainder as a ``lease-unused`` journal event.
+* Sizes: the k-th lease of a streak of identical steps is at most the number of
+  steps the streak has already released, r (so sizes grow geometrically: 1, 1, 2,
+  4, …), at most max(C, r // :data:`RELATIVE`) for the cap C = ``lease=``
+  (:data:`DEFAULT_CAP` steps by default; a long streak's leases grow to 1/64 of
+  what it released, so a 10⁴-step run pays ~200 commits, not 600), its
+  cost in the budget meter's currency (docs/theory.md §12, the RDP meter of the
+  filter, or of the hybrid filter's part B) is at most :data:`FRACTION` of the
+  meter's remaining budget, and it is shrunk to the largest count the filter
+  admits. With the hybrid filter, while part A is alive, a lease never takes A
+  past T_A (docs/theory.md §2b): at most T_A − c envelope steps.
+* Hence the unused remainder at any abandonment is fewer than
+  ``min(max(C, r // RELATIVE), max(1, r))`` steps (r: steps the streak released
+  before the lease), and its meter cost at most ``FRACTION`` × the remaining
+  budget when it was taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._mechanisms._base import Mechanism
+
+#: Largest lease, in steps, of a file or server ledger by default (``lease=None``).
+#: Chosen for both numbers of issue 26: a ~1 ms commit amortised over 16 steps adds
+#: ≤ 63 µs to a step, and the over-count of a run whose mechanism changes every
+#: 1,000 steps is ≤ 16/1000 of its released spend (docs/theory.md §13).
+DEFAULT_CAP = 16
+
+#: A streak that released r steps may take leases of up to r // RELATIVE steps beyond
+#: the cap (over-count ≤ 1/64 ≈ 1.6% of the streak's released steps).
+RELATIVE = 64
+
+#: Largest lease accepted by ``lease=`` (a cap in steps).
+MAX_CAP = 2**20
+
+#: A lease's cost in the budget meter's currency is at most this fraction of the
+#: meter's remaining budget (ε − meter), so leases shrink near the end of the budget.
+FRACTION = 0.1
+
+#: The journal event that records a lease's unused remainder (still spent).
+UNUSED = "lease-unused"
+
+
+def check_cap(lease: Any, durable: bool) -> int:
+    """The lease cap in steps: ``lease`` validated, or the default (``DEFAULT_CAP`` for a
+    file or server ledger, 1 — no leases — in memory).
+
+    Raises:
+        InvalidArgumentError: ``lease`` is not None or an integer in [1, MAX_CAP].
+    """
+    if lease is None:
+        return DEFAULT_CAP if durable else 1
+    return check.positive_int("lease", lease, maximum=MAX_CAP)
+
+
+@dataclasses.dataclass
+class Lease:
+    """Steps admitted and journaled (spent) but not yet handed out, for one key.
+
+    Mutable and private to one ledger in one process (``pid``); never pickled.
+    """
+
+    mechanism: Mechanism
+    label: str | None
+    pid: int
+    left: int  # prepaid steps not yet handed out
+    next_index: int  # journal index of the next step to hand out
+    streak: int  # steps of this key released since the streak began (sizes grow with it)
+
+    def covers(self, mechanism: Any, label: Any, pid: int, times: int) -> bool:
+        return (self.left >= times and pid == self.pid and label == self.label
+                and (mechanism is self.mechanism or mechanism == self.mechanism))
+
+    def same_key(self, mechanism: Any, label: Any, pid: int) -> bool:
+        return (pid == self.pid and label == self.label
+                and (mechanism is self.mechanism or mechanism == self.mechanism))
+
+    def take(self, times: int) -> int:
+        """Hand out ``times`` steps; returns the journal index of the last one."""
+        self.left -= times
+        self.next_index += times
+        self.streak += times
+        return self.next_index - 1
+
+
+def target_size(cap: int, released: int, times: int) -> int:
+    """The size a lease asks for before the filter's shrink: geometric growth with the
+    streak (at most what it released), at most max(``cap``, released // RELATIVE), at
+    least ``times``; ``times`` itself for ``cap`` = 1 (no leases)."""
+    if cap <= 1:
+        return times
+    return max(times, min(max(cap, released // RELATIVE), max(1, released)))
+
+
+def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
+    """``n`` capped so that a lease never closes the hybrid filter's part A: while A is
+    alive and the mechanism is inside its envelope (k envelope steps a charge), at most
+    (T_A − c) // k steps (docs/theory.md §2b, §13); never below ``times`` (a charge of
+    ``times`` closes A exactly as it would without leases)."""
+    if getattr(flt, "kind", None) != "hybrid" or not flt.a_alive:
+        return n
+    from privguard._accounting._hybrid import envelope_steps_in
+
+    k = envelope_steps_in(mechanism, flt.envelope)
+    if k is None or k <= 0:
+        return n
+    return max(times, min(n, (flt.steps_a - flt.a_count) // k))
+
+
+def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int) -> int:
+    """``n`` capped so that the lease's cost in the RDP meter's currency (docs/theory.md
+    §12: the filter's, or the hybrid's part B's once part A is closed) is ≤ FRACTION ×
+    the meter's remaining budget; never below ``times``. No RDP meter (strict filter,
+    none) or part A alive (bounded by :func:`hybrid_room`): ``n``."""
+    from privguard._accounting._budget import rdp_meter
+    from privguard._accounting._filters import DPFilter
+
+    if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
+        return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
+    dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
+    if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
+        return n
+    m0 = rdp_meter(dp, spent)
+    room = FRACTION * (dp.epsilon - m0)
+
+    def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
+        return rdp_meter(dp, spent + m * curve) - m0 <= room
+
+    if fits(n):
+        return n
+    lo, hi = times, n  # bisection: lo is kept (never below times), hi refused
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:
+    """The journal event recording a lease's unused remainder (it stays spent)."""
+    return {"event": UNUSED, "steps": lease.left, "mechanism": lease.mechanism.to_dict(),
+            "label": lease.label, "pid": lease.pid, "reason": reason, "time": t}
+
+
+def check_unused_event(body: dict[str, Any], charges: int, where: str) -> None:
+    """A recorded remainder is a positive step count within the journal's charges (it
+    lowers nothing: the steps stay in the spent curve; checked so an edit shows)."""
+    from privguard._errors import LedgerStateError
+
+    steps = body.get("steps")
+    if type(steps) is not int or not 0 < steps <= charges:
+        raise LedgerStateError(f"{where}: a lease-unused event of {steps!r} steps, of "
+                               f"{charges} charges in the journal")
+
+
+def unused_steps(events: Any) -> int:
+    """Steps recorded as leased but unused in a journal's events."""
+    return sum(int(e.get("steps", 0)) for e in events
+               if isinstance(e, dict) and e.get("event") == UNUSED)
+
+
+__all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "RELATIVE", "UNUSED", "Lease",
+           "check_cap", "check_unused_event", "hybrid_room", "meter_room", "target_size",
+           "unused_event", "unused_steps"]

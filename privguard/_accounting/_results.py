@@ -1,0 +1,173 @@
+"""Values a ledger hands out: what is left, and what listeners receive."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from privguard._accounting._journal import ChargeRecord
+from privguard._mechanisms._base import Mechanism
+
+if TYPE_CHECKING:
+    from privguard._accounting._budget import Budget
+    from privguard._ledger._ledger import Ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class Remaining:
+    """What is left of a ledger's budget, in forms a user can act on.
+
+    Attributes:
+        epsilon_target: the filter's ε (None without an (ε, δ) filter).
+        delta: the ledger's δ (None if it has none).
+        epsilon_spent: the running ε (the odometer's bound at ``delta``);
+            None without δ.
+        headroom: per-order RDP budget left of the RDP filter (negative where
+            an order is exhausted); None without a filter.
+        repeats: how many more times the queried mechanism would be admitted
+            (``math.inf`` if the ledger has no filter); None if no mechanism
+            was given.
+        budget: the budget meter (:meth:`privguard.Ledger.budget`), or None
+            without an (ε, δ) filter.
+    """
+
+    epsilon_target: float | None
+    delta: float | None
+    epsilon_spent: float | None
+    headroom: np.ndarray | None
+    repeats: float | None
+    budget: Budget | None = None
+
+    def __repr__(self) -> str:
+        h = self.headroom
+        head = "None" if h is None else f"<{h.size} orders, max {float(np.max(h)):.4g}>"
+        return (f"Remaining(budget={self.budget!s}, epsilon_spent={self.epsilon_spent!r}, "
+                f"delta={self.delta!r}, headroom={head}, repeats={self.repeats!r})")
+
+    def __str__(self) -> str:
+        parts = []
+        if self.budget is not None:
+            parts.append(str(self.budget))
+        if self.epsilon_spent is not None:
+            note = ("; another statement, not capped by the target"
+                    if self.epsilon_target is not None else "")
+            parts.append(f"any-time ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}{note}")
+        if self.epsilon_target is not None and self.budget is None:
+            parts.append(f"target ε = {self.epsilon_target:g}")
+        if self.repeats is not None:
+            parts.append(f"{self.repeats:g} more of the queried mechanism fit")
+        return "; ".join(parts) or "no budget configured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Guarantee:
+    """The privacy statement a ledger supports, in the form its theorem gives.
+
+    Attributes:
+        kind: ``"filter"`` — the whole interaction is (epsilon, delta)-DP, a
+            hockey-stick bound fixed before any output (docs/theory.md §2);
+            or ``"odometer"`` — P(privacy loss > epsilon) ≤ delta, a tail
+            bound valid at any stopping time (docs/theory.md §3).
+        epsilon, delta: the numbers, each holding at exactly this δ.
+        statement: the sentence to put in a report.
+    """
+
+    kind: str
+    epsilon: float
+    delta: float
+    statement: str
+
+    def __str__(self) -> str:
+        return self.statement
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEvent:
+    """What listeners receive: ``kind`` is ``"charge"``, ``"refused"`` or ``"deviation"``.
+
+    ``"deviation"`` follows the ``"charge"`` event of the charge that closed a hybrid
+    filter's part A (once per ledger; :class:`privguard.PlanDeviationWarning`).
+    """
+
+    kind: str
+    ledger: Ledger
+    mechanism: Mechanism
+    label: str | None
+    record: ChargeRecord | None
+
+    def __repr__(self) -> str:
+        return f"LedgerEvent({self.kind!r}, {self.mechanism!r}, label={self.label!r})"
+
+
+def guarantee_of(acc: Any) -> Guarantee:
+    """The statement a ledger supports, chosen by its configuration (docs/theory.md §4).
+
+    After a retarget (a target changed after the ledger was created) it is the odometer's
+    tail bound at the δ the ledger was created with, fixed before the first output: a δ
+    chosen after seeing outputs is not covered (Ville's inequality needs the threshold
+    fixed in advance, §3.4), and a statement at δ₀ also holds at every δ ≥ δ₀.
+    """
+    from privguard._errors import InvalidArgumentError
+
+    cfg = acc.config
+    if acc.retargeted:
+        return _retargeted_guarantee(acc)
+    if cfg.delta is None:
+        raise InvalidArgumentError("delta", None, "this ledger has no δ to state a guarantee at")
+    if cfg.epsilon is not None:
+        return Guarantee("filter", cfg.epsilon, cfg.delta,
+                         f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
+                         "interaction (a privacy filter checked every charge before it ran)")
+    eps = acc.epsilon(cfg.delta)
+    return Guarantee("odometer", eps, cfg.delta,
+                     f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {cfg.delta:g}, valid "
+                     "at the adaptively chosen stopping time (privacy odometer)")
+
+
+def created_delta(acc: Any) -> float | None:
+    """The δ of the configuration a ledger was created with: the "old" one of its first
+    retarget (a 0.1 file's retargets are listed in its migrate event), else its own."""
+    for event in acc.events:
+        first = event if event.get("event") == "retarget" else next(
+            iter(event.get("retargets") or ()), None)
+        if isinstance(first, dict):
+            return first["old"].get("delta")
+    return acc.config.delta
+
+
+def _retargeted_guarantee(acc: Any) -> Guarantee:
+    from privguard._errors import InvalidArgumentError
+
+    now, delta = acc.config.delta, created_delta(acc)
+    if delta is None:
+        raise InvalidArgumentError(
+            "delta", now, "was set by a retarget of a ledger created without δ; no δ was "
+                          "fixed before the first output, and one chosen after it is not "
+                          "covered (docs/theory.md §4), so there is no guarantee to state")
+    eps = acc.epsilon(delta)
+    statement = (f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {delta:g}, valid at the "
+                 "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
+                 "the first output (the target was changed afterwards")
+    if now is not None and now > delta:
+        statement += f"; the statement also holds at the retargeted δ = {now:g})"
+    elif now is not None and now < delta:
+        statement += (f"; the retargeted δ = {now:g} is smaller, was chosen after outputs and "
+                      "is not covered)")
+    else:
+        statement += ")"
+    return Guarantee("odometer", eps, delta, statement)
+
+
+def describe(value: Any) -> str:
+    """A one-line description of a serialised mechanism (curves abbreviated)."""
+    if isinstance(value, dict) and set(value) == {"type", "params"}:
+        if value["type"] == "RDPCurve":
+            return f"RDPCurve({len(value['params']['orders'])} orders)"
+        inner = ", ".join(f"{k}={describe(v)}" for k, v in value["params"].items())
+        return f"{value['type']}({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(describe(v) for v in value[:4]) + (", ...]" if len(value) > 4
+                                                                  else "]")
+    return f"{value:g}" if isinstance(value, float) else str(value)

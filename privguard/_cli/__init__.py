@@ -1,0 +1,1 @@
+"""The ``privguard`` command: report, plot, verify, upgrade, demo, audit."""

@@ -1,0 +1,367 @@
+"""What ``privguard report`` and ``privguard plot`` show, as data, text and a PNG.
+
+Used by the command line (:mod:`privguard._cli._cli`) and the demo; it imports
+neither. Every ε shown names the statement it is and the δ it holds at:
+
+* the running ε (the odometer): P(privacy loss > ε) ≤ δ at any stopping time,
+  under adaptive choices — the number to report for an adaptive run;
+* the filter's target, when there is one: the whole interaction is
+  (ε_target, δ)-DP (a hockey-stick statement, not a tail bound);
+* the non-adaptive RDP ε (what Opacus' RDP accountant prints) and, on
+  request, Opacus' PRV ε for the same sequence: NOT guarantees when anything
+  was chosen adaptively, shown so you can see what validity costs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
+from privguard._accounting._budget import meter, meter_after
+from privguard._accounting._hybrid import HybridState
+from privguard._accounting._journal import Run
+from privguard._accounting._results import created_delta, describe
+from privguard._cli._risk import risk_sentence
+from privguard._errors import InvalidArgumentError
+from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._mechanisms import Gaussian, SubsampledGaussian
+from privguard._optional import require
+
+#: Opacus' PRV accountant is only asked about journals of at most this many runs.
+PRV_MAX_SEGMENTS = 10_000
+#: The budget meter is drawn at about this many points.
+METER_POINTS = 25
+
+
+def _replayer(ledger: Ledger) -> Accounting:
+    """A fresh accounting with the ledger's configuration and fixed choices."""
+    acc = Accounting(ledger._acc.config, fix_now=False)
+    if ledger._acc.fixed is not None:
+        acc.install_fixed(ledger._acc.fixed)
+    return acc
+
+
+def stated_delta(ledger: Ledger) -> float | None:
+    """The δ a running ε is stated at: the ledger's, or after a retarget the one it was
+    created with, fixed before the first output (docs/theory.md §4, as guarantee()): an
+    odometer at a δ chosen after outputs is not valid under adaptivity (adv24)."""
+    return created_delta(ledger._acc) if ledger._acc.retargeted else ledger.delta
+
+
+def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
+    """Running (odometer) and non-adaptive ε after evenly spaced charges, from the runs, and
+    the budget meter (docs/theory.md §12) at about :data:`METER_POINTS` of them."""
+    runs = ledger.runs
+    total = runs[-1].start + runs[-1].count if runs else 0
+    out: dict[str, list] = {"charges": [], "running_epsilon": [], "naive_epsilon": [],
+                            "meter_charges": [], "meter": []}
+    delta = stated_delta(ledger)
+    if delta is None or not total:
+        return out
+    acc = _replayer(ledger)
+    odometer = acc.odometer(delta)
+    marks = np.unique(np.linspace(1, total, min(points, total)).astype(int))
+    flt = acc.filter if ledger.budget() is not None and not acc.retargeted else None
+    # the meter at about METER_POINTS of the marks (a hybrid's part A: one PLD per grid count)
+    stride = max(1, math.ceil(marks.size / METER_POINTS))
+    base = np.zeros(ledger.orders.size)
+    i = 0
+    for run in runs:
+        curve = acc.curve(run.mechanism)
+        while i < marks.size and marks[i] <= run.start + run.count:
+            spent = base + (marks[i] - run.start) * curve
+            out["charges"].append(int(marks[i]))
+            out["running_epsilon"].append(odometer.epsilon(spent, delta))
+            out["naive_epsilon"].append(nonadaptive_epsilon(acc.orders, spent, delta))
+            if flt is not None and (i % stride == 0 or i == marks.size - 1):
+                out["meter_charges"].append(int(marks[i]))
+                out["meter"].append(_meter_at(flt, spent, run, marks[i] - run.start))
+            i += 1
+        base = base + run.count * curve
+        if flt is not None and flt.kind == "hybrid":  # part A's state after the run
+            from privguard._accounting._hybrid import envelope_steps_in
+
+            k = envelope_steps_in(run.mechanism, flt.envelope)
+            if flt.a_alive and k is not None and flt.a_count + k * run.count <= flt.steps_a:
+                flt.apply(HybridState(flt.a_count + k * run.count, True))
+            else:
+                flt.apply(HybridState(flt.a_count, False))
+    return out
+
+
+def _meter_at(flt: Any, spent: np.ndarray, run: Run, within: int) -> float:
+    """The meter after ``within`` charges of ``run`` (part A's state before the run in ``flt``)."""
+    if flt.kind != "hybrid":
+        return meter(flt, spent)[0]
+    return meter_after(flt, spent, run.mechanism, within)[0]
+
+
+def prv_epsilon(runs: tuple[Run, ...] | list[Run], delta: float) -> float | None:
+    """Opacus' PRV ε for the same sequence, fixed in advance (NOT a guarantee under adaptivity).
+
+    None when a run is not a (subsampled) Gaussian, or there are more than
+    :data:`PRV_MAX_SEGMENTS` runs. Loads Opacus (and torch).
+    """
+    history = []
+    for run in runs:
+        m = run.mechanism
+        if isinstance(m, SubsampledGaussian):
+            history.append((m.noise_multiplier, m.sample_rate, run.count * m.steps))
+        elif isinstance(m, Gaussian):
+            history.append((m.noise_multiplier, 1.0, run.count))
+        else:
+            return None
+    if not history or len(history) > PRV_MAX_SEGMENTS:
+        return None
+    from opacus.accountants import PRVAccountant  # loads torch: only when asked
+
+    prv = PRVAccountant()
+    prv.history = history
+    with np.errstate(divide="ignore", invalid="ignore"):  # Opacus' log(0) at short prefixes
+        return float(prv.get_epsilon(delta=delta))
+
+
+def _time(t: float | None) -> str:
+    if t is None:
+        return "?"
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _finite(x: float | None) -> float | str | None:
+    """JSON has no infinity: an unlimited count is reported as the string "unlimited"."""
+    if x is None:
+        return None
+    return "unlimited" if math.isinf(x) else x
+
+
+def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
+    """Everything ``privguard report`` shows, as plain (JSON-ready) data."""
+    runs = ledger.runs
+    cfg = ledger._acc.config
+    groups: OrderedDict[str, dict] = OrderedDict()
+    for r in runs:
+        g = groups.setdefault(str(r.label), {"label": r.label, "charges": 0, "mechanisms": [],
+                                             "first": r.first_time, "last": r.last_time})
+        g["charges"] += r.count
+        g["last"] = r.last_time
+        d = describe(r.mechanism.to_dict())
+        if d not in g["mechanisms"]:
+            g["mechanisms"].append(d)
+    timeline = [{"label": r.label, "mechanism": describe(r.mechanism.to_dict()),
+                 "charges": r.count, "start": r.first_time, "end": r.last_time} for r in runs]
+    last = runs[-1].mechanism if runs else None
+    remaining = ledger.remaining(last)
+    delta = ledger.delta
+    charges = runs[-1].start + runs[-1].count if runs else 0
+    meter = ledger.budget()
+    claim = None if delta is None else ledger.guarantee()
+    # After a retarget the running ε is stated at the δ the ledger was created with, fixed
+    # before the first output, as guarantee() states it (docs/theory.md §4): at a δ
+    # chosen after outputs it is not valid under adaptivity.
+    retargeted = ledger._acc.retargeted
+    running_delta = stated_delta(ledger)
+    return {
+        "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
+                                              "left": meter.left, "part": meter.part},
+        "statement": None if claim is None else claim.statement,
+        "statement_kind": None if claim is None else claim.kind,
+        # only beside a filter's statement (docs/theory.md §12): not the odometer's tail bound
+        "risk": (risk_sentence(claim.epsilon, claim.delta)
+                 if claim is not None and claim.kind == "filter" else None),
+        "path": ledger.path,
+        "orders": len(ledger.orders),
+        "odometer": cfg.odometer,
+        "delta": delta,
+        "filter": cfg.filter,
+        "target_epsilon": cfg.epsilon,
+        "target_statement": (None if cfg.epsilon is None else
+                             f"the whole interaction is ({cfg.epsilon:g}, {delta:g})-DP"
+                             + (" — but the target was changed after charges were made "
+                                "(retarget), so it was not fixed in advance"
+                                if ledger._acc.retargeted else "")),
+        "strict_budget": cfg.filter == "strict",
+        "charges": charges,
+        # leases (docs/theory.md §13): spent in the journal, never released (still spent)
+        "leased_unused": ledger.leased_unused,
+        "released": charges - ledger.leased_unused,
+        "runs": len(runs),
+        "running_delta": running_delta,
+        "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),
+        "running_statement": (None if running_delta is None else
+                              f"P(privacy loss > running ε) ≤ {running_delta:g}, at any "
+                              "stopping time" + (", at the δ fixed before the first output "
+                                                 "(the target was changed afterwards)"
+                                                 if retargeted else "")),
+        "naive_epsilon_not_a_guarantee": None if delta is None else ledger.nonadaptive_epsilon(),
+        "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, delta)
+                                               if compare_prv and delta is not None else None),
+        "remaining_repeats_of_last_mechanism": _finite(remaining.repeats),
+        "last_mechanism": None if last is None else describe(last.to_dict()),
+        "by_label": list(groups.values()),
+        "timeline": timeline,
+        "events": list(ledger.events),
+    }
+
+
+def _above(x: float, target: float | None, why: str) -> str:
+    """`` — above the target: why`` when ``x`` exceeds the target (same line, always)."""
+    return f" — above the target ε = {target:g}: {why}" if target is not None and x > target else ""
+
+
+def print_report(data: dict[str, Any]) -> None:
+    """The report; its first lines answer: how much is left, what to report, why ε differs."""
+    target, delta = data["target_epsilon"], data["delta"]
+    b = data.get("budget")
+    if b is not None:
+        over = (" — over the target after a retarget: every charge is refused"
+                if b["spent"] > b["epsilon"] else "")
+        print(f"budget      {b['spent']:.4g} of ε = {b['epsilon']:g} spent ({b['part']}) — "
+              f"{100 * b['left']:.3g}% left{over}")
+    else:
+        print("budget      " + ("strict per-order RDP budget (a tuning candidate's child)"
+                               if data["strict_budget"] else "none: no (ε, δ) target, "
+                               "this ledger only measures (odometer)"))
+    if data.get("statement") is not None:
+        risk = f"; {data['risk']}" if data.get("risk") else ""
+        print(f"report      {data['statement']}{risk}")
+    if data["running_epsilon"] is not None:
+        run = data["running_epsilon"]
+        above = (f"above the target ε = {target:g}, " if target is not None and run > target
+                 else "")
+        why = ("" if target is None else f" — {above}a different statement: it must hold at "
+               "any stopping time without the filter, so it is usually larger than the meter "
+               "and may exceed the target while the filter's guarantee holds")
+        print(f"any-time ε  {run:.4f} at δ = {data['running_delta']:g} "
+              f"({data['running_statement']}; valid under adaptivity){why}")
+        prv = data["opacus_prv_epsilon_not_a_guarantee"]
+        naive = data["naive_epsilon_not_a_guarantee"]
+        fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"
+        if prv is not None:
+            print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence; "
+                  f"{fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
+        if naive is not None:  # None: retargeted to no δ
+            print(f"naive ε     {naive:.4f} (RDP conversion of the spent curve, as Opacus' "
+                  f"RDP accountant; {fixed})"
+                  f"{_above(naive, target, 'not a statement about this run')}")
+    print(f"ledger      {data['path']}")
+    filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
+            f"filter: {data['target_statement']}" if target is not None else
+            "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
+    print(f"filter      {filt}")
+    print(f"grid        {data['orders']} Rényi orders; odometer {data['odometer']!r}")
+    unused = data.get("leased_unused") or 0
+    print(f"charges     {data['charges']} in {data['runs']} runs" + (
+        f": {data['released']} released, {unused} leased but unused (spent)" if unused else ""))
+    if data["last_mechanism"] is not None:
+        reps = data["remaining_repeats_of_last_mechanism"]
+        print(f"remaining   {reps if reps == 'unlimited' else int(reps)} more of "
+              f"the last mechanism, {data['last_mechanism']}")
+    for e in data["events"]:
+        print(f"event       {e['event']} at {_time(e.get('time'))}: "
+              f"{e.get('reason', e.get('from'))!r}")
+    print("\ncharges by label")
+    for g in data["by_label"]:
+        mechs = "; ".join(g["mechanisms"][:3]) + (" ..." if len(g["mechanisms"]) > 3 else "")
+        print(f"  {g['label']!s:24s} {g['charges']:8d}  {mechs}")
+    print("\ntimeline (runs of identical charges)")
+    rows = data["timeline"]
+    shown: list[dict | None] = rows if len(rows) <= 12 else [*rows[:6], None, *rows[-5:]]
+    for row in shown:
+        if row is None:
+            print(f"  ... {len(rows) - 11} more runs ...")
+            continue
+        print(f"  {_time(row['start'])}  {row['charges']:7d} × {row['label']!s:16s} "
+              f"{row['mechanism']}")
+
+
+def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
+    """Write a PNG: the budget meter against the target on one panel; the any-time ε
+    (odometer), the non-adaptive RDP ε and Opacus' PRV ε on a panel of their own.
+
+    Raises:
+        InvalidArgumentError: ``out`` cannot be written (its directory is
+            missing or not writable, or it is a directory); checked before
+            anything is computed.
+    """
+    _check_output(out)
+    matplotlib = require("matplotlib", "plot")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tr = trajectory(ledger)
+    meter = tr.get("meter") or []
+    target = ledger.target
+    panels = 2 if target is not None and meter else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 3.2 * panels), sharex=True, squeeze=False)
+    if target is not None and panels == 2:
+        top = axes[0][0]
+        top.plot(tr["meter_charges"], meter, marker=".", label="budget meter (what the filter compares)")
+        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {target[0]:g}")
+        top.set_ylim(0, target[0] * 1.08)
+        top.set_ylabel("budget spent (ε units)")
+        top.legend(fontsize=8, loc="lower right")
+    ax = axes[-1][0]
+    ax.plot(tr["charges"], tr["running_epsilon"], label="any-time ε (odometer; valid at any stop)")
+    ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
+            label="non-adaptive RDP (NOT a guarantee under adaptivity)")
+    runs = ledger.runs
+    delta = stated_delta(ledger)
+    if compare_prv and delta is not None and 0 < len(runs) <= PRV_MAX_SEGMENTS:
+        xs, ys = _prv_points(runs, delta)
+        if xs:
+            ax.plot(xs, ys, linestyle="--", marker=".",
+                    label="Opacus PRV (NOT a guarantee under adaptivity)")
+    ax.set_xlabel("charges")
+    ax.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
+    ax.legend(fontsize=8)
+    name = os.path.basename(str(ledger.path)) if ledger.path else "in-memory ledger"
+    fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"
+                 if panels == 2 else name, fontsize=10)
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as exc:
+        raise InvalidArgumentError("output", out, f"cannot be written ({exc.strerror or exc})"
+                                   ) from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def _check_output(out: Any) -> None:
+    """Refuse an output path that cannot be written, naming it and the cause."""
+    if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise InvalidArgumentError("output", out, "must be a file path")
+    directory = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(directory):
+        raise InvalidArgumentError("output", out, f"directory {directory} does not exist")
+    if os.path.isdir(out):
+        raise InvalidArgumentError("output", out, "is a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise InvalidArgumentError("output", out, f"directory {directory} is not writable")
+
+
+def _prv_points(runs: tuple[Run, ...], delta: float, points: int = 12
+                ) -> tuple[list[int], list[float]]:
+    """Opacus' PRV ε at a few charge counts (each prefix of the journal, cut inside a run)."""
+    total = runs[-1].start + runs[-1].count
+    xs, ys = [], []
+    for mark in np.unique(np.linspace(1, total, min(points, total)).astype(int)):
+        prefix = []
+        for run in runs:
+            if run.start >= mark:
+                break
+            prefix.append(Run(run.index, run.start, min(run.count, int(mark) - run.start),
+                              run.label, run.mechanism, run.first_time, run.last_time, run.pid))
+        eps = prv_epsilon(prefix, delta)
+        if eps is None:
+            return [], []
+        xs.append(int(mark))
+        ys.append(eps)
+    return xs, ys

@@ -1,0 +1,205 @@
+"""The Poisson-subsampled Gaussian's RDP curve at any order, always a valid bound.
+
+privguard charges the subsampled Gaussian with Opacus' own analysis
+(``compute_rdp``, Mironov, Talwar & Zhang 2019, §3.3) so that a ledger agrees
+with Opacus' ``RDPAccountant`` bit for bit. That code has three failure modes
+outside the usual range (measured on Opacus 1.6 by
+``.venv/bin/python scripts/sgm_limits.py``; the tests in
+tests/test_mechanisms.py check each):
+
+* integer orders from 1030 on: ``special.binom`` overflows and the result is
+  NaN, for every σ and q (and the loop takes O(α) Python steps);
+* fractional orders: the series loop stops at the first term below e^-30,
+  which (a) may take very long to come (q = 1/2, α = 1.1: 86,561 terms for
+  σ = 10^4, more than 10^5 from σ = 10^5 on; a NaN term never passes the
+  test), and (b) may come before the terms that matter (large σ and
+  α·log(1/(1−q)) > 30, e.g. σ = 8, q = 0.3, α = 100.5): the value is then
+  garbage, in 53 of the script's 448 (σ, q, α), down to −0.70 at
+  (10^4, 0.5, 63.5);
+* σ² overflowing or underflowing in Python floats: OverflowError or
+  ZeroDivisionError.
+
+:func:`curve` therefore keeps Opacus' value exactly where it is reliable and
+replaces it by a valid upper bound elsewhere; every value is an upper bound
+on the true RDP (up to floating-point rounding of a correct formula), never a
+NaN turned into a smaller number:
+
+1. q = 1, or σ² not representable: the Gaussian curve α/(2σ²) (Mironov 2017,
+   Prop. 7), which bounds every q (Poisson subsampling is a mixture, and
+   Rényi divergence is jointly quasi-convex: van Erven & Harremoës 2014,
+   Thm. 13). It rounds to 0 when σ² overflows and to +inf when it underflows.
+2. Integer α ≤ :data:`OPACUS_MAX_ORDER`: Opacus (a finite sum of positive
+   terms). Integer α above it: the same sum (Mironov et al. 2019, §3.3),
+   A_α = Σ_k C(α,k)(1−q)^(α−k) q^k e^((k²−k)/(2σ²)), evaluated here in log
+   space with ``gammaln`` and ``logsumexp``.
+3. Fractional α < :data:`OPACUS_MAX_ORDER`: Opacus, if its series stops within
+   :data:`MAX_SERIES_TERMS` terms (predicted before calling it, since the loop
+   cannot be interrupted) and the value lies between the integer neighbours
+   ε(⌊α⌋) and ε(⌈α⌉), as monotonicity in α requires (within
+   :data:`privguard._validation.RDP_RTOL`/``RDP_ATOL``). Otherwise ε(⌈α⌉),
+   a valid bound by monotonicity (formulas.md §1).
+4. A value above the Gaussian bound becomes the Gaussian bound; a negative
+   value within the tolerance of 0 (round-off of a value ≈ 0) becomes 0, one
+   below that (garbage) the Gaussian bound.
+5. The monotone envelope over the grid (each value raised to the largest
+   value at a smaller order; values only ever go up): the curve is a supremum
+   of Rényi divergences, each non-decreasing in α.
+
+Wherever Opacus' values are reliable and non-decreasing on the grid (e.g. the
+default grid for every (σ, q) in tests/test_mechanisms.py), the result equals
+Opacus' ``compute_rdp`` bit for bit. Near α = 1, Opacus' own values can
+decrease by round-off (up to 1.8e-11 in the script's scan): step 5 raises
+them by that much.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import binom, gammaln, log_ndtr, logsumexp
+
+from privguard._curves import _opacus_rdp
+from privguard._validation import rdp_tolerance
+
+OPACUS_MAX_ORDER = 1024
+"""Largest order passed to Opacus: its binomials overflow (NaN) from about 1030."""
+
+MAX_SERIES_TERMS = 100_000
+"""Most terms of Opacus' fractional-order series privguard lets it sum (about 0.3 s)."""
+
+_STOP = -30.0  # Opacus' stopping rule: both log-terms below this
+
+
+def gaussian_bound(orders: np.ndarray, sigma: float) -> np.ndarray:
+    """α/(2σ²) (Mironov 2017, Prop. 7), as Opacus' q = 1 branch computes it, without raising."""
+    try:
+        two_var = 2 * sigma**2  # the same float expression as Opacus'
+    except OverflowError:
+        two_var = math.inf
+    with np.errstate(divide="ignore", over="ignore"):
+        return orders / two_var
+
+
+def _opacus_can_run(sigma: float) -> bool:
+    try:
+        return 2 * sigma**2 > 0.0
+    except OverflowError:
+        return False
+
+
+def integer_order(q: float, sigma: float, alpha: int) -> float:
+    """log(A_α)/(α−1) at an integer order α ≥ 2, in log space (Mironov et al. 2019, §3.3).
+
+    A_α = Σ_{k=0}^{α} C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)), with 0 < q < 1.
+    """
+    k = np.arange(alpha + 1, dtype=np.float64)
+    try:
+        two_var = 2 * sigma**2
+    except OverflowError:
+        two_var = math.inf
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        quad = np.where(k < 2, 0.0, (k * k - k) / two_var)  # 0 for k = 0, 1 even if σ² = 0
+        log_terms = (gammaln(alpha + 1.0) - gammaln(k + 1) - gammaln(alpha - k + 1)
+                     + k * math.log(q) + (alpha - k) * math.log1p(-q) + quad)
+    if np.isposinf(log_terms).any():
+        return math.inf
+    return float(logsumexp(log_terms)) / (alpha - 1)
+
+
+def series_terms(q: float, sigma: float, alpha: float, cap: int = MAX_SERIES_TERMS) -> int | None:
+    """How many terms Opacus' fractional-order series sums before it stops, or None if > cap.
+
+    The series for fractional α (Mironov et al. 2019, §3.3) splits A_α at
+    z0 = σ²·log(1/q − 1) + 1/2 into two sums whose i-th log-terms are
+    log s0 = log|C(α,i)| + i·log q + (α−i)·log(1−q) + (i²−i)/(2σ²) + log(erfc((i−z0)/(√2σ))/2)
+    and log s1 likewise with i and j = α − i swapped (erfc((z0−j)/(√2σ))/2).
+    Opacus stops after the first i at which both are below −30. This
+    evaluates the same terms in numpy, chunk by chunk, and requires them below
+    −30 by a margin (1e-9 relative to the terms' parts) so that Opacus'
+    scalar arithmetic stops no later (tests/test_mechanisms.py checks the
+    count against Opacus' own). A NaN term never stops: None.
+    """
+    try:
+        var = sigma**2
+    except OverflowError:
+        return None
+    z0 = var * math.log(1 / q - 1) + 0.5
+    log_q, log_1mq, root2s = math.log(q), math.log(1 - q), math.sqrt(2) * sigma
+    start, size = 0, 64
+    with np.errstate(all="ignore"):
+        while start < cap:
+            i = np.arange(start, min(start + size, cap), dtype=np.float64)
+            j = alpha - i
+            log_coef = np.log(np.abs(binom(alpha, i)))
+            quad0, quad1 = (i * i - i) / (2 * var), (j * j - j) / (2 * var)
+            e0 = math.log(0.5) + math.log(2) + log_ndtr(-(i - z0) / root2s * 2**0.5)
+            e1 = math.log(0.5) + math.log(2) + log_ndtr(-(z0 - j) / root2s * 2**0.5)
+            s0 = log_coef + i * log_q + j * log_1mq + quad0 + e0
+            s1 = log_coef + j * log_q + i * log_1mq + quad1 + e1
+            scale = (np.abs(log_coef) + np.abs(i * log_q) + np.abs(j * log_1mq)
+                     + np.abs(j * log_q) + np.abs(i * log_1mq) + np.abs(quad0) + np.abs(quad1)
+                     + np.abs(e0) + np.abs(e1))
+            stop = np.maximum(s0, s1) < _STOP - (1e-9 * scale + 1e-9)
+            if stop.any():
+                return start + int(np.argmax(stop)) + 1
+            start += size
+            size *= 2
+    return None
+
+
+def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """One step's RDP curve on ``orders`` (validated: finite, > 1, increasing); see the module."""
+    bound = gaussian_bound(orders, sigma)
+    if q == 1.0 or not _opacus_can_run(sigma):
+        return bound
+    alphas = orders.tolist()
+    fractional = {a for a in alphas if not float(a).is_integer()}
+    trusted = {a for a in fractional if a < OPACUS_MAX_ORDER
+               and series_terms(q, sigma, a) is not None}
+    integers = {int(a) for a in alphas if a not in fractional}
+    for a in fractional:
+        integers.add(math.ceil(a))
+        if a >= 2:
+            integers.add(math.floor(a))
+    opacus_orders = sorted(trusted | {float(n) for n in integers if n <= OPACUS_MAX_ORDER})
+    values = _opacus_values(q, sigma, opacus_orders)
+    for n in integers:
+        if n > OPACUS_MAX_ORDER:
+            values[float(n)] = integer_order(q, sigma, n)
+
+    out = np.empty(len(alphas))
+    for idx, a in enumerate(alphas):
+        v = values.get(a, math.nan)
+        if a in fractional:
+            lo = values[float(math.floor(a))] if a >= 2 else 0.0
+            hi = values[float(math.ceil(a))]
+            if not (lo - rdp_tolerance(lo) <= v <= hi + rdp_tolerance(hi)):  # also NaN
+                v = hi
+        if math.isnan(v):
+            v = bound[idx]
+        elif v < 0:
+            v = 0.0 if v >= -rdp_tolerance(0.0) else bound[idx]
+        out[idx] = min(v, bound[idx])
+    return np.maximum.accumulate(out)
+
+
+def _opacus_values(q: float, sigma: float, orders: list[float]) -> dict[float, float]:
+    """Opacus' one-step values at ``orders`` (NaN where it raises), one batch call if it can."""
+    if not orders:
+        return {}
+    compute = _opacus_rdp.compute_rdp()
+    try:
+        batch = np.asarray(compute(q=q, noise_multiplier=sigma, steps=1, orders=orders),
+                           dtype=np.float64)
+        return {a: float(v) for a, v in zip(orders, batch)}
+    except (ArithmeticError, ValueError):
+        pass
+    values = {}
+    for a in orders:
+        try:
+            one = compute(q=q, noise_multiplier=sigma, steps=1, orders=[a])
+            values[a] = float(np.asarray(one, dtype=np.float64)[0])
+        except (ArithmeticError, ValueError):
+            values[a] = math.nan
+    return values

@@ -1,0 +1,438 @@
+"""The Ledger: the object users hold; every private computation is charged to it.
+
+A thin façade. :mod:`privguard._accounting._accounting` decides and applies (pure),
+:mod:`privguard._stores` persist and share the journal, :mod:`privguard._stores._state`
+serialises. The ledger adds one lock around decide-and-apply; its queries
+(:mod:`privguard._ledger._ledger_queries`), listeners (:mod:`privguard._ledger._listeners`) and
+state (:mod:`privguard._ledger._ledger_state`) are mixins. A ledger whose state proved
+unusable refuses everything (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from privguard import _validation as check
+from privguard._accounting import _config, _deviation
+from privguard._accounting import _lease as leases
+from privguard._accounting._accounting import Accounting, Change, check_label
+from privguard._accounting._journal import ChargeRecord
+from privguard._accounting._plan import Plan
+from privguard._accounting._results import LedgerEvent
+from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
+from privguard._ledger._ledger_queries import LedgerQueries
+from privguard._ledger._ledger_state import LedgerState
+from privguard._ledger._listeners import LedgerListeners
+from privguard._mechanisms._base import Mechanism
+from privguard._stores import MemoryStore, open_store
+
+
+class _GuardedTxn:
+    """A store transaction whose write failure breaks the ledger (memory ran ahead of it)."""
+
+    def __init__(self, ledger: Ledger, txn: Any) -> None:
+        self._ledger, self._txn = ledger, txn
+
+    def write(self, acc: Accounting, changes: list[Any]) -> None:
+        try:
+            self._txn.write(acc, changes)
+        except BaseException as exc:  # any failure: a disk error, an interrupt, a bug
+            # The accounting already holds these changes and the store rolls them back:
+            # this ledger's memory is ahead of its store, so it must never be used again.
+            self._ledger._break(f"a write to the store failed ({type(exc).__name__}: {exc}); "
+                                "reopen the ledger")
+            raise
+
+
+class Ledger(LedgerQueries, LedgerListeners, LedgerState):
+    """The privacy ledger: filter, odometer, journal and listeners over a grid of orders.
+
+    Args:
+        epsilon: target ε of a hard (ε, δ)-DP budget (a filter). Needs ``delta``.
+        delta: δ of the filter and of the running odometer. Without ``epsilon``
+            the ledger only reports (odometer, no refusals).
+        plan: a :class:`Plan` (the step the run will repeat, its horizon and
+            read cadence) or a bare mechanism ("this step, horizon unknown").
+            It fixes, before any output, the δ shares of the filter, the
+            odometer's weights and the hybrid filter's envelope. Default: the
+            first charged mechanism, which is chosen before any output exists.
+        filter: ``"rdp"`` (default) or ``"hybrid"`` (docs/theory.md §2).
+        orders: the grid of Rényi orders (default :data:`DEFAULT_ORDERS`).
+        shares: how the filter splits δ over orders (default ``Concentrated(0.9)``).
+        rdp_budget: instead of (ε, δ), a per-order RDP budget (a mechanism, an
+            :class:`RDPCurve` or one value per order), enforced strictly:
+            refuse if ANY order would exceed.
+        odometer: the running ε's construction (docs/theory.md §3).
+        listeners: callables receiving a :class:`LedgerEvent` per charge and refusal.
+        path: keep the journal in this SQLite file (created if missing), or in
+            a PostgreSQL ledger named by a ``postgresql://USER@HOST/DB?ledger=NAME``
+            URL (``pip install 'privguard[postgres]'``; README "Shared budgets").
+            Reopening the same path resumes the same ledger; several processes
+            (for a server ledger, on several machines) may share it. The file's configuration must equal this one (use
+            :meth:`Ledger.open` to adopt the stored configuration).
+        retarget: with ``path``, a reason for opening an existing file with
+            another target or budget; the change is logged in the file.
+        lease: the lease cap C, in steps (docs/theory.md §13, README "Leases"):
+            a file or server ledger admits a block of identical steps of the
+            current mechanism in one durable transaction (spent at once, shared
+            with every process) and hands them out from memory. ``1`` charges
+            every step durably (no leases); the default, None, is
+            ``DEFAULT_CAP`` (16) steps for a file or server ledger and 1 in
+            memory. A streak that released r steps takes leases of up to
+            max(C, r // 64) steps. Unused leased steps stay spent (over-count,
+            never under).
+
+    Raises:
+        InvalidArgumentError: any argument out of its domain.
+        LedgerStateError: the file at ``path`` is unreadable, inconsistent,
+            edited, of another schema or of another configuration.
+
+    Example:
+        >>> from privguard import Ledger, BudgetExhausted, mechanisms as M
+        >>> ledger = Ledger(epsilon=3.0, delta=1e-5)
+        >>> step = M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.01)
+        >>> for _ in range(100):
+        ...     _ = ledger.charge(step, label="step")
+        >>> 0 < ledger.epsilon() < 3.0
+        True
+        >>> ledger.can_afford(M.Gaussian(noise_multiplier=0.1))
+        False
+    """
+
+    def __init__(self, epsilon: float | None = None, delta: float | None = None, *,
+                 plan: Plan | Mechanism | None = None, filter: str | None = None,
+                 orders: Any = None, shares: Any = None, rdp_budget: Any = None,
+                 odometer: str | None = None, listeners: Any = (),
+                 path: str | os.PathLike[str] | None = None, retarget: str | None = None,
+                 lease: int | None = None) -> None:
+        config = _config.build(epsilon, delta, orders=orders, shares=shares, plan=plan,
+                               rdp_budget=rdp_budget, odometer=odometer, filter=filter)
+        if retarget is not None:
+            if path is None:
+                raise InvalidArgumentError("retarget", retarget, "only applies with path=")
+            if not isinstance(retarget, str) or not retarget.strip():
+                raise InvalidArgumentError("retarget", retarget,
+                                           "must be a non-empty reason (it is logged)")
+        cap = leases.check_cap(lease, path is not None)
+        self._setup(listeners, None if path is None else open_store(path))
+        self._lease_cap = cap
+        if self._store is None:
+            self._acc = Accounting(config)
+        else:
+            self._acc = self._store.open(config, Accounting(config), retarget)
+            self._store.live = True
+
+    def _setup(self, listeners: Any, store: Any) -> None:
+        self._lock = threading.RLock()
+        self._broken: str | None = None
+        self._held: str | None = None
+        self._listeners: list[Callable[[LedgerEvent], None]] = []
+        if isinstance(listeners, (str, bytes)) or not hasattr(listeners, "__iter__"):
+            raise InvalidArgumentError("listeners", listeners, "must be an iterable of callables")
+        for fn in listeners:
+            self.add_listener(fn)
+        self._store = store
+        self._backend = store or MemoryStore()
+        self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        self._lease_cap = 1
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, listeners: Any = (),
+             read_only: bool = False, lease: int | None = None) -> Ledger:
+        """Open an existing ledger file with the configuration stored in it.
+
+        With ``read_only=True`` the file is opened for reading only (for
+        inspecting a ledger you may not write); charging it raises. ``lease``:
+        as for :class:`Ledger`.
+
+        Raises:
+            LedgerStateError: no such file, or it is unreadable, inconsistent or edited.
+        """
+        cap = leases.check_cap(lease, True)
+        self = cls.__new__(cls)
+        self._setup(listeners, open_store(path, read_only=read_only))
+        self._lease_cap = cap
+        self._acc = self._store.open(None, None, None)
+        self._store.live = True
+        return self
+
+    def close(self) -> None:
+        """Close the ledger's file (if any). The ledger can no longer be charged.
+
+        The unused remainder of a lease is recorded in the journal as a
+        ``lease-unused`` event first (it stays spent).
+        """
+        with self._lock:
+            if self._store is not None:
+                try:
+                    self._record_unused("close")
+                finally:
+                    self._store.close()
+                    self._broken = "closed"
+
+    @property
+    def leased_unused(self) -> int:
+        """Steps the journal holds as spent that were leased but never released: the
+        remainders recorded as ``lease-unused`` events, plus this process's open lease
+        (docs/theory.md §13). A process that died with a lease leaves its remainder
+        spent and unrecorded: it counts as released here. :attr:`history` lists every
+        spent step, these included.
+
+        Example:
+            >>> from privguard import Ledger
+            >>> Ledger(epsilon=3.0, delta=1e-5).leased_unused  # in memory: no leases
+            0
+        """
+        with self._synced(write=False):
+            lease = self._lease
+            live = lease.left if lease is not None and lease.pid == os.getpid() else 0
+            return leases.unused_steps(self._acc.events) + live
+
+    def _logs_unused(self) -> bool:
+        """Whether this ledger's store takes a lease-unused event (a PostgreSQL charging
+        role may append charges only: its remainders stay spent, unrecorded, as after a
+        crash)."""
+        return self._store is not None and getattr(self._store, "writes_events", True)
+
+    def _record_unused(self, reason: str) -> None:
+        """Log this process's lease remainder (still spent) and drop the lease."""
+        lease, self._lease = self._lease, None
+        if (lease is None or not lease.left or lease.pid != os.getpid()
+                or self._broken is not None or not self._logs_unused()):
+            return
+        with self._synced(write=True) as txn:
+            body = leases.unused_event(lease, reason, time.time())
+            self._acc.replay_event(body)
+            txn.write(self._acc, [Change("event", body=body)])
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _synced(self, write: bool) -> Iterator[Any]:
+        """The lock, and a store transaction in which the accounting is up to date.
+
+        A failure of the store (sync, write or commit) breaks the ledger: it
+        then refuses everything (fail closed). So does a LedgerStateError of the
+        body, which reads the store (a journal read back whole that fails its
+        chain); the body's other errors (BudgetExhausted, InvalidArgumentError)
+        do not.
+        """
+        with self._lock:
+            if self._broken is not None:
+                raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
+            if self._held is not None:
+                raise LedgerStateError(f"ledger refuses reads and charges for now: {self._held}")
+            if write and self._store is not None and self._store.read_only:
+                # refused before the store is touched: the ledger stays readable
+                raise LedgerStateError(f"{self._store.path} was opened read-only: it cannot "
+                                       "be charged")
+            transaction = self._backend.transaction(self._acc, write)
+            txn = self._guard(transaction.__enter__)
+            try:
+                yield _GuardedTxn(self, txn)
+            except BaseException as exc:
+                if isinstance(exc, LedgerStateError):
+                    self._break(str(exc))
+                # the store rolls back; an error of its own while doing so breaks the ledger
+                if not self._guard(lambda: transaction.__exit__(*sys.exc_info())):
+                    raise
+            else:
+                self._guard(lambda: transaction.__exit__(None, None, None))
+
+    def _guard(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except LedgerStateError as exc:
+            self._break(str(exc))
+            raise
+
+    def _hold(self, reason: str) -> bool:
+        """Refuse every read and charge until :meth:`_unhold` (for a client such as a tuner
+        whose trials must not touch this ledger); ``False`` if it is already held or broken.
+        """
+        with self._lock:
+            if self._broken is not None or self._held is not None:
+                return False
+            self._held = reason
+            return True
+
+    def _unhold(self) -> None:
+        """End a hold; a ledger broken meanwhile stays broken (fail closed)."""
+        with self._lock:
+            self._held = None
+
+    def _break(self, reason: str) -> None:
+        """Refuse everything from now on (fail closed); the first cause is the one reported."""
+        if self._broken is None:
+            self._broken = reason
+
+    # ------------------------------------------------------------- charging
+    def charge(self, mechanism: Mechanism, label: str | None = None, *,
+               times: int = 1) -> ChargeRecord:
+        """Charge one run of ``mechanism``; refuse before recording if it would overspend.
+
+        With ``times`` = k, charge k identical runs at once, all or nothing,
+        in one transaction: exactly what k single charges would record (one
+        run of the journal, the same spent curve, the same filter decision as
+        the k-th single charge).
+
+        Returns:
+            The :class:`ChargeRecord` appended to the journal (the last one).
+
+        Raises:
+            BudgetExhausted: the filter refuses; nothing was recorded.
+            InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
+            LedgerStateError: the ledger's state is unusable (fail closed).
+        """
+        label = check_label(label)
+        times = check.positive_int("times", times, maximum=check.MAX_STEPS)
+        pid = os.getpid()
+        lease = self._lease
+        if lease is not None and lease.covers(mechanism, label, pid, times):
+            record = self._from_lease(lease, mechanism, label, pid, times)
+            if record is not None:
+                self._notify(LedgerEvent("charge", self, mechanism, label, record))
+                return record
+        if isinstance(mechanism, Mechanism):
+            # A new mechanism's curve can take milliseconds: compute it (pure, cached)
+            # before taking the store's lock, which other processes are waiting for.
+            self._acc.curve(mechanism)
+        with self._synced(write=True) as txn:
+            verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid, times)
+            if not verdict.admitted:
+                remaining = self._remaining(mechanism)
+                self._notify(LedgerEvent("refused", self, mechanism, label, None))
+                raise BudgetExhausted(
+                    f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
+                    "refused: it would exceed the "
+                    f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
+                    requested=mechanism, label=label, remaining=remaining)
+            deviation, closing = None, _deviation.closes_part_a(verdict)
+            if closing:  # part A closes (once per ledger): say what it cost
+                step = _deviation.plan_step(self._acc, verdict)
+                before = self._acc.repeats(step, None, pid)
+            now, pre = time.time(), []
+            if abandon is not None and self._logs_unused():  # it stays spent either way
+                body = leases.unused_event(abandon, "mechanism change", now)
+                self._acc.replay_event(body)
+                pre = [Change("event", body=body)]
+            self._lease = None
+            changes = pre + self._acc.apply(verdict, label, now, pid)
+            txn.write(self._acc, changes)  # durable at commit, before the caller acts
+            if closing:  # committed: nothing here may raise into the transaction
+                deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
+                                               _deviation.repeats_or_nan(self._acc, step, pid))
+            run = changes[-1].run
+            assert run is not None
+            spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
+            record = run.record(run.count - 1 - spare)
+            if self._lease_cap > 1:
+                self._lease = leases.Lease(run.mechanism, label, pid, spare,
+                                           run.start + run.count - spare, streak + times)
+        self._notify(LedgerEvent("charge", self, mechanism, label, record))
+        if deviation is not None:
+            warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
+            self._notify(LedgerEvent("deviation", self, mechanism, label, record))
+        return record
+
+    def can_afford(self, mechanism: Mechanism) -> bool:
+        """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
+        nothing). A step this process holds leased (already spent) is affordable."""
+        lease = self._lease
+        if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
+                and self._broken is None:
+            return True
+        with self._synced(write=False):
+            return self._acc.decide(mechanism, None, os.getpid()).admitted
+
+    def _from_lease(self, lease: leases.Lease, mechanism: Mechanism, label: str | None,
+                    pid: int, times: int) -> ChargeRecord | None:
+        """``times`` steps handed out from this process's lease (already admitted and
+        spent in the journal: no I/O, no grid arithmetic); None if the lease is gone."""
+        with self._lock:
+            if self._broken is not None or self._lease is not lease \
+                    or not lease.covers(mechanism, label, pid, times):
+                return None
+            return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+
+    def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int
+                       ) -> tuple[Any, int, leases.Lease | None, int]:
+        """The verdict for ``times`` steps, with a lease when this ledger takes leases.
+
+        Returns (verdict, carry, abandon, streak): ``carry`` steps come from this process's
+        lease of the same key (fewer than ``times``), the verdict admits the rest plus a
+        lease, through the decision ``charge(times=n)`` takes (the filter admits the whole
+        lease before its first step); ``abandon`` is a lease of another key whose
+        remainder is to be recorded as unused; ``streak`` the steps the key released so far.
+        When the lease cannot be admitted whole it
+        shrinks to the largest count admitted; when the steps needed are refused, the
+        verdict is that refusal, exactly as without leases (docs/theory.md §13).
+        """
+        acc, cap, old = self._acc, self._lease_cap, self._lease
+        if old is not None and old.pid != pid:
+            old = self._lease = None  # a forked child: the parent's lease is not ours
+        same = old is not None and old.same_key(mechanism, label, pid)
+        carry = old.left if same and old is not None else 0
+        abandon = old if old is not None and not same and old.left else None
+        streak = old.streak if same and old is not None else 0
+        need = times - carry
+        verdict = acc.decide(mechanism, label, pid, need)
+        if cap <= 1 or not verdict.admitted or self._store is None:
+            return verdict, carry, abandon, streak
+        n = leases.target_size(cap, streak, need)
+        flt = acc.filter
+        if flt is not None and n > need:
+            n = leases.hybrid_room(flt, mechanism, need, n)
+            n = leases.meter_room(flt, acc.spent(), acc.curve(mechanism), need, n)
+        if n > need:
+            bigger = acc.decide(mechanism, label, pid, n)
+            if not bigger.admitted:  # shrink to the largest admitted count (monotone in n)
+                lo, hi = need, n
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if acc.decide(mechanism, label, pid, mid).admitted \
+                        else (lo, mid)
+                bigger = verdict if lo == need else acc.decide(mechanism, label, pid, lo)
+            verdict = bigger
+        return verdict, carry, abandon, streak
+
+    def child(self, budget: Any, *, delta: float | None = None) -> Ledger:
+        """A strict, in-memory sub-ledger for one tuning candidate.
+
+        It refuses any charge that would exceed ``budget`` (a mechanism, an
+        :class:`RDPCurve` or per-order values) at ANY order, so the candidate
+        stays within the per-candidate curve a tuning theorem assumed. The
+        parent is not charged by the child: the caller charges the parent the
+        tuning bound, which covers every candidate.
+
+        Example:
+            >>> from privguard import Ledger, mechanisms as M
+            >>> parent = Ledger(epsilon=8.0, delta=1e-5)
+            >>> kid = parent.child(M.SubsampledGaussian(1.0, 0.01, steps=50))
+            >>> for _ in range(50):
+            ...     _ = kid.charge(M.SubsampledGaussian(1.0, 0.01))
+            >>> kid.can_afford(M.SubsampledGaussian(1.0, 0.01))
+            False
+        """
+        cfg = self._acc.config
+        mode = cfg.odometer if cfg.odometer in _config.NEW_ODOMETER_MODES else None
+        return Ledger(orders=self.orders, rdp_budget=budget, delta=delta, odometer=mode)
+
+    def __repr__(self) -> str:
+        cfg = self._acc.config
+        parts = [f"{cfg.orders.size} orders", cfg.describe()]
+        if cfg.delta is not None:
+            parts.append(f"odometer={cfg.odometer!r} at δ={cfg.delta:g}")
+        parts.append(f"{self._acc.journal.charges} charges")
+        return f"Ledger({', '.join(parts)})"

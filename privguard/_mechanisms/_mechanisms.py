@@ -1,0 +1,207 @@
+"""Concrete mechanisms: frozen, documented value objects with an RDP curve.
+
+Each curve sits next to the theorem it comes from. All use the add/remove-one
+neighbouring relation and sensitivity 1 (noise is expressed relative to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._curves import (
+    _opacus_rdp,  # noqa: F401  (tests/test_ledger.py patches it here)
+    _sgm,
+    _stable,
+)
+from privguard._errors import InvalidArgumentError
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
+
+#: The smallest positive float: a curve that underflows is this, never 0 (below the truth).
+_TINY = math.ulp(0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gaussian(Mechanism):
+    """The Gaussian mechanism with noise multiplier σ (noise std / L2 sensitivity).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> M.Gaussian(noise_multiplier=2.0).rdp([2.0, 3.0]).tolist()
+        [0.25, 0.375]
+    """
+
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier",
+                           check.positive_finite("noise_multiplier", self.noise_multiplier))
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        # Mironov 2017, Prop. 7 (formulas.md §1): ε(α) = α / (2σ²), rounded
+        # as floats round it: 0 when σ² overflows, +inf when it underflows.
+        return _sgm.gaussian_bound(orders, self.noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsampledGaussian(Mechanism):
+    """``steps`` steps of the Poisson-subsampled Gaussian mechanism (DP-SGD).
+
+    Each step samples every example independently with probability
+    ``sample_rate`` and adds Gaussian noise with multiplier
+    ``noise_multiplier`` to the clipped sum. The curve is Opacus' own analysis
+    (``opacus.accountants.analysis.rdp.compute_rdp``), so a ledger agrees with
+    Opacus' ``RDPAccountant`` bit for bit on the same grid, wherever Opacus'
+    value is reliable; elsewhere (integer orders above 1024, fractional
+    orders whose series Opacus cannot sum, extreme σ) it is a valid upper
+    bound instead of Opacus' NaN, garbage or endless loop (see
+    ``privguard._curves._sgm``). ``steps`` is at most 2^53.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> step = M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=0.01)
+        >>> run = M.SubsampledGaussian(1.1, 0.01, steps=1000)
+        >>> bool((run.rdp([2.0, 8.0]) == 1000 * step.rdp([2.0, 8.0])).all())
+        True
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier",
+                           check.positive_finite("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "sample_rate", check.sample_rate("sample_rate", self.sample_rate))
+        object.__setattr__(self, "steps",
+                           check.positive_int("steps", self.steps, maximum=check.MAX_STEPS))
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        # Mironov, Talwar & Zhang 2019, §3.3 (formulas.md §1): Opacus' value
+        # where it is reliable, a valid upper bound elsewhere (privguard._curves._sgm).
+        # k-fold composition is k × one step, as compute_rdp(steps=k) computes it.
+        with np.errstate(over="ignore"):
+            return _sgm.curve(self.sample_rate, self.noise_multiplier, orders) * self.steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Laplace(Mechanism):
+    """The Laplace mechanism with scale b (relative to L1 sensitivity 1).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> round(float(M.Laplace(scale=1.0).rdp([2.0])[0]), 6)
+        0.619124
+    """
+
+    scale: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", check.positive_finite("scale", self.scale))
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        # Mironov 2017, Prop. 6 (formulas.md §1):
+        # ε(α) = 1/(α−1) · log( α/(2α−1)·e^((α−1)/b) + (α−1)/(2α−1)·e^(−α/b) ),
+        # evaluated in log space.
+        # Where (α−1)/b ≤ 1 the log-space form loses S − 1 to rounding (Laplace(1e6) was
+        # 2.8e−5 low at α = 2): there the stable form of privguard._curves._stable (issue 24).
+        # Either form is then moved up by a relative MARGIN, and a curve that underflows
+        # is the smallest positive float: never below the truth.
+        a, b = orders, self.scale
+        with np.errstate(over="ignore"):  # (α−1)/b = inf for tiny b: the curve is inf
+            t = 1.0 / b
+            log_terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) / b,
+                                     np.log((a - 1) / (2 * a - 1)) - a / b)
+            small = (a - 1) * t <= 1.0
+            stable = _stable.laplace_rdp_small(t if math.isfinite(t) else 0.0,
+                                               np.where(small, a, 2.0))
+            val = np.where(small, stable, log_terms / (a - 1)) * (1.0 + _stable.MARGIN)
+        return np.maximum(val, _TINY)
+
+
+@dataclasses.dataclass(frozen=True)
+class PureDP(Mechanism):
+    """Any ε₀-DP mechanism, with the tight RDP curve (randomized response).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> c = M.PureDP(epsilon=0.5).rdp([2.0, 1024.0])
+        >>> bool(c[0] < 2 * 0.5**2 / 2 and c[1] < 0.5)
+        True
+    """
+
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        # Randomized response is the worst case among ε₀-DP mechanisms
+        # (formulas.md §1; Mironov 2017, Prop. 5 gives the RR curve):
+        # ε(α) = 1/(α−1) · log( (e^(αε₀) + e^(−(α−1)ε₀)) / (1 + e^(ε₀)) ),
+        # which is ≤ min(ε₀, αε₀²/2). Evaluated in log space.
+        # ε₀·α overflowing gives inf − inf = NaN: ε₀ itself bounds the curve there.
+        # The form above lost everything for tiny ε₀ (PureDP(1e-8).rdp([1.1, 2]) was
+        # [0, 0]); privguard._curves._stable evaluates it without cancellation (issue 24), then it
+        # is moved up by a relative MARGIN and floored at the smallest positive float.
+        e, a = self.epsilon, orders
+        with np.errstate(invalid="ignore", over="ignore"):
+            val = _stable.pure_dp_rdp(e, a) * (1.0 + _stable.MARGIN)
+        return np.clip(np.where(np.isnan(val), e, val), min(_TINY, e), e)
+
+
+@dataclasses.dataclass(frozen=True)
+class ZCDP(Mechanism):
+    """A ρ-zCDP mechanism: ε(α) = ρα (Bun & Steinke 2016, Def. 1.1).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> M.ZCDP(rho=0.1).rdp([2.0, 10.0]).tolist()
+        [0.2, 1.0]
+    """
+
+    rho: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rho", check.positive_finite("rho", self.rho))
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):  # ρα beyond the float range: +inf
+            return self.rho * orders
+
+
+@dataclasses.dataclass(frozen=True)
+class Composed(Mechanism):
+    """Several mechanisms run one after the other: their curves add.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> M.Composed((M.ZCDP(0.1), M.Gaussian(1.0))).rdp([2.0]).tolist()
+        [1.2]
+    """
+
+    mechanisms: tuple[Mechanism, ...]
+
+    def __post_init__(self) -> None:
+        parts = tuple(self.mechanisms) if isinstance(self.mechanisms, (list, tuple)) else None
+        if not parts or not all(isinstance(m, Mechanism) for m in parts):
+            raise InvalidArgumentError("mechanisms", check.short(self.mechanisms),
+                                       "must be a non-empty sequence of mechanisms")
+        object.__setattr__(self, "_nesting", check.nesting("mechanisms", parts))
+        object.__setattr__(self, "mechanisms", parts)
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        # RDP composition (Mironov 2017, Prop. 1): curves add.
+        return np.sum([m._rdp_checked(orders) for m in self.mechanisms], axis=0)
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> Composed:
+        (parts,) = take(params, "Composed", ("mechanisms",))
+        if not isinstance(parts, list):
+            raise InvalidArgumentError("mechanisms", check.short(parts),
+                                       "must be a list of mechanism dicts")
+        return cls(tuple(mechanism_from_dict(m) for m in parts))

@@ -1,0 +1,207 @@
+"""The privacy cost of random-K tuning: run the base algorithm K times, release the best.
+
+Seed 002 (Papernot & Steinke 2022), formulas.md §4. The base algorithm Q is
+one tuning candidate: a random draw of hyperparameters, training, and the
+score, all of it private; its curve must bound every candidate that can be
+drawn (the order-wise maximum over them, seed 000 Lemma 9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
+from privguard._mechanisms._mechanisms import PureDP
+from privguard._mechanisms._runs import (
+    Poisson,
+    RunsDistribution,
+    TruncatedNegativeBinomial,
+    runs_from_dict,
+)
+
+
+def _monotone_envelope(orders: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """ε(α) ≤ ε(α') for α ≤ α' (Rényi divergence is non-decreasing in α):
+    a bound at a larger order also bounds every smaller one."""
+    return np.minimum.accumulate(curve[::-1])[::-1]
+
+
+def _log_delta_hat(orders: np.ndarray, base: np.ndarray, eps_hat: np.ndarray) -> np.ndarray:
+    """log δ̂ at each ε̂: the smallest δ for which the base curve gives (ε̂, δ̂)-DP.
+
+    Per base order, the improved RDP conversion (formulas.md §1), and
+    δ ≤ TV ≤ sqrt(1 − e^(−KL)) (Bretagnolle–Huber) with KL ≤ ε(α) for every
+    α > 1; minimised over the grid.
+    """
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        kl = 0.5 * np.log1p(-np.exp(-base))  # per order; -inf where base = 0
+        kl_best = np.min(np.where(np.isnan(kl), np.inf, kl))
+        a = orders[None, :]
+        log_d = (a - 1) * (base[None, :] - eps_hat[:, None]) - np.log(a) + (a - 1) * np.log1p(-1 / a)
+        log_d = np.where(np.isnan(log_d), np.inf, log_d)
+    return np.minimum(np.min(log_d, axis=1), kl_best)
+
+
+def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBinomial,
+               log_ratio: float = 0.0) -> np.ndarray:
+    """Seed 003 Theorem 1 (seed 002 Theorem 2 when log_ratio = log(C/c) = 0):
+    ε' = ε + (1+θ)(1 − 1/λ̂)ε̂ + (λ/(λ−1) + 1 + θ)·log(C/c) + (1+θ)·log(1/γ)/λ̂
+         + log(E[T])/(λ−1), the auxiliary order λ̂ minimised over the grid."""
+    theta = runs.eta
+    aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
+    out = base + (1 + theta) * aux + math.log(runs.mean) / (orders - 1)
+    if log_ratio:
+        out = out + (orders / (orders - 1) + 1 + theta) * log_ratio
+    return out
+
+
+def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
+    """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
+    out = np.where(np.isnan(out), np.inf, out)
+    if pure_epsilon is not None:
+        out = np.minimum(out, PureDP(pure_epsilon)._rdp(orders))
+    return np.maximum(_monotone_envelope(orders, out), 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatAndSelect(Mechanism):
+    """Run ``base`` K times, K ~ ``runs``, and release only the best run.
+
+    Its curve is the tuning bound:
+
+    * ``runs`` = TruncatedNegativeBinomial(η, γ) — seed 002 Theorem 2: if the
+      base is (λ, ε)- and (λ̂, ε̂)-RDP, the tuner is (λ, ε')-RDP with
+      ε' = ε + (1+η)(1 − 1/λ̂)ε̂ + (1+η)·log(1/γ)/λ̂ + log(E[K])/(λ−1),
+      minimised over λ̂ on the grid. If the base is pure ε₀-DP, Corollary 3
+      also gives (2+η)ε₀-DP; the curve is the smaller of the two.
+    * ``runs`` = Poisson(μ) — seed 002 Theorem 6: if the base is (λ, ε)-RDP
+      and (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ−1), the tuner is (λ, ε')-RDP with
+      ε' = ε + μ·δ̂ + log(μ)/(λ−1), taking ε̂ = log(1 + 1/(λ−1)) and δ̂ from the
+      base curve.
+
+    Both are then made non-decreasing in λ (a bound at a larger order holds
+    at every smaller one), as dp-accounting does.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Geometric
+        >>> t = M.RepeatAndSelect(M.PureDP(0.1), Geometric(mean=10.0))
+        >>> round(t.pure_epsilon, 6)   # Corollary 3 with η = 1: 3ε (Liu & Talwar)
+        0.3
+    """
+
+    base: Mechanism
+    runs: RunsDistribution
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mechanism):
+            raise InvalidArgumentError("base", check.short(self.base), "must be a privguard mechanism")
+        if not isinstance(self.runs, (Poisson, TruncatedNegativeBinomial)):
+            raise InvalidArgumentError("runs", check.short(self.runs),
+                                       "must be Poisson(...) or TruncatedNegativeBinomial(...)")
+        object.__setattr__(self, "_nesting", check.nesting("base", (self.base,)))
+
+    @property
+    def pure_epsilon(self) -> float | None:
+        """(2+η)ε₀ when the base is ε₀-DP and K ~ D_{η,γ} (seed 002 Corollary 3), else None."""
+        if isinstance(self.base, PureDP) and isinstance(self.runs, TruncatedNegativeBinomial):
+            return (2 + self.runs.eta) * self.base.epsilon
+        return None
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        base = self.base._rdp_checked(orders)
+        runs = self.runs
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if isinstance(runs, TruncatedNegativeBinomial):
+                out = _tnb_bound(orders, base, runs)
+            else:
+                # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
+                eps_hat = np.log1p(1 / (orders - 1))
+                delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
+                mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
+                out = base + mean * delta_hat + math.log(mean) / (orders - 1)
+        return _finish(orders, out, self.pure_epsilon)
+
+    def _params(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "runs": self.runs.to_dict()}
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> RepeatAndSelect:
+        base, runs = take(params, "RepeatAndSelect", ("base", "runs"))
+        return cls(mechanism_from_dict(base), runs_from_dict(runs))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPHyPO(Mechanism):
+    """Adaptive tuning whose sampling densities stay within [c, C] × the prior (seed 003).
+
+    T ~ ``runs`` (a TruncatedNegativeBinomial D_{θ,γ}; the theorem covers
+    only this family) candidates are drawn from densities π⁽ʲ⁾ updated from
+    past results, each within c·π⁽⁰⁾ ≤ π⁽ʲ⁾ ≤ C·π⁽⁰⁾; the best is released.
+    The curve is seed 003 Theorem 1 (auxiliary order minimised over the grid),
+    and for a pure ε-DP base also Theorem 2, ((2+θ)(ε + log(C/c)), 0)-DP; then
+    the monotone envelope. With C = c = 1 it is exactly
+    :class:`RepeatAndSelect` (the same code path).
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Geometric
+        >>> t = M.DPHyPO(M.PureDP(0.1), Geometric(mean=10.0), C=2.0, c=0.75)
+        >>> round(t.pure_epsilon, 6)   # (2 + 1)(0.1 + log(2/0.75))
+        3.242488
+    """
+
+    base: Mechanism
+    runs: TruncatedNegativeBinomial
+    C: float
+    c: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mechanism):
+            raise InvalidArgumentError("base", check.short(self.base), "must be a privguard mechanism")
+        if not isinstance(self.runs, TruncatedNegativeBinomial):
+            raise InvalidArgumentError(
+                "runs", check.short(self.runs), "must be a TruncatedNegativeBinomial: seed 003's "
+                "theorem covers that family only (docs/theory.md §9)")
+        big, small = check._as_float("C", self.C), check._as_float("c", self.c)
+        if not (math.isfinite(big) and big >= 1):
+            raise InvalidArgumentError("C", self.C, "must be finite and >= 1")
+        if not (0 < small <= 1):  # also rejects NaN
+            raise InvalidArgumentError("c", self.c, "must lie in (0, 1]")
+        object.__setattr__(self, "C", big)
+        object.__setattr__(self, "c", small)
+        object.__setattr__(self, "_nesting", check.nesting("base", (self.base,)))
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.C / self.c)
+
+    @property
+    def pure_epsilon(self) -> float | None:
+        """(2+θ)(ε + log(C/c)) for a pure ε-DP base (seed 003 Theorem 2), else None."""
+        if isinstance(self.base, PureDP):
+            return (2 + self.runs.eta) * (self.base.epsilon + self.log_ratio)
+        return None
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        base = self.base._rdp_checked(orders)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            out = _tnb_bound(orders, base, self.runs, self.log_ratio)
+        return _finish(orders, out, self.pure_epsilon)
+
+    def _params(self) -> dict[str, Any]:
+        return {"base": self.base.to_dict(), "runs": self.runs.to_dict(), "C": self.C, "c": self.c}
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> DPHyPO:
+        base, runs, big, small = take(params, "DPHyPO", ("base", "runs", "C", "c"))
+        tnb = runs_from_dict(runs)
+        if not isinstance(tnb, TruncatedNegativeBinomial):
+            raise InvalidArgumentError("runs", runs, "DP-HyPO needs a TruncatedNegativeBinomial")
+        return cls(mechanism_from_dict(base), tnb, big, small)

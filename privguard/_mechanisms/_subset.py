@@ -1,0 +1,166 @@
+"""Tuning on a Poisson-subsampled subset, then training the final model (seed 000).
+
+Koskela & Kulkarni (2023), formulas.md §1 and §5. X₁ ⊂ X is drawn by Poisson
+sampling with rate q; the tuning mechanism runs on X₁; the final model trains
+on X ∖ X₁ (variant 1) or on X (variant 2). Both bounds hold at integer orders
+α ≥ 2; privguard evaluates them at the integers 2..N, N = min(⌈max order⌉,
+256), and extends them to any grid by monotonicity of RDP in α:
+ε(α) ≤ ε(⌈α⌉), ε(α) ≤ ε(2) for α < 2, and +inf above N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+from scipy.special import gammaln, logsumexp, xlogy
+
+from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
+from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
+
+MAX_INTEGER_ORDER = 256
+
+
+def _log_binom(n, k):
+    return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1)
+
+
+def _mul(coef, eps):
+    """coef·ε with 0·inf = 0 (a term with a zero coefficient does not depend on ε)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(coef == 0, 0.0, coef * eps)
+
+
+def _on_integers(curve_at: np.ndarray) -> np.ndarray:
+    """ε indexed by integer order 0..N (entries 0 and 1 unused but set to 0)."""
+    return np.concatenate([[0.0, 0.0], curve_at])
+
+
+def zhu_wang_subsampled(eps: np.ndarray, gamma: float) -> np.ndarray:
+    """RDP of (M ∘ Poisson subsampling(γ)) at integer orders 2..N (seed 000 Thm 4; Zhu & Wang 2019).
+
+    ``eps[a]`` is M's RDP at integer order a (a = 2..N). Returns an array
+    indexed like ``eps`` (entries 0 and 1 are 0).
+
+    ε'(α) = 1/(α−1)·log( (1−γ)^(α−1)(αγ−γ+1) + C(α,2)γ²(1−γ)^(α−2)e^(ε(2))
+                         + 3 Σ_{j=3..α} C(α,j) γ^j (1−γ)^(α−j) e^((j−1)ε(j)) )
+    """
+    n = eps.size - 1
+    out = np.zeros(n + 1)
+    for a in range(2, n + 1):
+        terms = [xlogy(a - 1, 1 - gamma) + math.log(a * gamma - gamma + 1),
+                 _log_binom(a, 2) + xlogy(2, gamma) + xlogy(a - 2, 1 - gamma) + eps[2]]
+        if a >= 3:
+            j = np.arange(3, a + 1)
+            terms.extend((math.log(3) + _log_binom(a, j) + xlogy(j, gamma) + xlogy(a - j, 1 - gamma)
+                          + _mul(j - 1, eps[j])).tolist())
+        out[a] = logsumexp(terms) / (a - 1)
+    return out
+
+
+def koskela_kulkarni_variant1(eps_t: np.ndarray, eps_b: np.ndarray, q: float) -> np.ndarray:
+    """Seed 000 Theorem 6: RDP at integer orders 2..N of tuning on X₁ ~ Poisson(q)
+    and training the final model on X ∖ X₁; the maximum of ε₁ (eq. 3.6) and ε₂ (eq. 3.7).
+
+    ε₁(α) = 1/(α−1) log( q^α e^((α−1)ε_t(α)) + (1−q)^α e^((α−1)ε_b(α))
+              + Σ_{j=1}^{α−1} C(α,j) q^(α−j)(1−q)^j e^((α−j−1)ε_t(α−j)) e^((j−1)ε_b(j)) )
+    ε₂(α) = 1/(α−1) log( (1−q)^(α−1) e^((α−1)ε_b(α))
+              + Σ_{j=1}^{α−1} C(α−1,j) q^j (1−q)^(α−1−j) e^(j·ε_t(j+1)) e^((α−j−1)ε_b(α−j)) )
+    Terms (j−1)ε(j) at j = 1 are 0. Both are needed: ε₁ covers one direction
+    of the neighbouring relation, ε₂ the other.
+    """
+    n = eps_t.size - 1
+    out = np.zeros(n + 1)
+    for a in range(2, n + 1):
+        j = np.arange(1, a)
+        t1 = [xlogy(a, q) + _mul(a - 1, eps_t[a]), xlogy(a, 1 - q) + _mul(a - 1, eps_b[a])]
+        t1.extend((_log_binom(a, j) + xlogy(a - j, q) + xlogy(j, 1 - q)
+                   + _mul(a - j - 1, eps_t[a - j]) + _mul(j - 1, eps_b[j])).tolist())
+        t2 = [xlogy(a - 1, 1 - q) + _mul(a - 1, eps_b[a])]
+        t2.extend((_log_binom(a - 1, j) + xlogy(j, q) + xlogy(a - 1 - j, 1 - q)
+                   + _mul(j, eps_t[j + 1]) + _mul(a - j - 1, eps_b[a - j])).tolist())
+        out[a] = max(logsumexp(t1), logsumexp(t2)) / (a - 1)
+    return out
+
+
+def _extend(orders: np.ndarray, integer_curve: np.ndarray) -> np.ndarray:
+    """From integer orders 2..N to any grid by monotonicity (value at ⌈α⌉, inf above N)."""
+    n = integer_curve.size - 1
+    idx = np.maximum(np.ceil(orders - 1e-12).astype(int), 2)
+    return np.where(idx <= n, integer_curve[np.minimum(idx, n)], np.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsetTuning(Mechanism):
+    """Tune with ``tuning`` on a Poisson(q) subset X₁, then train ``final``.
+
+    ``tuning`` is the tuner's cost on the subset (e.g. a ``RepeatAndSelect``),
+    ``final`` the final training's mechanism (a uniform bound over every
+    candidate the tuning can select). ``variant=1``: the final model trains on
+    X ∖ X₁, bounded by seed 000 Theorem 6 (max of ε₁ and ε₂). ``variant=2``:
+    on X, bounded by Theorem 4 (Zhu & Wang) applied to the tuning, composed
+    with the final training. Initialising the final model from the tuned one
+    (Remark 8) is covered by both.
+
+    Example:
+        >>> from privguard import mechanisms as M
+        >>> from privguard.tuning import Poisson
+        >>> run = M.SubsampledGaussian(1.0, 0.01, steps=1000)
+        >>> plan = M.SubsetTuning(M.RepeatAndSelect(run, Poisson(15.0)), run, q=0.1, variant=1)
+        >>> c = plan.rdp([2.0, 8.0, 32.0])
+        >>> bool((c > run.rdp([2.0, 8.0, 32.0])).all())
+        True
+    """
+
+    tuning: Mechanism
+    final: Mechanism
+    q: float
+    variant: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tuning", "final"):
+            if not isinstance(getattr(self, name), Mechanism):
+                raise InvalidArgumentError(name, check.short(getattr(self, name)),
+                                           "must be a privguard mechanism")
+        q = check._as_float("q", self.q)
+        if not 0.0 <= q <= 1.0:  # also rejects NaN
+            raise InvalidArgumentError("q", self.q, "must lie in [0, 1]")
+        object.__setattr__(self, "q", q)
+        if isinstance(self.variant, bool) or not isinstance(self.variant, (int, np.integer)) or \
+                check._as_int("variant", self.variant) not in (1, 2):
+            raise InvalidArgumentError("variant", check.short(self.variant), "must be 1 or 2")
+        object.__setattr__(self, "variant", check._as_int("variant", self.variant))
+        object.__setattr__(self, "_nesting", check.nesting("tuning", (self.tuning, self.final)))
+
+    def integer_curve(self, n: int) -> np.ndarray:
+        """The bound at integer orders 0..n, 2 <= n <= 256 (entries 0 and 1 unused)."""
+        n = check.positive_int("n", n, maximum=MAX_INTEGER_ORDER)
+        if n < 2:
+            raise InvalidArgumentError("n", n, "must be an integer >= 2")
+        ints = np.arange(2, n + 1, dtype=float)
+        ints.setflags(write=False)
+        eps_t = _on_integers(self.tuning._rdp_checked(ints))
+        eps_b = _on_integers(self.final._rdp_checked(ints))
+        if self.variant == 1:
+            return koskela_kulkarni_variant1(eps_t, eps_b, self.q)
+        return zhu_wang_subsampled(eps_t, self.q) + eps_b
+
+    def _rdp(self, orders: np.ndarray) -> np.ndarray:
+        n = int(min(math.ceil(orders.max()), MAX_INTEGER_ORDER))
+        n = max(n, 2)
+        curve = _extend(orders, self.integer_curve(n))
+        # A bound at a larger order also bounds every smaller one (formulas.md
+        # §1): the theorems' bounds need not be monotone themselves.
+        return np.minimum.accumulate(curve[::-1])[::-1]
+
+    def _params(self) -> dict[str, Any]:
+        return {"tuning": self.tuning.to_dict(), "final": self.final.to_dict(), "q": self.q,
+                "variant": self.variant}
+
+    @classmethod
+    def _from_params(cls, params: dict[str, Any]) -> SubsetTuning:
+        tuning, final, q, variant = take(params, "SubsetTuning", ("tuning", "final", "q", "variant"))
+        return cls(mechanism_from_dict(tuning), mechanism_from_dict(final), q, variant)

@@ -1,0 +1,246 @@
+"""A ledger's state as plain data: ``state_dict()`` and back, validated before use.
+
+Format 2 (privguard ≥ 0.2)::
+
+    {"format": "privguard.Ledger", "version": 2, "config": {...}, "fixed": {...} | None,
+     "mechanisms": [mechanism dicts, each once],
+     "journal": [["fix", {...}] | ["run", mechanism index, label, pid, count, first, last]
+                 | ["event", {...}], ...],
+     "spent": [...], "filter_state": {...}, "keyed": bool, "key_check": str | None,
+     "derivation": int, "checksum": hex}
+
+The checksum is an HMAC when a ledger key is configured (see
+:mod:`privguard._stores._integrity`), SHA-256 otherwise. Loading checks format,
+version, checksum and key, rebuilds the accounting from the configuration
+and replays the journal through the one decision path, then compares the
+result with the recorded spent curve and filter state: a state that does
+not replay is refused. The fix entry's plan-derived choices (δ shares,
+mixture weights, a hybrid T_A) are derived again from its plan, by the
+derivation the state records (:mod:`privguard._accounting._derivation`), with the
+stores' check (``_stores._rows.check_fix``); its plan must be the declared
+one or the first charge's mechanism. Format 1 (privguard 0.1: one record per
+charge) still loads; its charges are grouped into runs and a ``migrate``
+event records that it happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from privguard import _validation as check
+from privguard._accounting import _config
+from privguard._accounting._accounting import Accounting, is_retarget
+from privguard._accounting._derivation import DERIVATION, derivation_of, first_difference
+from privguard._accounting._journal import Run
+from privguard._accounting._plan import Plan
+from privguard._errors import LedgerStateError, PrivguardError
+from privguard._mechanisms._base import mechanism_from_dict
+from privguard._stores._integrity import Integrity, canonical
+from privguard._stores._rows import check_fix
+
+FORMAT = "privguard.Ledger"
+VERSION = 2
+
+
+def state_dict(acc: Accounting, items: list[Any]) -> dict[str, Any]:
+    """The state of ``acc``; ``items`` is its whole journal in order (runs, fix, events)."""
+    mechanisms: dict[Any, int] = {}
+    journal: list[list[Any]] = []
+    for item in items:
+        if isinstance(item, Run):
+            index = mechanisms.setdefault(item.mechanism, len(mechanisms))
+            journal.append(["run", index, item.label, item.pid, item.count, item.first_time,
+                            item.last_time])
+        else:
+            journal.append(list(item))
+    integrity = Integrity.from_environment()
+    body = {
+        "format": FORMAT, "version": VERSION,
+        "config": acc.config.to_dict(), "fixed": acc.fixed,
+        "mechanisms": [m.to_dict() for m in mechanisms],
+        "journal": journal,
+        "spent": acc.spent().tolist(),
+        "filter_state": None if acc.filter is None else acc.filter.state(),
+        "keyed": integrity.keyed, "key_check": integrity.key_check(),
+        "derivation": DERIVATION,
+    }
+    body["checksum"] = integrity.digest("state", body)
+    return body
+
+
+def load(state: Any) -> tuple[Accounting, list[Run]]:
+    """Validate and replay a state; returns the accounting and every run.
+
+    Raises:
+        LedgerStateError: anything unreadable, inconsistent, edited or of a
+            newer version.
+    """
+    if not isinstance(state, dict):
+        raise LedgerStateError(f"state must be a dict, got {type(state).__name__}")
+    if state.get("format") != FORMAT:
+        raise LedgerStateError(f"not a privguard ledger state (format={state.get('format')!r})")
+    version = state.get("version")
+    if version == 1:
+        return _load_v1(state)
+    if version != VERSION:
+        raise LedgerStateError(f"state version {version!r} is not supported by this privguard "
+                               f"(it reads 1 and {VERSION}); refusing to load")
+    integrity = Integrity.from_environment()
+    integrity.require_matches(bool(state.get("keyed")), state.get("key_check"), "this state")
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    expected = _checksum(lambda: integrity.digest("state", body))
+    if not hmac.compare_digest(str(state.get("checksum")), expected):
+        raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    derivation = derivation_of(state)
+    try:
+        # The journal is replayed from the configuration it started with: the first
+        # retarget's "old" one (each retarget then moves it on), else the state's own.
+        final = _config.from_dict(state["config"])
+        first = next((e[1] for e in state["journal"] if e[0] == "event"
+                      and is_retarget(e[1])), None)
+        acc = Accounting(final if first is None else _config.from_dict(first.get("old")),
+                         fix_now=False)
+        mechanisms = [mechanism_from_dict(m) for m in state["mechanisms"]]
+        for i, entry in enumerate(state["journal"]):
+            where = f"state journal entry {i}"
+            if entry[0] == "fix":
+                # Derived again from its plan, as the stores do (issue 24, item 1); the
+                # plan is fixed once, before the first charge, so a second entry is forged.
+                if acc.fixed is not None:
+                    raise LedgerStateError(f"{where}: a second fix entry (the plan is fixed "
+                                           "once, before the first charge)")
+                acc.replay_fix(check_fix(acc, entry[1], where, derivation))
+            elif entry[0] == "event":
+                body = entry[1]
+                if not isinstance(body, dict):
+                    raise LedgerStateError(f"{where}: an event must be a dict, got "
+                                           f"{type(body).__name__}")
+                acc.replay_event(body, where)
+            elif entry[0] == "run":
+                m, label, pid, count, first, last = _run_entry(entry, len(mechanisms), where)
+                acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,
+                                   mechanisms[m], first, last, pid), where)
+            else:
+                raise LedgerStateError(f"{where} has an unknown kind {entry[0]!r}")
+        recorded = np.array(state["spent"], dtype=float)
+        filter_state, fixed = state["filter_state"], state["fixed"]
+    except LedgerStateError:
+        raise
+    except (PrivguardError, KeyError, TypeError, ValueError, IndexError, AttributeError,
+            OverflowError) as exc:
+        raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+    if acc.config != final:
+        raise LedgerStateError("the state's configuration is not the one its journal's "
+                               "retargets end in")
+    # acc.fixed is the derived record; the recorded one may differ by check_fix's tolerance
+    if (acc.fixed is None) != (fixed is None) or first_difference(fixed, acc.fixed) is not None:
+        raise LedgerStateError("the state's fixed plan does not match its journal")
+    _check_replay(acc, recorded, filter_state)
+    return acc, acc.journal.held_runs()
+
+
+def _checksum(compute: Callable[[], str]) -> str:
+    """The state's checksum; a state that is not plain JSON data has none (refused)."""
+    try:
+        return compute()
+    except (TypeError, ValueError, RecursionError, OverflowError) as exc:
+        raise LedgerStateError(f"state is not JSON data, so its checksum cannot be computed "
+                               f"({type(exc).__name__}: {exc})") from exc
+
+
+def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> None:
+    # The replayed totals are the ones the ledger uses; the recorded ones only check the
+    # journal. They may differ by the RDP tolerance: a state written before a curve's
+    # evaluation changed (issue 24 moved PureDP and Laplace up by up to ~1e-13 relative).
+    if recorded.shape != acc.orders.shape or not np.allclose(
+            recorded, acc.spent(), rtol=check.RDP_RTOL, atol=check.RDP_ATOL):
+        raise LedgerStateError("journal does not replay to the recorded spent totals")
+    if (None if acc.filter is None else acc.filter.state()) != filter_state:
+        raise LedgerStateError("journal does not replay to the recorded filter state")
+
+
+def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
+    """privguard 0.1's format: one record per charge, SHA-256 checksum, weights at the top."""
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    if state.get("checksum") != _checksum(lambda: hashlib.sha256(canonical(body)).hexdigest()):
+        raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    try:
+        config = _config.from_dict(state["config"])
+        acc = Accounting(config, fix_now=False)
+        records = [_v1_record(i, r) for i, r in enumerate(state["records"])]
+        weights = state["filter_state"].get("weights")
+        recorded = np.array(state["spent"], dtype=float)
+    except LedgerStateError:
+        raise
+    except PrivguardError as exc:
+        raise LedgerStateError(f"state does not load: {exc}") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"state is malformed: {exc!r}") from exc
+    if records:
+        plan = config.plan or Plan(records[0][1])
+        fixed = acc.derive_fixed(plan)
+        # 0.1 recorded its δ-share weights; they are derived again (issue 24, item 1) and
+        # must be the ones this library derives, and the derived record is kept.
+        derived = None if fixed["filter"] is None else fixed["filter"].get("weights")
+        if weights is not None and first_difference(weights, derived) is not None:
+            raise LedgerStateError("the version-1 state's filter weights are not the ones "
+                                   "this library derives from its plan (forged or foreign)")
+        acc.replay_fix(fixed)
+        acc.replay_event({"event": "migrate", "from": "privguard 0.1 state (version 1)",
+                          "records": len(records)})
+    for (label, mech, pid), group in itertools.groupby(records, key=lambda r: (r[0], r[1], r[3])):
+        times = [r[2] for r in group]
+        acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, len(times), label, mech,
+                           times[0], times[-1], pid),
+                       f"version-1 record {acc.journal.charges}")
+    _check_replay(acc, recorded, None if acc.filter is None else acc.filter.state())
+    return acc, acc.journal.held_runs()
+
+
+def _run_entry(entry: list[Any], n_mechanisms: int, where: str
+               ) -> tuple[int, str | None, int, int, float, float]:
+    """A run entry's (mechanism index, label, pid, count, first, last), each of the type
+    state_dict writes: an index into the mechanisms (not a negative one, which Python would
+    read from the end), integers that are not bools, finite times."""
+    _, m, label, pid, count, first, last = entry
+    if type(m) is not int or not 0 <= m < n_mechanisms:
+        raise LedgerStateError(f"{where}: mechanism index {m!r} is not one of the state's "
+                               f"{n_mechanisms} mechanisms")
+    if label is not None and type(label) is not str:
+        raise LedgerStateError(f"{where}: label must be a string or None, got {label!r}")
+    for name, value in (("pid", pid), ("count", count)):
+        if type(value) is not int:
+            raise LedgerStateError(f"{where}: {name} must be an integer, got {value!r}")
+    for name, value in (("first time", first), ("last time", last)):
+        if type(value) not in (int, float) or not _finite(value):
+            raise LedgerStateError(f"{where}: {name} must be a finite number, got {value!r}")
+    return m, label, pid, count, float(first), float(last)
+
+
+def _v1_record(i: int, record: Any) -> tuple[str | None, Any, float, int]:
+    """(label, mechanism, time, pid) of a version-1 record, each of the type 0.1 wrote."""
+    where = f"version-1 record {i}"
+    if not isinstance(record, dict):
+        raise LedgerStateError(f"{where} must be a dict, got {type(record).__name__}")
+    label, t, pid = record["label"], record["time"], record["pid"]
+    if label is not None and not isinstance(label, str):
+        raise LedgerStateError(f"{where}: label must be a string or None, got {label!r}")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not _finite(t):
+        raise LedgerStateError(f"{where}: time must be a finite number, got {t!r}")
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise LedgerStateError(f"{where}: pid must be an integer, got {pid!r}")
+    return label, mechanism_from_dict(record["mechanism"]), float(t), pid
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
