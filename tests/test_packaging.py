@@ -22,9 +22,14 @@ from pathlib import Path
 import pytest
 
 import privguard
+import privguard.integrations
 
 SOURCE = Path(__file__).resolve().parents[1]
 PACKAGE = SOURCE / "privguard"
+#: The top-level folder that is the package privguard.integrations (pyproject's package-dir).
+INTEGRATIONS = SOURCE / "integrations"
+#: Each source folder and the wheel path it installs to.
+FOLDERS = {PACKAGE: "privguard", INTEGRATIONS: "privguard/integrations"}
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,11 +40,12 @@ else:  # pragma: no cover - the tomli backport, from the [test] extra
 def _source_files() -> set[str]:
     """Every file the wheel must ship, as wheel paths (privguard/...)."""
     out = set()
-    for path in PACKAGE.rglob("*"):
-        if "__pycache__" in path.parts or not path.is_file():
-            continue
-        if path.suffix in (".py", ".typed"):
-            out.add(path.relative_to(SOURCE).as_posix())
+    for folder, installed in FOLDERS.items():
+        for path in folder.rglob("*"):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            if path.suffix in (".py", ".typed"):
+                out.add(f"{installed}/{path.relative_to(folder).as_posix()}")
     return out
 
 
@@ -50,9 +56,10 @@ def wheel(tmp_path_factory) -> Path:
         return Path(given)
     # Build from a clean copy: an in-tree build would reuse a stale build/lib.
     tree = tmp_path_factory.mktemp("tree")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(SOURCE / name, tree / name)
-    shutil.copytree(PACKAGE, tree / "privguard", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in FOLDERS:
+        shutil.copytree(folder, tree / folder.name, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
                     str(tree)], check=True, timeout=300)
@@ -73,17 +80,41 @@ def test_the_wheel_ships_every_source_file_and_nothing_else(wheel):
     shipped = {n for n in names if n.startswith("privguard/")}
     assert shipped == _source_files()
     packages = {os.path.dirname(n) for n in shipped if n.endswith("/__init__.py")}
-    expected = {p.parent.relative_to(SOURCE).as_posix() for p in PACKAGE.rglob("__init__.py")
-                if "__pycache__" not in p.parts}
+    expected = {p.removesuffix("/__init__.py") for p in _source_files()
+                if p.endswith("/__init__.py")}
     assert packages == expected and "privguard/tuning" in packages
+    assert "privguard/integrations" in packages and "privguard/_ledger" in packages
+    assert not any(n.startswith("integrations/") for n in names)  # only under privguard/
     assert "privguard/py.typed" in shipped
 
 
+def _installed_modules() -> list[str]:
+    """Every module of the installed package, privguard.integrations' folder included
+    wherever the install put it (pkgutil walks privguard/ only as far as it sees)."""
+    names = {m.name for m in pkgutil.walk_packages(privguard.__path__, "privguard.")}
+    names |= {m.name for m in pkgutil.walk_packages(privguard.integrations.__path__,
+                                                     "privguard.integrations.")}
+    return sorted(names | {"privguard.integrations"})
+
+
 def test_every_module_of_the_installed_package_imports():
-    names = [m.name for m in pkgutil.walk_packages(privguard.__path__, "privguard.")]
+    names = _installed_modules()
     assert "privguard.tuning" in names and "privguard.integrations.opacus" in names
     for name in names:
         importlib.import_module(name)
+
+
+def test_an_editable_install_imports_every_integration_from_the_top_level_folder():
+    # The package-dir mapping must hold for an editable install too: every module of
+    # integrations/ imports as privguard.integrations.<name>, from that folder.
+    if PACKAGE not in Path(privguard.__file__).resolve().parents:
+        pytest.skip("privguard is installed from a wheel here (scripts/test.sh)")
+    assert [Path(p).resolve() for p in privguard.integrations.__path__] == [INTEGRATIONS]
+    modules = sorted(p.stem for p in INTEGRATIONS.glob("*.py") if p.stem != "__init__")
+    assert {"opacus", "lightning", "huggingface", "ray", "optuna"} <= set(modules)
+    for name in modules:
+        module = importlib.import_module(f"privguard.integrations.{name}")
+        assert Path(module.__file__).resolve() == INTEGRATIONS / f"{name}.py"
 
 
 def _declared_distributions() -> set[str]:
@@ -98,7 +129,7 @@ def _declared_distributions() -> set[str]:
 def _third_party_imports() -> dict[str, str]:
     """Top-level module -> first file importing it, over the package's source."""
     found: dict[str, str] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for folder in FOLDERS for p in folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
