@@ -583,7 +583,9 @@ def test_report_opens_read_only_and_never_writes(tmp_path):
     from privguard._cli._cli import main
 
     path = tmp_path / "a.db"
-    Ledger(1.0, 1e-5, path=path).charge(M.Gaussian(10.0))
+    # closed first: in WAL mode the writer's own close folds its -wal into the main file
+    with Ledger(1.0, 1e-5, path=path) as ledger:
+        ledger.charge(M.Gaussian(10.0))
     before = path.read_bytes()
     assert main(["report", str(path)]) == 0 and main(["verify", str(path)]) == 0
     assert path.read_bytes() == before
