@@ -219,6 +219,10 @@ class SQLiteStore:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise LedgerStateError(f"{self.path}: commit failed ({exc})") from exc
+            except BaseException:  # an interrupt at the COMMIT: never leave it open
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
         finally:
             self._depth, self._writing = 0, False
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
