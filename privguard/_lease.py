@@ -88,11 +88,12 @@ class Lease:
     streak: int  # steps of this key released since the streak began (sizes grow with it)
 
     def covers(self, mechanism: Any, label: Any, pid: int, times: int) -> bool:
-        return (self.left >= times and pid == self.pid and label == self.label
-                and (mechanism is self.mechanism or mechanism == self.mechanism))
+        return self.left >= times and self.same_key(mechanism, label, pid)
 
     def same_key(self, mechanism: Any, label: Any, pid: int) -> bool:
-        return (pid == self.pid and label == self.label
+        # The type first, exactly as the unleased path validates it: an object with a
+        # loose __eq__ (unittest.mock.ANY) is no mechanism and must reach that check.
+        return (isinstance(mechanism, Mechanism) and pid == self.pid and label == self.label
                 and (mechanism is self.mechanism or mechanism == self.mechanism))
 
     def take(self, times: int) -> int:
