@@ -309,40 +309,53 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             # before taking the store's lock, which other processes are waiting for.
             self._acc.curve(mechanism)
         with self._lock:  # held across the transaction and the lease's installation
-            with self._synced(write=True) as txn:
-                verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid, times)
-                if not verdict.admitted:
-                    remaining = self._remaining(mechanism)
-                    self._notify(LedgerEvent("refused", self, mechanism, label, None))
-                    raise BudgetExhausted(
-                        f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
-                        "refused: it would exceed the "
-                        f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
-                        requested=mechanism, label=label, remaining=remaining)
-                deviation, closing = None, _deviation.closes_part_a(verdict)
-                if closing:  # part A closes (once per ledger): say what it cost
-                    step = _deviation.plan_step(self._acc, verdict)
-                    before = self._acc.repeats(step, None, pid)
-                now, pre = time.time(), []
-                if abandon is not None and self._logs_unused():  # it stays spent either way
-                    body = leases.unused_event(abandon, "mechanism change", now)
-                    self._acc.replay_event(body)
-                    pre = [Change("event", body=body)]
-                self._lease = None
-                changes = pre + self._acc.apply(verdict, label, now, pid)
-                txn.write(self._acc, changes)  # durable at commit, before the caller acts
-                if closing:  # committed: nothing here may raise into the transaction
-                    deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
-                                                   _deviation.repeats_or_nan(self._acc, step, pid))
-                run = changes[-1].run
-                assert run is not None
-                spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
-                record = run.record(run.count - 1 - spare)
-                new_lease = None if self._lease_cap <= 1 else leases.Lease(
-                    run.mechanism, label, pid, spare, run.start + run.count - spare, streak + times)
-            # Installed only after the commit returned (theory §13 Lemma 1): an interrupt before
-            # or during the COMMIT leaves no lease in memory (and breaks the ledger).
-            self._lease = new_lease
+            # A thread that found no lease above may find one now (another thread took it
+            # meanwhile): steps it covers come from it, never from a lease on top of it.
+            lease = self._lease
+            leased = None if lease is None or not lease.covers(mechanism, label, pid, times) \
+                else self._from_lease(lease, mechanism, label, pid, times)
+            if leased is None:
+                with self._synced(write=True) as txn:
+                    verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid,
+                                                                          times)
+                    if not verdict.admitted:
+                        remaining = self._remaining(mechanism)
+                        self._notify(LedgerEvent("refused", self, mechanism, label, None))
+                        raise BudgetExhausted(
+                            f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
+                            "refused: it would exceed the "
+                            f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
+                            requested=mechanism, label=label, remaining=remaining)
+                    deviation, closing = None, _deviation.closes_part_a(verdict)
+                    if closing:  # part A closes (once per ledger): say what it cost
+                        step = _deviation.plan_step(self._acc, verdict)
+                        before = self._acc.repeats(step, None, pid)
+                    now, pre = time.time(), []
+                    if abandon is not None and self._logs_unused():  # it stays spent either way
+                        body = leases.unused_event(abandon, "mechanism change", now)
+                        self._acc.replay_event(body)
+                        pre = [Change("event", body=body)]
+                    self._lease = None
+                    changes = pre + self._acc.apply(verdict, label, now, pid)
+                    txn.write(self._acc, changes)  # durable at commit, before the caller acts
+                    if closing:  # committed: nothing here may raise into the transaction
+                        deviation = _deviation.message(
+                            verdict.filter, mechanism, label, step, before,
+                            _deviation.repeats_or_nan(self._acc, step, pid))
+                    run = changes[-1].run
+                    assert run is not None
+                    spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
+                    record = run.record(run.count - 1 - spare)
+                    new_lease = None if self._lease_cap <= 1 else leases.Lease(
+                        run.mechanism, label, pid, spare, run.start + run.count - spare,
+                        streak + times)
+                # Installed only after the commit returned (theory §13 Lemma 1): an interrupt
+                # before or during the COMMIT leaves no lease in memory (and breaks the ledger).
+                self._lease = new_lease
+        if leased is not None:
+            self._notify(LedgerEvent("charge", self, mechanism, label, leased))
+            return leased
+        assert record is not None  # the durable path's record
         self._notify(LedgerEvent("charge", self, mechanism, label, record))
         if deviation is not None:
             warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
