@@ -380,6 +380,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if self._broken is not None or self._lease is not lease \
                     or not lease.covers(mechanism, label, pid, times):
                 return None
+            # The file's identity at every leased step, as at every transaction: replaced or
+            # deleted breaks the ledger; changed since the last transaction (another writer,
+            # or rolled back in place) syncs first, which verifies the journal.
+            check = getattr(self._store, "check_lease", None)
+            if check is not None and not self._guard(check):
+                with self._synced(write=False):
+                    pass
+                if self._lease is not lease:
+                    return None
             return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
 
     def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int
