@@ -162,15 +162,39 @@ def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:
             "label": lease.label, "pid": lease.pid, "reason": reason, "time": t}
 
 
-def check_unused_event(body: dict[str, Any], charges: int, where: str) -> None:
+def check_unused_event(body: dict[str, Any], charges: int, where: str,
+                       runs: list[Any] | None = None, events: Any = ()) -> None:
     """A recorded remainder is a positive step count within the journal's charges (it
-    lowers nothing: the steps stay in the spent curve; checked so an edit shows)."""
-    from privguard._errors import LedgerStateError
+    lowers nothing: the steps stay in the spent curve; checked so an edit shows). With
+    ``runs`` (every run of the journal so far, i.e. not resumed from a checkpoint), the
+    remainders recorded for one key (mechanism, label, pid), ``events`` earlier ones
+    included, are at most that key's charges: a lease's unused steps are charges of its
+    key, so an event naming a key never charged, or more steps than it charged, is
+    inconsistent (it would make the released steps negative)."""
+    from privguard._base import mechanism_from_dict
+    from privguard._errors import LedgerStateError, PrivguardError
 
     steps = body.get("steps")
     if type(steps) is not int or not 0 < steps <= charges:
         raise LedgerStateError(f"{where}: a lease-unused event of {steps!r} steps, of "
                                f"{charges} charges in the journal")
+    if runs is None:
+        return  # resumed from a checkpoint: `privguard verify` replays every run
+    try:
+        mechanism = mechanism_from_dict(body.get("mechanism"))
+    except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"{where}: a lease-unused event of an unreadable mechanism "
+                               f"({exc})") from None
+    key = (body.get("label"), body.get("pid"))
+    charged = sum(r.count for r in runs if (r.label, r.pid) == key and r.mechanism == mechanism)
+    recorded = steps + sum(e["steps"] for e in events
+                           if isinstance(e, dict) and e.get("event") == UNUSED
+                           and (e.get("label"), e.get("pid")) == key
+                           and e.get("mechanism") == body.get("mechanism"))
+    if recorded > charged:
+        raise LedgerStateError(f"{where}: lease-unused events of {recorded} steps for a key "
+                               f"(mechanism, label {key[0]!r}, pid {key[1]!r}) charged "
+                               f"{charged} times")
 
 
 def unused_steps(events: Any) -> int:
