@@ -143,9 +143,12 @@ class LedgerState:
     def __getstate__(self) -> dict[str, Any]:
         """An in-memory ledger pickles as its verified state; a file-backed one as a
         reference to its file, reopened and verified on load. Listeners are not pickled."""
-        if self._store is not None:  # the lease cap travels with it (never the lease)
-            return {"store": self._store.reference(),
-                    "lease": getattr(self, "_lease_cap", None)}
+        if self._store is not None:  # a lease cap set by the user travels (never the lease)
+            from privguard._lease import DEFAULT_CAP
+
+            cap = getattr(self, "_lease_cap", DEFAULT_CAP)
+            return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
+                                                         else {"lease": cap})
         return {"state": self.state_dict()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
