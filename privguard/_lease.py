@@ -23,7 +23,8 @@ The rules (docs/theory.md §13; README "Leases"):
   filter, or of the hybrid filter's part B) is at most :data:`FRACTION` of the
   meter's remaining budget, and it is shrunk to the largest count the filter
   admits. With the hybrid filter, while part A is alive, a lease never takes A
-  past T_A (docs/theory.md §2b): at most T_A − c envelope steps.
+  past T_A (docs/theory.md §2b): at most FRACTION × (T_A − c) envelope steps. Under
+  the strict filter, at most FRACTION of the budget left at every order it charges.
 * Hence the unused remainder at any abandonment is fewer than
   ``min(max(C, r // RELATIVE), max(1, r))`` steps (r: steps the streak released
   before the lease), and its meter cost at most ``FRACTION`` × the remaining
@@ -125,19 +126,31 @@ def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
     k = envelope_steps_in(mechanism, flt.envelope)
     if k is None or k <= 0:
         return n
-    return max(times, min(n, (flt.steps_a - flt.a_count) // k))
+    # Part A's meter is its count c of envelope steps: a lease takes at most FRACTION of
+    # what is left, (T_A − c), so it never closes A and its unused part is bounded as the
+    # RDP meter's is (docs/theory.md §13).
+    return max(times, min(n, int(FRACTION * (flt.steps_a - flt.a_count)) // k))
 
 
 def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int) -> int:
     """``n`` capped so that the lease's cost in the RDP meter's currency (docs/theory.md
     §12: the filter's, or the hybrid's part B's once part A is closed) is ≤ FRACTION ×
-    the meter's remaining budget; never below ``times``. No RDP meter (strict filter,
-    none) or part A alive (bounded by :func:`hybrid_room`): ``n``."""
+    the meter's remaining budget; never below ``times``. The strict filter: ≤ FRACTION ×
+    the remaining budget at every order. No filter, or part A alive (bounded by
+    :func:`hybrid_room`): ``n``."""
     from privguard._budget import rdp_meter
     from privguard._filters import DPFilter
 
     if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
+    if getattr(flt, "kind", None) == "strict" and n > times:
+        # Strict per-order budget b: the lease's cost n·c(α) is at most FRACTION of what
+        # is left, b(α) − S(α), at every order α that it charges (docs/theory.md §13).
+        charged = curve > 0
+        if not charged.any():
+            return n
+        most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))
+        return n if not np.isfinite(most) else max(times, min(n, int(max(most, 0.0))))
     dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
     if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
         return n
