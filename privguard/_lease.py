@@ -34,6 +34,8 @@ The rules (docs/theory.md §13; README "Leases"):
 from __future__ import annotations
 
 import dataclasses
+import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -216,6 +218,25 @@ def unused_steps(events: Any) -> int:
                if isinstance(e, dict) and e.get("event") == UNUSED)
 
 
+#: Ledgers that may hold a lease: a forked child drops theirs (docs/theory.md §13, Lemma 1:
+#: a lease lives in one process; comparing pids alone fails when a pid is reused).
+_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(ledger: Any) -> None:
+    """Drop ``ledger``'s lease in any child this process forks."""
+    _HOLDERS.add(ledger)
+
+
+def _drop_in_child() -> None:
+    for ledger in list(_HOLDERS):
+        ledger._lease = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
+
+
 __all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "RELATIVE", "UNUSED", "Lease",
            "check_cap", "check_unused_event", "hybrid_room", "meter_room", "target_size",
-           "unused_event", "unused_steps"]
+           "track", "unused_event", "unused_steps"]

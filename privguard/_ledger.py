@@ -142,6 +142,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._store = store
         self._backend = store or MemoryStore()
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        if store is not None:
+            leases.track(self)  # a forked child drops this ledger's lease
         self._lease_cap = 1
 
     @classmethod

@@ -457,3 +457,21 @@ def test_strict_lease_takes_at_most_a_tenth_of_the_budget_left(fast_dir):
     assert len(ledger.history) == 200  # the whole budget is spent, never more
     assert worst <= _lease.FRACTION + 1e-9, worst  # without the cap: 1.0 (all of it)
     ledger.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_drops_the_parents_lease(tmp_path):
+    # Promise (theory §13 Lemma 1): a lease lives in one process. A child that checks only
+    # pid equality keeps the parent's lease object, which a reused pid would match; the
+    # at-fork hook drops it in the child.
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "fork.db")
+    for _ in range(40):
+        ledger.charge(STEP)
+    assert ledger._lease is not None and ledger._lease.left > 0
+    pid = os.fork()
+    if pid == 0:  # the child: report, never run pytest's teardown
+        os._exit(0 if ledger._lease is None else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "the child kept its parent's lease"
+    assert ledger._lease is not None  # the parent keeps it
+    ledger.close()
