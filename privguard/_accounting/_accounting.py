@@ -377,7 +377,7 @@ class Accounting:
             self.filter.apply(verdict.filter_state)
         return verdict
 
-    def replay_event(self, body: dict[str, Any], where: str = "an event") -> None:
+    def replay_event(self, body: dict[str, Any], where: str | None = None) -> None:
         """An explicit, logged event; a retarget (:func:`is_retarget`) brings its new
         configuration, which this accounting adopts.
 
@@ -385,6 +385,7 @@ class Accounting:
         (its "new"): privguard never logs one that changes nothing, so such a record is
         forged (a retarget relaxes a hybrid filter into the RDP filter) and fails closed.
         """
+        stored, where = where is not None, where or "an event"  # stored: read back from a journal
         config = None
         if is_retarget(body):
             from privguard._accounting import _config
@@ -401,7 +402,10 @@ class Accounting:
         elif "retargets" in body:
             self._check_migrated_retargets(body, where)
         elif body.get("event") == _lease.UNUSED:
-            _lease.check_unused_event(body, self.journal.charges, where)
+            journal = self.journal  # a stored event: checked against its key's charges
+            _lease.check_unused_event(
+                body, journal.charges, where,
+                None if journal.runs_before or not stored else journal.held_runs(), self.events)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run

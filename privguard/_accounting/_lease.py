@@ -23,7 +23,8 @@ The rules (docs/theory.md §13; README "Leases"):
   filter, or of the hybrid filter's part B) is at most :data:`FRACTION` of the
   meter's remaining budget, and it is shrunk to the largest count the filter
   admits. With the hybrid filter, while part A is alive, a lease never takes A
-  past T_A (docs/theory.md §2b): at most T_A − c envelope steps.
+  past T_A (docs/theory.md §2b): at most FRACTION × (T_A − c) envelope steps. Under
+  the strict filter, at most FRACTION of the budget left at every order it charges.
 * Hence the unused remainder at any abandonment is fewer than
   ``min(max(C, r // RELATIVE), max(1, r))`` steps (r: steps the streak released
   before the lease), and its meter cost at most ``FRACTION`` × the remaining
@@ -33,6 +34,8 @@ The rules (docs/theory.md §13; README "Leases"):
 from __future__ import annotations
 
 import dataclasses
+import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -88,11 +91,12 @@ class Lease:
     streak: int  # steps of this key released since the streak began (sizes grow with it)
 
     def covers(self, mechanism: Any, label: Any, pid: int, times: int) -> bool:
-        return (self.left >= times and pid == self.pid and label == self.label
-                and (mechanism is self.mechanism or mechanism == self.mechanism))
+        return self.left >= times and self.same_key(mechanism, label, pid)
 
     def same_key(self, mechanism: Any, label: Any, pid: int) -> bool:
-        return (pid == self.pid and label == self.label
+        # The type first, exactly as the unleased path validates it: an object with a
+        # loose __eq__ (unittest.mock.ANY) is no mechanism and must reach that check.
+        return (isinstance(mechanism, Mechanism) and pid == self.pid and label == self.label
                 and (mechanism is self.mechanism or mechanism == self.mechanism))
 
     def take(self, times: int) -> int:
@@ -124,19 +128,31 @@ def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
     k = envelope_steps_in(mechanism, flt.envelope)
     if k is None or k <= 0:
         return n
-    return max(times, min(n, (flt.steps_a - flt.a_count) // k))
+    # Part A's meter is its count c of envelope steps: a lease takes at most FRACTION of
+    # what is left, (T_A − c), so it never closes A and its unused part is bounded as the
+    # RDP meter's is (docs/theory.md §13).
+    return max(times, min(n, int(FRACTION * (flt.steps_a - flt.a_count)) // k))
 
 
 def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int) -> int:
     """``n`` capped so that the lease's cost in the RDP meter's currency (docs/theory.md
     §12: the filter's, or the hybrid's part B's once part A is closed) is ≤ FRACTION ×
-    the meter's remaining budget; never below ``times``. No RDP meter (strict filter,
-    none) or part A alive (bounded by :func:`hybrid_room`): ``n``."""
+    the meter's remaining budget; never below ``times``. The strict filter: ≤ FRACTION ×
+    the remaining budget at every order. No filter, or part A alive (bounded by
+    :func:`hybrid_room`): ``n``."""
     from privguard._accounting._budget import rdp_meter
     from privguard._accounting._filters import DPFilter
 
     if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
+    if getattr(flt, "kind", None) == "strict" and n > times:
+        # Strict per-order budget b: the lease's cost n·c(α) is at most FRACTION of what
+        # is left, b(α) − S(α), at every order α that it charges (docs/theory.md §13).
+        charged = curve > 0
+        if not charged.any():
+            return n
+        most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))
+        return n if not np.isfinite(most) else max(times, min(n, int(max(most, 0.0))))
     dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
     if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
         return n
@@ -161,15 +177,39 @@ def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:
             "label": lease.label, "pid": lease.pid, "reason": reason, "time": t}
 
 
-def check_unused_event(body: dict[str, Any], charges: int, where: str) -> None:
+def check_unused_event(body: dict[str, Any], charges: int, where: str,
+                       runs: list[Any] | None = None, events: Any = ()) -> None:
     """A recorded remainder is a positive step count within the journal's charges (it
-    lowers nothing: the steps stay in the spent curve; checked so an edit shows)."""
-    from privguard._errors import LedgerStateError
+    lowers nothing: the steps stay in the spent curve; checked so an edit shows). With
+    ``runs`` (every run of the journal so far, i.e. not resumed from a checkpoint), the
+    remainders recorded for one key (mechanism, label, pid), ``events`` earlier ones
+    included, are at most that key's charges: a lease's unused steps are charges of its
+    key, so an event naming a key never charged, or more steps than it charged, is
+    inconsistent (it would make the released steps negative)."""
+    from privguard._mechanisms._base import mechanism_from_dict
+    from privguard._errors import LedgerStateError, PrivguardError
 
     steps = body.get("steps")
     if type(steps) is not int or not 0 < steps <= charges:
         raise LedgerStateError(f"{where}: a lease-unused event of {steps!r} steps, of "
                                f"{charges} charges in the journal")
+    if runs is None:
+        return  # resumed from a checkpoint: `privguard verify` replays every run
+    try:
+        mechanism = mechanism_from_dict(body.get("mechanism"))
+    except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"{where}: a lease-unused event of an unreadable mechanism "
+                               f"({exc})") from None
+    key = (body.get("label"), body.get("pid"))
+    charged = sum(r.count for r in runs if (r.label, r.pid) == key and r.mechanism == mechanism)
+    recorded = steps + sum(e["steps"] for e in events
+                           if isinstance(e, dict) and e.get("event") == UNUSED
+                           and (e.get("label"), e.get("pid")) == key
+                           and e.get("mechanism") == body.get("mechanism"))
+    if recorded > charged:
+        raise LedgerStateError(f"{where}: lease-unused events of {recorded} steps for a key "
+                               f"(mechanism, label {key[0]!r}, pid {key[1]!r}) charged "
+                               f"{charged} times")
 
 
 def unused_steps(events: Any) -> int:
@@ -178,6 +218,25 @@ def unused_steps(events: Any) -> int:
                if isinstance(e, dict) and e.get("event") == UNUSED)
 
 
+#: Ledgers that may hold a lease: a forked child drops theirs (docs/theory.md §13, Lemma 1:
+#: a lease lives in one process; comparing pids alone fails when a pid is reused).
+_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(ledger: Any) -> None:
+    """Drop ``ledger``'s lease in any child this process forks."""
+    _HOLDERS.add(ledger)
+
+
+def _drop_in_child() -> None:
+    for ledger in list(_HOLDERS):
+        ledger._lease = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_in_child)
+
+
 __all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "RELATIVE", "UNUSED", "Lease",
            "check_cap", "check_unused_event", "hybrid_room", "meter_room", "target_size",
-           "unused_event", "unused_steps"]
+           "track", "unused_event", "unused_steps"]

@@ -39,8 +39,10 @@ class _GuardedTxn:
 
     def __init__(self, ledger: Ledger, txn: Any) -> None:
         self._ledger, self._txn = ledger, txn
+        self.wrote = False  # memory holds changes the store has not committed yet
 
     def write(self, acc: Accounting, changes: list[Any]) -> None:
+        self.wrote = True
         try:
             self._txn.write(acc, changes)
         except BaseException as exc:  # any failure: a disk error, an interrupt, a bug
@@ -141,6 +143,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._store = store
         self._backend = store or MemoryStore()
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        if store is not None:
+            leases.track(self)  # a forked child drops this ledger's lease
         self._lease_cap = 1
 
     @classmethod
@@ -239,22 +243,38 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                                        "be charged")
             transaction = self._backend.transaction(self._acc, write)
             txn = self._guard(transaction.__enter__)
+            guarded = _GuardedTxn(self, txn)
             try:
-                yield _GuardedTxn(self, txn)
+                yield guarded
             except BaseException as exc:
                 if isinstance(exc, LedgerStateError):
                     self._break(str(exc))
+                elif guarded.wrote:  # e.g. an interrupt after the write: the store rolls
+                    # back what this ledger's memory already holds (fail closed)
+                    self._break(f"a write transaction was interrupted ({type(exc).__name__})"
+                                "; reopen the ledger")
                 # the store rolls back; an error of its own while doing so breaks the ledger
-                if not self._guard(lambda: transaction.__exit__(*sys.exc_info())):
+                if not self._guard(lambda: transaction.__exit__(*sys.exc_info()), write):
                     raise
             else:
-                self._guard(lambda: transaction.__exit__(None, None, None))
+                # The commit. ANY failure of a write transaction here (a disk error, an
+                # interrupt, SystemExit) leaves its outcome unknown to this ledger, whose
+                # memory already holds the changes: it breaks the ledger (fail closed;
+                # docs/theory.md §13 Lemma 1).
+                self._guard(lambda: transaction.__exit__(None, None, None), write)
 
-    def _guard(self, fn: Callable[[], Any]) -> Any:
+    def _guard(self, fn: Callable[[], Any], any_error: bool = False) -> Any:
+        """``fn()``; a LedgerStateError (with ``any_error``: any exception at all, an
+        interrupt included) breaks the ledger before it propagates."""
         try:
             return fn()
         except LedgerStateError as exc:
             self._break(str(exc))
+            raise
+        except BaseException as exc:
+            if any_error:
+                self._break(f"a write transaction did not complete ({type(exc).__name__}: "
+                            f"{exc}); its outcome is unknown: reopen the ledger")
             raise
 
     def _hold(self, reason: str) -> bool:
@@ -308,38 +328,54 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             # A new mechanism's curve can take milliseconds: compute it (pure, cached)
             # before taking the store's lock, which other processes are waiting for.
             self._acc.curve(mechanism)
-        with self._synced(write=True) as txn:
-            verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid, times)
-            if not verdict.admitted:
-                remaining = self._remaining(mechanism)
-                self._notify(LedgerEvent("refused", self, mechanism, label, None))
-                raise BudgetExhausted(
-                    f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
-                    "refused: it would exceed the "
-                    f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
-                    requested=mechanism, label=label, remaining=remaining)
-            deviation, closing = None, _deviation.closes_part_a(verdict)
-            if closing:  # part A closes (once per ledger): say what it cost
-                step = _deviation.plan_step(self._acc, verdict)
-                before = self._acc.repeats(step, None, pid)
-            now, pre = time.time(), []
-            if abandon is not None and self._logs_unused():  # it stays spent either way
-                body = leases.unused_event(abandon, "mechanism change", now)
-                self._acc.replay_event(body)
-                pre = [Change("event", body=body)]
-            self._lease = None
-            changes = pre + self._acc.apply(verdict, label, now, pid)
-            txn.write(self._acc, changes)  # durable at commit, before the caller acts
-            if closing:  # committed: nothing here may raise into the transaction
-                deviation = _deviation.message(verdict.filter, mechanism, label, step, before,
-                                               _deviation.repeats_or_nan(self._acc, step, pid))
-            run = changes[-1].run
-            assert run is not None
-            spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
-            record = run.record(run.count - 1 - spare)
-            if self._lease_cap > 1:
-                self._lease = leases.Lease(run.mechanism, label, pid, spare,
-                                           run.start + run.count - spare, streak + times)
+        with self._lock:  # held across the transaction and the lease's installation
+            # A thread that found no lease above may find one now (another thread took it
+            # meanwhile): steps it covers come from it, never from a lease on top of it.
+            lease = self._lease
+            leased = None if lease is None or not lease.covers(mechanism, label, pid, times) \
+                else self._from_lease(lease, mechanism, label, pid, times)
+            if leased is None:
+                with self._synced(write=True) as txn:
+                    verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid,
+                                                                          times)
+                    if not verdict.admitted:
+                        remaining = self._remaining(mechanism)
+                        self._notify(LedgerEvent("refused", self, mechanism, label, None))
+                        raise BudgetExhausted(
+                            f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
+                            "refused: it would exceed the "
+                            f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
+                            requested=mechanism, label=label, remaining=remaining)
+                    deviation, closing = None, _deviation.closes_part_a(verdict)
+                    if closing:  # part A closes (once per ledger): say what it cost
+                        step = _deviation.plan_step(self._acc, verdict)
+                        before = self._acc.repeats(step, None, pid)
+                    now, pre = time.time(), []
+                    if abandon is not None and self._logs_unused():  # it stays spent either way
+                        body = leases.unused_event(abandon, "mechanism change", now)
+                        self._acc.replay_event(body)
+                        pre = [Change("event", body=body)]
+                    self._lease = None
+                    changes = pre + self._acc.apply(verdict, label, now, pid)
+                    txn.write(self._acc, changes)  # durable at commit, before the caller acts
+                    if closing:  # committed: nothing here may raise into the transaction
+                        deviation = _deviation.message(
+                            verdict.filter, mechanism, label, step, before,
+                            _deviation.repeats_or_nan(self._acc, step, pid))
+                    run = changes[-1].run
+                    assert run is not None
+                    spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
+                    record = run.record(run.count - 1 - spare)
+                    new_lease = None if self._lease_cap <= 1 else leases.Lease(
+                        run.mechanism, label, pid, spare, run.start + run.count - spare,
+                        streak + times)
+                # Installed only after the commit returned (theory §13 Lemma 1): an interrupt
+                # before or during the COMMIT leaves no lease in memory (and breaks the ledger).
+                self._lease = new_lease
+        if leased is not None:
+            self._notify(LedgerEvent("charge", self, mechanism, label, leased))
+            return leased
+        assert record is not None  # the durable path's record
         self._notify(LedgerEvent("charge", self, mechanism, label, record))
         if deviation is not None:
             warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
@@ -364,6 +400,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if self._broken is not None or self._lease is not lease \
                     or not lease.covers(mechanism, label, pid, times):
                 return None
+            # The file's identity at every leased step, as at every transaction: replaced or
+            # deleted breaks the ledger; changed since the last transaction (another writer,
+            # or rolled back in place) syncs first, which verifies the journal.
+            check = getattr(self._store, "check_lease", None)
+            if check is not None and not self._guard(check):
+                with self._synced(write=False):
+                    pass
+                if self._lease is not lease:
+                    return None
             return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
 
     def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int

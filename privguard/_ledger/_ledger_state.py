@@ -49,7 +49,7 @@ class LedgerState:
         def _setup(self, listeners: Any, store: Any) -> None: ...
 
         @classmethod
-        def open(cls: type[L], path: Any) -> L: ...
+        def open(cls: type[L], path: Any, *, lease: int | None = None) -> L: ...
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
@@ -143,13 +143,17 @@ class LedgerState:
     def __getstate__(self) -> dict[str, Any]:
         """An in-memory ledger pickles as its verified state; a file-backed one as a
         reference to its file, reopened and verified on load. Listeners are not pickled."""
-        if self._store is not None:
-            return {"store": self._store.reference()}
+        if self._store is not None:  # a lease cap set by the user travels (never the lease)
+            from privguard._accounting._lease import DEFAULT_CAP
+
+            cap = getattr(self, "_lease_cap", DEFAULT_CAP)
+            return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
+                                                         else {"lease": cap})
         return {"state": self.state_dict()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
-        other = (type(self).open(data["store"]["path"]) if "store" in data
-                 else type(self)._from_state_dict(data["state"]))
+        other = (type(self).open(data["store"]["path"], lease=data.get("lease"))
+                 if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
 
 

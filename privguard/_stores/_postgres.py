@@ -267,6 +267,15 @@ class PostgresStore:
                     raise self._error(exc, "commit failed") from exc
                 return
             failure = exc
+        except BaseException:
+            # An interrupt during the COMMIT round trip (psycopg cancels the query on
+            # SIGINT): treated like a lost connection whose outcome is unknown. The
+            # connection is dropped (the server rolls back what it did not commit) and
+            # this store refuses everything until reopened; the interrupt propagates.
+            self.close()
+            if self._written is not None or self._writing:
+                self._desync = "a commit was interrupted; its outcome is unknown: reopen the ledger"
+            raise
         self._resolve(failure)
 
     def _resolve(self, failure: Exception) -> None:

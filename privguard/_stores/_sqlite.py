@@ -246,6 +246,25 @@ class SQLiteStore:
             raise LedgerStateError(f"{self.path} was replaced by another file while this "
                                    "ledger was open; reopen it to use the new file")
 
+    #: The database header's file change counter (bytes 24..27) as of this store's last
+    #: transaction: SQLite's rollback-journal modes bump it at every commit.
+    _seen: bytes | None = None
+
+    def _change_counter(self) -> bytes | None:
+        try:
+            return None if self._lock_fd is None else os.pread(self._lock_fd, 4, 24)
+        except OSError:
+            return None
+
+    def check_lease(self) -> bool:
+        """The check before a step is handed out from a lease (no transaction): the path
+        still names the file opened (one ``os.stat``; LedgerStateError if replaced or
+        deleted), and whether the file is unchanged since this store's last transaction
+        (one ``pread`` of the header's change counter). False: another writer, or an
+        in-place rollback, changed it; the caller syncs (which verifies the journal)."""
+        self._check_identity()
+        return self._seen is not None and self._change_counter() == self._seen
+
     @contextlib.contextmanager
     def _locked(self, write: bool) -> Iterator[sqlite3.Connection]:
         """flock, then BEGIN; COMMIT (or ROLLBACK) and unlock at exit. Reentrant."""
@@ -275,6 +294,11 @@ class SQLiteStore:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise LedgerStateError(f"{self.path}: commit failed ({exc})") from exc
+            except BaseException:  # an interrupt at the COMMIT: never leave it open
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            self._seen = self._change_counter()  # still under the flock: ours
         finally:
             self._depth, self._writing = 0, False
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
