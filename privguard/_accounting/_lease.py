@@ -186,8 +186,8 @@ def check_unused_event(body: dict[str, Any], charges: int, where: str,
     included, are at most that key's charges: a lease's unused steps are charges of its
     key, so an event naming a key never charged, or more steps than it charged, is
     inconsistent (it would make the released steps negative)."""
-    from privguard._mechanisms._base import mechanism_from_dict
     from privguard._errors import LedgerStateError, PrivguardError
+    from privguard._mechanisms._base import mechanism_from_dict
 
     steps = body.get("steps")
     if type(steps) is not int or not 0 < steps <= charges:
