@@ -106,10 +106,10 @@ def test_known_limit_a_copy_without_its_wal_drops_charges_while_open(tmp_path):
     # README "On disk": WAL's known limit, pinned so that the README stays true. A copy of
     # budget.db alone, taken while a ledger is open, is a self-consistent older ledger.
     path = tmp_path / "budget.db"
-    with Ledger(3.0, 1e-5, path=path) as ledger:
+    with Ledger(3.0, 1e-5, path=path, lease=1) as ledger:
         ledger.charge(STEP)
         ledger.charge(STEP)
-    ledger = Ledger.open(path)
+    ledger = Ledger.open(path, lease=1)  # a charge per commit: counts are exact
     for _ in range(3):
         ledger.charge(STEP)
     shutil.copy(path, tmp_path / "copy.db")
@@ -184,9 +184,9 @@ def test_closing_one_ledger_keeps_another_in_this_process_visible_to_others(tmp_
     # process closing the file then took itself for the last user and deleted the -wal,
     # and the second ledger's next charges went into an unlinked file no one else reads.
     path = str(tmp_path / "budget.db")
-    a = Ledger(3.0, 1e-5, path=path)
+    a = Ledger(3.0, 1e-5, path=path, lease=1)  # a charge per commit: counts are exact
     a.charge(STEP)
-    b = Ledger.open(path)
+    b = Ledger.open(path, lease=1)
     b.charge(STEP)
     a.close()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
