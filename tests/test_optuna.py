@@ -579,9 +579,9 @@ def test_pytest_showlocals_shows_no_trial(tmp_path):
             best_so_far = ("model" + str(3 * 7919), "attr" + str(3 * 7919))
             raise RuntimeError("control")
     """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-         os.environ.get("PYTHONPATH", "")])}
+    # this process's own path: the installed package (CI's wheel, or an editable install);
+    # the source root would shadow it, and privguard.integrations is mapped from integrations/
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "--showlocals", "-p",
                            "no:cacheprovider", "-q", str(test_file)], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300, env=env)
