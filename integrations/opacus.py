@@ -229,8 +229,10 @@ class AttachHandle:
         return max(k, self._last_micro_batches) if predict else k
 
     def _mechanism(self, predict: bool) -> M.Mechanism:
-        key = (float(self.optimizer.noise_multiplier), float(self._rate()),
-               self._micro_batches(predict))
+        return self._mechanism_for(self._micro_batches(predict))
+
+    def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
+        key = (float(self.optimizer.noise_multiplier), float(self._rate()), micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(*key)
             self._last_key = key
@@ -260,7 +262,7 @@ class AttachHandle:
             k = self._micro_batches(predict=False)
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
                 self.witnesses.check(self.next_mechanism() if self._epochs is not None
-                                     else self._mechanism(predict=False))
+                                     else self._mechanism_for(k))
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
                 if k > 1:
                     raise _accumulated_allocation(k)
@@ -272,9 +274,9 @@ class AttachHandle:
                     self.ledger.charge(due, label=self.label)
                 self._epochs.done(sigma, due)
             elif self._coordinator is None:
-                self.ledger.charge(self._mechanism(predict=False), label=self.label)
+                self.ledger.charge(self._mechanism_for(k), label=self.label)
             else:
-                self._next_ok = self._coordinator.step(lambda: self._mechanism(predict=False),
+                self._next_ok = self._coordinator.step(lambda: self._mechanism_for(k),
                                                        self.label)
             if self.witness_reserve is not None:  # once, after the first step fixed the plan
                 self.ledger.charge(self.witness_reserve,
