@@ -7,7 +7,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
-__all__ = ["find_dp_optimizer", "require"]
+__all__ = ["check_callback_arguments", "find_dp_optimizer", "require"]
 
 
 def find_dp_optimizer(candidates: Any):
@@ -27,3 +27,21 @@ def find_dp_optimizer(candidates: Any):
             "optimizer", candidates,
             f"expected exactly one Opacus DPOptimizer, found {len(found)}")
     return found[0]
+
+
+def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poisson: Any) -> None:
+    """The arguments the Lightning and Hugging Face callbacks share, checked alike.
+
+    Raises:
+        InvalidArgumentError: naming the first argument of the wrong type.
+    """
+    from privguard import Ledger
+
+    if not isinstance(ledger, Ledger):
+        raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+    if not isinstance(log_name, str):
+        raise InvalidArgumentError("log_name", log_name, "must be a string")
+    if not isinstance(label, str):
+        raise InvalidArgumentError("label", label, "must be a string")
+    if not isinstance(check_poisson, bool):
+        raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")

@@ -51,12 +51,16 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
-from privguard.integrations._frameworks import find_dp_optimizer, require
+from privguard.integrations._frameworks import (
+    check_callback_arguments,
+    find_dp_optimizer,
+    require,
+)
 from privguard.integrations.opacus import AttachHandle, attach
 
 _tf = require("transformers", "huggingface")
@@ -90,14 +94,7 @@ class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
                  check_poisson: bool = True) -> None:
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-        if not isinstance(log_name, str):
-            raise InvalidArgumentError("log_name", log_name, "must be a string")
-        if not isinstance(label, str):
-            raise InvalidArgumentError("label", label, "must be a string")
-        if not isinstance(check_poisson, bool):
-            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+        check_callback_arguments(ledger, log_name, label, check_poisson)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name

@@ -51,7 +51,11 @@ from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
-from privguard.integrations._frameworks import find_dp_optimizer, require
+from privguard.integrations._frameworks import (
+    check_callback_arguments,
+    find_dp_optimizer,
+    require,
+)
 from privguard.integrations.opacus import AttachHandle, attach
 
 _pl = require("lightning.pytorch", "lightning")
@@ -98,14 +102,7 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
                  prog_bar: bool = True, check_poisson: bool = True) -> None:
-        if not isinstance(ledger, Ledger):
-            raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-        if not isinstance(log_name, str):
-            raise InvalidArgumentError("log_name", log_name, "must be a string")
-        if not isinstance(label, str):
-            raise InvalidArgumentError("label", label, "must be a string")
-        if not isinstance(check_poisson, bool):
-            raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+        check_callback_arguments(ledger, log_name, label, check_poisson)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
