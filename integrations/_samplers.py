@@ -51,8 +51,8 @@ def found(loader: Any) -> str:
                           f"({type(inner).__name__})")
     if batch_sampler is None:
         return f"a {type(loader).__name__} without a batch sampler"
-    wrapped = wrapped_poisson(batch_sampler)  # a sharding wrapper around a Poisson sampler
-    if wrapped is not None:
+    wrapped = wrapped_poisson(batch_sampler) or wrapped_allocation(batch_sampler)
+    if wrapped is not None:  # a sharding wrapper around a sampler privguard accounts
         return wrapped
     return f"a batch sampler privguard does not know ({name})"
 
@@ -149,6 +149,28 @@ def wrapped_poisson(batch_sampler: Any) -> str | None:
     return (f"a {name} that deals {shards} ranks their own batches of a Poisson sampler: one "
             f"global step holds each record with probability {drawn_in_one_step(q, shards):.4g} "
             f"(up to {shards} times), not the charged q = {q:g}")
+
+
+def wrapped_allocation(batch_sampler: Any) -> str | None:
+    """What a wrapper that re-batches a random-allocation sampler breaks, or None.
+
+    accelerate's ``prepare`` (``BatchSamplerShard``) deals each rank every
+    W-th batch of its own copy of the sampler: each rank runs only some of
+    the t steps the epoch is charged for, from batches that are not the
+    ranks' shares of one allocation. Return the loader un-prepared.
+    """
+    from privguard.integrations._allocation import RandomAllocationSampler
+
+    for attr in ("batch_sampler", "sampler"):
+        inner = getattr(batch_sampler, attr, None)
+        if isinstance(inner, RandomAllocationSampler):
+            return (f"a {type(batch_sampler).__name__} that re-batches a "
+                    f"{type(inner).__name__} (t = {inner.steps_per_epoch}): the ranks no longer "
+                    "run the t steps of one allocation that RandomAllocation(σ, t) charges. "
+                    "Return the loader without accelerator.prepare (or any sharding wrapper); "
+                    "under DDP give it DistributedRandomAllocationSampler, which shares each "
+                    "step's batch among the ranks itself")
+    return None
 
 
 def distributed_mismatch(loader: Any, world_size: int) -> str | None:

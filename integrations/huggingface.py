@@ -26,8 +26,12 @@ whose batch sampler is :class:`~privguard.integrations.RandomAllocationSampler`
 ``RandomAllocation(σ, t)``, before its first step, as ``attach`` does (an
 epoch stopped early stays charged; σ changed inside an epoch is refused;
 ``gradient_accumulation_steps`` > 1 is refused, and so is DDP unless the
-sampler is ``DistributedRandomAllocationSampler``, which is tested with
-``attach`` in a hand-written DDP loop, not under the Trainer's accelerate).
+sampler is ``DistributedRandomAllocationSampler``). Under DDP (torchrun, the
+process group from ``TrainingArguments``, Opacus' ``DistributedDPOptimizer``)
+each epoch is charged once for all ranks, the same decision on every rank
+(tested with 2 gloo processes); return the loader from
+``get_train_dataloader`` without ``self.accelerator.prepare``: accelerate's
+sharding wrapper re-deals the batches and is refused by name.
 
 Checkpoints: at each save it writes the ledger's checkpoint entry as
 ``privguard_ledger.json`` into the checkpoint folder (an in-memory ledger's

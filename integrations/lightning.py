@@ -26,8 +26,12 @@ early stays charged; σ changed inside an epoch is refused). It must be the
 single training loader, with ``accumulate_grad_batches=1``. Under DDP a
 plain ``RandomAllocationSampler`` is refused (each rank would draw its own
 allocation); ``DistributedRandomAllocationSampler`` (one global allocation,
-each rank its share) is charged by ``attach`` and tested in a hand-written
-DDP loop, not under Lightning's strategies, which may re-wrap samplers.
+each rank its share, with Opacus' ``DistributedDPOptimizer`` from
+``configure_optimizers``) is charged once per epoch for all ranks, the same
+decision on every rank (tested under ``strategy="ddp"`` with 2 gloo
+processes). It needs ``Trainer(use_distributed_sampler=False)``: Lightning's
+default replaces the loader's sampler under a distributed strategy, and the
+callback refuses that fit at ``setup`` with ``NonPoissonSamplingError``.
 
 Checkpoints: the callback's state is the ledger's checkpoint entry (an
 in-memory ledger's whole state, a file-backed ledger's path and journal
@@ -76,6 +80,33 @@ def _train_loaders(trainer: Any) -> list:
     return [loaders]
 
 
+def _check_sampler_injection(trainer: Any) -> None:
+    """Refuse a distributed fit in which Lightning replaces the training loader's sampler.
+
+    With ``use_distributed_sampler=True`` (Lightning's default) a distributed
+    strategy puts its own ``DistributedSampler`` into every training loader
+    whose sampler is not one already: a fixed share of a permutation per
+    rank, which neither accounting covers. A batch sampler privguard accounts
+    (Opacus' Poisson samplers, :class:`~privguard.integrations.RandomAllocationSampler`)
+    is not a ``BatchSampler``, so Lightning cannot inject into it and raises a
+    ``TypeError`` of its own; any other loader would be refused at
+    ``on_train_start`` as not Poisson. Either way the fit cannot be charged,
+    so it is refused here, before Lightning reads a loader, by name.
+    """
+    connector = getattr(trainer, "_accelerator_connector", None)
+    if getattr(connector, "use_distributed_sampler", False) is True and \
+            getattr(connector, "is_distributed", False) is True:
+        raise _sampling.NonPoissonSamplingError(
+            "use_distributed_sampler", True,
+            f"makes Lightning's {type(trainer.strategy).__name__} replace the training "
+            "loader's sampler with its DistributedSampler (each rank a fixed share of a "
+            "permutation), which the accounting does not cover. Pass "
+            "Trainer(use_distributed_sampler=False) and give the loader a distributed sampler "
+            "privguard accounts: DistributedRandomAllocationSampler (one global random "
+            "allocation, each rank its share) or Opacus' DPDataLoader.from_data_loader(loader, "
+            "distributed=True) (Poisson)")
+
+
 class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
@@ -114,6 +145,10 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
     @property
     def state_key(self) -> str:
         return f"privguard.LedgerCallback[{self.label}]"
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit" and self.check_poisson:
+            _check_sampler_injection(trainer)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception

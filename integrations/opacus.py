@@ -251,6 +251,8 @@ class AttachHandle:
                 due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
             except PrivguardError:
                 return False
+            if due is not None and self._coordinator is not None:
+                return self._next_ok  # decided together at attach or the epoch's last step
             return due is None or self.ledger.can_afford(due)
         if self._coordinator is not None:
             return self._next_ok
@@ -273,6 +275,12 @@ class AttachHandle:
                 elif due is not None:
                     self.ledger.charge(due, label=self.label)
                 self._epochs.done(sigma, due)
+                if self._coordinator is not None and \
+                        self._epochs.steps_in_epoch >= self._epochs.sampler.steps_per_epoch:
+                    # the epoch's last step, reached on every rank together: whether the next
+                    # epoch fits is one decision for all ranks (should_stop alike everywhere)
+                    nxt = self._epochs.mechanism(sigma)
+                    self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
             elif self._coordinator is None:
                 self.ledger.charge(self._mechanism_for(k), label=self.label)
             else:
