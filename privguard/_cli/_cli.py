@@ -142,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"path={done['charger_url']!r})")
         elif args.command == "verify":
             from privguard._stores import open_store
+            from privguard._stores._snapshot import snapshot
 
-            store = open_store(args.path, read_only=True)
-            try:
-                store.open(None, None, None)
-                result = store.verify()
-            finally:
-                store.close()
+            with snapshot(args.path):  # read still, nothing written beside it (_snapshot.py)
+                store = open_store(args.path, read_only=True)
+                try:
+                    store.open(None, None, None)
+                    result = store.verify()
+                finally:
+                    store.close()
             print(f"{store.path}: OK — {result['rows']} journal rows ({result['charges']} "
                   f"charges in {result['runs']} runs, {result['checkpoints']} checkpoints) "
                   f"replayed and verified in {result['seconds']:.3f} s "
@@ -156,17 +158,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'; keyed' if result['keyed'] else ''}")
         else:
             from privguard._cli._report import plot, print_report, report
+            from privguard._stores._snapshot import snapshot
 
-            ledger = Ledger.open(args.path, read_only=True)
-            if args.command == "report":
-                data = report(ledger, compare_prv=args.compare_prv)
-                if args.json:
-                    json.dump(data, sys.stdout, indent=2, default=str, allow_nan=False)
-                    print()
-                else:
-                    print_report(data)
+            with snapshot(args.path):  # read still, nothing written beside it (_snapshot.py)
+                ledger = Ledger.open(args.path, read_only=True)
+                try:
+                    if args.command == "report":
+                        data = report(ledger, compare_prv=args.compare_prv)
+                    else:
+                        drawn = plot(ledger, args.output, compare_prv=not args.no_prv)
+                finally:
+                    ledger.close()
+            if args.command != "report":
+                print(drawn)
+            elif args.json:
+                json.dump(data, sys.stdout, indent=2, default=str, allow_nan=False)
+                print()
             else:
-                print(plot(ledger, args.output, compare_prv=not args.no_prv))
+                print_report(data)
     except PrivguardError as exc:
         print(f"privguard: {exc}", file=sys.stderr)
         return 2

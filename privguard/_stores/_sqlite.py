@@ -58,7 +58,7 @@ from privguard._accounting._config import Config, retarget_remedy
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
 from privguard._mechanisms._base import Mechanism
-from privguard._stores import _lockfds, _rows
+from privguard._stores import _lockfds, _rows, _snapshot
 from privguard._stores._integrity import Integrity, canonical
 from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
@@ -82,6 +82,12 @@ _SCHEMA = [
     "last_count INTEGER NOT NULL, digest TEXT NOT NULL, prev TEXT NOT NULL, "
     "mac TEXT NOT NULL)",
 ]
+
+
+def _is_wal(path: str) -> bool:
+    """Whether the SQLite file at ``path`` is in WAL mode (header bytes 18-19 are 2)."""
+    with open(path, "rb") as f:
+        return f.read(20)[18:20] == b"\x02\x02"
 
 
 def _dumps(value: Any) -> str:
@@ -189,6 +195,13 @@ class SQLiteStore:
         immutable. With a ``-wal`` present the error stands (its charges cannot be read).
         """
         uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+        held = _snapshot.held_path(self.path)
+        if held is not None and not os.path.exists(self.path + "-wal") and _is_wal(self.path):
+            # held still by a snapshot, every charge in the main file (_snapshot.py): read it
+            # as immutable, which creates no -wal/-shm beside it
+            self._snapshot = held
+            return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout,
+                                   isolation_level=None, check_same_thread=False)
         conn = sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None,
                                check_same_thread=False)
         try:
@@ -198,9 +211,7 @@ class SQLiteStore:
             conn.close()
             if "readonly" not in str(exc) or os.path.exists(self.path + "-wal"):
                 raise
-        with open(self.path, "rb") as f:  # bytes 18-19 are 2 in a WAL-mode file
-            header = f.read(20)
-        if header[18:20] != b"\x02\x02":
+        if not _is_wal(self.path):
             raise LedgerStateError(f"{self.path}: cannot be read without writing beside it")
         return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout,
                                isolation_level=None, check_same_thread=False)
@@ -269,6 +280,9 @@ class SQLiteStore:
     def _locked(self, write: bool) -> Iterator[sqlite3.Connection]:
         """flock, then BEGIN; COMMIT (or ROLLBACK) and unlock at exit. Reentrant."""
         conn = self._connect()
+        if self._snapshot is not None and not _snapshot.held(self._snapshot):
+            raise LedgerStateError(f"{self.path}: was read as a snapshot that has ended (the "
+                                   "file may have changed since); open the ledger again")
         if self._depth:
             if write and not self._writing:
                 raise LedgerStateError(f"{self.path}: a write inside a read transaction")
@@ -305,6 +319,7 @@ class SQLiteStore:
 
     _writing = False
     _wal = False
+    _snapshot: tuple[int, int] | None = None  # read as immutable while this snapshot is held
 
     # -- digests -------------------------------------------------------------------------
     def _genesis_digest(self, config: dict[str, Any]) -> str:
