@@ -99,3 +99,48 @@ def test_a_server_that_goes_away_leaves_no_connection(pg):
             del ledger  # a user who never calls close() after the failure
         finally:
             srv.start()
+
+
+def _server_connections(srv, db, name) -> int:
+    """The connections the server holds open for ledger ``name`` (privguard names them),
+    after up to 5 s for a closed one's backend to exit (a leaked one never does)."""
+    import time
+
+    deadline = time.monotonic() + 5.0
+    while True:
+        count = srv.admin("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                          ("privguard:" + name,), db=db)[0][0]
+        if count == 0 or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+_TAMPER = {  # as the superuser, triggers off: what an attacker with the database could do
+    "genesis": "UPDATE privguard.ledgers SET genesis = 'x' WHERE name = %s",
+    "head": "UPDATE privguard.ledgers SET mac = 'x' WHERE name = %s",
+    "config": "UPDATE privguard.ledgers SET config = replace(config, '3.0', '4.0') WHERE name = %s",
+    "entry": "UPDATE privguard.entries SET digest = 'x' WHERE ledger = %s",
+}
+
+
+@pytest.mark.parametrize("tamper", sorted(_TAMPER))
+def test_an_open_of_a_tampered_ledger_leaves_no_server_connection(pg, tamper):
+    """Counted on the server (pg_stat_activity), with each refusal's traceback kept alive:
+    a connection only the garbage collector would close stays open while it is referenced."""
+    srv, db, name = pg
+    url = srv.url(OWNER, db, name)
+    ledger = Ledger(3.0, 1e-5, path=url)
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01))
+    ledger.close()
+    srv.admin("SET session_replication_role = replica; " + _TAMPER[tamper].replace("%s", f"'{name}'"),
+              db=db)
+    assert _server_connections(srv, db, name) == 0
+    kept = []
+    for opener in ("open", "read-only", "constructor"):
+        with pytest.raises(LedgerStateError) as info:
+            if opener == "constructor":
+                Ledger(3.0, 1e-5, path=url)
+            else:
+                Ledger.open(url, read_only=opener == "read-only")
+        kept.append(info)  # the traceback holds the failed open's frames
+        assert _server_connections(srv, db, name) == 0, opener
