@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -30,24 +32,69 @@ except ImportError:  # the install hint
 __all__ = ["DPHyPOSampler", "TPERule", "silenced"]
 
 
+_quiet_lock = threading.Lock()
+_quiet: dict[str, Any] = {"depth": 0, "level": None, "propagate": None, "warnings": None}
+# Python >= 3.14 run with context-aware warnings: catch_warnings changes this context's
+# filters only, so each scope (each thread) sets its own
+_CONTEXT_WARNINGS = bool(getattr(sys.flags, "context_aware_warnings", False))
+
+
 @contextlib.contextmanager
 def silenced() -> Iterator[None]:
     """Optuna's logger says nothing and every warning is discarded for the duration.
 
     Optuna's per-trial lines carry values; a warning raised by a trial or by an
     update rule is output about trials that may not win (one per trial, under an
-    "always" filter, counts K). ``warnings.catch_warnings`` restores the filters.
+    "always" filter, counts K).
+
+    Scopes nest and overlap across threads (trials run in threads): the first
+    to enter saves Optuna's logger level and the warning filters and silences
+    both, the last to leave restores them, under a lock. Each scope restoring
+    what it saw (``warnings.catch_warnings`` per scope, as before) left them
+    silenced for good when two threads' scopes overlapped: the second saved the
+    first's silence and restored it last. Both are process-wide state, so while
+    any scope is open every thread's Optuna log lines and warnings are dropped
+    (erring towards releasing nothing about a trial); with context-aware
+    warnings (Python 3.14+) the warning filters are per scope instead. A
+    ``catch_warnings`` of other code in another thread that overlaps a scope
+    can still save and restore its silence: the filters are not thread-safe.
     """
-    logger = logging.getLogger("optuna")
-    level, propagate = logger.level, logger.propagate
-    logger.setLevel(logging.CRITICAL + 1)
+    _enter_quiet()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        if _CONTEXT_WARNINGS:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+        else:
             yield
     finally:
-        logger.setLevel(level)
-        logger.propagate = propagate
+        _leave_quiet()
+
+
+def _enter_quiet() -> None:
+    with _quiet_lock:
+        if _quiet["depth"] == 0:
+            logger = logging.getLogger("optuna")
+            _quiet.update(level=logger.level, propagate=logger.propagate)
+            logger.setLevel(logging.CRITICAL + 1)
+            if not _CONTEXT_WARNINGS:
+                catcher = warnings.catch_warnings()
+                catcher.__enter__()
+                warnings.simplefilter("ignore")
+                _quiet["warnings"] = catcher
+        _quiet["depth"] += 1
+
+
+def _leave_quiet() -> None:
+    with _quiet_lock:
+        _quiet["depth"] -= 1
+        if _quiet["depth"] == 0:
+            logger = logging.getLogger("optuna")
+            logger.setLevel(_quiet["level"])
+            logger.propagate = _quiet["propagate"]
+            catcher, _quiet["warnings"] = _quiet["warnings"], None
+            if catcher is not None:
+                catcher.__exit__(None, None, None)
 
 
 def _check_grid(search_space: Mapping[Any, Sequence[Any]]) -> None:
