@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from privguard.integrations._optuna_sampler import silenced  # noqa: E402
+from privguard.integrations._optuna_sampler import silenced
 
 
 def _state():
