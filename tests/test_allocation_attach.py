@@ -126,11 +126,11 @@ def test_refusals_at_attach():
     hybrid = Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.SubsampledGaussian(SIGMA, 0.25), steps=8),
                     filter="hybrid")
     with pytest.raises(InvalidArgumentError,
-                       match="no certified PLD envelope for random allocation.*filter='rdp'"):
+                       match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         attach(opt, hybrid, data_loader=loader)
     # a hybrid ledger cannot plan a random-allocation epoch either (docs/theory.md §2b.1)
     with pytest.raises(InvalidArgumentError,
-                       match="no certified PLD envelope for random allocation.*filter='rdp'"):
+                       match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(SIGMA, 4), steps=2),
                filter="hybrid")
     # nothing was attached: a plain ledger still attaches, with no Poisson warning

@@ -281,6 +281,19 @@ def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
                for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD))
 
 
+def mixture_interval(envelope: Envelope) -> float:
+    """The loss discretisation interval of an accumulated envelope's one-step PLD:
+    max(DISCRETISATION, width / MIXTURE_POINTS), width the larger connect-the-dots
+    loss range of the two directions (a coarser grid is still pessimistic)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    widths = []
+    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+        bounds = _privacy_loss(envelope, adjacency).connect_dots_bounds()
+        widths.append(bounds.epsilon_upper - bounds.epsilon_lower)
+    return max(DISCRETISATION, max(widths) / MIXTURE_POINTS)
+
+
 @functools.lru_cache(maxsize=64)
 def _one_step_pld(envelope: Envelope):
     """dp-accounting's pessimistic PLD of one envelope step (both directions).
@@ -306,15 +319,10 @@ def _one_step_pld(envelope: Envelope):
             value_discretization_interval=interval, sampling_prob=envelope.sample_rate,
             use_connect_dots=True)
     else:  # docs/theory.md §2b.1: the mixture pair, both directions, pessimistic
-        widths = []
-        for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
-            bounds = _privacy_loss(envelope, adjacency).connect_dots_bounds()
-            widths.append(bounds.epsilon_upper - bounds.epsilon_lower)
-        interval = max(interval, max(widths) / MIXTURE_POINTS)  # coarser: still pessimistic
         shifts, weights = _mixture(envelope)
         pld = pld_lib.from_mixture_gaussian_mechanism(
             envelope.noise_multiplier, shifts, weights, pessimistic_estimate=True,
-            value_discretization_interval=interval, use_connect_dots=True)
+            value_discretization_interval=mixture_interval(envelope), use_connect_dots=True)
     # Dense PMFs: dp-accounting's sparse self_compose evaluates size**T as a
     # Python integer first (seconds for T ~ 10⁶); the dense one is an FFT.
     remove = getattr(pld, "_pmf_remove", None)
