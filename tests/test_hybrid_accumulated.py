@@ -109,6 +109,15 @@ def test_one_step_mixture_pld_is_pessimistic_against_the_exact_hockey_stick(eps)
     assert H._one_step_delta(ENV, eps) == pytest.approx(exact, rel=1e-4, abs=1e-12)
 
 
+def test_one_step_pessimism_at_small_q_and_many_micro_batches(coarse):
+    # the regime where RDP fails (rare events: the example in all k micro-batches)
+    for sigma, q, k in [(1.1, 256 / 60000, 4), (0.8, 0.002, 8)]:
+        pld = H._one_step_pld(Envelope(sigma, q, k))
+        for eps in (0.05, 1.0, 4.0):
+            exact = exact_one_step_delta(sigma, q, k, eps)
+            assert float(pld.get_delta_for_epsilon(eps)) >= exact * (1 - 1e-9) - 1e-15
+
+
 @pytest.mark.parametrize("steps", [5, 40])
 def test_composed_mixture_pld_is_pessimistic_against_the_gdp_closed_form(steps, coarse):
     # q₀ = 1: every micro-batch holds the example, the step is N(k₀, σ₀²) against
