@@ -267,3 +267,46 @@ def test_an_envelope_beyond_32_micro_batches_is_refused_by_name():
         Envelope(1.0, 0.01, 33)
     with pytest.raises(InvalidArgumentError, match="at most 32 micro-batches"):
         Ledger(EPS, DELTA, plan=M.AccumulatedSubsampledGaussian(1.0, 0.01, 64), filter="hybrid")
+
+
+MC_SIGMA, MC_Q, MC_EPS, MC_DELTA_A = 2.0, 0.125, 1.0, 0.99 * 0.02  # T_A = 18
+
+
+def _mc_statistic(steps, sigmas, remove, n=100_000, seed=0):
+    """E[(1 − e^(ε−L))₊] over n exact runs of ``steps`` envelope-or-inside steps: the
+    hockey-stick H_{e^ε} of the realised interaction (docs/theory.md §2b, Monte-Carlo).
+
+    L sums the exact one-step losses log(P_σ/Q_σ) (remove: x ~ P_σ; add: −log, x ~ Q_σ)
+    of the mixture pair at the σ the adversary picks; ``sigmas(L)`` picks it per run from
+    the loss so far (adaptive noise inside the envelope), and returns σ ≥ σ₀.
+    """
+    rng = np.random.default_rng(seed)
+    j = np.arange(K + 1)
+    log_b = np.log(binom.pmf(j, K, MC_Q))
+    loss = np.zeros(n)
+    for _ in range(steps):
+        s = sigmas(loss)
+        x = rng.normal(0.0, s, n) + (rng.binomial(K, MC_Q, n) if remove else 0.0)
+        terms = log_b[None, :] + (j[None, :] * x[:, None] - j[None, :] ** 2 / 2) / s[:, None] ** 2
+        one = np.logaddexp.reduce(terms, axis=1)
+        loss += one if remove else -one
+    v = np.maximum(0.0, 1.0 - np.exp(MC_EPS - loss))
+    return float(v.mean()), float(v.std() / math.sqrt(n))
+
+
+def test_monte_carlo_T_A_holds_against_adaptive_noise_and_fails_when_inflated():
+    t_a = envelope_steps(Envelope(MC_SIGMA, MC_Q, K), MC_EPS, MC_DELTA_A)
+    assert 10 <= t_a <= 40
+
+    def plan(loss):
+        return np.full(loss.shape, MC_SIGMA)
+
+    def lucky_then_quiet(loss):  # more noise once the loss so far is high (inside: σ ≥ σ₀)
+        return np.where(loss > 0.5, 1.5 * MC_SIGMA, MC_SIGMA)
+
+    for sigmas, remove in ((plan, True), (plan, False), (lucky_then_quiet, True)):
+        value, se = _mc_statistic(t_a, sigmas, remove, seed=1)
+        assert value <= MC_DELTA_A + 4 * se
+    # power: 15% more envelope steps than certified exceed δ_A clearly
+    value, se = _mc_statistic(math.ceil(1.15 * t_a), plan, True, seed=2)
+    assert value - 4 * se > 1.05 * MC_DELTA_A
