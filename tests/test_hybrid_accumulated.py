@@ -265,8 +265,15 @@ def test_an_accumulated_hybrid_state_round_trips(tmp_path):
 def test_an_envelope_beyond_32_micro_batches_is_refused_by_name():
     with pytest.raises(InvalidArgumentError, match="micro_batches"):
         Envelope(1.0, 0.01, 33)
+    big = M.AccumulatedSubsampledGaussian(50.0, 0.01, 64)
     with pytest.raises(InvalidArgumentError, match="at most 32 micro-batches"):
-        Ledger(EPS, DELTA, plan=M.AccumulatedSubsampledGaussian(1.0, 0.01, 64), filter="hybrid")
+        Ledger(EPS, DELTA, plan=big, filter="hybrid")
+    assert envelope_of(big) is None
+    # no plan declared: the first charge fixes it, and without an envelope the ledger is
+    # the RDP filter at the full δ (docs/theory.md §2b), as for any step without one
+    ledger = Ledger(EPS, DELTA, filter="hybrid")
+    ledger.charge(big)
+    assert ledger._acc.filter.kind == "dp"
 
 
 MC_SIGMA, MC_Q, MC_EPS, MC_DELTA_A = 2.0, 0.125, 1.0, 0.99 * 0.02  # T_A = 18

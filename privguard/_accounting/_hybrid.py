@@ -149,9 +149,10 @@ def envelope_of(step: Any) -> Envelope | None:
 
     ``SubsampledGaussian(σ, q, steps=k)`` gives (σ, q) (the envelope is per
     step, whatever k); ``Gaussian(σ)`` gives (σ, 1.0);
-    ``AccumulatedSubsampledGaussian(σ, q, m)`` gives (σ, q, m) (m = 1: the
-    subsampled Gaussian's envelope; m above :data:`MAX_ENVELOPE_MICRO_BATCHES`
-    raises InvalidArgumentError); any other mechanism None.
+    ``AccumulatedSubsampledGaussian(σ, q, m)`` gives (σ, q, m) for m ≤
+    :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled Gaussian's
+    envelope); any other mechanism None (a declared plan of more micro-batches
+    is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
     Example:
         >>> from privguard import mechanisms as M
@@ -166,7 +167,8 @@ def envelope_of(step: Any) -> Envelope | None:
         return Envelope(step.noise_multiplier, step.sample_rate)
     if type(step) is Gaussian:
         return Envelope(step.noise_multiplier, 1.0)
-    if type(step) is AccumulatedSubsampledGaussian:  # docs/theory.md §2b.1
+    if type(step) is AccumulatedSubsampledGaussian and \
+            step.micro_batches <= MAX_ENVELOPE_MICRO_BATCHES:  # docs/theory.md §2b.1
         return Envelope(step.noise_multiplier, step.sample_rate, step.micro_batches)
     return None
 
