@@ -240,9 +240,10 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
     if ledger._acc.config.filter == "hybrid":
         raise InvalidArgumentError(
             "ledger", "filter='hybrid'",
-            f"cannot charge {loader}: the hybrid filter's PLD envelope (docs/theory.md §2b) "
-            "covers Poisson-subsampled steps only, and none is proved for random allocation; "
-            "use the RDP filter (the default)")
+            f"cannot charge {loader}: privguard has no certified PLD envelope for random "
+            "allocation (the hybrid filter's part A covers Poisson-subsampled steps, plain "
+            "or accumulated, docs/theory.md §2b.1), so its epochs could only close part A; "
+            "use the RDP filter (filter='rdp', the default)")
     if distributed and not isinstance(sampler, DistributedRandomAllocationSampler):
         raise InvalidArgumentError(
             "optimizer", "distributed",

@@ -215,11 +215,12 @@ def test_extreme_parameters_give_valid_curves():
     assert c.tolist() == pytest.approx([2 * 9 / 8, 8 * 9 / 8])
 
 
-def test_hybrid_filter_refuses_an_accumulated_plan_by_name():
+def test_hybrid_filter_refuses_an_accumulated_plan_beyond_its_envelope_by_name():
+    # docs/theory.md §2b.1: accumulated envelopes exist up to 32 micro-batches
     from privguard import Plan
 
-    plan = Plan(M.AccumulatedSubsampledGaussian(1.0, 0.01, 2), steps=100)
-    with pytest.raises(InvalidArgumentError, match="PLD envelope for SubsampledGaussian"):
+    plan = Plan(M.AccumulatedSubsampledGaussian(1.0, 0.01, 33), steps=100)
+    with pytest.raises(InvalidArgumentError, match="at most 32 micro-batches"):
         Ledger(epsilon=3.0, delta=1e-5, filter="hybrid", plan=plan)
     Ledger(epsilon=3.0, delta=1e-5, plan=plan)  # the RDP filter takes it
     # k = 1 is SubsampledGaussian: a hybrid plan is fine

@@ -132,3 +132,19 @@ def test_accumulation_through_skipped_steps_is_counted_from_the_loader():
             opt.step()
             opt.zero_grad()
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)] * 3
+
+
+def test_a_hybrid_ledger_with_an_accumulated_plan_admits_the_run_in_part_A():
+    # issue 27 item 5 (docs/theory.md §2b.1): the plan's accumulated step declares a PLD
+    # envelope; before, Ledger(..., filter="hybrid") refused such a plan.
+    from privguard import Plan
+
+    _, model, opt, loader, criterion = _private()
+    step = M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)
+    ledger = Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    flt = ledger._acc.filter
+    assert flt.kind == "hybrid" and flt.steps_a >= 3
+    attach(opt, ledger, data_loader=loader)
+    _accumulate(model, opt, loader, criterion, steps=3, k=2)
+    assert [r.mechanism for r in ledger.history] == [step] * 3
+    assert flt.a_count == 3 and flt.a_alive  # every step admitted by part A

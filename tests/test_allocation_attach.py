@@ -125,8 +125,14 @@ def test_refusals_at_attach():
         attach(opt, Ledger(epsilon=5.0, delta=1e-5), data_loader=loader, sample_rate=0.25)
     hybrid = Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.SubsampledGaussian(SIGMA, 0.25), steps=8),
                     filter="hybrid")
-    with pytest.raises(InvalidArgumentError, match="hybrid"):
+    with pytest.raises(InvalidArgumentError,
+                       match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         attach(opt, hybrid, data_loader=loader)
+    # a hybrid ledger cannot plan a random-allocation epoch either (docs/theory.md §2b.1)
+    with pytest.raises(InvalidArgumentError,
+                       match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
+        Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(SIGMA, 4), steps=2),
+               filter="hybrid")
     # nothing was attached: a plain ledger still attaches, with no Poisson warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -159,3 +159,16 @@ def test_accumulate_grad_batches_is_charged_as_accumulation():
     assert t.global_step == 3
     assert [r.mechanism for r in ledger.history] == [
         M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)] * 3
+
+
+def test_accumulate_grad_batches_under_a_hybrid_ledger_with_the_plan():
+    # issue 27 item 5 (docs/theory.md §2b.1): the accumulated plan declares a PLD envelope,
+    # and part A admits the run (before, Ledger(..., filter="hybrid") refused the plan)
+    from privguard import Plan
+
+    step = M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)
+    ledger = Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    t = trainer(LedgerCallback(ledger), max_steps=3, accumulate_grad_batches=2)
+    t.fit(Tiny())
+    assert [r.mechanism for r in ledger.history] == [step] * 3
+    assert ledger._acc.filter.a_count == 3 and ledger._acc.filter.a_alive

@@ -140,9 +140,9 @@ class Accounting:
         """The filter the configuration asks for, fixed from ``plan`` when given.
 
         ``filter="hybrid"`` needs a plan whose step has an envelope (a
-        subsampled or plain Gaussian) and a positive T_A; otherwise — a choice
-        made from the plan alone, before any output — it is the RDP filter at
-        the full δ (docs/theory.md §2b).
+        subsampled or plain Gaussian, or an accumulated step: §2b.1) and a
+        positive T_A; otherwise — a choice made from the plan alone, before
+        any output — it is the RDP filter at the full δ (docs/theory.md §2b).
         """
         cfg = self.config
         if cfg.filter is None:

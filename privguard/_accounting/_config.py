@@ -113,6 +113,29 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _check_hybrid_plan(step: Any) -> None:
+    """Refuse ``filter="hybrid"`` for a plan step privguard has no certified PLD envelope for.
+
+    Accumulated steps have one up to ``MAX_ENVELOPE_MICRO_BATCHES`` micro-batches
+    (docs/theory.md §2b.1); random allocation has none (§15): its PLD (Feldman &
+    Shenfeld) is not implemented here, so a hybrid ledger would only be the RDP
+    filter at a smaller δ.
+    """
+    from privguard._accounting._hybrid import MAX_ENVELOPE_MICRO_BATCHES
+
+    k = getattr(step, "micro_batches", 1)
+    if isinstance(k, int) and k > MAX_ENVELOPE_MICRO_BATCHES:
+        raise InvalidArgumentError(
+            "filter", "hybrid", f"has a PLD envelope for accumulated steps of at most "
+            f"{MAX_ENVELOPE_MICRO_BATCHES} micro-batches (docs/theory.md §2b.1), not for the "
+            f"plan's step {step!r}; use filter='rdp' (its RDP curve is a proven bound)")
+    if type(step).__name__ == "RandomAllocation":
+        raise InvalidArgumentError(
+            "filter", "hybrid", f"has no certified PLD envelope for random allocation in "
+            f"privguard (docs/theory.md §2b.1), so it cannot plan {step!r}; use filter='rdp' "
+            "(the default: RandomAllocation's RDP curve is a proven bound, §15)")
+
+
 def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
           shares: Any = None, plan: Any = None, rdp_budget: Any = None,
           odometer: Any = None, filter: Any = None) -> Config:
@@ -131,12 +154,8 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
                                    "must be Uniform(), Concentrated(...) or Explicit(...)")
     if filter is not None and filter not in FILTERS:
         raise InvalidArgumentError("filter", filter, f"must be one of {FILTERS}")
-    if filter == "hybrid" and the_plan is not None and getattr(
-            the_plan.step, "micro_batches", 1) != 1:  # docs/theory.md §14, Not claimed
-        raise InvalidArgumentError(
-            "filter", filter, "has a PLD envelope for SubsampledGaussian steps only, not for "
-            f"the plan's accumulated step {the_plan.step!r}; use filter='rdp' (its RDP curve "
-            "is a proven bound)")
+    if filter == "hybrid" and the_plan is not None:
+        _check_hybrid_plan(the_plan.step)
     if epsilon is not None and rdp_budget is not None:
         raise InvalidArgumentError("rdp_budget", rdp_budget,
                                    "give either (epsilon, delta) or rdp_budget, not both")

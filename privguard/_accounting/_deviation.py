@@ -61,17 +61,25 @@ def repeats_or_nan(acc: Any, step: Any, pid: int) -> float:
 def message(flt: Any, mechanism: Any, label: str | None, step: Any, before: float,
             after: float) -> str:
     """What happened and what it cost, in plan steps."""
-    from privguard._accounting._hybrid import envelope_steps_in
+    from privguard._accounting._hybrid import envelope_steps_in, envelope_text
 
     env = flt.envelope
     inside = envelope_steps_in(mechanism, env) is not None
     why = (f"it would take part A past its {flt.steps_a} certified envelope steps" if inside
            else f"it is outside the plan's envelope (σ ≥ {env.noise_multiplier:g} and "
-                f"q ≤ {env.sample_rate:g})")
+                f"q ≤ {env.sample_rate:g})" if env.micro_batches == 1
+           else f"it is outside the plan's envelope ({envelope_text(env)})")
     what = "charge" if label is None else f"charge {label!r}"
     return (f"the {what} of {mechanism!r} left the plan: {why}, so the hybrid filter's PLD "
             f"part closed for good and only the RDP fallback at δ_B = {flt.delta_b:g} decides "
             f"from now on. Steps of the plan's step {step!r} that fit: {before:g} before this "
             f"charge, {after:g} after. Declare the most expensive step the run may take as "
             "the plan's (σ at most the smallest σ, q at least the largest q; README, "
-            "'Leaving the plan')")
+            f"'Leaving the plan'){_accumulated_hint(env)}")
+
+
+def _accumulated_hint(env: Any) -> str:
+    if env.micro_batches == 1:
+        return ""
+    return (f"; an accumulated envelope holds only steps with q = {env.sample_rate:g} and "
+            f"{env.micro_batches} micro-batches (docs/theory.md §2b.1)")

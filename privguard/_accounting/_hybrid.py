@@ -3,7 +3,9 @@
 Issue 16, proof in docs/theory.md §2b. Pure accounting code: no I/O, no ledger.
 
 * **Part A** counts the steps that lie inside the *envelope* (sample rate
-  ≤ q₀, noise multiplier ≥ σ₀; the plan's step). It admits while the count
+  ≤ q₀, noise multiplier ≥ σ₀; the plan's step; for a plan step that
+  accumulates k₀ ≥ 2 micro-batches: σ ≥ σ₀ with the same q₀ and k₀,
+  docs/theory.md §2b.1). It admits while the count
   stays within T_A, the largest T for which T envelope steps are
   (ε, δ_A)-DP by dp-accounting's pessimistic PLD (both neighbouring
   directions). Every inside step is dominated by the envelope step
@@ -41,7 +43,7 @@ from privguard._curves import _conversion as conv
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._mechanisms._base import Mechanism
-from privguard.mechanisms import Gaussian, SubsampledGaussian
+from privguard.mechanisms import AccumulatedSubsampledGaussian, Gaussian, SubsampledGaussian
 
 #: Part A's default share of δ. A run on plan then admits at least what Opacus'
 #: PRV accountant calibrated it for, also for short runs with little noise
@@ -67,45 +69,90 @@ MARGIN = 1e-3
 ROUNDOFF_FACTOR = 10.0
 #: T_A is capped here (a certified count, just not searched beyond).
 MAX_STEPS = 10**7
+#: Most micro-batches an accumulated envelope may have (docs/theory.md §2b.1): its
+#: one-step PLD is a mixture of k₀ + 1 Gaussians, built by dp-accounting's binary
+#: search, whose cost grows with k₀.
+MAX_ENVELOPE_MICRO_BATCHES = 32
+#: Grid points per direction of an accumulated envelope's one-step PLD: dp-accounting
+#: builds a mixture's PMF by a binary search per grid point (seconds per thousand
+#: points), so its interval is max(DISCRETISATION, width / MIXTURE_POINTS); a coarser
+#: interval is pessimistic too (Doroshenko et al. 2022, Algorithm 1), it only costs
+#: tightness (docs/theory.md §2b.1).
+MIXTURE_POINTS = 5_000
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Envelope:
-    """The envelope of part A: steps with σ ≥ ``noise_multiplier`` and q ≤ ``sample_rate``.
+    """The envelope of part A: the plan's step and the steps it dominates.
 
-    Every Poisson-subsampled Gaussian step inside it (sensitivity ≤ 1 relative
-    to the step's clip norm) is dominated, in both neighbouring directions, by
-    the envelope step itself (docs/theory.md §2b, Lemma 1).
+    With ``micro_batches`` k₀ = 1 (the default): steps with σ ≥
+    ``noise_multiplier`` and q ≤ ``sample_rate``; every Poisson-subsampled
+    Gaussian step inside it (sensitivity ≤ 1 relative to the step's clip
+    norm) is dominated, in both neighbouring directions, by the envelope step
+    itself (docs/theory.md §2b, Lemma 1). With k₀ ≥ 2: the accumulated steps
+    ``AccumulatedSubsampledGaussian(σ, q₀, k₀)`` with σ ≥ σ₀ and the same q₀
+    and k₀ (docs/theory.md §2b.1, Lemma 1′).
 
     Example:
         >>> Envelope(noise_multiplier=1.0, sample_rate=0.01)
         Envelope(noise_multiplier=1.0, sample_rate=0.01)
+        >>> Envelope(1.0, 0.01, micro_batches=4).to_dict()["micro_batches"]
+        4
     """
 
     noise_multiplier: float
     sample_rate: float
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier",
                            check.positive_finite("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "sample_rate", check.sample_rate("sample_rate", self.sample_rate))
+        object.__setattr__(self, "micro_batches", check.positive_int(
+            "micro_batches", self.micro_batches, maximum=MAX_ENVELOPE_MICRO_BATCHES))
+
+    def __repr__(self) -> str:
+        tail = "" if self.micro_batches == 1 else f", micro_batches={self.micro_batches}"
+        return (f"Envelope(noise_multiplier={self.noise_multiplier!r}, "
+                f"sample_rate={self.sample_rate!r}{tail})")
+
+    def step(self) -> Mechanism:
+        """One envelope step: ``SubsampledGaussian(σ₀, q₀)`` or, for k₀ ≥ 2,
+        ``AccumulatedSubsampledGaussian(σ₀, q₀, k₀)``."""
+        if self.micro_batches == 1:
+            return SubsampledGaussian(self.noise_multiplier, self.sample_rate)
+        return AccumulatedSubsampledGaussian(self.noise_multiplier, self.sample_rate,
+                                             self.micro_batches)
 
     def to_dict(self) -> dict[str, float]:
-        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate}
+        # k₀ = 1 writes today's two keys: a state written before accumulated envelopes
+        # existed, and one written now for the same plan, are the same bytes.
+        out = {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate}
+        if self.micro_batches != 1:
+            out["micro_batches"] = self.micro_batches
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
-        if not isinstance(data, dict) or set(data) != {"noise_multiplier", "sample_rate"}:
-            raise InvalidArgumentError("envelope", data,
-                                       "must be a dict with keys noise_multiplier, sample_rate")
-        return cls(data["noise_multiplier"], data["sample_rate"])
+        keys = {"noise_multiplier", "sample_rate"}
+        if not isinstance(data, dict) or set(data) not in (keys, keys | {"micro_batches"}):
+            raise InvalidArgumentError("envelope", data, "must be a dict with keys "
+                                       "noise_multiplier, sample_rate (and micro_batches)")
+        if data.get("micro_batches", 2) == 1:  # k₀ = 1 is written without the key
+            raise InvalidArgumentError("envelope", data, "micro_batches=1 is written without "
+                                       "the key")
+        return cls(data["noise_multiplier"], data["sample_rate"], data.get("micro_batches", 1))
 
 
 def envelope_of(step: Any) -> Envelope | None:
     """The envelope a plan's step declares, or None if it declares none.
 
     ``SubsampledGaussian(σ, q, steps=k)`` gives (σ, q) (the envelope is per
-    step, whatever k); ``Gaussian(σ)`` gives (σ, 1.0); any other mechanism None.
+    step, whatever k); ``Gaussian(σ)`` gives (σ, 1.0);
+    ``AccumulatedSubsampledGaussian(σ, q, m)`` gives (σ, q, m) for m ≤
+    :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled Gaussian's
+    envelope); any other mechanism None (a declared plan of more micro-batches
+    is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
     Example:
         >>> from privguard import mechanisms as M
@@ -120,6 +167,9 @@ def envelope_of(step: Any) -> Envelope | None:
         return Envelope(step.noise_multiplier, step.sample_rate)
     if type(step) is Gaussian:
         return Envelope(step.noise_multiplier, 1.0)
+    if type(step) is AccumulatedSubsampledGaussian and \
+            step.micro_batches <= MAX_ENVELOPE_MICRO_BATCHES:  # docs/theory.md §2b.1
+        return Envelope(step.noise_multiplier, step.sample_rate, step.micro_batches)
     return None
 
 
@@ -130,7 +180,12 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
     dominated by the envelope step (docs/theory.md §2b, Lemma 1: subsampling
     less and adding more noise are post-processings). ``Gaussian(σ)`` with
     σ ≥ σ₀ is one step when q₀ = 1 (it is the q = 1 subsampled Gaussian).
-    Anything else — a smaller σ, a larger q, another mechanism — is outside.
+    ``AccumulatedSubsampledGaussian(σ, q, 1, k)`` is ``SubsampledGaussian(σ, q,
+    k)``. For an accumulated envelope (k₀ ≥ 2), ``AccumulatedSubsampledGaussian(σ,
+    q₀, k₀, k)`` with σ ≥ σ₀ and the SAME q₀ and k₀ is k steps (docs/theory.md
+    §2b.1, Lemma 1′: only adding noise is proved a post-processing there).
+    Anything else — a smaller σ, a larger q, another q or micro-batch count
+    under an accumulated envelope, another mechanism — is outside.
 
     Example:
         >>> from privguard import mechanisms as M
@@ -144,7 +199,15 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
         raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
     if not isinstance(envelope, Envelope):
         raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
-    if type(mechanism) is SubsampledGaussian:
+    if envelope.micro_batches != 1:  # docs/theory.md §2b.1, Lemma 1′
+        if (type(mechanism) is AccumulatedSubsampledGaussian
+                and mechanism.micro_batches == envelope.micro_batches
+                and mechanism.sample_rate == envelope.sample_rate
+                and mechanism.noise_multiplier >= envelope.noise_multiplier):
+            return mechanism.steps
+        return None
+    if type(mechanism) is SubsampledGaussian or (
+            type(mechanism) is AccumulatedSubsampledGaussian and mechanism.micro_batches == 1):
         if (mechanism.noise_multiplier >= envelope.noise_multiplier
                 and mechanism.sample_rate <= envelope.sample_rate):
             return mechanism.steps
@@ -164,22 +227,73 @@ def _pld_module():
     return privacy_loss_distribution
 
 
-def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
-    """Exact δ(ε) of ONE envelope step, max over remove and add (no discretisation).
+def _mixture(envelope: Envelope) -> tuple[list[float], list[float]]:
+    """The accumulated envelope's shifts j and weights b_j = Binom(k₀, q₀)(j), b_j > 0.
 
-    dp-accounting's closed-form hockey-stick of the subsampled Gaussian pair:
-    remove = ((1−q)N(0,σ²) + qN(1,σ²), N(0,σ²)), add = the swap
-    (docs/theory.md §2b, Lemma 1; dp-accounting's GaussianPrivacyLoss).
+    P₀ = Σ_j b_j N(j, σ₀²) against Q₀ = N(0, σ₀²) (docs/theory.md §14, Lemma 14.1;
+    §2b.1). A weight that underflows to 0 in floating point would drop mass from
+    P₀, so it raises (the caller turns it into InvalidArgumentError: use the RDP filter).
+    """
+    k, q = envelope.micro_batches, envelope.sample_rate
+    if q == 1.0:
+        return [float(k)], [1.0]
+    j = np.arange(k + 1)
+    log_b = [math.lgamma(k + 1) - math.lgamma(i + 1) - math.lgamma(k - i + 1)
+             + i * math.log(q) + (k - i) * math.log1p(-q) for i in j]
+    weights = [math.exp(v) for v in log_b]
+    if min(weights) <= 0.0:
+        raise ArithmeticError(f"Binomial({k}, {q:g}) has weights below floating point")
+    return [float(i) for i in j], weights
+
+
+def _privacy_loss(envelope: Envelope, adjacency: Any) -> Any:
+    """dp-accounting's privacy loss of one envelope step in one direction.
+
+    k₀ = 1: ``GaussianPrivacyLoss(σ₀, sampling_prob=q₀)``. k₀ ≥ 2:
+    ``MixtureGaussianPrivacyLoss(σ₀, [0..k₀], Binom(k₀, q₀))`` (dp_accounting/pld/
+    privacy_loss_mechanism.py; the PLD of ``MixtureOfGaussiansDpEvent``): REMOVE
+    is the pair (Σ_j b_j N(−j, σ₀²), N(0, σ₀²)), the mirror image x ↦ −x of
+    (P₀, Q₀), and ADD is (N(0, σ₀²), Σ_j b_j N(j, σ₀²)) = (Q₀, P₀)
+    (docs/theory.md §2b.1).
     """
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
-    deltas = []
-    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
-        loss = plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
+    if envelope.micro_batches == 1:
+        return plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
                                        sampling_prob=envelope.sample_rate,
                                        adjacency_type=adjacency)
-        deltas.append(float(loss.get_delta_for_epsilon(epsilon)))
-    return max(deltas)
+    shifts, weights = _mixture(envelope)
+    return plm.MixtureGaussianPrivacyLoss(envelope.noise_multiplier, shifts, weights,
+                                          adjacency_type=adjacency)
+
+
+def _one_step_delta(envelope: Envelope, epsilon: float) -> float:
+    """δ(ε) of ONE envelope step, max over remove and add (no discretisation).
+
+    dp-accounting's hockey-stick of the one-step pair (closed form for k₀ = 1;
+    for a mixture, its monotone inverse by binary search): remove =
+    ((1−q)N(0,σ²) + qN(1,σ²), N(0,σ²)), add = the swap (docs/theory.md §2b,
+    Lemma 1; dp-accounting's GaussianPrivacyLoss), or the mixture pair of §2b.1.
+    Only used to answer T_A = 0 early; any T_A > 0 is certified by the PLD.
+    """
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    # a list: dp-accounting 0.6's mixture class fails on a scalar ε (float() of a 1-array)
+    return max(float(np.max(_privacy_loss(envelope, adjacency).get_delta_for_epsilon([epsilon])))
+               for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD))
+
+
+def mixture_interval(envelope: Envelope) -> float:
+    """The loss discretisation interval of an accumulated envelope's one-step PLD:
+    max(DISCRETISATION, width / MIXTURE_POINTS), width the larger connect-the-dots
+    loss range of the two directions (a coarser grid is still pessimistic)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    widths = []
+    for adjacency in (plm.AdjacencyType.REMOVE, plm.AdjacencyType.ADD):
+        bounds = _privacy_loss(envelope, adjacency).connect_dots_bounds()
+        widths.append(bounds.epsilon_upper - bounds.epsilon_lower)
+    return max(DISCRETISATION, max(widths) / MIXTURE_POINTS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -189,22 +303,28 @@ def _one_step_pld(envelope: Envelope):
     Connect-the-dots discretisation (Doroshenko, Ghazi, Kamath, Kumar &
     Manurangsi 2022, Algorithm 1): the discrete pair dominates the true pair
     at every ε; the noise-tail mass beyond e^−50 is put at infinite loss.
+    k₀ = 1: ``from_gaussian_mechanism``; k₀ ≥ 2: ``from_mixture_gaussian_mechanism``
+    (the PLD dp-accounting's accountant builds for ``MixtureOfGaussiansDpEvent``),
+    on a grid of at most :data:`MIXTURE_POINTS` points per direction.
     """
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
     interval = DISCRETISATION
-    loss = plm.GaussianPrivacyLoss(envelope.noise_multiplier, sensitivity=1.0,
-                                   sampling_prob=envelope.sample_rate,
-                                   adjacency_type=plm.AdjacencyType.REMOVE)
-    bounds = loss.connect_dots_bounds()
-    width = bounds.epsilon_upper - bounds.epsilon_lower
-    if width / interval > MAX_PLD_POINTS:  # coarser grid: still pessimistic
-        interval = width / MAX_PLD_POINTS
     pld_lib = _pld_module()
-    pld = pld_lib.from_gaussian_mechanism(
-        envelope.noise_multiplier, sensitivity=1.0, pessimistic_estimate=True,
-        value_discretization_interval=interval, sampling_prob=envelope.sample_rate,
-        use_connect_dots=True)
+    if envelope.micro_batches == 1:
+        bounds = _privacy_loss(envelope, plm.AdjacencyType.REMOVE).connect_dots_bounds()
+        width = bounds.epsilon_upper - bounds.epsilon_lower
+        if width / interval > MAX_PLD_POINTS:  # coarser grid: still pessimistic
+            interval = width / MAX_PLD_POINTS
+        pld = pld_lib.from_gaussian_mechanism(
+            envelope.noise_multiplier, sensitivity=1.0, pessimistic_estimate=True,
+            value_discretization_interval=interval, sampling_prob=envelope.sample_rate,
+            use_connect_dots=True)
+    else:  # docs/theory.md §2b.1: the mixture pair, both directions, pessimistic
+        shifts, weights = _mixture(envelope)
+        pld = pld_lib.from_mixture_gaussian_mechanism(
+            envelope.noise_multiplier, shifts, weights, pessimistic_estimate=True,
+            value_discretization_interval=mixture_interval(envelope), use_connect_dots=True)
     # Dense PMFs: dp-accounting's sparse self_compose evaluates size**T as a
     # Python integer first (seconds for T ~ 10⁶); the dense one is an FFT.
     remove = getattr(pld, "_pmf_remove", None)
@@ -255,7 +375,7 @@ def certified_delta(envelope: Envelope, epsilon: float, steps: int) -> float:
 def _rdp_guess(envelope: Envelope, epsilon: float, delta_a: float) -> int:
     """Non-adaptive RDP step count at (ε, δ_A): a cheap starting point for the search."""
     orders = np.array(DEFAULT_ORDERS)
-    one = SubsampledGaussian(envelope.noise_multiplier, envelope.sample_rate)._rdp_checked(orders)
+    one = envelope.step()._rdp_checked(orders)
     budget = conv.rdp_budget_per_order(orders, epsilon, delta_a)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(one > 0, budget / one, np.inf)
@@ -341,9 +461,22 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
         raise InvalidArgumentError(
             "noise_multiplier", envelope.noise_multiplier,
             f"filter='hybrid' cannot plan steps with noise_multiplier="
-            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}: their "
-            f"PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
+            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}"
+            f"{_micro(envelope, ' and micro_batches={}')}: their PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
             "such a step") from None
+
+
+def _micro(envelope: Envelope, text: str) -> str:
+    return "" if envelope.micro_batches == 1 else text.format(envelope.micro_batches)
+
+
+def envelope_text(envelope: Envelope) -> str:
+    """What lies inside the envelope, in words: ``σ≥1, q≤0.01`` or, accumulated,
+    ``σ≥1, q=0.01, 4 micro-batches`` (docs/theory.md §2b.1)."""
+    if envelope.micro_batches == 1:
+        return f"σ≥{envelope.noise_multiplier:g}, q≤{envelope.sample_rate:g}"
+    return (f"σ≥{envelope.noise_multiplier:g}, q={envelope.sample_rate:g}, "
+            f"{envelope.micro_batches} micro-batches")
 
 
 # ------------------------------------------------------------------ the rule
@@ -555,7 +688,7 @@ class HybridFilter:
         a = (f"{self.steps_a - self.a_count} of {self.steps_a} envelope steps left"
              if self.a_alive else "envelope left, part A closed")
         return (f"(ε={self.epsilon:g}, δ={self.delta:g}) hybrid filter: PLD envelope "
-                f"σ≥{env.noise_multiplier:g}, q≤{env.sample_rate:g} at δ_A={self.delta_a:g} "
+                f"{envelope_text(env)} at δ_A={self.delta_a:g} "
                 f"({a}), RDP fallback at δ_B={self.delta_b:g}")
 
     # -------------------------------------------------------- serialisation
