@@ -192,7 +192,7 @@ class AttachHandle:
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
         if self.witnesses is not None:
-            self.witnesses.install()
+            self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
