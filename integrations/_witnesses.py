@@ -157,7 +157,7 @@ class Witnesses:
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
-                 allocation: Any = None) -> None:
+                 allocation: Any = None, noise: bool = True) -> None:
         self.optimizer = optimizer
         self.dataset_size = dataset_size
         try:
@@ -166,7 +166,10 @@ class Witnesses:
             self.ghost = False
         else:
             self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
-        self.active = ("noise", "clipping") + (("sampling",) if dataset_size else ())
+        # noise=False: a DDP rank other than 0, where Opacus adds no noise (the clipped-sum
+        # bound still runs there)
+        self.active = (("noise",) if noise else ()) + ("clipping",) + (
+            ("sampling",) if dataset_size else ())
         self.steps = 0
         self.failure: PipelineMismatchError | None = None
         self._records = 0  # records in the micro-batches since the last real step
@@ -376,6 +379,8 @@ class Witnesses:
             return
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
+        if "noise" not in self.active:
+            return
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
         if stat > self._noise_cut(d):
