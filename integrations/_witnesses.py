@@ -187,7 +187,7 @@ class Witnesses:
         self._wrapped: tuple[str, Any] | None = None
         self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
         self._cuts: dict[int, float] = {}
-        self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's preallocated rows
+        self._buf: tuple[Any, Any, list[Any], list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
@@ -423,11 +423,11 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        buf, targets = self._buffer(grads)
+        buf, rows, targets = self._buffer(grads)
         torch._foreach_copy_(targets, summed + grads)
         d = buf.shape[1]
         # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad), in row 0
-        torch.add(buf[1], buf[2], alpha=-scale, out=buf[0])
+        torch.add(rows[1], rows[2], alpha=-scale, out=rows[0])
         u = torch.finfo(buf.dtype).eps / 2.0  # unit roundoff
         # Sums of d squares in any order err by ≤ γ_{d+1} = (d+1)u/(1−(d+1)u) relatively
         # (Higham 2002, §3.1; + u for the squares); where that is not small, accumulate in
@@ -446,14 +446,14 @@ class Witnesses:
         z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
         return z_high, sum_norm * widen, z_norm, d
 
-    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
-        """The (3, d) buffer of :meth:`_measure` and its per-parameter views of rows 1 and 2.
+    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        """The (3, d) buffer of :meth:`_measure`, its rows, and per-parameter views of rows 1, 2.
 
         Allocated at the first step and again only when the parameters with a noisy
-        gradient change (their number, shapes, dtype or device). The copy into it
-        is exact (the widest of the gradients' dtypes).
+        gradient change (which ones, their shapes, dtypes or devices). The copy into
+        it is exact (the widest of the gradients' dtypes).
         """
-        key = tuple((g.shape, g.dtype, g.device) for g in grads)
+        key = tuple([(g.shape, g.dtype) for g in grads])
         if self._buf is None or self._buf[0] != key:
             d = sum(g.numel() for g in grads)
             dtype = grads[0].dtype
@@ -466,8 +466,8 @@ class Witnesses:
                 for row, part in zip((1, 2), rows, strict=True):
                     part.append(buf[row, offset:offset + g.numel()].view(g.shape))
                 offset += g.numel()
-            self._buf = (key, buf, rows[0] + rows[1])
-        return self._buf[1], self._buf[2]
+            self._buf = (key, buf, list(buf.unbind(0)), rows[0] + rows[1])
+        return self._buf[1], self._buf[2], self._buf[3]
 
     def _noise_cut(self, d: int) -> float:
         """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).

@@ -538,8 +538,9 @@ def attach(
             :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
             0.1% of δ aside for the witnesses' false alarms, so the
             witnessed run keeps the target (docs/theory.md §16.2). Off by
-            default (its cost, README "Does my pipeline do what I charge?");
-            not yet under DDP.
+            default (its cost, README "Does my pipeline do what I charge?").
+            Under DDP the noise witness runs on rank 0 and a refusal is
+            taken on every rank; the sampling witnesses are off there.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
