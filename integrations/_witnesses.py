@@ -450,7 +450,7 @@ class Witnesses:
         """The (3, d) buffer of :meth:`_measure`, its rows, and per-parameter views of rows 1, 2.
 
         Allocated at the first step and again only when the parameters with a noisy
-        gradient change (which ones, their shapes, dtypes or devices). The copy into
+        gradient change (their number, shapes or dtypes). The copy into
         it is exact (the widest of the gradients' dtypes).
         """
         key = tuple([(g.shape, g.dtype) for g in grads])
