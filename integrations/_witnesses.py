@@ -355,8 +355,10 @@ class Witnesses:
         if "sampling" in self.active and rate is not None:
             micro_batches = int(getattr(mechanism, "micro_batches", 1))
             sizes = None if self._counter is None else self._counter.sizes
-            if sizes is not None and len(sizes) == micro_batches and min(sizes) >= 0:
-                # each micro-batch the loader drew: its own Binomial(N, q) draw
+            if (sizes is not None and len(sizes) == micro_batches and min(sizes) >= 0
+                    and sum(sizes) == records):
+                # each micro-batch the loader drew, its records those the clipping saw (the
+                # batch dimension is the first): its own Binomial(N, q) draw
                 self._check_sampling(sizes, float(rate), 1)
             else:  # the step's records (BatchMemoryManager's physical batches, no counter)
                 self._check_sampling((records,), float(rate), micro_batches)
