@@ -32,7 +32,10 @@ charged or released, three things the charge asserts:
   constant q is Binomial(Σ N·k, q) and is tested two-sided with the exact
   binomial tails (regularised incomplete beta) after every step; and the
   number of disjoint pairs of steps with equal batch sizes is tested against
-  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
+  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie). Under
+  accumulation, where the loader's micro-batch counter saw the step's k
+  batches, each micro-batch's size is its own Binomial(N, q) draw in both
+  tests (pairs of micro-batches: two halves of one batch tie).
 
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
@@ -47,9 +50,15 @@ clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP whe
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
 
-Cost: one fused pass per step with one host sync; the exact χ² and binomial
-tails are evaluated only where they can alarm (cached cut, median side), with
-the same decisions as evaluating them every step (docs/theory.md §16.2).
+Under DDP only rank 0 adds noise: the noise witness runs there (``noise=False``
+on the other ranks) and the hook takes the refusal on every rank
+(``Coordinator.check_together``); the sampling witnesses are off.
+
+Cost: the noise norms from a buffer allocated once, with one host sync; the
+exact χ² and binomial tails are evaluated only where they can alarm (cached
+cut, median side, the anchors of :meth:`Witnesses._covered`, the safe tie
+count), with the same decisions as evaluating them every step
+(docs/theory.md §16.2).
 """
 
 from __future__ import annotations
@@ -149,6 +158,8 @@ class Witnesses:
         dataset_size: N, the number of records the loader samples from
             (``len(data_loader.dataset)``); ``None`` turns the sampling
             witness off.
+        noise: run the noise witness (False on a DDP rank other than 0,
+            which adds no noise).
 
     Attributes:
         active: the names of the witnesses that run.
