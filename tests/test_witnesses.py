@@ -706,3 +706,20 @@ def test_anchor_shortcut_decides_as_the_exact_tails():
                 assert binomial_tail_lower(k, n, q) > alpha / 2 * 0.999999
                 assert binomial_tail_upper(k, n, q) > alpha / 2 * 0.999999
     assert checked > 1000  # the shortcut does take most counts
+
+
+def test_ties_restart_their_series_when_the_draws_per_batch_change():
+    """Pairs are of one n: from one micro-batch a step to two, the tie probability is
+    that of the new n (a stale, smaller one would over-count ties: false alarms)."""
+    _model, opt, _loader, _crit = pipeline()
+    w = Witnesses(opt, N, false_alarm=1e-10)
+    rng = np.random.default_rng(0)
+    q = 1 / 16
+    for accumulated in (2, 1):
+        for _ in range(40):
+            w.steps += 1
+            w._check_sampling((int(rng.binomial(N * accumulated, q)),), q, accumulated)
+        pmf = stats.binom.pmf(np.arange(N * accumulated + 1), N * accumulated, q)
+        assert w._tie_draws == N * accumulated
+        assert math.isclose(w._tie_rate, float(np.sum(pmf * pmf)), rel_tol=1e-5)
+        assert w._pairs == 20
