@@ -95,6 +95,8 @@ the clipping witness is deterministic and never alarms)."""
 DELTA_SHARE = 1e-3
 """The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
 
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fused copy
+
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
@@ -437,7 +439,11 @@ class Witnesses:
         if not grads:
             return None
         buf, rows, targets = self._buffer(grads)
-        torch._foreach_copy_(targets, summed + grads)
+        if _FOREACH_COPY is not None:
+            _FOREACH_COPY(targets, summed + grads)
+        else:  # torch < 2.1: one copy per tensor
+            for target, source in zip(targets, summed + grads, strict=True):
+                target.copy_(source)
         d = buf.shape[1]
         # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad), in row 0
         torch.add(rows[1], rows[2], alpha=-scale, out=rows[0])
