@@ -59,6 +59,20 @@ def counter_for(loader: Any) -> MicroBatchCounter | None:
         return None
 
 
+def batch_size(batch: Any) -> int:
+    """The number of records in a batch: the length of its first tensor (-1 if none).
+
+    A tuple or list (Opacus' ``(x, y)``), a mapping (Hugging Face) or a tensor.
+    """
+    first = batch
+    while isinstance(first, (tuple, list)) and first:
+        first = first[0]
+    if isinstance(first, dict) and first:
+        first = next(iter(first.values()))
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else -1
+
+
 def reported_micro_batches(optimizer: Any) -> int | None:
     """The optimizer's ``accumulated_iterations``, or None where it cannot be trusted."""
     if is_ghost(optimizer):
@@ -101,14 +115,19 @@ class MicroBatchCounter:
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self.count = 0
+        self.sizes: list[int] | None = None  # a list: record each batch's size too (witnesses)
         self._original, self._counting = swap_iter(loader, self._one)
 
-    def _one(self, _batch: Any) -> None:
+    def _one(self, batch: Any) -> None:
         self.count += 1
+        if self.sizes is not None:
+            self.sizes.append(batch_size(batch))
 
     def take(self) -> int:
         """The batches delivered since the last call, and restart the count."""
         n, self.count = self.count, 0
+        if self.sizes is not None:
+            self.sizes.clear()
         return n
 
     def restore(self) -> None:

@@ -58,8 +58,10 @@ __all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
 NOT_CHARGER, ADMITTED, REFUSED, ERROR = 0.0, 1.0, 2.0, 3.0
 # Which collective a row belongs to: ranks at different points (one loading a checkpoint,
 # another stepping) meet in the same all_gather; the tag turns that into an error on both.
-_STEP, _RUN, _FIT = 1.0, 2.0, 3.0
-_OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach"}
+_STEP, _RUN, _FIT, _CHECK = 1.0, 2.0, 3.0, 4.0
+_OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach",
+        _CHECK: "a step's witness check"}
+_WITNESSES = ("noise", "clipping", "sampling")  # their codes in the check's row: 1, 2, 3
 
 
 class RankDisagreementError(LedgerStateError):
@@ -198,6 +200,45 @@ class Coordinator:
         if verdicts != {ADMITTED}:
             raise RankDisagreementError(f"ranks disagree {what}: some ledgers admitted and "
                                         "others refused; the ledgers are not replicas")
+
+    def check_together(self, check: Callable[[], None]) -> None:
+        """Run this rank's witness ``check``; refuse the step on every rank if any refused.
+
+        Collective, before the step's charge (issue 28): every rank all-gathers
+        (status, witness, charged, measured, step); a rank whose check raised
+        :class:`~privguard.PipelineMismatchError` re-raises its own, every other
+        rank raises one naming that rank's witness and numbers, so no rank
+        charges or reduces gradients. Any other failure of a check stops every
+        rank with :class:`RankDisagreementError`, as a failed charge does.
+        """
+        from privguard._errors import PipelineMismatchError
+
+        status, row, err = ADMITTED, [0.0, 0.0, 0.0, 0.0], None
+        try:
+            check()
+        except PipelineMismatchError as exc:
+            status, err = REFUSED, exc
+            mine = _WITNESSES.index(exc.witness) + 1.0 if exc.witness in _WITNESSES else 0.0
+            row = [mine, float(exc.charged), float(exc.measured), float(exc.step)]
+        except Exception as exc:  # reported to every rank below
+            status, err = ERROR, exc  # type: ignore[assignment]
+        table = self._gather(_CHECK, [status, *row])
+        self._raise_errors([f"rank {r} failed" if t[0] == ERROR else None
+                            for r, t in enumerate(table)],
+                           err if status == ERROR else None, "while checking a step")
+        if err is not None:
+            raise err
+        refused = [r for r, t in enumerate(table) if t[0] == REFUSED]
+        if refused:
+            r = refused[0]
+            code, charged, measured, step = table[r][1:5]
+            witness = _WITNESSES[int(code) - 1] if 1 <= code <= len(_WITNESSES) else "?"
+            raise PipelineMismatchError(
+                f"{witness} witness on rank {r} refused this step (charged {charged:.6g}, "
+                f"measured {measured:.4g}; its message is on that rank); every rank refuses it. "
+                "Nothing was charged or applied",
+                witness=witness, charged=charged, measured=measured, interval=None,
+                step=int(step))
 
     def all_fit(self, fits: Callable[[], bool]) -> bool:
         """Whether ``fits()`` holds on every charger (a collective call)."""

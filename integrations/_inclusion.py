@@ -83,14 +83,14 @@ class InclusionCounts:
         if not self._next or self.draws < self._next:
             return
         self._next = self.draws + math.ceil(1.0 / q)
-        for indices in self._pending:
-            idx = np.asarray(indices, dtype=np.int64)
-            if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
-                self._next = 0  # not indices into the dataset: this witness stops testing
-                self._pending = []
-                return
-            np.add.at(self._counts, idx, 1)
-        self._pending = []
+        pending, self._pending = self._pending, []
+        idx = (np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i in pending])
+               if pending else np.zeros(0, dtype=np.int64))
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
+            self._next = 0  # not indices into the dataset: this witness stops testing
+            return
+        # one counting pass for the epoch's draws (a record drawn twice counts twice)
+        self._counts += np.bincount(idx, minlength=self.num_records)
         self.tests += 1
         level = alpha * 6.0 / (math.pi ** 2 * self.tests ** 2) / 4.0  # four tails
         self._test(q, level, step)

@@ -32,7 +32,10 @@ charged or released, three things the charge asserts:
   constant q is Binomial(Σ N·k, q) and is tested two-sided with the exact
   binomial tails (regularised incomplete beta) after every step; and the
   number of disjoint pairs of steps with equal batch sizes is tested against
-  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie).
+  its exact Binomial(P, Σ_b P(B=b)²) law (fixed-size batches tie). Under
+  accumulation, where the loader's micro-batch counter saw the step's k
+  batches, each micro-batch's size is its own Binomial(N, q) draw in both
+  tests (pairs of micro-batches: two halves of one batch tie).
 
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
@@ -47,9 +50,15 @@ clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP whe
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
 
-Cost: one fused pass per step with one host sync; the exact χ² and binomial
-tails are evaluated only where they can alarm (cached cut, median side), with
-the same decisions as evaluating them every step (docs/theory.md §16.2).
+Under DDP only rank 0 adds noise: the noise witness runs there (``noise=False``
+on the other ranks) and the hook takes the refusal on every rank
+(``Coordinator.check_together``); the sampling witnesses are off.
+
+Cost: the noise norms from a buffer allocated once, with one host sync; the
+exact χ² and binomial tails are evaluated only where they can alarm (cached
+cut, median side, the anchors of :meth:`Witnesses._covered`, the safe tie
+count), with the same decisions as evaluating them every step
+(docs/theory.md §16.2).
 """
 
 from __future__ import annotations
@@ -85,6 +94,8 @@ the clipping witness is deterministic and never alarms)."""
 
 DELTA_SHARE = 1e-3
 """The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fused copy
 
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
@@ -149,6 +160,8 @@ class Witnesses:
         dataset_size: N, the number of records the loader samples from
             (``len(data_loader.dataset)``); ``None`` turns the sampling
             witness off.
+        noise: run the noise witness (False on a DDP rank other than 0,
+            which adds no noise).
 
     Attributes:
         active: the names of the witnesses that run.
@@ -157,7 +170,7 @@ class Witnesses:
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
-                 allocation: Any = None) -> None:
+                 allocation: Any = None, noise: bool = True) -> None:
         self.optimizer = optimizer
         self.dataset_size = dataset_size
         try:
@@ -166,7 +179,10 @@ class Witnesses:
             self.ghost = False
         else:
             self.ghost = isinstance(optimizer, DPOptimizerFastGradientClipping)
-        self.active = ("noise", "clipping") + (("sampling",) if dataset_size else ())
+        # noise=False: a DDP rank other than 0, where Opacus adds no noise (the clipped-sum
+        # bound still runs there)
+        self.active = (("noise",) if noise else ()) + ("clipping",) + (
+            ("sampling",) if dataset_size else ())
         self.steps = 0
         self.failure: PipelineMismatchError | None = None
         self._records = 0  # records in the micro-batches since the last real step
@@ -177,9 +193,16 @@ class Witnesses:
         self._pairs = 0
         self._ties = 0
         self._tie_rate = 0.0
+        self._tie_draws = 0  # n of the current series of pairs
+        self._safe_ties = -1  # a tie count whose upper tail is known to be > every later α_t
+        self._anchor: tuple[int, int, float, int, float] | None = None  # see _covered
+        self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
         self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
         self._cuts: dict[int, float] = {}
+        self._buf: tuple[Any, Any, list[Any], list[Any]] | None = None  # _measure's buffer
+        params = getattr(optimizer, "params", None) or []
+        self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
@@ -188,8 +211,15 @@ class Witnesses:
         self.allocation: AllocationEpochs | None = None
 
     # ------------------------------------------------------------ install
-    def install(self) -> None:
-        """Wrap the optimizer's per-micro-batch clipping (an instance attribute; undone by uninstall)."""
+    def install(self, counter: Any = None) -> None:
+        """Wrap the optimizer's per-micro-batch clipping (an instance attribute; undone by uninstall).
+
+        ``counter``: the handle's :class:`~privguard.integrations._describe.MicroBatchCounter`
+        on the data loader; it then records each micro-batch's size for the sampling witness.
+        """
+        if counter is not None and "sampling" in self.active:
+            counter.sizes = []
+            self._counter = counter
         name = "accumulate" if self.ghost else "clip_and_accumulate"
         own = vars(self.optimizer).get(name)
         original = getattr(self.optimizer, name)
@@ -337,7 +367,14 @@ class Witnesses:
                 self._fail(exc)
         if "sampling" in self.active and rate is not None:
             micro_batches = int(getattr(mechanism, "micro_batches", 1))
-            self._check_sampling(records, float(rate), micro_batches)
+            sizes = None if self._counter is None else self._counter.sizes
+            if (sizes is not None and len(sizes) == micro_batches and min(sizes) >= 0
+                    and sum(sizes) == records):
+                # each micro-batch the loader drew, its records those the clipping saw (the
+                # batch dimension is the first): its own Binomial(N, q) draw
+                self._check_sampling(sizes, float(rate), 1)
+            else:  # the step's records (BatchMemoryManager's physical batches, no counter)
+                self._check_sampling((records,), float(rate), micro_batches)
             if self.inclusion is not None:  # once per expected epoch of draws
                 try:
                     self.inclusion.check(float(rate), self.false_alarm, self.steps)
@@ -357,6 +394,8 @@ class Witnesses:
             return
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
+        if "noise" not in self.active:
+            return
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
         if stat > self._noise_cut(d):
@@ -383,27 +422,39 @@ class Witnesses:
     def _measure(self, scale: float) -> tuple[float, float, float, int] | None:
         """(upper bound on ‖Z‖, upper bound on ‖summed_grad‖, computed ‖Z‖, d) for this step.
 
-        Z = grad·s − summed_grad over every parameter with both, in one fused pass
-        with a single sync; the two bounds are never below the exact norms of the
-        same float tensors (None: no parameter has a noisy gradient).
+        Z = grad·s − summed_grad over every parameter with both. The clipped sum
+        and the gradient are copied (one fused ``_foreach_copy_``) into rows 1
+        and 2 of a buffer allocated once (:meth:`_buffer`), −Z is formed in row
+        0 in place, and one norm kernel over the three rows gives the three
+        norms with a single host sync: no allocation per step. The two bounds
+        are never below the exact norms of the same float tensors (None: no
+        parameter has a noisy gradient).
         """
-        params = [p for p in self.optimizer.params
-                  if p.grad is not None and p.summed_grad is not None]
-        if not params:
+        grads, summed = [], []
+        for p in self.optimizer.params:
+            g, a = p.grad, p.summed_grad
+            if g is not None and a is not None:  # Opacus' tensors, outside autograd
+                grads.append(g)
+                summed.append(a)
+        if not grads:
             return None
-        grad = torch.cat([p.grad.detach().reshape(-1) for p in params])
-        summed = torch.cat([p.summed_grad.detach().reshape(-1) for p in params])
-        d = grad.numel()
-        # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad): one pass
-        minus_z = torch.add(summed, grad, alpha=-scale)
-        u = torch.finfo(grad.dtype).eps / 2.0  # unit roundoff
+        buf, rows, targets = self._buffer(grads)
+        if _FOREACH_COPY is not None:
+            _FOREACH_COPY(targets, summed + grads)
+        else:  # torch < 2.1: one copy per tensor
+            for target, source in zip(targets, summed + grads, strict=True):
+                target.copy_(source)
+        d = buf.shape[1]
+        # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad), in row 0
+        torch.add(rows[1], rows[2], alpha=-scale, out=rows[0])
+        u = torch.finfo(buf.dtype).eps / 2.0  # unit roundoff
         # Sums of d squares in any order err by ≤ γ_{d+1} = (d+1)u/(1−(d+1)u) relatively
         # (Higham 2002, §3.1; + u for the squares); where that is not small, accumulate in
         # float64 (d·2⁻⁵³ then).
         wide = (d + 2) * u > 1e-3
         acc = torch.float64 if wide else None
         z_norm, sum_norm, grad_norm = torch.linalg.vector_norm(
-            torch.stack([minus_z, summed, grad]), dim=1, dtype=acc).tolist()  # the one sync
+            buf, dim=1, dtype=acc).tolist()  # the one sync
         v = 2.0 ** -53 if wide else u  # the unit roundoff of the accumulation
         gamma = (d + 1) * v / (1.0 - (d + 1) * v) + v  # γ_{d+1}, and the squares' rounding
         # Upper bounds on the exact norms of the same tensors: |fl(a − s·b) − (a − s·b)| ≤
@@ -413,6 +464,29 @@ class Witnesses:
         widen = 1.0 / ((1.0 - v) * math.sqrt(1.0 - gamma))
         z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
         return z_high, sum_norm * widen, z_norm, d
+
+    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        """The (3, d) buffer of :meth:`_measure`, its rows, and per-parameter views of rows 1, 2.
+
+        Allocated at the first step and again only when the parameters with a noisy
+        gradient change (their number, shapes or dtypes). The copy into
+        it is exact (the widest of the gradients' dtypes).
+        """
+        key = tuple([(g.shape, g.dtype) for g in grads])
+        if self._buf is None or self._buf[0] != key:
+            d = sum(g.numel() for g in grads)
+            dtype = grads[0].dtype
+            for g in grads[1:]:  # a wider dtype holds every narrower one exactly
+                dtype = torch.promote_types(dtype, g.dtype)
+            buf = torch.empty((3, d), dtype=dtype, device=grads[0].device)
+            rows: list[list[Any]] = [[], []]
+            offset = 0
+            for g in grads:
+                for row, part in zip((1, 2), rows, strict=True):
+                    part.append(buf[row, offset:offset + g.numel()].view(g.shape))
+                offset += g.numel()
+            self._buf = (key, buf, list(buf.unbind(0)), rows[0] + rows[1])
+        return self._buf[1], self._buf[2], self._buf[3]
 
     def _noise_cut(self, d: int) -> float:
         """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).
@@ -436,7 +510,7 @@ class Witnesses:
         Deterministic (the triangle inequality; the tolerance of the per-micro-batch
         check covers the rounding): a correct clip never trips it, whatever the data.
         """
-        eps = torch.finfo(self.optimizer.params[0].dtype).eps if self.optimizer.params else 0.0
+        eps = self._eps
         bound = records * c
         tolerance = (1e-3 + 4.0 * records * eps) * bound + 1e-5 * records
         if size > bound + tolerance:
@@ -447,21 +521,34 @@ class Witnesses:
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))
 
-    def _check_sampling(self, records: int, q: float, accumulated: int) -> None:
-        """``records`` drawn in ``accumulated`` Poisson(q) micro-batches of the dataset."""
+    def _check_sampling(self, sizes: Any, q: float, accumulated: int) -> None:
+        """Each of ``sizes`` drawn in ``accumulated`` Poisson(q) draws of the dataset.
+
+        With the micro-batch counter, ``sizes`` are the step's micro-batches one
+        by one (``accumulated`` = 1: each is Binomial(N, q)); else the step's
+        records in one (Binomial(N·k, q)). The running sum is tested once a step,
+        the ties over pairs of consecutive draws of the same n once a step.
+        """
         assert self.dataset_size is not None
         if q != self._segment_q:  # a new stretch of constant q: a new running sum
             self._segment_q, self._segment_k, self._segment_n = q, 0, 0
             self._pair, self._pairs, self._ties, self._tie_rate = None, 0, 0, 0.0
+            self._tie_draws, self._safe_ties, self._anchor = 0, -1, None
         draws = self.dataset_size * accumulated
-        if 0.0 < q < 1.0:
-            self._check_ties(records, draws, q)
-        self._segment_k += records
-        self._segment_n += draws
+        paired = False
+        for records in sizes:
+            if 0.0 < q < 1.0:
+                paired = self._pair_up(records, draws, q) or paired
+            self._segment_k += records
+            self._segment_n += draws
         k, n = self._segment_k, self._segment_n
         if not 0.0 < q < 1.0:
             return
         alpha = level(self.steps, self.false_alarm)
+        if paired:
+            self._check_ties(q, alpha)
+        if self._covered(k, n, q, alpha):
+            return
         # Only the tail on K's side of the mean can be small: a binomial median m has
         # ⌊nq⌋ ≤ m ≤ ⌈nq⌉ and P(B ≤ m), P(B ≥ m) ≥ 1/2, so P(B ≥ K) ≥ 1/2 for K ≤ ⌊nq⌋
         # and P(B ≤ K) ≥ 1/2 for K ≥ ⌈nq⌉ (one scipy call a step, the same decision).
@@ -473,6 +560,7 @@ class Witnesses:
         else:  # pragma: no cover - a non-integer mean has no integer strictly between
             lower, upper = _binomial_tails(k, n, q)
         if min(lower, upper) > alpha / 2:
+            self._anchor_at(n, q, alpha)
             return
         lower, upper = _binomial_tails(k, n, q)
         lo, hi = _clopper_pearson(k, n)
@@ -486,18 +574,59 @@ class Witnesses:
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
 
-    def _check_ties(self, records: int, draws: int, q: float) -> None:
-        """Dispersion: disjoint pairs of steps with equal batch sizes, against Poisson's rate.
+    def _covered(self, k: int, n: int, q: float, alpha: float) -> bool:
+        """Whether both tails of K = k are > α/2 by the anchor alone (no scipy call).
 
-        Two independent Binomial(n, q) draws are equal with probability
-        c = Σ_b P(B = b)²; over P disjoint pairs (same n and q) the number of
-        ties is exactly Binomial(P, c). A fixed-size sampler ties nearly
-        always, though its mean batch size is right.
+        The anchor (n_a, h, T_h, l, T_l) has T_h = P(B_a ≥ h), T_l = P(B_a ≤ l),
+        B_a ~ Binomial(n_a, q), exactly. For n ≥ n_a, B = B_a + B′ with B′ ~
+        Binomial(n − n_a, q) independent, and P(B′ ≥ ⌊(n−n_a)q⌋) ≥ 1/2 (the median
+        bound above), so P(B ≥ h + ⌊(n−n_a)q⌋) ≥ T_h/2; likewise P(B ≤ l +
+        ⌈(n−n_a)q⌉) ≥ T_l/2. With T_h, T_l > α both tails of K are > α/2, as the
+        exact test would find: the same decision, O(1) a step.
         """
-        if self._pair is None or self._pair[0] != draws:
+        anchor = self._anchor
+        if anchor is None or n < anchor[0]:
+            return False
+        n_a, high, t_high, low, t_low = anchor
+        grown = (n - n_a) * q
+        return (k <= high + math.floor(grown) and t_high > alpha
+                and k >= low + math.ceil(grown) and t_low > alpha)
+
+    def _anchor_at(self, n: int, q: float, alpha: float) -> None:
+        """A new anchor for :meth:`_covered` at n draws: bounds near the level α (exact tails)."""
+        mean, sd = n * q, math.sqrt(n * q * (1.0 - q))
+        z = -float(special.ndtri(min(0.25, 4.0 * alpha)))  # a start; checked exactly
+        high = min(n, math.floor(mean + z * sd))
+        low = max(0, math.ceil(mean - z * sd))
+        for _ in range(40):
+            t_high = _binomial_tail_upper(high, n, q)
+            if t_high > alpha or high <= math.floor(mean):
+                break
+            high = max(math.floor(mean), math.floor(mean + 0.8 * (high - mean)))
+        for _ in range(40):
+            t_low = _binomial_tail_lower(low, n, q)
+            if t_low > alpha or low >= math.ceil(mean):
+                break
+            low = min(math.ceil(mean), math.ceil(mean - 0.8 * (mean - low)))
+        # at the median side the tails are ≥ 1/2 whatever scipy returned (the median bound)
+        t_high = max(t_high, 0.5) if high <= math.floor(mean) else t_high
+        t_low = max(t_low, 0.5) if low >= math.ceil(mean) else t_low
+        self._anchor = (n, high, t_high, low, t_low)
+
+    def _pair_up(self, records: int, draws: int, q: float) -> bool:
+        """Put one draw's count into the current pair; True when a pair was completed.
+
+        Pairs are disjoint and consecutive, of draws with the same n (a new n
+        starts a new series of pairs, with its own tie probability).
+        """
+        if self._pair is None:
             self._pair = (draws, records)
-            return
-        if self._tie_rate == 0.0:
+            return False
+        if self._pair[0] != draws:
+            self._pair = (draws, records)
+            return False
+        if draws != self._tie_draws:  # a new series: the tie probability of this n
+            self._tie_draws, self._pairs, self._ties, self._safe_ties = draws, 0, 0, -1
             # P(B = b) on mean ± 40 sd (the mass outside is < 1e-300), as CDF differences
             mean, sd = draws * q, math.sqrt(draws * q * (1.0 - q))
             lo_b, hi_b = max(0, int(mean - 40 * sd) - 1), min(draws, int(mean + 40 * sd) + 1)
@@ -509,19 +638,34 @@ class Witnesses:
         self._pairs += 1
         self._ties += int(records == self._pair[1])
         self._pair = None
-        c = self._tie_rate
-        if self._ties <= math.floor(self._pairs * c):
-            return  # at or below the median: P(ties ≥ this) ≥ 1/2 (as in _check_sampling)
+        return True
+
+    def _check_ties(self, q: float, alpha: float) -> None:
+        """Dispersion: disjoint pairs of draws with equal counts, against Poisson's rate.
+
+        Two independent Binomial(n, q) draws are equal with probability
+        c = Σ_b P(B = b)²; over P disjoint pairs (same n and q) the number of
+        ties is exactly Binomial(P, c). A fixed-size sampler ties nearly
+        always, though its mean batch size is right; so do the two halves of one
+        batch passed off as two micro-batches.
+
+        O(1) a step: once P(Bin(P, c) ≥ T) > α_t is known, it holds at every
+        later step while the ties are ≤ T (more pairs only raise the tail, and
+        α_t only falls), so the exact tail is evaluated only at a new tie above T.
+        """
+        draws, c = self._tie_draws, self._tie_rate
+        if self._ties <= self._safe_ties or self._ties <= math.floor(self._pairs * c):
+            return  # ≤ a tie count known safe, or at or below the median (P(≥) ≥ 1/2)
         upper = _binomial_tail_upper(self._ties, self._pairs, c)
-        alpha = level(self.steps, self.false_alarm)  # the handle's step: one union bound
         if upper > alpha:
+            self._safe_ties = self._ties
             return
         lo, hi = _clopper_pearson(self._ties, self._pairs)
         self._fail(PipelineMismatchError(
             f"sampling witness: the steps are charged as Poisson sampling at q = {q:.6g} "
-            f"(N·k = {draws} draws a step), under which two steps' batch sizes are equal with "
-            f"probability {c:.4g}; {self._ties} of {self._pairs} pairs of steps had equal "
-            f"batch sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
+            f"(n = {draws} record draws a batch), under which two batches' sizes are equal "
+            f"with probability {c:.4g}; {self._ties} of {self._pairs} pairs of batches had equal "
+            f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
             f"{hi:.4g}]; binomial p = {upper:.3g} ≤ {alpha:.3g}): the batches are not Poisson "
             "draws (fixed-size batches?). Nothing was charged or applied",
             witness="sampling", charged=c, measured=self._ties / self._pairs,

@@ -81,6 +81,7 @@ from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
     LedgerStateError,
+    PipelineMismatchError,
     PrivguardError,
 )
 from privguard._ledger._ledger import Ledger
@@ -192,7 +193,7 @@ class AttachHandle:
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
         if self.witnesses is not None:
-            self.witnesses.install()
+            self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
@@ -263,8 +264,7 @@ class AttachHandle:
             # Charged before the parameter update; raises if refused.
             k = self._micro_batches(predict=False)
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
-                self.witnesses.check(self.next_mechanism() if self._epochs is not None
-                                     else self._mechanism_for(k))
+                self._check_witnesses(k)
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
                 if k > 1:
                     raise _accumulated_allocation(k)
@@ -287,15 +287,48 @@ class AttachHandle:
                 self._next_ok = self._coordinator.step(lambda: self._mechanism_for(k),
                                                        self.label)
             if self.witness_reserve is not None:  # once, after the first step fixed the plan
-                self.ledger.charge(self.witness_reserve,
-                                   label="witnesses: δ set aside for false alarms")
-                self.witness_reserve = None
+                self._charge_reserve()
             self.steps_charged += 1
             self._last_micro_batches = k
             if self.counter is not None:
                 self.counter.take()
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
+
+    def _check_witnesses(self, k: int) -> None:
+        """The check stage: this rank's witnesses; under DDP the refusal is taken together."""
+        assert self.witnesses is not None
+        witnesses = self.witnesses
+        mechanism = self.next_mechanism() if self._epochs is not None else self._mechanism_for(k)
+        if self._coordinator is None:
+            witnesses.check(mechanism)
+            return
+        try:
+            self._coordinator.check_together(lambda: witnesses.check(mechanism))
+        except PipelineMismatchError as exc:  # every later step is refused on every rank
+            witnesses.failure = witnesses.failure or exc
+            raise
+
+    def _charge_reserve(self) -> None:
+        """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
+        reserve, label = self.witness_reserve, "witnesses: δ set aside for false alarms"
+        assert reserve is not None
+        if self._coordinator is None:
+            self.ledger.charge(reserve, label=label)
+        else:
+            def attempt() -> bool:
+                try:
+                    self.ledger.charge(reserve, label=label)
+                except BudgetExhausted:
+                    return False
+                return True
+
+            def refusal() -> BudgetExhausted:
+                return BudgetExhausted(f"charge {label!r} of {reserve!r} refused",
+                                       requested=reserve, label=label, remaining=None)
+
+            self._coordinator.run(attempt, "charging the witnesses' δ reserve", refusal)
+        self.witness_reserve = None
 
     def _graceful_step(self, *args: Any, **kwargs: Any):
         try:
@@ -513,8 +546,9 @@ def attach(
             :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
             0.1% of δ aside for the witnesses' false alarms, so the
             witnessed run keeps the target (docs/theory.md §16.2). Off by
-            default (its cost, README "Does my pipeline do what I charge?");
-            not yet under DDP.
+            default (its cost, README "Does my pipeline do what I charge?").
+            Under DDP the noise witness runs on rank 0 and a refusal is
+            taken on every rank; the sampling witnesses are off there.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -569,9 +603,6 @@ def attach(
             "micro_batches= if the loop accumulates a fixed number)")
     if not isinstance(witnesses, bool):
         raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
-    if witnesses and is_distributed(optimizer):
-        raise InvalidArgumentError("witnesses", witnesses,
-                                   "is not supported under DDP yet; attach without it")
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
     previous = _ATTACHED.get(optimizer)
@@ -669,9 +700,12 @@ def attach(
                           "witnesses' false alarms is not the plan's step, so the run leaves its "
                           "plan and the filter falls back to RDP (docs/theory.md §16.2)",
                           AccountantWarning, stacklevel=2)
+        if coordinator is not None:  # DDP: only rank 0 adds noise; each rank samples a shard
+            size = None  # (Opacus' distributed sampler skips empty batches): no sampling witness
         handle.witnesses = Witnesses(optimizer, size, false_alarm=alpha,
                                      loader=data_loader if sampler is None else None,
-                                     allocation=sampler)
+                                     allocation=sampler,
+                                     noise=coordinator is None or optimizer.rank == 0)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,

@@ -224,5 +224,39 @@ def allocation(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 ALLOCATION_STEPS = 4
-SCENARIOS = {"replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
+    """attach(..., witnesses=True) on one shared file: 10 clean steps pass (the δ reserve
+    charged once in all); then rank 0 adds no noise (as the other ranks do by design): its
+    noise witness refuses the step on both ranks, before any charge or update, and every
+    later step too."""
+    from privguard import Ledger, PipelineMismatchError
+    from privguard.integrations.opacus import attach
+
+    _engine, model, opt, loader = _setup()
+    ledger = Ledger(epsilon, DELTA, path=f"{workdir}/witnessed.db", lease=1)  # exact counts
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    batches = _batches(loader)
+    out: dict = {"active": list(handle.witnesses.active), "applied": 0, "refusals": []}
+    for _ in range(10):
+        out["applied"] += _one_step(model, opt, next(batches))
+    out["clean_journal"] = len(ledger.history)
+    if rank == 0:  # the bug: rank 0's noise is gone
+        def add_no_noise():
+            for p in opt.params:
+                p.grad = p.summed_grad.clone().view_as(p)  # σ = 0 in effect
+
+        opt.add_noise = add_no_noise
+    before = _params(model)
+    for _ in range(2):
+        try:
+            _one_step(model, opt, next(batches))
+            out["refusals"].append(None)
+        except PipelineMismatchError as exc:
+            out["refusals"].append((exc.witness, exc.step, str(exc)[:200]))
+    out.update(unchanged=_params(model) == before, journal=len(ledger.history),
+               should_stop=handle.should_stop, charged=handle.steps_charged)
+    return out
+
+
+SCENARIOS = {"witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation}

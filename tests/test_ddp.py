@@ -149,3 +149,21 @@ def test_one_global_random_allocation_each_rank_its_share_each_epoch_charged_onc
         assert sorted(v for s in steps for v in s) == records  # each record once per epoch
         for i in range(t):
             assert not set(ranks[0]["shares"][e * t + i]) & set(ranks[1]["shares"][e * t + i])
+
+
+def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_path):
+    """Issue 28: the noise witness runs on rank 0 (the only rank that adds noise); a clean
+    run passes, and noise turned off on rank 0 refuses the step on both ranks, with the
+    parameters untouched everywhere and nothing charged."""
+    db = str(tmp_path / "witnessed.db")
+    Ledger(50.0, _ddp_worker.DELTA, path=db).close()
+    r0, r1 = launch("witnesses", str(tmp_path), 50.0)
+    assert r0["active"] == ["noise", "clipping"] and r1["active"] == ["clipping"]
+    for r in (r0, r1):
+        assert r["applied"] == 10 and r["clean_journal"] == 11, (r["refusals"], r["charged"])  # 10 steps + the δ reserve, once
+        assert [f[0] for f in r["refusals"]] == ["noise", "noise"]  # refused, then every later step
+        assert r["refusals"][0][1] == 11
+        assert r["unchanged"] and r["journal"] == 11 and r["charged"] == 10
+        assert r["should_stop"]
+    assert "rank 0" in r1["refusals"][0][2]
+

@@ -8,6 +8,7 @@ it is charged or applied.
 from __future__ import annotations
 
 import math
+import random
 import warnings
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from opacus import PrivacyEngine
 from opacus.optimizers.optimizer import _generate_noise
 from opacus.utils.batch_memory_manager import BatchMemoryManager
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from scipy import stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -23,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from privguard import InvalidArgumentError, Ledger, PipelineMismatchError, PrivguardError
 from privguard._curves._conversion import epsilon_per_order
 from privguard.integrations._inclusion import InclusionCounts
+from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upper
 from privguard.integrations._witnesses import (
     DELTA_SHARE,
     STATISTICAL,
@@ -34,7 +37,7 @@ from privguard.integrations._witnesses import (
     reserve_for,
 )
 from privguard.integrations.opacus import attach
-from privguard.mechanisms import DeltaReserve, SubsampledGaussian
+from privguard.mechanisms import AccumulatedSubsampledGaussian, DeltaReserve, SubsampledGaussian
 
 DELTA = 1e-5
 EPSILON = 10.0  # a target: the witnesses set aside a share of δ from it
@@ -88,13 +91,16 @@ def run(model, opt, loader, crit, steps):
     return done
 
 
-def _refusal(handle, model, opt, loader, crit, steps=50):
+def _refusal(handle, model, opt, loader, crit, steps=50, one_step=None):
     """Run until refused; the refused step changed no parameter and charged nothing."""
     for _ in range(steps):
         before = [p.detach().clone() for p in model.parameters()]
         charged = len(handle.ledger.history)
         try:
-            run(model, opt, loader, crit, 1)
+            if one_step is None:
+                run(model, opt, loader, crit, 1)
+            else:
+                one_step()
         except PipelineMismatchError as exc:
             assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
             assert len(handle.ledger.history) == charged
@@ -352,8 +358,14 @@ def test_cached_noise_cut_is_the_quantile_at_the_first_level(d):
     assert w._noise_cut(d) is cut or w._noise_cut(d) == cut  # cached
 
 
-def test_fused_noise_statistic_is_never_below_the_exact_one():
-    """The one-pass float32 norms, widened by their rounding bound, ≥ the float64 norms."""
+@pytest.mark.parametrize("foreach_copy", [True, False])
+def test_fused_noise_statistic_is_never_below_the_exact_one(foreach_copy, monkeypatch):
+    """The one-pass float32 norms, widened by their rounding bound, ≥ the float64 norms;
+    also where torch (< 2.1) has no _foreach_copy_ and the buffer is filled per tensor."""
+    from privguard.integrations import _witnesses
+
+    if not foreach_copy:
+        monkeypatch.setattr(_witnesses, "_FOREACH_COPY", None)
     model, opt, loader, crit = pipeline(clip=0.1)
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
@@ -587,3 +599,133 @@ def test_hybrid_filter_with_witnesses_warns_that_the_reserve_leaves_the_plan():
                     filter="hybrid")
     with pytest.warns(AccountantWarning, match="falls back to RDP"):
         attach(opt, ledger, data_loader=loader, witnesses=True)
+
+
+# ------------------------------------------------------------------ accumulation, per micro-batch
+# For a step charged as AccumulatedSubsampledGaussian(σ, q, k) the sampling witness tests every
+# micro-batch the loader drew against Binomial(N, q) (the micro-batch counter records their sizes),
+# not only the step's total against Binomial(N·k, q); its O(1) shortcuts (the anchors of
+# _covered, the safe tie count) decide exactly as the exact tails would.
+
+
+def accumulate(model, opt, loader, steps, k=2):
+    """``steps`` real steps of ``k`` micro-batches each (the first k−1 skipped)."""
+    def draws():
+        while True:
+            yield from loader
+
+    batches = draws()
+    for _ in range(steps):
+        for j in range(k):
+            x, y = next(batches)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.signal_skip_step(do_skip=j < k - 1)
+            opt.step()
+
+
+def _accumulated_refusal(model, opt, loader, handle, steps=50):
+    return _refusal(handle, model, opt, loader, None, steps,
+                    one_step=lambda: accumulate(model, opt, loader, 1))
+
+
+def test_clean_accumulation_is_charged_per_micro_batch_and_passes():
+    model, opt, loader, _crit = pipeline()
+    ledger = Ledger(epsilon=EPSILON, delta=DELTA)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    seen = []
+    check = handle.witnesses._check_sampling
+    handle.witnesses._check_sampling = lambda sizes, q, k: (seen.append((tuple(sizes), k)),
+                                                            check(sizes, q, k))
+    accumulate(model, opt, loader, 40)
+    assert handle.steps_charged == 40
+    steps = [r.mechanism for r in ledger.history if not isinstance(r.mechanism, DeltaReserve)]
+    assert steps == [AccumulatedSubsampledGaussian(1.0, 1 / 16, 2)] * 40
+    assert all(len(sizes) == 2 and k == 1 for sizes, k in seen)  # two draws of N, one by one
+    assert handle.witnesses._segment_n == 40 * 2 * N
+
+
+def test_micro_batches_drawn_at_twice_the_charged_rate_are_caught():
+    """Two micro-batches a step, each drawn at 2q, charged as AccumulatedSubsampledGaussian(σ, q, 2)."""
+    model, opt, loader, _crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    sample_rate=1 / 16, witnesses=True)
+    loader.batch_sampler.sample_rate = 2 / 16  # the sampler now draws twice the charge
+    exc = _accumulated_refusal(model, opt, loader, handle)
+    assert exc.witness == "sampling" and exc.charged == 1 / 16
+    assert handle.steps_charged < 50
+
+
+class SplitSampler:
+    """One Poisson batch at rate ``rate`` handed out as two halves: two "micro-batches"."""
+
+    def __init__(self, n, rate):
+        self.inner = UniformWithReplacementSampler(num_samples=n, sample_rate=rate)
+
+    def __len__(self):
+        return 2 * len(self.inner)
+
+    def __iter__(self):
+        for batch in self.inner:
+            half = len(batch) // 2
+            yield batch[:half]
+            yield batch[half:]
+
+
+def test_one_batch_split_into_two_micro_batches_is_caught():
+    """The step's total has the law charged (Binomial(N, 2q) against Binomial(2N, q): the
+    same mean, nearly the same spread) and passes a test of totals; the halves tie far
+    more often than two independent Binomial(N, q) draws, and the per-micro-batch test
+    sees it."""
+    n = 4096
+    model, opt, _loader, _crit = pipeline(n=n, batch_size=256)  # charged: q = 1/16 per micro-batch
+    loader_data = _data(n)
+    loader = DataLoader(TensorDataset(*loader_data), batch_sampler=SplitSampler(n, 2 / 16))
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    sample_rate=1 / 16, check_poisson=False, micro_batches=2, witnesses=True)
+    exc = _accumulated_refusal(model, opt, loader, handle)
+    assert exc.witness == "sampling" and "equal" in str(exc)
+
+
+def _data(n):
+    torch.manual_seed(1)
+    x = torch.randn(n, 20)
+    return x, (x[:, 0] > 0).long()
+
+
+def test_anchor_shortcut_decides_as_the_exact_tails():
+    """Whenever _covered skips the exact test, both exact tails are above α/2."""
+    rng = random.Random(7)
+    w = Witnesses.__new__(Witnesses)
+    checked = 0
+    for _ in range(300):
+        q = rng.choice([1e-3, 0.01, 1 / 16, 0.3, 0.5])
+        n_a = rng.randint(1, 50) * rng.choice([10, 1000, 10**5])
+        alpha = level(rng.randint(1, 10**4), 1e-10)
+        w._anchor_at(n_a, q, alpha)
+        for _ in range(20):
+            n = n_a + rng.randint(0, 5 * n_a)
+            mean, sd = n * q, math.sqrt(n * q * (1 - q))
+            k = max(0, min(n, round(mean + rng.gauss(0, 1) * 8 * sd)))
+            if w._covered(k, n, q, alpha * rng.random()):
+                checked += 1
+                assert binomial_tail_lower(k, n, q) > alpha / 2 * 0.999999
+                assert binomial_tail_upper(k, n, q) > alpha / 2 * 0.999999
+    assert checked > 1000  # the shortcut does take most counts
+
+
+def test_ties_restart_their_series_when_the_draws_per_batch_change():
+    """Pairs are of one n: from one micro-batch a step to two, the tie probability is
+    that of the new n (a stale, smaller one would over-count ties: false alarms)."""
+    _model, opt, _loader, _crit = pipeline()
+    w = Witnesses(opt, N, false_alarm=1e-10)
+    rng = np.random.default_rng(0)
+    q = 1 / 16
+    for accumulated in (2, 1):
+        for _ in range(40):
+            w.steps += 1
+            w._check_sampling((int(rng.binomial(N * accumulated, q)),), q, accumulated)
+        pmf = stats.binom.pmf(np.arange(N * accumulated + 1), N * accumulated, q)
+        assert w._tie_draws == N * accumulated
+        assert math.isclose(w._tie_rate, float(np.sum(pmf * pmf)), rel_tol=1e-5)
+        assert w._pairs == 20
