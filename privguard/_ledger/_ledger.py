@@ -315,6 +315,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
+        if times == 1 and type(times) is int and self._store is None and self.repeat_lane:
+            # The repeat lane (in memory): another charge of the current run that the fast
+            # path already admits, decided and applied under the lock in O(1); anything
+            # else (a refusal included) takes the ordinary path below.
+            with self._lock:
+                record = None if (self._broken is not None or self._held is not None
+                                  or self._lease is not None or self._lease_cap > 1) \
+                    else self._acc.repeat(mechanism, label, os.getpid(), time.time)
+            if record is not None:
+                if self._listeners:
+                    self._notify(LedgerEvent("charge", self, mechanism, label, record))
+                return record
         label = check_label(label)
         times = check.positive_int("times", times, maximum=check.MAX_STEPS)
         pid = os.getpid()
@@ -381,6 +393,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             warnings.warn(deviation, _deviation.PlanDeviationWarning, stacklevel=2)
             self._notify(LedgerEvent("deviation", self, mechanism, label, record))
         return record
+
+    repeat_lane = True  # the in-memory repeat lane of charge() (tests compare against False)
 
     def can_afford(self, mechanism: Mechanism) -> bool:
         """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
