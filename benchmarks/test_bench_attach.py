@@ -8,7 +8,8 @@ and leases). Every variant is built once; each timed step of a variant that is n
 (pytest-benchmark's ``setup``), so they alternate step by step and a loaded machine
 slows them alike (the ``lease=1`` variants, a commit per step, run on their own: their
 fsyncs would disturb the steps they precede). Ratios of
-medians with benchmarks/report.py. The alternating-rounds table of
+medians with benchmarks/report.py; each attach variant is also timed with its hook
+inactive on its own model ("off"): the ratio on/off is attach's cost alone. The alternating-rounds table of
 docs/performance.md comes from benchmarks/attach_overhead.py (same step).
 
 Run: python -m pytest benchmarks/test_bench_attach.py --benchmark-only \
@@ -67,17 +68,39 @@ def steps():
         _pgserver.stop()
 
 
+def _hook_off(step):
+    """``step`` on the same model, optimizer and tensors with attach's hook inactive (it
+    only calls Opacus' own accountant hook, as plain Opacus does): the baseline that
+    differs from ``step`` by attach's charge alone. Two separately built models differ
+    in speed by more than what attach adds (their tensors sit elsewhere in memory)."""
+    from privguard.integrations.opacus import _ATTACHED
+
+    handle = _ATTACHED[step.optimizer]
+
+    def off():
+        handle._active = False
+        try:
+            step()
+        finally:
+            handle._active = True
+
+    return off
+
+
+@pytest.mark.parametrize("hook", ["on", "off"])
 @pytest.mark.parametrize("variant", VARIANTS + POSTGRES)
-def test_dp_sgd_step(benchmark, steps, variant):
+def test_dp_sgd_step(benchmark, steps, variant, hook):
     if variant not in steps:
         pytest.skip("no PostgreSQL server binaries (tests/_pgserver.py)")
+    if hook == "off" and variant == "plain Opacus":
+        pytest.skip("plain Opacus has no hook")
     benchmark.group = "DP-SGD step, 20-64-2 MLP, batch 128, 1 thread (CPU)"
     others = [] if "lease=1" in variant else [
         s for v, s in steps.items() if v != variant and "lease=1" not in v]
 
-    def interleave():  # one untimed step of every other variant before each timed one
+    def interleave() -> None:  # one untimed step of every other variant before each timed one
         for other in others:
             other()
 
-    benchmark.pedantic(steps[variant], setup=interleave, rounds=ROUNDS, iterations=1,
-                       warmup_rounds=5)
+    step = steps[variant] if hook == "on" else _hook_off(steps[variant])
+    benchmark.pedantic(step, setup=interleave, rounds=ROUNDS, iterations=1, warmup_rounds=5)
