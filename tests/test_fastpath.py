@@ -217,8 +217,7 @@ def _lane_trace(config: dict, seq: list, fast: bool, lane: bool, mp) -> list:
                     getattr(flt, "a_alive", None), ledger.leased_unused))
         if ledger.delta is not None:
             out.append(ledger.epsilon())
-        if ledger.target is None or ledger.target[0] < 1e3:  # report() overflows at ε = 1e9
-            out.append(report(ledger))
+        out.append(report(ledger))
     if ledger._broken is None:
         out.append(ledger.state_dict())
     return out
