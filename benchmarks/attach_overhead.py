@@ -5,7 +5,10 @@ every variant. Each variant is timed over ``--steps`` steps, the variants altern
 the table gives medians of ``--rounds`` rounds and the ratio to plain Opacus measured in
 the same run.
 
-A second table times attach's step hook alone (the charge), per call: what attach
+A second table interleaves single steps: the variant's step with attach's hook on,
+the same model with the hook inactive, and plain Opacus, in alternating order (the
+measure that resolves a few percent on a loaded machine). A third times attach's step
+hook alone (the charge), per call: what attach
 adds to a step, less sensitive to a loaded machine than the difference of two
 step times.
 
@@ -139,6 +142,36 @@ def hook_parts(calls: int = 3000) -> dict[str, float]:
     return out
 
 
+def interleaved(variant: str, steps: int, tmp: str) -> tuple[float, float, float, float]:
+    """attach's cost in steps interleaved one by one, on a loaded machine the measure that
+    resolves a few percent: ``variant``'s step with its hook on, the same model and
+    optimizer with the hook inactive (it then only calls Opacus' own accountant hook,
+    as plain Opacus does), and a plain Opacus step, in alternating order, ``steps`` of
+    each. Returns the medians (on, off, plain) and the ratio of the means on/off (the
+    mean counts the steps that commit a lease)."""
+    from privguard.integrations.opacus import _ATTACHED
+
+    step, ledger = make_step(variant, tmp)
+    plain, _ = make_step("plain Opacus", tmp)
+    handle = _ATTACHED[step.optimizer]
+    for _ in range(20):
+        step()
+        plain()
+    times: dict[int, list[float]] = {0: [], 1: [], 2: []}  # on, off, plain
+    for i in range(steps):
+        for kind in ((0, 1, 2) if i % 2 else (2, 1, 0)):
+            handle._active = kind == 0
+            run_one = plain if kind == 2 else step
+            t0 = time.perf_counter()
+            run_one()
+            times[kind].append(time.perf_counter() - t0)
+    handle._active = True
+    if ledger is not None:
+        ledger.close()
+    on, off, pl = (statistics.median(times[k]) for k in range(3))
+    return on, off, pl, statistics.mean(times[0]) / statistics.mean(times[1])
+
+
 def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
     per_step: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,6 +218,15 @@ def main() -> None:
     print("| | per step | vs plain Opacus |\n|---|---|---|")
     for v, t in med.items():
         print(f"| {v} | {t * 1e6:,.0f} µs | {t / base:.3f}× |")
+    print(f"\nsteps interleaved one by one ({args.steps * 2} of each; the hook off: the same "
+          "model and optimizer, attach's hook inactive):")
+    print("| | on | off | plain Opacus | on/off (medians) | on/off (means) | on/plain |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in VARIANTS[1:] + extra[1:]:
+            on, off, pl, means = interleaved(v, args.steps * 2, tmp)
+            print(f"| {v} | {on * 1e6:,.0f} µs | {off * 1e6:,.0f} µs | {pl * 1e6:,.0f} µs | "
+                  f"{on / off:.3f}× | {means:.3f}× | {on / pl:.3f}× |")
     print("\nthe hook's parts, called directly (medians of 3,000 calls):")
     print("| part | median |\n|---|---|")
     for what, t in hook_parts().items():

@@ -29,6 +29,7 @@ loader's count tells them apart, so attach needs ``data_loader=`` for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +46,18 @@ def step_mechanism(sigma: float, rate: float, micro_batches: int) -> M.Mechanism
 
 
 def is_ghost(optimizer: Any) -> bool:
-    """Whether ``optimizer`` is Opacus' ghost-clipping optimizer (it reports 1 micro-batch)."""
-    return any(cls.__name__ in _GHOST for cls in type(optimizer).__mro__)
+    """Whether ``optimizer`` is Opacus' ghost-clipping optimizer (it reports 1 micro-batch).
+
+    Decided by the optimizer's class, looked up once per class (read at every step):
+    Opacus picks the class from ``grad_sample_mode`` in ``make_private`` and stores no
+    mode the optimizer could switch later, and a ``__class__`` assignment is another key.
+    """
+    return _ghost_class(type(optimizer))
+
+
+@functools.lru_cache(maxsize=64)
+def _ghost_class(cls: type) -> bool:
+    return any(c.__name__ in _GHOST for c in cls.__mro__)
 
 
 def counter_for(loader: Any) -> MicroBatchCounter | None:

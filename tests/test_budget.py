@@ -154,6 +154,9 @@ def test_membership_tpr_bound_is_the_dp_tradeoff_and_holds_for_a_gaussian():
             tpr = 1 - norm.cdf(norm.ppf(1 - fpr) - mu)
             assert tpr <= membership_tpr_bound(eps, max(d, 1e-300), fpr) + 1e-12
     assert "20.1%" in risk_sentence(3.0, 1e-5) and "does not limit" in risk_sentence(10.0, 1e-5)
+    # ε beyond exp's range (a ledger's target of 1e9 in `report`): OverflowError before
+    assert membership_tpr_bound(1e9, 1e-5, 0.01) == 1.0
+    assert "does not limit" in risk_sentence(1e9, 1e-5)
 
 
 def test_report_leads_with_the_meter_and_explains_every_epsilon_above_the_target(capsys):

@@ -296,3 +296,56 @@ def test_report_shows_released_and_leased_but_unused_steps(tmp_path, capsys):
     assert (data["charges"], data["released"], data["leased_unused"]) == (48, 40, 8)
     print_report(data)
     assert "40 released, 8 leased but unused (spent)" in capsys.readouterr().out
+
+
+def test_a_held_ledger_hands_out_no_leased_step(tmp_path):
+    """Issue 26: a ledger held for a client (a tuner whose trials must not touch it)
+    refused transactions but still handed out steps from its lease, and can_afford
+    answered True from it; both now refuse as every other read and charge does."""
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "h.db")
+    for _ in range(20):
+        ledger.charge(STEP, label="s")
+    assert ledger._lease is not None and ledger._lease.left > 0
+    charges = ledger._acc.journal.charges
+    assert ledger._hold("a tuner")
+    with pytest.raises(LedgerStateError, match="a tuner"):
+        ledger.charge(STEP, label="s")
+    with pytest.raises(LedgerStateError, match="a tuner"):
+        ledger.can_afford(STEP)
+    ledger._unhold()
+    assert len(ledger.history) == charges and ledger.charge(STEP, label="s").index == 20
+    ledger.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_repeat_lane_hands_out_leased_steps_as_the_ordinary_path(fast_dir, monkeypatch,
+                                                                     seed):
+    """Issue 26: Ledger.charge's lane for a step of the lease (one step, the lease's key)
+    against the ordinary path: the same decisions, records, journal, spent curve and
+    unused remainders, for a random sequence of charges (repeats, switches of mechanism,
+    label and count, refusals at the end of the budget)."""
+    from privguard._ledger import _ledger
+
+    rng = random.Random(seed)
+    pool = [STEP, M.SubsampledGaussian(1.2, 0.01), M.SubsampledGaussian(0.8, 0.02)]
+    seq = [(rng.randrange(3), rng.choice([None, "a"]), rng.choice([1, 1, 1, 2]),
+            rng.randrange(1, 40)) for _ in range(30)]
+    traces = []
+    for lane in (True, False):
+        monkeypatch.setattr(Ledger, "repeat_lane", lane)
+        ledger = Ledger(1.0, 1e-5, path=fast_dir / f"lane{lane}{seed}.db")
+        out: list = []
+        for i, label, times, reps in seq:
+            for _ in range(reps):
+                try:
+                    r = ledger.charge(pool[i], label=label, times=times)
+                    out.append((r.index, r.label, r.mechanism, r.pid))
+                except BudgetExhausted:
+                    out.append("refused")
+        out += [ledger.spent.tobytes(), ledger.leased_unused,
+                [(r.index, r.label, r.mechanism) for r in ledger.history],
+                [(e.get("event"), e.get("steps")) for e in ledger.events]]
+        traces.append(out)
+        ledger.close()
+    assert "refused" in traces[0] and traces[0] == traces[1]
+    assert _ledger.Ledger.repeat_lane is False  # the lane off: the ordinary path ran

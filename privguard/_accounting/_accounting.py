@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 from privguard._accounting import _fastpath, _lease
 from privguard._accounting._config import Config
 from privguard._accounting._filters import DPFilter, StrictFilter
-from privguard._accounting._journal import Journal, Run
+from privguard._accounting._journal import ChargeRecord, Journal, Run
 from privguard._accounting._odometer import MIXTURE, Odometer, _checked_weights, mixture_weights
 from privguard._accounting._plan import Plan
 from privguard._curves import _conversion as conv
@@ -300,6 +301,41 @@ class Accounting:
         return None
 
     _limit: _fastpath.Limit | None = None
+
+    def repeat(self, mechanism: Any, label: Any, pid: int, clock: Callable[[], float]
+               ) -> ChargeRecord | None:
+        """One more charge of the current run (an equal mechanism, an equal label, the same
+        process), decided and applied in O(1) when the fast path already knows the answer
+        is "admitted": exactly what ``apply(decide(mechanism, label, pid), label, t, pid)``
+        records at time ``clock()`` (read once admitted, as the ordinary path reads it), and
+        its last :class:`ChargeRecord`. None (nothing changed) in every other
+        case, which the ordinary path then decides: another key, a plan not yet fixed, the
+        fast path off, a filter other than the RDP and strict ones (the hybrid filter's
+        part A has state), a limit not known for this very streak, or a count past it.
+        """
+        journal = self.journal
+        c = journal._cur
+        if c is None or self.fixed is None or not self.fast or c[7] != pid:
+            return None
+        m, streak = c[4], journal._streak
+        # the run's and the streak's mechanism (equal whenever a run is current), and the
+        # caller's: identical or equal and of the same type (a validated mechanism's class)
+        if not ((mechanism is m or (type(mechanism) is type(m) and mechanism == m))
+                and (m is streak or m == streak)):
+            return None
+        if not (label is c[3] or (type(label) is str and label == c[3])):  # c[3]: checked
+            return None
+        flt = self.filter
+        if flt is not None:
+            lim = self._limit  # _decide_repeated's test: admitted iff count ≤ limit
+            if (type(flt) is not DPFilter and type(flt) is not StrictFilter) or lim is None \
+                    or journal._streak_count + 1 > lim.limit \
+                    or not lim.holds(journal, flt, self.config):
+                return None
+            flt.apply(None)  # the RDP and strict filters keep no state (as apply())
+        t = clock()
+        journal.repeat_current(t)
+        return ChargeRecord(c[1] + c[2] - 1, c[3], m, t, pid)  # Run.record(count - 1)
 
     def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
         """Commit an admitted verdict; returns the journal changes to persist."""

@@ -201,6 +201,20 @@ class Journal:
         run = self._cur_run = Run(*self._cur)
         return run, False
 
+    def repeat_current(self, t: float) -> None:
+        """One more charge of the current run, which continues the streak (the caller
+        checked both: same mechanism, label and process): what :meth:`append` records for
+        it with ``spent_after=None``, in O(1) and without building a :class:`Run`
+        (:attr:`last` builds it on demand)."""
+        c = self._cur
+        assert c is not None
+        c[2] += 1
+        c[6] = t
+        self.charges += 1
+        self._streak_count += 1
+        self._spent_cache = None  # materialised lazily as base + count × curve (as append)
+        self._cur_run = None
+
     def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
 

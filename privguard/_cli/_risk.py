@@ -31,9 +31,11 @@ def membership_tpr_bound(epsilon: float, delta: float, fpr: float = REPORT_FPR) 
     epsilon = check.positive_finite("epsilon", epsilon)
     delta = check.delta("delta", delta)
     fpr = check.fraction("fpr", fpr)
-    # Kairouz, Oh & Viswanath 2015, Thm 2.1, both inequalities solved for TPR.
-    return min(1.0, math.exp(epsilon) * fpr + delta,
-               1.0 - math.exp(-epsilon) * (1.0 - delta - fpr))
+    # Kairouz, Oh & Viswanath 2015, Thm 2.1, both inequalities solved for TPR. Beyond
+    # exp's range (ε > 709) the first one is dropped: the min of the others is larger,
+    # so the bound stays an upper bound (it used to raise OverflowError).
+    first = math.exp(epsilon) * fpr + delta if epsilon <= 700.0 else math.inf
+    return min(1.0, first, 1.0 - math.exp(-epsilon) * (1.0 - delta - fpr))
 
 
 def risk_sentence(epsilon: float, delta: float, fpr: float = REPORT_FPR) -> str:

@@ -141,6 +141,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         for fn in listeners:
             self.add_listener(fn)
         self._store = store
+        self._check_lease = getattr(store, "check_lease", None)  # a leased step's check
         self._backend = store or MemoryStore()
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
         if store is not None:
@@ -315,6 +316,27 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
+        if times == 1 and type(times) is int and self.repeat_lane:
+            # The repeat lane. In memory: another charge of the current run that the fast
+            # path already admits, decided and applied under the lock in O(1). A file or
+            # server ledger: a step of this process's lease, through the same checks as
+            # below (_from_lease: the file's identity at every step). Anything else (a
+            # refusal included) takes the ordinary path below.
+            if self._store is None:
+                with self._lock:
+                    record = None if (self._broken is not None or self._held is not None
+                                      or self._lease is not None or self._lease_cap > 1) \
+                        else self._acc.repeat(mechanism, label, os.getpid(), time.time)
+            else:
+                lease, pid = self._lease, os.getpid()
+                # a label equal to the lease's (checked) one, of type str: a valid label
+                record = None if lease is None or not (label is None or type(label) is str) \
+                    or not lease.covers(mechanism, label, pid, 1) \
+                    else self._from_lease(lease, mechanism, label, pid, 1)
+            if record is not None:
+                if self._listeners:
+                    self._notify(LedgerEvent("charge", self, mechanism, label, record))
+                return record
         label = check_label(label)
         times = check.positive_int("times", times, maximum=check.MAX_STEPS)
         pid = os.getpid()
@@ -382,12 +404,14 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._notify(LedgerEvent("deviation", self, mechanism, label, record))
         return record
 
+    repeat_lane = True  # the in-memory repeat lane of charge() (tests compare against False)
+
     def can_afford(self, mechanism: Mechanism) -> bool:
         """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
         nothing). A step this process holds leased (already spent) is affordable."""
         lease = self._lease
         if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
-                and self._broken is None:
+                and self._broken is None and self._held is None:
             return True
         with self._synced(write=False):
             return self._acc.decide(mechanism, None, os.getpid()).admitted
@@ -397,13 +421,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """``times`` steps handed out from this process's lease (already admitted and
         spent in the journal: no I/O, no grid arithmetic); None if the lease is gone."""
         with self._lock:
-            if self._broken is not None or self._lease is not lease \
-                    or not lease.covers(mechanism, label, pid, times):
+            # A held ledger refuses (the ordinary path raises), as a broken one; the lease's
+            # key never changes, and both callers checked it (covers) for this charge.
+            if self._broken is not None or self._held is not None or self._lease is not lease \
+                    or lease.left < times:
                 return None
             # The file's identity at every leased step, as at every transaction: replaced or
             # deleted breaks the ledger; changed since the last transaction (another writer,
             # or rolled back in place) syncs first, which verifies the journal.
-            check = getattr(self._store, "check_lease", None)
+            check = self._check_lease
             if check is not None and not self._guard(check):
                 with self._synced(write=False):
                     pass
