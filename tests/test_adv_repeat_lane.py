@@ -12,6 +12,7 @@ finding: the promise it names is broken on this branch (see the r26 report).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import sys
@@ -32,6 +33,7 @@ from privguard import (
     PlanDeviationWarning,
 )
 from privguard import mechanisms as M
+from privguard._accounting import _config
 from privguard._accounting._accounting import Accounting
 from privguard._cli._report import report
 from privguard._ledger import _ledger
@@ -110,8 +112,8 @@ def _variants():
     """Equal but distinct objects, and 0.1 + 0.2 style neighbours (not equal: a new run)."""
     return [BASE, M.SubsampledGaussian(1.5, 0.02), M.SubsampledGaussian(1.5, 0.02, steps=1),
             M.SubsampledGaussian(1.5, 0.1 * 0.2), M.SubsampledGaussian(0.5 + 1.0, 0.02),
-            M.SubsampledGaussian(1.5, 0.01 + 0.01), M.SubsampledGaussian(float(np.nextafter(1.5, 2.0)), 0.02),
-            M.Gaussian(8.0)]
+            M.SubsampledGaussian(1.5, 0.01 + 0.01),
+            M.SubsampledGaussian(float(np.nextafter(1.5, 2.0)), 0.02), M.Gaussian(8.0)]
 
 
 CONFIGS = {
@@ -135,8 +137,12 @@ def _script(seed: int) -> list:
             out.append(("pickle",))
         elif r < 0.75:
             out.append(("event",))
-        elif r < 0.85:
+        elif r < 0.8:
             out.append(("raising listener", int(rng.integers(2, 7))))
+        elif r < 0.85:
+            out.append(("load in place",))
+        elif r < 0.88:
+            out.append(("retarget", float(rng.choice([0.8, 1.25]))))
         else:
             out.append(("quiet",))
     return out
@@ -178,6 +184,16 @@ def _trace(config: dict, script: list, lane: bool, mp) -> list:
                     ledger._acc.replay_event({"event": "note", "n": len(out)})
             elif op[0] == "raising listener":
                 raise_every[0] = op[1]
+            elif op[0] == "load in place":  # a checkpoint of this very journal: allowed
+                ledger.load_state_dict(ledger.state_dict())
+            elif op[0] == "retarget":  # as a file's retarget records it (tests/test_fastpath)
+                old = ledger._acc.config
+                if old.epsilon is not None:
+                    new = dataclasses.replace(old, epsilon=old.epsilon * op[1])
+                    with ledger._lock:
+                        ledger._acc.replay_event({"event": "retarget", "old": old.to_dict(),
+                                                  "new": _config.from_dict(
+                                                      new.to_dict()).to_dict()})
             else:
                 raise_every[0] = 0
             flt = ledger._acc.filter
@@ -247,6 +263,66 @@ def test_plan_deviation_warning_is_the_ordinary_paths(monkeypatch):
     assert any(isinstance(x, str) for x in out[0][0])  # refusals at the end included
 
 
+@pytest.fixture
+def fast_dir(tmp_path):
+    """tmpfs when there is one (fsyncs cost nothing): for tests that take many leases."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    if not os.path.isdir("/dev/shm"):
+        yield tmp_path
+        return
+    path = tempfile.mkdtemp(dir="/dev/shm", prefix="privguard-r26-")
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_leased_steps_through_the_lane_record_the_same(fast_dir, monkeypatch, name):
+    # Promise: a file ledger's lane (a step of the lease) hands out exactly what the
+    # ordinary path hands out, for every filter (hybrid part A counting and closing,
+    # strict, odometer only): decisions, records, events, journal, spent curve, part A,
+    # warnings and unused remainders, through pickling and label/mechanism switches.
+    script = [op for op in _script(7) if op[0] in ("charge", "pickle")]
+    traces = []
+    for lane in (True, False):
+        monkeypatch.setattr(Ledger, "repeat_lane", lane)
+        monkeypatch.setattr(_ledger, "time", SimpleNamespace(time=lambda: 1.0))
+        monkeypatch.setattr(os, "getpid", lambda: 4242)  # one pid for both files' records
+        path = fast_dir / f"{name}-{lane}.db".replace(" ", "_")
+        ledger = Ledger(orders=ORDERS, path=path, **CONFIGS[name])
+        out: list = []
+        variants = _variants()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for op in script:
+                if op[0] == "pickle":
+                    again = pickle.loads(pickle.dumps(ledger))
+                    ledger.close()
+                    ledger = again
+                    continue
+                _, i, label, times, reps = op
+                for _ in range(reps):
+                    try:
+                        r = ledger.charge(variants[i], label=label, times=times)
+                        out.append((r.index, r.label, r.mechanism, r.pid))
+                    except BudgetExhausted as exc:
+                        out.append(str(exc))
+                flt = ledger._acc.filter
+                out.append((ledger.spent.tobytes(), ledger.leased_unused,
+                            getattr(flt, "a_count", None), getattr(flt, "a_alive", None)))
+        out += [[(r.index, r.label, r.mechanism) for r in ledger.history],
+                [{k: v for k, v in e.items() if k != "time"} for e in ledger.events],
+                [(w.category.__name__, str(w.message)) for w in caught]]
+        ledger.close()
+        traces.append(out)
+    assert any(isinstance(x, str) for x in traces[0]) or name == "odometer only"
+    assert traces[0] == traces[1]
+
+
 # ------------------------------------------------------------------- fail closed
 def test_a_broken_or_held_memory_ledger_refuses_through_the_lane():
     ledger = _memory()
@@ -284,6 +360,39 @@ def test_a_leased_step_through_the_lane_checks_the_file(tmp_path, how):
     with pytest.raises(LedgerStateError):
         ledger.charge(STEP)
     assert lease.left == left  # nothing handed out
+    with pytest.raises(LedgerStateError):
+        ledger.charge(STEP)
+
+
+def test_a_commit_under_a_leased_step_is_synced_and_verified(tmp_path, monkeypatch):
+    # Promise (README "What the file format detects"; rollback journal, where the header's
+    # change counter moves at every commit): a file changed since the ledger's last
+    # transaction is synced and verified before a leased step is released, through the
+    # lane as on the ordinary path: another writer's charge is read in at that step, an
+    # edited head -> LedgerStateError, nothing released.
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", "rollback")
+    import sqlite3
+
+    path = tmp_path / "e.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for _ in range(40):
+        ledger.charge(STEP)
+    lease = ledger._lease
+    assert lease is not None and lease.left > 2
+    charges = ledger._acc.journal.charges
+    other = Ledger.open(path, lease=1)
+    other.charge(M.Gaussian(50.0), label="other")
+    other.close()
+    assert ledger.charge(STEP).index == 40  # a leased step...
+    assert ledger._acc.journal.charges == charges + 1  # ...after syncing the other's charge
+    left = lease.left
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE head SET last_count = last_count - 1")
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerStateError, match="head"):
+        ledger.charge(STEP)
+    assert lease.left == left
     with pytest.raises(LedgerStateError):
         ledger.charge(STEP)
 
