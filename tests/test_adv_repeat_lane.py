@@ -6,8 +6,10 @@ of the ordinary path (``Ledger.repeat_lane = False``), and keep every promise of
 ledger: fail closed, a forked child never uses its parent's run or lease, concurrent
 threads never lose or double-count a step, no built-in exception escapes a public call.
 
-Each test states the promise it checks. A test marked ``xfail(strict=True)`` is a
-finding: the promise it names is broken on this branch (see the r26 report).
+Each test states the promise it checks. Two were findings of the review, fixed since:
+an array as ``times`` (the lane compared it before checking its type) and an unpickled
+file ledger that kept its lease in a forked child (``LedgerState.__setstate__`` did not
+register the ledger for the at-fork drop).
 """
 
 from __future__ import annotations
@@ -58,12 +60,6 @@ def _bad_times() -> list:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "r26 finding 1: Ledger.charge evaluates `times == 1` before `type(times) is int` "
-    "(privguard/_ledger/_ledger.py, the lane's guard `if times == 1 and type(times) is int "
-    "and self.repeat_lane`), so an array-like `times` raises numpy's/torch's ValueError or "
-    "RuntimeError (truth value of an array) instead of InvalidArgumentError naming times; "
-    "the lane switch off does not help (the comparison runs first)"))
 @pytest.mark.parametrize("where", ["memory", "file"])
 @pytest.mark.parametrize("lane", [True, False])
 @pytest.mark.parametrize("bad", _bad_times(), ids=lambda b: type(b).__module__ + repr(list(b)))
@@ -421,12 +417,6 @@ def test_a_forked_child_starts_its_own_run_in_memory():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-@pytest.mark.xfail(strict=True, reason=(
-    "r26 finding 2: an unpickled file ledger is not registered for the at-fork drop "
-    "of its lease (privguard/_ledger/_ledger_state.py LedgerState.__setstate__ copies the "
-    "reopened ledger's __dict__; leases.track() registered that other object, not self), "
-    "so a forked child keeps its parent's lease and, when its pid matches (a reused pid, "
-    "theory §13 Lemma 1), hands out through the lane steps its parent also hands out"))
 def test_an_unpickled_file_ledger_drops_its_lease_in_a_forked_child(tmp_path):
     # Promise (theory §13 Lemma 1; privguard/_accounting/_lease.py track): a lease lives in
     # one process: the at-fork hook drops every file ledger's lease in the child, since

@@ -316,7 +316,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
-        if times == 1 and type(times) is int and self.repeat_lane:
+        if type(times) is int and times == 1 and self.repeat_lane:  # type first: an array's == is not a bool
             # The repeat lane. In memory: another charge of the current run that the fast
             # path already admits, decided and applied under the lock in O(1). A file or
             # server ledger: a step of this process's lease, through the same checks as

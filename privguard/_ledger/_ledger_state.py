@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from privguard._accounting import _lease
 from privguard._accounting._accounting import is_retarget
 from privguard._accounting._derivation import first_difference
 from privguard._accounting._journal import Run
@@ -155,6 +156,10 @@ class LedgerState:
         other = (type(self).open(data["store"]["path"], lease=data.get("lease"))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
+        if self._store is not None:
+            # ``other`` registered itself for the at-fork lease drop (docs/theory.md §13
+            # Lemma 1); ``self`` is the ledger that lives on and holds leases from now on
+            _lease.track(self)
 
 
 def _differing_fix(mine: list[Any], theirs: list[Any]) -> str | None:
