@@ -52,7 +52,8 @@ def is_ghost(optimizer: Any) -> bool:
     Opacus picks the class from ``grad_sample_mode`` in ``make_private`` and stores no
     mode the optimizer could switch later, and a ``__class__`` assignment is another key.
     """
-    return _ghost_class(type(optimizer))
+    cls: type = type(optimizer)
+    return _ghost_class(cls)
 
 
 @functools.lru_cache(maxsize=64)
