@@ -169,7 +169,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return self
 
     def close(self) -> None:
-        """Close the ledger's file (if any). The ledger can no longer be charged.
+        """Close the ledger's file or server connection; it can then no longer be charged.
+
+        An in-memory ledger has nothing to close: it stays as it was, and usable.
 
         The unused remainder of a lease is recorded in the journal as a
         ``lease-unused`` event first (it stays spent).
