@@ -349,3 +349,20 @@ def test_the_repeat_lane_hands_out_leased_steps_as_the_ordinary_path(fast_dir, m
         ledger.close()
     assert "refused" in traces[0] and traces[0] == traces[1]
     assert _ledger.Ledger.repeat_lane is False  # the lane off: the ordinary path ran
+
+
+def test_can_afford_checks_the_file_as_a_leased_step_does(tmp_path):
+    """can_afford answers from a held lease only after the file identity check a leased
+    step makes: with the file deleted it raises LedgerStateError, as charge does (it
+    answered True from the lease before)."""
+    path = tmp_path / "gone.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for _ in range(9):  # leases of 1, 1, 2, 4 steps, then one of 8: 7 left
+        ledger.charge(STEP, label="train")
+    assert ledger._lease is not None and ledger._lease.left > 0
+    assert ledger.can_afford(STEP)
+    os.remove(path)
+    with pytest.raises(LedgerStateError):
+        ledger.can_afford(STEP)
+    with pytest.raises(LedgerStateError):
+        ledger.charge(STEP, label="train")

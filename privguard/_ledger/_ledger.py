@@ -414,7 +414,14 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         lease = self._lease
         if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
                 and self._broken is None and self._held is None:
-            return True
+            # the file's identity, as a leased step checks it (_from_lease): deleted or
+            # replaced breaks the ledger and raises, as the charge would
+            check = self._check_lease
+            if check is not None and not self._guard(check):
+                with self._synced(write=False):
+                    pass
+            if self._lease is lease:
+                return True
         with self._synced(write=False):
             return self._acc.decide(mechanism, None, os.getpid()).admitted
 
