@@ -318,7 +318,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             InvalidArgumentError: ``mechanism`` or ``label`` is invalid.
             LedgerStateError: the ledger's state is unusable (fail closed).
         """
-        if type(times) is int and times == 1 and self.repeat_lane:  # type first: an array's == is not a bool
+        # (times' type first: an array's == is not a bool)
+        if type(times) is int and times == 1 and self.repeat_lane:
             # The repeat lane. In memory: another charge of the current run that the fast
             # path already admits, decided and applied under the lock in O(1). A file or
             # server ledger: a step of this process's lease, through the same checks as
@@ -414,13 +415,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         lease = self._lease
         if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
                 and self._broken is None and self._held is None:
-            # the file's identity, as a leased step checks it (_from_lease): deleted or
-            # replaced breaks the ledger and raises, as the charge would
-            check = self._check_lease
-            if check is not None and not self._guard(check):
-                with self._synced(write=False):
-                    pass
-            if self._lease is lease:
+            if self._lease_stands(lease):  # the check a leased step makes (_from_lease)
                 return True
         with self._synced(write=False):
             return self._acc.decide(mechanism, None, os.getpid()).admitted
@@ -435,16 +430,23 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if self._broken is not None or self._held is not None or self._lease is not lease \
                     or lease.left < times:
                 return None
-            # The file's identity at every leased step, as at every transaction: replaced or
-            # deleted breaks the ledger; changed since the last transaction (another writer,
-            # or rolled back in place) syncs first, which verifies the journal.
-            check = self._check_lease
-            if check is not None and not self._guard(check):
-                with self._synced(write=False):
-                    pass
-                if self._lease is not lease:
-                    return None
+            if not self._lease_stands(lease):
+                return None
             return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+
+    def _lease_stands(self, lease: leases.Lease) -> bool:
+        """Whether ``lease`` is still this ledger's after the check a leased step makes.
+
+        The file's identity at every leased step, as at every transaction: replaced or
+        deleted breaks the ledger (LedgerStateError); changed since the last transaction
+        (another writer, or rolled back in place) syncs first, which verifies the journal
+        and may drop the lease.
+        """
+        check = self._check_lease
+        if check is not None and not self._guard(check):
+            with self._synced(write=False):
+                pass
+        return self._lease is lease
 
     def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int
                        ) -> tuple[Any, int, leases.Lease | None, int]:
