@@ -275,18 +275,6 @@ def charge_together(coordinator: Any, ledger: Any, epoch: RandomAllocation, labe
     every rank admits, or raises BudgetExhausted / RankDisagreementError,
     before any rank updates.
     """
-    from privguard._errors import BudgetExhausted
-
-    def attempt() -> bool:
-        try:
-            ledger.charge(epoch, label=label)
-        except BudgetExhausted:
-            return False
-        return True
-
-    def refusal() -> BudgetExhausted:
-        return BudgetExhausted(f"charge {label!r} of {epoch!r} refused by the ledger: the "
-                               "epoch does not fit, and no rank updates", requested=epoch,
-                               label=label, remaining=None)
-
-    coordinator.run(attempt, "while charging a random-allocation epoch", refusal)
+    coordinator.charge_once(ledger, epoch, label, "while charging a random-allocation epoch",
+                            f"charge {label!r} of {epoch!r} refused by the ledger: the epoch "
+                            "does not fit, and no rank updates")

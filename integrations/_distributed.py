@@ -201,6 +201,24 @@ class Coordinator:
             raise RankDisagreementError(f"ranks disagree {what}: some ledgers admitted and "
                                         "others refused; the ledgers are not replicas")
 
+    def charge_once(self, ledger: Ledger, mechanism: Any, label: Any, what: str,
+                    refused: str) -> None:
+        """Charge ``mechanism`` once per distinct ledger (each charger charges its own), with
+        the same outcome on every rank (:meth:`run`): admitted everywhere, or
+        BudgetExhausted with the message ``refused`` everywhere, before any rank updates."""
+
+        def attempt() -> bool:
+            try:
+                ledger.charge(mechanism, label=label)
+            except BudgetExhausted:
+                return False
+            return True
+
+        def refusal() -> BudgetExhausted:
+            return BudgetExhausted(refused, requested=mechanism, label=label, remaining=None)
+
+        self.run(attempt, what, refusal)
+
     def check_together(self, check: Callable[[], None]) -> None:
         """Run this rank's witness ``check``; refuse the step on every rank if any refused.
 

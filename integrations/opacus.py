@@ -316,18 +316,9 @@ class AttachHandle:
         if self._coordinator is None:
             self.ledger.charge(reserve, label=label)
         else:
-            def attempt() -> bool:
-                try:
-                    self.ledger.charge(reserve, label=label)
-                except BudgetExhausted:
-                    return False
-                return True
-
-            def refusal() -> BudgetExhausted:
-                return BudgetExhausted(f"charge {label!r} of {reserve!r} refused",
-                                       requested=reserve, label=label, remaining=None)
-
-            self._coordinator.run(attempt, "charging the witnesses' δ reserve", refusal)
+            self._coordinator.charge_once(self.ledger, reserve, label,
+                                          "charging the witnesses' δ reserve",
+                                          f"charge {label!r} of {reserve!r} refused")
         self.witness_reserve = None
 
     def _graceful_step(self, *args: Any, **kwargs: Any):
