@@ -138,7 +138,7 @@ def test_report_after_a_retarget_states_the_running_epsilon_at_the_delta_fixed_f
         stated = ledger.guarantee()
         data = report(ledger)
         running = trajectory(ledger, points=3)["running_epsilon"]
-        assert ledger.epsilon() < stated.epsilon  # at the retargeted δ: not what is stated
+        assert ledger.epsilon() == stated.epsilon  # the default δ is the stated one too
     assert stated.delta == 1e-6
     assert (data["running_delta"], data["running_epsilon"]) == (1e-6, stated.epsilon)
     assert "fixed before the first output" in data["running_statement"]

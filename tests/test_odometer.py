@@ -540,4 +540,24 @@ def test_a_ledger_created_without_delta_has_no_guarantee_after_a_retarget_to_one
     ledger = _retargeted(tmp_path, (), (6.0, 1e-5))
     with pytest.raises(InvalidArgumentError, match="no δ was fixed before the first output"):
         ledger.guarantee()
+    # The running ε has no default δ either (it would be one chosen after outputs); an
+    # explicit one, and the non-adaptive number, still answer.
+    with pytest.raises(InvalidArgumentError, match=r"δ = 1e-05 was set by a retarget"):
+        ledger.epsilon()
+    assert ledger.epsilon(1e-5) > 0 and ledger.nonadaptive_epsilon() > 0
+    assert ledger.remaining().epsilon_spent is None
+    ledger.close()
+
+
+@pytest.mark.parametrize("new_delta", [1e-3, 1e-8])
+def test_the_running_epsilon_after_a_retarget_is_read_at_the_delta_fixed_first(
+        tmp_path, new_delta):
+    # ledger.epsilon() and remaining().epsilon_spent read the odometer at the retargeted δ
+    # (1e-3: 2.84 against the 4.01 guarantee() states at 1e-6), a δ chosen after outputs.
+    ledger = _retargeted(tmp_path, (6.0, 1e-6), (6.0, new_delta))
+    stated = ledger.guarantee()
+    left = ledger.remaining()
+    assert ledger.epsilon() == stated.epsilon == ledger.epsilon(1e-6)
+    assert (left.delta, left.epsilon_spent) == (1e-6, stated.epsilon)
+    assert ledger.nonadaptive_epsilon() == ledger.nonadaptive_epsilon(new_delta)
     ledger.close()

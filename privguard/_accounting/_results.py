@@ -137,6 +137,14 @@ def created_delta(acc: Any) -> float | None:
     return acc.config.delta
 
 
+def stated_delta(acc: Any) -> float | None:
+    """The δ at which a running ε is stated by default: the ledger's own, or after a
+    retarget the δ it was created with, fixed before the first output (docs/theory.md §4,
+    as :meth:`Ledger.guarantee`): an odometer read at a δ chosen after outputs is not valid
+    under adaptivity (adv24). None when no δ was fixed before the first output."""
+    return created_delta(acc) if acc.retargeted else acc.config.delta
+
+
 def _retargeted_guarantee(acc: Any) -> Guarantee:
     from privguard._errors import InvalidArgumentError
 

@@ -26,7 +26,8 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run
-from privguard._accounting._results import created_delta, describe
+from privguard._accounting._results import describe
+from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
@@ -48,10 +49,8 @@ def _replayer(ledger: Ledger) -> Accounting:
 
 
 def stated_delta(ledger: Ledger) -> float | None:
-    """The δ a running ε is stated at: the ledger's, or after a retarget the one it was
-    created with, fixed before the first output (docs/theory.md §4, as guarantee()): an
-    odometer at a δ chosen after outputs is not valid under adaptivity (adv24)."""
-    return created_delta(ledger._acc) if ledger._acc.retargeted else ledger.delta
+    """The δ a running ε is stated at (:func:`privguard._accounting._results.stated_delta`)."""
+    return _stated_delta(ledger._acc)
 
 
 def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:

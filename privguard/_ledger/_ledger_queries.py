@@ -16,7 +16,7 @@ from privguard import _validation as check
 from privguard._accounting._budget import Budget, budget_from, budget_inputs, budget_of
 from privguard._accounting._journal import History, Run
 from privguard._accounting._plan import Plan
-from privguard._accounting._results import Guarantee, Remaining, guarantee_of
+from privguard._accounting._results import Guarantee, Remaining, guarantee_of, stated_delta
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism
 from privguard._mechanisms._curve import RDPCurve
@@ -40,7 +40,9 @@ class LedgerQueries:
         With probability ≥ 1 − δ, the privacy loss of everything charged so far
         is at most this value, whatever was chosen adaptively (noise, batch
         size, which mechanism next) and whenever you stop (docs/theory.md §3).
-        It is a tail bound at exactly ``delta`` (default: the ledger's δ).
+        It is a tail bound at exactly ``delta`` (default: the ledger's δ; after a
+        retarget, the δ the ledger was created with, fixed before the first output,
+        as :meth:`guarantee` states it: a δ chosen after outputs is not covered).
 
         A filter's guarantee is a separate statement: the whole interaction is
         (ε_target, δ)-DP (:attr:`target`). This value is not capped by the
@@ -48,7 +50,8 @@ class LedgerQueries:
         at 2δ (docs/theory.md §4). Returns 0.0 before any charge.
 
         Raises:
-            InvalidArgumentError: no ``delta`` given and the ledger has none.
+            InvalidArgumentError: no ``delta`` given and no δ was fixed before the first
+                output (the ledger has none, or only one set by a later retarget).
         """
         with self._synced(write=False):
             return self._acc.epsilon(self._query_delta(delta))
@@ -111,7 +114,7 @@ class LedgerQueries:
         :meth:`epsilon` for a number you may report.
         """
         with self._synced(write=False):
-            return self._acc.nonadaptive_epsilon(self._query_delta(delta))
+            return self._acc.nonadaptive_epsilon(self._query_delta(delta, stated=False))
 
     def remaining(self, mechanism: Mechanism | None = None) -> Remaining:
         """What is left; with ``mechanism``, how many more of it would be admitted."""
@@ -121,7 +124,7 @@ class LedgerQueries:
             return self._remaining(mechanism)
 
     def _remaining(self, mechanism: Mechanism | None) -> Remaining:
-        acc, delta = self._acc, self._acc.config.delta
+        acc, delta = self._acc, stated_delta(self._acc)
         return Remaining(
             epsilon_target=acc.config.epsilon,
             delta=delta,
@@ -132,11 +135,22 @@ class LedgerQueries:
             budget=budget_of(acc),
         )
 
-    def _query_delta(self, delta: float | None) -> float:
-        if delta is None:
-            if self._acc.config.delta is None:
-                raise InvalidArgumentError("delta", None, "this ledger has no δ; pass delta=...")
+    def _query_delta(self, delta: float | None, stated: bool = True) -> float:
+        """``delta`` checked, or by default the δ a running ε is stated at: the ledger's,
+        after a retarget the one it was created with (docs/theory.md §4); with
+        ``stated=False`` (a number that claims no adaptive validity) the ledger's δ."""
+        if delta is None and not stated and self._acc.config.delta is not None:
             return self._acc.config.delta
+        if delta is None:
+            fixed = stated_delta(self._acc)
+            if fixed is None and self._acc.config.delta is not None:
+                raise InvalidArgumentError(
+                    "delta", None, f"the ledger's δ = {self._acc.config.delta:g} was set by a "
+                    "retarget of a ledger created without δ, after outputs, so it is not "
+                    "covered (docs/theory.md §4); pass delta=... fixed in advance")
+            if fixed is None:
+                raise InvalidArgumentError("delta", None, "this ledger has no δ; pass delta=...")
+            return fixed
         return check.delta("delta", delta)
 
     @property
