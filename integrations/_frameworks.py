@@ -45,3 +45,13 @@ def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poiss
         raise InvalidArgumentError("label", label, "must be a string")
     if not isinstance(check_poisson, bool):
         raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+
+
+def running_epsilon(ledger: Any) -> float | None:
+    """The running ε a callback logs: the odometer at the δ it is stated at (the ledger's,
+    after a retarget the one it was created with: docs/theory.md §4), or None when no δ was
+    fixed before the first output (nothing to log, rather than an error mid-training)."""
+    from privguard._accounting._results import stated_delta
+
+    delta = stated_delta(ledger._acc)
+    return None if delta is None else float(ledger.epsilon(delta))

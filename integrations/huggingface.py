@@ -64,6 +64,7 @@ from privguard.integrations._frameworks import (
     check_callback_arguments,
     find_dp_optimizer,
     require,
+    running_epsilon,
 )
 from privguard.integrations.opacus import AttachHandle, attach
 
@@ -155,9 +156,9 @@ class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
                **kwargs: Any) -> None:
-        if self.ledger.delta is None or logs is None:
+        eps = None if logs is None else running_epsilon(self.ledger)
+        if eps is None or logs is None:
             return
-        eps = self.ledger.epsilon()
         logs[self.log_name] = eps
         if state.log_history:
             state.log_history[-1][self.log_name] = eps

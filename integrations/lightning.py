@@ -59,6 +59,7 @@ from privguard.integrations._frameworks import (
     check_callback_arguments,
     find_dp_optimizer,
     require,
+    running_epsilon,
 )
 from privguard.integrations.opacus import AttachHandle, attach
 
@@ -176,8 +177,9 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
                            batch_idx: int) -> None:
         if self.handle is None:
             return
-        if self.ledger.delta is not None:
-            pl_module.log(self.log_name, self.ledger.epsilon(), on_step=True, on_epoch=False,
+        eps = running_epsilon(self.ledger)
+        if eps is not None:
+            pl_module.log(self.log_name, eps, on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar, logger=True)
         if self.handle.should_stop:
             trainer.should_stop = True

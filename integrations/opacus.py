@@ -736,7 +736,7 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
     text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
-            f"({ledger.epsilon():.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
+            f"({ledger.epsilon(delta):.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
             "now): the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is larger, and it may exceed the target while the filter's guarantee holds.")
     meter = ledger.budget()

@@ -187,3 +187,23 @@ def test_gradient_accumulation_steps_under_a_hybrid_ledger_with_the_plan(tmp_pat
     trainer.train()
     assert [r.mechanism for r in ledger.history] == [step] * 3
     assert ledger._acc.filter.a_count == 3 and ledger._acc.filter.a_alive
+
+
+@pytest.mark.parametrize("created", [(), (None, 1e-6)])
+def test_the_logged_epsilon_after_a_retarget_is_at_the_delta_fixed_first(tmp_path, created):
+    # The callback logged ledger.epsilon() at the retargeted δ (chosen after outputs); for
+    # a ledger created without δ it now has no δ to log at, and must not stop training.
+    db = str(tmp_path / "r.db")
+    with Ledger(*created, path=db, lease=1) as ledger:
+        ledger.charge(M.SubsampledGaussian(1.0, BATCH / N), times=10)
+    ledger = Ledger(delta=1e-3, path=db, lease=1, retarget="after outputs")
+    trainer, _ = make_trainer(tmp_path, ledger, max_steps=3, save_strategy="no")
+    trainer.train()
+    logged = [h["privacy_epsilon"] for h in trainer.state.log_history if "privacy_epsilon" in h]
+    if created:
+        assert logged and logged[-1] == pytest.approx(ledger.epsilon(1e-6)) \
+            and logged[-1] > ledger.epsilon(1e-3)
+    else:
+        assert not logged
+    assert len(ledger.history) == 13
+    ledger.close()
