@@ -7,7 +7,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
-__all__ = ["check_callback_arguments", "find_dp_optimizer", "require"]
+__all__ = ["AttachedCallback", "check_callback_arguments", "find_dp_optimizer", "require"]
 
 
 def find_dp_optimizer(candidates: Any):
@@ -55,3 +55,24 @@ def running_epsilon(ledger: Any) -> float | None:
 
     delta = stated_delta(ledger._acc)
     return None if delta is None else float(ledger.epsilon(delta))
+
+
+class AttachedCallback:
+    """What the Lightning and Hugging Face callbacks share about their ``handle``: the
+    :class:`~privguard.integrations.opacus.AttachHandle` of the current fit, or None.
+
+    The callbacks detach it at the end of a fit, on an exception and before the next fit;
+    a pickled callback leaves it out (a live link to this process's optimizer).
+    """
+
+    handle: Any
+
+    def _detach(self) -> None:
+        if self.handle is not None:
+            self.handle.detach()
+            self.handle = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["handle"] = None  # a live link to this process's optimizer
+        return state

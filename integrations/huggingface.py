@@ -61,6 +61,7 @@ from privguard.integrations import _sampling
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import (
+    AttachedCallback,
     check_callback_arguments,
     find_dp_optimizer,
     require,
@@ -75,7 +76,7 @@ __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 LEDGER_FILE = "privguard_ledger.json"
 
 
-class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
+class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
     Args:
@@ -173,13 +174,3 @@ class LedgerTrainerCallback(_tf.TrainerCallback):  # type: ignore[name-defined]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._detach()
-
-    def _detach(self) -> None:
-        if self.handle is not None:
-            self.handle.detach()
-            self.handle = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["handle"] = None  # a live link to this process's optimizer
-        return state

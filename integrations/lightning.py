@@ -56,6 +56,7 @@ from privguard.integrations import _sampling
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import (
+    AttachedCallback,
     check_callback_arguments,
     find_dp_optimizer,
     require,
@@ -108,7 +109,7 @@ def _check_sampler_injection(trainer: Any) -> None:
             "distributed=True) (Poisson)")
 
 
-class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
+class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
     Args:
@@ -190,11 +191,6 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._detach()
 
-    def _detach(self) -> None:
-        if self.handle is not None:
-            self.handle.detach()
-            self.handle = None
-
     def state_dict(self) -> dict[str, Any]:
         return {"privguard": ledger_entry(self.ledger)}
 
@@ -206,8 +202,3 @@ class LedgerCallback(_pl.Callback):  # type: ignore[name-defined]
         else:
             raise InvalidArgumentError("state_dict", type(state_dict).__name__,
                                        "is not a LedgerCallback state")
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["handle"] = None  # a live link to this process's optimizer
-        return state

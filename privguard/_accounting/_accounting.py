@@ -314,28 +314,28 @@ class Accounting:
         part A has state), a limit not known for this very streak, or a count past it.
         """
         journal = self.journal
-        c = journal._cur
-        if c is None or self.fixed is None or not self.fast or c[7] != pid:
+        key = journal.repeat_key()  # the current run's, when it continues the streak
+        if key is None or self.fixed is None or not self.fast:
             return None
-        m, streak = c[4], journal._streak
-        # the run's and the streak's mechanism (equal whenever a run is current), and the
-        # caller's: identical or equal and of the same type (a validated mechanism's class)
-        if not ((mechanism is m or (type(mechanism) is type(m) and mechanism == m))
-                and (m is streak or m == streak)):
+        m, run_label, run_pid, streak_count = key
+        if run_pid != pid:
             return None
-        if not (label is c[3] or (type(label) is str and label == c[3])):  # c[3]: checked
+        # the caller's mechanism: identical or equal and of the same type (a validated
+        # mechanism's class)
+        if not (mechanism is m or (type(mechanism) is type(m) and mechanism == m)):
             return None
+        if not (label is run_label or (type(label) is str and label == run_label)):
+            return None  # run_label: checked when its run began
         flt = self.filter
         if flt is not None:
             lim = self._limit  # _decide_repeated's test: admitted iff count ≤ limit
             if (type(flt) is not DPFilter and type(flt) is not StrictFilter) or lim is None \
-                    or journal._streak_count + 1 > lim.limit \
+                    or streak_count + 1 > lim.limit \
                     or not lim.holds(journal, flt, self.config):
                 return None
             flt.apply(None)  # the RDP and strict filters keep no state (as apply())
         t = clock()
-        journal.repeat_current(t)
-        return ChargeRecord(c[1] + c[2] - 1, c[3], m, t, pid)  # Run.record(count - 1)
+        return ChargeRecord(journal.repeat_current(t), run_label, m, t, pid)
 
     def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
         """Commit an admitted verdict; returns the journal changes to persist."""

@@ -201,11 +201,24 @@ class Journal:
         run = self._cur_run = Run(*self._cur)
         return run, False
 
-    def repeat_current(self, t: float) -> None:
+    def repeat_key(self) -> tuple[Mechanism, str | None, int, int] | None:
+        """What one more charge must match to be recorded by :meth:`repeat_current`:
+        the current run's (mechanism, label, pid) and the streak's count, or None when
+        there is no current run or its mechanism does not continue the streak."""
+        c = self._cur
+        if c is None:
+            return None
+        m, streak = c[4], self._streak
+        if not (m is streak or m == streak):  # equal whenever a run is current
+            return None
+        return m, c[3], c[7], self._streak_count
+
+    def repeat_current(self, t: float) -> int:
         """One more charge of the current run, which continues the streak (the caller
-        checked both: same mechanism, label and process): what :meth:`append` records for
-        it with ``spent_after=None``, in O(1) and without building a :class:`Run`
-        (:attr:`last` builds it on demand)."""
+        checked both with :meth:`repeat_key`: same mechanism, label and process): what
+        :meth:`append` records for it with ``spent_after=None``, in O(1) and without
+        building a :class:`Run` (:attr:`last` builds it on demand). Returns the charge's
+        index (``Run.record(count - 1)``'s)."""
         c = self._cur
         assert c is not None
         c[2] += 1
@@ -214,6 +227,7 @@ class Journal:
         self._streak_count += 1
         self._spent_cache = None  # materialised lazily as base + count × curve (as append)
         self._cur_run = None
+        return c[1] + c[2] - 1
 
     def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
