@@ -241,8 +241,9 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
         raise InvalidArgumentError(
             "ledger", "filter='hybrid'",
             f"cannot charge {loader}: privguard has no certified PLD envelope for random "
-            "allocation (the hybrid filter's part A covers Poisson-subsampled steps, plain "
-            "or accumulated, docs/theory.md §2b.1), so its epochs could only close part A; "
+            "allocation (every epoch is dominated by the pair of docs/theory.md §2b.2, but "
+            "privguard has no certified pessimistic PLD of that pair, and no Poisson "
+            "envelope dominates it), so its epochs could only close part A; "
             "use the RDP filter (filter='rdp', the default)")
     if distributed and not isinstance(sampler, DistributedRandomAllocationSampler):
         raise InvalidArgumentError(

@@ -128,7 +128,7 @@ def test_refusals_at_attach():
     with pytest.raises(InvalidArgumentError,
                        match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         attach(opt, hybrid, data_loader=loader)
-    # a hybrid ledger cannot plan a random-allocation epoch either (docs/theory.md §2b.1)
+    # a hybrid ledger cannot plan a random-allocation epoch either (docs/theory.md §2b.2)
     with pytest.raises(InvalidArgumentError,
                        match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(SIGMA, 4), steps=2),

@@ -117,9 +117,10 @@ def _check_hybrid_plan(step: Any) -> None:
     """Refuse ``filter="hybrid"`` for a plan step privguard has no certified PLD envelope for.
 
     Accumulated steps have one up to ``MAX_ENVELOPE_MICRO_BATCHES`` micro-batches
-    (docs/theory.md §2b.1); random allocation has none (§15): its PLD (Feldman &
-    Shenfeld) is not implemented here, so a hybrid ledger would only be the RDP
-    filter at a smaller δ.
+    (docs/theory.md §2b.1); random allocation has none (§2b.2): its epochs are
+    dominated by a pair (Lemma 2b.2) whose PLD privguard cannot certify (Feldman
+    & Shenfeld's is not implemented or checked here), and no Poisson pair
+    dominates them, so a hybrid ledger would only be the RDP filter at a smaller δ.
     """
     from privguard._accounting._hybrid import MAX_ENVELOPE_MICRO_BATCHES
 
@@ -132,7 +133,9 @@ def _check_hybrid_plan(step: Any) -> None:
     if type(step).__name__ == "RandomAllocation":
         raise InvalidArgumentError(
             "filter", "hybrid", f"has no certified PLD envelope for random allocation in "
-            f"privguard (docs/theory.md §2b.1), so it cannot plan {step!r}; use filter='rdp' "
+            f"privguard (docs/theory.md §2b.2: every epoch is dominated by a pair whose PLD "
+            f"privguard cannot certify yet, and no Poisson envelope dominates it), so it "
+            f"cannot plan {step!r}; use filter='rdp' "
             "(the default: RandomAllocation's RDP curve is a proven bound, §15)")
 
 
