@@ -238,8 +238,10 @@ def add_any_directions(q: float, sigma: float, k: int, orders: np.ndarray) -> np
             log_d = float(logsumexp(log_b[1:m + 1, None] + log_b[None, 1:m + 1]
                                     + np.log(np.expm1(prod))))
             tail = float(b[m + 1:].sum())
-            nus = [0.0] if m == k else sorted({min(0.5 * b[0], tail * 2.0**e)
-                                               for e in range(-3, 13)})
+            # ν_B = 0 only when nothing is left for P_B (m = k); a positive ν_B otherwise
+            # (a mass that underflows is not dropped: that m is skipped)
+            nus = [0.0] if m == k else sorted({v for e in range(-3, 13)
+                                               if (v := min(0.5 * b[0], tail * 2.0**e)) > 0.0})
             for nu_b in nus:
                 nu_a = b[0] - nu_b
                 lam = nu_a + math.exp(log_s)
