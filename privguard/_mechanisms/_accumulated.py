@@ -280,18 +280,21 @@ def remove_fractional_any_directions(q: float, sigma: float, k: int,
     log_choose = gammaln(k + 1.0) - gammaln(j + 1) - gammaln(k - j + 1)
     log_theta = j * math.log(q) + (k - j) * math.log1p(-q)  # log b_θ for |θ| = j
     out = np.empty(orders.size)
-    for i, (alpha, n) in enumerate(zip(orders.tolist(), whole.tolist())):
-        t = alpha - n
+    for n in np.unique(whole).tolist():  # the orders that share n share F^n
+        at = np.flatnonzero(whole == n)
+        t = (orders[at] - n)[:, None]  # one row per order
         log_c = powers[n - 1]  # coefficients of F^n: the law of J_1 + … + J_n, weighted
         mm = np.arange(log_c.size, dtype=np.float64)
         base = log_c[None, :] + mm[None, :] ** 2 / two_var
-        log_v = logsumexp(base + t * j[:, None] * mm[None, :] / (sigma * sigma), axis=1)
-        log_w = logsumexp(base + j[:, None] * mm[None, :] / (sigma * sigma), axis=1)
-        sub = log_choose + t * log_theta + log_v
-        tangent = math.log(t) + (t - 1.0) * log_b[0] + log_b + log_w
-        terms = np.concatenate(([t * log_b[0] + log_v[0]], np.minimum(sub, tangent)[1:]))
+        shift = j[:, None] * mm[None, :] / (sigma * sigma)
+        log_w = logsumexp(base + shift, axis=1)  # W_j, j = 0..k
+        log_v = logsumexp(base[None] + t[:, :, None] * shift[None], axis=2)  # V_j per order
+        sub = log_choose[None, :] + t * log_theta[None, :] + log_v
+        tangent = np.log(t) + (t - 1.0) * log_b[0] + log_b[None, :] + log_w[None, :]
+        terms = np.concatenate((t * log_b[0] + log_v[:, :1], np.minimum(sub, tangent)[:, 1:]),
+                               axis=1)
         scale = 1.0 + float(np.max(np.abs(base[np.isfinite(base)])))
-        out[i] = max(float(logsumexp(terms)) + _MARGIN * scale, 0.0)
+        out[at] = np.maximum(logsumexp(terms, axis=1) + _MARGIN * scale, 0.0)
     return out
 
 
