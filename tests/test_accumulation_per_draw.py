@@ -212,3 +212,17 @@ def test_the_any_direction_add_bound_is_above_and_near_the_aligned_add(sigma, q,
     bound = acc.add_any_directions(q, sigma, k, orders)
     truth = np.array([_aligned_truth(q, sigma, k, a)[1] for a in orders])
     assert (truth <= bound).all() and (bound <= 1.5 * truth).all()
+
+
+def test_property_the_default_curve_covers_the_aligned_truth_at_fractional_orders():
+    # random σ ∈ [0.5, 5], q ∈ [1e-4, 0.5], k ∈ {2..8} (seeded); three orders ≤ 20 each,
+    # fractional ones included (where Lemmas 14.6, 14.7 and the hull act)
+    rng = np.random.default_rng(27)
+    for _ in range(12):
+        sigma = float(rng.uniform(0.5, 5.0))
+        q = float(10 ** rng.uniform(-4.0, math.log10(0.5)))
+        k = int(rng.integers(2, 9))
+        curve = M.AccumulatedSubsampledGaussian(sigma, q, k).rdp(GRID)
+        for i in rng.choice(np.flatnonzero(GRID <= 20), 3, replace=False):
+            remove, add = _aligned_truth(q, sigma, k, float(GRID[i]))
+            assert curve[i] >= max(remove, add) * (1 - 1e-7), (sigma, q, k, GRID[i])
