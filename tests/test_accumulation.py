@@ -82,9 +82,12 @@ def test_add_direction_quadrature_is_an_upper_bound(sigma, q, k):
         truth = _add_mpmath(q, sigma, k, float(alpha))
         assert truth <= value  # a bound ...
         assert value <= truth + 0.05 * truth + 5e-4  # ... and a tight one
-    # and the charged curve covers it
-    curve = M.AccumulatedSubsampledGaussian(sigma, q, k).rdp(orders)
+    # and the charged aligned curve covers it; the default curve (any vectors, §14
+    # Lemma 14.5) bounds the aligned case too
+    curve = M.AccumulatedSubsampledGaussian(sigma, q, k, aligned=True).rdp(orders)
     assert (curve >= ours).all()
+    default = M.AccumulatedSubsampledGaussian(sigma, q, k).rdp(orders)
+    assert all(d >= _add_mpmath(q, sigma, k, float(a)) for a, d in zip(orders, default))
 
 
 def test_both_directions_are_covered_at_small_orders():
@@ -171,7 +174,7 @@ def test_pld_of_the_mixture_is_never_above_ours():
 def test_remove_quadrature_bounds_fractional_orders_below_three():
     # the chord from g(1) = 0 to g(2) is D_2 at every α < 2: 1.04 at σ = 0.8, q = 0.002,
     # k = 8, where the truth at 1.5 is below 1e-3 (the j = 8 term only dominates from α ≈ 2)
-    c = M.AccumulatedSubsampledGaussian(0.8, 0.002, 8).rdp([1.5, 2.0])
+    c = M.AccumulatedSubsampledGaussian(0.8, 0.002, 8, aligned=True).rdp([1.5, 2.0])
     assert c[0] < 2e-3 < 1.0 < c[1]
     for sigma, q, k, alpha in [(1.0, 0.01, 2, 1.5), (1.0, 0.05, 3, 2.5)]:
         mp.mp.dps = 20

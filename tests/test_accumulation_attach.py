@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import Ledger
 from privguard import mechanisms as M
+from privguard._errors import InvalidArgumentError
 from privguard.integrations.opacus import NonPoissonSamplingError, attach
 
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
@@ -134,17 +135,30 @@ def test_accumulation_through_skipped_steps_is_counted_from_the_loader():
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)] * 3
 
 
-def test_a_hybrid_ledger_with_an_accumulated_plan_admits_the_run_in_part_A():
-    # issue 27 item 5 (docs/theory.md §2b.1): the plan's accumulated step declares a PLD
-    # envelope; before, Ledger(..., filter="hybrid") refused such a plan.
+def test_a_hybrid_ledger_refuses_a_plan_that_may_have_per_draw_randomness():
+    # docs/theory.md §2b.1 (C3′) and §14 (Lemma 14.5): the PLD envelope of an accumulated
+    # step is proved for aligned vectors only. The default mechanism (aligned=False, what
+    # attach charges) has none: Ledger(filter="hybrid") refuses such a plan by name.
+    from privguard import Plan
+
+    step = M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)
+    with pytest.raises(InvalidArgumentError, match="aligned=True"):
+        Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+
+
+def test_attach_charges_outside_an_aligned_envelope_and_closes_part_A():
+    # A plan declared aligned=True has the §2b.1 envelope, but attach cannot see dropout
+    # or augmentation, so it charges the default aligned=False step: outside the
+    # envelope, which closes part A (C1) and is charged to part B's RDP.
     from privguard import Plan
 
     _, model, opt, loader, criterion = _private()
-    step = M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)
-    ledger = Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    aligned = M.AccumulatedSubsampledGaussian(1.0, 0.125, 2, aligned=True)
+    ledger = Ledger(epsilon=40.0, delta=1e-5, plan=Plan(aligned, steps=3), filter="hybrid")
     flt = ledger._acc.filter
-    assert flt.kind == "hybrid" and flt.steps_a >= 3
+    assert flt.kind == "hybrid" and flt.steps_a >= 3 and flt.a_alive
     attach(opt, ledger, data_loader=loader)
     _accumulate(model, opt, loader, criterion, steps=3, k=2)
-    assert [r.mechanism for r in ledger.history] == [step] * 3
-    assert flt.a_count == 3 and flt.a_alive  # every step admitted by part A
+    assert [r.mechanism for r in ledger.history] == [
+        M.AccumulatedSubsampledGaussian(1.0, 0.125, 2)] * 3
+    assert not flt.a_alive

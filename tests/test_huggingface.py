@@ -176,17 +176,23 @@ def test_gradient_accumulation_steps_are_charged_as_accumulation(tmp_path):
 
 
 def test_gradient_accumulation_steps_under_a_hybrid_ledger_with_the_plan(tmp_path):
-    # issue 27 item 5 (docs/theory.md §2b.1): a hybrid ledger whose plan is the
-    # accumulated step admits the run in part A (before, the ledger refused the plan)
+    # issue 27 (docs/theory.md §2b.1, §14.2): the PLD envelope of an accumulated step is
+    # proved for aligned=True only; the callback charges the default (it cannot see
+    # dropout or augmentation): a default plan is refused under the hybrid filter, and
+    # under an aligned plan the charges are outside, so part A closes
     from privguard import Plan
 
     step = M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)
-    ledger = Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    with pytest.raises(InvalidArgumentError, match="aligned=True"):
+        Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    aligned = M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2, aligned=True)
+    ledger = Ledger(epsilon=40.0, delta=1e-5, plan=Plan(aligned, steps=3), filter="hybrid")
     trainer, _ = make_trainer(tmp_path, ledger, max_steps=3, save_strategy="no",
                                gradient_accumulation_steps=2)
-    trainer.train()
+    with pytest.warns(UserWarning, match="left the plan"):
+        trainer.train()
     assert [r.mechanism for r in ledger.history] == [step] * 3
-    assert ledger._acc.filter.a_count == 3 and ledger._acc.filter.a_alive
+    assert not ledger._acc.filter.a_alive
 
 
 @pytest.mark.parametrize("created", [(), (None, 1e-6)])

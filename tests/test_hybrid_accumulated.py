@@ -44,7 +44,7 @@ EPS, DELTA = 3.0, 1e-5
 DELTA_A = H.DEFAULT_SHARE_A * DELTA
 # One accumulated envelope shared by the tests below (its PLD is built once per process).
 SIGMA, Q, K = 2.0, 0.125, 2  # T_A = 20 at (3, 0.99e-5)
-STEP = M.AccumulatedSubsampledGaussian(SIGMA, Q, K)
+STEP = M.AccumulatedSubsampledGaussian(SIGMA, Q, K, aligned=True)  # C3′ (§2b.1)
 ENV = Envelope(SIGMA, Q, K)
 
 
@@ -186,10 +186,11 @@ def test_k_one_is_todays_envelope_bit_for_bit():
 
 def test_inside_and_outside_an_accumulated_envelope():
     env = Envelope(1.0, 0.125, 2)
-    inside = [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2),  # the envelope step
-              M.AccumulatedSubsampledGaussian(3.0, 0.125, 2, steps=4)]
+    inside = [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2, aligned=True),  # the envelope step
+              M.AccumulatedSubsampledGaussian(3.0, 0.125, 2, steps=4, aligned=True)]
     assert [envelope_steps_in(m, env) for m in inside] == [1, 4]
-    outside = [M.AccumulatedSubsampledGaussian(0.99, 0.125, 2),   # less noise
+    outside = [M.AccumulatedSubsampledGaussian(1.0, 0.125, 2),    # may be non-aligned: §14
+               M.AccumulatedSubsampledGaussian(0.99, 0.125, 2, aligned=True),   # less noise
                M.AccumulatedSubsampledGaussian(1.0, 0.25, 2),     # more sampling
                M.AccumulatedSubsampledGaussian(1.0, 0.0625, 2),   # less sampling: not proved
                M.AccumulatedSubsampledGaussian(1.0, 0.125, 3),    # more micro-batches
@@ -218,7 +219,7 @@ def test_a_step_off_the_envelope_closes_part_A():
     flt = ledger._acc.filter
     for _ in range(3):
         ledger.charge(STEP)
-    ledger.charge(M.AccumulatedSubsampledGaussian(2.5, 0.125, 2))  # inside: more noise
+    ledger.charge(M.AccumulatedSubsampledGaussian(2.5, 0.125, 2, aligned=True))  # inside
     assert flt.a_count == 4 and flt.a_alive
     with pytest.warns(UserWarning, match="left the plan"):
         ledger.charge(M.AccumulatedSubsampledGaussian(4.0, 0.0625, 2))  # another q: outside

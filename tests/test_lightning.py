@@ -162,13 +162,19 @@ def test_accumulate_grad_batches_is_charged_as_accumulation():
 
 
 def test_accumulate_grad_batches_under_a_hybrid_ledger_with_the_plan():
-    # issue 27 item 5 (docs/theory.md §2b.1): the accumulated plan declares a PLD envelope,
-    # and part A admits the run (before, Ledger(..., filter="hybrid") refused the plan)
+    # issue 27 (docs/theory.md §2b.1, §14.2): the PLD envelope of an accumulated step is
+    # proved for aligned=True only; the callback charges the default (it cannot see
+    # dropout or augmentation): a default plan is refused under the hybrid filter, and
+    # under an aligned plan the charges are outside, so part A closes
     from privguard import Plan
 
     step = M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2)
-    ledger = Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    with pytest.raises(InvalidArgumentError, match="aligned=True"):
+        Ledger(epsilon=8.0, delta=1e-5, plan=Plan(step, steps=3), filter="hybrid")
+    aligned = M.AccumulatedSubsampledGaussian(1.0, BATCH / N, 2, aligned=True)
+    ledger = Ledger(epsilon=40.0, delta=1e-5, plan=Plan(aligned, steps=3), filter="hybrid")
     t = trainer(LedgerCallback(ledger), max_steps=3, accumulate_grad_batches=2)
-    t.fit(Tiny())
+    with pytest.warns(UserWarning, match="left the plan"):
+        t.fit(Tiny())
     assert [r.mechanism for r in ledger.history] == [step] * 3
-    assert ledger._acc.filter.a_count == 3 and ledger._acc.filter.a_alive
+    assert not ledger._acc.filter.a_alive

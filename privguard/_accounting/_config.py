@@ -117,10 +117,11 @@ def _check_hybrid_plan(step: Any) -> None:
     """Refuse ``filter="hybrid"`` for a plan step privguard has no certified PLD envelope for.
 
     Accumulated steps have one up to ``MAX_ENVELOPE_MICRO_BATCHES`` micro-batches
-    (docs/theory.md §2b.1); random allocation has none (§2b.2): its epochs are
-    dominated by a pair (Lemma 2b.2) whose PLD privguard cannot certify (Feldman
-    & Shenfeld's is not implemented or checked here), and no Poisson pair
-    dominates them, so a hybrid ledger would only be the RDP filter at a smaller δ.
+    and only when declared ``aligned=True`` (docs/theory.md §2b.1, C3′); random
+    allocation has none (§2b.2): its epochs are dominated by a pair (Lemma 2b.2)
+    whose PLD privguard cannot certify (Feldman & Shenfeld's is not implemented or
+    checked here), and no Poisson pair dominates them, so a hybrid ledger would only
+    be the RDP filter at a smaller δ.
     """
     from privguard._accounting._hybrid import MAX_ENVELOPE_MICRO_BATCHES
 
@@ -130,6 +131,15 @@ def _check_hybrid_plan(step: Any) -> None:
             "filter", "hybrid", f"has a PLD envelope for accumulated steps of at most "
             f"{MAX_ENVELOPE_MICRO_BATCHES} micro-batches (docs/theory.md §2b.1), not for the "
             f"plan's step {step!r}; use filter='rdp' (its RDP curve is a proven bound)")
+    if isinstance(k, int) and k >= 2 and getattr(step, "aligned", True) is False:
+        raise InvalidArgumentError(
+            "filter", "hybrid", f"has a PLD envelope for accumulated steps only when each "
+            f"example's clipped gradient is the same vector in every micro-batch "
+            f"(aligned=True, docs/theory.md §2b.1 C3′); the plan's step {step!r} may have "
+            f"per-draw randomness (dropout, augmentation), for which no PLD envelope is "
+            f"proved (§14, Lemma 14.5); use filter='rdp' (its curve for that case is a proven "
+            f"bound), or declare aligned=True if the forward pass and data have no per-draw "
+            f"randomness")
     if type(step).__name__ == "RandomAllocation":
         raise InvalidArgumentError(
             "filter", "hybrid", f"has no certified PLD envelope for random allocation in "

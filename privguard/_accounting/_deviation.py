@@ -82,4 +82,6 @@ def _accumulated_hint(env: Any) -> str:
     if env.micro_batches == 1:
         return ""
     return (f"; an accumulated envelope holds only steps with q = {env.sample_rate:g} and "
-            f"{env.micro_batches} micro-batches (docs/theory.md §2b.1)")
+            f"{env.micro_batches} micro-batches declared aligned=True, which privguard's "
+            "integrations never declare: they cannot rule out per-draw randomness such as "
+            "dropout (docs/theory.md §2b.1, §14)")

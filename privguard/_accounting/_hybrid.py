@@ -122,7 +122,7 @@ class Envelope:
         if self.micro_batches == 1:
             return SubsampledGaussian(self.noise_multiplier, self.sample_rate)
         return AccumulatedSubsampledGaussian(self.noise_multiplier, self.sample_rate,
-                                             self.micro_batches)
+                                             self.micro_batches, aligned=True)
 
     def to_dict(self) -> dict[str, float]:
         # k₀ = 1 writes today's two keys: a state written before accumulated envelopes
@@ -149,9 +149,10 @@ def envelope_of(step: Any) -> Envelope | None:
 
     ``SubsampledGaussian(σ, q, steps=k)`` gives (σ, q) (the envelope is per
     step, whatever k); ``Gaussian(σ)`` gives (σ, 1.0);
-    ``AccumulatedSubsampledGaussian(σ, q, m)`` gives (σ, q, m) for m ≤
-    :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled Gaussian's
-    envelope); any other mechanism None (a declared plan of more micro-batches
+    ``AccumulatedSubsampledGaussian(σ, q, m, aligned=True)`` gives (σ, q, m)
+    for m ≤ :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled
+    Gaussian's envelope; ``aligned=False``, the default for m ≥ 2, has no proved
+    PLD envelope: docs/theory.md §14, Lemma 14.5); any other mechanism None (a declared plan of more micro-batches
     is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
     Example:
@@ -167,8 +168,8 @@ def envelope_of(step: Any) -> Envelope | None:
         return Envelope(step.noise_multiplier, step.sample_rate)
     if type(step) is Gaussian:
         return Envelope(step.noise_multiplier, 1.0)
-    if type(step) is AccumulatedSubsampledGaussian and \
-            step.micro_batches <= MAX_ENVELOPE_MICRO_BATCHES:  # docs/theory.md §2b.1
+    if type(step) is AccumulatedSubsampledGaussian and step.aligned and \
+            step.micro_batches <= MAX_ENVELOPE_MICRO_BATCHES:  # docs/theory.md §2b.1 (C3′)
         return Envelope(step.noise_multiplier, step.sample_rate, step.micro_batches)
     return None
 
@@ -182,7 +183,7 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
     σ ≥ σ₀ is one step when q₀ = 1 (it is the q = 1 subsampled Gaussian).
     ``AccumulatedSubsampledGaussian(σ, q, 1, k)`` is ``SubsampledGaussian(σ, q,
     k)``. For an accumulated envelope (k₀ ≥ 2), ``AccumulatedSubsampledGaussian(σ,
-    q₀, k₀, k)`` with σ ≥ σ₀ and the SAME q₀ and k₀ is k steps (docs/theory.md
+    q₀, k₀, k, aligned=True)`` with σ ≥ σ₀ and the SAME q₀ and k₀ is k steps (docs/theory.md
     §2b.1, Lemma 1′: only adding noise is proved a post-processing there).
     Anything else — a smaller σ, a larger q, another q or micro-batch count
     under an accumulated envelope, another mechanism — is outside.
@@ -201,6 +202,7 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
         raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
     if envelope.micro_batches != 1:  # docs/theory.md §2b.1, Lemma 1′
         if (type(mechanism) is AccumulatedSubsampledGaussian
+                and mechanism.aligned  # C3′: the PLD envelope is proved for aligned only
                 and mechanism.micro_batches == envelope.micro_batches
                 and mechanism.sample_rate == envelope.sample_rate
                 and mechanism.noise_multiplier >= envelope.noise_multiplier):
