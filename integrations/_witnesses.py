@@ -52,7 +52,11 @@ run (Proposition 16.4).
 
 Under DDP only rank 0 adds noise: the noise witness runs there (``noise=False``
 on the other ranks) and the hook takes the refusal on every rank
-(``Coordinator.check_together``); the sampling witnesses are off.
+(``Coordinator.check_together``). Each rank's sampling witness tests the batch
+sizes its Opacus distributed sampler yields: zero-truncated Binomial(n, q) draws
+from its shard of n records (integrations/_shard.py; the ties with the truncated
+law's tie probability, the running count at α_t·(1 − p₀)^m, each rank at α/W);
+the per-record counts are off under DDP.
 
 Cost: the noise norms from a buffer allocated once, with one host sync; the
 exact χ² and binomial tails are evaluated only where they can alarm (cached
