@@ -142,3 +142,20 @@ def test_the_recorder_sees_what_the_sampler_yields_and_is_undone():
     assert type(sampler) is DistributedUniformWithReplacementSampler
     assert ShardDraws.sampler_of(_Loader(sampler)) is sampler
     assert ShardDraws.sampler_of(_Loader(object())) is None
+
+
+def test_false_alarms_stay_within_the_level_where_truncation_matters():
+    """At p₀ = 0.19 and a large α = 0.1 (split α/2 per rank, two tests: ≤ 0.1 per run),
+    60 correct runs of 1,000 steps alarm no more than a one-sided binomial test at 10⁻³
+    allows of a rate 0.1. Tested as untruncated draws, every run alarms (their mean is
+    nq/(1 − p₀), 24% above nq)."""
+    n, q, runs = 16, 0.1, 60
+    rng = np.random.default_rng(3)
+    alarms = 0
+    for _ in range(runs):
+        w, _ = _witnesses(2 * n, q, false_alarm=0.1)
+        try:
+            _feed(w, _truncated(rng, n, q, 1000), q)
+        except PipelineMismatchError:
+            alarms += 1
+    assert stats.binom.sf(alarms - 1, runs, 0.1) > 1e-3, alarms
