@@ -52,7 +52,11 @@ run (Proposition 16.4).
 
 Under DDP only rank 0 adds noise: the noise witness runs there (``noise=False``
 on the other ranks) and the hook takes the refusal on every rank
-(``Coordinator.check_together``); the sampling witnesses are off.
+(``Coordinator.check_together``). Each rank's sampling witness tests the batch
+sizes its Opacus distributed sampler yields: zero-truncated Binomial(n, q) draws
+from its shard of n records (integrations/_shard.py; the ties with the truncated
+law's tie probability, the running count at α_t·(1 − p₀)^m, each rank at α/W);
+the per-record counts are off under DDP.
 
 Cost: the noise norms from a buffer allocated once, with one host sync; the
 exact χ² and binomial tails are evaluated only where they can alarm (cached
@@ -74,6 +78,7 @@ from scipy import special
 from privguard._errors import InvalidArgumentError, PipelineMismatchError
 from privguard._mechanisms._reserve import DeltaReserve
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
+from privguard.integrations._shard import ShardDraws, truncation_factor
 from privguard.integrations._tails import CONFIDENCE
 from privguard.integrations._tails import binomial_tail_lower as _binomial_tail_lower
 from privguard.integrations._tails import binomial_tail_upper as _binomial_tail_upper
@@ -162,6 +167,11 @@ class Witnesses:
             witness off.
         noise: run the noise witness (False on a DDP rank other than 0,
             which adds no noise).
+        shard_loader: under DDP, the rank's data loader: if its batch sampler
+            is Opacus' ``DistributedUniformWithReplacementSampler``, the
+            sampling witness tests the sizes it yields (zero-truncated
+            Binomial(n, q) draws from the rank's shard of n records,
+            integrations/_shard.py); ``dataset_size`` is then ignored.
 
     Attributes:
         active: the names of the witnesses that run.
@@ -170,8 +180,19 @@ class Witnesses:
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
-                 allocation: Any = None, noise: bool = True) -> None:
+                 allocation: Any = None, noise: bool = True, shard_loader: Any = None) -> None:
         self.optimizer = optimizer
+        self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
+        # the level of each sampling test; under DDP every rank runs its own, so each spends
+        # α/W (W ranks): over all ranks they still spend α each (docs/theory.md §16.1)
+        self._sampling_alarm = self.false_alarm
+        self._shard_sampler = None if shard_loader is None else ShardDraws.sampler_of(shard_loader)
+        self.shard: ShardDraws | None = None
+        if self._shard_sampler is not None:
+            dataset_size = int(self._shard_sampler.num_samples)  # n, this rank's shard
+            self._sampling_alarm = self.false_alarm / int(self._shard_sampler.num_replicas)
+        elif shard_loader is not None:
+            dataset_size = None
         self.dataset_size = dataset_size
         try:
             from opacus.optimizers import DPOptimizerFastGradientClipping
@@ -198,7 +219,6 @@ class Witnesses:
         self._anchor: tuple[int, int, float, int, float] | None = None  # see _covered
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
-        self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
         self._cuts: dict[int, float] = {}
         self._buf: tuple[Any, Any, list[Any], list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
@@ -217,7 +237,12 @@ class Witnesses:
         ``counter``: the handle's :class:`~privguard.integrations._describe.MicroBatchCounter`
         on the data loader; it then records each micro-batch's size for the sampling witness.
         """
-        if counter is not None and "sampling" in self.active:
+        if self._shard_sampler is not None:
+            try:
+                self.shard = ShardDraws(self._shard_sampler)
+            except (TypeError, AttributeError):  # a fixed class: no sampling witness
+                self.active = tuple(a for a in self.active if a != "sampling")
+        elif counter is not None and "sampling" in self.active:
             counter.sizes = []
             self._counter = counter
         name = "accumulate" if self.ghost else "clip_and_accumulate"
@@ -227,7 +252,7 @@ class Witnesses:
         self._original = original
         self._wrapped = (name, own)
         setattr(self.optimizer, name, wrapper)
-        if "sampling" in self.active and self._loader is not None:
+        if "sampling" in self.active and self._loader is not None and self.shard is None:
             self.inclusion = InclusionCounts.for_loader(self._loader, self.dataset_size)
         if self.dataset_size and self._allocation_sampler is not None:
             try:
@@ -236,6 +261,9 @@ class Witnesses:
                 self.allocation = None
 
     def uninstall(self) -> None:
+        if self.shard is not None:
+            self.shard.restore()
+            self.shard = None
         if self.inclusion is not None:
             self.inclusion.restore()
             self.inclusion = None
@@ -365,7 +393,11 @@ class Witnesses:
                 self.allocation.check(self.false_alarm, self.steps)
             except PipelineMismatchError as exc:
                 self._fail(exc)
-        if "sampling" in self.active and rate is not None:
+        if "sampling" in self.active and rate is not None and self.shard is not None:
+            # DDP: the batches this rank's sampler yielded since the last step, each a
+            # zero-truncated Binomial(n, q) draw from its shard (integrations/_shard.py)
+            self._check_sampling(self.shard.take(), float(rate), 1)
+        elif "sampling" in self.active and rate is not None:
             micro_batches = int(getattr(mechanism, "micro_batches", 1))
             sizes = None if self._counter is None else self._counter.sizes
             if (sizes is not None and len(sizes) == micro_batches and min(sizes) >= 0
@@ -542,11 +574,17 @@ class Witnesses:
             self._segment_k += records
             self._segment_n += draws
         k, n = self._segment_k, self._segment_n
-        if not 0.0 < q < 1.0:
+        if not 0.0 < q < 1.0 or n == 0:
             return
-        alpha = level(self.steps, self.false_alarm)
+        alpha = level(self.steps, self._sampling_alarm)
         if paired:
             self._check_ties(q, alpha)
+        if self.shard is not None:
+            # the n/N_shard draws are zero-truncated: the binomial test at α·(1 − p₀)^m has
+            # level ≤ α under the truncated law (integrations/_shard.truncation_factor)
+            alpha *= truncation_factor(self.dataset_size, q, n // self.dataset_size)
+            if not alpha > 0.0:
+                return  # nothing left to test at (p₀ near 1: almost every draw is empty)
         if self._covered(k, n, q, alpha):
             return
         # Only the tail on K's side of the mean can be small: a binomial median m has
@@ -566,13 +604,19 @@ class Witnesses:
         lo, hi = _clopper_pearson(k, n)
         self._fail(PipelineMismatchError(
             f"sampling witness: the steps are charged with sample rate q = {q:.6g} per record "
-            f"(Poisson, N = {self.dataset_size} records), but {k} records were drawn in "
+            f"(Poisson, {self._population()}), but {k} records were drawn in "
             f"{n // self.dataset_size} draws of the dataset since q took this value: rate ≈ "
             f"{k / n:.4g} (95% Clopper–Pearson interval [{lo:.4g}, {hi:.4g}]); two-sided "
             f"binomial p = {2 * min(lower, upper):.3g} ≤ {alpha:.3g}, the level spent at step "
             f"{self.steps}. Nothing was charged or applied",
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
+
+    def _population(self) -> str:
+        if self.shard is None:
+            return f"N = {self.dataset_size} records"
+        return (f"this rank's shard of n = {self.dataset_size} records, empty draws skipped by "
+                f"Opacus' distributed sampler")
 
     def _covered(self, k: int, n: int, q: float, alpha: float) -> bool:
         """Whether both tails of K = k are > α/2 by the anchor alone (no scipy call).
@@ -633,6 +677,10 @@ class Witnesses:
             below = float(special.bdtr(lo_b - 1, draws, q)) if lo_b > 0 else 0.0
             cdf = special.bdtr(np.arange(lo_b, hi_b + 1), draws, q)
             pmf = np.diff(np.concatenate(([below], cdf)))
+            if self.shard is not None and lo_b == 0:  # DDP: empty draws are skipped, so the
+                # sizes are zero-truncated: P(Y = b) = P(B = b)/(1 − p₀) for b ≥ 1
+                pmf[0] = 0.0
+                pmf /= 1.0 - float(special.bdtr(0, draws, q))
             # ×(1 + 1e-6): above the float error of the CDF differences (a larger c is safe)
             self._tie_rate = float(np.clip(np.sum(pmf * pmf) * (1 + 1e-6), 1e-300, 1.0))
         self._pairs += 1

@@ -538,8 +538,10 @@ def attach(
             0.1% of δ aside for the witnesses' false alarms, so the
             witnessed run keeps the target (docs/theory.md §16.2). Off by
             default (its cost, README "Does my pipeline do what I charge?").
-            Under DDP the noise witness runs on rank 0 and a refusal is
-            taken on every rank; the sampling witnesses are off there.
+            Under DDP the noise witness runs on rank 0, each rank tests the
+            batch sizes its Opacus distributed sampler yields (zero-truncated
+            binomial draws from its shard; no per-record counts), and a
+            refusal is taken on every rank.
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -691,12 +693,17 @@ def attach(
                           "witnesses' false alarms is not the plan's step, so the run leaves its "
                           "plan and the filter falls back to RDP (docs/theory.md §16.2)",
                           AccountantWarning, stacklevel=2)
-        if coordinator is not None:  # DDP: only rank 0 adds noise; each rank samples a shard
-            size = None  # (Opacus' distributed sampler skips empty batches): no sampling witness
-        handle.witnesses = Witnesses(optimizer, size, false_alarm=alpha,
-                                     loader=data_loader if sampler is None else None,
-                                     allocation=sampler,
-                                     noise=coordinator is None or optimizer.rank == 0)
+        # DDP: only rank 0 adds noise; each rank samples its own shard, and Opacus' distributed
+        # sampler skips empty draws: the sampling witness tests each rank's zero-truncated
+        # draws (integrations/_shard.py), without the per-record counts
+        handle.witnesses = Witnesses(optimizer, size if coordinator is None else None,
+                                     false_alarm=alpha,
+                                     loader=data_loader if sampler is None and coordinator is None
+                                     else None,
+                                     allocation=sampler if coordinator is None else None,
+                                     noise=coordinator is None or optimizer.rank == 0,
+                                     shard_loader=None if coordinator is None or sampler is not None
+                                     else data_loader)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,

@@ -258,5 +258,41 @@ def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+def witness_sampling(rank: int, workdir: str, epsilon: float) -> dict:
+    """Each rank's sampling witness tests the batch sizes its distributed sampler yields
+    (zero-truncated Binomial(n, q) from its shard of n = N/2 records): 5 clean steps pass;
+    then rank 1 draws each record of its shard at 2q (its sampler still says q, as a
+    sampler the charge does not describe would): its witness refuses the step on both
+    ranks, before any charge or update."""
+    import torch
+
+    from privguard import Ledger, PipelineMismatchError
+    from privguard.integrations.opacus import attach
+
+    _engine, model, opt, loader = _setup()
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    batches = _batches(loader)
+    out: dict = {"active": list(handle.witnesses.active), "shard": handle.witnesses.dataset_size,
+                 "applied": 0, "refusals": []}
+    for _ in range(5):
+        out["applied"] += _one_step(model, opt, next(batches))
+    out["clean_charged"] = handle.steps_charged
+    if rank == 1:  # the bug: rank 1's draws take each record at 2q
+        rand = torch.rand
+        torch.rand = lambda *args, **kwargs: rand(*args, **kwargs) * 0.5
+    for _ in range(MAX_STEPS):
+        before, charged = _params(model), handle.steps_charged
+        try:
+            _one_step(model, opt, next(batches))
+        except PipelineMismatchError as exc:
+            out["refusals"].append((exc.witness, exc.step, str(exc)[:300]))
+            out.update(unchanged=_params(model) == before,
+                       nothing_charged=handle.steps_charged == charged)
+            break
+    out.update(charged=handle.steps_charged, should_stop=handle.should_stop)
+    return out
+
+
+SCENARIOS = {"witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation}

@@ -9,6 +9,7 @@ here; a hang fails the test instead of blocking CI.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue as queue_module
 import socket
 import time
@@ -158,7 +159,8 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
     db = str(tmp_path / "witnessed.db")
     Ledger(50.0, _ddp_worker.DELTA, path=db).close()
     r0, r1 = launch("witnesses", str(tmp_path), 50.0)
-    assert r0["active"] == ["noise", "clipping"] and r1["active"] == ["clipping"]
+    assert r0["active"] == ["noise", "clipping", "sampling"]
+    assert r1["active"] == ["clipping", "sampling"]  # each rank tests its own shard's draws
     for r in (r0, r1):
         assert r["applied"] == 10 and r["clean_journal"] == 11, (r["refusals"], r["charged"])  # 10 steps + the δ reserve, once
         assert [f[0] for f in r["refusals"]] == ["noise", "noise"]  # refused, then every later step
@@ -167,3 +169,21 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
         assert r["should_stop"]
     assert "rank 0" in r1["refusals"][0][2]
 
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="a third 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 "
+                           "(always run in CI)")
+def test_witnesses_under_ddp_sampling_of_each_rank_shard_refused_together(tmp_path):
+    """Issue 28: each rank's sampling witness tests the zero-truncated batch sizes of its
+    shard; a rank drawing at 2q is refused on both ranks, nothing charged or applied."""
+    r0, r1 = launch("witness_sampling", str(tmp_path), 50.0)
+    assert r0["shard"] == r1["shard"] == _ddp_worker.N // 2
+    for r in (r0, r1):
+        assert "sampling" in r["active"]
+        assert r["applied"] == 5 and r["clean_charged"] == 5
+        assert len(r["refusals"]) == 1 and r["refusals"][0][0] == "sampling"
+        assert r["refusals"][0][1] <= 5 + 50  # within 50 steps of the bug (ε = 50: α ≈ 10⁻³¹)
+        assert r["unchanged"] and r["nothing_charged"] and r["should_stop"]
+        assert r["charged"] == r["refusals"][0][1] - 1  # every step before it, once
+    assert "rank 1" in r0["refusals"][0][2]
