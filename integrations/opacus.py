@@ -32,7 +32,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
   gradients (not under ghost clipping, whose optimizer reports 1) and
-  ``micro_batches=``; see ``integrations/_describe.py``.
+  ``micro_batches=``; see ``integrations/_describe.py``. The default curve
+  holds with dropout or augmentation (§14.2); ``aligned_micro_batches=True``
+  (with ``model=``) opts in to the tighter aligned one and refuses dropout
+  it can see (``integrations/_aligned.py``).
 * **Steps taken before attach.** The steps Opacus' accountant on this
   optimizer already recorded are charged at attach, one record per step with
   its σ and q, labelled ``"before attach"`` (the same records an attach at the

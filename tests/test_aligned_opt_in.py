@@ -14,6 +14,7 @@ import torch
 from opacus import GradSampleModule, PrivacyEngine
 from opacus.data_loader import DPDataLoader
 from opacus.optimizers import DPOptimizer
+from test_accumulation_attach import _accumulate  # k backward() per step()
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -53,16 +54,6 @@ def _private(*layers, mode="hooks"):
     loader = DPDataLoader.from_data_loader(loader)
     assert loader.batch_sampler.sample_rate == 0.125
     return engine, model, opt, loader, criterion
-
-
-def _accumulate(model, opt, loader, criterion, steps, k):
-    batches = iter(loader)
-    for _ in range(steps):
-        opt.zero_grad()
-        for _ in range(k):  # k backward() per step()
-            x, y = next(batches)
-            criterion(model(x), y).backward()
-        opt.step()
 
 
 # ---------------------------------------------------------------- attach: what is charged
