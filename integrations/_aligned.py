@@ -23,7 +23,11 @@ refuses it where it can see that it is false:
 * at every real step, before the charge: the modules found at attach are
   re-read (the training flag and the rate of each: a few attribute reads per
   dropout module, no walk over the model), so a ``model.train()`` or a rate
-  raised after attach is refused before the step updates anything.
+  raised after attach is refused before the step updates anything, and
+  nothing is charged. Under DDP the re-check runs inside the step's own
+  collective (no extra one): a refusal stops every rank before any update;
+  when only some ranks refuse, the others may already have charged their
+  ledger for that step (more, never less; tests/test_ddp.py).
 
 What it cannot see: dropout called functionally
 (``torch.nn.functional.dropout`` in a ``forward``), the ``dropout_p`` of

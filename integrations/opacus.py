@@ -270,8 +270,8 @@ class AttachHandle:
         if self._active:
             # Charged before the parameter update; raises if refused.
             k = self._micro_batches(predict=False)
-            if self.dropout_guard is not None:  # aligned opt-in: dropout turned on since?
-                self._check_dropout()
+            if self.dropout_guard is not None and self._coordinator is None:
+                self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
                 self._check_witnesses(k)
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
@@ -293,7 +293,7 @@ class AttachHandle:
             elif self._coordinator is None:
                 self.ledger.charge(self._mechanism_for(k), label=self.label)
             else:
-                self._next_ok = self._coordinator.step(lambda: self._mechanism_for(k),
+                self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
                                                        self.label)
             if self.witness_reserve is not None:  # once, after the first step fixed the plan
                 self._charge_reserve()
@@ -318,15 +318,13 @@ class AttachHandle:
             witnesses.failure = witnesses.failure or exc
             raise
 
-    def _check_dropout(self) -> None:
-        """The aligned opt-in's per-step check (integrations/_aligned.py); under DDP a
-        refusal on one rank stops every rank, before any charge."""
-        guard = self.dropout_guard
-        assert guard is not None
-        if self._coordinator is None:
-            guard.check()
-        else:
-            self._coordinator.check_together(guard.check)
+    def _checked_mechanism(self, micro_batches: int) -> M.Mechanism:
+        """Under DDP, the step's mechanism after the aligned opt-in's dropout re-check
+        (integrations/_aligned.py), inside the step's own collective: a refusal on one
+        rank stops every rank before any charge, at no extra collective."""
+        if self.dropout_guard is not None:
+            self.dropout_guard.check()
+        return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
@@ -717,7 +715,7 @@ def attach(
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
     handle.declared_micro_batches = declared
     handle.aligned_micro_batches = aligned
-    handle.dropout_guard = guard
+    handle.dropout_guard = guard if sampler is None else None  # no accumulation there
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)

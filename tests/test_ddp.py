@@ -167,3 +167,17 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
         assert r["should_stop"]
     assert "rank 0" in r1["refusals"][0][2]
 
+
+
+def test_the_aligned_opt_in_refuses_dropout_switched_on_on_every_rank_together(tmp_path):
+    """Issue a27: the per-step dropout re-check runs inside the step's own collective."""
+    r0, r1 = launch("aligned", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        both = r[(0, 1)]
+        assert r["applied"] == 2 and both["unchanged"] and both["journal"] == 2, (r0, r1)
+        assert both["refused"][0] == "InvalidArgumentError"
+        assert "Dropout(p=0.5) in training mode" in both["refused"][1]
+    one = r1[(1,)], r0[(1,)]
+    assert one[0]["refused"][0] == "InvalidArgumentError" and one[0]["journal"] == 2
+    assert one[1]["refused"][0] == "RankDisagreementError" and "rank 1" in one[1]["refused"][1]
+    assert one[0]["unchanged"] and one[1]["unchanged"] and one[1]["journal"] in (2, 3)
