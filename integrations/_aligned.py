@@ -121,7 +121,8 @@ def check_model(model: Any) -> None:
     return None
 
 
-def guard_for(model: Any, assume_training: bool = False) -> DropoutGuard:
+def guard_for(model: Any, assume_training: bool = False,
+              parameters: Any = None) -> DropoutGuard:
     """The :class:`DropoutGuard` of ``model``, checked once (the attach-time refusal).
 
     Args:
@@ -129,6 +130,8 @@ def guard_for(model: Any, assume_training: bool = False) -> DropoutGuard:
             ``GradSampleModule`` or the module it wraps).
         assume_training: refuse a rate > 0 in eval mode too (a trainer that
             calls ``model.train()`` itself: Lightning, Hugging Face).
+        parameters: the parameters the optimizer trains; each must be one of
+            ``model``'s (else the modules checked are not those trained).
 
     Raises:
         InvalidArgumentError: ``model`` is not a module, or has a dropout
@@ -144,6 +147,14 @@ def guard_for(model: Any, assume_training: bool = False) -> DropoutGuard:
             "model", None, "is needed with aligned_micro_batches=True: the Opacus optimizer "
             "holds no reference to the model, which is checked for dropout in training mode")
     check_model(model)
+    if parameters is not None:
+        own = {id(p) for p in model.parameters()}
+        outside = sum(id(p) not in own for p in parameters)
+        if outside:
+            raise InvalidArgumentError(
+                "model", type(model).__name__,
+                f"does not hold {outside} of the parameters the optimizer trains: pass the "
+                "module being trained (the one make_private wrapped), whose dropout is checked")
     found = []
     for name, module in model.named_modules():
         rate = _rate(module)

@@ -572,9 +572,10 @@ def attach(
             augmentation drawn per micro-batch). Needs ``model=``; k = 1
             steps are unchanged. Off by default.
         model: the module being trained (the Opacus optimizer holds no
-            reference to it), used by the aligned opt-in only: a dropout
-            layer of it in training mode with a rate > 0 is then refused at
-            attach and before every step's charge
+            reference to it), used by the aligned opt-in only: it must hold
+            every parameter the optimizer trains, and a dropout layer of it
+            in training mode with a rate > 0 is refused at attach and
+            before every step's charge
             (``integrations/_aligned.py`` says what it cannot see).
 
     Returns:
@@ -633,7 +634,8 @@ def attach(
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
     aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
-    guard = guard_for(model) if aligned else check_model(model)
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    guard = guard_for(model, parameters=trained) if aligned else check_model(model)
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(

@@ -201,6 +201,10 @@ def test_the_opt_in_needs_the_model_and_a_module():
                    model=bad)
         with pytest.raises(InvalidArgumentError, match=r"model=.*torch\.nn\.Module"):
             attach(opt, Ledger(delta=1e-5), data_loader=loader, model=bad)
+    _, other, _, _, _ = _private()  # a model, but not the one this optimizer trains
+    with pytest.raises(InvalidArgumentError, match=r"model=.*does not hold 4 of the param"):
+        attach(opt, Ledger(delta=1e-5), data_loader=loader, aligned_micro_batches=True,
+               model=other)
     assert opt.step_hook is hook
 
 
