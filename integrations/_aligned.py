@@ -98,11 +98,13 @@ class DropoutGuard:
         for name, module, attribute in self._found:
             if not (assume_training or module.training):
                 continue
-            rate = getattr(module, attribute, 0.0)
-            if isinstance(rate, (int, float)) and rate > 0:
+            rate: Any = getattr(module, attribute, None)
+            number = isinstance(rate, (int, float)) and not isinstance(rate, bool)
+            if not (number and rate <= 0):  # fail closed: NaN or a non-number is refused too
                 mode = "training mode" if module.training else "eval mode (the trainer trains)"
+                shown = f"{rate:g}" if number else repr(rate)
                 raise InvalidArgumentError(
-                    "model", f"{name or '<root>'}: {type(module).__name__}({attribute}={rate:g}) "
+                    "model", f"{name or '<root>'}: {type(module).__name__}({attribute}={shown}) "
                     f"in {mode}", _REQUIREMENT)
 
 

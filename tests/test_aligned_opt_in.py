@@ -229,6 +229,20 @@ def test_the_callbacks_validate_the_opt_in():
                 cls(Ledger(delta=1e-5), aligned_micro_batches=bad)
 
 
+@pytest.mark.parametrize("rate", [float("nan"), "0.1", None])
+def test_a_rate_that_is_not_a_number_is_refused(rate):
+    # fail closed: a rate changed after attach to something not comparable is not a 0
+    from privguard.integrations._aligned import guard_for
+
+    layer = nn.Dropout(0.0)
+    guard = guard_for(nn.Sequential(nn.Linear(2, 2), layer))
+    layer.p = rate
+    with pytest.raises(InvalidArgumentError, match=r"model=.*1: Dropout\(p="):
+        guard.check()
+    layer.eval()
+    guard.check()  # eval mode: the rate is not used
+
+
 def test_a_grad_sample_module_is_scanned_through():
     # the HF/Lightning models are GradSampleModules: the wrapped module's dropout is seen
     from privguard.integrations._aligned import guard_for
