@@ -152,6 +152,8 @@ class AttachHandle:
         exhausted: True once a step was refused (``on_exhausted="stop"``).
         last_refusal: the last :class:`privguard.BudgetExhausted` (``"stop"``).
         distributed: whether the ranks coordinate (DDP).
+        aligned_micro_batches: whether accumulated steps are charged with the
+            aligned curve (``attach(..., aligned_micro_batches=True)``).
 
     Use it as a context manager to detach on exit. It cannot be pickled
     (it is a link to a live optimizer): pickle the ledger instead.
