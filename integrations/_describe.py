@@ -38,11 +38,17 @@ from privguard import mechanisms as M
 _GHOST = ("DPOptimizerFastGradientClipping", "DistributedDPOptimizerFastGradientClipping")
 
 
-def step_mechanism(sigma: float, rate: float, micro_batches: int) -> M.Mechanism:
-    """The mechanism of one real step that accumulated ``micro_batches`` Poisson draws."""
+def step_mechanism(sigma: float, rate: float, micro_batches: int,
+                   aligned: bool = False) -> M.Mechanism:
+    """The mechanism of one real step that accumulated ``micro_batches`` Poisson draws.
+
+    ``aligned`` is the user's opt-in (``aligned_micro_batches=True``,
+    integrations/_aligned.py): the aligned curve of docs/theory.md §14 instead
+    of the default §14.2 one; a single draw is a ``SubsampledGaussian`` either way.
+    """
     if micro_batches <= 1:
         return M.SubsampledGaussian(sigma, rate)
-    return M.AccumulatedSubsampledGaussian(sigma, rate, micro_batches)
+    return M.AccumulatedSubsampledGaussian(sigma, rate, micro_batches, aligned=aligned)
 
 
 def is_ghost(optimizer: Any) -> bool:

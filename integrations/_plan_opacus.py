@@ -15,11 +15,13 @@ from typing import Any
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _describe, _sampling
+from privguard.integrations._aligned import check_flag
 
 
 def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = None,
                      steps: int | None = None, gradient_accumulation_steps: int = 1,
-                     every: int | None = None) -> dict[str, Any]:
+                     every: int | None = None,
+                     aligned_micro_batches: bool = False) -> dict[str, Any]:
     """See :meth:`privguard.Plan.from_opacus`: the plan's arguments (``Plan(**them)``).
 
     The integration hands back arguments, not a ``Plan``: ``_plan`` imports this module,
@@ -31,6 +33,7 @@ def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = N
                                    "must be an Opacus DPOptimizer (it has no noise_multiplier)")
     sigma = check.positive_finite("optimizer.noise_multiplier", sigma)
     k = check.positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+    aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
     rate = _sampling.check_poisson(data_loader)
     if (epochs is None) == (steps is None):
         raise InvalidArgumentError("epochs", epochs, "give exactly one of epochs= and steps=")
@@ -40,4 +43,4 @@ def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = N
         # (a last partial accumulation is still a step: rounded up)
         steps = epochs * max(1, math.ceil(len(data_loader) / k))
     steps = check.positive_int("steps", steps)
-    return {"step": _describe.step_mechanism(sigma, rate, k), "steps": steps, "every": every}
+    return {"step": _describe.step_mechanism(sigma, rate, k, aligned), "steps": steps, "every": every}

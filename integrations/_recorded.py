@@ -119,34 +119,37 @@ def _expand_runs(history: History) -> History:
     return out
 
 
-def recorded_step(sigma: float, rate: float, base_rate: float | None) -> M.Mechanism:
+def recorded_step(sigma: float, rate: float, base_rate: float | None,
+                  aligned: bool = False) -> M.Mechanism:
     """The mechanism of a step Opacus recorded at ``rate``, the loader's rate being ``base_rate``.
 
     Opacus records an accumulated step at q·k (its hook multiplies the rate by
     ``accumulated_iterations``): a rate that is an integer multiple k > 1 of
     the loader's q is k accumulated micro-batches (docs/theory.md §14), not
-    one batch at rate k·q.
+    one batch at rate k·q; ``aligned`` is the user's opt-in to the aligned curve
+    (``aligned_micro_batches=True``, integrations/_aligned.py).
     """
     if base_rate is not None and rate > base_rate:
         ratio = rate / base_rate
         k = round(ratio)
         if k > 1 and abs(ratio - k) <= 1e-9 * k:
-            return M.AccumulatedSubsampledGaussian(sigma, base_rate, k)
+            return M.AccumulatedSubsampledGaussian(sigma, base_rate, k, aligned=aligned)
     return M.SubsampledGaussian(sigma, rate)
 
 
 def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = None,
            error: Exception | None = None, *, attach_label: str | None = None,
-           base_rate: float | None = None) -> int:
+           base_rate: float | None = None, aligned: bool = False) -> int:
     """Charge ``todo`` to ``ledger``, all or nothing: each (σ, q, k) row as k
     identical charges in one transaction (``charge(..., times=k)``, the same
     journal as k single charges); a q that is an integer multiple of
-    ``base_rate`` (the loader's) as accumulated steps (:func:`recorded_step`).
+    ``base_rate`` (the loader's) as accumulated steps (:func:`recorded_step`; aligned
+    with ``aligned``).
 
     The whole sequence is first tried on a separate in-memory copy of the
     ledger, so a refusal charges nothing. Returns the number of steps charged.
     """
-    segments = [(recorded_step(s, q, base_rate), k) for s, q, k in todo]
+    segments = [(recorded_step(s, q, base_rate, aligned), k) for s, q, k in todo]
     total = sum(k for _, k in segments)
     refused: list[M.Mechanism] = []
 

@@ -58,6 +58,7 @@ from typing import Any
 from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
+from privguard.integrations._aligned import check_flag, guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import (
@@ -90,6 +91,16 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             Poisson sampling (default True). ``False`` is the explicit
             opt-out: the reported ε then does not hold unless the batches are
             Poisson.
+        aligned_micro_batches: with ``gradient_accumulation_steps`` k > 1,
+            charge ``AccumulatedSubsampledGaussian(σ, q, k, aligned=True)``
+            (docs/theory.md §14) instead of the default ``aligned=False``
+            (§14.2): your assertion that no dropout or other per-draw
+            randomness runs in the model or the data pipeline (see
+            :func:`~privguard.integrations.opacus.attach`). The Trainer's
+            model is checked when training begins: a dropout layer with a
+            rate > 0 is refused in either mode (the Trainer trains in
+            training mode), and again before every step's charge. Off by
+            default.
 
     Example:
         >>> from privguard import Ledger
@@ -99,8 +110,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
-                 check_poisson: bool = True) -> None:
+                 check_poisson: bool = True, aligned_micro_batches: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
+        self.aligned_micro_batches = check_flag("aligned_micro_batches", aligned_micro_batches)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
@@ -109,9 +121,11 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         self.handle: AttachHandle | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
-                       train_dataloader: Any = None, **kwargs: Any) -> None:
+                       train_dataloader: Any = None, model: Any = None, **kwargs: Any) -> None:
         self._detach()  # a previous train() that ended in an exception
         optimizer = find_dp_optimizer(optimizer)
+        if self.aligned_micro_batches:  # the Trainer calls model.train() at every step
+            guard_for(model, assume_training=True)
         if train_dataloader is not None and self.check_poisson and \
                 allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
             _sampling.check_poisson(train_dataloader, "train_dataloader")
@@ -121,7 +135,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=train_dataloader, label=self.label,
                              on_exhausted="stop", check_poisson=self.check_poisson,
-                             micro_batches=accumulation if isinstance(accumulation, int) else None)
+                             micro_batches=accumulation if isinstance(accumulation, int) else None,
+                             aligned_micro_batches=self.aligned_micro_batches,
+                             model=model if self.aligned_micro_batches else None)
 
     def _resume(self, args: Any, state: Any) -> None:
         """Bring the ledger to the entry saved with the checkpoint resumed from."""

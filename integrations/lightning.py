@@ -53,6 +53,7 @@ from typing import Any
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
+from privguard.integrations._aligned import check_flag, guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._frameworks import (
@@ -124,6 +125,16 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         check_poisson: refuse training loaders that do not sample by Poisson
             sampling (default True). ``False`` is the explicit opt-out: the
             reported ε then does not hold unless the batches are Poisson.
+        aligned_micro_batches: with ``accumulate_grad_batches`` k > 1,
+            charge ``AccumulatedSubsampledGaussian(σ, q, k, aligned=True)``
+            (docs/theory.md §14) instead of the default ``aligned=False``
+            (§14.2): your assertion that no dropout or other per-draw
+            randomness runs in the model or the data pipeline (see
+            :func:`~privguard.integrations.opacus.attach`). The
+            LightningModule is checked when training starts: a dropout
+            layer with a rate > 0 is refused in either mode (Lightning
+            trains in training mode), and again before every step's charge.
+            Off by default.
 
     Example:
         >>> from privguard import Ledger
@@ -134,8 +145,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
-                 prog_bar: bool = True, check_poisson: bool = True) -> None:
+                 prog_bar: bool = True, check_poisson: bool = True,
+                 aligned_micro_batches: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
+        self.aligned_micro_batches = check_flag("aligned_micro_batches", aligned_micro_batches)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
@@ -166,13 +179,17 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
+        if self.aligned_micro_batches:  # Lightning calls pl_module.train() itself
+            guard_for(pl_module, assume_training=True)
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=loaders[0] if len(loaders) == 1 else None,
                              label=self.label, on_exhausted="stop",
                              # checked above, or opted out; attach checks one loader's q
                              # against its records (DDP, Opacus #813) besides
                              check_poisson=self.check_poisson and len(loaders) == 1,
-                             micro_batches=accumulation if isinstance(accumulation, int) else None)
+                             micro_batches=accumulation if isinstance(accumulation, int) else None,
+                             aligned_micro_batches=self.aligned_micro_batches,
+                             model=pl_module if self.aligned_micro_batches else None)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -32,7 +32,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
   gradients (not under ghost clipping, whose optimizer reports 1) and
-  ``micro_batches=``; see ``integrations/_describe.py``.
+  ``micro_batches=``; see ``integrations/_describe.py``. The default curve
+  holds with dropout or augmentation (§14.2); ``aligned_micro_batches=True``
+  (with ``model=``) opts in to the tighter aligned one and refuses dropout
+  it can see (``integrations/_aligned.py``).
 * **Steps taken before attach.** The steps Opacus' accountant on this
   optimizer already recorded are charged at attach, one record per step with
   its σ and q, labelled ``"before attach"`` (the same records an attach at the
@@ -87,6 +90,7 @@ from privguard._errors import (
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
+from privguard.integrations._aligned import DropoutGuard, check_flag, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._provenance import SampleRateWarning
@@ -148,6 +152,8 @@ class AttachHandle:
         exhausted: True once a step was refused (``on_exhausted="stop"``).
         last_refusal: the last :class:`privguard.BudgetExhausted` (``"stop"``).
         distributed: whether the ranks coordinate (DDP).
+        aligned_micro_batches: whether accumulated steps are charged with the
+            aligned curve (``attach(..., aligned_micro_batches=True)``).
 
     Use it as a context manager to detach on exit. It cannot be pickled
     (it is a link to a live optimizer): pickle the ledger instead.
@@ -181,6 +187,8 @@ class AttachHandle:
         self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
         self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
         self.witness_reserve: M.Mechanism | None = None  # δ for their false alarms, charged once
+        self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
+        self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
 
     @property
     def distributed(self) -> bool:
@@ -235,7 +243,8 @@ class AttachHandle:
     def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
         key = (float(self.optimizer.noise_multiplier), float(self._rate()), micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
-            self._last_mechanism = _describe.step_mechanism(*key)
+            self._last_mechanism = _describe.step_mechanism(
+                *key, aligned=self.aligned_micro_batches)
             self._last_key = key
         assert self._last_mechanism is not None
         return self._last_mechanism
@@ -263,6 +272,8 @@ class AttachHandle:
         if self._active:
             # Charged before the parameter update; raises if refused.
             k = self._micro_batches(predict=False)
+            if self.dropout_guard is not None and self._coordinator is None:
+                self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
                 self._check_witnesses(k)
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
@@ -284,7 +295,7 @@ class AttachHandle:
             elif self._coordinator is None:
                 self.ledger.charge(self._mechanism_for(k), label=self.label)
             else:
-                self._next_ok = self._coordinator.step(lambda: self._mechanism_for(k),
+                self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
                                                        self.label)
             if self.witness_reserve is not None:  # once, after the first step fixed the plan
                 self._charge_reserve()
@@ -308,6 +319,14 @@ class AttachHandle:
         except PipelineMismatchError as exc:  # every later step is refused on every rank
             witnesses.failure = witnesses.failure or exc
             raise
+
+    def _checked_mechanism(self, micro_batches: int) -> M.Mechanism:
+        """Under DDP, the step's mechanism after the aligned opt-in's dropout re-check
+        (integrations/_aligned.py), inside the step's own collective: a refusal on one
+        rank stops every rank before any charge, at no extra collective."""
+        if self.dropout_guard is not None:
+            self.dropout_guard.check()
+        return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
@@ -391,7 +410,8 @@ class AttachHandle:
                 "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
                 AccountantWarning, stacklevel=stacklevel + 1)
         self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL,
-                                     base_rate=self.loader_rate)
+                                     base_rate=self.loader_rate,
+                                     aligned=self.aligned_micro_batches)
 
     def __getstate__(self) -> dict:
         raise InvalidArgumentError(
@@ -486,6 +506,8 @@ def attach(
     planned_steps: int | None = None,
     micro_batches: int | None = None,
     witnesses: bool = False,
+    aligned_micro_batches: bool = False,
+    model: Any = None,
 ) -> AttachHandle:
     """Charge every real noisy step of ``optimizer`` to ``ledger``.
 
@@ -542,6 +564,23 @@ def attach(
             batch sizes its Opacus distributed sampler yields (zero-truncated
             binomial draws from its shard; no per-record counts), and a
             refusal is taken on every rank.
+        aligned_micro_batches: opt in to the aligned accumulation curve:
+            steps of k > 1 micro-batches are charged as
+            ``AccumulatedSubsampledGaussian(σ, q, k, aligned=True)``
+            (docs/theory.md §14; also the steps Opacus recorded before
+            attach), often much tighter than the default ``aligned=False``
+            (§14.2), and the only accumulated step a hybrid filter's plan
+            covers (§2b.1). Your assertion that each example's clipped
+            gradient is the same vector in every micro-batch of a step (no
+            dropout or other per-draw randomness in training mode, no
+            augmentation drawn per micro-batch). Needs ``model=``; k = 1
+            steps are unchanged. Off by default.
+        model: the module being trained (the Opacus optimizer holds no
+            reference to it), used by the aligned opt-in only: it must hold
+            every parameter the optimizer trains, and a dropout layer of it
+            in training mode with a rate > 0 is refused at attach and
+            before every step's charge
+            (``integrations/_aligned.py`` says what it cannot see).
 
     Returns:
         An :class:`AttachHandle`; ``handle.detach()`` restores the optimizer.
@@ -598,6 +637,9 @@ def attach(
         raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
+    aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    guard = guard_for(model, parameters=trained) if aligned else check_model(model)
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -678,6 +720,8 @@ def attach(
 
     handle = AttachHandle(optimizer, ledger, rate, label, on_exhausted, coordinator, recorder)
     handle.declared_micro_batches = declared
+    handle.aligned_micro_batches = aligned
+    handle.dropout_guard = guard if sampler is None else None  # no accumulation there
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)

@@ -294,5 +294,47 @@ def witness_sampling(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+def aligned(rank: int, workdir: str, epsilon: float) -> dict:
+    """Issue a27: the aligned opt-in's dropout re-check under DDP, inside the step's own
+    collective. Dropout switched on on every rank: refused on every rank by name, nothing
+    charged or updated. On rank 1 only: refused on both ranks (rank 0 as a rank
+    disagreement), nothing updated (rank 0 has charged its replica, as for any failure
+    of one rank in the step's collective: more, never less)."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard import InvalidArgumentError, Ledger
+    from privguard.integrations.opacus import RankDisagreementError, attach
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    dropout = nn.Dropout(0.5)
+    model = DPDDP(nn.Sequential(nn.Linear(8, 8), dropout, nn.Linear(8, 2)))
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
+        noise_multiplier=SIGMA, max_grad_norm=1.0)
+    torch.manual_seed(1000 + rank)
+    dropout.eval()
+    ledger = Ledger(epsilon, DELTA)
+    attach(opt, ledger, data_loader=loader, aligned_micro_batches=True, model=model)
+    batches = _batches(loader)
+    out: dict = {"applied": sum(_one_step(model, opt, next(batches)) for _ in range(2))}
+    for ranks in ((0, 1), (1,)):
+        dropout.train(rank in ranks)
+        before = _params(model)
+        try:
+            _one_step(model, opt, next(batches))
+            refused = None
+        except (InvalidArgumentError, RankDisagreementError) as exc:
+            refused = (type(exc).__name__, str(exc)[:300])
+        out[ranks] = dict(refused=refused, unchanged=_params(model) == before,
+                          journal=len(ledger.history))
+    return out
+
+
+SCENARIOS = {"aligned": aligned, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation}

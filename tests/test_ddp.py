@@ -170,7 +170,6 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
     assert "rank 0" in r1["refusals"][0][2]
 
 
-
 @pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
                     reason="a third 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 "
                            "(always run in CI)")
@@ -187,3 +186,20 @@ def test_witnesses_under_ddp_sampling_of_each_rank_shard_refused_together(tmp_pa
         assert r["unchanged"] and r["nothing_charged"] and r["should_stop"]
         assert r["charged"] == r["refusals"][0][1] - 1  # every step before it, once
     assert "rank 1" in r0["refusals"][0][2]
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="slow (a 2-process DDP run, about 20 s): set PRIVGUARD_SLOW=1 "
+                           "(always run in CI)")
+def test_the_aligned_opt_in_refuses_dropout_switched_on_on_every_rank_together(tmp_path):
+    """Issue a27: the per-step dropout re-check runs inside the step's own collective."""
+    r0, r1 = launch("aligned", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        both = r[(0, 1)]
+        assert r["applied"] == 2 and both["unchanged"] and both["journal"] == 2, (r0, r1)
+        assert both["refused"][0] == "InvalidArgumentError"
+        assert "Dropout(p=0.5) in training mode" in both["refused"][1]
+    one = r1[(1,)], r0[(1,)]
+    assert one[0]["refused"][0] == "InvalidArgumentError" and one[0]["journal"] == 2
+    assert one[1]["refused"][0] == "RankDisagreementError" and "rank 1" in one[1]["refused"][1]
+    assert one[0]["unchanged"] and one[1]["unchanged"] and one[1]["journal"] in (2, 3)

@@ -139,7 +139,8 @@ def _check_hybrid_plan(step: Any) -> None:
             f"per-draw randomness (dropout, augmentation), for which no PLD envelope is "
             f"proved (§14, Lemma 14.5); use filter='rdp' (its curve for that case is a proven "
             f"bound), or declare aligned=True if the forward pass and data have no per-draw "
-            f"randomness")
+            f"randomness (Plan.from_opacus(..., aligned_micro_batches=True), and attach or "
+            f"the callbacks with aligned_micro_batches=True)")
     if type(step).__name__ == "RandomAllocation":
         raise InvalidArgumentError(
             "filter", "hybrid", f"has no certified PLD envelope for random allocation in "

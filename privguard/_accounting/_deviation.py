@@ -83,5 +83,5 @@ def _accumulated_hint(env: Any) -> str:
         return ""
     return (f"; an accumulated envelope holds only steps with q = {env.sample_rate:g} and "
             f"{env.micro_batches} micro-batches declared aligned=True, which privguard's "
-            "integrations never declare: they cannot rule out per-draw randomness such as "
-            "dropout (docs/theory.md §2b.1, §14)")
+            "integrations declare only when told to (aligned_micro_batches=True): they cannot "
+            "rule out per-draw randomness such as dropout (docs/theory.md §2b.1, §14)")

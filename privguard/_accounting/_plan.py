@@ -65,7 +65,7 @@ class Plan:
     @classmethod
     def from_opacus(cls, optimizer: Any, data_loader: Any, *, epochs: int | None = None,
                     steps: int | None = None, gradient_accumulation_steps: int = 1,
-                    every: int | None = None) -> Plan:
+                    every: int | None = None, aligned_micro_batches: bool = False) -> Plan:
         """The plan of the run Opacus will execute with ``optimizer`` and ``data_loader``.
 
         σ is ``optimizer.noise_multiplier`` and q the rate ``data_loader``'s
@@ -83,6 +83,11 @@ class Plan:
             steps: the number of optimizer steps (exactly one of the two).
             gradient_accumulation_steps: micro-batches per optimizer step.
             every: read cadence (see :class:`Plan`).
+            aligned_micro_batches: with k > 1, the step is
+                ``AccumulatedSubsampledGaussian(..., aligned=True)``
+                (docs/theory.md §14), the plan of a run attached with
+                ``aligned_micro_batches=True``: the only accumulated plan
+                ``filter="hybrid"`` takes (§2b.1). Default False (§14.2).
 
         Raises:
             NonPoissonSamplingError: the loader does not sample by Poisson
@@ -107,7 +112,8 @@ class Plan:
 
         return cls(**plan_from_opacus(optimizer, data_loader, epochs=epochs, steps=steps,
                                       gradient_accumulation_steps=gradient_accumulation_steps,
-                                      every=every))
+                                      every=every,
+                                      aligned_micro_batches=aligned_micro_batches))
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step.to_dict(), "steps": self.steps, "every": self.every}
