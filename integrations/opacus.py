@@ -639,7 +639,8 @@ def attach(
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
     aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
     trained = [p for group in optimizer.param_groups for p in group["params"]]
-    guard = guard_for(model, parameters=trained) if aligned else check_model(model)
+    check_model(model)
+    guard = guard_for(model, parameters=trained) if aligned else None
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
