@@ -246,7 +246,10 @@ def add_any_directions(q: float, sigma: float, k: int, orders: np.ndarray) -> np
                 nu_a = b[0] - nu_b
                 lam = nu_a + math.exp(log_s)
                 gamma = math.exp(log_s) / lam
-                x = beta * math.log(lam / nu_a)  # −(α−1)·log(1 − γ_A)
+                # −(α−1)·log(1 − γ_A) = (α−1)·log1p(S_m/ν_A), to a relative error of a few
+                # ulps: κ below is second order in γ_A, and log(λ/ν_A) (an absolute error
+                # of an ulp) lost all of it once k·q ≲ 1e-8 (tests/test_accumulation_review.py)
+                x = beta * math.log1p(math.exp(log_s) / nu_a)
                 # (1−γ)^{−β} − 1 − βγ, plus a bound on its floating-point error
                 coef = np.expm1(x) - beta * gamma + 4e-16 * ((1.0 + x) * np.exp(x) + beta * gamma)
                 terms = [math.log(lam) + np.log(np.maximum(coef, 0.0)) + log_d - 2.0 * log_s]
