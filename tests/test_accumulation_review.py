@@ -302,3 +302,33 @@ def test_lemma_14_6_is_computed_as_stated(q, sigma, k):
         stated = _lemma_14_6(q, sigma, k, float(alpha))
         assert value >= stated
         assert value == pytest.approx(stated, rel=1e-8)
+
+
+# --- above order 64 the composition bound is the curve, and it is tight to the last digit ---
+
+def _remove_exact_mpmath(q, sigma, k, alpha):
+    """D_α(P‖Q) of the aligned pair at an integer order, Lemma 14.2's expansion at 40 digits."""
+    mp = pytest.importorskip("mpmath")
+    mp.mp.dps = 40
+    q, sigma = mp.mpf(q), mp.mpf(sigma)
+    f = [mp.binomial(k, j) * q**j * (1 - q) ** (k - j) * mp.exp(-mp.mpf(j * j) / (2 * sigma**2))
+         for j in range(k + 1)]
+    coef = [mp.mpf(1)]
+    for _ in range(alpha):
+        new = [mp.mpf(0)] * (len(coef) + k)
+        for i, c in enumerate(coef):
+            for j, fj in enumerate(f):
+                new[i + j] += c * fj
+        coef = new
+    return mp.log(mp.fsum(c * mp.exp(mp.mpf(m * m) / (2 * sigma**2)) for m, c in enumerate(coef))) / (alpha - 1)
+
+
+@pytest.mark.parametrize("q,sigma,k,alpha", [(0.001, 0.5, 3, 128), (0.5, 1.0, 3, 256)])
+def test_large_orders_are_not_below_the_truth_by_rounding(q, sigma, k, alpha):
+    # There the all-micro-batches term dominates: k·ε_SGM(q, σ/√k)(α) equals the aligned
+    # truth to 20 digits, and without a margin its floating-point value was an ulp below it
+    # (2283.1135588415023 < 2283.11355884150283 at the first point).
+    true = _remove_exact_mpmath(q, sigma, k, alpha)
+    for aligned in (False, True):
+        charge = M.AccumulatedSubsampledGaussian(sigma, q, k, aligned=aligned).rdp(GRID)
+        assert charge[GRID == alpha][0] >= true
