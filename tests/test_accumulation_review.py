@@ -358,3 +358,28 @@ def test_the_default_curve_at_its_tightest_points(sigma, q, k):
         remove = _log_moment_aligned(q, sigma, k, alpha) / (alpha - 1)
         add = _log_moment_aligned(q, sigma, k, -(alpha - 1)) / (alpha - 1)
         assert charge[alpha] >= max(remove, add)
+
+
+@pytest.mark.parametrize("sigma,k", [(3.0, 2), (10.0, 2), (3.0, 8)])
+@pytest.mark.parametrize("q", [1e-13, 1e-15])
+def test_tiny_sample_rates_are_not_below_the_truth(q, sigma, k):
+    # k·ε_SGM(q, σ/√k) in log space cancels −n·q against +n·q with an absolute error of
+    # ~|log q|·ulp per term: at q = 1e-13 it came out 0.86× the exact D_2 (σ = 3, k = 2),
+    # negative at σ = 10 (the curve then refused), and the curve picked it. D_2 of the
+    # aligned pair is log1p(Σ_{i,j≥1} b_i b_j (e^{ij/σ²} − 1)) exactly (no cancellation).
+    b = np.array([math.comb(k, i) * q**i * (1 - q) ** (k - i) for i in range(1, k + 1)])
+    j = np.arange(1, k + 1)
+    exact_d2 = math.log1p(float(b @ np.expm1(np.outer(j, j) / sigma**2) @ b))
+    for aligned in (False, True):
+        curve = M.AccumulatedSubsampledGaussian(sigma, q, k, aligned=aligned).rdp(GRID)
+        assert curve[GRID == 2.0][0] >= exact_d2
+        assert (curve >= exact_d2 * (GRID >= 2.0)).all()  # D_α ≥ D_2 for α ≥ 2
+
+
+@pytest.mark.parametrize("sigma", [1e-155, 1e-160])
+def test_a_vanishing_noise_multiplier_charges_infinity(sigma):
+    # 2σ² underflows to a subnormal: the expansion gave NaN and the curve was refused;
+    # the subsampled Gaussian charges +inf there, and so must the accumulated step
+    for aligned in (False, True):
+        curve = M.AccumulatedSubsampledGaussian(sigma, 0.3, 2, aligned=aligned).rdp(GRID)
+        assert np.isposinf(curve).all()

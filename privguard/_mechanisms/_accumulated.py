@@ -96,10 +96,19 @@ def composition_bound(q: float, sigma: float, k: int, orders: np.ndarray) -> np.
         return gauss
     needed = np.maximum(2, np.ceil(orders)).astype(np.int64)
     small = np.unique(needed[needed <= EXACT_MAX_ORDER])
-    values = {int(n): k * v for n, v in zip(small, _sgm_integer_orders(q, s, small))}
+    values = {int(n): v for n, v in zip(small, _sgm_integer_orders(q, s, small))}
     for n in set(needed.tolist()) - set(values):
-        values[n] = k * _sgm.integer_order(q, s, n)
-    out = np.array([values[n] for n in needed.tolist()]) * (1.0 + _MARGIN)
+        values[n] = _sgm.integer_order(q, s, n)
+    # Each log-term of the sum carries an absolute error of a few ulps of its size, at
+    # most gammaln(n+1) + n·(|log q| + |log(1−q)|) + (n²−n)/(2s²); at a tiny q the terms
+    # of 0 and 1 draws cancel (−n·q against +n·q) and that error exceeded the sum (q =
+    # 1e-13: 0.86× the exact D_2, or negative). The margin of remove_integer, 1e-12 of
+    # that size, is added to the log-moment (tests/test_accumulation_review.py).
+    log_q, log_p = abs(math.log(q)), abs(math.log1p(-q))
+    with np.errstate(over="ignore"):
+        out = np.array([k * (values[n] + _MARGIN * (1.0 + float(gammaln(n + 1.0)) + n * (log_q + log_p)
+                                                    + (n * n - n) / (2.0 * s * s)) / (n - 1))
+                        for n in needed.tolist()]) * (1.0 + _MARGIN)
     return np.maximum.accumulate(np.minimum(out, gauss))
 
 
@@ -365,7 +374,9 @@ def curve(q: float, sigma: float, k: int, orders: np.ndarray, aligned: bool = Tr
     """
     bound = composition_bound(q, sigma, k, orders)
     two_var = 2.0 * sigma * sigma
-    if q == 1.0 or k > EXACT_MAX_MICRO_BATCHES or not (0.0 < two_var < 1e300):
+    # below 1e-290, j²/(2σ²) overflows (inf − inf: NaN); the composition bound is then
+    # the Gaussian's, +inf, as for the subsampled Gaussian
+    if q == 1.0 or k > EXACT_MAX_MICRO_BATCHES or not (1e-290 < two_var < 1e300):
         return bound
     low = orders <= EXACT_MAX_ORDER
     if not low.any():
