@@ -383,3 +383,18 @@ def test_a_vanishing_noise_multiplier_charges_infinity(sigma):
     for aligned in (False, True):
         curve = M.AccumulatedSubsampledGaussian(sigma, 0.3, 2, aligned=aligned).rdp(GRID)
         assert np.isposinf(curve).all()
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_extreme_inputs_give_valid_curves_linear_in_steps(aligned):
+    # σ from 1e-140 to 1e20, q from 1e-300 to 1, k = 2 and 32: finite (no NaN, no
+    # negative value: the curve would be refused; σ = 1e20 with q = 1e-300 was negative
+    # before the composition bound's margin), non-decreasing, and `steps` multiplies
+    # the curve exactly
+    for sigma, q, k in itertools.product([1e-140, 0.3, 1e20], [1e-300, 1e-13, 0.9, 1.0],
+                                         [2, 32]):
+        one = M.AccumulatedSubsampledGaussian(sigma, q, k, aligned=aligned).rdp(GRID)
+        assert np.isfinite(one).all()
+        assert (np.diff(one) >= 0).all()
+        seven = M.AccumulatedSubsampledGaussian(sigma, q, k, steps=7, aligned=aligned).rdp(GRID)
+        assert np.array_equal(seven, one * 7)
