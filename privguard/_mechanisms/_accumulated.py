@@ -374,8 +374,8 @@ def curve(q: float, sigma: float, k: int, orders: np.ndarray, aligned: bool = Tr
     """
     bound = composition_bound(q, sigma, k, orders)
     two_var = 2.0 * sigma * sigma
-    # below 1e-290, j²/(2σ²) overflows (inf − inf: NaN); the composition bound is then
-    # the Gaussian's, +inf, as for the subsampled Gaussian
+    # below 1e-290, j²/(2σ²) overflows (inf − inf: NaN): the composition bound alone
+    # (huge, or +inf once σ/√k ≤ 1e-150, as for the subsampled Gaussian)
     if q == 1.0 or k > EXACT_MAX_MICRO_BATCHES or not (1e-290 < two_var < 1e300):
         return bound
     low = orders <= EXACT_MAX_ORDER
