@@ -87,15 +87,28 @@ def composition_bound(q: float, sigma: float, k: int, orders: np.ndarray) -> np.
     """
     s = sigma / math.sqrt(k)
     with np.errstate(over="ignore"):
-        gauss = _sgm.gaussian_bound(orders, s) * k
+        # Where the all-micro-batches term dominates (large α; q = 1) this bound equals
+        # the aligned truth to 20 digits and its floating-point value can fall an ulp
+        # below it: the relative margin of the log-moments (_MARGIN) is added here too
+        # (tests/test_accumulation_review.py::test_large_orders_are_not_below_the_truth_by_rounding)
+        gauss = _sgm.gaussian_bound(orders, s) * k * (1.0 + _MARGIN)
     if q == 1.0 or not (1e-150 < s < 1e150):
         return gauss
     needed = np.maximum(2, np.ceil(orders)).astype(np.int64)
     small = np.unique(needed[needed <= EXACT_MAX_ORDER])
-    values = {int(n): k * v for n, v in zip(small, _sgm_integer_orders(q, s, small))}
+    values = {int(n): v for n, v in zip(small, _sgm_integer_orders(q, s, small))}
     for n in set(needed.tolist()) - set(values):
-        values[n] = k * _sgm.integer_order(q, s, n)
-    out = np.array([values[n] for n in needed.tolist()])
+        values[n] = _sgm.integer_order(q, s, n)
+    # Each log-term of the sum carries an absolute error of a few ulps of its size, at
+    # most gammaln(n+1) + n·(|log q| + |log(1−q)|) + (n²−n)/(2s²); at a tiny q the terms
+    # of 0 and 1 draws cancel (−n·q against +n·q) and that error exceeded the sum (q =
+    # 1e-13: 0.86× the exact D_2, or negative). The margin of remove_integer, 1e-12 of
+    # that size, is added to the log-moment (tests/test_accumulation_review.py).
+    log_q, log_p = abs(math.log(q)), abs(math.log1p(-q))
+    with np.errstate(over="ignore"):
+        out = np.array([k * (values[n] + _MARGIN * (1.0 + float(gammaln(n + 1.0)) + n * (log_q + log_p)
+                                                    + (n * n - n) / (2.0 * s * s)) / (n - 1))
+                        for n in needed.tolist()]) * (1.0 + _MARGIN)
     return np.maximum.accumulate(np.minimum(out, gauss))
 
 
@@ -246,7 +259,10 @@ def add_any_directions(q: float, sigma: float, k: int, orders: np.ndarray) -> np
                 nu_a = b[0] - nu_b
                 lam = nu_a + math.exp(log_s)
                 gamma = math.exp(log_s) / lam
-                x = beta * math.log(lam / nu_a)  # −(α−1)·log(1 − γ_A)
+                # −(α−1)·log(1 − γ_A) = (α−1)·log1p(S_m/ν_A), to a relative error of a few
+                # ulps: κ below is second order in γ_A, and log(λ/ν_A) (an absolute error
+                # of an ulp) lost all of it once k·q ≲ 1e-8 (tests/test_accumulation_review.py)
+                x = beta * math.log1p(math.exp(log_s) / nu_a)
                 # (1−γ)^{−β} − 1 − βγ, plus a bound on its floating-point error
                 coef = np.expm1(x) - beta * gamma + 4e-16 * ((1.0 + x) * np.exp(x) + beta * gamma)
                 terms = [math.log(lam) + np.log(np.maximum(coef, 0.0)) + log_d - 2.0 * log_s]
@@ -358,7 +374,9 @@ def curve(q: float, sigma: float, k: int, orders: np.ndarray, aligned: bool = Tr
     """
     bound = composition_bound(q, sigma, k, orders)
     two_var = 2.0 * sigma * sigma
-    if q == 1.0 or k > EXACT_MAX_MICRO_BATCHES or not (0.0 < two_var < 1e300):
+    # below 1e-290, j²/(2σ²) overflows (inf − inf: NaN): the composition bound alone
+    # (huge, or +inf once σ/√k ≤ 1e-150, as for the subsampled Gaussian)
+    if q == 1.0 or k > EXACT_MAX_MICRO_BATCHES or not (1e-290 < two_var < 1e300):
         return bound
     low = orders <= EXACT_MAX_ORDER
     if not low.any():
