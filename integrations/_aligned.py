@@ -45,7 +45,7 @@ from typing import Any
 
 from privguard._errors import InvalidArgumentError
 
-__all__ = ["RATE_ATTRIBUTES", "DropoutGuard", "check_flag", "check_model", "guard_for"]
+__all__ = ["RATE_ATTRIBUTES", "DropoutGuard", "check_model", "guard_for"]
 
 RATE_ATTRIBUTES = ("dropout", "dropout_p", "attention_dropout", "attn_dropout")
 """Float attributes read as a module's dropout rate (besides ``_DropoutNd.p``)."""
@@ -56,13 +56,6 @@ _REQUIREMENT = (
     "clipped gradients and the aligned curve does not hold (docs/theory.md §14.2). Set its "
     "rate to 0 or keep it in eval mode, or leave aligned_micro_batches=False (the default "
     "curve, valid with dropout)")
-
-
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` if it is True or False, else :class:`InvalidArgumentError` naming ``name``."""
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(name, value, "must be True or False")
-    return value
 
 
 def _rate(module: Any) -> tuple[str, float] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
@@ -43,8 +44,7 @@ def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poiss
         raise InvalidArgumentError("log_name", log_name, "must be a string")
     if not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string")
-    if not isinstance(check_poisson, bool):
-        raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+    check.flag("check_poisson", check_poisson)
 
 
 def running_epsilon(ledger: Any) -> float | None:

@@ -15,7 +15,6 @@ from typing import Any
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _describe, _sampling
-from privguard.integrations._aligned import check_flag
 
 
 def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = None,
@@ -33,7 +32,7 @@ def plan_from_opacus(optimizer: Any, data_loader: Any, *, epochs: int | None = N
                                    "must be an Opacus DPOptimizer (it has no noise_multiplier)")
     sigma = check.positive_finite("optimizer.noise_multiplier", sigma)
     k = check.positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
-    aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
+    aligned = check.flag("aligned_micro_batches", aligned_micro_batches)
     rate = _sampling.check_poisson(data_loader)
     if (epochs is None) == (steps is None):
         raise InvalidArgumentError("epochs", epochs, "give exactly one of epochs= and steps=")

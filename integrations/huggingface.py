@@ -55,10 +55,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
-from privguard.integrations._aligned import check_flag, guard_for
+from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import (
@@ -112,7 +113,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                  log_name: str = "privacy_epsilon", label: str = "step",
                  check_poisson: bool = True, aligned_micro_batches: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
-        self.aligned_micro_batches = check_flag("aligned_micro_batches", aligned_micro_batches)
+        self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name

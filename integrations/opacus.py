@@ -90,7 +90,7 @@ from privguard._errors import (
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
 from privguard.integrations._accountants import EngineView, LedgerAccountant
-from privguard.integrations._aligned import DropoutGuard, check_flag, check_model, guard_for
+from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._provenance import SampleRateWarning
@@ -621,8 +621,7 @@ def attach(
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")
-    if not isinstance(check_poisson, bool):
-        raise InvalidArgumentError("check_poisson", check_poisson, "must be True or False")
+    check.flag("check_poisson", check_poisson)
     if planned_steps is not None:
         planned_steps = check.positive_int("planned_steps", planned_steps)
     declared = 1 if micro_batches is None else check.positive_int("micro_batches", micro_batches)
@@ -633,11 +632,10 @@ def attach(
             "one micro-batch per step whatever the loop accumulated, so privguard counts the "
             "micro-batches the loader delivers between steps; pass data_loader= (or "
             "micro_batches= if the loop accumulates a fixed number)")
-    if not isinstance(witnesses, bool):
-        raise InvalidArgumentError("witnesses", witnesses, "must be True or False")
+    check.flag("witnesses", witnesses)
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
-    aligned = check_flag("aligned_micro_batches", aligned_micro_batches)
+    aligned = check.flag("aligned_micro_batches", aligned_micro_batches)
     trained = [p for group in optimizer.param_groups for p in group["params"]]
     check_model(model)
     guard = guard_for(model, parameters=trained) if aligned else None

@@ -63,7 +63,7 @@ from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard.integrations._optuna_sampler import DPHyPOSampler, TPERule, silenced
 from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
-from privguard.tuning._base import TuningPlan, accept, check_flag, check_ledger, check_objective
+from privguard.tuning._base import TuningPlan, accept, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch
 from privguard.tuning._executors import SerialExecutor, resolve
 from privguard.tuning._random_search import RandomSearch
@@ -307,7 +307,7 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
     mode = _direction(direction)
     dp_hypo = _sampler(sampler)
     own_pruner = _pruner(pruner)
-    progress = check_flag("progress", progress)
+    progress = check.flag("progress", progress)
     tuner = _tuner(dp_hypo, runs, cost, mode, seed, progress)
     executor = resolve(backend)
     ship = getattr(executor, "_ship_by_value", None)

@@ -102,6 +102,13 @@ def _as_int(name: str, value: Any) -> int:
     raise InvalidArgumentError(name, short(value), "must be an integer")
 
 
+def flag(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (an assertion or a switch: nothing merely truthy)."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(name, value, "must be True or False")
+    return value
+
+
 def positive_finite(name: str, value: Any) -> float:
     """A real number in (0, inf)."""
     x = _as_float(name, value)

@@ -473,8 +473,7 @@ class AccumulatedSubsampledGaussian(Mechanism):
                                               maximum=MAX_MICRO_BATCHES))
         object.__setattr__(self, "steps",
                            check.positive_int("steps", self.steps, maximum=check.MAX_STEPS))
-        if not isinstance(self.aligned, bool):  # an assertion: True or False, nothing truthy
-            raise InvalidArgumentError("aligned", self.aligned, "must be True or False")
+        check.flag("aligned", self.aligned)  # an assertion: True or False, nothing truthy
         if self.micro_batches == 1:  # one draw a step: trivially the same vector
             object.__setattr__(self, "aligned", True)
 

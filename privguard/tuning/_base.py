@@ -312,12 +312,6 @@ def check_seed(seed: Any) -> int | None:
     return int(seed)
 
 
-def check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(name, value, "must be True or False")
-    return value
-
-
 def check_mode(mode: Any) -> str:
     if not isinstance(mode, str) or mode not in ("max", "min"):
         raise InvalidArgumentError("mode", mode, "must be 'max' or 'min'")

@@ -34,7 +34,6 @@ from privguard.tuning._base import (
     Elapsed,
     Tuner,
     TuningResult,
-    check_flag,
     check_ledger,
     check_mode,
     check_objective,
@@ -174,7 +173,7 @@ class DPHyPOSearch(RehearseOne, Tuner):
         self.space, self.runs = space, runs
         self.mode = check_mode(mode)
         self.seed = check_seed(seed)
-        self.progress = check_flag("progress", progress)
+        self.progress = check.flag("progress", progress)
         big, small = check._as_float("C", C), check._as_float("c", c)
         DPHyPO(RDPCurve([2.0], [0.0]), runs, big, small)  # validates c <= 1 <= C
         self.C, self.c = big, small

@@ -70,7 +70,6 @@ from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._mechanisms import PureDP
 from privguard.tuning._base import (
     as_score,
-    check_flag,
     check_ledger,
     check_objective,
     check_seed,
@@ -153,7 +152,7 @@ class ProposeTest:
             raise InvalidArgumentError("lower_bound", lower_bound, "must lie in [0, 1)")
         self.u0 = u0
         self.seed = check_seed(seed)
-        self.progress = check_flag("progress", progress)
+        self.progress = check.flag("progress", progress)
 
     @property
     def threshold_scale(self) -> float:

@@ -22,7 +22,6 @@ from privguard.tuning._base import (
     Elapsed,
     Tuner,
     TuningResult,
-    check_flag,
     check_ledger,
     check_mode,
     check_objective,
@@ -89,7 +88,7 @@ class RandomSearch(RehearseOne, Tuner):
         self.runs = runs
         self.mode = check_mode(mode)
         self.seed = check_seed(seed)
-        self.progress = check_flag("progress", progress)
+        self.progress = check.flag("progress", progress)
         self.costs = CandidateCosts(cost, self.space)
         self.cost_of = cost
 
