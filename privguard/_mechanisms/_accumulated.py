@@ -329,17 +329,27 @@ def _lower_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.minimum(y, np.interp(x, hx, hy))
 
 
+def _chords(q: float, sigma: float, k: int, small: np.ndarray
+            ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """(g, top, g_α, t) on the orders ``small`` (≤ EXACT_MAX_ORDER): g[a] = (a−1)·D_a of
+    the remove direction at the integers a ≤ top (exact for aligned vectors, an upper bound
+    for any: theory §14, Lemma 14.5), and its chord g_α at each order, t = α − ⌊α⌋."""
+    top = max(2, math.ceil(float(small.max())))
+    g = np.concatenate(([0.0, 0.0], remove_integer(q, sigma, k, top)))  # g[a] = (a−1)·D_a
+    n = np.floor(small).astype(int)
+    frac = small - n
+    upper = np.minimum(n + 1, top)
+    # Lemma 14.2: (α−1)·D_α ≤ (1−t)·g(n) + t·g(n+1), t = α − n; g(1) = 0; exact at t = 0.
+    g_alpha = np.where(frac == 0.0, g[n], (1.0 - frac) * g[n] + frac * g[upper])
+    return g, top, g_alpha, frac
+
+
 def _curve_any_directions(q: float, sigma: float, k: int, orders: np.ndarray,
                           bound: np.ndarray) -> np.ndarray:
     """The curve for any vectors c_i (``aligned=False``; theory §14, Lemma 14.5–14.7)."""
     low = orders <= EXACT_MAX_ORDER
     small = orders[low]
-    top = max(2, math.ceil(float(small.max())))
-    g = np.concatenate(([0.0, 0.0], remove_integer(q, sigma, k, top)))  # g[a] ≥ (a−1)·D_a
-    n = np.floor(small).astype(int)
-    frac = small - n
-    upper = np.minimum(n + 1, top)
-    g_alpha = np.where(frac == 0.0, g[n], (1.0 - frac) * g[n] + frac * g[upper])
+    g, top, g_alpha, frac = _chords(q, sigma, k, small)
     part = frac > 0.0
     if part.any():
         g_alpha[part] = np.minimum(g_alpha[part],
@@ -384,13 +394,7 @@ def curve(q: float, sigma: float, k: int, orders: np.ndarray, aligned: bool = Tr
     if not aligned:
         return _curve_any_directions(q, sigma, k, orders, bound)
     small = orders[low]
-    top = max(2, math.ceil(float(small.max())))
-    g = np.concatenate(([0.0, 0.0], remove_integer(q, sigma, k, top)))  # g[a] = (a−1)·D_a
-    n = np.floor(small).astype(int)
-    frac = small - n
-    upper = np.minimum(n + 1, top)
-    # Lemma 14.2: (α−1)·D_α ≤ (1−t)·g(n) + t·g(n+1), t = α − n; g(1) = 0; exact at t = 0.
-    g_alpha = np.where(frac == 0.0, g[n], (1.0 - frac) * g[n] + frac * g[upper])
+    _, _, g_alpha, frac = _chords(q, sigma, k, small)
     remove = g_alpha / (small - 1.0)
     direct = (frac > 0.0) & (small < _DIRECT_BELOW)
     # below α = 3 the chord is loose (from g(1) = 0): integrate as well, but the
