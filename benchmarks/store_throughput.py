@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-import _pgserver  # noqa: E402
+import _pgserver
 
 
 def _worker(path: str, charges: int, start, done, kwargs=None, env=None) -> None:

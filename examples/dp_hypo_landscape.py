@@ -20,8 +20,8 @@ import os
 import time
 
 import numpy as np
-
 from _common import accuracy, digits, make_private, mlp, train_epoch
+
 from privguard import DEFAULT_ORDERS, RDPCurve
 from privguard import mechanisms as M
 from privguard.tuning import Geometric
@@ -41,7 +41,7 @@ def base(sigma: float, q: float, steps: int) -> M.SubsampledGaussian:
 def calibrated_sigmas(q: float, steps: int) -> dict:
     runs = Geometric(mean=10.0)
     grid = np.array(DEFAULT_ORDERS)
-    eps = lambda mech: RDPCurve(grid, mech.rdp(grid)).epsilon(DELTA)  # noqa: E731
+    eps = lambda mech: RDPCurve(grid, mech.rdp(grid)).epsilon(DELTA)
     return {
         "uniform": smallest_sigma(lambda s: eps(M.RepeatAndSelect(base(s, q, steps), runs)) <= TOTAL_EPS),
         "gp": smallest_sigma(lambda s: eps(M.DPHyPO(base(s, q, steps), runs, C, c)) <= TOTAL_EPS),

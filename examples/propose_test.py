@@ -24,9 +24,9 @@ import time
 
 import numpy as np
 import torch
+from _common import OUT, accuracy, digits, make_private, mlp, train_epoch, write_outputs
 from torch import nn
 
-from _common import OUT, accuracy, digits, make_private, mlp, train_epoch, write_outputs
 from privguard import BudgetExhausted, Ledger
 from privguard.integrations.opacus import attach
 from privguard.tuning import ProposeTest

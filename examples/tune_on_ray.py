@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 import ray
-
 from _common import correct_count, digits, make_private, mlp, opacus_rate_and_steps, train_epoch
+
 from privguard import Ledger
 from privguard import mechanisms as M
 from privguard.integrations.opacus import attach

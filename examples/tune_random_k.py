@@ -20,8 +20,6 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import TensorDataset
-
 from _common import (
     accuracy,
     correct_count,
@@ -31,6 +29,8 @@ from _common import (
     opacus_rate_and_steps,
     train_epoch,
 )
+from torch.utils.data import TensorDataset
+
 from privguard import Ledger
 from privguard import mechanisms as M
 from privguard.integrations.opacus import attach

@@ -39,7 +39,7 @@ fresh_venv "$ci/test-venv" test
 export PRIVGUARD_WHEEL=$wheel PRIVGUARD_SOURCE=$root PRIVGUARD_REQUIRE_INSTALLED=1
 
 echo "== ruff and mypy"
-"$ci/test-venv/bin/ruff" check privguard integrations
+"$ci/test-venv/bin/ruff" check privguard integrations tests benchmarks examples
 # mypy reads the installed package (from an empty directory): only there is
 # privguard.integrations where the package-dir mapping puts it.
 (cd "$ci/run" && "$ci/test-venv/bin/mypy" --config-file "$root/pyproject.toml" -p privguard)

@@ -80,7 +80,7 @@ def replicas(rank: int, workdir: str, epsilon: float) -> dict:
     from privguard import mechanisms as M
     from privguard.integrations.opacus import RankDisagreementError, attach
 
-    engine, model, opt, loader = _setup()
+    _engine, model, opt, loader = _setup()
     out: dict = {}
     diverged = Ledger(epsilon, DELTA)
     if rank == 1:
@@ -124,7 +124,7 @@ def _shared(path: str, epsilon: float) -> dict:
     from privguard import BudgetExhausted, Ledger
     from privguard.integrations.opacus import attach
 
-    engine, model, opt, loader = _setup()
+    _engine, model, opt, loader = _setup()
     batches = _batches(loader)
     for _ in range(3):
         _one_step(model, opt, next(batches))

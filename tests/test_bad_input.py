@@ -619,6 +619,6 @@ def test_the_smallest_safe_delta_charges(flt):
 @pytest.mark.parametrize("times", [10**309, 2**53 + 1], ids=["10**309", "2**53+1"])
 def test_times_beyond_2_53_is_refused_and_charges_nothing(times):
     ledger = Ledger(3.0, 1e-5)
-    with pytest.raises(InvalidArgumentError, match="times=.* must be an integer <= 9007199254740992"):
+    with pytest.raises(InvalidArgumentError, match=r"times=.* must be an integer <= 9007199254740992"):
         ledger.charge(M.Gaussian(100.0), times=times)  # OverflowError before
     assert ledger.epsilon() == 0.0 and ledger.runs == ()

@@ -60,7 +60,7 @@ def test_optimal_order_and_maximum():
 
 
 def test_composition_needs_same_grid():
-    with pytest.raises(InvalidArgumentError, match="other.orders"):
+    with pytest.raises(InvalidArgumentError, match=r"other\.orders"):
         RDPCurve([2.0, 3.0], [1.0, 1.0]) + RDPCurve([2.0, 4.0], [1.0, 1.0])
     with pytest.raises(InvalidArgumentError, match="k=-1"):
         RDPCurve([2.0], [1.0]) * -1

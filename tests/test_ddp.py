@@ -15,10 +15,10 @@ import socket
 import time
 import uuid
 
-import pytest
-
 import _ddp_worker
 import _pgserver
+import pytest
+
 from privguard import Ledger
 from privguard import mechanisms as M
 

@@ -127,7 +127,7 @@ def test_gp_densities_always_within_bounds():
 
 
 def test_any_update_rule_is_privatised_by_the_projection():
-    greedy = lambda history, coords: np.eye(len(coords))[max(history, key=lambda h: h[1])[0]]  # noqa: E731
+    greedy = lambda history, coords: np.eye(len(coords))[max(history, key=lambda h: h[1])[0]]
     tuner = DPHyPOSearch(SPACE, Geometric(mean=5.0), cost=M.Gaussian(5.0), update=greedy,
                          C=1.5, c=0.5, progress=False)
     pi = tuner.density([(3, 0.9), (7, 0.1)])

@@ -37,9 +37,9 @@ def nonadaptive_max_steps(sigma, q, order=None) -> int:
     one = np.array(compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=ORDERS))
     if order is not None:
         i = ORDERS.index(order)
-        ok = lambda t: get_privacy_spent(orders=[order], rdp=[one[i] * t], delta=DELTA)[0] <= EPS  # noqa: E731
+        ok = lambda t: get_privacy_spent(orders=[order], rdp=[one[i] * t], delta=DELTA)[0] <= EPS
     else:
-        ok = lambda t: get_privacy_spent(orders=ORDERS, rdp=one * t, delta=DELTA)[0] <= EPS  # noqa: E731
+        ok = lambda t: get_privacy_spent(orders=ORDERS, rdp=one * t, delta=DELTA)[0] <= EPS
     lo, hi = 0, 1
     while ok(hi):
         lo, hi = hi, 2 * hi

@@ -71,7 +71,7 @@ def test_charges_logs_and_stops_at_exhaustion(tmp_path):
     step = M.SubsampledGaussian(1.0, BATCH / N)
     ledger = Ledger(3.0, 1e-5, plan=step)
     allowed = ledger.remaining(step).repeats
-    trainer, cb = make_trainer(tmp_path, ledger, num_train_epochs=100, save_strategy="no")
+    trainer, _cb = make_trainer(tmp_path, ledger, num_train_epochs=100, save_strategy="no")
     trainer.train()
     assert len(ledger.history) == allowed == trainer.state.global_step
     logged = [h["privacy_epsilon"] for h in trainer.state.log_history if "privacy_epsilon" in h]
@@ -80,7 +80,7 @@ def test_charges_logs_and_stops_at_exhaustion(tmp_path):
 
 def test_state_round_trips_through_a_checkpoint(tmp_path):
     ledger = Ledger(delta=1e-5)
-    trainer, cb = make_trainer(tmp_path, ledger, max_steps=4, save_strategy="steps", save_steps=4)
+    trainer, _cb = make_trainer(tmp_path, ledger, max_steps=4, save_strategy="steps", save_steps=4)
     trainer.train()
     ckpt = tmp_path / "checkpoint-4"
     assert (ckpt / LEDGER_FILE).exists()
@@ -93,13 +93,13 @@ def test_state_round_trips_through_a_checkpoint(tmp_path):
 
 def test_a_plain_trainer_shuffled_loader_is_refused_before_any_step(tmp_path):
     ledger = Ledger(delta=1e-5)
-    trainer, cb = make_trainer(tmp_path, ledger, trainer_cls=transformers.Trainer, max_steps=3,
+    trainer, _cb = make_trainer(tmp_path, ledger, trainer_cls=transformers.Trainer, max_steps=3,
                                save_strategy="no")
     with pytest.raises(NonPoissonSamplingError) as info:
         trainer.train()
     assert info.value.argument == "train_dataloader" and len(ledger.history) == 0
     opted_out = Ledger(delta=1e-5)
-    trainer, cb = make_trainer(tmp_path, opted_out, trainer_cls=transformers.Trainer,
+    trainer, _cb = make_trainer(tmp_path, opted_out, trainer_cls=transformers.Trainer,
                                cb_kwargs={"check_poisson": False, "sample_rate": BATCH / N},
                                max_steps=3, save_strategy="no")
     trainer.train()
@@ -107,7 +107,7 @@ def test_a_plain_trainer_shuffled_loader_is_refused_before_any_step(tmp_path):
 
 
 def _train_and_save(tmp_path, ledger):
-    trainer, cb = make_trainer(tmp_path, ledger, max_steps=4, save_strategy="steps",
+    trainer, _cb = make_trainer(tmp_path, ledger, max_steps=4, save_strategy="steps",
                                save_steps=4)
     trainer.train()
     return tmp_path / "checkpoint-4"
@@ -135,7 +135,7 @@ def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     db = str(tmp_path / "ledger.db")
     ckpt = _train_and_save(tmp_path, Ledger(delta=1e-5, path=db, lease=1))  # exact counts
     trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_strategy="no")
-    with pytest.raises(LedgerStateError, match="ledger.db"):
+    with pytest.raises(LedgerStateError, match=r"ledger\.db"):
         trainer.train(resume_from_checkpoint=str(ckpt))
     trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db, lease=1), max_steps=6,
                               save_strategy="no")
@@ -167,7 +167,7 @@ def test_gradient_accumulation_steps_are_charged_as_accumulation(tmp_path):
     # issue 27: gradient_accumulation_steps=2 is two Poisson micro-batches per step,
     # charged AccumulatedSubsampledGaussian(σ, q, 2), not SubsampledGaussian(σ, 2q)
     ledger = Ledger(delta=1e-5)
-    trainer, cb = make_trainer(tmp_path, ledger, max_steps=3, save_strategy="no",
+    trainer, _cb = make_trainer(tmp_path, ledger, max_steps=3, save_strategy="no",
                                gradient_accumulation_steps=2)
     trainer.train()
     assert trainer.state.global_step == 3

@@ -5,21 +5,19 @@ from __future__ import annotations
 import pickle
 import warnings
 
+import lightning.pytorch as pl
 import pytest
 import torch
+from opacus import GradSampleModule
+from opacus.data_loader import DPDataLoader
+from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning.pytorch as pl  # noqa: E402  (privguard[lightning], installed by the test extra)
-
-from opacus import GradSampleModule  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
-from opacus.optimizers import DPOptimizer  # noqa: E402
-
-from privguard import InvalidArgumentError, Ledger, LedgerStateError  # noqa: E402
-from privguard import mechanisms as M  # noqa: E402
-from privguard.integrations.lightning import LedgerCallback  # noqa: E402
-from privguard.integrations.opacus import NonPoissonSamplingError, attach  # noqa: E402
+from privguard import InvalidArgumentError, Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard.integrations.lightning import LedgerCallback
+from privguard.integrations.opacus import NonPoissonSamplingError, attach
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -122,7 +120,7 @@ def test_a_resume_never_rewinds_and_refuses_a_foreign_ledger(tmp_path):
 def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     db = str(tmp_path / "ledger.db")
     path = _fit_and_save(tmp_path, Ledger(delta=1e-5, path=db, lease=1))  # exact counts
-    with pytest.raises(LedgerStateError, match="ledger.db"):
+    with pytest.raises(LedgerStateError, match=r"ledger\.db"):
         trainer(LedgerCallback(Ledger(delta=1e-5)), max_steps=8).fit(Tiny(), ckpt_path=path)
     reopened = Ledger(delta=1e-5, path=db, lease=1)
     trainer(LedgerCallback(reopened), max_steps=8).fit(Tiny(), ckpt_path=path)

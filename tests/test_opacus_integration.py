@@ -75,7 +75,7 @@ def test_epsilon_equals_opacus_rdp_accountant_for_fixed_sigma():
 
 
 def test_sigma_changed_mid_run_equals_hand_composition():
-    engine, model, opt, loader = make_private(noise=1.2)
+    _engine, model, opt, loader = make_private(noise=1.2)
     ledger = Ledger(delta=DELTA)
     attach(opt, ledger)  # sample rate inferred from Opacus' own hook
     train(model, opt, loader, 10)
@@ -141,7 +141,7 @@ def test_refused_step_raises_before_the_update_and_charges_nothing():
 
 
 def test_graceful_stop_mode_stops_the_loop():
-    engine, model, opt, loader = make_private(noise=1.0)
+    _engine, model, opt, loader = make_private(noise=1.0)
     ledger = Ledger(3.0, DELTA)
     handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
     steps = 0
@@ -162,7 +162,7 @@ def test_graceful_stop_mode_stops_the_loop():
 
 
 def test_existing_hooks_still_run_and_detach_restores():
-    engine, model, opt, loader = make_private()
+    _engine, model, opt, loader = make_private()
     calls = []
     opacus_hook = opt.step_hook
     opt.attach_step_hook(lambda o: (calls.append(1), opacus_hook(o)))
@@ -178,7 +178,7 @@ def test_existing_hooks_still_run_and_detach_restores():
 
 
 def test_context_manager_detaches():
-    engine, model, opt, loader = make_private()
+    _engine, model, opt, loader = make_private()
     ledger = Ledger(delta=DELTA)
     with attach(opt, ledger, data_loader=loader, on_exhausted="stop"):
         train(model, opt, loader, 3)
@@ -217,7 +217,7 @@ def test_ledger_accountant_in_place_of_opacus():
 
 
 def test_non_poisson_loader_is_reported():
-    engine, model, opt, loader = make_private()
+    _engine, _model, opt, _loader = make_private()
     plain = DataLoader(TensorDataset(torch.randn(64, 10), torch.zeros(64).long()), batch_size=8,
                        shuffle=True)
     with pytest.raises(NonPoissonSamplingError, match="Poisson"):
@@ -226,7 +226,7 @@ def test_non_poisson_loader_is_reported():
 
 
 def test_bad_arguments():
-    engine, model, opt, loader = make_private()
+    _engine, model, opt, _loader = make_private()
     with pytest.raises(InvalidArgumentError, match="optimizer"):
         attach(torch.optim.SGD(model.parameters(), lr=0.1), Ledger(delta=DELTA))
     with pytest.raises(InvalidArgumentError, match="on_exhausted"):
@@ -239,9 +239,9 @@ def test_bad_arguments():
 
 
 def test_detach_restores_a_step_wrapper_set_by_someone_else():
-    engine, model, opt, loader = make_private()
+    _engine, model, opt, loader = make_private()
     scheduler = torch.optim.lr_scheduler.StepLR(opt.original_optimizer, step_size=1)
-    wrapper = lambda *a, **k: type(opt).step(opt, *a, **k)  # noqa: E731
+    wrapper = lambda *a, **k: type(opt).step(opt, *a, **k)
     opt.step = wrapper  # what some schedulers and frameworks do
     handle = attach(opt, Ledger(delta=DELTA), data_loader=loader, on_exhausted="stop")
     train(model, opt, loader, 2)
@@ -276,7 +276,7 @@ def test_optimizer_from_make_private_with_epsilon():
 
 # ---------------------------------------------------------------- issue 13, case 2: sampling
 def test_two_line_form_cannot_see_the_loader_and_warns_how_to_fix_it():
-    engine, model, opt, loader = make_private(poisson=False)
+    _engine, model, opt, loader = make_private(poisson=False)
     with pytest.warns(PoissonUnverifiedWarning, match="data_loader=") as record:
         handle = attach(opt, Ledger(delta=DELTA))
     assert len([w for w in record if w.category is PoissonUnverifiedWarning]) == 1
@@ -291,7 +291,7 @@ def test_two_line_form_cannot_see_the_loader_and_warns_how_to_fix_it():
 
 
 def test_poisson_loader_rate_is_read_from_its_sampler():
-    engine, model, opt, loader = make_private(batch_size=64)
+    _engine, _model, opt, loader = make_private(batch_size=64)
     handle = attach(opt, Ledger(delta=DELTA), data_loader=loader)
     assert handle.next_mechanism().sample_rate == loader.sample_rate == 64 / 512
 
@@ -317,7 +317,7 @@ def test_attach_after_training_charges_the_steps_opacus_recorded():
 
 
 def test_attach_mid_run_without_the_engine_finds_opacus_hook_and_keeps_sigma_changes():
-    engine, model, opt, loader = make_private(noise=1.2)
+    _engine, model, opt, loader = make_private(noise=1.2)
     train(model, opt, loader, 4)
     opt.noise_multiplier = 0.8
     train(model, opt, loader, 3)
@@ -442,7 +442,7 @@ def test_a_file_backed_ledger_resumes_from_its_file(tmp_path):
     engine, model, opt, loader = make_private(seed=1)
     ckpt = engine.load_checkpoint(path=path, module=model, optimizer=opt)
     assert ckpt["privacy_accountant_state_dict"]["privguard"]["state"] is None  # a reference
-    with pytest.raises(LedgerStateError, match="ledger.db"):  # not the checkpoint's ledger
+    with pytest.raises(LedgerStateError, match=r"ledger\.db"):  # not the checkpoint's ledger
         attach(opt, Ledger(4.0, DELTA), data_loader=loader, resume=ckpt)
     ledger = Ledger(4.0, DELTA, path=db, lease=1)
     attach(opt, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
@@ -477,7 +477,7 @@ def test_a_resume_never_rewinds_the_ledger(tmp_path):
     other.charge(M.Gaussian(5.0), label="something else")
     engine2, model2, opt2, loader2 = make_private(seed=1)
     attach(opt2, other, data_loader=loader2, privacy_engine=engine2)
-    with pytest.raises(LedgerStateError, match="never goes backwards|does not extend"):
+    with pytest.raises(LedgerStateError, match=r"never goes backwards|does not extend"):
         engine2.load_checkpoint(path=path, module=model2, optimizer=opt2)
 
 
@@ -496,7 +496,7 @@ def test_a_checkpoint_written_without_the_ledger(tmp_path):
 def test_pickling_what_the_integration_holds():
     import pickle
 
-    engine, model, opt, loader = make_private()
+    _engine, model, opt, loader = make_private()
     ledger = Ledger(delta=DELTA)
     handle = attach(opt, ledger, data_loader=loader)
     train(model, opt, loader, 3)
@@ -541,7 +541,7 @@ def test_a_prv_engine_gets_a_warning_with_the_rdp_cost_of_its_plan():
 
 
 def test_bad_arguments_name_the_argument():
-    engine, model, opt, loader = make_private()
+    _engine, _model, opt, loader = make_private()
     for kwargs, name in [({"planned_steps": 0}, "planned_steps"), ({"resume": {}}, "resume"),
                          ({"label": 3}, "label"), ({"check_poisson": "yes"}, "check_poisson"),
                          ({"privacy_engine": object()}, "privacy_engine")]:
@@ -556,7 +556,7 @@ def test_ledger_accountant_refuses_a_distributed_optimizer(monkeypatch):
 
     ledger = Ledger(delta=DELTA)
     hook = LedgerAccountant(ledger).get_optimizer_hook_fn(sample_rate=0.01)
-    engine, model, opt, loader = make_private()
+    _engine, _model, opt, _loader = make_private()
     monkeypatch.setattr(accountants, "is_distributed", lambda optimizer: True)
     with pytest.raises(InvalidArgumentError, match="attach"):
         hook(opt)  # what every rank would run: each raises, before any update

@@ -122,7 +122,7 @@ def _declared_distributions() -> set[str]:
     reqs = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         reqs += extra
-    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
     return {norm(re.match(r"\s*([A-Za-z0-9_.\-]+)", r).group(1)) for r in reqs}
 
 

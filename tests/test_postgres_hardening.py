@@ -88,7 +88,7 @@ def test_server_init_refuses_a_charging_role_that_could_write_or_become_owner(pg
 
 
 def test_a_checkpoint_is_accepted_only_at_the_journal_head(pg):
-    srv, db, name = pg
+    _srv, _db, name = pg
     owner_url, _ = _team(pg)
     store = PostgresStore(owner_url)
     store.open(None, None, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,7 +105,7 @@ def test_a_journal_read_back_is_the_one_kept_live(seq, checkpoint_every):
             runs, spent, j = ledger.runs, ledger.spent, ledger._acc.journal
             assert (j.run_count, j.charges) == (len(runs), sum(r.count for r in runs))
             assert [r.index for r in runs] == list(range(len(runs)))
-            assert all(b.start == a.start + a.count for a, b in zip(runs, runs[1:]))
+            assert all(b.start == a.start + a.count for a, b in itertools.pairwise(runs))
             ledger.close()
             again = Ledger.open(path)
             k = again._acc.journal

@@ -100,7 +100,7 @@ def test_propose_test_rehearsal_shows_out_of_range_utilities():
     pt = ProposeTest([{"lr": 0.1}, {"lr": 0.5}], epsilon0=0.5, partitions=4, granularity=0.05,
                      progress=False)
     assert pt.rehearse(lambda p, part: 0.5, 100).score == 0.5
-    with pytest.raises(InvalidArgumentError, match="returned 87.5"):
+    with pytest.raises(InvalidArgumentError, match=r"returned 87\.5"):
         pt.rehearse(lambda p, part: 87.5, 100)  # a percentage, not an accuracy
     with pytest.raises(ZeroDivisionError):
         pt.rehearse(lambda p, part: 1 / 0, 100)

@@ -165,7 +165,7 @@ def test_flipped_bytes_in_a_journal_row_fail_closed(tmp_path):
     assert at > 0
     data[at + 5] ^= 0x01  # step-17 -> step-07 on disk
     path.write_bytes(bytes(data))
-    with pytest.raises(LedgerStateError, match="digest chain|integrity"):
+    with pytest.raises(LedgerStateError, match=r"digest chain|integrity"):
         Ledger(3.0, 1e-5, path=path)
 
 
@@ -325,7 +325,7 @@ def test_a_keyed_ledger_refuses_forgeries_and_wrong_or_missing_keys(tmp_path, mo
     monkeypatch.delenv("PRIVGUARD_LEDGER_KEY_FILE")
     _rechain(path)
     monkeypatch.setenv("PRIVGUARD_LEDGER_KEY_FILE", str(key_file))
-    with pytest.raises(LedgerStateError, match="digest|edited"):
+    with pytest.raises(LedgerStateError, match=r"digest|edited"):
         Ledger.open(path)
 
 
@@ -532,7 +532,7 @@ def test_a_failed_write_breaks_the_ledger_and_leaves_the_file_as_it_was(tmp_path
     # its memory holds a charge the file does not: it refuses everything from now on
     for use in (lambda: ledger.charge(STEP, label="boom"), lambda: ledger.charge(STEP),
                 ledger.epsilon, ledger.state_dict):
-        with pytest.raises(LedgerStateError, match="unusable.*write to the store failed"):
+        with pytest.raises(LedgerStateError, match=r"unusable.*write to the store failed"):
             use()
     assert _rows_in(path) == 5  # nothing was written over another row
     assert cli_verify(path)["charges"] == 4
@@ -585,7 +585,7 @@ def test_a_journal_read_that_fails_its_chain_breaks_the_open_ledger(tmp_path):
     _edit(path, "UPDATE entries SET label = 'edited' WHERE idx = 5")
     with pytest.raises(LedgerStateError, match="row 5 fails its digest chain"):
         len(ledger.history)
-    with pytest.raises(LedgerStateError, match="unusable.*row 5"):
+    with pytest.raises(LedgerStateError, match=r"unusable.*row 5"):
         ledger.charge(STEP)
     with pytest.raises(LedgerStateError, match="row 5 fails its digest chain"):
         cli_verify(path)

@@ -218,7 +218,7 @@ def test_overflowing_odometer_weights_in_a_state_fail_closed(state):
 def test_a_state_without_its_fixed_record_fails_closed(state):
     forged = copy.deepcopy(state)
     del forged["fixed"]
-    with pytest.raises(LedgerStateError, match="malformed.*fixed"):
+    with pytest.raises(LedgerStateError, match=r"malformed.*fixed"):
         Ledger.load_state_dict(_resummed(forged))
 
 

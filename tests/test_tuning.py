@@ -222,7 +222,7 @@ def test_cost_function_needs_a_finite_space():
 
 
 def test_uniform_bound_is_the_maximum_over_candidates():
-    cost = lambda p: M.SubsampledGaussian(p["sigma"], 0.01, 100)  # noqa: E731
+    cost = lambda p: M.SubsampledGaussian(p["sigma"], 0.01, 100)
     tuner = RandomSearch({"sigma": [0.8, 1.0, 1.5]}, Poisson(5.0), cost=cost, progress=False)
     worst = M.SubsampledGaussian(0.8, 0.01, 100).rdp(ORDERS) * (1 + SLACK)
     expected = M.RepeatAndSelect(RDPCurve(ORDERS, worst), Poisson(5.0)).rdp(ORDERS)
