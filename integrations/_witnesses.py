@@ -105,6 +105,12 @@ _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fus
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
+STEP_CHECK_RATE = 0.25
+"""Probability that a real step gets the noise test and the clipped-sum bound, where its
+charged (σ, C, s) is that of the last step checked (a first step, and a step whose σ, C or
+scale changed, is always checked). A noise bug that starts at any step is then caught
+within 50 steps with probability ≥ 1 − (1 − 1/4)⁵⁰ > 1 − 10⁻⁶ (docs/theory.md §16.2)."""
+
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
 
@@ -225,6 +231,11 @@ class Witnesses:
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
+        # the step schedule of the noise test and the clipped-sum bound: a generator of its
+        # own (OS entropy), independent of the data and of the per-sample schedule
+        self._step_coins = random.Random()
+        self._checked_as: tuple[float, float, float] | None = None  # (σ, C, s) last checked
+        self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
         self._allocation_sampler = allocation  # a random-allocation sampler: tested per epoch
@@ -421,18 +432,27 @@ class Witnesses:
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
+        # The step schedule (docs/theory.md §16.2): a step whose charge (σ, C, s) is that of
+        # the last step checked is checked with probability STEP_CHECK_RATE, from the
+        # witnesses' own generator: the schedule depends on neither the data nor the noise,
+        # and a step not checked spends no false-alarm level.
+        charge = (sigma, c, scale)
+        if charge == self._checked_as and self._step_coins.random() >= STEP_CHECK_RATE:
+            return
         measured = self._measure(scale)
         if measured is None:
             return
+        self._checked_as = charge
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
         if "noise" not in self.active:
             return
+        self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
         if stat > self._noise_cut(d):
-            return  # above the χ²_d quantile at the largest level spent: no step alarms here
-        alpha = level(self.steps, self.false_alarm)
+            return  # above the χ²_d quantile at the largest level spent: no test alarms here
+        alpha = level(self.noise_checks, self.false_alarm)
         tail = _chi2_lower_tail(stat, d)
         if tail > alpha:
             return
@@ -446,8 +466,8 @@ class Witnesses:
             f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
             f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
             f"step's {d} coordinates has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, {hi:.4g}]); "
-            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent at "
-            f"step {self.steps}. Nothing was charged or applied",
+            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent by "
+            f"noise test {self.noise_checks} (step {self.steps}). Nothing was charged or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
             step=self.steps))
 
