@@ -107,8 +107,8 @@ CLIP_CHECK_RATE = 0.125
 
 STEP_CHECK_RATE = 0.25
 """Probability that a real step gets the noise test and the clipped-sum bound, where its
-charged (σ, C, s) is that of the last step checked (a first step, and a step whose σ, C or
-scale changed, is always checked). A noise bug that starts at any step is then caught
+charged (σ, C) is that of the last step checked (a first step, and a step whose σ or C
+changed, is always checked). A noise bug that starts at any step is then caught
 within 50 steps with probability ≥ 1 − (1 − 1/4)⁵⁰ > 1 − 10⁻⁶ (docs/theory.md §16.2)."""
 
 def level(t: int, total: float = FALSE_ALARM) -> float:
@@ -234,7 +234,7 @@ class Witnesses:
         # the step schedule of the noise test and the clipped-sum bound: a generator of its
         # own (OS entropy), independent of the data and of the per-sample schedule
         self._step_coins = random.Random()
-        self._checked_as: tuple[float, float, float] | None = None  # (σ, C, s) last checked
+        self._checked_as: tuple[float, float] | None = None  # (σ, C) last checked
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
@@ -429,16 +429,16 @@ class Witnesses:
         c = float(opt.max_grad_norm)
         if sigma <= 0 or c <= 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
+        # The step schedule (docs/theory.md §16.2): a step charged with the (σ, C) of the
+        # last step checked is checked with probability STEP_CHECK_RATE, from the witnesses'
+        # own generator: the schedule depends on neither the data nor the noise, and a step
+        # not checked spends no false-alarm level.
+        charge = (sigma, c)
+        if charge == self._checked_as and self._step_coins.random() >= STEP_CHECK_RATE:
+            return
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
-        # The step schedule (docs/theory.md §16.2): a step whose charge (σ, C, s) is that of
-        # the last step checked is checked with probability STEP_CHECK_RATE, from the
-        # witnesses' own generator: the schedule depends on neither the data nor the noise,
-        # and a step not checked spends no false-alarm level.
-        charge = (sigma, c, scale)
-        if charge == self._checked_as and self._step_coins.random() >= STEP_CHECK_RATE:
-            return
         measured = self._measure(scale)
         if measured is None:
             return

@@ -444,8 +444,8 @@ def test_step_bound_alone_catches_clipping_off():
 
 
 def test_step_schedule_checks_the_first_step_and_every_change_of_charge():
-    """The noise test and the step bound run at the first step, at each step whose σ, C or
-    scale changed, and otherwise on the schedule's coin; the j-th test spends α_j."""
+    """The noise test and the step bound run at the first step, at each step whose σ or C
+    changed, and otherwise on the schedule's coin; the j-th test spends α_j."""
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
                     witnesses=True)
