@@ -2,8 +2,8 @@
 
 The ``check`` stage of the step hook (``describe → check → charge →
 release``, /work/shared/design.md). With white-box access to the
-``DPOptimizer`` it measures, at every real step and before the step is
-charged or released, three things the charge asserts:
+``DPOptimizer`` it measures, at real steps (the step schedule below) and before
+the step is charged or released, three things the charge asserts:
 
 * **noise** — Opacus keeps the clipped sum ``p.summed_grad`` beside the noisy
   scaled gradient ``p.grad = (summed_grad + Z) / s`` (``s`` = expected batch
@@ -23,9 +23,16 @@ charged or released, three things the charge asserts:
   exceed C can pass it: that is left to the one-run audit; the same bound
   under per-layer clipping). The per-sample recomputation runs on the
   handle's first micro-batch, then on each with probability
-  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step checks
-  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic under a correct
-  pipeline: it never fires, so it reveals nothing.
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); each step the step
+  schedule checks gets ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
+  under a correct pipeline: it never fires, so it reveals nothing.
+
+The step schedule: the noise test and the clipped-sum bound run at the handle's
+first step, at each step whose charged σ or C changed, and otherwise with
+probability :data:`STEP_CHECK_RATE` (the witnesses' own coins, independent of the
+data and of the noise); a step not checked spends no false-alarm level, and a
+noise bug that starts at any step is refused within 50 steps with probability
+> 1 − 10⁻⁶ (docs/theory.md §16.2). The sampling tests run at every step.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
   q the charged rate per draw), so their running sum over a stretch of
@@ -41,8 +48,8 @@ Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
 rarely and often drawn records against their exact binomial laws.
 
-False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
-t-th step (the per-record test at its t-th test) use level ``α·6/(π²t²)`` with α
+False alarms: the sampling-mean and sampling-ties tests at the handle's t-th
+step (the noise and per-record tests at their t-th test) use level ``α·6/(π²t²)`` with α
 from :func:`reserve_for` each, so over any number of steps each alarms with
 probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
 clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
