@@ -26,13 +26,6 @@ the step is charged or released, three things the charge asserts:
   :data:`CLIP_CHECK_RATE` (the witnesses' own coins); each step the step
   schedule checks gets ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
   under a correct pipeline: it never fires, so it reveals nothing.
-
-The step schedule: the noise test and the clipped-sum bound run at the handle's
-first step, at each step whose charged σ or C changed, and otherwise with
-probability :data:`STEP_CHECK_RATE` (the witnesses' own coins, independent of the
-data and of the noise); a step not checked spends no false-alarm level, and a
-noise bug that starts at any step is refused within 50 steps with probability
-> 1 − 10⁻⁶ (docs/theory.md §16.2). The sampling tests run at every step.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
   q the charged rate per draw), so their running sum over a stretch of
@@ -43,6 +36,13 @@ noise bug that starts at any step is refused within 50 steps with probability
   accumulation, where the loader's micro-batch counter saw the step's k
   batches, each micro-batch's size is its own Binomial(N, q) draw in both
   tests (pairs of micro-batches: two halves of one batch tie).
+
+The step schedule: the noise test and the clipped-sum bound run at the handle's
+first step, at each step whose charged σ or C changed, and otherwise with
+probability :data:`STEP_CHECK_RATE` (the witnesses' own coins, independent of the
+data and of the noise); a step not checked spends no false-alarm level, and a
+noise bug that starts at any step is refused within 50 steps with probability
+> 1 − 10⁻⁶ (docs/theory.md §16.2). The sampling tests run at every step.
 
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
