@@ -188,7 +188,9 @@ class Witnesses:
 
     Attributes:
         active: the names of the witnesses that run.
-        steps: real steps checked so far.
+        steps: real steps checked so far (the sampling tests run at each).
+        noise_checks: noise tests run so far (the first step, each change of σ or C,
+            and 1 step in 4 otherwise: :data:`STEP_CHECK_RATE`).
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
