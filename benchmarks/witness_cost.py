@@ -4,7 +4,9 @@ The three pipelines of benchmarks/test_bench_witnesses.py (20-64-2 MLP, batch
 128, one torch thread) step in turn, one step each per round, so a load that
 comes and goes on a shared machine hits all three alike; each step is timed in
 CPU time of the thread (``time.thread_time``), and the medians and minima are
-reported as ratios to Opacus alone, measured in the same run.
+reported as ratios to Opacus alone, measured in the same run; ``paired`` is the
+median over rounds of each round's ratio to Opacus' step of the same round
+(a load that moves from round to round cancels in it).
 
 ``--against COMMIT`` adds a fourth mode, the witnesses of that commit
 (``git show COMMIT:integrations/_witnesses.py``, installed on an attach of
@@ -75,8 +77,10 @@ def main() -> None:
     print(f"{args.rounds} interleaved rounds, CPU time of the thread per step:")
     for mode in steps:
         med, low = statistics.median(times[mode]), min(times[mode])
+        paired = statistics.median(t / b for t, b in zip(times[mode], times["opacus"],
+                                                          strict=True))
         print(f"  {mode:18s} median {med * 1e3:.3f} ms ({med / base_median:.3f}×)   "
-              f"min {low * 1e3:.3f} ms ({low / base_min:.3f}×)")
+              f"min {low * 1e3:.3f} ms ({low / base_min:.3f}×)   paired {paired:.3f}×")
 
 
 if __name__ == "__main__":

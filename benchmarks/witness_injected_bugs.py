@@ -53,6 +53,11 @@ def main() -> None:
     T._no_clipping(opt, handle)
     print(f"{'clipping off from step 4 (C = 0.01)':40s} {_caught(handle, model, opt, loader, crit)}")
     model, opt, loader, crit = T.pipeline()
+    handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True)
+    T.run(model, opt, loader, crit, 5)
+    T._half_noise(opt)  # from step 6: found at the first step the step schedule draws
+    print(f"{'σ applied = ½ σ charged from step 6':40s} {_caught(handle, model, opt, loader, crit)}")
+    model, opt, loader, crit = T.pipeline()
     handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, sample_rate=1 / 16,
                     witnesses=True)
     loader.batch_sampler.sample_rate = 1.5 / 16

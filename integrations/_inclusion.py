@@ -22,6 +22,7 @@ probability ≤ α under a correct pipeline, whatever the data.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -32,6 +33,21 @@ from privguard.integrations._describe import swap_iter
 from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upper, clopper_pearson
 
 __all__ = ["InclusionCounts"]
+
+
+def _indices(pending: list[Any]) -> Any:
+    """The index lists the sampler yielded, as one int64 array.
+
+    Flat lists of ints (Opacus' samplers) in one ``np.fromiter`` pass (about 2.5 times
+    faster than an array per list); anything else (tensors, nested lists) one array each.
+    """
+    if pending and all(type(i) is list for i in pending):
+        try:
+            return np.fromiter(itertools.chain.from_iterable(pending), dtype=np.int64)
+        except (TypeError, ValueError):  # a nested list: the general path below
+            pass
+    return (np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i in pending])
+            if pending else np.zeros(0, dtype=np.int64))
 
 
 class InclusionCounts:
@@ -84,8 +100,7 @@ class InclusionCounts:
             return
         self._next = self.draws + math.ceil(1.0 / q)
         pending, self._pending = self._pending, []
-        idx = (np.concatenate([np.asarray(i, dtype=np.int64).reshape(-1) for i in pending])
-               if pending else np.zeros(0, dtype=np.int64))
+        idx = _indices(pending)
         if idx.size and (idx.min() < 0 or idx.max() >= self.num_records):
             self._next = 0  # not indices into the dataset: this witness stops testing
             return

@@ -2,8 +2,8 @@
 
 The ``check`` stage of the step hook (``describe → check → charge →
 release``, /work/shared/design.md). With white-box access to the
-``DPOptimizer`` it measures, at every real step and before the step is
-charged or released, three things the charge asserts:
+``DPOptimizer`` it measures, at real steps (the step schedule below) and before
+the step is charged or released, three things the charge asserts:
 
 * **noise** — Opacus keeps the clipped sum ``p.summed_grad`` beside the noisy
   scaled gradient ``p.grad = (summed_grad + Z) / s`` (``s`` = expected batch
@@ -23,9 +23,9 @@ charged or released, three things the charge asserts:
   exceed C can pass it: that is left to the one-run audit; the same bound
   under per-layer clipping). The per-sample recomputation runs on the
   handle's first micro-batch, then on each with probability
-  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step checks
-  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic under a correct
-  pipeline: it never fires, so it reveals nothing.
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); each step the step
+  schedule checks gets ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
+  under a correct pipeline: it never fires, so it reveals nothing.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
   q the charged rate per draw), so their running sum over a stretch of
@@ -37,12 +37,19 @@ charged or released, three things the charge asserts:
   batches, each micro-batch's size is its own Binomial(N, q) draw in both
   tests (pairs of micro-batches: two halves of one batch tie).
 
+The step schedule: the noise test and the clipped-sum bound run at the handle's
+first step, at each step whose charged σ or C changed, and otherwise with
+probability :data:`STEP_CHECK_RATE` (the witnesses' own coins, independent of the
+data and of the noise); a step not checked spends no false-alarm level, and a
+noise bug that starts at any step is refused within 50 steps with probability
+> 1 − 10⁻⁶ (docs/theory.md §16.2). The sampling tests run at every step.
+
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
 rarely and often drawn records against their exact binomial laws.
 
-False alarms: the noise, sampling-mean and sampling-ties tests at the handle's
-t-th step (the per-record test at its t-th test) use level ``α·6/(π²t²)`` with α
+False alarms: the sampling-mean and sampling-ties tests at the handle's t-th
+step (the noise and per-record tests at their t-th test) use level ``α·6/(π²t²)`` with α
 from :func:`reserve_for` each, so over any number of steps each alarms with
 probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
 clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
@@ -104,6 +111,12 @@ _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fus
 
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
+
+STEP_CHECK_RATE = 0.25
+"""Probability that a real step gets the noise test and the clipped-sum bound, where its
+charged (σ, C) is that of the last step checked (a first step, and a step whose σ or C
+changed, is always checked). A noise bug that starts at any step is then caught
+within 50 steps with probability ≥ 1 − (1 − 1/4)⁵⁰ > 1 − 10⁻⁶ (docs/theory.md §16.2)."""
 
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
@@ -175,7 +188,9 @@ class Witnesses:
 
     Attributes:
         active: the names of the witnesses that run.
-        steps: real steps checked so far.
+        steps: real steps checked so far (the sampling tests run at each).
+        noise_checks: noise tests run so far (the first step, each change of σ or C,
+            and 1 step in 4 otherwise: :data:`STEP_CHECK_RATE`).
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
@@ -225,6 +240,11 @@ class Witnesses:
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
+        # the step schedule of the noise test and the clipped-sum bound: a generator of its
+        # own (OS entropy), independent of the data and of the per-sample schedule
+        self._step_coins = random.Random()
+        self._checked_as: tuple[float, float] | None = None  # (σ, C) last checked
+        self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
         self._allocation_sampler = allocation  # a random-allocation sampler: tested per epoch
@@ -418,21 +438,30 @@ class Witnesses:
         c = float(opt.max_grad_norm)
         if sigma <= 0 or c <= 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
+        # The step schedule (docs/theory.md §16.2): a step charged with the (σ, C) of the
+        # last step checked is checked with probability STEP_CHECK_RATE, from the witnesses'
+        # own generator: the schedule depends on neither the data nor the noise, and a step
+        # not checked spends no false-alarm level.
+        charge = (sigma, c)
+        if charge == self._checked_as and self._step_coins.random() >= STEP_CHECK_RATE:
+            return
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
         measured = self._measure(scale)
         if measured is None:
             return
+        self._checked_as = charge
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
         if "noise" not in self.active:
             return
+        self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
         if stat > self._noise_cut(d):
-            return  # above the χ²_d quantile at the largest level spent: no step alarms here
-        alpha = level(self.steps, self.false_alarm)
+            return  # above the χ²_d quantile at the largest level spent: no test alarms here
+        alpha = level(self.noise_checks, self.false_alarm)
         tail = _chi2_lower_tail(stat, d)
         if tail > alpha:
             return
@@ -446,8 +475,8 @@ class Witnesses:
             f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
             f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
             f"step's {d} coordinates has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, {hi:.4g}]); "
-            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent at "
-            f"step {self.steps}. Nothing was charged or applied",
+            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent by "
+            f"noise test {self.noise_checks} (step {self.steps}). Nothing was charged or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
             step=self.steps))
 

@@ -29,6 +29,7 @@ from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upp
 from privguard.integrations._witnesses import (
     DELTA_SHARE,
     STATISTICAL,
+    STEP_CHECK_RATE,
     Witnesses,
     _binomial_tails,
     _chi2_lower_tail,
@@ -179,6 +180,16 @@ def test_detach_restores_the_optimizer():
     handle.detach()
     assert "clip_and_accumulate" not in vars(opt)
     run(model, opt, loader, crit, 2)
+
+
+class _Coins:
+    """A stand-in for a witnesses' schedule generator: ``random()`` always returns ``value``."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def random(self):
+        return self.value
 
 
 # ------------------------------------------------------------------ injected bugs
@@ -381,6 +392,7 @@ def test_fused_noise_statistic_is_never_below_the_exact_one(foreach_copy, monkey
         return out
 
     handle.witnesses._measure = spy
+    handle.witnesses._step_coins = _Coins(0.0)  # every step checked
     run(model, opt, loader, crit, 5)
     assert len(seen) == 5
     for (z_high, sum_high, z_norm, _d), z, s in seen:
@@ -401,14 +413,16 @@ def test_witnesses_leave_the_run_unchanged():
 
 
 def test_clipping_turned_off_after_the_first_steps_is_caught():
-    """After the first micro-batch the exact check is sampled; the step bound runs always."""
+    """After the first micro-batch the exact check is sampled (1 in 8), and after the first
+    step the step bound (1 in 4): a bug from step 4 is refused within 50 steps (a miss has
+    probability ≤ (7/8 · 3/4)⁵⁰ < 10⁻⁹ here, where the step bound sees it)."""
     model, opt, loader, crit = pipeline(clip=0.01)
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
     assert run(model, opt, loader, crit, 3) == 3
     _no_clipping(opt, handle)
     exc = _refusal(handle, model, opt, loader, crit)
-    assert exc.witness == "clipping" and exc.step == 4
+    assert exc.witness == "clipping" and exc.step >= 4
 
 
 def test_step_bound_alone_catches_clipping_off():
@@ -423,9 +437,49 @@ def test_step_bound_alone_catches_clipping_off():
             return 1.0
 
     handle.witnesses._coins = Never()
+    handle.witnesses._step_coins = _Coins(0.0)  # the step bound on every step
     _no_clipping(opt, handle)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "clipping" and "records has norm" in str(exc)
+
+
+def test_step_schedule_checks_the_first_step_and_every_change_of_charge():
+    """The noise test and the step bound run at the first step, at each step whose σ or C
+    changed, and otherwise on the schedule's coin; the j-th test spends α_j."""
+    model, opt, loader, crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    w = handle.witnesses
+    w._step_coins = _Coins(1.0)  # the coin never asks for a check
+    measured = []
+    measure = w._measure
+    w._measure = lambda scale: measured.append(scale) or measure(scale)
+    run(model, opt, loader, crit, 3)
+    assert len(measured) == 1 and w.noise_checks == 1  # the first step only
+    opt.noise_multiplier = 0.9  # a new charge: checked at once
+    run(model, opt, loader, crit, 3)
+    assert len(measured) == 2 and w.noise_checks == 2 and w.steps == 6
+    _half_noise(opt)  # σ applied = ½ σ charged from step 7, at an unchanged charge
+    run(model, opt, loader, crit, 2)  # not drawn: not tested, nothing spent
+    assert w.noise_checks == 2
+    w._step_coins = _Coins(0.0)
+    exc = _refusal(handle, model, opt, loader, crit, steps=1)
+    assert exc.witness == "noise" and exc.step == 9 and w.noise_checks == 3
+    assert "noise test 3 (step 9)" in str(exc)
+    assert f"≤ {level(3, w.false_alarm):.3g}" in str(exc)
+
+
+def test_noise_bug_starting_mid_run_is_caught_within_50_steps():
+    """A persistent bug from step 6 on: missed by 50 scheduled steps with probability
+    (1 − STEP_CHECK_RATE)⁵⁰ < 10⁻⁶."""
+    assert (1 - STEP_CHECK_RATE) ** 50 < 1e-6
+    model, opt, loader, crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    run(model, opt, loader, crit, 5)
+    _half_noise(opt)
+    exc = _refusal(handle, model, opt, loader, crit)
+    assert exc.witness == "noise" and exc.step >= 6
 
 
 # ------------------------------------------------------------------ per-record inclusion
