@@ -98,6 +98,8 @@ def test_default_grid_never_below_the_truth(q, sigma):
         i = int(np.flatnonzero(grid == alpha)[0])
         truth = _exact_fractional(q, sigma, alpha)
         assert mp.mpf(ours[i]) >= truth * (1 - _sgm.FRACTIONAL_RTOL), (alpha, ours[i], truth)
+        estimate = _sgm_upper.fractional_estimate(q, sigma, np.array([alpha]))[0]
+        assert abs(mp.mpf(estimate) - truth) <= 1e-11 * truth, (alpha, estimate, truth)
         if ours[i] != opacus[i]:
             assert mp.mpf(ours[i]) >= truth, (alpha, ours[i], truth)
     assert np.all(np.diff(ours) >= 0)

@@ -32,12 +32,22 @@ NaN turned into a smaller number:
    terms). Integer α above it: the same sum (Mironov et al. 2019, §3.3),
    A_α = Σ_k C(α,k)(1−q)^(α−k) q^k e^((k²−k)/(2σ²)), evaluated here in log
    space with ``gammaln`` and ``logsumexp``.
+2b. (issue z27) Both lose A_α − 1 to rounding when it is tiny (tiny q, large
+   σ: ε(2) = 0 at σ = 3, q = 1e-13). Each integer value below
+   (1 − :data:`RELIABLE_RTOL`) times the cancellation-free upper bound of
+   :mod:`privguard._curves._sgm_upper` is replaced by that bound.
 3. Fractional α < :data:`OPACUS_MAX_ORDER`: Opacus, if its series stops within
    :data:`MAX_SERIES_TERMS` terms (predicted before calling it, since the loop
    cannot be interrupted) and the value lies between the integer neighbours
    ε(⌊α⌋) and ε(⌈α⌉), as monotonicity in α requires (within
    :data:`privguard._validation.RDP_RTOL`/``RDP_ATOL``). Otherwise ε(⌈α⌉),
    a valid bound by monotonicity (formulas.md §1).
+3b. (issue z27) A fractional value kept by step 3 whose integer neighbour was
+   replaced in step 2b, or which lies below (1 − :data:`FRACTIONAL_RTOL`)
+   times the stable estimate :func:`privguard._curves._sgm_upper.fractional_estimate`,
+   becomes the least of the chord of the integer values ((α−1)ε(α) is convex),
+   below order 2 the Taylor bound :func:`privguard._curves._sgm_upper.below_two`,
+   and the estimate raised by RELIABLE_RTOL.
 4. A value above the Gaussian bound becomes the Gaussian bound; a negative
    value within the tolerance of 0 (round-off of a value ≈ 0) becomes 0, one
    below that (garbage) the Gaussian bound.
