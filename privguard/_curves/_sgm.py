@@ -45,9 +45,9 @@ NaN turned into a smaller number:
 3b. (issue z27) A fractional value kept by step 3 whose integer neighbour was
    replaced in step 2b, or which lies below (1 − :data:`FRACTIONAL_RTOL`)
    times the stable estimate :func:`privguard._curves._sgm_upper.fractional_estimate`,
-   becomes the least of the chord of the integer values ((α−1)ε(α) is convex),
-   below order 2 the Taylor bound :func:`privguard._curves._sgm_upper.below_two`,
-   and the estimate raised by RELIABLE_RTOL.
+   becomes the larger of it and the estimate raised by RELIABLE_RTOL, capped by
+   the chord of the integer values ((α−1)ε(α) is convex) and, below order 2,
+   the Taylor bound :func:`privguard._curves._sgm_upper.below_two`.
 4. A value above the Gaussian bound becomes the Gaussian bound; a negative
    value within the tolerance of 0 (round-off of a value ≈ 0) becomes 0, one
    below that (garbage) the Gaussian bound.
@@ -210,14 +210,14 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
             elif (math.floor(a) in replaced or math.ceil(a) in replaced
                     or v < (1.0 - FRACTIONAL_RTOL) * est):
                 # Opacus' series lost digits (the same cancellation, or its own: σ = 20,
-                # q = 6e-5, α = 1.1 was 1.1% below the truth): the least of two rigorous
-                # bounds (loose away from tiny q) and the estimate raised by RELIABLE_RTOL
-                # (10^4 times its largest error measured against mpmath)
-                v = _chord(values, a)
+                # q = 6e-5, α = 1.1 was 1.1% below the truth): the larger of Opacus' value
+                # and the estimate raised by RELIABLE_RTOL (100 times its largest error
+                # measured against mpmath), capped by two rigorous bounds (loose away from
+                # tiny q); so a value only goes down to a rigorous bound
+                cap = _chord(values, a)
                 if a < 2:
-                    v = min(v, float(_sgm_upper.below_two(q, sigma, np.array([a]))[0]))
-                if math.isfinite(est):
-                    v = min(v, est * (1.0 + RELIABLE_RTOL))
+                    cap = min(cap, float(_sgm_upper.below_two(q, sigma, np.array([a]))[0]))
+                v = min(cap, max(v, est * (1.0 + RELIABLE_RTOL))) if math.isfinite(est) else cap
         if math.isnan(v):
             v = bound[idx]
         elif v < 0:
