@@ -127,3 +127,12 @@ def test_micro_batches_one_is_still_the_subsampled_gaussian_bit_for_bit():
         np.testing.assert_array_equal(
             M.AccumulatedSubsampledGaussian(sigma, q, micro_batches=1).rdp(DEFAULT_ORDERS),
             M.SubsampledGaussian(sigma, q).rdp(DEFAULT_ORDERS))
+
+
+def test_a_replaced_neighbour_does_not_loosen_a_large_fractional_value():
+    # σ = 0.3, q ≈ 3e-14: Opacus' ε(6) is replaced (4.5e-8 low), but its ε(6.7) = 0.687 is
+    # right (log A_α ≈ 3.9, no cancellation); the chord through 6 and 7 would be 1.93
+    q, sigma = 3.1622776601683796e-14, 0.3
+    ours = M.SubsampledGaussian(sigma, q).rdp([6.0, 6.7, 7.0])
+    truth = _exact_fractional(q, sigma, 6.7)
+    assert truth * (1 - TAU) <= mp.mpf(ours[1]) <= truth * (1 + 1e-9)
