@@ -79,8 +79,9 @@ def log_moment_upper(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     magnitudes (u = 2⁻⁵³; 12u would do: 6 parts, 6 additions, 2 roundings in j·log q);
     ``logsumexp`` adds a relative error of at most (α+1)·4u. So B̃ = B(1 + r) with
     |r| ≤ r̄ = 32u·max_j M_j + 4(α+1)u, and since log1p(B(1+r)) − log1p(B) ≤ r·B/(1+B)
-    (the derivative of log1p is 1/(1+B)), log1p(B̃) + r̄·B̃/(1+B̃)·(1 + r̄) + 4u·log1p(B̃)
-    bounds log A_α from above (the last term covers log1p's own rounding).
+    (the derivative of log1p is 1/(1+B)) and B ≤ B̃/(1 − r̄) ≤ B̃(1 + 2r̄),
+    log1p(B̃) + r̄(1 + 2r̄)·B̃/(1+B̃) + 4u·log1p(B̃) bounds log A_α from above (the last
+    term covers log1p's own rounding).
     """
     two_var = 2.0 * sigma * sigma  # sigma is in (1e-150, 1e150): no overflow
     n_all = np.asarray(orders, dtype=np.float64)
@@ -102,10 +103,10 @@ def log_moment_upper(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
 
 def _log1p_upper(log_b: np.ndarray, r_bar: np.ndarray) -> np.ndarray:
     """An upper bound on log1p(B) from B̃ = e^(log_b) = B(1 + r), |r| ≤ r̄ (see
-    :func:`log_moment_upper`): log1p(B̃)·(1 + 4u) + r̄(1 + r̄)·B̃/(1 + B̃)."""
+    :func:`log_moment_upper`): log1p(B̃)·(1 + 4u) + r̄(1 + 2r̄)·B̃/(1 + B̃)."""
     with np.errstate(over="ignore"):
         log_a = np.logaddexp(0.0, log_b)  # log1p(B), also for B ≪ 1 and B ≫ 1
-        return log_a * (1.0 + 4 * _U) + r_bar * (1.0 + r_bar) * expit(log_b)
+        return log_a * (1.0 + 4 * _U) + r_bar * (1.0 + 2.0 * r_bar) * expit(log_b)
 
 
 def below_two(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
@@ -119,7 +120,7 @@ def below_two(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
 
         A_α − 1 ≤ α(α−1)/2 · (1−q)^(α−2) · q² · (e^(1/σ²) − 1),
 
-    equality at α = 2. One log-term of five parts; rounding as in :func:`log_moment_upper`.
+    equality at α = 2. One log-term of four parts; rounding as in :func:`log_moment_upper`.
     """
     a = np.asarray(orders, dtype=np.float64)
     two_var = 2.0 * sigma * sigma
