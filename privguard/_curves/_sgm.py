@@ -87,8 +87,9 @@ upper bound and still be kept (step 2b): the RDP round-off tolerance."""
 FRACTIONAL_RTOL = 1e-4
 """How far (relative) a fractional order's Opacus value may lie below the estimate of
 :func:`privguard._curves._sgm_upper.fractional_estimate` and still be kept (step 3b).
-Opacus' fractional series is less accurate than its integer sum: measured against
-mpmath, 1.6e-8 below the truth at σ = 1.1, q = 0.004 and 1.1e-5 at σ = 1, q = 1e-5,
+Opacus' fractional series is less accurate than its integer sum: measured against the
+estimate (itself within 1e-11 of mpmath), up to 1.5e-8 below the truth at σ = 1.1,
+q = 0.004 and 1.1e-5 at σ = 1, q = 1e-5 (orders 1.1–10.9; docs/theory.md §1.1),
 points where privguard promises Opacus' values bit for bit (tests/test_mechanisms.py);
 this tolerance keeps them and replaces the gross errors (1.1% at σ = 20, q = 6e-5;
 0 at tiny q). RELIABLE_RTOL here would raise those values by that much."""
@@ -209,10 +210,10 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
                 v = hi
             elif ((math.floor(a) in replaced or math.ceil(a) in replaced)
                   and (a - 1.0) * v < 1.0) or v < (1.0 - FRACTIONAL_RTOL) * est:
-                # (a neighbour's replacement matters only where log A_α is small: above 1
-                # Opacus' absolute error of ~1e-13 is far below any tolerance)
                 # Opacus' series lost digits (the same cancellation, or its own: σ = 20,
-                # q = 6e-5, α = 1.1 was 1.1% below the truth): the larger of Opacus' value
+                # q = 6e-5, α = 1.1 was 1.1% below the truth; a neighbour's replacement
+                # matters only where log A_α < 1: above, Opacus' absolute error of ~1e-13 is
+                # far below any tolerance): the larger of Opacus' value
                 # and the estimate raised by RELIABLE_RTOL (100 times its largest error
                 # measured against mpmath), capped by two rigorous bounds (loose away from
                 # tiny q); so a value only goes down to a rigorous bound
@@ -238,9 +239,9 @@ def _raise_to_upper_bound(q: float, sigma: float, values: dict[float, float],
     its ``math.log(1 - q)`` loses q's low digits: ``SubsampledGaussian(3.0, 1e-13)`` had
     ε(2) = 0 against 1.2e-27; σ = 20, q = 6.015e-5 was 7.9e-6 relative low. Where Opacus' value
     is at least (1 − RELIABLE_RTOL) times the bound it is kept bit for bit, so ledgers still
-    equal Opacus' ``RDPAccountant`` at ordinary (σ, q); the bound exceeds the truth by
-    ~1e-13 relative for ordinary parameters, so a kept value is at least (1 − RELIABLE_RTOL)
-    times the truth. A value above the bound is kept too (it is then above the truth: at
+    equal Opacus' ``RDPAccountant`` at ordinary (σ, q); the bound exceeds the truth by at
+    most 1e-10 relative where tested (tests/test_sgm_tiny_q.py), so a kept value is at least
+    about (1 − RELIABLE_RTOL) times the truth. A value above the bound is kept too (it is then above the truth: at
     q = 8.3e-12, σ = 20 Opacus' ε(2) is 5.6e-17 against a true 1.7e-25), so values only go up.
     """
     ints = sorted(integers)
