@@ -32,12 +32,22 @@ NaN turned into a smaller number:
    terms). Integer α above it: the same sum (Mironov et al. 2019, §3.3),
    A_α = Σ_k C(α,k)(1−q)^(α−k) q^k e^((k²−k)/(2σ²)), evaluated here in log
    space with ``gammaln`` and ``logsumexp``.
+2b. (issue z27) Both lose A_α − 1 to rounding when it is tiny (tiny q, large
+   σ: ε(2) = 0 at σ = 3, q = 1e-13). Each integer value below
+   (1 − :data:`RELIABLE_RTOL`) times the cancellation-free upper bound of
+   :mod:`privguard._curves._sgm_upper` is replaced by that bound.
 3. Fractional α < :data:`OPACUS_MAX_ORDER`: Opacus, if its series stops within
    :data:`MAX_SERIES_TERMS` terms (predicted before calling it, since the loop
    cannot be interrupted) and the value lies between the integer neighbours
    ε(⌊α⌋) and ε(⌈α⌉), as monotonicity in α requires (within
    :data:`privguard._validation.RDP_RTOL`/``RDP_ATOL``). Otherwise ε(⌈α⌉),
    a valid bound by monotonicity (formulas.md §1).
+3b. (issue z27) A fractional value kept by step 3 whose integer neighbour was
+   replaced in step 2b, or which lies below (1 − :data:`FRACTIONAL_RTOL`)
+   times the stable estimate :func:`privguard._curves._sgm_upper.fractional_estimate`,
+   becomes the larger of it and the estimate raised by RELIABLE_RTOL, capped by
+   the chord of the integer values ((α−1)ε(α) is convex) and, below order 2,
+   the Taylor bound :func:`privguard._curves._sgm_upper.below_two`.
 4. A value above the Gaussian bound becomes the Gaussian bound; a negative
    value within the tolerance of 0 (round-off of a value ≈ 0) becomes 0, one
    below that (garbage) the Gaussian bound.
@@ -59,8 +69,8 @@ import math
 import numpy as np
 from scipy.special import binom, gammaln, log_ndtr, logsumexp
 
-from privguard._curves import _opacus_rdp
-from privguard._validation import rdp_tolerance
+from privguard._curves import _opacus_rdp, _sgm_upper
+from privguard._validation import RDP_RTOL, rdp_tolerance
 
 OPACUS_MAX_ORDER = 1024
 """Largest order passed to Opacus: its binomials overflow (NaN) from about 1030."""
@@ -69,6 +79,20 @@ MAX_SERIES_TERMS = 100_000
 """Most terms of Opacus' fractional-order series privguard lets it sum (about 0.3 s)."""
 
 _STOP = -30.0  # Opacus' stopping rule: both log-terms below this
+
+RELIABLE_RTOL = RDP_RTOL
+"""How far (relative) an integer order's Opacus value may lie below the cancellation-free
+upper bound and still be kept (step 2b): the RDP round-off tolerance."""
+
+FRACTIONAL_RTOL = 1e-4
+"""How far (relative) a fractional order's Opacus value may lie below the estimate of
+:func:`privguard._curves._sgm_upper.fractional_estimate` and still be kept (step 3b).
+Opacus' fractional series is less accurate than its integer sum: measured against the
+estimate (itself within 1e-11 of mpmath), up to 1.5e-8 below the truth at σ = 1.1,
+q = 0.004 and 1.1e-5 at σ = 1, q = 1e-5 (orders 1.1–10.9; docs/theory.md §1.1),
+points where privguard promises Opacus' values bit for bit (tests/test_mechanisms.py);
+this tolerance keeps them and replaces the gross errors (1.1% at σ = 20, q = 6e-5;
+0 at tiny q). RELIABLE_RTOL here would raise those values by that much."""
 
 
 def gaussian_bound(orders: np.ndarray, sigma: float) -> np.ndarray:
@@ -167,6 +191,13 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     for n in integers:
         if n > OPACUS_MAX_ORDER:
             values[float(n)] = integer_order(q, sigma, n)
+    replaced = _raise_to_upper_bound(q, sigma, values, integers)
+    # Opacus' fractional values to check against the estimate: where log A_α < 1 (above, an
+    # absolute error of its series of ~1e-13 is far below RELIABLE_RTOL of the value), and where
+    # the estimate's nodes stay few (α/σ < 360: up to 2,200 of them)
+    checked = sorted(a for a in trusted if (a - 1.0) * values[a] < 1.0 and a / sigma < 360.0)
+    estimate = dict(zip(checked, _sgm_upper.fractional_estimate(q, sigma, np.array(checked))
+                        .tolist())) if checked else {}
 
     out = np.empty(len(alphas))
     for idx, a in enumerate(alphas):
@@ -174,14 +205,67 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
         if a in fractional:
             lo = values[float(math.floor(a))] if a >= 2 else 0.0
             hi = values[float(math.ceil(a))]
+            est = estimate.get(a, math.nan)
             if not (lo - rdp_tolerance(lo) <= v <= hi + rdp_tolerance(hi)):  # also NaN
                 v = hi
+            elif ((math.floor(a) in replaced or math.ceil(a) in replaced)
+                  and (a - 1.0) * v < 1.0) or v < (1.0 - FRACTIONAL_RTOL) * est:
+                # Opacus' series lost digits (the same cancellation, or its own: σ = 20,
+                # q = 6e-5, α = 1.1 was 1.1% below the truth; a neighbour's replacement
+                # matters only where log A_α < 1: above, Opacus' absolute error of ~1e-13 is
+                # far below any tolerance): the larger of Opacus' value
+                # and the estimate raised by RELIABLE_RTOL (100 times its largest error
+                # measured against mpmath), capped by two rigorous bounds (loose away from
+                # tiny q); so a value only goes down to a rigorous bound
+                cap = _chord(values, a)
+                if a < 2:
+                    cap = min(cap, float(_sgm_upper.below_two(q, sigma, np.array([a]))[0]))
+                v = min(cap, max(v, est * (1.0 + RELIABLE_RTOL))) if math.isfinite(est) else cap
         if math.isnan(v):
             v = bound[idx]
         elif v < 0:
             v = 0.0 if v >= -rdp_tolerance(0.0) else bound[idx]
         out[idx] = min(v, bound[idx])
     return np.maximum.accumulate(out)
+
+
+def _raise_to_upper_bound(q: float, sigma: float, values: dict[float, float],
+                          integers: set[int]) -> set[int]:
+    """Step 2b (issue z27): replace each integer order's value that lies below the
+    cancellation-free upper bound :func:`privguard._curves._sgm_upper.upper` by more than
+    :data:`RELIABLE_RTOL` (relative) by that bound, in place; return the orders replaced.
+
+    Opacus' log-space sum loses A_α − 1 to rounding when it is tiny (tiny q, large σ), and
+    its ``math.log(1 - q)`` loses q's low digits: ``SubsampledGaussian(3.0, 1e-13)`` had
+    ε(2) = 0 against 1.2e-27; σ = 20, q = 6.015e-5 was 7.9e-6 relative low. Where Opacus' value
+    is at least (1 − RELIABLE_RTOL) times the bound it is kept bit for bit, so ledgers still
+    equal Opacus' ``RDPAccountant`` at ordinary (σ, q); the bound exceeds the truth by at
+    most 1e-10 relative where tested (tests/test_sgm_tiny_q.py), so a kept value is at least
+    about (1 − RELIABLE_RTOL) times the truth. A value above the bound is kept too (it is then above the truth: at
+    q = 8.3e-12, σ = 20 Opacus' ε(2) is 5.6e-17 against a true 1.7e-25), so values only go up.
+    """
+    ints = sorted(integers)
+    bound = _sgm_upper.upper(q, sigma, np.array(ints, dtype=np.float64))
+    replaced = set()
+    for n, u in zip(ints, bound.tolist()):
+        if not values[float(n)] >= (1.0 - RELIABLE_RTOL) * u:  # also NaN
+            values[float(n)] = u
+            replaced.add(n)
+    return replaced
+
+
+def _chord(values: dict[float, float], a: float) -> float:
+    """ε(α) at a fractional α ∈ (n, n+1) from the (upper-bound) values at n and n+1.
+
+    g(α) = (α−1)·ε(α) = log A_α is convex in α (a log-moment: Hölder's inequality), and
+    g(1) = 0, so g(α) ≤ (n+1−α)·g(n) + (α−n)·g(n+1): an upper bound on ε(α) whenever the
+    integer values are (formulas.md §1 for monotonicity; docs/theory.md §14.2 uses the same
+    chord). The last factor rounds the float evaluation up (a few operations of 2⁻⁵³ each).
+    """
+    n = math.floor(a)
+    g_n = (n - 1) * values[float(n)] if n >= 2 else 0.0
+    g_next = n * values[float(n + 1)]
+    return ((n + 1 - a) * g_n + (a - n) * g_next) / (a - 1) * (1.0 + 2.0**-48)
 
 
 def _opacus_values(q: float, sigma: float, orders: list[float]) -> dict[float, float]:
