@@ -5,9 +5,11 @@ Part 1 times ``ledger.charge(step)`` per call (medians of ``--calls`` calls, the
 variants in alternating blocks, one ledger each, after a long streak so that no call
 commits): in memory (the repeat lane), a leased step of a SQLite file as shipped, and,
 as a diagnosis only, the same leased step with the per-step check of the file
-(``SQLiteStore.check_lease``: one ``os.stat`` of the path, one ``pread`` of the header's
-change counter) replaced by one of its two parts or by nothing. The two system calls are
-also timed alone. The check is what keeps a leased step fail-closed (README "On disk":
+(``SQLiteStore.check_lease``: one ``os.stat`` of the path, whose size and times also
+tell whether the file changed, plus, in rollback-journal mode only, one ``pread`` of the
+header's change counter; before y26 the ``pread`` ran in WAL mode too) replaced by the
+check before y26, by one of its two system calls or by nothing. The two system calls
+are also timed alone. The check is what keeps a leased step fail-closed (README "On disk":
 a file replaced, deleted or changed under an open ledger is detected at every step);
 the variants without it exist here to measure it, never in the library.
 
@@ -47,7 +49,8 @@ STEP = M.SubsampledGaussian(noise_multiplier=1.0, sample_rate=128 / 8192)  # the
 LABEL = "step"
 
 
-HOW = ("as shipped", "check = os.stat only", "check = pread only", "no check")
+HOW = ("as shipped", "before y26: os.stat + pread", "check = os.stat only", "check = pread only",
+       "no check")
 
 
 def _diagnose(ledger: Ledger, how: str) -> None:
@@ -55,6 +58,8 @@ def _diagnose(ledger: Ledger, how: str) -> None:
     st = ledger._store
     ledger._check_lease = {
         "as shipped": st.check_lease,
+        "before y26: os.stat + pread": lambda: (
+            st._check_identity(), st._seen is not None and st._change_counter() == st._seen)[1],
         "check = os.stat only": lambda: (st._check_identity(), True)[1],
         "check = pread only": lambda: st._seen is not None and st._change_counter() == st._seen,
         "no check": None}[how]
