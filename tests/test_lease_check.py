@@ -122,21 +122,5 @@ def test_an_edited_head_is_refused_at_the_next_leased_step(tmp_path, monkeypatch
         ledger.charge(STEP)
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
-def test_wal_a_leased_step_still_checks_the_path(tmp_path, monkeypatch, how):
-    # Promise: without the pread, a WAL-mode leased step still stats the path: the file
-    # deleted, or replaced by another, under an open ledger -> LedgerStateError, no step
-    # handed out.
-    path = tmp_path / "p.db"
-    ledger = _leased(path, monkeypatch, "wal")
-    lease = ledger._lease
-    left = lease.left
-    if how == "deleted":
-        os.remove(path)
-    else:
-        other = tmp_path / "other.db"
-        Ledger(3.0, 1e-5, path=other).close()
-        os.replace(other, path)
-    with pytest.raises(LedgerStateError):
-        ledger.charge(STEP)
-    assert lease.left == left
+# The path check of a leased step (deleted or replaced -> LedgerStateError), in WAL mode
+# (the default): tests/test_adv_repeat_lane.py::test_a_leased_step_through_the_lane_checks_the_file.
