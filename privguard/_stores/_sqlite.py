@@ -287,13 +287,14 @@ class SQLiteStore:
         syncs (which verifies the journal).
 
         "Unchanged": the size, mtime and ctime of that same ``stat`` (free: any write to
-        the main file, ``cp backup.db budget.db`` included, sets its ctime, which no user
-        can set back; a write within the same filesystem-timestamp tick as the last change
-        before this store's last transaction keeps them), and, in rollback-journal mode,
+        the main file, ``cp backup.db budget.db`` included, sets its ctime, which
+        ``touch`` or ``utime`` cannot set back; a write within the same
+        filesystem-timestamp tick as the last change before this store's last
+        transaction keeps them), and, in rollback-journal mode,
         the header's change counter (one ``pread``), which every commit bumps there. In
         WAL mode commits do not move that counter (they append to the ``-wal``) and the
-        main file changes only at checkpoints, which move the stat's times: the ``pread``
-        (about 1 µs in a loop, 20 µs or more inside a training step, with cold caches) is
+        main file changes at checkpoints, which move the stat's times: the ``pread``
+        (about 1 µs in a loop, about 20 µs inside a training step, with cold caches) is
         left out there (docs/performance.md, "Where a leased step's time goes")."""
         st = self._check_identity()
         if self._seen is None or (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._seen_stat:
