@@ -90,11 +90,16 @@ def make_step(variant: str, tmp: str):
     return step, ledger
 
 
-def hook_cost(variant: str, steps: int, tmp: str) -> tuple[float, float]:
+def hook_cost(variant: str, steps: int, tmp: str,
+              prepare=None) -> tuple[float, float]:
     """Median and mean time of attach's step hook (the charge) per step, timed around the
     hook itself: a load-independent view of what attach adds to a step. With leases the
-    mean is the one to read: one step in up to 16 pays a commit, the others none."""
+    mean is the one to read: one step in up to 16 pays a commit, the others none.
+    ``prepare``: called with the ledger before the steps (lease_step_profile.py's
+    diagnoses)."""
     step, ledger = make_step(variant, tmp)
+    if prepare is not None:
+        prepare(ledger)
     opt = step.optimizer
     hook, spent = opt.step_hook, []
 
@@ -111,6 +116,16 @@ def hook_cost(variant: str, steps: int, tmp: str) -> tuple[float, float]:
     return statistics.median(spent[20:]) / 1e9, statistics.mean(spent[20:]) / 1e9
 
 
+def median_call(fn, calls: int) -> float:
+    """Median seconds of ``fn()`` over ``calls`` calls."""
+    ts = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts) / 1e9
+
+
 def hook_parts(calls: int = 3000) -> dict[str, float]:
     """Medians (seconds) of the parts of attach's step hook, called directly on a trained
     in-memory attach: the mechanism lookup, the charge (fast path on and off), Opacus'
@@ -125,12 +140,7 @@ def hook_parts(calls: int = 3000) -> dict[str, float]:
     mech = handle.next_mechanism()
 
     def med(fn) -> float:
-        ts = []
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            fn()
-            ts.append(time.perf_counter_ns() - t0)
-        return statistics.median(ts) / 1e9
+        return median_call(fn, calls)
 
     out = {"next_mechanism()": med(handle.next_mechanism),
            "charge, fast path": med(lambda: ledger.charge(mech, label=handle.label))}

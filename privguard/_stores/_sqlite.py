@@ -246,8 +246,9 @@ class SQLiteStore:
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _check_identity(self) -> None:
-        """Fail closed if the path now names another file than the one opened."""
+    def _check_identity(self) -> os.stat_result:
+        """Fail closed if the path now names another file than the one opened; the path's
+        stat otherwise."""
         try:
             st = os.stat(self.path)
         except OSError as exc:
@@ -256,6 +257,7 @@ class SQLiteStore:
         if (st.st_dev, st.st_ino) != self._identity:
             raise LedgerStateError(f"{self.path} was replaced by another file while this "
                                    "ledger was open; reopen it to use the new file")
+        return st
 
     #: The database header's file change counter (bytes 24..27) as of this store's last
     #: transaction: SQLite's rollback-journal modes bump it at every commit.
@@ -267,14 +269,37 @@ class SQLiteStore:
         except OSError:
             return None
 
+    #: The main file's (size, mtime, ctime) in ns as of this store's last transaction.
+    _seen_stat: tuple[int, int, int] | None = None
+
+    def _stat_key(self) -> tuple[int, int, int] | None:
+        try:
+            st = None if self._lock_fd is None else os.fstat(self._lock_fd)
+        except OSError:
+            return None
+        return None if st is None else (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
     def check_lease(self) -> bool:
         """The check before a step is handed out from a lease (no transaction): the path
         still names the file opened (one ``os.stat``; LedgerStateError if replaced or
-        deleted), and whether the file is unchanged since this store's last transaction
-        (one ``pread`` of the header's change counter). False: another writer, or an
-        in-place rollback, changed it; the caller syncs (which verifies the journal)."""
-        self._check_identity()
-        return self._seen is not None and self._change_counter() == self._seen
+        deleted), and whether the file is unchanged since this store's last transaction.
+        False: another writer, a checkpoint or an in-place rollback changed it; the caller
+        syncs (which verifies the journal).
+
+        "Unchanged": the size, mtime and ctime of that same ``stat`` (free: any write to
+        the main file, ``cp backup.db budget.db`` included, sets its ctime, which
+        ``touch`` or ``utime`` cannot set back; a write within the same
+        filesystem-timestamp tick as the last change before this store's last
+        transaction keeps them), and, in rollback-journal mode,
+        the header's change counter (one ``pread``), which every commit bumps there. In
+        WAL mode commits do not move that counter (they append to the ``-wal``) and the
+        main file changes at checkpoints, which move the stat's times: the ``pread``
+        (about 1 µs in a loop, about 20 µs inside a training step, with cold caches) is
+        left out there (docs/performance.md, "Where a leased step's time goes")."""
+        st = self._check_identity()
+        if self._seen is None or (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._seen_stat:
+            return False
+        return self._wal or self._change_counter() == self._seen
 
     @contextlib.contextmanager
     def _locked(self, write: bool) -> Iterator[sqlite3.Connection]:
@@ -313,6 +338,7 @@ class SQLiteStore:
                     conn.execute("ROLLBACK")
                 raise
             self._seen = self._change_counter()  # still under the flock: ours
+            self._seen_stat = self._stat_key()
         finally:
             self._depth, self._writing = 0, False
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
