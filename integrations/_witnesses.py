@@ -170,6 +170,16 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
 
 
+def _first_param(optimizer: Any) -> Any:
+    """``optimizer.params[0]`` (Opacus: the parameters of every group that require a
+    gradient, in order), or None where there is none, without building the list."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                return p
+    return None
+
+
 class Witnesses:
     """The three witnesses on one Opacus optimizer (created by ``attach(..., witnesses=True)``).
 
@@ -308,8 +318,8 @@ class Witnesses:
         opt = self.optimizer
         if self.failure is not None:
             raise self.failure
-        params = opt.params
-        batch = len(opt._get_flat_grad_sample(params[0])) if params else 0
+        first = _first_param(opt)  # opt.params[0] without building the list (every step)
+        batch = 0 if first is None else len(opt._get_flat_grad_sample(first))
         self._records += batch
         # The exact per-sample check costs as much as Opacus' own norms: it runs on the
         # handle's first micro-batch and then on each with probability CLIP_CHECK_RATE,
@@ -319,6 +329,7 @@ class Witnesses:
             self._original()
             return
         self._clip_checked = True
+        params = opt.params
         before = [None if p.summed_grad is None else p.summed_grad.detach().clone()
                   for p in params]
         samples = [opt._get_flat_grad_sample(p).detach().reshape(batch, -1) for p in params]

@@ -274,8 +274,12 @@ class AttachHandle:
             k = self._micro_batches(predict=False)
             if self.dropout_guard is not None and self._coordinator is None:
                 self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
+            # the step's mechanism, built once: the witnesses check what the ledger charges
+            # (under DDP it is built inside the step's collective, _checked_mechanism)
+            single = self._epochs is None and self._coordinator is None
+            mechanism = self._mechanism_for(k) if single else None
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
-                self._check_witnesses(k)
+                self._check_witnesses(k, mechanism)
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
                 if k > 1:
                     raise _accumulated_allocation(k)
@@ -293,7 +297,8 @@ class AttachHandle:
                     nxt = self._epochs.mechanism(sigma)
                     self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
             elif self._coordinator is None:
-                self.ledger.charge(self._mechanism_for(k), label=self.label)
+                assert mechanism is not None
+                self.ledger.charge(mechanism, label=self.label)
             else:
                 self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
                                                        self.label)
@@ -306,11 +311,16 @@ class AttachHandle:
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
 
-    def _check_witnesses(self, k: int) -> None:
-        """The check stage: this rank's witnesses; under DDP the refusal is taken together."""
+    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
+        """The check stage: this rank's witnesses; under DDP the refusal is taken together.
+
+        ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it.
+        """
         assert self.witnesses is not None
         witnesses = self.witnesses
-        mechanism = self.next_mechanism() if self._epochs is not None else self._mechanism_for(k)
+        if mechanism is None:
+            mechanism = (self.next_mechanism() if self._epochs is not None
+                         else self._mechanism_for(k))
         if self._coordinator is None:
             witnesses.check(mechanism)
             return

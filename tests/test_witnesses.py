@@ -34,6 +34,7 @@ from privguard.integrations._witnesses import (
     _binomial_tails,
     _chi2_lower_tail,
     _chi2_quantile,
+    _first_param,
     level,
     reserve_for,
 )
@@ -783,3 +784,44 @@ def test_ties_restart_their_series_when_the_draws_per_batch_change():
         assert w._tie_draws == N * accumulated
         assert math.isclose(w._tie_rate, float(np.sum(pmf * pmf)), rel_tol=1e-5)
         assert w._pairs == 20
+
+
+def test_first_param_is_opacus_params_first_whatever_the_groups_and_frozen_layers():
+    """The clipping wrapper reads ``opt.params[0]`` through ``_first_param`` (no list a
+    step): the same parameter for any groups and frozen layers, None where none is left."""
+    rng = random.Random(7)
+    for _ in range(40):
+        layers = [nn.Linear(3, 3) for _ in range(rng.randint(1, 4))]
+        groups = [{"params": list(layer.parameters())} for layer in layers]
+        model = nn.Sequential(*layers)
+        for p in model.parameters():
+            p.requires_grad_(rng.random() < 0.5)
+        engine = PrivacyEngine(accountant="rdp")
+        loader = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4)
+        if not any(p.requires_grad for p in model.parameters()):
+            opt = type("Groups", (), {"param_groups": groups, "params": []})()
+        else:
+            _m, opt, _l = engine.make_private(
+                module=model, optimizer=torch.optim.SGD(groups, lr=0.1), data_loader=loader,
+                noise_multiplier=1.0, max_grad_norm=1.0)
+        expected = opt.params[0] if opt.params else None
+        assert _first_param(opt) is expected
+
+
+def test_the_witnesses_check_the_mechanism_the_ledger_charges():
+    """The hook builds the step's mechanism once and hands the same object to the check
+    stage and to the ledger (σ and q changed mid-run: a new one, checked and charged)."""
+    model, opt, loader, crit = pipeline()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    checked, charged = [], []
+    check, charge = handle.witnesses.check, ledger.charge
+    handle.witnesses.check = lambda m: (checked.append(m), check(m))[1]
+    ledger.charge = lambda m, **kw: (charged.append(m), charge(m, **kw))[1]
+    run(model, opt, loader, crit, 3)
+    opt.noise_multiplier = 1.5
+    run(model, opt, loader, crit, 3)
+    steps = [m for m in charged if not isinstance(m, DeltaReserve)]
+    assert len(checked) == len(steps) == 6
+    assert all(a is b for a, b in zip(checked, steps, strict=True))
+    assert [m.noise_multiplier for m in checked] == [1.0] * 3 + [1.5] * 3
