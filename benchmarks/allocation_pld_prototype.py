@@ -167,13 +167,18 @@ def _choose_g(s: float, n: int, g_target: float, w_cap: float, w_mid: float, up:
     return max(g_target, width / MAX_WINDOW)
 
 
-def remove_tails(sigma: float, t: int, g_target: float, h: float, grid: np.ndarray):
-    """Upper bounds U(a) ≥ P_P(L > a) at each a of ``grid`` (remove direction)."""
+def remove_tails(sigma: float, t: int, g_target: float, h: float, grid: np.ndarray,
+                 wrong: bool = False):
+    """Upper bounds U(a) ≥ P_P(L > a) at each a of ``grid`` (remove direction).
+
+    ``wrong=True`` rounds W DOWN instead (a negative control for the checks: at
+    t = 2 it moves the tail by less than 10⁻⁶ relative, below what the
+    loss grid's own rounding adds, so the checks cannot see it)."""
     s = 1.0 / sigma
     w_cap = math.exp(s * 8.0 - s * s / 2)  # P(W > w_cap) = Φ̄(8) ≈ 6e-16 per term → +∞
     w_mid = math.exp(s * 5.0 - s * s / 2)
     g = _choose_g(s, t - 1, g_target, w_cap, w_mid, True)
-    k, m, inf_w = lattice_pmf(s, -s * s / 2, g, w_cap, True, w_mid)
+    k, m, inf_w = lattice_pmf(s, -s * s / 2, g, w_cap, not wrong, w_mid)
     lo, p, out, rnd = sum_pmf(k, m, t - 1)
     inf_mass = (t - 1) * inf_w + out + rnd
     p = np.maximum(p, 0.0)
@@ -239,7 +244,8 @@ def pmf_from_tails(u: np.ndarray, grid_lo_index: int):
     return probs, float(u[-1])
 
 
-def epoch_plds(sigma: float, t: int, h: float = 1e-4, g_target: float = 1e-4):
+def epoch_plds(sigma: float, t: int, h: float = 1e-4, g_target: float = 1e-4,
+               wrong: bool = False):
     """dp-accounting PLD (both directions) dominating one epoch, and diagnostics."""
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld import privacy_loss_distribution as pld
@@ -249,21 +255,22 @@ def epoch_plds(sigma: float, t: int, h: float = 1e-4, g_target: float = 1e-4):
     a_hi = math.log((math.exp(s * 8.5 + s * s / 2) + 2 * t) / t)
     j_lo = math.floor(-8.0 / h)
     grid = np.arange(j_lo, math.ceil(a_hi / h) + 1) * h
-    u_rem, info_rem = remove_tails(sigma, t, g_target, h, grid)
+    u_rem, info_rem = remove_tails(sigma, t, g_target, h, grid, wrong is True)
     grid_add = np.arange(j_lo, math.ceil((math.log(t) + 8 * s + 2) / h) + 1) * h
     u_add, info_add = add_tails(sigma, t, g_target, grid_add)
     elapsed = time.time() - t0
 
-    def dense(u):
+    def dense(u, shift=0):
         # the mass below the first point where U < 1 − 1e-15 goes to that point
         # (raising a loss is always safe)
         first = max(0, int(np.argmax(u < 1.0 - 1e-15)) - 1)
         probs, inf = pmf_from_tails(u[first:], j_lo + first)
         first += int(np.argmax(probs > 0))
         probs = probs[int(np.argmax(probs > 0)):]
-        return pld_pmf.DensePLDPmf(h, j_lo + first, probs, inf, True)
+        return pld_pmf.DensePLDPmf(h, j_lo + first - shift, probs, inf, True)
 
-    out = pld.PrivacyLossDistribution(dense(u_rem), dense(u_add))
+    # wrong == "grid": every remove loss one grid step too low (a negative control)
+    out = pld.PrivacyLossDistribution(dense(u_rem, int(wrong == "grid")), dense(u_add))
     return out, dict(seconds=elapsed, remove=info_rem, add=info_add, grid=grid, u_rem=u_rem,
                      grid_add=grid_add, u_add=u_add)
 
@@ -364,6 +371,14 @@ def validate() -> None:
               f"(violations {int(np.sum(cr < rem * (1 - 1e-9)))}), "
               f"add min ratio {np.min(ca[ma] / add[ma]):.6f} "
               f"(violations {int(np.sum(ca < add * (1 - 1e-9)))})")
+    x = np.linspace(-3.0, 4.0, 400) + 1.234e-5
+    rem, _ = exact_tails_t2(1.0, x)
+    for wrong, what in ((True, "W rounded DOWN"), ("grid", "losses one grid step low")):
+        pl, _ = epoch_plds(1.0, 2, wrong=wrong)
+        cr = pmf_tail(pl._pmf_remove, x)
+        print(f"negative control, remove, {what}, sigma=1, t=2: "
+              f"violations {int(np.sum(cr < rem * (1 - 1e-9)))} of 400, "
+              f"min ratio {np.min(cr[rem > 1e-13] / rem[rem > 1e-13]):.6f}")
     print("== t = 10: certified tail vs Monte-Carlo (4e6 epochs), "
           "violations = certified < MC − 4·SE, at 101 points of [−2, 3]")
     rng = np.random.default_rng(20261126)
