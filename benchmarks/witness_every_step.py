@@ -48,6 +48,7 @@ def witnessed(tweak=None):
     (optimizer,) = [o for o in _ATTACHED if o not in before]
     witnesses = _ATTACHED[optimizer].witnesses
     witnesses._coins = witnesses._step_coins = SKIP
+    witnesses.step_rate = 0.25  # the schedule (not used by attach): a skipped step needs p < 1
     if tweak is not None:
         tweak(witnesses)
     return step, witnesses, _ATTACHED[optimizer]

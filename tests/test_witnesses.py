@@ -445,12 +445,14 @@ def test_step_bound_alone_catches_clipping_off():
 
 
 def test_step_schedule_checks_the_first_step_and_every_change_of_charge():
-    """The noise test and the step bound run at the first step, at each step whose σ or C
-    changed, and otherwise on the schedule's coin; the j-th test spends α_j."""
+    """With a step rate p < 1 (benchmarks only), the noise test and the step bound run at
+    the first step, at each step whose σ or C changed, and otherwise on the schedule's
+    coin; the j-th test spends α_j."""
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
                     witnesses=True)
     w = handle.witnesses
+    w.step_rate = 0.25
     w._step_coins = _Coins(1.0)  # the coin never asks for a check
     measured = []
     measure = w._measure
@@ -470,17 +472,20 @@ def test_step_schedule_checks_the_first_step_and_every_change_of_charge():
     assert f"≤ {level(3, w.false_alarm):.3g}" in str(exc)
 
 
-def test_noise_bug_starting_mid_run_is_caught_within_50_steps():
-    """A persistent bug from step 6 on: missed by 50 scheduled steps with probability
-    (1 − STEP_CHECK_RATE)⁵⁰ < 10⁻⁶."""
-    assert (1 - STEP_CHECK_RATE) ** 50 < 1e-6
+def test_noise_bug_starting_mid_run_is_refused_at_its_first_step():
+    """A persistent bug from step 6 on is refused at step 6, before that step is released:
+    the noise test runs at every step by default (STEP_CHECK_RATE = 1), whatever the
+    schedule's coins would say."""
+    assert STEP_CHECK_RATE == 1.0
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
+    handle.witnesses._step_coins = _Coins(1.0)  # a schedule with p < 1 would skip every step
     run(model, opt, loader, crit, 5)
+    charged = handle.steps_charged
     _half_noise(opt)
     exc = _refusal(handle, model, opt, loader, crit)
-    assert exc.witness == "noise" and exc.step >= 6
+    assert exc.witness == "noise" and exc.step == 6 and handle.steps_charged == charged
 
 
 # ------------------------------------------------------------------ per-record inclusion

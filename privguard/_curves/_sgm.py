@@ -238,8 +238,10 @@ def _raise_to_upper_bound(q: float, sigma: float, values: dict[float, float],
     Opacus' log-space sum loses A_α − 1 to rounding when it is tiny (tiny q, large σ), and
     its ``math.log(1 - q)`` loses q's low digits: ``SubsampledGaussian(3.0, 1e-13)`` had
     ε(2) = 0 against 1.2e-27; σ = 20, q = 6.015e-5 was 7.9e-6 relative low. Where Opacus' value
-    is at least (1 − RELIABLE_RTOL) times the bound it is kept bit for bit, so ledgers still
-    equal Opacus' ``RDPAccountant`` at ordinary (σ, q); the bound exceeds the truth by at
+    is at least (1 − RELIABLE_RTOL) times the bound it is kept bit for bit, so ledgers
+    equal Opacus' ``RDPAccountant`` at most ordinary (σ, q) (not all: Opacus' own sum can be
+    more than 1e-9 low there too, e.g. ε(2) at σ = 2.674, q = 4.705e-4 by 1.3e-9, and is then
+    replaced, its fractional neighbours rechecked); the bound exceeds the truth by at
     most 1e-10 relative where tested (tests/test_sgm_tiny_q.py), so a kept value is at least
     about (1 − RELIABLE_RTOL) times the truth. A value above the bound is kept too (it is then above the truth: at
     q = 8.3e-12, σ = 20 Opacus' ε(2) is 5.6e-17 against a true 1.7e-25), so values only go up.
