@@ -367,7 +367,6 @@ def test_a_commit_under_a_leased_step_is_synced_and_verified(tmp_path, monkeypat
     # lane as on the ordinary path: another writer's charge is read in at that step, an
     # edited head -> LedgerStateError, nothing released.
     monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", "rollback")
-    import sqlite3
 
     path = tmp_path / "e.db"
     ledger = Ledger(3.0, 1e-5, path=path)
@@ -381,16 +380,9 @@ def test_a_commit_under_a_leased_step_is_synced_and_verified(tmp_path, monkeypat
     other.close()
     assert ledger.charge(STEP).index == 40  # a leased step...
     assert ledger._acc.journal.charges == charges + 1  # ...after syncing the other's charge
-    left = lease.left
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE head SET last_count = last_count - 1")
-    conn.commit()
-    conn.close()
-    with pytest.raises(LedgerStateError, match="head"):
-        ledger.charge(STEP)
-    assert lease.left == left
-    with pytest.raises(LedgerStateError):
-        ledger.charge(STEP)
+    from _lease_edits import edit_head_and_expect_refusal
+
+    edit_head_and_expect_refusal(ledger, path, STEP)
 
 
 # ------------------------------------------------------------------- forks

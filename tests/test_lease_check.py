@@ -11,12 +11,12 @@ header's change counter (a ``pread``): WAL commits do not move that counter, so 
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 
 import pytest
+from _lease_edits import edit_head_and_expect_refusal
 
-from privguard import Ledger, LedgerStateError
+from privguard import Ledger
 from privguard import mechanisms as M
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -106,20 +106,8 @@ def test_an_edited_head_is_refused_at_the_next_leased_step(tmp_path, monkeypatch
     # reaches the main file at a checkpoint, which moves its stat's times.
     path = tmp_path / "e.db"
     ledger = _leased(path, monkeypatch, mode)
-    lease = ledger._lease
-    left = lease.left
     _next_tick(path)
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE head SET last_count = last_count - 1")
-    conn.commit()
-    if mode == "wal":
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    with pytest.raises(LedgerStateError, match="head"):
-        ledger.charge(STEP)
-    assert lease.left == left
-    with pytest.raises(LedgerStateError):
-        ledger.charge(STEP)
+    edit_head_and_expect_refusal(ledger, path, STEP, checkpoint=mode == "wal")
 
 
 # The path check of a leased step (deleted or replaced -> LedgerStateError), in WAL mode
