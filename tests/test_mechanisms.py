@@ -11,15 +11,38 @@ from opacus.accountants.analysis.rdp import compute_rdp
 
 from privguard import DEFAULT_ORDERS, RDPCurve, mechanism_from_dict
 from privguard import mechanisms as M
+from privguard._validation import RDP_RTOL
 
 ORDERS = np.array(DEFAULT_ORDERS)
+
+
+@pytest.mark.parametrize("sigma,q,steps", [(1.1, 0.004, 1), (0.8, 0.01, 7), (2.0, 0.3, 100), (1.0, 1.0, 3)])
+def _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, orders):
+    """privguard keeps Opacus' value bit for bit except at fractional orders where Opacus'
+    series stops early and lies more than RDP_RTOL below the truth (docs/theory.md §1.1,
+    step 3b): there ours is above Opacus' and within 1e-8 (relative) of an mpmath quadrature,
+    not below it (beyond round-off)."""
+    ours, ref, orders = np.asarray(ours), np.asarray(ref), np.asarray(orders)
+    assert np.all(ours >= ref)
+    differ = ours != ref
+    assert not np.any(differ & (orders == np.round(orders))), orders[differ]
+    mp = pytest.importorskip("mpmath")
+    for alpha in orders[differ]:
+        with mp.workdps(30):
+            qm, s, a = mp.mpf(q), mp.mpf(sigma), mp.mpf(float(alpha))
+            f = lambda z: mp.npdf(z, 0, s) * (1 - qm + qm * mp.e ** ((2 * z - 1) / (2 * s**2))) ** a
+            truth = steps * mp.log(mp.quad(f, [-mp.inf, -5, 0, 5, mp.inf])) / (a - 1)
+            mine, theirs = mp.mpf(ours[orders == alpha][0]), mp.mpf(ref[orders == alpha][0])
+            assert truth * (1 - RDP_RTOL) <= mine <= truth * (1 + 1e-8), (alpha, mine, truth)
+            assert theirs < truth * (1 - RDP_RTOL), (alpha, theirs, truth)  # Opacus was low
+    return int(differ.sum())
 
 
 @pytest.mark.parametrize("sigma,q,steps", [(1.1, 0.004, 1), (0.8, 0.01, 7), (2.0, 0.3, 100), (1.0, 1.0, 3)])
 def test_subsampled_gaussian_equals_opacus_compute_rdp(sigma, q, steps):
     ours = M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS)
     ref = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(DEFAULT_ORDERS))
-    np.testing.assert_array_equal(ours, ref)
+    assert _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, ORDERS) <= 6
 
 
 @pytest.mark.parametrize("sigma,q", [(1.1, 0.004), (0.7, 0.05), (3.0, 0.5)])
@@ -195,7 +218,8 @@ def test_round_off_decreases_in_opacus_are_raised_never_lowered():
         ours = M.SubsampledGaussian(sigma, q).rdp(grid)
         running = np.maximum.accumulate(ref)
         decreasing += (ref < running).any()  # Opacus itself decreases (round-off near α = 1)
-        np.testing.assert_array_equal(ours, running)  # the envelope: raised to the running max
+        # the envelope: raised to the running max (and, where Opacus' series is low, above it)
+        _opacus_or_above_it_where_it_is_low(ours, running, sigma, q, 1, grid)
         assert (ours - ref).max() < 1e-10
     assert decreasing
 
@@ -205,7 +229,8 @@ def test_round_off_decreases_in_opacus_are_raised_never_lowered():
 def test_equals_opacus_bit_for_bit_on_the_default_grid(sigma, q):
     for steps in (1, 999):
         ref = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(DEFAULT_ORDERS))
-        np.testing.assert_array_equal(M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS), ref)
+        ours = M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS)
+        _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, ORDERS)
 
 
 # -- issue 24, item 4: pure-DP and Laplace curves never below the truth ---------------------

@@ -368,6 +368,22 @@ def test_recorded_totals_within_the_rdp_tolerance_load_and_the_replay_is_used(st
         Ledger.load_state_dict(_resummed(edited))
 
 
+def test_recorded_totals_below_a_revised_curve_load_above_it_never(state):
+    # A curve revised up since the state was written (the subsampled Gaussian's fractional
+    # orders rose by up to 1e-4 relative: privguard/_stores/_revision.py): recorded totals up
+    # to 1e-4 below the replay load and the replay (the larger) is used; recorded totals
+    # above the replay (a curve gone down) or further below it are refused.
+    honest = Ledger.load_state_dict(state)
+    for factor, loads in [(1 - 5e-5, True), (1 - 3e-4, False), (1 + 1e-7, False)]:
+        revised = copy.deepcopy(state)
+        revised["spent"] = [x * factor for x in state["spent"]]
+        if loads:
+            assert Ledger.load_state_dict(_resummed(revised)).epsilon() == honest.epsilon()
+        else:
+            with pytest.raises(LedgerStateError, match="recorded spent totals"):
+                Ledger.load_state_dict(_resummed(revised))
+
+
 @pytest.mark.parametrize("declared", [False, True])
 def test_a_state_whose_plan_was_chosen_after_its_charges_never_loads(declared):
     # A plan (and the weights derived from it, consistently) picked after the charges:

@@ -47,6 +47,7 @@ from privguard._accounting._plan import Plan
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._mechanisms._base import mechanism_from_dict
 from privguard._stores._paths import explain, require_regular_file
+from privguard._stores._revision import revised_up_only
 from privguard._stores._sqlite import SQLiteStore
 
 _V1_GENESIS = "privguard-journal-v1"
@@ -167,7 +168,7 @@ def _read_rows(path: str, grid: np.ndarray, rows: list[Any]) -> tuple[list[Any],
         try:
             mechanism = mechanism_from_dict(json.loads(mech))
             stored = np.array(json.loads(curve), dtype=float)
-            same = np.array_equal(mechanism._rdp_checked(grid), stored)
+            same = revised_up_only(mechanism._rdp_checked(grid), stored)
         except _DECODE_ERRORS as exc:
             raise LedgerStateError(f"{where} is unreadable ({type(exc).__name__}: {exc})") from exc
         if not same:
@@ -337,7 +338,7 @@ def _write_v2(tmp: str, path: str, old: dict[str, Any]) -> dict[str, Any]:
                           times[0], times[-1], pid)
                 acc.replay_run(run, f"{path}: 0.1 record {run.start}")
                 txn.write(acc, [Change("run", run=acc.journal.last)])
-        if not np.array_equal(acc.spent(), old["spent"]):
+        if not revised_up_only(acc.spent(), old["spent"]):
             raise LedgerStateError(f"{path}: the upgraded journal does not replay to the 0.1 "
                                    "file's spent curve; nothing was changed")
         verified = store.verify()
