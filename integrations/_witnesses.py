@@ -2,7 +2,7 @@
 
 The ``check`` stage of the step hook (``describe → check → charge →
 release``, /work/shared/design.md). With white-box access to the
-``DPOptimizer`` it measures, at real steps (the step schedule below) and before
+``DPOptimizer`` it measures, at every real step and before
 the step is charged or released, three things the charge asserts:
 
 * **noise** — Opacus keeps the clipped sum ``p.summed_grad`` beside the noisy
@@ -23,8 +23,8 @@ the step is charged or released, three things the charge asserts:
   exceed C can pass it: that is left to the one-run audit; the same bound
   under per-layer clipping). The per-sample recomputation runs on the
   handle's first micro-batch, then on each with probability
-  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); each step the step
-  schedule checks gets ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step gets
+  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
   under a correct pipeline: it never fires, so it reveals nothing.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
@@ -37,12 +37,9 @@ the step is charged or released, three things the charge asserts:
   batches, each micro-batch's size is its own Binomial(N, q) draw in both
   tests (pairs of micro-batches: two halves of one batch tie).
 
-The noise test and the clipped-sum bound run at every real step
-(:data:`STEP_CHECK_RATE` = 1). A schedule that checks a step whose charged σ and C
-are unchanged only with probability p < 1 (the witnesses' own coins, independent
-of the data and of the noise; a step not checked spends no false-alarm level)
-exists for the benchmarks, and is not used: docs/theory.md §16.2. The sampling
-tests run at every step.
+The noise test and the clipped-sum bound run at every real step, as the
+sampling tests do (a step schedule that checked 1 step in 4 was removed: it
+released the broken steps it skipped; docs/theory.md §16.2, git history 438c3a4).
 
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
@@ -112,14 +109,6 @@ _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fus
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
-STEP_CHECK_RATE = 1.0
-"""Probability p that a real step gets the noise test and the clipped-sum bound, where its
-charged (σ, C) is that of the last step checked (a first step, and a step whose σ or C
-changed, is always checked). p = 1: every step, so a bug that starts mid-run is refused at
-its first step, before anything is released. The schedule for p < 1 (``Witnesses.step_rate``,
-benchmarks only) was measured at p = 1/4 (1.034–1.044× plain Opacus against about 1.05×) but
-releases about 1/p − 1 broken steps on average before the refusal, a step without noise
-being unbounded in ε; it is not used (docs/theory.md §16.2)."""
 
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
@@ -202,9 +191,7 @@ class Witnesses:
     Attributes:
         active: the names of the witnesses that run.
         steps: real steps checked so far (the sampling tests run at each).
-        noise_checks: noise tests run so far (every step: :data:`STEP_CHECK_RATE`).
-        step_rate: p of the step schedule (:data:`STEP_CHECK_RATE`; benchmarks set
-            p < 1 to measure the schedule, docs/theory.md §16.2).
+        noise_checks: noise tests run so far (the j-th spends the level α_j).
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
@@ -254,11 +241,6 @@ class Witnesses:
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
-        # the step schedule of the noise test and the clipped-sum bound: a generator of its
-        # own (OS entropy), independent of the data and of the per-sample schedule
-        self._step_coins = random.Random()
-        self.step_rate = STEP_CHECK_RATE
-        self._checked_as: tuple[float, float] | None = None  # (σ, C) last checked
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
@@ -454,21 +436,12 @@ class Witnesses:
         c = float(opt.max_grad_norm)
         if sigma <= 0 or c <= 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
-        # The step schedule (docs/theory.md §16.2): with step_rate p < 1, a step charged with
-        # the (σ, C) of the last step checked is checked with probability p, from the
-        # witnesses' own generator (independent of the data and of the noise; a step not
-        # checked spends no false-alarm level). p = 1, the default: every step.
-        charge = (sigma, c)
-        if (self.step_rate < 1.0 and charge == self._checked_as
-                and self._step_coins.random() >= self.step_rate):
-            return
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
         measured = self._measure(scale)
         if measured is None:
             return
-        self._checked_as = charge
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
         if "noise" not in self.active:
