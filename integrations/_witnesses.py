@@ -62,7 +62,8 @@ from its shard of n records (integrations/_shard.py; the ties with the truncated
 law's tie probability, the running count at α_t·(1 − p₀)^m, each rank at α/W);
 the per-record counts are off under DDP.
 
-Cost: the noise norms from a buffer allocated once, with one host sync; the
+Cost: the noise norms from the Gram matrix of a float64 buffer allocated once
+(one copy, one product, one host sync); the
 exact χ² and binomial tails are evaluated only where they can alarm (cached
 cut, median side, the anchors of :meth:`Witnesses._covered`, the safe tie
 count), with the same decisions as evaluating them every step
@@ -236,7 +237,7 @@ class Witnesses:
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
         self._cuts: dict[int, float] = {}
-        self._buf: tuple[Any, Any, list[Any], list[Any]] | None = None  # _measure's buffer
+        self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
@@ -474,12 +475,13 @@ class Witnesses:
         """(upper bound on ‖Z‖, upper bound on ‖summed_grad‖, computed ‖Z‖, d) for this step.
 
         Z = grad·s − summed_grad over every parameter with both. The clipped sum
-        and the gradient are copied (one fused ``_foreach_copy_``) into rows 1
-        and 2 of a buffer allocated once (:meth:`_buffer`), −Z is formed in row
-        0 in place, and one norm kernel over the three rows gives the three
-        norms with a single host sync: no allocation per step. The two bounds
-        are never below the exact norms of the same float tensors (None: no
-        parameter has a noisy gradient).
+        and the gradient are copied (one fused ``_foreach_copy_``, exact) into
+        the two rows of a float64 buffer allocated once (:meth:`_buffer`), and
+        one product of the buffer with its transpose gives their Gram matrix
+        (‖a‖², ⟨a, g⟩, ‖g‖²) with a single host sync: no allocation per step
+        but the 2 × 2 result, two kernels. ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²,
+        and both bounds are never below the exact norms of the same float
+        tensors (docs/theory.md §16.2; None: no parameter has a noisy gradient).
         """
         grads, summed = [], []
         for p in self.optimizer.params:
@@ -489,55 +491,57 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        buf, rows, targets = self._buffer(grads)
+        buf, targets = self._buffer(grads)
         if _FOREACH_COPY is not None:
             _FOREACH_COPY(targets, summed + grads)
         else:  # torch < 2.1: one copy per tensor
             for target, source in zip(targets, summed + grads, strict=True):
                 target.copy_(source)
         d = buf.shape[1]
-        # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad), in row 0
-        torch.add(rows[1], rows[2], alpha=-scale, out=rows[0])
-        u = torch.finfo(buf.dtype).eps / 2.0  # unit roundoff
-        # Sums of d squares in any order err by ≤ γ_{d+1} = (d+1)u/(1−(d+1)u) relatively
-        # (Higham 2002, §3.1; + u for the squares); where that is not small, accumulate in
-        # float64 (d·2⁻⁵³ then).
-        wide = (d + 2) * u > 1e-3
-        acc = torch.float64 if wide else None
-        z_norm, sum_norm, grad_norm = torch.linalg.vector_norm(
-            buf, dim=1, dtype=acc).tolist()  # the one sync
-        v = 2.0 ** -53 if wide else u  # the unit roundoff of the accumulation
-        gamma = (d + 1) * v / (1.0 - (d + 1) * v) + v  # γ_{d+1}, and the squares' rounding
-        # Upper bounds on the exact norms of the same tensors: |fl(a − s·b) − (a − s·b)| ≤
-        # 2u(|s·b| + |fl(·)|) per coordinate, and ‖x‖ ≤ computed/((1−v)·√(1−γ)) (the sum of
-        # squares, then the square root's rounding). The statistic below is never smaller
-        # than ‖grad·s − summed_grad‖ computed exactly.
-        widen = 1.0 / ((1.0 - v) * math.sqrt(1.0 - gamma))
-        z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
-        return z_high, sum_norm * widen, z_norm, d
+        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64: the one sync
+        aa, ag, _, gg = torch.mm(buf, buf.t()).view(-1).tolist()
+        # −Z = a − s·g (DPOptimizer.add_noise then scale_grad): ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²
+        # in exact arithmetic on the stored values (the copy to float64 is exact).
+        z_sq = aa - 2.0 * scale * ag + scale * scale * gg
+        # Each Gram entry errs by ≤ γ_d·Σ|x_i·y_i| ≤ γ_d·‖x‖·‖y‖ in any summation order, with or
+        # without FMA (Higham 2002, eq. 3.5; Cauchy–Schwarz), so the exact value of the line
+        # above differs from ‖Z‖² by ≤ γ_d·(‖a‖ + s‖g‖)² ≤ γ_d·r/(1 − γ_d), r = (√aa + s√gg)²
+        # computed, and its float64 evaluation by ≤ 6u·(aa + 2s|ag| + s²gg) ≤ 6u·r·(1+γ_d)/
+        # (1−γ_d). g = γ_{d+16} covers both, r's own rounding and the rounding of the sum
+        # below; the factor 1 + 2⁻⁴⁰ covers the square roots' (docs/theory.md §16.2).
+        u = 2.0 ** -53
+        gamma = (d + 16) * u / (1.0 - (d + 16) * u)
+        root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
+        r = (root_a + scale * root_g) ** 2
+        up = 1.0 + 2.0 ** -40
+        z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
+        sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
+        return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
 
-    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any], list[Any]]:
-        """The (3, d) buffer of :meth:`_measure`, its rows, and per-parameter views of rows 1, 2.
+    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
+        """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.
 
         Allocated at the first step and again only when the parameters with a noisy
         gradient change (their number, shapes or dtypes). The copy into
-        it is exact (the widest of the gradients' dtypes).
+        it is exact (float64 holds every float16, bfloat16, float32 and float64 value).
         """
         key = tuple([(g.shape, g.dtype) for g in grads])
         if self._buf is None or self._buf[0] != key:
+            for g in grads:
+                if not (g.dtype.is_floating_point and g.dtype.itemsize <= 8):
+                    raise InvalidArgumentError(
+                        "witnesses", True, f"need real floating-point gradients of at most 64 "
+                        f"bits for the noise witness, got {g.dtype}")
             d = sum(g.numel() for g in grads)
-            dtype = grads[0].dtype
-            for g in grads[1:]:  # a wider dtype holds every narrower one exactly
-                dtype = torch.promote_types(dtype, g.dtype)
-            buf = torch.empty((3, d), dtype=dtype, device=grads[0].device)
+            buf = torch.empty((2, d), dtype=torch.float64, device=grads[0].device)
             rows: list[list[Any]] = [[], []]
             offset = 0
             for g in grads:
-                for row, part in zip((1, 2), rows, strict=True):
+                for row, part in zip((0, 1), rows, strict=True):
                     part.append(buf[row, offset:offset + g.numel()].view(g.shape))
                 offset += g.numel()
-            self._buf = (key, buf, list(buf.unbind(0)), rows[0] + rows[1])
-        return self._buf[1], self._buf[2], self._buf[3]
+            self._buf = (key, buf, rows[0] + rows[1])
+        return self._buf[1], self._buf[2]
 
     def _noise_cut(self, d: int) -> float:
         """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).
