@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_witnesses import DELTA, EPSILON, _half_noise, pipeline, run
 
-from privguard import Ledger, PipelineMismatchError
+from privguard import InvalidArgumentError, Ledger, PipelineMismatchError
 from privguard.integrations._witnesses import Witnesses, _chi2_lower_tail, level
 from privguard.integrations.opacus import attach
 
@@ -104,3 +104,13 @@ def test_noise_decisions_are_those_of_the_exact_statistic():
         run(model, opt, loader, crit, 1)
     assert info.value.witness == "noise" and info.value.step == 6
     assert decisions == [False] * 5 + [True]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int32])
+def test_gradients_float64_cannot_hold_exactly_are_refused(dtype):
+    """A complex or integer gradient would not copy exactly into the float64 buffer."""
+    grads = [torch.ones(s, dtype=dtype) for s in SHAPES]
+    w = _fake(grads, [torch.zeros(s, dtype=dtype) for s in SHAPES])
+    with pytest.raises(InvalidArgumentError, match="witnesses"):
+        w._measure(1.0)
+    assert w._buf is None
