@@ -1,15 +1,16 @@
-"""What the witnesses cost at every step, with every scheduled check skipped.
+"""What the witnesses cost at every step, with the sampled per-sample check skipped.
 
 The pipelines of benchmarks/test_bench_witnesses.py (20-64-2 MLP, batch 128,
 one torch thread), interleaved step by step as in benchmarks/witness_cost.py,
 CPU time of the thread. Each witnessed mode has both coins (the per-sample
-clipping schedule and the step schedule) replaced by ones that always skip, so
-what remains is what runs at every step: the clipping wrapper, the check stage's
-Python, the sampling tests, the per-record recording and its once-an-epoch test.
+clipping schedule) replaced by one that always skips, so what remains is what
+runs at every step: the clipping wrapper, the check stage (noise statistic,
+clipped-sum bound, sampling tests), the per-record recording and its
+once-an-epoch test.
 Printed: the median over rounds of each round's difference to ``attach`` alone
 (µs), for
 
-- ``skip all`` — the witnesses as they are;
+- ``skip all`` — the witnesses as they are (per-sample check skipped);
 - ``no per-record`` — without the per-record counts (recording and epoch test);
 - ``no check`` — ``Witnesses.check`` replaced by a no-op (the wrapper and the
   recording remain).
@@ -36,19 +37,18 @@ warnings.filterwarnings("ignore")
 
 from test_bench_witnesses import dp_sgd_step  # noqa: E402
 
-SKIP = SimpleNamespace(random=lambda: 1.0)  # a coin that never schedules a check
+SKIP = SimpleNamespace(random=lambda: 1.0)  # a coin that never draws the per-sample check
 
 
 def witnessed(tweak=None):
-    """A witnessed step with every scheduled check skipped, and its Witnesses."""
+    """A witnessed step with the sampled per-sample check skipped, and its Witnesses."""
     from privguard.integrations.opacus import _ATTACHED
 
     before = set(_ATTACHED)
     step = dp_sgd_step("witnesses")
     (optimizer,) = [o for o in _ATTACHED if o not in before]
     witnesses = _ATTACHED[optimizer].witnesses
-    witnesses._coins = witnesses._step_coins = SKIP
-    witnesses.step_rate = 0.25  # the schedule (not used by attach): a skipped step needs p < 1
+    witnesses._coins = SKIP
     if tweak is not None:
         tweak(witnesses)
     return step, witnesses, _ATTACHED[optimizer]
@@ -116,7 +116,7 @@ def main() -> None:
         diff = statistics.median(t - b for t, b in zip(times[mode], base, strict=True)) / 1e3
         print(f"  {mode:14s} {diff:+7.1f} µs")
     inside, loop = in_place(args.rounds)
-    print(f"Witnesses.check, scheduled checks skipped: {inside:.1f} µs inside real steps, "
+    print(f"Witnesses.check: {inside:.1f} µs inside real steps, "
           f"{loop:.1f} µs in a tight loop (wall clock, medians)")
 
 

@@ -55,7 +55,7 @@ def main() -> None:
     model, opt, loader, crit = T.pipeline()
     handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, witnesses=True)
     T.run(model, opt, loader, crit, 5)
-    T._half_noise(opt)  # from step 6: found at the first step the step schedule draws
+    T._half_noise(opt)  # from step 6: refused at step 6 (the noise test runs at every step)
     print(f"{'σ applied = ½ σ charged from step 6':40s} {_caught(handle, model, opt, loader, crit)}")
     model, opt, loader, crit = T.pipeline()
     handle = attach(opt, Ledger(epsilon=10.0, delta=1e-5), data_loader=loader, sample_rate=1 / 16,

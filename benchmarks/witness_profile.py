@@ -13,9 +13,7 @@ the whole ``optimizer.step``:
   1 in 8 in a real run);
 - ``noise statistic`` — ``Witnesses._measure`` (copy, subtraction, norms);
 - ``check`` — the whole check stage (noise, clipped-sum bound, sampling tests,
-  per-record counts), ``sampling tests`` its binomial tests; on a step the step
-  schedule checks (the first, then 1 in 4: the noise test and the clipped-sum
-  bound run) and on one it skips (3 in 4).
+  per-record counts: all at every step), ``sampling tests`` its binomial tests.
 
 Timers add about a microsecond each; the VM's load moves every number (run it
 twice). What the witnesses cost as a ratio: benchmarks/witness_cost.py.
@@ -59,8 +57,6 @@ def profile(steps: int, check_every: bool) -> dict[str, float]:
     (optimizer,) = [o for o in _ATTACHED if o not in before]
     witnesses = _ATTACHED[optimizer].witnesses
     witnesses._coins = SimpleNamespace(random=lambda: 0.0 if check_every else 1.0)
-    witnesses._step_coins = SimpleNamespace(random=lambda: 0.0 if check_every else 1.0)
-    witnesses.step_rate = 0.25  # the schedule (not used by attach): a skipped step needs p < 1
     times: dict[str, list[int]] = {k: [] for k in (
         "opacus clip", "wrapper", "noise statistic", "sampling tests", "check", "step")}
     witnesses._original = _timed(times["opacus clip"], witnesses._original)
@@ -92,9 +88,8 @@ def main() -> None:
     print(f"  Opacus clip_and_accumulate     {never['opacus clip']:8.1f}")
     print(f"  clip wrapper (not recomputed)  {never['clip wrapper']:8.1f}")
     print(f"  clip check (recomputed)        {every['clip check']:8.1f}   (1 micro-batch in 8)")
-    print(f"  check stage, step checked      {every['check']:8.1f}   (the first, then 1 in 4)")
-    print(f"    noise statistic              {every['noise statistic']:8.1f}")
-    print(f"  check stage, step not checked  {never['check']:8.1f}")
+    print(f"  check stage (every step)       {never['check']:8.1f}")
+    print(f"    noise statistic              {never['noise statistic']:8.1f}")
     print(f"    sampling tests               {never['sampling tests']:8.1f}")
 
 

@@ -2,7 +2,7 @@
 
 The ``check`` stage of the step hook (``describe → check → charge →
 release``, /work/shared/design.md). With white-box access to the
-``DPOptimizer`` it measures, at real steps (the step schedule below) and before
+``DPOptimizer`` it measures, at every real step and before
 the step is charged or released, three things the charge asserts:
 
 * **noise** — Opacus keeps the clipped sum ``p.summed_grad`` beside the noisy
@@ -23,8 +23,8 @@ the step is charged or released, three things the charge asserts:
   exceed C can pass it: that is left to the one-run audit; the same bound
   under per-layer clipping). The per-sample recomputation runs on the
   handle's first micro-batch, then on each with probability
-  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); each step the step
-  schedule checks gets ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
+  :data:`CLIP_CHECK_RATE` (the witnesses' own coins); every step gets
+  ``‖summed_grad‖ ≤ B·C`` (B records). Deterministic
   under a correct pipeline: it never fires, so it reveals nothing.
 * **sampling** — the batch sizes are the sampler's own draws: under the
   charge they are independent Binomial(N·k, q) (k accumulated micro-batches,
@@ -37,12 +37,9 @@ the step is charged or released, three things the charge asserts:
   batches, each micro-batch's size is its own Binomial(N, q) draw in both
   tests (pairs of micro-batches: two halves of one batch tie).
 
-The noise test and the clipped-sum bound run at every real step
-(:data:`STEP_CHECK_RATE` = 1). A schedule that checks a step whose charged σ and C
-are unchanged only with probability p < 1 (the witnesses' own coins, independent
-of the data and of the noise; a step not checked spends no false-alarm level)
-exists for the benchmarks, and is not used: docs/theory.md §16.2. The sampling
-tests run at every step.
+The noise test and the clipped-sum bound run at every real step, as the
+sampling tests do (a step schedule that checked 1 step in 4 was removed: it
+released the broken steps it skipped; docs/theory.md §16.2, git history 438c3a4).
 
 Per-record inclusion counts (integrations/_inclusion.py): with a
 Poisson-charged ``data_loader``, once per expected epoch, the numbers of
@@ -65,7 +62,8 @@ from its shard of n records (integrations/_shard.py; the ties with the truncated
 law's tie probability, the running count at α_t·(1 − p₀)^m, each rank at α/W);
 the per-record counts are off under DDP.
 
-Cost: the noise norms from a buffer allocated once, with one host sync; the
+Cost: the noise norms from the Gram matrix of a float64 buffer allocated once
+(one copy, one product, one host sync); the
 exact χ² and binomial tails are evaluated only where they can alarm (cached
 cut, median side, the anchors of :meth:`Witnesses._covered`, the safe tie
 count), with the same decisions as evaluating them every step
@@ -112,14 +110,6 @@ _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)  # torch ≥ 2.1: one fus
 CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
-STEP_CHECK_RATE = 1.0
-"""Probability p that a real step gets the noise test and the clipped-sum bound, where its
-charged (σ, C) is that of the last step checked (a first step, and a step whose σ or C
-changed, is always checked). p = 1: every step, so a bug that starts mid-run is refused at
-its first step, before anything is released. The schedule for p < 1 (``Witnesses.step_rate``,
-benchmarks only) was measured at p = 1/4 (1.034–1.044× plain Opacus against about 1.05×) but
-releases about 1/p − 1 broken steps on average before the refusal, a step without noise
-being unbounded in ε; it is not used (docs/theory.md §16.2)."""
 
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
@@ -202,9 +192,7 @@ class Witnesses:
     Attributes:
         active: the names of the witnesses that run.
         steps: real steps checked so far (the sampling tests run at each).
-        noise_checks: noise tests run so far (every step: :data:`STEP_CHECK_RATE`).
-        step_rate: p of the step schedule (:data:`STEP_CHECK_RATE`; benchmarks set
-            p < 1 to measure the schedule, docs/theory.md §16.2).
+        noise_checks: noise tests run so far (the j-th spends the level α_j).
     """
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
@@ -249,16 +237,11 @@ class Witnesses:
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
         self._cuts: dict[int, float] = {}
-        self._buf: tuple[Any, Any, list[Any], list[Any]] | None = None  # _measure's buffer
+        self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
-        # the step schedule of the noise test and the clipped-sum bound: a generator of its
-        # own (OS entropy), independent of the data and of the per-sample schedule
-        self._step_coins = random.Random()
-        self.step_rate = STEP_CHECK_RATE
-        self._checked_as: tuple[float, float] | None = None  # (σ, C) last checked
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
         self._loader = loader  # a Poisson-charged loader: its draws are counted per record
         self.inclusion: InclusionCounts | None = None
@@ -454,21 +437,12 @@ class Witnesses:
         c = float(opt.max_grad_norm)
         if sigma <= 0 or c <= 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
-        # The step schedule (docs/theory.md §16.2): with step_rate p < 1, a step charged with
-        # the (σ, C) of the last step checked is checked with probability p, from the
-        # witnesses' own generator (independent of the data and of the noise; a step not
-        # checked spends no false-alarm level). p = 1, the default: every step.
-        charge = (sigma, c)
-        if (self.step_rate < 1.0 and charge == self._checked_as
-                and self._step_coins.random() >= self.step_rate):
-            return
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
         measured = self._measure(scale)
         if measured is None:
             return
-        self._checked_as = charge
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
         if "noise" not in self.active:
@@ -501,12 +475,13 @@ class Witnesses:
         """(upper bound on ‖Z‖, upper bound on ‖summed_grad‖, computed ‖Z‖, d) for this step.
 
         Z = grad·s − summed_grad over every parameter with both. The clipped sum
-        and the gradient are copied (one fused ``_foreach_copy_``) into rows 1
-        and 2 of a buffer allocated once (:meth:`_buffer`), −Z is formed in row
-        0 in place, and one norm kernel over the three rows gives the three
-        norms with a single host sync: no allocation per step. The two bounds
-        are never below the exact norms of the same float tensors (None: no
-        parameter has a noisy gradient).
+        and the gradient are copied (one fused ``_foreach_copy_``, exact) into
+        the two rows of a float64 buffer allocated once (:meth:`_buffer`), and
+        one product of the buffer with its transpose gives their Gram matrix
+        (‖a‖², ⟨a, g⟩, ‖g‖²) with a single host sync: no allocation per step
+        but the 2 × 2 result, two kernels. ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²,
+        and both bounds are never below the exact norms of the same float
+        tensors (docs/theory.md §16.2; None: no parameter has a noisy gradient).
         """
         grads, summed = [], []
         for p in self.optimizer.params:
@@ -516,55 +491,57 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        buf, rows, targets = self._buffer(grads)
+        buf, targets = self._buffer(grads)
         if _FOREACH_COPY is not None:
             _FOREACH_COPY(targets, summed + grads)
         else:  # torch < 2.1: one copy per tensor
             for target, source in zip(targets, summed + grads, strict=True):
                 target.copy_(source)
         d = buf.shape[1]
-        # −Z = summed_grad − grad·s (DPOptimizer.add_noise then scale_grad), in row 0
-        torch.add(rows[1], rows[2], alpha=-scale, out=rows[0])
-        u = torch.finfo(buf.dtype).eps / 2.0  # unit roundoff
-        # Sums of d squares in any order err by ≤ γ_{d+1} = (d+1)u/(1−(d+1)u) relatively
-        # (Higham 2002, §3.1; + u for the squares); where that is not small, accumulate in
-        # float64 (d·2⁻⁵³ then).
-        wide = (d + 2) * u > 1e-3
-        acc = torch.float64 if wide else None
-        z_norm, sum_norm, grad_norm = torch.linalg.vector_norm(
-            buf, dim=1, dtype=acc).tolist()  # the one sync
-        v = 2.0 ** -53 if wide else u  # the unit roundoff of the accumulation
-        gamma = (d + 1) * v / (1.0 - (d + 1) * v) + v  # γ_{d+1}, and the squares' rounding
-        # Upper bounds on the exact norms of the same tensors: |fl(a − s·b) − (a − s·b)| ≤
-        # 2u(|s·b| + |fl(·)|) per coordinate, and ‖x‖ ≤ computed/((1−v)·√(1−γ)) (the sum of
-        # squares, then the square root's rounding). The statistic below is never smaller
-        # than ‖grad·s − summed_grad‖ computed exactly.
-        widen = 1.0 / ((1.0 - v) * math.sqrt(1.0 - gamma))
-        z_high = widen * (z_norm + 2.0 * u * (scale * grad_norm + z_norm))
-        return z_high, sum_norm * widen, z_norm, d
+        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64: the one sync
+        aa, ag, _, gg = torch.mm(buf, buf.t()).view(-1).tolist()
+        # −Z = a − s·g (DPOptimizer.add_noise then scale_grad): ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²
+        # in exact arithmetic on the stored values (the copy to float64 is exact).
+        z_sq = aa - 2.0 * scale * ag + scale * scale * gg
+        # Each Gram entry errs by ≤ γ_d·Σ|x_i·y_i| ≤ γ_d·‖x‖·‖y‖ in any summation order, with or
+        # without FMA (Higham 2002, eq. 3.5; Cauchy–Schwarz), so the exact value of the line
+        # above differs from ‖Z‖² by ≤ γ_d·(‖a‖ + s‖g‖)² ≤ γ_d·r/(1 − γ_d), r = (√aa + s√gg)²
+        # computed, and its float64 evaluation by ≤ 6u·(aa + 2s|ag| + s²gg) ≤ 6u·r·(1+γ_d)/
+        # (1−γ_d). g = γ_{d+16} covers both, r's own rounding and the rounding of the sum
+        # below; the factor 1 + 2⁻⁴⁰ covers the square roots' (docs/theory.md §16.2).
+        u = 2.0 ** -53
+        gamma = (d + 16) * u / (1.0 - (d + 16) * u)
+        root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
+        r = (root_a + scale * root_g) ** 2
+        up = 1.0 + 2.0 ** -40
+        z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
+        sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
+        return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
 
-    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any], list[Any]]:
-        """The (3, d) buffer of :meth:`_measure`, its rows, and per-parameter views of rows 1, 2.
+    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
+        """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.
 
         Allocated at the first step and again only when the parameters with a noisy
         gradient change (their number, shapes or dtypes). The copy into
-        it is exact (the widest of the gradients' dtypes).
+        it is exact (float64 holds every float16, bfloat16, float32 and float64 value).
         """
         key = tuple([(g.shape, g.dtype) for g in grads])
         if self._buf is None or self._buf[0] != key:
+            for g in grads:
+                if not (g.dtype.is_floating_point and g.dtype.itemsize <= 8):
+                    raise InvalidArgumentError(
+                        "witnesses", True, f"need real floating-point gradients of at most 64 "
+                        f"bits for the noise witness, got {g.dtype}")
             d = sum(g.numel() for g in grads)
-            dtype = grads[0].dtype
-            for g in grads[1:]:  # a wider dtype holds every narrower one exactly
-                dtype = torch.promote_types(dtype, g.dtype)
-            buf = torch.empty((3, d), dtype=dtype, device=grads[0].device)
+            buf = torch.empty((2, d), dtype=torch.float64, device=grads[0].device)
             rows: list[list[Any]] = [[], []]
             offset = 0
             for g in grads:
-                for row, part in zip((1, 2), rows, strict=True):
+                for row, part in zip((0, 1), rows, strict=True):
                     part.append(buf[row, offset:offset + g.numel()].view(g.shape))
                 offset += g.numel()
-            self._buf = (key, buf, list(buf.unbind(0)), rows[0] + rows[1])
-        return self._buf[1], self._buf[2], self._buf[3]
+            self._buf = (key, buf, rows[0] + rows[1])
+        return self._buf[1], self._buf[2]
 
     def _noise_cut(self, d: int) -> float:
         """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).

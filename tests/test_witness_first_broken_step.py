@@ -2,11 +2,11 @@
 
 x28 ran the noise test and the clipped-sum bound ``‖summed_grad‖ ≤ B·C`` on 1 step in 4
 while σ and C stayed the same: a bug that starts mid-run was then released at each step
-whose coin said "skip" (3/4 for its first step, ~3 steps on average; a step without noise
-is unbounded in ε). Both now run at every step (STEP_CHECK_RATE = 1). The coins are
-forced to "skip" (what a schedule with p < 1 would do with probability 3/4, resp.
-3/4 · 7/8 with the per-sample check): the first broken step must still be refused.
-These tests fail with x28's p = 1/4.
+the schedule skipped (~3 steps on average; a step without noise is unbounded in ε). The
+schedule is removed (git history 438c3a4): both run at every step. The per-sample
+clipping check's own coins are forced to "skip" here, so only the every-step checks can
+refuse. The ``skipped`` variants take the every-step check away from the broken step (what
+a schedule with p < 1 does with probability 1 − p) and show that these tests then fail.
 """
 
 from __future__ import annotations
@@ -26,28 +26,56 @@ from privguard import Ledger, PipelineMismatchError
 from privguard.integrations.opacus import attach
 
 
-def test_noise_removed_mid_run_is_refused_at_its_first_step():
+def _skip_every_step_checks(witnesses):
+    """Take the noise test and the step bound away from every later step."""
+    witnesses._check_noise = lambda sigma, records: None
+
+
+def _noise_removed_mid_run(skip: bool) -> tuple[bool, int, int]:
+    """(refused, steps charged before the bug, steps charged after one broken step)."""
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
     assert run(model, opt, loader, crit, 3) == 3
     charged = handle.steps_charged
-    handle.witnesses._step_coins = _Coins(1.0)  # this step's coin: not drawn (p = 3/4)
+    if skip:
+        _skip_every_step_checks(handle.witnesses)
     _no_noise(opt)  # from here on p.grad = summed_grad: no noise at all
-    with pytest.raises(PipelineMismatchError):
+    try:
         run(model, opt, loader, crit, 1)
-    assert handle.steps_charged == charged
+    except PipelineMismatchError:
+        return True, charged, handle.steps_charged
+    return False, charged, handle.steps_charged
 
 
-def test_clipping_off_mid_run_is_refused_at_its_first_step():
+def _clipping_off_mid_run(skip: bool) -> tuple[bool, int, int]:
     model, opt, loader, crit = pipeline(clip=0.01)
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
     assert run(model, opt, loader, crit, 3) == 3
     charged = handle.steps_charged
     handle.witnesses._coins = _Coins(1.0)  # the sampled per-sample check: not drawn (7/8)
-    handle.witnesses._step_coins = _Coins(1.0)  # the step bound: not drawn (3/4)
+    if skip:
+        _skip_every_step_checks(handle.witnesses)
     _no_clipping(opt, handle)
-    with pytest.raises(PipelineMismatchError):
+    try:
         run(model, opt, loader, crit, 1)
-    assert handle.steps_charged == charged
+    except PipelineMismatchError:
+        return True, charged, handle.steps_charged
+    return False, charged, handle.steps_charged
+
+
+def test_noise_removed_mid_run_is_refused_at_its_first_step():
+    refused, before, after = _noise_removed_mid_run(skip=False)
+    assert refused and after == before
+
+
+def test_clipping_off_mid_run_is_refused_at_its_first_step():
+    refused, before, after = _clipping_off_mid_run(skip=False)
+    assert refused and after == before
+
+
+@pytest.mark.parametrize("broken_run", [_noise_removed_mid_run, _clipping_off_mid_run])
+def test_the_tests_above_fail_when_the_broken_step_is_not_checked(broken_run):
+    refused, before, after = broken_run(skip=True)
+    assert not refused and after == before + 1  # released and charged: the bug got through

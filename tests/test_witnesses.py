@@ -29,7 +29,6 @@ from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upp
 from privguard.integrations._witnesses import (
     DELTA_SHARE,
     STATISTICAL,
-    STEP_CHECK_RATE,
     Witnesses,
     _binomial_tails,
     _chi2_lower_tail,
@@ -393,7 +392,6 @@ def test_fused_noise_statistic_is_never_below_the_exact_one(foreach_copy, monkey
         return out
 
     handle.witnesses._measure = spy
-    handle.witnesses._step_coins = _Coins(0.0)  # every step checked
     run(model, opt, loader, crit, 5)
     assert len(seen) == 5
     for (z_high, sum_high, z_norm, _d), z, s in seen:
@@ -414,9 +412,9 @@ def test_witnesses_leave_the_run_unchanged():
 
 
 def test_clipping_turned_off_after_the_first_steps_is_caught():
-    """After the first micro-batch the exact check is sampled (1 in 8), and after the first
-    step the step bound (1 in 4): a bug from step 4 is refused within 50 steps (a miss has
-    probability ≤ (7/8 · 3/4)⁵⁰ < 10⁻⁹ here, where the step bound sees it)."""
+    """After the first micro-batch the exact check is sampled (1 in 8); the step bound runs
+    at every step: a bug from step 4 is refused within 50 steps (at step 4 here, where
+    the step bound sees it)."""
     model, opt, loader, crit = pipeline(clip=0.01)
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
@@ -438,49 +436,39 @@ def test_step_bound_alone_catches_clipping_off():
             return 1.0
 
     handle.witnesses._coins = Never()
-    handle.witnesses._step_coins = _Coins(0.0)  # the step bound on every step
     _no_clipping(opt, handle)
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "clipping" and "records has norm" in str(exc)
 
 
-def test_step_schedule_checks_the_first_step_and_every_change_of_charge():
-    """With a step rate p < 1 (benchmarks only), the noise test and the step bound run at
-    the first step, at each step whose σ or C changed, and otherwise on the schedule's
-    coin; the j-th test spends α_j."""
+def test_every_step_is_a_noise_test_and_the_jth_spends_its_level():
+    """The noise test and the step bound run at every step, including after a change of
+    the charged σ; the j-th noise test spends α_j."""
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=50.0, delta=DELTA), data_loader=loader,
                     witnesses=True)
     w = handle.witnesses
-    w.step_rate = 0.25
-    w._step_coins = _Coins(1.0)  # the coin never asks for a check
     measured = []
     measure = w._measure
     w._measure = lambda scale: measured.append(scale) or measure(scale)
     run(model, opt, loader, crit, 3)
-    assert len(measured) == 1 and w.noise_checks == 1  # the first step only
-    opt.noise_multiplier = 0.9  # a new charge: checked at once
+    assert len(measured) == 3 and w.noise_checks == 3
+    opt.noise_multiplier = 0.9  # a new charge
     run(model, opt, loader, crit, 3)
-    assert len(measured) == 2 and w.noise_checks == 2 and w.steps == 6
+    assert len(measured) == 6 and w.noise_checks == 6 and w.steps == 6
     _half_noise(opt)  # σ applied = ½ σ charged from step 7, at an unchanged charge
-    run(model, opt, loader, crit, 2)  # not drawn: not tested, nothing spent
-    assert w.noise_checks == 2
-    w._step_coins = _Coins(0.0)
     exc = _refusal(handle, model, opt, loader, crit, steps=1)
-    assert exc.witness == "noise" and exc.step == 9 and w.noise_checks == 3
-    assert "noise test 3 (step 9)" in str(exc)
-    assert f"≤ {level(3, w.false_alarm):.3g}" in str(exc)
+    assert exc.witness == "noise" and exc.step == 7 and w.noise_checks == 7
+    assert "noise test 7 (step 7)" in str(exc)
+    assert f"≤ {level(7, w.false_alarm):.3g}" in str(exc)
 
 
 def test_noise_bug_starting_mid_run_is_refused_at_its_first_step():
     """A persistent bug from step 6 on is refused at step 6, before that step is released:
-    the noise test runs at every step by default (STEP_CHECK_RATE = 1), whatever the
-    schedule's coins would say."""
-    assert STEP_CHECK_RATE == 1.0
+    the noise test runs at every step."""
     model, opt, loader, crit = pipeline()
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
-    handle.witnesses._step_coins = _Coins(1.0)  # a schedule with p < 1 would skip every step
     run(model, opt, loader, crit, 5)
     charged = handle.steps_charged
     _half_noise(opt)

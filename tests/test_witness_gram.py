@@ -1,0 +1,116 @@
+"""The noise statistic from a float64 Gram matrix (task c28): never below the exact value.
+
+``Witnesses._measure`` reads ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖² (a = summed_grad, g = grad)
+from one float64 product and widens it by its rounding bound (docs/theory.md §16.2). Checked
+against exact rational arithmetic on the stored values, in the cancellation regime (a clipped
+sum far larger than the noise) and for float16/bfloat16/float32/float64 gradients; and, on a
+seeded pipeline, the noise test's decisions are those of the exact statistic.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_witnesses import DELTA, EPSILON, _half_noise, pipeline, run
+
+from privguard import InvalidArgumentError, Ledger, PipelineMismatchError
+from privguard.integrations._witnesses import Witnesses, _chi2_lower_tail, level
+from privguard.integrations.opacus import attach
+
+SHAPES = ((16, 5), (16,), (2, 16), (2,))
+
+
+def _fake(grads, summed):
+    params = [SimpleNamespace(grad=g, summed_grad=a) for g, a in zip(grads, summed, strict=True)]
+    w = Witnesses.__new__(Witnesses)
+    w.optimizer, w._buf = SimpleNamespace(params=params), None
+    return w
+
+
+def _exact(grads, summed, scale):
+    """(‖s·g − a‖², ‖a‖²) in exact rational arithmetic on the stored values."""
+    z = s = Fraction(0)
+    for g, a in zip(grads, summed, strict=True):
+        for gi, ai in zip(g.double().reshape(-1).tolist(), a.double().reshape(-1).tolist(),
+                          strict=True):
+            diff = Fraction(scale) * Fraction(gi) - Fraction(ai)
+            z += diff * diff
+            s += Fraction(ai) * Fraction(ai)
+    return z, s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("regime", ["noise", "cancel"])
+def test_gram_statistic_is_never_below_the_exact_norms(dtype, regime):
+    gen = torch.Generator().manual_seed(hash((str(dtype), regime)) % 2**31)
+    for trial in range(3):
+        scale = (1.0, 128.0, 384.0)[trial % 3]
+        noise_sd = 1.0 if regime == "noise" else 1e-4  # the clipped sum ≈ 10⁴× the noise
+        summed = [torch.randn(s, generator=gen, dtype=torch.float64).mul(3.0).to(dtype)
+                  for s in SHAPES]
+        grads = [((a.double() + noise_sd * torch.randn(a.shape, generator=gen,
+                                                        dtype=torch.float64)) / scale).to(dtype)
+                 for a in summed]
+        w = _fake(grads, summed)
+        z_high, sum_high, z_norm, d = w._measure(scale)
+        z_sq, a_sq = _exact(grads, summed, scale)
+        assert d == sum(math.prod(s) for s in SHAPES)
+        assert Fraction(z_high) ** 2 >= z_sq and Fraction(sum_high) ** 2 >= a_sq
+        # and not far above: + (d+16)·2⁻⁵³·(‖a‖ + s‖g‖)², then × (1 + 2⁻⁴⁰)²
+        r = (math.sqrt(float(a_sq)) + scale * math.sqrt(sum(float(g.double().square().sum())
+                                                            for g in grads))) ** 2
+        assert z_high ** 2 <= (float(z_sq) + (d + 16) * 2.0 ** -52 * r) * (1 + 1e-11)
+        assert sum_high <= math.sqrt(float(a_sq)) * (1 + 1e-11)
+        assert math.isclose(z_norm ** 2, float(z_sq), rel_tol=1e-6, abs_tol=1e-6 * r ** 0.5)
+
+
+def test_buffer_is_reused_and_rebuilt_when_the_shapes_change():
+    grads = [torch.ones(s) for s in SHAPES]
+    w = _fake(grads, [torch.zeros(s) for s in SHAPES])
+    w._measure(1.0)
+    first = w._buf
+    w._measure(1.0)
+    assert w._buf is first
+    w.optimizer.params = w.optimizer.params[:2]
+    assert w._measure(1.0)[3] == 16 * 5 + 16 and w._buf is not first
+
+
+def test_noise_decisions_are_those_of_the_exact_statistic():
+    """Seeded run: at every step the test's decision (pass, or refuse at step 6 under half
+    the noise) is the one the exactly computed ‖Z‖²/(σC)² gives at the same level."""
+    model, opt, loader, crit = pipeline(seed=5)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    w = handle.witnesses
+    measure, decisions = w._measure, []
+
+    def spy(scale):
+        out = measure(scale)
+        z_sq, _ = _exact([p.grad for p in opt.params], [p.summed_grad for p in opt.params],
+                         scale)
+        sd = float(opt.noise_multiplier) * float(opt.max_grad_norm)
+        tail = _chi2_lower_tail(float(z_sq) / sd ** 2, out[3])
+        decisions.append(tail <= level(w.noise_checks + 1, w.false_alarm))
+        return out
+
+    w._measure = spy
+    assert run(model, opt, loader, crit, 5) == 5
+    _half_noise(opt)
+    with pytest.raises(PipelineMismatchError) as info:
+        run(model, opt, loader, crit, 1)
+    assert info.value.witness == "noise" and info.value.step == 6
+    assert decisions == [False] * 5 + [True]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int32])
+def test_gradients_float64_cannot_hold_exactly_are_refused(dtype):
+    """A complex or integer gradient would not copy exactly into the float64 buffer."""
+    grads = [torch.ones(s, dtype=dtype) for s in SHAPES]
+    w = _fake(grads, [torch.zeros(s, dtype=dtype) for s in SHAPES])
+    with pytest.raises(InvalidArgumentError, match="witnesses"):
+        w._measure(1.0)
+    assert w._buf is None
