@@ -1,0 +1,181 @@
+"""The certified random-allocation epoch PLD (issue 27 item 5; docs/theory.md §2b.3).
+
+* the certified loss is stochastically larger than the exact t = 2 loss (one-dimensional
+  quadrature) in both directions, and a construction one grid step too optimistic is caught;
+* Lemma 2b.4's FFT error bounds hold against exact rational arithmetic;
+* Lemma 2b.6's tail values are above mpmath's;
+* T_A (epochs) passes its own certified δ and the next epoch does not;
+* bad input raises InvalidArgumentError.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+from scipy import integrate
+from scipy.special import ndtr
+
+from privguard import InvalidArgumentError
+from privguard._accounting import _allocation_envelope as AE
+
+SLOW = pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                          reason="slow (set PRIVGUARD_SLOW=1)")
+
+
+def _pdf(z: float) -> float:
+    return math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+
+
+def exact_tails_t2(sigma: float, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """t = 2: remove P(ℓ > a) = E_Z[P(A > 2e^a − W(Z))], add P(−ℓ > a) = E_Z[P(W < 2e^(−a) − W(Z))]
+    (the inner law in closed form; quadrature split at the kink)."""
+    s = 1.0 / sigma
+    rem, add = [], []
+    for a in x:
+        y = 2 * math.exp(a)
+
+        def f_rem(z, y=y):
+            r = y - math.exp(s * z - s * s / 2)
+            return _pdf(z) * (1.0 if r <= 0 else float(ndtr(-(math.log(r) - s * s / 2) / s)))
+
+        y2 = 2 * math.exp(-a)
+
+        def f_add(z, y2=y2):
+            r = y2 - math.exp(s * z - s * s / 2)
+            return _pdf(z) * (0.0 if r <= 0 else float(ndtr((math.log(r) + s * s / 2) / s)))
+
+        zk = (math.log(y) + s * s / 2) / s
+        zk2 = (math.log(y2) + s * s / 2) / s
+        rem.append(sum(integrate.quad(f_rem, lo, hi, epsabs=1e-16, epsrel=1e-10, limit=400)[0]
+                       for lo, hi in ((-40, zk), (zk, 40))))
+        add.append(integrate.quad(f_add, -40, zk2, epsabs=1e-16, epsrel=1e-10, limit=400)[0])
+    return np.array(rem), np.array(add)
+
+
+def pmf_tail(pmf, x: np.ndarray, shift: int = 0) -> np.ndarray:
+    """P(ℓ̂ > x) of a DensePLDPmf (its +∞ mass included); ``shift`` moves every loss down."""
+    losses = (np.arange(pmf.size) + pmf._lower_loss - shift) * pmf._discretization
+    probs = np.asarray(pmf._probs)
+    tail = np.concatenate([np.cumsum(probs[::-1])[::-1], [0.0]]) + pmf._infinity_mass
+    return tail[np.searchsorted(losses, x, side="right")]
+
+
+def _check_t2(sigma: float, points: int = 60, tight: float = 1.01) -> None:
+    pld = AE.epoch_pld(sigma, 2)
+    x = np.linspace(-2.0, 3.0, points) + 1.234e-5
+    rem, add = exact_tails_t2(sigma, x)
+    cr, ca = pmf_tail(pld._pmf_remove, x), pmf_tail(pld._pmf_add, x)
+    assert np.all(cr >= rem * (1 - 1e-9)), np.min(cr / np.maximum(rem, 1e-300))
+    assert np.all(ca >= add * (1 - 1e-9)), np.min(ca / np.maximum(add, 1e-300))
+    # and tight: within ``tight`` plus the absolute allowances (about 1e-10)
+    assert np.all(cr <= rem * tight + 1e-9)
+    assert np.all(ca <= add * tight + 1e-9)
+
+
+@pytest.mark.parametrize("sigma", [2.0, 3.0])
+def test_certified_tail_is_above_the_exact_t2_tail(sigma):
+    _check_t2(sigma)
+
+
+@SLOW
+@pytest.mark.parametrize("sigma", [0.8, 1.0])
+def test_certified_tail_is_above_the_exact_t2_tail_small_sigma(sigma):
+    _check_t2(sigma, points=200, tight=1.25)  # coarser lattices at small σ (window caps)
+
+
+def test_a_loss_one_grid_step_low_is_caught():
+    """Negative control: the same check fails when every remove loss is one grid step lower."""
+    pld = AE.epoch_pld(2.0, 2)
+    x = np.linspace(-2.0, 3.0, 400) + 1.234e-5
+    rem, _ = exact_tails_t2(2.0, x)
+    low = pmf_tail(pld._pmf_remove, x, shift=1)
+    assert np.any(low < rem * (1 - 1e-9))
+
+
+def _exact_circular_power(ints: list[int], scale: int, n: int, size: int) -> np.ndarray:
+    """(x/scale)^{*n} circular, exactly (Python integers), then rounded to float."""
+    cur = [0] * size
+    cur[0] = 1
+    denom = 1
+    for _ in range(n):
+        nxt = [0] * size
+        for i, a in enumerate(cur):
+            if a:
+                for j, b in enumerate(ints):
+                    if b:
+                        nxt[(i + j) % size] += a * b
+        cur, denom = nxt, denom * scale
+    return np.array([float(Fraction(v, denom)) for v in cur])
+
+
+@pytest.mark.parametrize("n", [2, 5, 9])
+def test_fft_power_error_bound_holds_exactly(n):
+    rng = np.random.default_rng(n)
+    size = 64
+    ints = [int(v) for v in rng.integers(0, 2**20, size=12)] + [0] * (size - 12)
+    scale = sum(ints)
+    x = np.array([v / scale for v in ints])
+    approx, err = AE.fft_power(x, n)
+    # the exact power of the float vector x (its entries are the floats v/scale, rational)
+    fr = [Fraction(float(v)) for v in x]
+    denom = math.lcm(*[f.denominator for f in fr])
+    exact = _exact_circular_power([int(f * denom) for f in fr], denom, n, size)
+    actual = float(np.linalg.norm(approx - exact))
+    assert actual <= err
+    assert err < 1e-10
+
+
+def test_fft_convolve_error_bound_holds():
+    rng = np.random.default_rng(7)
+    a = rng.random(300) / 150
+    b = rng.random(200)
+    approx, err = AE.fft_convolve(a, b)
+    fa, fb = [Fraction(float(v)) for v in a], [Fraction(float(v)) for v in b]
+    exact = np.zeros(len(a) + len(b) - 1)
+    acc = [Fraction(0)] * len(exact)
+    for i, u in enumerate(fa):
+        for j, v in enumerate(fb):
+            acc[i + j] += u * v
+    exact = np.array([float(v) for v in acc])
+    assert float(np.max(np.abs(approx - exact))) <= err
+    assert err < 1e-11
+
+
+def test_lattice_tails_are_above_mpmath():
+    """Lemma 2b.6: the tail values the lattice is built from are above the exact ones."""
+    mpmath.mp.dps = 40
+    s = 1.0
+    for w in [1e-3, 0.05, 0.5, 1.0, 3.0, 20.0, 400.0, 2000.0]:
+        z = (math.log(w) + s * s / 2) / s
+        exact_sf = mpmath.ncdf(-mpmath.mpf(z))
+        exact_cdf = mpmath.ncdf(mpmath.mpf(z))
+        up = AE._ndtr(np.array([-z]))[0] * (1 + AE.NDTR_REL)
+        down = AE._ndtr(np.array([z]))[0] * (1 + AE.NDTR_REL)
+        assert up >= exact_sf and down >= exact_cdf
+        # the allowance is far above the measured error
+        assert abs(AE._ndtr(np.array([-z]))[0] / float(exact_sf) - 1) < AE.NDTR_REL / 10
+
+
+def test_t_a_passes_its_own_delta_and_the_next_epoch_does_not():
+    sigma, t, eps, delta_a = 2.0, 10, 2.0, 0.99e-5
+    e = AE.envelope_epochs(sigma, t, eps, delta_a)
+    assert e >= 1
+    target = delta_a * (1 - AE.MARGIN)
+    assert AE.certified_epoch_delta(sigma, t, eps, e) <= target
+    assert AE.certified_epoch_delta(sigma, t, eps, e + 1) > target
+
+
+@pytest.mark.parametrize("args, name", [((0.3, 10), "noise_multiplier"), ((2.0, 1), "steps"),
+                                        ((2.0, 0), "steps"), ((float("nan"), 10), "noise_multiplier"),
+                                        ((2.0, 10**6), "steps"), ((2.0, 2.5), "steps")])
+def test_bad_input(args, name):
+    with pytest.raises(InvalidArgumentError) as info:
+        AE.epoch_pld(*args)
+    assert name in str(info.value)
+    with pytest.raises(InvalidArgumentError):
+        AE.envelope_epochs(2.0, 10, -1.0, 1e-5)
