@@ -19,9 +19,25 @@ import numpy as np
 import pytest
 from scipy import integrate
 from scipy.special import ndtr
+from test_hybrid_ledger import admitted
 
-from privguard import InvalidArgumentError
+from privguard import (
+    DEFAULT_ORDERS,
+    Concentrated,
+    InvalidArgumentError,
+    Ledger,
+    LedgerStateError,
+    Plan,
+)
+from privguard import mechanisms as M
 from privguard._accounting import _allocation_envelope as AE
+from privguard._accounting._hybrid import (
+    Envelope,
+    HybridFilter,
+    envelope_of,
+    envelope_steps,
+    envelope_steps_in,
+)
 
 SLOW = pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
                           reason="slow (set PRIVGUARD_SLOW=1)")
@@ -146,19 +162,29 @@ def test_fft_convolve_error_bound_holds():
     assert err < 1e-11
 
 
-def test_lattice_tails_are_above_mpmath():
-    """Lemma 2b.6: the tail values the lattice is built from are above the exact ones."""
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0, 10.0, 80.0])
+def test_lattice_tails_are_above_mpmath(sigma):
+    """Lemma 2b.6: the tail values the lattices are built from, computed as the module
+    computes them (w = g·k, z = (log w − μ)/s), are above mpmath's exact ones."""
     mpmath.mp.dps = 40
-    s = 1.0
-    for w in [1e-3, 0.05, 0.5, 1.0, 3.0, 20.0, 400.0, 2000.0]:
-        z = (math.log(w) + s * s / 2) / s
-        exact_sf = mpmath.ncdf(-mpmath.mpf(z))
-        exact_cdf = mpmath.ncdf(mpmath.mpf(z))
-        up = AE._ndtr(np.array([-z]))[0] * (1 + AE.NDTR_REL)
-        down = AE._ndtr(np.array([z]))[0] * (1 + AE.NDTR_REL)
-        assert up >= exact_sf and down >= exact_cdf
-        # the allowance is far above the measured error
-        assert abs(AE._ndtr(np.array([-z]))[0] / float(exact_sf) - 1) < AE.NDTR_REL / 10
+    s = 1.0 / sigma
+    rng = np.random.default_rng(int(sigma * 10))
+    g = 1e-4
+    ks = np.unique(np.concatenate([rng.integers(1, 10**8, 40), [1, 2, 10, 10**4]]))
+    w = g * ks.astype(float)
+    for mu, upper in ((-s * s / 2, True), (-s * s / 2, False), (s * s / 2, True)):
+        z = AE._z(w, s, mu)
+        got = AE._ndtr(-z if upper else z) * (1 + AE.ndtr_rel(s))
+        for wi, gi, ki, zi in zip(w, got, ks, z):
+            if abs(zi) > 40:  # the value or its complement is below 1e-300
+                continue
+            zz = (mpmath.log(mpmath.mpf(int(ki)) * mpmath.mpf(g)) - mu) / s
+            exact = mpmath.ncdf(-zz) if upper else mpmath.ncdf(zz)
+            if exact > mpmath.mpf("1e-300"):
+                assert gi >= exact, (sigma, wi, mu, upper, gi, exact)
+                # the allowance is not a fig leaf: the raw error is well below it
+                raw = gi / (1 + AE.ndtr_rel(s))
+                assert abs(raw / float(exact) - 1) < AE.ndtr_rel(s) / 2
 
 
 def test_t_a_passes_its_own_delta_and_the_next_epoch_does_not():
@@ -179,3 +205,92 @@ def test_bad_input(args, name):
     assert name in str(info.value)
     with pytest.raises(InvalidArgumentError):
         AE.envelope_epochs(2.0, 10, -1.0, 1e-5)
+
+
+# ------------------------------------------------------------ the hybrid filter
+ORDERS = np.array(DEFAULT_ORDERS)
+SIGMA, T, EPS, DELTA = 2.0, 10, 2.0, 1e-5  # T_A = 8 epochs, the RDP filter 7 (docs/theory.md §2b.3)
+EPOCH = M.RandomAllocation(SIGMA, T)
+ENV = Envelope(SIGMA, 1.0, 1, T)
+
+
+def test_envelope_of_an_epoch_and_what_is_inside():
+    assert envelope_of(EPOCH) == ENV == envelope_of(M.RandomAllocation(SIGMA, T, epochs=5))
+    assert envelope_of(M.RandomAllocation(0.4, T)) is None  # below the built range
+    assert envelope_of(M.RandomAllocation(SIGMA, 20_000)) is None
+    assert envelope_steps_in(M.RandomAllocation(2.5, T, epochs=3), ENV) == 3
+    outside = [M.RandomAllocation(1.99, T),  # less noise
+               M.RandomAllocation(SIGMA, T + 1), M.RandomAllocation(SIGMA, T - 1),  # another t
+               M.SubsampledGaussian(SIGMA, 1 / T), M.Gaussian(10.0), M.Laplace(1.0)]
+    assert [envelope_steps_in(m, ENV) for m in outside] == [None] * len(outside)
+    # a Poisson envelope holds no epoch
+    assert envelope_steps_in(EPOCH, Envelope(SIGMA, 1.0)) is None
+
+
+def test_a_hybrid_ledger_admits_at_least_the_rdp_filters_epochs_on_plan():
+    hybrid = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid")
+    flt = hybrid._acc.filter
+    assert flt.kind == "hybrid" and flt.envelope == ENV
+    assert flt.steps_a == envelope_steps(ENV, EPS, flt.delta_a) == AE.envelope_epochs(
+        SIGMA, T, EPS, flt.delta_a)
+    # T_A's composed δ, both directions, is within δ_A
+    assert AE.certified_epoch_delta(SIGMA, T, EPS, flt.steps_a) <= flt.delta_a
+    n = admitted(hybrid, EPOCH)
+    assert n == flt.steps_a and flt.a_alive and flt.a_count == n
+    rdp = admitted(Ledger(EPS, DELTA, plan=Plan(EPOCH, 1)), EPOCH)
+    assert n > rdp  # §2b.3's table: the PLD is better here
+
+
+def test_an_off_plan_epoch_closes_part_a_and_b_decides():
+    ledger = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid")
+    flt = ledger._acc.filter
+    ledger.charge(EPOCH)
+    ledger.charge(M.RandomAllocation(3.0, T))  # more noise, same t: inside
+    assert flt.a_count == 2 and flt.a_alive
+    with pytest.warns(UserWarning, match="left the plan"):
+        ledger.charge(M.RandomAllocation(SIGMA, 2 * T))  # another t: outside
+    assert not flt.a_alive and flt.a_count == 2
+    # from now on only the RDP fallback at δ_B decides
+    b_alone = Ledger(EPS, flt.delta_b, plan=Plan(EPOCH, 1))
+    assert admitted(ledger, EPOCH) <= admitted(b_alone, EPOCH)
+
+
+def test_hybrid_plans_of_random_allocation_outside_the_built_range_are_refused():
+    for step in (M.RandomAllocation(0.4, T), M.RandomAllocation(SIGMA, 20_000)):
+        with pytest.raises(InvalidArgumentError, match=r"filter.*only for noise_multiplier"):
+            Ledger(EPS, DELTA, plan=Plan(step, 1), filter="hybrid")
+
+
+def test_allocation_envelope_dicts_round_trip_and_old_ones_load():
+    assert ENV.to_dict() == {"noise_multiplier": SIGMA, "sample_rate": 1.0,
+                             "allocation_steps": T}
+    assert Envelope.from_dict(ENV.to_dict()) == ENV
+    old = {"noise_multiplier": 1.1, "sample_rate": 0.004}  # as written before this change
+    assert Envelope(1.1, 0.004).to_dict() == old and Envelope.from_dict(old) == Envelope(1.1, 0.004)
+    for bad in ({**old, "allocation_steps": 10}, {**ENV.to_dict(), "allocation_steps": 0},
+                {**ENV.to_dict(), "allocation_steps": 1}, {**ENV.to_dict(), "allocation_steps": 2.5},
+                {**ENV.to_dict(), "allocation_steps": True}, {**ENV.to_dict(), "micro_batches": 2},
+                {**ENV.to_dict(), "noise_multiplier": 0.3}):
+        with pytest.raises(InvalidArgumentError):
+            Envelope.from_dict(bad)
+
+
+def test_an_allocation_hybrid_state_round_trips(tmp_path):
+    f = HybridFilter(EPS, DELTA, ENV, ORDERS, Concentrated())
+    f.fix(EPOCH._rdp_checked(ORDERS))
+    again = HybridFilter.from_config(f.config(), ORDERS)
+    assert again.envelope == ENV and again.steps_a == f.steps_a
+    forged = f.config()
+    forged["steps_a"] = f.steps_a + 1  # more epochs than certified
+    with pytest.raises(LedgerStateError):
+        HybridFilter.from_config(forged, ORDERS)
+    ledger = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid", path=tmp_path / "a.db")
+    for _ in range(3):
+        ledger.charge(EPOCH)
+    ledger.close()
+    opened = Ledger.open(tmp_path / "a.db")
+    assert opened._acc.filter.envelope == ENV
+    assert opened._acc.filter.a_count == 3 and opened._acc.filter.a_alive
+    copy = Ledger.load_state_dict(opened.state_dict())
+    assert copy._acc.filter.a_count == 3 and copy._acc.filter.envelope == ENV
+    assert admitted(copy, EPOCH) == f.steps_a - 3

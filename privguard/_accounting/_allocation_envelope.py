@@ -45,9 +45,10 @@ from privguard._errors import InvalidArgumentError
 UNIT = 2.0 ** -53
 #: Loss grid of the epoch PMF (and its B lattice target): each rounding up costs about this much loss.
 LOSS_INTERVAL = 1e-4
-#: Relative allowance on every computed normal tail value: Cephes' documented peak
-#: relative error of erfc/ndtr (5.7e-14 on [0, 26.6]) plus the argument's error
-#: (≤ 1e-13 relative on the tail, see docs/theory.md Lemma 2b.6), times 5.
+#: Relative allowance on every computed normal tail value, × max(1, σ/50): Cephes'
+#: documented peak relative error of erfc (5.7e-14 on [0, 26.6]) plus the argument's
+#: error, ≤ 4.3e-15·(σ + 120) relative where the value is above 1e-300 (docs/theory.md
+#: Lemma 2b.6).
 NDTR_REL = 1e-12
 #: Relative allowance covering every float sum/cumulative sum of non-negative terms
 #: (γ_n ≤ 4e-9 for n ≤ 2^25, Higham Lemma 3.1 / §4.2), applied at most twice, and NDTR_REL.
@@ -162,6 +163,11 @@ def _z(w: np.ndarray, s: float, mu: float) -> np.ndarray:
         return (np.log(w) - mu) / s
 
 
+def ndtr_rel(s: float) -> float:
+    """The relative allowance of Lemma 2b.6 at s = 1/σ: NDTR_REL·max(1, σ/50)."""
+    return NDTR_REL * max(1.0, 1.0 / (50.0 * s))
+
+
 def _ndtr(z: np.ndarray) -> np.ndarray:
     from scipy.special import ndtr
 
@@ -174,7 +180,7 @@ def lattice_up(s: float, g: float, w_mid: float, w_cap: float, coarse: int = 100
 
     Cells (g(k−1), gk] below w_mid, (g(k−coarse), gk] above; W above the last edge
     goes to +∞. The masses are differences of upper bounds Ŝ ≥ P(W > edge)
-    (computed tail × (1 + NDTR_REL), made non-increasing, Lemma 2b.6), plus 2·UNIT
+    (computed tail × (1 + ndtr_rel), made non-increasing, Lemma 2b.6), plus 2·UNIT
     at the top cell, so the lattice measure's tail at every
     point is ≥ the rounded law's (its float differences telescope to within UNIT).
     """
@@ -182,7 +188,7 @@ def lattice_up(s: float, g: float, w_mid: float, w_cap: float, coarse: int = 100
     k_cap = k_mid + coarse * math.ceil((w_cap - k_mid * g) / (coarse * g))
     edges = np.concatenate([np.arange(0, k_mid, dtype=np.int64),
                             np.arange(k_mid, k_cap + 1, coarse, dtype=np.int64)])
-    sf = _ndtr(-_z(g * edges.astype(float), s, -s * s / 2)) * (1 + NDTR_REL)
+    sf = _ndtr(-_z(g * edges.astype(float), s, -s * s / 2)) * (1 + ndtr_rel(s))
     sf[0] = 1.0  # P(W > 0) = 1
     sf = np.minimum(np.maximum.accumulate(sf[::-1])[::-1], 1.0)
     mass = sf[:-1] - sf[1:]
@@ -200,7 +206,7 @@ def lattice_down(s: float, g: float, w_mid: float, w_cap: float, coarse: int = 1
     k_cap = k_mid + coarse * math.ceil((w_cap - k_mid * g) / (coarse * g))
     edges = np.concatenate([np.arange(0, k_mid, dtype=np.int64),
                             np.arange(k_mid, k_cap + 1, coarse, dtype=np.int64)])
-    cdf = _ndtr(_z(g * edges.astype(float), s, -s * s / 2)) * (1 + NDTR_REL)
+    cdf = _ndtr(_z(g * edges.astype(float), s, -s * s / 2)) * (1 + ndtr_rel(s))
     cdf[0] = 0.0  # P(W < 0) = 0
     cdf = np.minimum(np.maximum.accumulate(cdf), 1.0)
     cdf = np.concatenate([cdf, [1.0]])  # the last cell holds everything above
@@ -296,7 +302,7 @@ def _sf_a(x: np.ndarray, s: float) -> np.ndarray:
     x = np.asarray(x, dtype=float)
     out = np.ones_like(x)
     pos = x > 0
-    out[pos] = np.minimum(_ndtr(-_z(x[pos], s, s * s / 2)) * (1 + NDTR_REL), 1.0)
+    out[pos] = np.minimum(_ndtr(-_z(x[pos], s, s * s / 2)) * (1 + ndtr_rel(s)), 1.0)
     return out
 
 
