@@ -255,6 +255,17 @@ def test_an_off_plan_epoch_closes_part_a_and_b_decides():
     assert admitted(ledger, EPOCH) <= admitted(b_alone, EPOCH)
 
 
+def test_an_epoch_with_less_noise_closes_part_a():
+    ledger = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid")
+    flt = ledger._acc.filter
+    with pytest.warns(UserWarning, match="left the plan"):
+        ledger.charge(M.RandomAllocation(0.9 * SIGMA, T))  # σ < σ₀: outside, B admits it
+    assert not flt.a_alive and flt.a_count == 0
+    # a further on-plan epoch is B's to decide, never A's again
+    ledger.charge(EPOCH)
+    assert not flt.a_alive and flt.a_count == 0
+
+
 def test_hybrid_plans_of_random_allocation_outside_the_built_range_are_refused():
     for step in (M.RandomAllocation(0.4, T), M.RandomAllocation(SIGMA, 20_000)):
         with pytest.raises(InvalidArgumentError, match=r"filter.*only for noise_multiplier"):

@@ -263,7 +263,8 @@ def _window(k: np.ndarray, pmf: np.ndarray, n: int) -> tuple[int, int, float, fl
     return lo, hi, below, above
 
 
-def sum_measure(k: np.ndarray, pmf: np.ndarray, n: int
+def sum_measure(k: np.ndarray, pmf: np.ndarray, n: int,
+                window: tuple[int, int, float, float] | None = None
                 ) -> tuple[int, np.ndarray, float, float, float]:
     """The n-fold sum on a window [lo, lo + N), N a power of two, as
     (lo, ν ≥ 0, tail error, mass below, mass above) (docs/theory.md Lemma 2b.5).
@@ -274,7 +275,7 @@ def sum_measure(k: np.ndarray, pmf: np.ndarray, n: int
     within √N·‖ĉ − c‖₂ of that of ĉ, hence ≤ that of ν plus the tail error."""
     if n == 1:
         return 0, np.bincount(k, weights=pmf), 0.0, 0.0, 0.0
-    lo, hi, below, above = _window(k, pmf, n)
+    lo, hi, below, above = _window(k, pmf, n) if window is None else window
     size = 1 << max(1, (hi - lo - 1).bit_length())
     folded = np.bincount(k % size, weights=pmf, minlength=size)
     res, err = fft_power(folded, n)
@@ -297,6 +298,22 @@ def _choose_g(s: float, n: int, g_target: float, w_cap: float, w_mid: float, up:
     return max(g_target, width / (MAX_WINDOW * 0.9))
 
 
+def _fit(s: float, n: int, w_cap: float, w_mid: float, up: bool
+         ) -> tuple[float, tuple[Any, ...], tuple[int, int, float, float] | None]:
+    """The lattice step g, the lattice law and the n-fold window, coarsening g until the
+    window has at most MAX_WINDOW points (a coarser lattice only costs tightness)."""
+    g = _choose_g(s, n, LOSS_INTERVAL, w_cap, w_mid, up)
+    for _ in range(8):
+        law = lattice_up(s, g, w_mid, w_cap) if up else lattice_down(s, g, w_mid, w_cap)
+        if n == 1:
+            return g, law, None
+        window = _window(law[0], law[1], n)
+        if window[1] - window[0] <= MAX_WINDOW:
+            return g, law, window
+        g *= max(1.02, 1.01 * (window[1] - window[0]) / MAX_WINDOW)
+    raise ArithmeticError(f"no lattice window of at most {MAX_WINDOW} points found")
+
+
 def _sf_a(x: np.ndarray, s: float) -> np.ndarray:
     """Upper bound on Q_A(x) = P(A > x), A = exp(sZ + s²/2); 1 for x ≤ 0."""
     x = np.asarray(x, dtype=float)
@@ -314,9 +331,8 @@ def remove_tails(sigma: float, t: int, grid: np.ndarray) -> tuple[np.ndarray, di
     w_cap = math.exp(s * 8.0 - s * s / 2)
     w_mid = math.exp(s * 5.0 - s * s / 2)
     n = t - 1
-    g = _choose_g(s, n, h, w_cap, w_mid, True)
-    k, m, inf_w = lattice_up(s, g, w_mid, w_cap)
-    lo, nu, err, below, above = sum_measure(k, m, n)
+    g, (k, m, inf_w), window = _fit(s, n, w_cap, w_mid, True)
+    lo, nu, err, below, above = sum_measure(k, m, n, window)
     # +∞: any of the n terms beyond w_cap (≤ n·Ŝ_cap·(total)^(n−1)), and the mass above the window
     total = float(m.sum()) + inf_w
     inf_mass = n * inf_w * math.exp((n - 1) * math.log(max(total, 1.0))) + above
@@ -357,12 +373,10 @@ def add_tails(sigma: float, t: int, grid: np.ndarray) -> tuple[np.ndarray, dict[
     """U(a) ≥ Q₀(−ℓ > a) at each a of ``grid``: P(Σ_{i≤t} W_i < t·e^(−a)) bounded by the
     lower tails of the t-fold rounded-down lattice measure (docs/theory.md §2b.3, step 2)."""
     s = 1.0 / sigma
-    h = LOSS_INTERVAL
     w_cap = math.exp(s * 6.0 - s * s / 2)
     w_mid = math.exp(s * 4.0 - s * s / 2)
-    g = _choose_g(s, t, h, w_cap, w_mid, False)
-    k, m = lattice_down(s, g, w_mid, w_cap)
-    lo, nu, err, below, above = sum_measure(k, m, t)
+    g, (k, m), window = _fit(s, t, w_cap, w_mid, False)
+    lo, nu, err, below, above = sum_measure(k, m, t, window)
     cum = np.concatenate([[0.0], np.cumsum(nu)])
     y = t * np.exp(-grid) * (1 + 4 * UNIT)  # never below the exact t·e^(−a)
     kexcl = np.ceil(y / g).astype(np.int64)  # ΣŴ < y ⇔ K < ⌈y/g⌉
