@@ -517,10 +517,13 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
         return _envelope_steps(envelope, epsilon, delta_a)
     except (ValueError, ArithmeticError, MemoryError) as exc:
         # name what the user passed (the planned step's σ and q), not this internal argument
+        what = (f"random-allocation epochs with noise_multiplier={envelope.noise_multiplier:g} "
+                f"and steps={envelope.allocation_steps}" if envelope.allocation_steps else
+                f"steps with noise_multiplier={envelope.noise_multiplier:g} and "
+                f"sample_rate={envelope.sample_rate:g}")
         raise InvalidArgumentError(
             "noise_multiplier", envelope.noise_multiplier,
-            f"filter='hybrid' cannot plan steps with noise_multiplier="
-            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}"
+            f"filter='hybrid' cannot plan {what}"
             f"{_micro(envelope, ' and micro_batches={}')}: their PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
             "such a step") from None
 
