@@ -305,3 +305,19 @@ def test_an_allocation_hybrid_state_round_trips(tmp_path):
     copy = Ledger.load_state_dict(opened.state_dict())
     assert copy._acc.filter.a_count == 3 and copy._acc.filter.envelope == ENV
     assert admitted(copy, EPOCH) == f.steps_a - 3
+
+
+def test_the_budget_meter_of_part_a_counts_epochs():
+    """docs/theory.md §12 with §2b.3: part A's meter is the PLD ε at δ_A of its epochs."""
+    ledger = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid")
+    flt = ledger._acc.filter
+    metered = []
+    for _ in range(flt.steps_a):
+        ledger.charge(EPOCH)
+        metered.append(ledger.budget())
+    assert all(b.part == "hybrid: PLD on plan" for b in metered)
+    spent = [b.spent for b in metered]
+    assert spent == sorted(spent) and 0 < spent[0] and spent[-1] <= EPS
+    # the meter at T_A epochs is the epoch PLD's own ε at δ_A (capped at the target)
+    composed = AE.epoch_pld(SIGMA, T).self_compose(flt.steps_a, tail_mass_truncation=AE.TAIL_MASS)
+    assert spent[-1] == pytest.approx(min(EPS, composed.get_epsilon_for_delta(flt.delta_a)))
