@@ -237,14 +237,15 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             "sample_rate", check.short(sample_rate),
             f"does not apply to {loader}: each epoch is charged as RandomAllocation(σ, t), "
             "not as Poisson steps; leave sample_rate out")
-    if ledger._acc.config.filter == "hybrid":
+    if ledger._acc.config.filter == "hybrid" and not _hybrid_covers(ledger, sampler):
         raise InvalidArgumentError(
             "ledger", "filter='hybrid'",
-            f"cannot charge {loader}: privguard has no certified PLD envelope for random "
-            "allocation (every epoch is dominated by the pair of docs/theory.md §2b.2, but "
-            "privguard has no certified pessimistic PLD of that pair, and no Poisson "
-            "envelope dominates it), so its epochs could only close part A; "
-            "use the RDP filter (filter='rdp', the default)")
+            f"cannot charge {loader}: this hybrid filter has no certified PLD envelope for "
+            f"random allocation at t = {sampler.steps_per_epoch} (it has one only when its plan "
+            f"is RandomAllocation(σ₀, t₀) with t₀ = {sampler.steps_per_epoch}, docs/theory.md "
+            "§2b.3; no Poisson envelope dominates these epochs), so its epochs could only "
+            "close part A; plan RandomAllocation(σ, t) or use the RDP filter "
+            "(filter='rdp', the default)")
     if distributed and not isinstance(sampler, DistributedRandomAllocationSampler):
         raise InvalidArgumentError(
             "optimizer", "distributed",
@@ -265,6 +266,15 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
             "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
             "ledger (its journal holds every epoch charged)")
+
+
+def _hybrid_covers(ledger: Any, sampler: RandomAllocationSampler) -> bool:
+    """Whether the ledger's hybrid filter has the epoch envelope of this sampler's t
+    (docs/theory.md §2b.3). An epoch at σ < σ₀ is then outside: it closes part A and
+    part B decides, which is sound (§2b, C1)."""
+    flt = ledger._acc.filter
+    env = getattr(flt, "envelope", None) if getattr(flt, "kind", None) == "hybrid" else None
+    return env is not None and env.allocation_steps == sampler.steps_per_epoch
 
 
 def charge_together(coordinator: Any, ledger: Any, epoch: RandomAllocation, label: Any) -> None:

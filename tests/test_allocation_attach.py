@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
 N, T, SIGMA = 64, 4, 1.0
 
 
-def _setup(seed=0):
+def _setup(seed=0, sigma=SIGMA):
     torch.manual_seed(seed)
     x = torch.randn(N, 5)
     y = (x[:, 0] > 0).long()
@@ -33,7 +33,7 @@ def _setup(seed=0):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     engine = opacus.PrivacyEngine()
     model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
-                                             noise_multiplier=SIGMA, max_grad_norm=1.0,
+                                             noise_multiplier=sigma, max_grad_norm=1.0,
                                              poisson_sampling=False)
     return model, opt, loader
 
@@ -128,15 +128,32 @@ def test_refusals_at_attach():
     with pytest.raises(InvalidArgumentError,
                        match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
         attach(opt, hybrid, data_loader=loader)
-    # a hybrid ledger cannot plan a random-allocation epoch either (docs/theory.md §2b.2)
+    # nor one whose plan is random allocation at another t (docs/theory.md §2b.3)
+    other_t = Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(2.0, 2 * T), steps=2),
+                     filter="hybrid")
     with pytest.raises(InvalidArgumentError,
                        match=r"no certified PLD envelope for random allocation.*filter=.rdp."):
-        Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(SIGMA, 4), steps=2),
-               filter="hybrid")
+        attach(opt, other_t, data_loader=loader)
     # nothing was attached: a plain ledger still attaches, with no Poisson warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader).detach()
+
+
+def test_a_hybrid_ledger_planning_the_epoch_charges_it_in_part_a():
+    """docs/theory.md §2b.3: with a plan RandomAllocation(σ₀, t), attach charges each epoch
+    whole before its first step, as one envelope unit of part A."""
+    model, opt, loader = _setup(sigma=2.0)
+    ledger = Ledger(epsilon=5.0, delta=1e-5, plan=Plan(M.RandomAllocation(2.0, T), steps=2),
+                    filter="hybrid")
+    flt = ledger._acc.filter
+    assert flt.kind == "hybrid" and flt.envelope.allocation_steps == T
+    attach(opt, ledger, data_loader=loader)
+    for epoch in range(2):
+        for x, y in loader:
+            _step(model, opt, x, y)
+            assert flt.a_count == epoch + 1 and flt.a_alive  # charged at the first step
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(2.0, T)] * 2
 
 
 def test_steps_opacus_recorded_before_attach_are_refused():

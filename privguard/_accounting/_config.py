@@ -118,10 +118,8 @@ def _check_hybrid_plan(step: Any) -> None:
 
     Accumulated steps have one up to ``MAX_ENVELOPE_MICRO_BATCHES`` micro-batches
     and only when declared ``aligned=True`` (docs/theory.md §2b.1, C3′); random
-    allocation has none (§2b.2): its epochs are dominated by a pair (Lemma 2b.2)
-    whose PLD privguard cannot certify (Feldman & Shenfeld's is not implemented or
-    checked here), and no Poisson pair dominates them, so a hybrid ledger would only
-    be the RDP filter at a smaller δ.
+    allocation has one for σ ≥ 0.5 and 2 ≤ t ≤ 10⁴ (§2b.3: a certified stochastically
+    larger epoch loss), none outside that range.
     """
     from privguard._accounting._hybrid import MAX_ENVELOPE_MICRO_BATCHES
 
@@ -142,12 +140,16 @@ def _check_hybrid_plan(step: Any) -> None:
             f"randomness (Plan.from_opacus(..., aligned_micro_batches=True), and attach or "
             f"the callbacks with aligned_micro_batches=True)")
     if type(step).__name__ == "RandomAllocation":
-        raise InvalidArgumentError(
-            "filter", "hybrid", f"has no certified PLD envelope for random allocation in "
-            f"privguard (docs/theory.md §2b.2: every epoch is dominated by a pair whose PLD "
-            f"privguard cannot certify yet, and no Poisson envelope dominates it), so it "
-            f"cannot plan {step!r}; use filter='rdp' "
-            "(the default: RandomAllocation's RDP curve is a proven bound, §15)")
+        from privguard._accounting import _allocation_envelope as alloc
+        from privguard._accounting._hybrid import allocation_covered
+
+        if not allocation_covered(step):
+            raise InvalidArgumentError(
+                "filter", "hybrid", f"has a certified PLD envelope for random allocation only "
+                f"for noise_multiplier >= {alloc.MIN_SIGMA:g} and 2 <= steps <= "
+                f"{alloc.MAX_STEPS} (docs/theory.md §2b.3), not for the plan's step {step!r}; "
+                "use filter='rdp' (the default: RandomAllocation's RDP curve is a proven "
+                "bound, §15)")
 
 
 def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,

@@ -67,7 +67,7 @@ def message(flt: Any, mechanism: Any, label: str | None, step: Any, before: floa
     inside = envelope_steps_in(mechanism, env) is not None
     why = (f"it would take part A past its {flt.steps_a} certified envelope steps" if inside
            else f"it is outside the plan's envelope (σ ≥ {env.noise_multiplier:g} and "
-                f"q ≤ {env.sample_rate:g})" if env.micro_batches == 1
+                f"q ≤ {env.sample_rate:g})" if env.micro_batches == 1 and not env.allocation_steps
            else f"it is outside the plan's envelope ({envelope_text(env)})")
     what = "charge" if label is None else f"charge {label!r}"
     return (f"the {what} of {mechanism!r} left the plan: {why}, so the hybrid filter's PLD "

@@ -37,13 +37,19 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting import _allocation_envelope as _alloc
 from privguard._accounting._filters import DPFilter
 from privguard._accounting._shares import DeltaShares, shares_from_dict
 from privguard._curves import _conversion as conv
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._mechanisms._base import Mechanism
-from privguard.mechanisms import AccumulatedSubsampledGaussian, Gaussian, SubsampledGaussian
+from privguard.mechanisms import (
+    AccumulatedSubsampledGaussian,
+    Gaussian,
+    RandomAllocation,
+    SubsampledGaussian,
+)
 
 #: Part A's default share of δ. A run on plan then admits at least what Opacus'
 #: PRV accountant calibrated it for, also for short runs with little noise
@@ -91,7 +97,10 @@ class Envelope:
     norm) is dominated, in both neighbouring directions, by the envelope step
     itself (docs/theory.md §2b, Lemma 1). With k₀ ≥ 2: the accumulated steps
     ``AccumulatedSubsampledGaussian(σ, q₀, k₀)`` with σ ≥ σ₀ and the same q₀
-    and k₀ (docs/theory.md §2b.1, Lemma 1′).
+    and k₀ (docs/theory.md §2b.1, Lemma 1′). With ``allocation_steps`` t₀ ≥ 2: epochs
+    ``RandomAllocation(σ, t₀)`` with σ ≥ σ₀ and the same t₀, one unit per epoch
+    (docs/theory.md §2b.3; ``sample_rate`` is then 1.0, the Gaussian cap, which
+    also dominates an epoch, so code that ignored the field would stay sound).
 
     Example:
         >>> Envelope(noise_multiplier=1.0, sample_rate=0.01)
@@ -103,6 +112,7 @@ class Envelope:
     noise_multiplier: float
     sample_rate: float
     micro_batches: int = 1
+    allocation_steps: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "noise_multiplier",
@@ -110,15 +120,30 @@ class Envelope:
         object.__setattr__(self, "sample_rate", check.sample_rate("sample_rate", self.sample_rate))
         object.__setattr__(self, "micro_batches", check.positive_int(
             "micro_batches", self.micro_batches, maximum=MAX_ENVELOPE_MICRO_BATCHES))
+        t0 = self.allocation_steps
+        if isinstance(t0, bool) or not isinstance(t0, (int, np.integer)) or t0 < 0:
+            raise InvalidArgumentError("allocation_steps", t0, "must be an integer >= 0")
+        if t0:  # docs/theory.md §2b.3: the epoch envelope's range
+            _alloc._check(self.noise_multiplier, t0)
+            if self.sample_rate != 1.0 or self.micro_batches != 1:
+                raise InvalidArgumentError("allocation_steps", t0, "an allocation envelope has "
+                                           "sample_rate=1.0 and micro_batches=1")
+        object.__setattr__(self, "allocation_steps", int(t0))
 
     def __repr__(self) -> str:
+        if self.allocation_steps:
+            return (f"Envelope(noise_multiplier={self.noise_multiplier!r}, sample_rate=1.0, "
+                    f"allocation_steps={self.allocation_steps})")
         tail = "" if self.micro_batches == 1 else f", micro_batches={self.micro_batches}"
         return (f"Envelope(noise_multiplier={self.noise_multiplier!r}, "
                 f"sample_rate={self.sample_rate!r}{tail})")
 
     def step(self) -> Mechanism:
         """One envelope step: ``SubsampledGaussian(σ₀, q₀)`` or, for k₀ ≥ 2,
-        ``AccumulatedSubsampledGaussian(σ₀, q₀, k₀)``."""
+        ``AccumulatedSubsampledGaussian(σ₀, q₀, k₀)``; one epoch ``RandomAllocation(σ₀, t₀)``
+        for an allocation envelope."""
+        if self.allocation_steps:
+            return RandomAllocation(self.noise_multiplier, self.allocation_steps)
         if self.micro_batches == 1:
             return SubsampledGaussian(self.noise_multiplier, self.sample_rate)
         return AccumulatedSubsampledGaussian(self.noise_multiplier, self.sample_rate,
@@ -130,18 +155,26 @@ class Envelope:
         out = {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate}
         if self.micro_batches != 1:
             out["micro_batches"] = self.micro_batches
+        if self.allocation_steps:
+            out["allocation_steps"] = self.allocation_steps
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
         keys = {"noise_multiplier", "sample_rate"}
-        if not isinstance(data, dict) or set(data) not in (keys, keys | {"micro_batches"}):
+        if not isinstance(data, dict) or set(data) not in (
+                keys, keys | {"micro_batches"}, keys | {"allocation_steps"}):
             raise InvalidArgumentError("envelope", data, "must be a dict with keys "
-                                       "noise_multiplier, sample_rate (and micro_batches)")
+                                       "noise_multiplier, sample_rate (and micro_batches or "
+                                       "allocation_steps)")
         if data.get("micro_batches", 2) == 1:  # k₀ = 1 is written without the key
             raise InvalidArgumentError("envelope", data, "micro_batches=1 is written without "
                                        "the key")
-        return cls(data["noise_multiplier"], data["sample_rate"], data.get("micro_batches", 1))
+        if data.get("allocation_steps", 2) in (0, False):  # written only when set
+            raise InvalidArgumentError("envelope", data, "allocation_steps=0 is written without "
+                                       "the key")
+        return cls(data["noise_multiplier"], data["sample_rate"], data.get("micro_batches", 1),
+                   data.get("allocation_steps", 0))
 
 
 def envelope_of(step: Any) -> Envelope | None:
@@ -152,8 +185,10 @@ def envelope_of(step: Any) -> Envelope | None:
     ``AccumulatedSubsampledGaussian(σ, q, m, aligned=True)`` gives (σ, q, m)
     for m ≤ :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled
     Gaussian's envelope; ``aligned=False``, the default for m ≥ 2, has no proved
-    PLD envelope: docs/theory.md §14, Lemma 14.5); any other mechanism None (a declared plan of more micro-batches
-    is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
+    PLD envelope: docs/theory.md §14, Lemma 14.5); ``RandomAllocation(σ, t, epochs=k)`` gives
+    the epoch envelope (σ, t) for σ ≥ 0.5 and 2 ≤ t ≤ 10⁴ (docs/theory.md §2b.3); any other
+    mechanism None (a declared plan of more micro-batches, or of random allocation outside
+    that range, is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
     Example:
         >>> from privguard import mechanisms as M
@@ -171,7 +206,15 @@ def envelope_of(step: Any) -> Envelope | None:
     if type(step) is AccumulatedSubsampledGaussian and step.aligned and \
             step.micro_batches <= MAX_ENVELOPE_MICRO_BATCHES:  # docs/theory.md §2b.1 (C3′)
         return Envelope(step.noise_multiplier, step.sample_rate, step.micro_batches)
+    if type(step) is RandomAllocation and allocation_covered(step):  # docs/theory.md §2b.3
+        return Envelope(step.noise_multiplier, 1.0, 1, step.steps)
     return None
+
+
+def allocation_covered(step: RandomAllocation) -> bool:
+    """Whether the epoch envelope of docs/theory.md §2b.3 is built for ``step``'s (σ, t)."""
+    return (step.noise_multiplier >= _alloc.MIN_SIGMA
+            and 2 <= step.steps <= _alloc.MAX_STEPS)
 
 
 def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
@@ -200,6 +243,12 @@ def envelope_steps_in(mechanism: Any, envelope: Envelope) -> int | None:
         raise InvalidArgumentError("mechanism", mechanism, "must be a privguard mechanism")
     if not isinstance(envelope, Envelope):
         raise InvalidArgumentError("envelope", envelope, "must be a privguard Envelope")
+    if envelope.allocation_steps:  # docs/theory.md §2b.3: an epoch at σ ≥ σ₀, the same t₀
+        if (type(mechanism) is RandomAllocation
+                and mechanism.steps == envelope.allocation_steps
+                and mechanism.noise_multiplier >= envelope.noise_multiplier):
+            return mechanism.epochs
+        return None
     if envelope.micro_batches != 1:  # docs/theory.md §2b.1, Lemma 1′
         if (type(mechanism) is AccumulatedSubsampledGaussian
                 and mechanism.aligned  # C3′: the PLD envelope is proved for aligned only
@@ -311,6 +360,8 @@ def _one_step_pld(envelope: Envelope):
     """
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
+    if envelope.allocation_steps:  # one epoch: docs/theory.md §2b.3 (stochastically larger loss)
+        return _alloc.epoch_pld(envelope.noise_multiplier, envelope.allocation_steps)
     interval = DISCRETISATION
     pld_lib = _pld_module()
     if envelope.micro_batches == 1:
@@ -369,6 +420,9 @@ def certified_delta(envelope: Envelope, epsilon: float, steps: int) -> float:
     """
     if steps == 0:
         return 0.0
+    if envelope.allocation_steps:  # epochs: docs/theory.md §2b.3
+        return _alloc.certified_epoch_delta(envelope.noise_multiplier, envelope.allocation_steps,
+                                            epsilon, steps)
     composed = _one_step_pld(envelope).self_compose(steps, tail_mass_truncation=TAIL_MASS)
     delta = float(composed.get_delta_for_epsilon(epsilon))
     return delta + ROUNDOFF_FACTOR * _negative_mass(composed)
@@ -387,6 +441,9 @@ def _rdp_guess(envelope: Envelope, epsilon: float, delta_a: float) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
+    if envelope.allocation_steps:  # T_A in epochs: docs/theory.md §2b.3
+        return _alloc.envelope_epochs(envelope.noise_multiplier, envelope.allocation_steps,
+                                      epsilon, delta_a)
     target = delta_a * (1.0 - MARGIN)
     # One step, exactly (closed form, no discretisation): if it already fails,
     # T_A = 0 and no PLD is built.
@@ -460,10 +517,13 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
         return _envelope_steps(envelope, epsilon, delta_a)
     except (ValueError, ArithmeticError, MemoryError) as exc:
         # name what the user passed (the planned step's σ and q), not this internal argument
+        what = (f"random-allocation epochs with noise_multiplier={envelope.noise_multiplier:g} "
+                f"and steps={envelope.allocation_steps}" if envelope.allocation_steps else
+                f"steps with noise_multiplier={envelope.noise_multiplier:g} and "
+                f"sample_rate={envelope.sample_rate:g}")
         raise InvalidArgumentError(
             "noise_multiplier", envelope.noise_multiplier,
-            f"filter='hybrid' cannot plan steps with noise_multiplier="
-            f"{envelope.noise_multiplier:g} and sample_rate={envelope.sample_rate:g}"
+            f"filter='hybrid' cannot plan {what}"
             f"{_micro(envelope, ' and micro_batches={}')}: their PLD accounting fails ({type(exc).__name__}: {exc}); use filter='rdp' for "
             "such a step") from None
 
@@ -474,7 +534,11 @@ def _micro(envelope: Envelope, text: str) -> str:
 
 def envelope_text(envelope: Envelope) -> str:
     """What lies inside the envelope, in words: ``σ≥1, q≤0.01`` or, accumulated,
-    ``σ≥1, q=0.01, 4 micro-batches`` (docs/theory.md §2b.1)."""
+    ``σ≥1, q=0.01, 4 micro-batches`` (docs/theory.md §2b.1), or ``random-allocation
+    epochs with σ≥1, t=100`` (§2b.3)."""
+    if envelope.allocation_steps:
+        return (f"random-allocation epochs with σ≥{envelope.noise_multiplier:g}, "
+                f"t={envelope.allocation_steps}")
     if envelope.micro_batches == 1:
         return f"σ≥{envelope.noise_multiplier:g}, q≤{envelope.sample_rate:g}"
     return (f"σ≥{envelope.noise_multiplier:g}, q={envelope.sample_rate:g}, "
