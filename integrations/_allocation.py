@@ -266,6 +266,16 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
             "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
             "ledger (its journal holds every epoch charged)")
+    if sampler.epochs_started:
+        # EpochCharges counts the epochs started so far as charged: a batch of one of them
+        # (the rest of an epoch whose first batch was drawn, or a batch kept from it) would
+        # then be stepped on with no charge at all (review rz).
+        raise InvalidArgumentError(
+            "data_loader", f"{sampler.epochs_started} epoch(s) drawn",
+            f"{loader} already drew its allocation for {sampler.epochs_started} epoch(s) "
+            "before attach: the steps on that allocation's batches could not be charged; "
+            "attach before drawing any batch from the loader (or give it a new "
+            "RandomAllocationSampler)")
 
 
 def _hybrid_covers(ledger: Any, sampler: RandomAllocationSampler) -> bool:

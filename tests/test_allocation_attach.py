@@ -181,3 +181,16 @@ def test_accumulated_micro_batches_of_an_allocation_loader_are_refused():
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, _params(model)))
     assert len(ledger.history) == 0
+
+
+def test_an_epoch_drawn_before_attach_is_refused_not_run_uncharged():
+    """Review rz: attach counted every epoch the sampler had started as charged, so the rest
+    of an epoch whose first batch was drawn before attach ran with no charge at all."""
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    batches = iter(loader)
+    first = next(batches)  # this epoch's allocation is drawn before attach
+    with pytest.raises(InvalidArgumentError, match="before attach"):
+        attach(opt, ledger, data_loader=loader)
+    _step(model, opt, *first)  # nothing attached: the caller was told, and no ledger was charged
+    assert len(ledger.history) == 0
