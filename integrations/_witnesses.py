@@ -515,6 +515,8 @@ class Witnesses:
             for target, source in zip(targets, summed + grads, strict=True):
                 target.copy_(source)
         d = buf.shape[1]
+        if d == 0:  # only empty parameters: no noise to test (χ²_0's tail is NaN: review rw)
+            return None
         # The Gram matrix of the rows (a = summed_grad, g = grad), in float64: the one sync
         aa, ag, _, gg = torch.mm(buf, buf.t()).view(-1).tolist()
         # −Z = a − s·g (DPOptimizer.add_noise then scale_grad): ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²

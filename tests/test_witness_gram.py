@@ -130,3 +130,10 @@ def test_widening_covers_both_rounding_terms_at_any_d(d):
     need = (gamma_d / (1 - gamma_d) + 6 * u * (1 + gamma_d) / (1 - gamma_d)
             + 2 * u + 20 * u * gamma_d)
     assert Fraction(gram_widening(d)) >= need
+
+
+def test_only_empty_parameters_are_not_tested():
+    """Review rw: with every noisy parameter empty (d = 0), χ²_0's quantile and tail are NaN
+    and the noise test alarmed ("σ ≈ nan") on a step that releases no coordinate."""
+    empty = [torch.zeros(0), torch.zeros(0, 3)]
+    assert _fake(empty, [t.clone() for t in empty])._measure(1.0) is None
