@@ -134,7 +134,8 @@ CHECKPOINT_CURVES = 2
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
 1e-4 (relative) below today's, and resuming from it would keep that under-count for every
-charge before it. Such a checkpoint (no ``"curves"`` field, or another value) is not resumed
+charge before it. Such a checkpoint (no ``"curves"`` field, or another value) is read and
+checked as any other (garbage still fails closed), then not resumed
 from: the journal is replayed from the genesis (review rw)."""
 
 
@@ -157,8 +158,6 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
     cursor, snapshot, where = checked_checkpoint(store, row)
     try:
         snap = loads(snapshot, where)
-        if snap.get("curves") != CHECKPOINT_CURVES:
-            return resume(store, None, genesis_config)  # older totals: replay them all
         acc = Accounting.from_snapshot(snap["accounting"])
         cursor.last_kind = snap["last_kind"]
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError,
@@ -173,6 +172,8 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
                 and cursor.last_count == 0)):
         raise LedgerStateError(f"{where} is inconsistent: it ends on a "
                                f"{cursor.last_kind!r} row of count {cursor.last_count}")
+    if snap.get("curves") != CHECKPOINT_CURVES:  # readable, but older totals: replay them all
+        return resume(store, None, genesis_config)
     before = acc.journal.runs_before
     acc.journal.load_prefix = lambda: store.runs()[:before]
     return acc, cursor
