@@ -111,6 +111,23 @@ CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
 
+def gram_widening(d: int) -> float:
+    """The relative widening g of the noise statistic from a float64 Gram product over d
+    coordinates: g = (d + 16)u/(1 − 2(d + 16)u), u = 2⁻⁵³ (docs/theory.md §16.2).
+
+    The two rounding terms of :meth:`Witnesses._measure` sum to γ_d/(1 − γ_d) +
+    6u(1 + γ_d)/(1 − γ_d) = (d + 6)u/(1 − 2du) (γ_n = nu/(1 − nu), Higham 2002, §3.1), and
+    g exceeds that by ≥ 10u for R's own rounding and the final sum's. γ_{d+16}, used before,
+    does not: it falls below the two terms for d ≳ 3·10⁸ (its second-order term is (du)²,
+    theirs 2(du)²). Finite and positive while 2(d + 16)u < 1 (d < 4·10¹⁵).
+
+        >>> gram_widening(1000) > 1000 * 2.0 ** -53
+        True
+    """
+    n = (d + 16) * 2.0 ** -53  # exact (an integer times a power of 2)
+    return n / (1.0 - 2.0 * n)
+
+
 def level(t: int, total: float = FALSE_ALARM) -> float:
     """The false-alarm probability spent at step ``t`` ≥ 1: ``total·6/(π²t²)``.
 
@@ -498,6 +515,8 @@ class Witnesses:
             for target, source in zip(targets, summed + grads, strict=True):
                 target.copy_(source)
         d = buf.shape[1]
+        if d == 0:  # only empty parameters: no noise to test (χ²_0's tail is NaN: review rw)
+            return None
         # The Gram matrix of the rows (a = summed_grad, g = grad), in float64: the one sync
         aa, ag, _, gg = torch.mm(buf, buf.t()).view(-1).tolist()
         # −Z = a − s·g (DPOptimizer.add_noise then scale_grad): ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²
@@ -507,10 +526,9 @@ class Witnesses:
         # without FMA (Higham 2002, eq. 3.5; Cauchy–Schwarz), so the exact value of the line
         # above differs from ‖Z‖² by ≤ γ_d·(‖a‖ + s‖g‖)² ≤ γ_d·r/(1 − γ_d), r = (√aa + s√gg)²
         # computed, and its float64 evaluation by ≤ 6u·(aa + 2s|ag| + s²gg) ≤ 6u·r·(1+γ_d)/
-        # (1−γ_d). g = γ_{d+16} covers both, r's own rounding and the rounding of the sum
-        # below; the factor 1 + 2⁻⁴⁰ covers the square roots' (docs/theory.md §16.2).
-        u = 2.0 ** -53
-        gamma = (d + 16) * u / (1.0 - (d + 16) * u)
+        # (1−γ_d). gamma = gram_widening(d) covers both, r's own rounding and the rounding
+        # of the sum below; the factor 1 + 2⁻⁴⁰ covers the square roots' (docs/theory.md §16.2).
+        gamma = gram_widening(d)
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40

@@ -18,7 +18,7 @@ import torch
 from test_witnesses import DELTA, EPSILON, _half_noise, pipeline, run
 
 from privguard import InvalidArgumentError, Ledger, PipelineMismatchError
-from privguard.integrations._witnesses import Witnesses, _chi2_lower_tail, level
+from privguard.integrations._witnesses import Witnesses, _chi2_lower_tail, gram_widening, level
 from privguard.integrations.opacus import attach
 
 SHAPES = ((16, 5), (16,), (2, 16), (2,))
@@ -114,3 +114,26 @@ def test_gradients_float64_cannot_hold_exactly_are_refused(dtype):
     with pytest.raises(InvalidArgumentError, match="witnesses"):
         w._measure(1.0)
     assert w._buf is None
+
+
+@pytest.mark.parametrize("d", [1, 1_474, 10**6, 3 * 10**8, 10**9, 10**12, 10**14])
+def test_widening_covers_both_rounding_terms_at_any_d(d):
+    """Review rw: the widening must cover γ_d/(1 − γ_d) (the Gram entries) plus
+    6u(1 + γ_d)/(1 − γ_d) (the float64 evaluation) and the rest (docs/theory.md §16.2): the
+    final sum's rounding, ≤ u(1 + O(γ_d))·R, and R's own (≤ 7u, two roots, a product, a sum,
+    a square) and the product g·R's (≤ u), both relative to g·R: 2u + 20u·γ_d covers them.
+    In exact arithmetic on the float it returns. γ_{d+16}, used before, fails from
+    d ≈ 2.7·10⁸ (a 300M-parameter model): its second-order term is (du)², the two terms'
+    2(du)²."""
+    u = Fraction(1, 2**53)
+    gamma_d = d * u / (1 - d * u)
+    need = (gamma_d / (1 - gamma_d) + 6 * u * (1 + gamma_d) / (1 - gamma_d)
+            + 2 * u + 20 * u * gamma_d)
+    assert Fraction(gram_widening(d)) >= need
+
+
+def test_only_empty_parameters_are_not_tested():
+    """Review rw: with every noisy parameter empty (d = 0), χ²_0's quantile and tail are NaN
+    and the noise test alarmed ("σ ≈ nan") on a step that releases no coordinate."""
+    empty = [torch.zeros(0), torch.zeros(0, 3)]
+    assert _fake(empty, [t.clone() for t in empty])._measure(1.0) is None

@@ -595,7 +595,7 @@ class PostgresStore:
             self._checkpoint(conn, acc, c)
 
     def _checkpoint(self, conn: Any, acc: Accounting, c: _Cursor) -> None:
-        snapshot = _dumps({"accounting": acc.snapshot(), "last_kind": c.last_kind})
+        snapshot = _dumps(_rows.checkpoint_body(acc, c.last_kind))
         conn.execute("INSERT INTO privguard.checkpoints VALUES (%s, %s, %s, %s, %s, %s, %s) "
                      "ON CONFLICT DO NOTHING",
                      (self.ledger, *c.as_tuple(), snapshot, self._checkpoint_mac(c, snapshot)))

@@ -10,12 +10,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 from privguard._accounting._accounting import Accounting, is_retarget
 from privguard._accounting._derivation import DERIVATION, KNOWN, first_difference
 from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict
+from privguard._stores._revision import revised_up_only
 
 
 class Cursor:
@@ -126,6 +129,22 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
+CHECKPOINT_CURVES = 2
+"""The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
+totals, not charges: one written before the subsampled Gaussian's fractional orders were
+revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
+1e-4 (relative) below today's, and resuming from it would keep that under-count for every
+charge before it. Such a checkpoint (no ``"curves"`` field, or another value) is read and
+checked as any other (garbage still fails closed), then not resumed
+from: the journal is replayed from the genesis (review rw)."""
+
+
+def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
+    """What a store writes as a checkpoint's snapshot (before JSON): the accounting, the
+    kind of the journal's last row and :data:`CHECKPOINT_CURVES`."""
+    return {"accounting": acc.snapshot(), "last_kind": last_kind, "curves": CHECKPOINT_CURVES}
+
+
 def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounting, Cursor]:
     """The accounting and cursor at a checkpoint row (entries, last_count, head, prev,
     snapshot, mac), or at the genesis for None; the rows after it are replayed next.
@@ -153,6 +172,8 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
                 and cursor.last_count == 0)):
         raise LedgerStateError(f"{where} is inconsistent: it ends on a "
                                f"{cursor.last_kind!r} row of count {cursor.last_count}")
+    if snap.get("curves") != CHECKPOINT_CURVES:  # readable, but older totals: replay them all
+        return resume(store, None, genesis_config)
     before = acc.journal.runs_before
     acc.journal.load_prefix = lambda: store.runs()[:before]
     return acc, cursor
@@ -399,7 +420,7 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
         snap = loads(snapshot, where)
         same = (recorded.as_tuple() == cursor.as_tuple()
                 and snap["last_kind"] == cursor.last_kind
-                and snap["accounting"] == acc.snapshot())
+                and _same_accounting(snap, acc.snapshot()))
     except (TypeError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
@@ -451,3 +472,21 @@ def _at_recorded_steps(fixed: Any, derived: dict[str, Any]) -> dict[str, Any]:
     if type(steps) is not int or not 0 <= steps <= flt["config"]["steps_a"]:
         return derived
     return {**derived, "filter": {**flt, "config": {**flt["config"], "steps_a": steps}}}
+
+
+def _same_accounting(snap: Any, replayed: dict[str, Any]) -> bool:
+    """A checkpoint's accounting against the replay up to it: equal; for one written before
+    :data:`CHECKPOINT_CURVES` (never resumed from), its spent totals may lie below the
+    replayed ones by the revision :func:`revised_up_only` allows, everything else equal."""
+    recorded = snap["accounting"]
+    if snap.get("curves") == CHECKPOINT_CURVES or recorded == replayed:
+        return bool(recorded == replayed)
+    old, new = dict(recorded), dict(replayed)
+    old_journal, new_journal = dict(old.pop("journal")), dict(new.pop("journal"))
+    old_base, new_base = old_journal.pop("base"), new_journal.pop("base")
+    try:
+        revised = revised_up_only(np.array(new_base, dtype=float),
+                                  np.array(old_base, dtype=float))
+    except (TypeError, ValueError):
+        return False
+    return old == new and old_journal == new_journal and revised

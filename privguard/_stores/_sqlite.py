@@ -597,7 +597,7 @@ class SQLiteStore:
                      "mac = ? WHERE id = 1", (*c.as_tuple(), self._head_mac(c)))
 
     def _checkpoint(self, conn: sqlite3.Connection, acc: Accounting, c: _Cursor) -> None:
-        snapshot = _dumps({"accounting": acc.snapshot(), "last_kind": c.last_kind})
+        snapshot = _dumps(_rows.checkpoint_body(acc, c.last_kind))
         conn.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)",
                      (*c.as_tuple(), snapshot, self._checkpoint_mac(c, snapshot)))
 
