@@ -321,3 +321,12 @@ def test_the_budget_meter_of_part_a_counts_epochs():
     # the meter at T_A epochs is the epoch PLD's own ε at δ_A (capped at the target)
     composed = AE.epoch_pld(SIGMA, T).self_compose(flt.steps_a, tail_mass_truncation=AE.TAIL_MASS)
     assert spent[-1] == pytest.approx(min(EPS, composed.get_epsilon_for_delta(flt.delta_a)))
+
+
+@pytest.mark.parametrize("t0", [1, 10_001])
+def test_an_allocation_envelope_out_of_range_names_allocation_steps(t0):
+    # Review rz: the range check named "steps", not the argument the caller passed.
+    from privguard._accounting._hybrid import Envelope
+
+    with pytest.raises(InvalidArgumentError, match=rf"^allocation_steps={t0} is invalid"):
+        Envelope(1.0, 1.0, allocation_steps=t0)

@@ -403,14 +403,15 @@ def _pmf(u: np.ndarray, j_lo: int) -> Any:
                                min(1.0, float(u[-1]) + 1e-15), True)
 
 
-def _check(sigma: Any, steps: Any) -> tuple[float, int]:
+def _check(sigma: Any, steps: Any, name: str = "steps") -> tuple[float, int]:
+    """σ₀ and t₀ in the envelope's range; ``name`` is the caller's name for t₀."""
     sigma = check.positive_finite("noise_multiplier", sigma)
     if sigma < MIN_SIGMA:
         raise InvalidArgumentError("noise_multiplier", sigma,
                                    f"must be >= {MIN_SIGMA} for the allocation PLD envelope")
-    steps = check.positive_int("steps", steps, maximum=MAX_STEPS)
+    steps = check.positive_int(name, steps, maximum=MAX_STEPS)
     if steps < 2:
-        raise InvalidArgumentError("steps", steps, "must be >= 2 (t = 1 is a Gaussian)")
+        raise InvalidArgumentError(name, steps, "must be >= 2 (t = 1 is a Gaussian)")
     return sigma, steps
 
 

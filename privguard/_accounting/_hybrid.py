@@ -124,7 +124,7 @@ class Envelope:
         if isinstance(t0, bool) or not isinstance(t0, (int, np.integer)) or t0 < 0:
             raise InvalidArgumentError("allocation_steps", t0, "must be an integer >= 0")
         if t0:  # docs/theory.md §2b.3: the epoch envelope's range
-            _alloc._check(self.noise_multiplier, t0)
+            _alloc._check(self.noise_multiplier, t0, name="allocation_steps")
             if self.sample_rate != 1.0 or self.micro_batches != 1:
                 raise InvalidArgumentError("allocation_steps", t0, "an allocation envelope has "
                                            "sample_rate=1.0 and micro_batches=1")
