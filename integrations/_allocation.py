@@ -59,12 +59,27 @@ class RandomAllocationSampler:
 
     def __init__(self, num_samples: int, steps_per_epoch: int, generator: Any = None) -> None:
         self.num_samples = check.positive_int("num_samples", num_samples, maximum=2**62)
-        self.steps_per_epoch = check.positive_int("steps_per_epoch", steps_per_epoch, maximum=2**62)
+        self._steps_per_epoch = check.positive_int("steps_per_epoch", steps_per_epoch,
+                                                   maximum=2**62)
         if generator is not None and not callable(getattr(generator, "manual_seed", None)):
             raise InvalidArgumentError("generator", check.short(generator),
                                        "must be a torch.Generator or None (OS entropy)")
         self.generator = generator
         self.epochs_started = 0  # epochs whose first batch was drawn (read by attach)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """t, fixed when the sampler is built: every epoch is charged as ``RandomAllocation(σ, t)``."""
+        return self._steps_per_epoch
+
+    @steps_per_epoch.setter
+    def steps_per_epoch(self, value: Any) -> None:
+        # Review rz: a t changed between drawing an epoch (its allocation over the old t)
+        # and its first step would charge the epoch at the new t.
+        raise InvalidArgumentError("steps_per_epoch", check.short(value),
+                                   "is fixed when the sampler is built (an epoch drawn at "
+                                   f"t = {self._steps_per_epoch} would be charged at the new "
+                                   "t): build a new RandomAllocationSampler")
 
     def __len__(self) -> int:
         return self.steps_per_epoch

@@ -194,3 +194,14 @@ def test_an_epoch_drawn_before_attach_is_refused_not_run_uncharged():
         attach(opt, ledger, data_loader=loader)
     _step(model, opt, *first)  # nothing attached: the caller was told, and no ledger was charged
     assert len(ledger.history) == 0
+
+
+def test_steps_per_epoch_is_fixed_when_the_sampler_is_built():
+    # Review rz: t changed between drawing an epoch and its first step charged the epoch,
+    # allocated over the old t, at the new one. Now t cannot change.
+    sampler = RandomAllocationSampler(num_samples=12, steps_per_epoch=4)
+    epoch = iter(sampler)
+    next(epoch)
+    with pytest.raises(InvalidArgumentError, match=r"^steps_per_epoch=2 is invalid: is fixed"):
+        sampler.steps_per_epoch = 2
+    assert sampler.steps_per_epoch == 4 and len(sampler) == 4
