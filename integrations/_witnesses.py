@@ -111,6 +111,16 @@ CLIP_CHECK_RATE = 0.125
 """Probability that a micro-batch after the first gets the exact per-sample clipping check."""
 
 
+def coarsest_eps(dtypes: Any) -> float:
+    """The machine epsilon of the coarsest floating dtype in ``dtypes`` (0.0 if none): the
+    float tolerance of the clipping checks, where parameters of several dtypes are summed.
+
+        >>> coarsest_eps([torch.float32, torch.bfloat16]) == torch.finfo(torch.bfloat16).eps
+        True
+    """
+    return max((torch.finfo(t).eps for t in dtypes if t.is_floating_point), default=0.0)
+
+
 def gram_widening(d: int) -> float:
     """The relative widening g of the noise statistic from a float64 Gram product over d
     coordinates: g = (d + 16)u/(1 − 2(d + 16)u), u = 2⁻⁵³ (docs/theory.md §16.2).
@@ -256,7 +266,9 @@ class Witnesses:
         self._cuts: dict[int, float] = {}
         self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
-        self._eps = torch.finfo(params[0].dtype).eps if params else 0.0
+        # the coarsest floating dtype among the parameters sets the float tolerance (review
+        # rw: the first parameter's alone was too tight for a bf16 one after an fp32 one)
+        self._eps = coarsest_eps(p.dtype for p in params)
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
@@ -349,7 +361,7 @@ class Witnesses:
                for p, prior in zip(params, before, strict=True)]
         per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
         bound = norms.clamp(max=c).sum().to(torch.float64)
-        eps = torch.finfo(samples[0].dtype).eps
+        eps = coarsest_eps(g.dtype for g in samples)
         # float32 sums of squares err by ≤ γ_{d+1} relatively (any order; Higham 2002,
         # §3.1): at most doubling a correct clip's tiny deviation while d·eps < 1/2, which
         # the tolerance below leaves room for; above that, accumulate in float64.
@@ -394,7 +406,8 @@ class Witnesses:
                                                                          dtype=torch.float64))),
                 norms.clamp(max=c).sum().to(torch.float64)]).tolist()
             # ‖Σ_i clip_C(g_i)‖ ≤ Σ_i min(‖g_i‖, C) (triangle inequality)
-            tolerance = (1e-3 + 4.0 * batch * torch.finfo(norms.dtype).eps) * bound + 1e-5 * batch
+            eps = max(self._eps, torch.finfo(norms.dtype).eps)
+            tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
             if got > bound + tolerance:
                 self._fail(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "

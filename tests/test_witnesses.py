@@ -818,3 +818,17 @@ def test_the_witnesses_check_the_mechanism_the_ledger_charges():
     assert len(checked) == len(steps) == 6
     assert all(a is b for a, b in zip(checked, steps, strict=True))
     assert [m.noise_multiplier for m in checked] == [1.0] * 3 + [1.5] * 3
+
+
+def test_the_clipping_tolerance_follows_the_coarsest_parameter_dtype():
+    # Review rw: the float tolerance was the first parameter's dtype's, too tight for a
+    # bf16 parameter after an fp32 one (a correct clip could then trip the check).
+    from types import SimpleNamespace
+
+    from privguard.integrations._witnesses import coarsest_eps
+
+    params = [torch.zeros(3, dtype=torch.float32), torch.zeros(2, dtype=torch.bfloat16)]
+    w = Witnesses(SimpleNamespace(params=params), None, false_alarm=1e-10)
+    assert w._eps == torch.finfo(torch.bfloat16).eps
+    assert coarsest_eps([torch.float64, torch.int64]) == torch.finfo(torch.float64).eps
+    assert coarsest_eps([]) == 0.0
