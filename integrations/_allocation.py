@@ -34,6 +34,11 @@ class RandomAllocationSampler:
     expected batches use a collate function that handles one (e.g. Opacus'
     ``wrap_collate_with_empty``).
 
+    Epochs run one after another (docs/theory.md §15.3): once an iterator
+    of the next epoch has drawn its first batch, an iterator of an earlier
+    epoch raises :class:`privguard.InvalidArgumentError` instead of handing
+    out another batch (e.g. ``zip(loader, loader)``).
+
     The allocation is drawn from the operating system's entropy
     (``os.urandom``, exactly uniform by rejection) unless ``generator`` (a
     ``torch.Generator``) is given; a generator makes the batches
@@ -86,10 +91,23 @@ class RandomAllocationSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         self.epochs_started += 1  # runs at the first batch drawn, before its step
+        epoch = self.epochs_started
         steps = self._allocation()
         order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending within
         bounds = np.searchsorted(steps[order], np.arange(self.steps_per_epoch + 1))
         for i in range(self.steps_per_epoch):
+            if self.epochs_started != epoch:
+                # Epochs run one after another (docs/theory.md §15.3): once the next epoch
+                # drew its first batch, this one is over, and its remaining batches are
+                # refused rather than stepped on between the next epoch's steps.
+                raise InvalidArgumentError(
+                    "data_loader", f"a batch of epoch {epoch}",
+                    f"was asked for after epoch {self.epochs_started} of this "
+                    "RandomAllocationSampler began: random-allocation epochs run one after "
+                    "another (each is charged as one RandomAllocation(σ, t) block of steps), "
+                    "so an epoch ends when the next one draws its first batch. Do not step "
+                    "through two iterators of the loader at once (e.g. zip(loader, loader)); "
+                    "finish or abandon an epoch before starting the next")
             yield order[bounds[i]:bounds[i + 1]].tolist()
 
     def _allocation(self) -> np.ndarray:

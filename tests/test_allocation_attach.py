@@ -205,3 +205,25 @@ def test_steps_per_epoch_is_fixed_when_the_sampler_is_built():
     with pytest.raises(InvalidArgumentError, match=r"^steps_per_epoch=2 is invalid: is fixed"):
         sampler.steps_per_epoch = 2
     assert sampler.steps_per_epoch == 4 and len(sampler) == 4
+
+
+def test_two_epochs_stepped_in_turn_are_refused_not_interleaved():
+    """Epochs run one after another (docs/theory.md §15.3): once a second iterator of the
+    loader drew the next epoch's first batch, the first iterator's epoch is over, and a
+    further batch of it is refused before any step uses it (on main it was handed out, and
+    the steps of two epochs ran interleaved, which the per-epoch argument does not cover)."""
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    first, second = iter(loader), iter(loader)
+    _step(model, opt, *next(first))  # epoch 1, charged at its first step
+    _step(model, opt, *next(second))  # epoch 2 began: charged
+    assert len(ledger.history) == 2
+    before = _params(model)
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1.*epoch 2 .*began"):
+        next(first)
+    assert all(torch.equal(a, b) for a, b in zip(before, _params(model)))
+    for x, y in second:  # the current epoch goes on: its t − 1 remaining batches
+        _step(model, opt, x, y)
+    assert len(ledger.history) == 2
+

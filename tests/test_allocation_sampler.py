@@ -97,3 +97,42 @@ def test_words_above_the_last_multiple_of_t_are_redrawn(monkeypatch):
                   np.array([7], dtype=np.uint64).tobytes()])
     monkeypatch.setattr(mod.os, "urandom", lambda k: next(draws))
     assert mod.uniform_from_os_entropy(2, 3).tolist() == [5 % 3, 7 % 3]
+
+
+def test_an_epoch_ends_when_the_next_one_draws_its_first_batch():
+    """docs/theory.md §15.3: the batches of an epoch are all drawn before the next epoch's
+    first; an iterator of an earlier epoch refuses the rest (InvalidArgumentError)."""
+    sampler = RandomAllocationSampler(num_samples=12, steps_per_epoch=4)
+    old = iter(sampler)
+    kept = next(old)
+    new = iter(sampler)  # a generator: the epoch begins at its first batch, not here
+    assert next(old) != kept and sampler.epochs_started == 1
+    first_of_new = next(new)
+    assert sampler.epochs_started == 2
+    with pytest.raises(InvalidArgumentError,
+                       match=r"^data_loader='a batch of epoch 1' is invalid: .*epoch 2"):
+        next(old)
+    with pytest.raises(StopIteration):  # the refused iterator is finished
+        next(old)
+    rest = list(new)
+    assert sorted(i for b in [first_of_new, *rest] for i in b) == list(range(12))
+
+
+def test_epochs_one_after_another_and_abandoned_ones_are_unaffected():
+    sampler = RandomAllocationSampler(num_samples=30, steps_per_epoch=3)
+    for _ in range(3):
+        assert sorted(i for b in sampler for i in b) == list(range(30))
+    for _ in sampler:  # an epoch abandoned after its first batch, never resumed
+        break
+    assert sorted(i for b in sampler for i in b) == list(range(30))
+    assert sampler.epochs_started == 5
+
+
+def test_zip_of_the_sampler_with_itself_stops_at_the_second_pair():
+    # (under attach a zip of the loader with itself is refused at its first step already:
+    # two batches drawn for one step are accumulated micro-batches, which attach refuses)
+    sampler = RandomAllocationSampler(num_samples=20, steps_per_epoch=4)
+    pairs = zip(sampler, sampler)
+    next(pairs)  # two epochs began, one batch each
+    with pytest.raises(InvalidArgumentError, match=r"zip\(loader, loader\)"):
+        next(pairs)
