@@ -330,3 +330,18 @@ def test_an_allocation_envelope_out_of_range_names_allocation_steps(t0):
 
     with pytest.raises(InvalidArgumentError, match=rf"^allocation_steps={t0} is invalid"):
         Envelope(1.0, 1.0, allocation_steps=t0)
+
+
+def test_describe_counts_part_a_in_epochs_for_an_allocation_plan():
+    ledger = Ledger(EPS, DELTA, plan=Plan(EPOCH, 1), filter="hybrid")
+    flt = ledger._acc.filter
+    ledger.charge(EPOCH)
+    assert f"{flt.steps_a - 1} of {flt.steps_a} epochs left" in flt.describe()
+    assert "envelope steps" not in flt.describe()
+
+
+def test_certified_epoch_delta_refuses_more_epochs_than_the_search_reaches():
+    # (a composition of 10⁹ epochs raised MemoryError: a built-in exception)
+    with pytest.raises(InvalidArgumentError, match=rf"^epochs=1000000000 is invalid: .*<= "
+                                                   rf"{AE.MAX_EPOCHS}"):
+        AE.certified_epoch_delta(SIGMA, T, EPS, 10**9)

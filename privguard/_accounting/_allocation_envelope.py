@@ -452,7 +452,8 @@ def certified_epoch_delta(noise_multiplier: float, steps: int, epsilon: float, e
                           ) -> float:
     """δ at ε of ``epochs`` epochs, max over remove and add, plus §2b's round-off allowance."""
     epsilon = check.positive_finite("epsilon", epsilon)
-    epochs = check.positive_int("epochs", epochs)
+    # at most MAX_EPOCHS, as T_A's search: a composition of 10⁹ epochs would not fit in memory
+    epochs = check.positive_int("epochs", epochs, maximum=MAX_EPOCHS)
     pld = epoch_pld(noise_multiplier, steps)
     composed = pld if epochs == 1 else pld.self_compose(epochs, tail_mass_truncation=TAIL_MASS)
     return float(composed.get_delta_for_epsilon(epsilon)) + ROUNDOFF_FACTOR * _negative_mass(composed)

@@ -751,7 +751,8 @@ class HybridFilter:
 
     def describe(self) -> str:
         env = self.envelope
-        a = (f"{self.steps_a - self.a_count} of {self.steps_a} envelope steps left"
+        unit = "epochs" if env.allocation_steps else "envelope steps"  # T_A's unit (§2b.3)
+        a = (f"{self.steps_a - self.a_count} of {self.steps_a} {unit} left"
              if self.a_alive else "envelope left, part A closed")
         return (f"(ε={self.epsilon:g}, δ={self.delta:g}) hybrid filter: PLD envelope "
                 f"{envelope_text(env)} at δ_A={self.delta_a:g} "
