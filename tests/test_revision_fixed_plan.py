@@ -18,6 +18,7 @@ from __future__ import annotations
 import pickle
 import threading
 
+import _pgserver
 import numpy as np
 import pytest
 
@@ -148,3 +149,14 @@ def test_an_entry_matching_neither_derivation_is_refused(monkeypatch):
               "journal": [["fix", fixed] if e[0] == "fix" else e for e in state["journal"]]}
     with pytest.raises(LedgerStateError, match=r"filter\.weights differs: a forged or foreign"):
         _state.load(_rechecksummed(forged))
+
+
+def test_a_postgresql_ledger_from_before_the_revision_opens(monkeypatch, pg):
+    srv, db, name = pg
+    url = srv.url(_pgserver.OWNER, db, name)
+    old = _state_with(monkeypatch, 1e-4, path=url)
+    ledger = Ledger.open(url)
+    assert ledger._acc.fixed == old["fixed"]
+    ledger.charge(STEP, "y")
+    assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
+    ledger.close()
