@@ -209,7 +209,10 @@ class Accounting:
         e08c1f5 (:mod:`privguard._curves._legacy`), for checking an old fix entry on load.
 
         Computed in a shallow copy whose curve caches start empty and are discarded, in this
-        context only: this ledger's caches and the process-wide one keep today's curves.
+        context only: this ledger's caches and the process-wide one keep today's curves. A
+        hybrid filter's T_A is dp-accounting's PLD count (the older curve moves only the
+        search's starting guess); ``check_fix`` derives today's record first, so T_A is
+        then read from ``_hybrid._envelope_steps``' cache.
         """
         scratch = copy.copy(self)
         scratch._curves, scratch._by_id = {}, {}
