@@ -15,6 +15,7 @@ written by 62cc4c8 itself (same ``fixed`` and ``spent``).
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 import threading
 
@@ -26,7 +27,7 @@ from privguard import Ledger, LedgerStateError
 from privguard._curves import _legacy, _sgm
 from privguard._mechanisms._base import _cached_curve
 from privguard._stores import _state
-from privguard._stores._integrity import Integrity
+from privguard._stores._integrity import Integrity, canonical
 from privguard.mechanisms import SubsampledGaussian
 
 EPSILON, DELTA = 4.181813076392221, 1e-5
@@ -160,3 +161,25 @@ def test_a_postgresql_ledger_from_before_the_revision_opens(monkeypatch, pg):
     ledger.charge(STEP, "y")
     assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
     ledger.close()
+
+
+def _v1(state, weights):
+    """A privguard 0.1 state (format version 1) of one charge of STEP with these weights."""
+    body = {"format": "privguard.Ledger", "version": 1, "config": {
+        "orders": state["config"]["orders"], "delta": DELTA, "odometer": "tight", "plan": None,
+        "filter": {"kind": "dp", "epsilon": EPSILON, "delta": DELTA,
+                   "shares": {"type": "Concentrated", "params": {"share": 0.9, "order": None}}}},
+        "records": [{"label": "a", "mechanism": STEP.to_dict(), "time": 1.0, "pid": 1}],
+        "filter_state": {"weights": weights},
+        "spent": _today(state["config"]["orders"]).tolist()}
+    body["checksum"] = hashlib.sha256(canonical(body)).hexdigest()  # 0.1's checksum
+    return body
+
+
+def test_a_version_1_state_with_the_older_weights_loads(monkeypatch):
+    old = _state_with(monkeypatch, 1e-4)["fixed"]["filter"]["weights"]
+    ledger = Ledger.load_state_dict(_v1(Ledger(epsilon=EPSILON, delta=DELTA).state_dict(), old))
+    assert ledger._acc.fixed["filter"]["weights"] == old
+    moved = old[1:] + old[:1]  # a third order: refused as before
+    with pytest.raises(LedgerStateError, match="version-1 state's filter weights"):
+        Ledger.load_state_dict(_v1(Ledger(epsilon=EPSILON, delta=DELTA).state_dict(), moved))
