@@ -12,6 +12,7 @@ a charge and a replay can never disagree.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from privguard._accounting._journal import ChargeRecord, Journal, Run
 from privguard._accounting._odometer import MIXTURE, Odometer, _checked_weights, mixture_weights
 from privguard._accounting._plan import Plan
 from privguard._curves import _conversion as conv
+from privguard._curves import _legacy
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism
 
@@ -201,6 +203,21 @@ class Accounting:
         flt = self._make_filter(plan) if flt is None else flt
         return {"plan": plan.to_dict(), "filter": self._filter_record(flt),
                 "odometer": self._odometer_fixed(plan)}
+
+    def derive_fixed_legacy(self, plan: Plan) -> dict[str, Any]:
+        """:meth:`derive_fixed` with the subsampled Gaussian's curves of privguard before
+        e08c1f5 (:mod:`privguard._curves._legacy`), for checking an old fix entry on load.
+
+        Computed in a shallow copy whose curve caches start empty and are discarded, in this
+        context only: this ledger's caches and the process-wide one keep today's curves. A
+        hybrid filter's T_A is dp-accounting's PLD count (the older curve moves only the
+        search's starting guess); ``check_fix`` derives today's record first, so T_A is
+        then read from ``_hybrid._envelope_steps``' cache.
+        """
+        scratch = copy.copy(self)
+        scratch._curves, scratch._by_id = {}, {}
+        with _legacy.pre_revision():
+            return scratch.derive_fixed(plan)
 
     def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:
         """The mixture odometer's weights, from the plan and the ledger's δ (issue 15)."""

@@ -10,6 +10,14 @@ record that differs is refused (:func:`privguard._stores._rows.check_fix`).
 later privguard that changes a derivation keeps the old one under its
 number, so that saved states and checkpoints stay loadable. A state
 without the field predates it and was derived by version 1.
+
+Version 1 covers two curve revisions: today's subsampled-Gaussian curve and the one before
+e08c1f5 (step 3b's tolerance 1e-4, :mod:`privguard._curves._legacy`). ``check_fix``
+accepts a record equal to either derivation and installs the derived one. No number was
+added for that change: a fix entry is fixed for a ledger's life, so a ledger created
+before e08c1f5 keeps its older entry through every later save, and store rows and
+checkpoints record no number (docs/theory.md §1.1, "Fix entries derived before the
+revision").
 """
 
 from __future__ import annotations

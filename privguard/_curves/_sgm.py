@@ -69,7 +69,7 @@ import math
 import numpy as np
 from scipy.special import binom, gammaln, log_ndtr, logsumexp
 
-from privguard._curves import _opacus_rdp, _sgm_upper
+from privguard._curves import _legacy, _opacus_rdp, _sgm_upper
 from privguard._validation import RDP_RTOL, rdp_tolerance
 
 OPACUS_MAX_ORDER = 1024
@@ -175,6 +175,9 @@ def series_terms(q: float, sigma: float, alpha: float, cap: int = MAX_SERIES_TER
 def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     """One step's RDP curve on ``orders`` (validated: finite, > 1, increasing); see the module."""
     bound = gaussian_bound(orders, sigma)
+    # step 3b's tolerance: FRACTIONAL_RTOL, or 1e-4 inside _legacy.pre_revision() (loading a
+    # fix entry derived before e08c1f5; never cached, never seen by other contexts)
+    fractional_rtol = _legacy.fractional_rtol(FRACTIONAL_RTOL)
     if q == 1.0 or not _opacus_can_run(sigma):
         return bound
     alphas = orders.tolist()
@@ -209,7 +212,7 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
             if not (lo - rdp_tolerance(lo) <= v <= hi + rdp_tolerance(hi)):  # also NaN
                 v = hi
             elif ((math.floor(a) in replaced or math.ceil(a) in replaced)
-                  and (a - 1.0) * v < 1.0) or v < (1.0 - FRACTIONAL_RTOL) * est:
+                  and (a - 1.0) * v < 1.0) or v < (1.0 - fractional_rtol) * est:
                 # Opacus' series lost digits (the same cancellation, or its own: σ = 20,
                 # q = 6e-5, α = 1.1 was 1.1% below the truth; a neighbour's replacement
                 # matters only where log A_α < 1: above, Opacus' absolute error of ~1e-13 is

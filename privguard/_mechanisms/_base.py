@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from privguard import _validation as check
+from privguard._curves import _legacy
 from privguard._errors import InvalidArgumentError, PrivguardError, UnknownMechanismError
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
@@ -58,8 +59,12 @@ class Mechanism(abc.ABC):
         the order up to round-off (``_validation.non_decreasing``); a curve
         that fails is a bug in its computation and is never charged.
         Cached process-wide per (mechanism, grid): mechanisms are immutable
-        values, so equal parameters always give the same curve.
+        values, so equal parameters always give the same curve. Not cached while
+        :func:`privguard._curves._legacy.pre_revision` is on (a load re-deriving an old
+        fix entry): a pre-e08c1f5 curve never reaches the cache.
         """
+        if _legacy.active():
+            return _checked_curve(self, grid)
         try:
             hash(self)
         except TypeError:  # an unhashable parameter: compute without the cache

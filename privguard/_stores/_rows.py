@@ -440,12 +440,18 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     must match (floats to 1e-9 relative, another CPU's libm; a forged record differs by
     far more). The refusal names the first field that differs.
 
+    Derivation 1 is this code with either curve revision: today's, or the subsampled
+    Gaussian's curve before e08c1f5 (:mod:`privguard._curves._legacy`; a ledger fixed then
+    keeps that entry for life). A record that differs from today's derivation is compared
+    with the older one, field for field as above; the refusal names today's difference.
+
     Returns the record to install: the derived one (with the recorded T_A), never the
     recorded floats, which a forger may move within that tolerance (adv24: odometer
     weights nudged by 1e-9 lowered ε by 5e-12).
     """
     try:
-        derived = acc.derive_fixed(Plan.from_dict(fixed["plan"]))
+        plan = Plan.from_dict(fixed["plan"])
+        derived = acc.derive_fixed(plan)
     except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
     if derivation not in KNOWN:  # one derivation so far: version 1, this code
@@ -453,6 +459,14 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     derived = _at_recorded_steps(fixed, derived)
     field = first_difference(fixed, derived)
     if field is not None:
+        # the same plan, derived with the pre-e08c1f5 curves (docs/theory.md §1.1, "Fix
+        # entries derived before the revision"): another data-independent library choice
+        try:
+            legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan))
+        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
+        if first_difference(fixed, legacy) is None:
+            return legacy
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
                                f"library derives from it ({field or 'the record'} differs: a "
                                "forged or foreign fix entry)")

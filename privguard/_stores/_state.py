@@ -191,8 +191,13 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
         # must be the ones this library derives, and the derived record is kept.
         derived = None if fixed["filter"] is None else fixed["filter"].get("weights")
         if weights is not None and first_difference(weights, derived) is not None:
-            raise LedgerStateError("the version-1 state's filter weights are not the ones "
-                                   "this library derives from its plan (forged or foreign)")
+            # or the ones it derived with the curves before e08c1f5 (docs/theory.md §1.1,
+            # "Fix entries derived before the revision"); the derived record is kept
+            fixed = acc.derive_fixed_legacy(plan)
+            derived = None if fixed["filter"] is None else fixed["filter"].get("weights")
+            if first_difference(weights, derived) is not None:
+                raise LedgerStateError("the version-1 state's filter weights are not the ones "
+                                       "this library derives from its plan (forged or foreign)")
         acc.replay_fix(fixed)
         acc.replay_event({"event": "migrate", "from": "privguard 0.1 state (version 1)",
                           "records": len(records)})

@@ -1,0 +1,60 @@
+"""The subsampled Gaussian's curve as privguard computed it before e08c1f5, for loading only.
+
+Commit e08c1f5 (2026-11-26) lowered step 3b's tolerance of :mod:`privguard._curves._sgm`
+(``FRACTIONAL_RTOL``) from 1e-4 to ``RELIABLE_RTOL``: a fractional order's Opacus value
+more than 1e-9 (was 1e-4) below the stable estimate is replaced. Some values rose by up to
+1e-4 relative; nothing else changed. A ledger's fix entry (δ shares, mixture weights,
+hybrid part-B weights) derived with the older curves may therefore differ from today's
+derivation near a tie between two orders (tests/test_revision_fixed_plan.py). Such an
+entry is still a fixed, data-independent choice (docs/theory.md §1.1, "Fix entries
+derived before the revision"), so the load paths re-derive it with the older curves too
+(:meth:`privguard._accounting._accounting.Accounting.derive_fixed_legacy`).
+
+The older tolerance is switched on by :func:`pre_revision` for the current context only (a
+:class:`contextvars.ContextVar`: other threads and tasks never see it), and while it is on
+``Mechanism._rdp_checked`` bypasses the process-wide curve cache, so a legacy curve is
+never stored where ordinary callers read. No module constant is changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+LEGACY_FRACTIONAL_RTOL = 1e-4
+"""Step 3b's tolerance before e08c1f5 (``privguard._curves._sgm.FRACTIONAL_RTOL`` then)."""
+
+_FRACTIONAL_RTOL: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "_FRACTIONAL_RTOL", default=None)
+
+
+def active() -> bool:
+    """Whether this context computes the pre-e08c1f5 curves (then nothing may cache them)."""
+    return _FRACTIONAL_RTOL.get() is not None
+
+
+def fractional_rtol(today: float) -> float:
+    """Step 3b's tolerance in this context: ``today``'s unless :func:`pre_revision` is on."""
+    legacy = _FRACTIONAL_RTOL.get()
+    return today if legacy is None else legacy
+
+
+@contextlib.contextmanager
+def pre_revision() -> Iterator[None]:
+    """Compute subsampled-Gaussian curves as before e08c1f5 within the block, in this
+    context only (thread-safe; curves computed inside are not cached).
+
+    Example:
+        >>> from privguard._curves import _legacy
+        >>> with _legacy.pre_revision():
+        ...     _legacy.fractional_rtol(1e-9)
+        0.0001
+        >>> _legacy.fractional_rtol(1e-9)
+        1e-09
+    """
+    token = _FRACTIONAL_RTOL.set(LEGACY_FRACTIONAL_RTOL)
+    try:
+        yield
+    finally:
+        _FRACTIONAL_RTOL.reset(token)
