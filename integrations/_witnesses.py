@@ -13,7 +13,9 @@ the step is charged or released, three things the charge asserts:
   charge, ``Z ~ N(0, (σC)² I_d)`` and ``‖Z‖²/(σC)² ~ χ²_d`` exactly; the test
   is one-sided (it alarms only when the noise is *smaller* than charged: more
   noise, as AdaClip adds by design, is safe) with the exact χ² lower tail
-  (regularised incomplete gamma), docs/theory.md §16.
+  (regularised incomplete gamma), docs/theory.md §16. Each parameter's own noise is
+  tested too (‖Z_p‖²/(σC)² ~ χ²_{d_p}, at α_j/P each): noise that misses a small
+  parameter barely moves the total, but releases that parameter's clipped sum (review rt).
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
@@ -49,7 +51,7 @@ False alarms: the sampling-mean and sampling-ties tests at the handle's t-th
 step (the noise and per-record tests at their t-th test) use level ``α·6/(π²t²)`` with α
 from :func:`reserve_for` each, so over any number of steps each alarms with
 probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
-clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·5α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
 :class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
@@ -97,10 +99,11 @@ __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "r
 FALSE_ALARM = 1e-10
 """Total false-alarm probability of each statistical witness (noise, sampling) over a run."""
 
-STATISTICAL = 4
-"""The statistical witnesses, each spending its own false-alarm budget: noise; sampling
-mean; sampling ties; per-record inclusion counts (integrations/_inclusion.py;
-the clipping witness is deterministic and never alarms)."""
+STATISTICAL = 5
+"""The statistical witnesses, each spending its own false-alarm budget: noise (all
+coordinates); noise per parameter (review rt); sampling mean; sampling ties; per-record
+inclusion counts (integrations/_inclusion.py; the clipping witness is deterministic and
+never alarms)."""
 
 DELTA_SHARE = 1e-3
 """The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
@@ -263,7 +266,8 @@ class Witnesses:
         self._anchor: tuple[int, int, float, int, float] | None = None  # see _covered
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
-        self._cuts: dict[int, float] = {}
+        self._cuts: dict[Any, float] = {}
+        self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's row, per parameter
         self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         # the coarsest floating dtype among the parameters sets the float tolerance (review
@@ -480,12 +484,17 @@ class Witnesses:
         self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
-        if stat > self._noise_cut(d):
-            return  # above the χ²_d quantile at the largest level spent: no test alarms here
-        alpha = level(self.noise_checks, self.false_alarm)
-        tail = _chi2_lower_tail(stat, d)
-        if tail > alpha:
-            return
+        # above the χ²_d quantile at the largest level spent, no test alarms here
+        if stat <= self._noise_cut(d):
+            alpha = level(self.noise_checks, self.false_alarm)
+            tail = _chi2_lower_tail(stat, d)
+            if tail <= alpha:
+                self._fail_noise(sigma, c, z_norm, d, tail, alpha, "")
+        self._check_parameter_noise(sigma, c, scale)
+
+    def _fail_noise(self, sigma: float, c: float, z_norm: float, d: int, tail: float,
+                    alpha: float, where: str) -> None:
+        sd = sigma * c
         # σ_applied = ‖Z‖/(C·√χ²_d): a 95% interval from the χ²_d quantiles
         sq = z_norm * z_norm
         a = (1.0 - CONFIDENCE) / 2.0
@@ -495,9 +504,10 @@ class Witnesses:
         self._fail(PipelineMismatchError(
             f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
             f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
-            f"step's {d} coordinates has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, {hi:.4g}]); "
-            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent by "
-            f"noise test {self.noise_checks} (step {self.steps}). Nothing was charged or applied",
+            f"step's {d} coordinates{where} has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, "
+            f"{hi:.4g}]); P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level "
+            f"spent by noise test {self.noise_checks} (step {self.steps}). Nothing was charged "
+            "or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
             step=self.steps))
 
@@ -549,6 +559,63 @@ class Witnesses:
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
 
+    def _check_parameter_noise(self, sigma: float, c: float, scale: float) -> None:
+        """The noise test of each parameter alone (review rt), after :meth:`_measure`.
+
+        A step whose noise misses one parameter releases that parameter's clipped sum
+        exactly (ε unbounded), while the total ‖Z‖² over all d coordinates barely moves
+        when the parameter is small. Under the charge, Z_p ~ N(0, (σC)² I_{d_p}) for each
+        of the P parameters with a noisy gradient, so ‖Z_p‖²/(σC)² ~ χ²_{d_p} exactly; the
+        j-th noise test checks each at level α_j/P (union bound: ≤ α_j a step, ≤ α over
+        the run, the budget of this fifth statistical witness). Like the total test it is a
+        function of the noise alone. ẑ = a − s·g is formed in float64 from the buffer's
+        exact copies: |ẑ_j − z_j| ≤ 3u(|a_j| + s|g_j|) (two roundings, u = 2⁻⁵³), so
+        ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm computed within a relative g_{d_p}
+        (:func:`gram_widening`): the statistic is never below the exact one. One parameter
+        alone (P = 1) is the total test already. A parameter of 1 or 2 float32 coordinates
+        with no noise at all can still pass (its rounding residue, u·‖a_p‖, is not small
+        enough against χ²_{d_p}'s lower tail at the level).
+        """
+        bounds = self._parameter_noise(scale)
+        if len(bounds) < 2:
+            return
+        alpha = level(self.noise_checks, self.false_alarm) / len(bounds)
+        cut_level = level(1, self.false_alarm) / len(bounds)  # this test's largest level
+        sd = sigma * c
+        for i, d_p, z_high, z_norm in bounds:
+            stat = z_high * z_high / (sd * sd)
+            if stat > self._noise_cut(d_p, cut_level):
+                continue  # above the χ²_{d_p} quantile at α₁/P: no test alarms here
+            tail = _chi2_lower_tail(stat, d_p)
+            if tail <= alpha:
+                self._fail_noise(sigma, c, z_norm, d_p, tail, alpha,
+                                 f" of parameter {i} of the {len(bounds)} with a noisy gradient "
+                                 f"(tested alone at level α_j/{len(bounds)})")
+
+    def _parameter_noise(self, scale: float) -> list[tuple[int, int, float, float]]:
+        """(position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖) for each non-empty parameter
+        of the buffer :meth:`_measure` filled (docs/theory.md §16.2, review rt)."""
+        assert self._buf is not None
+        _, buf, views = self._buf
+        count = len(views) // 2
+        sizes = [v.numel() for v in views[:count]]
+        if sum(1 for n in sizes if n) < 2:
+            return []
+        z = self._zbuf
+        if z is None or z[0] is not buf:
+            row = torch.empty(buf.shape[1], dtype=torch.float64, device=buf.device)
+            self._zbuf = z = (buf, row, list(torch.split(row, sizes)))
+        torch.sub(buf[0], buf[1], alpha=scale, out=z[1])  # ẑ = a − s·g in float64
+        norms = torch.stack(torch._foreach_norm(z[2] + views, 2)).tolist()  # one sync
+        u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
+        out = []
+        for i, d_p in enumerate(sizes):
+            if d_p:
+                # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm within a relative g_{d_p}
+                spread = norms[i] + 3.0 * u * (norms[count + i] + scale * norms[2 * count + i])
+                out.append((i, d_p, spread / (1.0 - gram_widening(d_p)) * up, norms[i]))
+        return out
+
     def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
         """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.
 
@@ -574,20 +641,23 @@ class Witnesses:
             self._buf = (key, buf, rows[0] + rows[1])
         return self._buf[1], self._buf[2]
 
-    def _noise_cut(self, d: int) -> float:
-        """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).
+    def _noise_cut(self, d: int, first: float | None = None) -> float:
+        """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest;
+        ``first`` overrides α₁: the per-parameter tests' α₁/P).
 
-        Computed once per d and cached: a statistic above it has a tail above α_t for
-        every t, so the exact tail (a scipy call) is evaluated only below it, with the
-        same decision as evaluating it at every step.
+        Computed once per (d, α₁) and cached: a statistic above it has a tail above α_t
+        for every t, so the exact tail (a scipy call) is evaluated only below it, with
+        the same decision as evaluating it at every step.
         """
-        cut = self._cuts.get(d)
-        if cut is None:
+        if first is None:
             first = level(1, self.false_alarm)
+        key = d if first == level(1, self.false_alarm) else (d, first)
+        cut = self._cuts.get(key)
+        if cut is None:
             cut = _chi2_quantile(first, d) * (1.0 + 1e-6)
             while _chi2_lower_tail(cut, d) <= first:  # guard the inverse's accuracy
                 cut *= 1.0 + 1e-3
-            self._cuts[d] = cut
+            self._cuts[key] = cut
         return cut
 
     def _check_clipped_sum(self, size: float, records: int, c: float) -> None:

@@ -31,6 +31,16 @@ def _fake(grads, summed):
     return w
 
 
+def _draw(gen, dtype, noise_sd, scale):
+    """Clipped sums a (N(0, 9) entries) and gradients g = (a + noise)/s, stored in ``dtype``."""
+    summed = [torch.randn(s, generator=gen, dtype=torch.float64).mul(3.0).to(dtype)
+              for s in SHAPES]
+    grads = [((a.double() + noise_sd * torch.randn(a.shape, generator=gen,
+                                                    dtype=torch.float64)) / scale).to(dtype)
+             for a in summed]
+    return summed, grads
+
+
 def _exact(grads, summed, scale):
     """(‖s·g − a‖², ‖a‖²) in exact rational arithmetic on the stored values."""
     z = s = Fraction(0)
@@ -50,11 +60,7 @@ def test_gram_statistic_is_never_below_the_exact_norms(dtype, regime):
     for trial in range(3):
         scale = (1.0, 128.0, 384.0)[trial % 3]
         noise_sd = 1.0 if regime == "noise" else 1e-4  # the clipped sum ≈ 10⁴× the noise
-        summed = [torch.randn(s, generator=gen, dtype=torch.float64).mul(3.0).to(dtype)
-                  for s in SHAPES]
-        grads = [((a.double() + noise_sd * torch.randn(a.shape, generator=gen,
-                                                        dtype=torch.float64)) / scale).to(dtype)
-                 for a in summed]
+        summed, grads = _draw(gen, dtype, noise_sd, scale)
         w = _fake(grads, summed)
         z_high, sum_high, z_norm, d = w._measure(scale)
         z_sq, a_sq = _exact(grads, summed, scale)
@@ -137,3 +143,26 @@ def test_only_empty_parameters_are_not_tested():
     and the noise test alarmed ("σ ≈ nan") on a step that releases no coordinate."""
     empty = [torch.zeros(0), torch.zeros(0, 3)]
     assert _fake(empty, [t.clone() for t in empty])._measure(1.0) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("regime", ["noise", "cancel", "none"])
+def test_per_parameter_statistic_is_never_below_the_exact_norms(dtype, regime):
+    """Review rt: each parameter's bound on ‖Z_p‖ (a − s·g formed in float64) is ≥ the exact
+    norm of the stored values, also when the clipped sum is 10⁴× the noise or there is none."""
+    gen = torch.Generator().manual_seed(hash((str(dtype), regime, "p")) % 2**31)
+    for trial in range(3):
+        scale = (1.0, 128.0, 384.0)[trial % 3]
+        noise_sd = {"noise": 1.0, "cancel": 1e-4, "none": 0.0}[regime]
+        summed, grads = _draw(gen, dtype, noise_sd, scale)
+        w = _fake(grads, summed)
+        w._zbuf = None
+        w._measure(scale)
+        bounds = w._parameter_noise(scale)
+        assert [b[:2] for b in bounds] == [(i, math.prod(s)) for i, s in enumerate(SHAPES)]
+        for (i, _d, z_high, _z), g, a in zip(bounds, grads, summed, strict=True):
+            z_sq, _ = _exact([g], [a], scale)
+            assert Fraction(z_high) ** 2 >= z_sq, (i, float(z_sq), z_high)
+            # and tight: within a relative 10⁻¹² plus the 3u·(‖a‖ + s‖g‖) rounding allowance
+            slack = 4 * 2.0 ** -53 * (a.double().norm() + scale * g.double().norm())
+            assert z_high <= math.sqrt(float(z_sq)) * (1 + 1e-12) + float(slack)

@@ -832,3 +832,49 @@ def test_the_clipping_tolerance_follows_the_coarsest_parameter_dtype():
     assert w._eps == torch.finfo(torch.bfloat16).eps
     assert coarsest_eps([torch.float64, torch.int64]) == torch.finfo(torch.float64).eps
     assert coarsest_eps([]) == 0.0
+
+
+# ------------------------------------------------------------------ review rt
+def _noise_off_on(opt, skip):
+    """Opacus' add_noise, but the parameters at the positions ``skip`` get none."""
+    def add_noise():
+        for i, p in enumerate(opt.params):
+            noise = 0.0 if i in skip else _generate_noise(
+                std=opt.noise_multiplier * opt.max_grad_norm, reference=p.summed_grad)
+            p.grad = (p.summed_grad + noise).view_as(p)
+    opt.add_noise = add_noise
+
+
+@pytest.mark.parametrize("skip", [{1}, {2, 3}, {2}])
+def test_noise_off_on_some_parameters_is_caught_at_the_first_step(skip):
+    """Review rt: a step whose noise misses one parameter releases that parameter's clipped
+    sum exactly (ε unbounded), but the total χ²_d statistic barely moves (64 or 130 of 1,474
+    coordinates); the per-parameter test refuses it at its first step."""
+    model, opt, loader, crit = pipeline()
+    _noise_off_on(opt, skip)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    exc = _refusal(handle, model, opt, loader, crit, steps=1)
+    assert exc.witness == "noise" and exc.step == 1 and handle.steps_charged == 0
+    assert "parameter" in str(exc)
+
+
+def test_per_parameter_noise_statistics_are_chi2():
+    """Review rt: on a clean seeded pipeline each parameter's statistic ‖Z_p‖²/(σC)² follows
+    χ²_{d_p} (Kolmogorov–Smirnov), so the per-parameter test spends what it says."""
+    model, opt, loader, crit = pipeline(seed=3)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    w, seen = handle.witnesses, {}
+    measure = w._parameter_noise
+
+    def record(scale):
+        out = measure(scale)
+        for i, d, z_high, _ in out:
+            seen.setdefault((i, d), []).append(z_high ** 2 / (opt.noise_multiplier
+                                                               * opt.max_grad_norm) ** 2)
+        return out
+    w._parameter_noise = record
+    run(model, opt, loader, crit, 80)
+    assert sorted(seen) == [(0, 1280), (1, 64), (2, 128), (3, 2)]
+    for (_, d), xs in seen.items():
+        assert len(xs) == 80 and stats.kstest(xs, stats.chi2(d).cdf).pvalue > 1e-3
