@@ -74,8 +74,10 @@ count), with the same decisions as evaluating them every step
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -191,6 +193,28 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
             f"cannot be paid for at the target ε = {epsilon:g}: the false-alarm budget "
             f"r·δ/(1+e^ε) underflows")
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
+
+
+def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, re-raising its :class:`PipelineMismatchError` from this thin frame alone.
+
+    Review rt: the frames an exception passes through stay on its traceback with their
+    locals (the per-sample gradients of every record of the micro-batch, the clipped sum's
+    norm), and error reporters that capture locals (Sentry by default, ``pytest
+    --showlocals``) send them on: data released by a step that is charged nothing. The
+    traceback is dropped here, so it starts at this frame, whose locals are ``self``, the
+    arguments (the step's mechanism) and the error (its documented statistics).
+    """
+    @functools.wraps(method)
+    def thin(self: Any, *args: Any) -> None:
+        try:
+            method(self, *args)
+        except PipelineMismatchError as exc:
+            error = exc
+        else:
+            return
+        raise error.with_traceback(None)
+    return thin
 
 
 def _first_param(optimizer: Any) -> Any:
@@ -335,6 +359,7 @@ class Witnesses:
         raise error
 
     # ------------------------------------------------------------ clipping
+    @_without_locals
     def _clip_and_accumulate(self) -> None:
         opt = self.optimizer
         if self.failure is not None:
@@ -384,16 +409,17 @@ class Witnesses:
         tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
         if deviation > tolerance:
-            largest = float(norms.max())
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
-                f"charged C = {c:.6g} (tolerance {tolerance:.3g}); the largest per-sample norm is "
-                f"{largest:.4g}, so contributions above C reached the sum: the charge assumes "
-                "each record moves the sum by at most C. Nothing was charged or applied",
+                f"charged C = {c:.6g} (tolerance {tolerance:.3g}): contributions above C reached "
+                "the sum, and the charge assumes each record moves the sum by at most C (no "
+                "per-sample norm is reported: it is a record's data, review rt). Nothing was "
+                "charged or applied",
                 witness="clipping", charged=c, measured=deviation, interval=None,
                 step=self.steps + 1))
 
+    @_without_locals
     def _ghost_accumulate(self) -> None:
         opt = self.optimizer
         if self.failure is not None:
@@ -422,6 +448,7 @@ class Witnesses:
         self._original()
 
     # ------------------------------------------------------------ at the step
+    @_without_locals
     def check(self, mechanism: Any) -> None:
         """Check the step about to be charged as ``mechanism``; raise :class:`PipelineMismatchError`.
 

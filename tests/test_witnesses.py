@@ -878,3 +878,42 @@ def test_per_parameter_noise_statistics_are_chi2():
     assert sorted(seen) == [(0, 1280), (1, 64), (2, 128), (3, 2)]
     for (_, d), xs in seen.items():
         assert len(xs) == 80 and stats.kstest(xs, stats.chi2(d).cdf).pvalue > 1e-3
+
+
+def _privguard_frame_locals(exc):
+    """The locals of the traceback's frames in privguard's own files."""
+    tb, found = exc.__traceback__, []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if "privguard" in code.co_filename or "/integrations/" in code.co_filename:
+            found.append((code.co_name, dict(tb.tb_frame.f_locals)))
+        tb = tb.tb_next
+    return found
+
+
+@pytest.mark.parametrize("bug", ["noise", "clipping"])
+def test_a_refusal_carries_no_data_in_its_traceback(bug):
+    """Review rt: a refused step's traceback held the per-sample gradients of every record
+    of the micro-batch (clipping) or the clipped sum's norm (noise) in its frames' locals,
+    which error reporters that capture locals (Sentry's default, pytest --showlocals) send
+    on: data released by a step that is charged nothing. The privguard frames now hold no
+    tensor and no number but the exception's documented ones; the message names no
+    per-sample norm."""
+    model, opt, loader, crit = pipeline(clip=0.01 if bug == "clipping" else 1.0)
+    (_no_clipping if bug == "clipping" else _half_noise)(opt)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    exc = _refusal(handle, model, opt, loader, crit, steps=3)
+    assert exc.witness == bug
+    frames = _privguard_frame_locals(exc)
+    assert frames
+    documented = {exc.charged, exc.measured, *(exc.interval or ())}
+    for name, values in frames:
+        for key, value in values.items():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            assert not any(isinstance(v, torch.Tensor) for v in items), (name, key)
+            assert not isinstance(value, float) or value in documented, (name, key, value)
+    assert "largest" not in str(exc)
+    with pytest.raises(PipelineMismatchError) as again:  # every later step: the same
+        run(model, opt, loader, crit, 1)
+    assert not any(isinstance(v, torch.Tensor) for _, values in
+                   _privguard_frame_locals(again.value) for v in values.values())
