@@ -15,7 +15,9 @@ the step is charged or released, three things the charge asserts:
   noise, as AdaClip adds by design, is safe) with the exact χ² lower tail
   (regularised incomplete gamma), docs/theory.md §16. Each parameter's own noise is
   tested too (‖Z_p‖²/(σC)² ~ χ²_{d_p}, at α_j/P each): noise that misses a small
-  parameter barely moves the total, but releases that parameter's clipped sum (review rt).
+  parameter barely moves the total, but releases that parameter's clipped sum (review rt);
+  and the noise against the previous step's (‖Z_t − Z_{t−1}‖²/(σ_tC)² against χ²_d's lower
+  tail, by Anderson's inequality): a generator reseeded before every step repeats Z.
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
@@ -51,7 +53,7 @@ False alarms: the sampling-mean and sampling-ties tests at the handle's t-th
 step (the noise and per-record tests at their t-th test) use level ``α·6/(π²t²)`` with α
 from :func:`reserve_for` each, so over any number of steps each alarms with
 probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
-clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·5α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·6α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
 :class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
@@ -101,9 +103,10 @@ __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "r
 FALSE_ALARM = 1e-10
 """Total false-alarm probability of each statistical witness (noise, sampling) over a run."""
 
-STATISTICAL = 5
+STATISTICAL = 6
 """The statistical witnesses, each spending its own false-alarm budget: noise (all
-coordinates); noise per parameter (review rt); sampling mean; sampling ties; per-record
+coordinates); noise per parameter; noise against the previous step's (both review rt);
+sampling mean; sampling ties; per-record
 inclusion counts (integrations/_inclusion.py; the clipping witness is deterministic and
 never alarms)."""
 
@@ -291,7 +294,8 @@ class Witnesses:
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
         self._cuts: dict[Any, float] = {}
-        self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's row, per parameter
+        self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's rows, per parameter
+        self._zprev: tuple[int, float] | None = None  # (row of the last ẑ, its ‖a‖ + s‖g‖)
         self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         # the coarsest floating dtype among the parameters sets the float tolerance (review
@@ -594,7 +598,7 @@ class Witnesses:
         when the parameter is small. Under the charge, Z_p ~ N(0, (σC)² I_{d_p}) for each
         of the P parameters with a noisy gradient, so ‖Z_p‖²/(σC)² ~ χ²_{d_p} exactly; the
         j-th noise test checks each at level α_j/P (union bound: ≤ α_j a step, ≤ α over
-        the run, the budget of this fifth statistical witness). Like the total test it is a
+        the run, the budget of this statistical witness). Like the total test it is a
         function of the noise alone. ẑ = a − s·g is formed in float64 from the buffer's
         exact copies: |ẑ_j − z_j| ≤ 3u(|a_j| + s|g_j|) (two roundings, u = 2⁻⁵³), so
         ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm computed within a relative g_{d_p}
@@ -603,12 +607,14 @@ class Witnesses:
         with no noise at all can still pass (its rounding residue, u·‖a_p‖, is not small
         enough against χ²_{d_p}'s lower tail at the level).
         """
-        bounds = self._parameter_noise(scale)
+        bounds, repeat = self._noise_parts(scale)
+        sd = sigma * c
+        if repeat is not None:
+            self._check_repeat(sigma, c, repeat, buf_d=sum(b[1] for b in bounds))
         if len(bounds) < 2:
             return
         alpha = level(self.noise_checks, self.false_alarm) / len(bounds)
         cut_level = level(1, self.false_alarm) / len(bounds)  # this test's largest level
-        sd = sigma * c
         for i, d_p, z_high, z_norm in bounds:
             stat = z_high * z_high / (sd * sd)
             if stat > self._noise_cut(d_p, cut_level):
@@ -619,29 +625,81 @@ class Witnesses:
                                  f" of parameter {i} of the {len(bounds)} with a noisy gradient "
                                  f"(tested alone at level α_j/{len(bounds)})")
 
+    def _check_repeat(self, sigma: float, c: float, repeat: tuple[float, float],
+                      buf_d: int) -> None:
+        """The noise against the previous step's (review rt): ‖Z_t − Z_{t−1}‖²/(σ_tC)².
+
+        Given everything before step t (Z_{t−1} included), Z_t ~ N(0, (σ_tC)² I_d), and a
+        centred Gaussian puts the most mass on balls around its centre (Anderson 1955): for
+        any fixed z, P(‖Z_t − z‖ ≤ r) ≤ P(‖Z_t‖ ≤ r). So the lower tail of χ²_d at the
+        statistic is ≤ α_j with probability ≤ α_j, whatever the history and the data: the
+        j-th test spends α_j (a sixth statistical witness). Noise repeated from one step to
+        the next (a generator reseeded before every step) gives ‖Z_t − Z_{t−1}‖ ≈ 0: the
+        difference of two updates releases that of the clipped sums with no noise.
+        """
+        high, computed = repeat
+        sd = sigma * c
+        stat = high * high / (sd * sd)
+        if stat > self._noise_cut(buf_d):
+            return  # above the χ²_d quantile at the largest level: no test alarms here
+        alpha = level(self.noise_checks, self.false_alarm)
+        tail = _chi2_lower_tail(stat, buf_d)
+        if tail <= alpha:
+            self._fail_noise(sigma, c, computed, buf_d, tail, alpha,
+                             " minus the previous step's noise (the same noise again?)")
+
     def _parameter_noise(self, scale: float) -> list[tuple[int, int, float, float]]:
-        """(position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖) for each non-empty parameter
-        of the buffer :meth:`_measure` filled (docs/theory.md §16.2, review rt)."""
+        """The per-parameter bounds of :meth:`_noise_parts`."""
+        return self._noise_parts(scale)[0]
+
+    def _noise_parts(self, scale: float) -> tuple[list[tuple[int, int, float, float]],
+                                                   tuple[float, float] | None]:
+        """Per parameter (position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖), for each
+        non-empty parameter of the buffer :meth:`_measure` filled; and (upper bound on
+        ‖Z_t − Z_{t−1}‖, computed value), None at the first step or after the parameters
+        changed (docs/theory.md §16.2, review rt). One extra sync."""
         assert self._buf is not None
         _, buf, views = self._buf
         count = len(views) // 2
         sizes = [v.numel() for v in views[:count]]
-        if sum(1 for n in sizes if n) < 2:
-            return []
         z = self._zbuf
         if z is None or z[0] is not buf:
-            row = torch.empty(buf.shape[1], dtype=torch.float64, device=buf.device)
-            self._zbuf = z = (buf, row, list(torch.split(row, sizes)))
-        torch.sub(buf[0], buf[1], alpha=scale, out=z[1])  # ẑ = a − s·g in float64
-        norms = torch.stack(torch._foreach_norm(z[2] + views, 2)).tolist()  # one sync
+            # rows 0 and 1 hold ẑ of this step and of the previous one, alternately; row 2
+            # their difference
+            rows = torch.empty((3, buf.shape[1]), dtype=torch.float64, device=buf.device)
+            self._zbuf = z = (buf, rows, [list(torch.split(rows[r], sizes)) for r in (0, 1)])
+            self._zprev = None
+        _, rows, parts = z
+        cur = 0 if self._zprev is None else 1 - self._zprev[0]
+        torch.sub(buf[0], buf[1], alpha=scale, out=rows[cur])  # ẑ = a − s·g in float64
+        tensors = parts[cur] + views
+        if self._zprev is not None:
+            torch.sub(rows[cur], rows[1 - cur], out=rows[2])
+            tensors = [*tensors, rows[2]]
+        norms = torch.stack(torch._foreach_norm(tensors, 2)).tolist()  # one sync
         u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
         out = []
+        spread_sq = 0.0
         for i, d_p in enumerate(sizes):
             if d_p:
                 # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm within a relative g_{d_p}
+                widen = up / (1.0 - gram_widening(d_p))
+                a_high, g_high = norms[count + i] * widen, norms[2 * count + i] * widen
                 spread = norms[i] + 3.0 * u * (norms[count + i] + scale * norms[2 * count + i])
-                out.append((i, d_p, spread / (1.0 - gram_widening(d_p)) * up, norms[i]))
-        return out
+                out.append((i, d_p, spread * widen, norms[i]))
+                spread_sq += (a_high + scale * g_high) ** 2
+        # R = ‖a‖ + s‖g‖ (upper bound, by the triangle inequality over the parameters)
+        reach = math.sqrt(spread_sq) * up
+        repeat = None
+        if self._zprev is not None:
+            # |D̂_j − (z_t − z_{t−1})_j| ≤ 3u(|a|+s|g|)_t + 3u(|a|+s|g|)_{t−1} + u(|ẑ_t| + |ẑ_{t−1}|)
+            # ≤ 5u·((|a|+s|g|)_t + (|a|+s|g|)_{t−1}) coordinatewise, so in norm ≤ 5u(R_t + R_{t−1})
+            d = buf.shape[1]
+            high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
+                / (1.0 - gram_widening(d))
+            repeat = (high, norms[-1])
+        self._zprev = (cur, reach)
+        return out, repeat
 
     def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
         """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.

@@ -166,3 +166,30 @@ def test_per_parameter_statistic_is_never_below_the_exact_norms(dtype, regime):
             # and tight: within a relative 10⁻¹² plus the 3u·(‖a‖ + s‖g‖) rounding allowance
             slack = 4 * 2.0 ** -53 * (a.double().norm() + scale * g.double().norm())
             assert z_high <= math.sqrt(float(z_sq)) * (1 + 1e-12) + float(slack)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("regime", ["noise", "cancel", "none"])
+def test_repeat_statistic_is_never_below_the_exact_difference(dtype, regime):
+    """Review rt: the bound on ‖Z_t − Z_{t−1}‖ is ≥ the exact difference of the two steps'
+    z = s·g − a on the stored values (also when the noise repeats exactly: "none")."""
+    gen = torch.Generator().manual_seed(hash((str(dtype), regime, "r")) % 2**31)
+    noise_sd = {"noise": 1.0, "cancel": 1e-4, "none": 0.0}[regime]
+    summed, grads = _draw(gen, dtype, noise_sd, 128.0)
+    w = _fake(grads, summed)
+    w._zbuf = None
+    w._measure(128.0)
+    assert w._noise_parts(128.0)[1] is None  # the first step has nothing to compare with
+    summed2, grads2 = _draw(gen, dtype, noise_sd, 384.0)
+    for p, g, a in zip(w.optimizer.params, grads2, summed2, strict=True):
+        p.grad, p.summed_grad = g, a
+    w._measure(384.0)
+    high, _ = w._noise_parts(384.0)[1]
+    exact = Fraction(0)
+    for g1, a1, g2, a2 in zip(grads, summed, grads2, summed2, strict=True):
+        for x1, y1, x2, y2 in zip(*(t.double().reshape(-1).tolist() for t in (g1, a1, g2, a2)),
+                                  strict=True):
+            diff = (Fraction(384) * Fraction(x2) - Fraction(y2)) \
+                - (Fraction(128) * Fraction(x1) - Fraction(y1))
+            exact += diff * diff
+    assert Fraction(high) ** 2 >= exact

@@ -865,19 +865,21 @@ def test_per_parameter_noise_statistics_are_chi2():
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     witnesses=True)
     w, seen = handle.witnesses, {}
-    measure = w._parameter_noise
+    measure = w._noise_parts
+    sd2 = (opt.noise_multiplier * opt.max_grad_norm) ** 2
 
     def record(scale):
-        out = measure(scale)
+        out, repeat = measure(scale)
         for i, d, z_high, _ in out:
-            seen.setdefault((i, d), []).append(z_high ** 2 / (opt.noise_multiplier
-                                                               * opt.max_grad_norm) ** 2)
-        return out
-    w._parameter_noise = record
+            seen.setdefault((i, d), []).append(z_high ** 2 / sd2)
+        if repeat is not None:  # Z_t − Z_{t−1} ~ N(0, 2σ²C²): half the statistic is χ²_d
+            seen.setdefault(("repeat", 1474), []).append(repeat[0] ** 2 / sd2 / 2)
+        return out, repeat
+    w._noise_parts = record
     run(model, opt, loader, crit, 80)
-    assert sorted(seen) == [(0, 1280), (1, 64), (2, 128), (3, 2)]
+    assert set(seen) == {(0, 1280), (1, 64), (2, 128), (3, 2), ("repeat", 1474)}
     for (_, d), xs in seen.items():
-        assert len(xs) == 80 and stats.kstest(xs, stats.chi2(d).cdf).pvalue > 1e-3
+        assert len(xs) >= 79 and stats.kstest(xs, stats.chi2(d).cdf).pvalue > 1e-3
 
 
 def _privguard_frame_locals(exc):
@@ -917,3 +919,24 @@ def test_a_refusal_carries_no_data_in_its_traceback(bug):
         run(model, opt, loader, crit, 1)
     assert not any(isinstance(v, torch.Tensor) for _, values in
                    _privguard_frame_locals(again.value) for v in values.values())
+
+
+def test_noise_repeated_at_every_step_is_caught_at_the_second_step():
+    """Review rt: the global RNG reseeded before every step (a reproducibility habit) makes
+    Opacus draw the same noise Z at each step; each step's noise has the charged law, but
+    two consecutive updates' difference releases the difference of the clipped sums with
+    no noise (ε unbounded). ‖Z_t − Z_{t−1}‖ is tested against the lower tail of χ²_d
+    (Anderson: a Gaussian ball off its centre is less likely), so it is refused at step 2."""
+    model, opt, loader, crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    batches = iter(loader)
+
+    def reseeded_step():
+        x, y = next(batches)
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        torch.manual_seed(1234)  # the bug: the noise generator restarts at every step
+        opt.step()
+    exc = _refusal(handle, model, opt, loader, crit, steps=5, one_step=reseeded_step)
+    assert exc.witness == "noise" and exc.step == 2 and handle.steps_charged == 1
+    assert "previous step" in str(exc)
