@@ -664,9 +664,9 @@ class Witnesses:
         sizes = [v.numel() for v in views[:count]]
         z = self._zbuf
         if z is None or z[0] is not buf:
-            # rows 0 and 1 hold ẑ of this step and of the previous one, alternately; row 2
-            # their difference
-            rows = torch.empty((3, buf.shape[1]), dtype=torch.float64, device=buf.device)
+            # rows 0 and 1 hold ẑ of this step and of the previous one, alternately; the
+            # previous one is then overwritten by their difference (elementwise, in place)
+            rows = torch.empty((2, buf.shape[1]), dtype=torch.float64, device=buf.device)
             self._zbuf = z = (buf, rows, [list(torch.split(rows[r], sizes)) for r in (0, 1)])
             self._zprev = None
         _, rows, parts = z
@@ -674,8 +674,8 @@ class Witnesses:
         torch.sub(buf[0], buf[1], alpha=scale, out=rows[cur])  # ẑ = a − s·g in float64
         tensors = parts[cur] + views
         if self._zprev is not None:
-            torch.sub(rows[cur], rows[1 - cur], out=rows[2])
-            tensors = [*tensors, rows[2]]
+            torch.sub(rows[cur], rows[1 - cur], out=rows[1 - cur])
+            tensors = [*tensors, rows[1 - cur]]
         norms = torch.stack(torch._foreach_norm(tensors, 2)).tolist()  # one sync
         u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
         out = []
