@@ -254,7 +254,8 @@ class Witnesses:
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
-                 allocation: Any = None, noise: bool = True, shard_loader: Any = None) -> None:
+                 allocation: Any = None, noise: bool = True, shard_loader: Any = None,
+                 together: bool = False) -> None:
         self.optimizer = optimizer
         self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
         # the level of each sampling test; under DDP every rank runs its own, so each spends
@@ -280,6 +281,11 @@ class Witnesses:
             ("sampling",) if dataset_size else ())
         self.steps = 0
         self.failure: PipelineMismatchError | None = None
+        # under DDP (together=True) a clipping refusal, found inside Opacus' per-micro-batch
+        # clip before the step's collective, is held until check(), which runs inside it
+        # (Coordinator.check_together): raised at once, it left the other ranks waiting there
+        self.together = together
+        self._pending: PipelineMismatchError | None = None
         self._records = 0  # records in the micro-batches since the last real step
         self._segment_q: float | None = None
         self._segment_k = 0
@@ -362,6 +368,17 @@ class Witnesses:
         self.failure = error
         raise error
 
+    def _refuse_micro_batch(self, error: PipelineMismatchError) -> None:
+        """A clipping refusal: raised at once, or under DDP held for :meth:`check` (review rt).
+
+        Held, the step goes on to the hook, where :meth:`check` raises it inside the step's
+        collective, before any charge or update on any rank; nothing of the step is
+        released meanwhile (the update follows the hook)."""
+        if not self.together:
+            self._fail(error)
+        elif self._pending is None:
+            self._pending = error
+
     # ------------------------------------------------------------ clipping
     @_without_locals
     def _clip_and_accumulate(self) -> None:
@@ -413,7 +430,7 @@ class Witnesses:
         tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
         if deviation > tolerance:
-            self._fail(PipelineMismatchError(
+            self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
                 f"charged C = {c:.6g} (tolerance {tolerance:.3g}): contributions above C reached "
@@ -443,7 +460,7 @@ class Witnesses:
             eps = max(self._eps, torch.finfo(norms.dtype).eps)
             tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
             if got > bound + tolerance:
-                self._fail(PipelineMismatchError(
+                self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
                     f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
                     f"charged C = {c:.6g}. Nothing was charged or applied",
@@ -468,6 +485,9 @@ class Witnesses:
         """
         if self.failure is not None:
             raise self.failure
+        if self._pending is not None:  # a clipping refusal held for the collective (DDP)
+            pending, self._pending = self._pending, None
+            self._fail(pending)
         self.steps += 1
         records, self._records = self._records, 0
         self._check_noise(float(mechanism.noise_multiplier), records)
