@@ -13,7 +13,11 @@ the step is charged or released, three things the charge asserts:
   charge, ``Z ~ N(0, (σC)² I_d)`` and ``‖Z‖²/(σC)² ~ χ²_d`` exactly; the test
   is one-sided (it alarms only when the noise is *smaller* than charged: more
   noise, as AdaClip adds by design, is safe) with the exact χ² lower tail
-  (regularised incomplete gamma), docs/theory.md §16.
+  (regularised incomplete gamma), docs/theory.md §16. Each parameter's own noise is
+  tested too (‖Z_p‖²/(σC)² ~ χ²_{d_p}, at α_j/P each): noise that misses a small
+  parameter barely moves the total, but releases that parameter's clipped sum (review rt);
+  and the noise against the previous step's (‖Z_t − Z_{t−1}‖²/(σ_tC)² against χ²_d's lower
+  tail, by Anderson's inequality): a generator reseeded before every step repeats Z.
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
@@ -49,7 +53,7 @@ False alarms: the sampling-mean and sampling-ties tests at the handle's t-th
 step (the noise and per-record tests at their t-th test) use level ``α·6/(π²t²)`` with α
 from :func:`reserve_for` each, so over any number of steps each alarms with
 probability ≤ α under a correct pipeline (Σ 6/(π²t²) = 1), whatever the data; the
-clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·4α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
+clipping test never alarms. The witnessed run is (ε, δ + (1+e^ε)·6α)-DP where the run is (ε, δ) (docs/theory.md §16.2); the
 :class:`~privguard.mechanisms.DeltaReserve` charged with the first step sets
 that δ aside from the ledger's target, so the target holds for the witnessed
 run (Proposition 16.4).
@@ -72,8 +76,10 @@ count), with the same decisions as evaluating them every step
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -97,10 +103,12 @@ __all__ = ["DELTA_SHARE", "FALSE_ALARM", "STATISTICAL", "Witnesses", "level", "r
 FALSE_ALARM = 1e-10
 """Total false-alarm probability of each statistical witness (noise, sampling) over a run."""
 
-STATISTICAL = 4
-"""The statistical witnesses, each spending its own false-alarm budget: noise; sampling
-mean; sampling ties; per-record inclusion counts (integrations/_inclusion.py;
-the clipping witness is deterministic and never alarms)."""
+STATISTICAL = 6
+"""The statistical witnesses, each spending its own false-alarm budget: noise (all
+coordinates); noise per parameter; noise against the previous step's (both review rt);
+sampling mean; sampling ties; per-record
+inclusion counts (integrations/_inclusion.py; the clipping witness is deterministic and
+never alarms)."""
 
 DELTA_SHARE = 1e-3
 """The share r of the ledger's δ set aside for the false alarms (docs/theory.md §16.2)."""
@@ -190,6 +198,28 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
 
 
+def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, re-raising its :class:`PipelineMismatchError` from this thin frame alone.
+
+    Review rt: the frames an exception passes through stay on its traceback with their
+    locals (the per-sample gradients of every record of the micro-batch, the clipped sum's
+    norm), and error reporters that capture locals (Sentry by default, ``pytest
+    --showlocals``) send them on: data released by a step that is charged nothing. The
+    traceback is dropped here, so it starts at this frame, whose locals are ``self``, the
+    arguments (the step's mechanism) and the error (its documented statistics).
+    """
+    @functools.wraps(method)
+    def thin(self: Any, *args: Any) -> None:
+        try:
+            method(self, *args)
+        except PipelineMismatchError as exc:
+            error = exc
+        else:
+            return
+        raise error.with_traceback(None)
+    return thin
+
+
 def _first_param(optimizer: Any) -> Any:
     """``optimizer.params[0]`` (Opacus: the parameters of every group that require a
     gradient, in order), or None where there is none, without building the list."""
@@ -224,7 +254,8 @@ class Witnesses:
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
-                 allocation: Any = None, noise: bool = True, shard_loader: Any = None) -> None:
+                 allocation: Any = None, noise: bool = True, shard_loader: Any = None,
+                 together: bool = False) -> None:
         self.optimizer = optimizer
         self.false_alarm = FALSE_ALARM if false_alarm is None else false_alarm
         # the level of each sampling test; under DDP every rank runs its own, so each spends
@@ -250,6 +281,11 @@ class Witnesses:
             ("sampling",) if dataset_size else ())
         self.steps = 0
         self.failure: PipelineMismatchError | None = None
+        # under DDP (together=True) a clipping refusal, found inside Opacus' per-micro-batch
+        # clip before the step's collective, is held until check(), which runs inside it
+        # (Coordinator.check_together): raised at once, it left the other ranks waiting there
+        self.together = together
+        self._pending: PipelineMismatchError | None = None
         self._records = 0  # records in the micro-batches since the last real step
         self._segment_q: float | None = None
         self._segment_k = 0
@@ -263,7 +299,9 @@ class Witnesses:
         self._anchor: tuple[int, int, float, int, float] | None = None  # see _covered
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
-        self._cuts: dict[int, float] = {}
+        self._cuts: dict[Any, float] = {}
+        self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's rows, per parameter
+        self._zprev: tuple[int, float] | None = None  # (row of the last ẑ, its ‖a‖ + s‖g‖)
         self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         # the coarsest floating dtype among the parameters sets the float tolerance (review
@@ -330,7 +368,19 @@ class Witnesses:
         self.failure = error
         raise error
 
+    def _refuse_micro_batch(self, error: PipelineMismatchError) -> None:
+        """A clipping refusal: raised at once, or under DDP held for :meth:`check` (review rt).
+
+        Held, the step goes on to the hook, where :meth:`check` raises it inside the step's
+        collective, before any charge or update on any rank; nothing of the step is
+        released meanwhile (the update follows the hook)."""
+        if not self.together:
+            self._fail(error)
+        elif self._pending is None:
+            self._pending = error
+
     # ------------------------------------------------------------ clipping
+    @_without_locals
     def _clip_and_accumulate(self) -> None:
         opt = self.optimizer
         if self.failure is not None:
@@ -380,16 +430,17 @@ class Witnesses:
         tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
         if deviation > tolerance:
-            largest = float(norms.max())
-            self._fail(PipelineMismatchError(
+            self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
-                f"charged C = {c:.6g} (tolerance {tolerance:.3g}); the largest per-sample norm is "
-                f"{largest:.4g}, so contributions above C reached the sum: the charge assumes "
-                "each record moves the sum by at most C. Nothing was charged or applied",
+                f"charged C = {c:.6g} (tolerance {tolerance:.3g}): contributions above C reached "
+                "the sum, and the charge assumes each record moves the sum by at most C (no "
+                "per-sample norm is reported: it is a record's data, review rt). Nothing was "
+                "charged or applied",
                 witness="clipping", charged=c, measured=deviation, interval=None,
                 step=self.steps + 1))
 
+    @_without_locals
     def _ghost_accumulate(self) -> None:
         opt = self.optimizer
         if self.failure is not None:
@@ -409,7 +460,7 @@ class Witnesses:
             eps = max(self._eps, torch.finfo(norms.dtype).eps)
             tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
             if got > bound + tolerance:
-                self._fail(PipelineMismatchError(
+                self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
                     f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
                     f"charged C = {c:.6g}. Nothing was charged or applied",
@@ -418,6 +469,7 @@ class Witnesses:
         self._original()
 
     # ------------------------------------------------------------ at the step
+    @_without_locals
     def check(self, mechanism: Any) -> None:
         """Check the step about to be charged as ``mechanism``; raise :class:`PipelineMismatchError`.
 
@@ -433,6 +485,9 @@ class Witnesses:
         """
         if self.failure is not None:
             raise self.failure
+        if self._pending is not None:  # a clipping refusal held for the collective (DDP)
+            pending, self._pending = self._pending, None
+            self._fail(pending)
         self.steps += 1
         records, self._records = self._records, 0
         self._check_noise(float(mechanism.noise_multiplier), records)
@@ -480,12 +535,17 @@ class Witnesses:
         self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
-        if stat > self._noise_cut(d):
-            return  # above the χ²_d quantile at the largest level spent: no test alarms here
-        alpha = level(self.noise_checks, self.false_alarm)
-        tail = _chi2_lower_tail(stat, d)
-        if tail > alpha:
-            return
+        # above the χ²_d quantile at the largest level spent, no test alarms here
+        if stat <= self._noise_cut(d):
+            alpha = level(self.noise_checks, self.false_alarm)
+            tail = _chi2_lower_tail(stat, d)
+            if tail <= alpha:
+                self._fail_noise(sigma, c, z_norm, d, tail, alpha, "")
+        self._check_parameter_noise(sigma, c, scale)
+
+    def _fail_noise(self, sigma: float, c: float, z_norm: float, d: int, tail: float,
+                    alpha: float, where: str) -> None:
+        sd = sigma * c
         # σ_applied = ‖Z‖/(C·√χ²_d): a 95% interval from the χ²_d quantiles
         sq = z_norm * z_norm
         a = (1.0 - CONFIDENCE) / 2.0
@@ -495,9 +555,10 @@ class Witnesses:
         self._fail(PipelineMismatchError(
             f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
             f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
-            f"step's {d} coordinates has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, {hi:.4g}]); "
-            f"P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level spent by "
-            f"noise test {self.noise_checks} (step {self.steps}). Nothing was charged or applied",
+            f"step's {d} coordinates{where} has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, "
+            f"{hi:.4g}]); P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level "
+            f"spent by noise test {self.noise_checks} (step {self.steps}). Nothing was charged "
+            "or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
             step=self.steps))
 
@@ -549,6 +610,117 @@ class Witnesses:
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
 
+    def _check_parameter_noise(self, sigma: float, c: float, scale: float) -> None:
+        """The noise test of each parameter alone (review rt), after :meth:`_measure`.
+
+        A step whose noise misses one parameter releases that parameter's clipped sum
+        exactly (ε unbounded), while the total ‖Z‖² over all d coordinates barely moves
+        when the parameter is small. Under the charge, Z_p ~ N(0, (σC)² I_{d_p}) for each
+        of the P parameters with a noisy gradient, so ‖Z_p‖²/(σC)² ~ χ²_{d_p} exactly; the
+        j-th noise test checks each at level α_j/P (union bound: ≤ α_j a step, ≤ α over
+        the run, the budget of this statistical witness). Like the total test it is a
+        function of the noise alone. ẑ = a − s·g is formed in float64 from the buffer's
+        exact copies: |ẑ_j − z_j| ≤ 3u(|a_j| + s|g_j|) (two roundings, u = 2⁻⁵³), so
+        ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm computed within a relative g_{d_p}
+        (:func:`gram_widening`): the statistic is never below the exact one. One parameter
+        alone (P = 1) is the total test already. A parameter of 1 or 2 float32 coordinates
+        with no noise at all can still pass (its rounding residue, u·‖a_p‖, is not small
+        enough against χ²_{d_p}'s lower tail at the level).
+        """
+        bounds, repeat = self._noise_parts(scale)
+        sd = sigma * c
+        if repeat is not None:
+            self._check_repeat(sigma, c, repeat, buf_d=sum(b[1] for b in bounds))
+        if len(bounds) < 2:
+            return
+        alpha = level(self.noise_checks, self.false_alarm) / len(bounds)
+        cut_level = level(1, self.false_alarm) / len(bounds)  # this test's largest level
+        for i, d_p, z_high, z_norm in bounds:
+            stat = z_high * z_high / (sd * sd)
+            if stat > self._noise_cut(d_p, cut_level):
+                continue  # above the χ²_{d_p} quantile at α₁/P: no test alarms here
+            tail = _chi2_lower_tail(stat, d_p)
+            if tail <= alpha:
+                self._fail_noise(sigma, c, z_norm, d_p, tail, alpha,
+                                 f" of parameter {i} of the {len(bounds)} with a noisy gradient "
+                                 f"(tested alone at level α_j/{len(bounds)})")
+
+    def _check_repeat(self, sigma: float, c: float, repeat: tuple[float, float],
+                      buf_d: int) -> None:
+        """The noise against the previous step's (review rt): ‖Z_t − Z_{t−1}‖²/(σ_tC)².
+
+        Given everything before step t (Z_{t−1} included), Z_t ~ N(0, (σ_tC)² I_d), and a
+        centred Gaussian puts the most mass on balls around its centre (Anderson 1955): for
+        any fixed z, P(‖Z_t − z‖ ≤ r) ≤ P(‖Z_t‖ ≤ r). So the lower tail of χ²_d at the
+        statistic is ≤ α_j with probability ≤ α_j, whatever the history and the data: the
+        j-th test spends α_j (a sixth statistical witness). Noise repeated from one step to
+        the next (a generator reseeded before every step) gives ‖Z_t − Z_{t−1}‖ ≈ 0: the
+        difference of two updates releases that of the clipped sums with no noise.
+        """
+        high, computed = repeat
+        sd = sigma * c
+        stat = high * high / (sd * sd)
+        if stat > self._noise_cut(buf_d):
+            return  # above the χ²_d quantile at the largest level: no test alarms here
+        alpha = level(self.noise_checks, self.false_alarm)
+        tail = _chi2_lower_tail(stat, buf_d)
+        if tail <= alpha:
+            self._fail_noise(sigma, c, computed, buf_d, tail, alpha,
+                             " minus the previous step's noise (the same noise again?)")
+
+    def _parameter_noise(self, scale: float) -> list[tuple[int, int, float, float]]:
+        """The per-parameter bounds of :meth:`_noise_parts`."""
+        return self._noise_parts(scale)[0]
+
+    def _noise_parts(self, scale: float) -> tuple[list[tuple[int, int, float, float]],
+                                                   tuple[float, float] | None]:
+        """Per parameter (position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖), for each
+        non-empty parameter of the buffer :meth:`_measure` filled; and (upper bound on
+        ‖Z_t − Z_{t−1}‖, computed value), None at the first step or after the parameters
+        changed (docs/theory.md §16.2, review rt). One extra sync."""
+        assert self._buf is not None
+        _, buf, views = self._buf
+        count = len(views) // 2
+        sizes = [v.numel() for v in views[:count]]
+        z = self._zbuf
+        if z is None or z[0] is not buf:
+            # rows 0 and 1 hold ẑ of this step and of the previous one, alternately; the
+            # previous one is then overwritten by their difference (elementwise, in place)
+            rows = torch.empty((2, buf.shape[1]), dtype=torch.float64, device=buf.device)
+            self._zbuf = z = (buf, rows, [list(torch.split(rows[r], sizes)) for r in (0, 1)])
+            self._zprev = None
+        _, rows, parts = z
+        cur = 0 if self._zprev is None else 1 - self._zprev[0]
+        torch.sub(buf[0], buf[1], alpha=scale, out=rows[cur])  # ẑ = a − s·g in float64
+        tensors = parts[cur] + views
+        if self._zprev is not None:
+            torch.sub(rows[cur], rows[1 - cur], out=rows[1 - cur])
+            tensors = [*tensors, rows[1 - cur]]
+        norms = torch.stack(torch._foreach_norm(tensors, 2)).tolist()  # one sync
+        u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
+        out = []
+        spread_sq = 0.0
+        for i, d_p in enumerate(sizes):
+            if d_p:
+                # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm within a relative g_{d_p}
+                widen = up / (1.0 - gram_widening(d_p))
+                a_high, g_high = norms[count + i] * widen, norms[2 * count + i] * widen
+                spread = norms[i] + 3.0 * u * (norms[count + i] + scale * norms[2 * count + i])
+                out.append((i, d_p, spread * widen, norms[i]))
+                spread_sq += (a_high + scale * g_high) ** 2
+        # R = ‖a‖ + s‖g‖ (upper bound, by the triangle inequality over the parameters)
+        reach = math.sqrt(spread_sq) * up
+        repeat = None
+        if self._zprev is not None:
+            # |D̂_j − (z_t − z_{t−1})_j| ≤ 3u(|a|+s|g|)_t + 3u(|a|+s|g|)_{t−1} + u(|ẑ_t| + |ẑ_{t−1}|)
+            # ≤ 5u·((|a|+s|g|)_t + (|a|+s|g|)_{t−1}) coordinatewise, so in norm ≤ 5u(R_t + R_{t−1})
+            d = buf.shape[1]
+            high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
+                / (1.0 - gram_widening(d))
+            repeat = (high, norms[-1])
+        self._zprev = (cur, reach)
+        return out, repeat
+
     def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
         """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.
 
@@ -574,20 +746,23 @@ class Witnesses:
             self._buf = (key, buf, rows[0] + rows[1])
         return self._buf[1], self._buf[2]
 
-    def _noise_cut(self, d: int) -> float:
-        """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest).
+    def _noise_cut(self, d: int, first: float | None = None) -> float:
+        """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest;
+        ``first`` overrides α₁: the per-parameter tests' α₁/P).
 
-        Computed once per d and cached: a statistic above it has a tail above α_t for
-        every t, so the exact tail (a scipy call) is evaluated only below it, with the
-        same decision as evaluating it at every step.
+        Computed once per (d, α₁) and cached: a statistic above it has a tail above α_t
+        for every t, so the exact tail (a scipy call) is evaluated only below it, with
+        the same decision as evaluating it at every step.
         """
-        cut = self._cuts.get(d)
-        if cut is None:
+        if first is None:
             first = level(1, self.false_alarm)
+        key = d if first == level(1, self.false_alarm) else (d, first)
+        cut = self._cuts.get(key)
+        if cut is None:
             cut = _chi2_quantile(first, d) * (1.0 + 1e-6)
             while _chi2_lower_tail(cut, d) <= first:  # guard the inverse's accuracy
                 cut *= 1.0 + 1e-3
-            self._cuts[d] = cut
+            self._cuts[key] = cut
         return cut
 
     def _check_clipped_sum(self, size: float, records: int, c: float) -> None:

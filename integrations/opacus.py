@@ -756,7 +756,8 @@ def attach(
                                      allocation=sampler if coordinator is None else None,
                                      noise=coordinator is None or optimizer.rank == 0,
                                      shard_loader=None if coordinator is None or sampler is not None
-                                     else data_loader)
+                                     else data_loader,
+                                     together=coordinator is not None)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
         handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,

@@ -259,6 +259,41 @@ def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
+def witness_clipping(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review rt: rank 1's clipping turned off after 3 clean steps. Its clipping witness
+    fires inside Opacus' clip_and_accumulate, before the step's collective: the refusal
+    must still be taken on both ranks at the same step (no rank left waiting in the
+    collective), nothing charged or applied."""
+    from privguard import Ledger, PipelineMismatchError
+    from privguard.integrations.opacus import attach
+
+    _engine, model, opt, loader = _setup()
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    batches = _batches(loader)
+    out: dict = {"applied": 0, "refusals": []}
+    for _ in range(3):
+        out["applied"] += _one_step(model, opt, next(batches))
+    out["clean_charged"] = handle.steps_charged
+    if rank == 1:  # the bug: the per-sample gradients are summed unclipped
+        def clip_and_accumulate():
+            for p in opt.params:
+                grad = opt._get_flat_grad_sample(p).sum(0) * 1e3
+                p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
+        handle.witnesses._original = clip_and_accumulate
+        handle.witnesses._clip_checked = False  # the exact check runs on the next micro-batch
+    before, charged = _params(model), handle.steps_charged
+    for _ in range(2):
+        try:
+            _one_step(model, opt, next(batches))
+            out["refusals"].append(None)
+        except PipelineMismatchError as exc:
+            out["refusals"].append((exc.witness, exc.step, str(exc)[:300]))
+    out.update(unchanged=_params(model) == before, nothing_charged=handle.steps_charged == charged,
+               should_stop=handle.should_stop)
+    return out
+
+
 def witness_sampling(rank: int, workdir: str, epsilon: float) -> dict:
     """Each rank's sampling witness tests the batch sizes its distributed sampler yields
     (zero-truncated Binomial(n, q) from its shard of n = N/2 records): 5 clean steps pass;
@@ -337,5 +372,5 @@ def aligned(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"aligned": aligned, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+SCENARIOS = {"aligned": aligned, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation}

@@ -171,6 +171,21 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="a 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 (always in CI)")
+def test_witnesses_under_ddp_clipping_refusal_on_one_rank_is_taken_together(tmp_path):
+    """Review rt: a clipping refusal on rank 1 fires before the step's collective; it was
+    raised there alone, leaving rank 0 waiting in the check's all-gather. It is now held
+    until the check, so both ranks refuse the same step, nothing charged or applied."""
+    r0, r1 = launch("witness_clipping", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        assert r["applied"] == 3 and r["clean_charged"] == 3
+        assert [f[0] for f in r["refusals"]] == ["clipping", "clipping"], r["refusals"]
+        assert r["refusals"][0][1] == 4
+        assert r["unchanged"] and r["nothing_charged"] and r["should_stop"]
+    assert "rank 1" in r0["refusals"][0][2]
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
                     reason="a third 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 "
                            "(always run in CI)")
 def test_witnesses_under_ddp_sampling_of_each_rank_shard_refused_together(tmp_path):

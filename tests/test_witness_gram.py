@@ -31,6 +31,16 @@ def _fake(grads, summed):
     return w
 
 
+def _draw(gen, dtype, noise_sd, scale):
+    """Clipped sums a (N(0, 9) entries) and gradients g = (a + noise)/s, stored in ``dtype``."""
+    summed = [torch.randn(s, generator=gen, dtype=torch.float64).mul(3.0).to(dtype)
+              for s in SHAPES]
+    grads = [((a.double() + noise_sd * torch.randn(a.shape, generator=gen,
+                                                    dtype=torch.float64)) / scale).to(dtype)
+             for a in summed]
+    return summed, grads
+
+
 def _exact(grads, summed, scale):
     """(‖s·g − a‖², ‖a‖²) in exact rational arithmetic on the stored values."""
     z = s = Fraction(0)
@@ -50,11 +60,7 @@ def test_gram_statistic_is_never_below_the_exact_norms(dtype, regime):
     for trial in range(3):
         scale = (1.0, 128.0, 384.0)[trial % 3]
         noise_sd = 1.0 if regime == "noise" else 1e-4  # the clipped sum ≈ 10⁴× the noise
-        summed = [torch.randn(s, generator=gen, dtype=torch.float64).mul(3.0).to(dtype)
-                  for s in SHAPES]
-        grads = [((a.double() + noise_sd * torch.randn(a.shape, generator=gen,
-                                                        dtype=torch.float64)) / scale).to(dtype)
-                 for a in summed]
+        summed, grads = _draw(gen, dtype, noise_sd, scale)
         w = _fake(grads, summed)
         z_high, sum_high, z_norm, d = w._measure(scale)
         z_sq, a_sq = _exact(grads, summed, scale)
@@ -137,3 +143,53 @@ def test_only_empty_parameters_are_not_tested():
     and the noise test alarmed ("σ ≈ nan") on a step that releases no coordinate."""
     empty = [torch.zeros(0), torch.zeros(0, 3)]
     assert _fake(empty, [t.clone() for t in empty])._measure(1.0) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("regime", ["noise", "cancel", "none"])
+def test_per_parameter_statistic_is_never_below_the_exact_norms(dtype, regime):
+    """Review rt: each parameter's bound on ‖Z_p‖ (a − s·g formed in float64) is ≥ the exact
+    norm of the stored values, also when the clipped sum is 10⁴× the noise or there is none."""
+    gen = torch.Generator().manual_seed(hash((str(dtype), regime, "p")) % 2**31)
+    for trial in range(3):
+        scale = (1.0, 128.0, 384.0)[trial % 3]
+        noise_sd = {"noise": 1.0, "cancel": 1e-4, "none": 0.0}[regime]
+        summed, grads = _draw(gen, dtype, noise_sd, scale)
+        w = _fake(grads, summed)
+        w._zbuf = None
+        w._measure(scale)
+        bounds = w._parameter_noise(scale)
+        assert [b[:2] for b in bounds] == [(i, math.prod(s)) for i, s in enumerate(SHAPES)]
+        for (i, _d, z_high, _z), g, a in zip(bounds, grads, summed, strict=True):
+            z_sq, _ = _exact([g], [a], scale)
+            assert Fraction(z_high) ** 2 >= z_sq, (i, float(z_sq), z_high)
+            # and tight: within a relative 10⁻¹² plus the 3u·(‖a‖ + s‖g‖) rounding allowance
+            slack = 4 * 2.0 ** -53 * (a.double().norm() + scale * g.double().norm())
+            assert z_high <= math.sqrt(float(z_sq)) * (1 + 1e-12) + float(slack)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("regime", ["noise", "cancel", "none"])
+def test_repeat_statistic_is_never_below_the_exact_difference(dtype, regime):
+    """Review rt: the bound on ‖Z_t − Z_{t−1}‖ is ≥ the exact difference of the two steps'
+    z = s·g − a on the stored values (also when the noise repeats exactly: "none")."""
+    gen = torch.Generator().manual_seed(hash((str(dtype), regime, "r")) % 2**31)
+    noise_sd = {"noise": 1.0, "cancel": 1e-4, "none": 0.0}[regime]
+    summed, grads = _draw(gen, dtype, noise_sd, 128.0)
+    w = _fake(grads, summed)
+    w._zbuf = None
+    w._measure(128.0)
+    assert w._noise_parts(128.0)[1] is None  # the first step has nothing to compare with
+    summed2, grads2 = _draw(gen, dtype, noise_sd, 384.0)
+    for p, g, a in zip(w.optimizer.params, grads2, summed2, strict=True):
+        p.grad, p.summed_grad = g, a
+    w._measure(384.0)
+    high, _ = w._noise_parts(384.0)[1]
+    exact = Fraction(0)
+    for g1, a1, g2, a2 in zip(grads, summed, grads2, summed2, strict=True):
+        for x1, y1, x2, y2 in zip(*(t.double().reshape(-1).tolist() for t in (g1, a1, g2, a2)),
+                                  strict=True):
+            diff = (Fraction(384) * Fraction(x2) - Fraction(y2)) \
+                - (Fraction(128) * Fraction(x1) - Fraction(y1))
+            exact += diff * diff
+    assert Fraction(high) ** 2 >= exact

@@ -832,3 +832,111 @@ def test_the_clipping_tolerance_follows_the_coarsest_parameter_dtype():
     assert w._eps == torch.finfo(torch.bfloat16).eps
     assert coarsest_eps([torch.float64, torch.int64]) == torch.finfo(torch.float64).eps
     assert coarsest_eps([]) == 0.0
+
+
+# ------------------------------------------------------------------ review rt
+def _noise_off_on(opt, skip):
+    """Opacus' add_noise, but the parameters at the positions ``skip`` get none."""
+    def add_noise():
+        for i, p in enumerate(opt.params):
+            noise = 0.0 if i in skip else _generate_noise(
+                std=opt.noise_multiplier * opt.max_grad_norm, reference=p.summed_grad)
+            p.grad = (p.summed_grad + noise).view_as(p)
+    opt.add_noise = add_noise
+
+
+@pytest.mark.parametrize("skip", [{1}, {2, 3}, {2}])
+def test_noise_off_on_some_parameters_is_caught_at_the_first_step(skip):
+    """Review rt: a step whose noise misses one parameter releases that parameter's clipped
+    sum exactly (ε unbounded), but the total χ²_d statistic barely moves (64 or 130 of 1,474
+    coordinates); the per-parameter test refuses it at its first step."""
+    model, opt, loader, crit = pipeline()
+    _noise_off_on(opt, skip)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    exc = _refusal(handle, model, opt, loader, crit, steps=1)
+    assert exc.witness == "noise" and exc.step == 1 and handle.steps_charged == 0
+    assert "parameter" in str(exc)
+
+
+def test_per_parameter_noise_statistics_are_chi2():
+    """Review rt: on a clean seeded pipeline each parameter's statistic ‖Z_p‖²/(σC)² follows
+    χ²_{d_p} (Kolmogorov–Smirnov), so the per-parameter test spends what it says."""
+    model, opt, loader, crit = pipeline(seed=3)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    w, seen = handle.witnesses, {}
+    measure = w._noise_parts
+    sd2 = (opt.noise_multiplier * opt.max_grad_norm) ** 2
+
+    def record(scale):
+        out, repeat = measure(scale)
+        for i, d, z_high, _ in out:
+            seen.setdefault((i, d), []).append(z_high ** 2 / sd2)
+        if repeat is not None:  # Z_t − Z_{t−1} ~ N(0, 2σ²C²): half the statistic is χ²_d
+            seen.setdefault(("repeat", 1474), []).append(repeat[0] ** 2 / sd2 / 2)
+        return out, repeat
+    w._noise_parts = record
+    run(model, opt, loader, crit, 80)
+    assert set(seen) == {(0, 1280), (1, 64), (2, 128), (3, 2), ("repeat", 1474)}
+    for (_, d), xs in seen.items():
+        assert len(xs) >= 79 and stats.kstest(xs, stats.chi2(d).cdf).pvalue > 1e-3
+
+
+def _privguard_frame_locals(exc):
+    """The locals of the traceback's frames in privguard's own files."""
+    tb, found = exc.__traceback__, []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if "privguard" in code.co_filename or "/integrations/" in code.co_filename:
+            found.append((code.co_name, dict(tb.tb_frame.f_locals)))
+        tb = tb.tb_next
+    return found
+
+
+@pytest.mark.parametrize("bug", ["noise", "clipping"])
+def test_a_refusal_carries_no_data_in_its_traceback(bug):
+    """Review rt: a refused step's traceback held the per-sample gradients of every record
+    of the micro-batch (clipping) or the clipped sum's norm (noise) in its frames' locals,
+    which error reporters that capture locals (Sentry's default, pytest --showlocals) send
+    on: data released by a step that is charged nothing. The privguard frames now hold no
+    tensor and no number but the exception's documented ones; the message names no
+    per-sample norm."""
+    model, opt, loader, crit = pipeline(clip=0.01 if bug == "clipping" else 1.0)
+    (_no_clipping if bug == "clipping" else _half_noise)(opt)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    exc = _refusal(handle, model, opt, loader, crit, steps=3)
+    assert exc.witness == bug
+    frames = _privguard_frame_locals(exc)
+    assert frames
+    documented = {exc.charged, exc.measured, *(exc.interval or ())}
+    for name, values in frames:
+        for key, value in values.items():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            assert not any(isinstance(v, torch.Tensor) for v in items), (name, key)
+            assert not isinstance(value, float) or value in documented, (name, key, value)
+    assert "largest" not in str(exc)
+    with pytest.raises(PipelineMismatchError) as again:  # every later step: the same
+        run(model, opt, loader, crit, 1)
+    assert not any(isinstance(v, torch.Tensor) for _, values in
+                   _privguard_frame_locals(again.value) for v in values.values())
+
+
+def test_noise_repeated_at_every_step_is_caught_at_the_second_step():
+    """Review rt: the global RNG reseeded before every step (a reproducibility habit) makes
+    Opacus draw the same noise Z at each step; each step's noise has the charged law, but
+    two consecutive updates' difference releases the difference of the clipped sums with
+    no noise (ε unbounded). ‖Z_t − Z_{t−1}‖ is tested against the lower tail of χ²_d
+    (Anderson: a Gaussian ball off its centre is less likely), so it is refused at step 2."""
+    model, opt, loader, crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    batches = iter(loader)
+
+    def reseeded_step():
+        x, y = next(batches)
+        opt.zero_grad()
+        crit(model(x), y).backward()
+        torch.manual_seed(1234)  # the bug: the noise generator restarts at every step
+        opt.step()
+    exc = _refusal(handle, model, opt, loader, crit, steps=5, one_step=reseeded_step)
+    assert exc.witness == "noise" and exc.step == 2 and handle.steps_charged == 1
+    assert "previous step" in str(exc)
