@@ -5,13 +5,19 @@ Each test states the promise it checks and failed on the code before its fix.
 
 from __future__ import annotations
 
+import contextlib
+import math
+
+import numpy as np
 import pytest
 
-from privguard import BudgetExhausted, Ledger
+from privguard import BudgetExhausted, Ledger, RDPCurve
 from privguard import mechanisms as M
+from privguard._accounting import _lease
 
 SMALL = M.SubsampledGaussian(noise_multiplier=5.0, sample_rate=0.001)
 BIG = M.Gaussian(noise_multiplier=0.05)  # refused by a 3.0 target at once
+ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0]
 
 
 @pytest.mark.parametrize("lease", [None, 1])
@@ -47,4 +53,28 @@ def test_a_charge_from_a_refusal_listener_is_durable(tmp_path, lease):
     assert len(other.history) >= released
     other.close()
     ledger.charge(SMALL, label="s")  # and this ledger is still consistent with its file
+    ledger.close()
+
+
+def test_strict_lease_cap_holds_where_the_budget_is_infinite_at_an_order(tmp_path):
+    # Promise (README "Sizes"; docs/theory.md §13): under a strict per-order budget a lease
+    # costs at most 10% of the budget left at every order it charges. A budget of +inf at
+    # an order that the step also charges +inf gave inf − inf = NaN there, and the NaN
+    # turned the cap off: leases then took the whole budget left (worst 1.0).
+    inf = math.inf
+    budget = RDPCurve(ORDERS, [1.0, 2.0, 4.0, 8.0, inf])
+    step = RDPCurve(ORDERS, [0.001, 0.002, 0.004, 0.008, inf])
+    ledger = Ledger(rdp_budget=budget, orders=ORDERS, path=tmp_path / "strict.db")
+    finite, curve = np.asarray(budget.as_array()[:4]), np.asarray(step.as_array()[:4])
+    worst = 0.0
+    with contextlib.suppress(BudgetExhausted):
+        for _ in range(1200):
+            before = len(ledger.history)
+            left = float(np.min((finite - ledger.spent[:4]) / curve))  # steps left
+            ledger.charge(step)
+            took = len(ledger.history) - before
+            if took > 1:
+                worst = max(worst, took / left)
+    assert len(ledger.history) == 1000  # the whole budget is spent, never more
+    assert worst <= _lease.FRACTION + 1e-9, worst
     ledger.close()
