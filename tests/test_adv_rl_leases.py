@@ -20,15 +20,22 @@ BIG = M.Gaussian(noise_multiplier=0.05)  # refused by a 3.0 target at once
 ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0]
 
 
+@pytest.mark.parametrize("where", ["file", "server"])
 @pytest.mark.parametrize("lease", [None, 1])
-def test_a_charge_from_a_refusal_listener_is_durable(tmp_path, lease):
+def test_a_charge_from_a_refusal_listener_is_durable(tmp_path, request, where, lease):
     # Promise (theory §13 Lemma 1; README "On disk"): a charge returns only once it is
     # committed, and a leased step is handed out only once its lease is. The "refused"
     # event was delivered inside the refused charge's write transaction: a listener
     # charging the ledger then (a fallback step) wrote into that transaction, its lease
     # was installed, and the refusal's ROLLBACK erased both from the file while this
     # ledger handed the steps out (16 steps another process never saw, with leases).
-    path = tmp_path / "l.db"
+    if where == "file":
+        path = str(tmp_path / "l.db")
+    else:
+        import _pgserver
+
+        srv, db, name = request.getfixturevalue("pg")
+        path = srv.url(_pgserver.OWNER, db, name)
     ledger = Ledger(epsilon=3.0, delta=1e-5, path=path, lease=lease)
     for _ in range(40):
         ledger.charge(SMALL, label="s")
@@ -49,7 +56,7 @@ def test_a_charge_from_a_refusal_listener_is_durable(tmp_path, lease):
         ledger.charge(SMALL, label="s")
         released += 1
     # what the file holds, read by another store: every released step, spent
-    other = Ledger.open(path, read_only=True)
+    other = Ledger.open(path, read_only=where == "file")
     assert len(other.history) >= released
     other.close()
     ledger.charge(SMALL, label="s")  # and this ledger is still consistent with its file
