@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import numpy as np
 import pytest
@@ -85,3 +86,44 @@ def test_strict_lease_cap_holds_where_the_budget_is_infinite_at_an_order(tmp_pat
     assert len(ledger.history) == 1000  # the whole budget is spent, never more
     assert worst <= _lease.FRACTION + 1e-9, worst
     ledger.close()
+
+
+def test_a_deleted_shm_index_is_refused_before_it_loses_another_processs_charges(tmp_path):
+    # Promise (README "On disk": a charge that `charge` returned is never lost; a ledger
+    # that finds its file changed under it raises LedgerStateError and charges nothing).
+    # The -shm index of a WAL file deleted while a ledger is open: the next process to
+    # open the file builds a new one from the -wal and commits through it, while this
+    # ledger kept the old, unlinked index and appended its frames over that process's,
+    # erasing charges it had returned (80 released, 50 in the file) with no error anywhere.
+    import subprocess
+    import sys
+
+    from privguard import LedgerStateError
+
+    path = tmp_path / "l.db"
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path=path, lease=1)
+    if not ledger._store._wal:
+        pytest.skip("the rollback journal has no -shm index (a network filesystem)")
+    for _ in range(20):
+        ledger.charge(SMALL, label="a")
+    (tmp_path / "l.db-shm").unlink()
+    other = ("from privguard import Ledger, mechanisms as M\n"
+             "step = M.SubsampledGaussian(noise_multiplier=5.0, sample_rate=0.001)\n"
+             f"ledger = Ledger.open({str(path)!r}, lease=1)\n"
+             "for _ in range(30):\n"
+             "    ledger.charge(step, label='b')\n"
+             "ledger.close()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", other], check=True, env=env, timeout=120)
+    released = 20 + 30
+    try:
+        for _ in range(20):
+            ledger.charge(SMALL, label="a")
+            released += 1
+    except LedgerStateError:
+        pass  # refused: this ledger's index is not the file's any more
+    with contextlib.suppress(LedgerStateError):
+        ledger.close()
+    held = Ledger.open(path, read_only=True)
+    assert len(held.history) >= released, (len(held.history), released)
+    held.close()
