@@ -147,8 +147,10 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
     if getattr(flt, "kind", None) == "strict" and n > times:
         # Strict per-order budget b: the lease's cost n·c(α) is at most FRACTION of what
-        # is left, b(α) − S(α), at every order α that it charges (docs/theory.md §13).
-        charged = curve > 0
+        # is left, b(α) − S(α), at every order α that it charges (docs/theory.md §13). An
+        # order where b(α) = +inf never binds; left in, inf − inf = NaN there turned the
+        # cap off at every order (review rl).
+        charged = (curve > 0) & np.isfinite(flt.budget)
         if not charged.any():
             return n
         most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))

@@ -53,6 +53,23 @@ class _GuardedTxn:
             raise
 
 
+class _Refused:
+    """Catches the one refusal a charge raises inside its write transaction (which then
+    rolls back), so that listeners are told after it, outside the transaction."""
+
+    exc: BudgetExhausted | None = None
+
+    def hold(self, exc: BudgetExhausted) -> BudgetExhausted:
+        self.exc = exc
+        return exc
+
+    def __enter__(self) -> _Refused:
+        return self
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return exc is not None and exc is self.exc
+
+
 class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     """The privacy ledger: filter, odometer, journal and listeners over a grid of orders.
 
@@ -359,18 +376,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             lease = self._lease
             leased = None if lease is None or not lease.covers(mechanism, label, pid, times) \
                 else self._from_lease(lease, mechanism, label, pid, times)
+            refused = _Refused()
             if leased is None:
-                with self._synced(write=True) as txn:
+                with refused, self._synced(write=True) as txn:
                     verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid,
                                                                           times)
                     if not verdict.admitted:
                         remaining = self._remaining(mechanism)
-                        self._notify(LedgerEvent("refused", self, mechanism, label, None))
-                        raise BudgetExhausted(
+                        raise refused.hold(BudgetExhausted(
                             f"charge {'' if label is None else repr(label) + ' '}of {mechanism!r} "
                             "refused: it would exceed the "
                             f"{self._acc.config.describe()}; nothing was recorded ({remaining})",
-                            requested=mechanism, label=label, remaining=remaining)
+                            requested=mechanism, label=label, remaining=remaining))
                     deviation, closing = None, _deviation.closes_part_a(verdict)
                     if closing:  # part A closes (once per ledger): say what it cost
                         step = _deviation.plan_step(self._acc, verdict)
@@ -396,7 +413,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         streak + times)
                 # Installed only after the commit returned (theory §13 Lemma 1): an interrupt
                 # before or during the COMMIT leaves no lease in memory (and breaks the ledger).
-                self._lease = new_lease
+                if refused.exc is None:
+                    self._lease = new_lease
+        if refused.exc is not None:
+            # Told once the refused transaction rolled back and the lock is free (review rl):
+            # a listener that charges this ledger then commits its own transaction. Told
+            # inside it, its charge and its lease were written into the refused transaction
+            # and erased by its ROLLBACK while this ledger handed the steps out.
+            self._notify(LedgerEvent("refused", self, mechanism, label, None))
+            raise refused.exc
         if leased is not None:
             self._notify(LedgerEvent("charge", self, mechanism, label, leased))
             return leased

@@ -19,8 +19,9 @@ class LedgerListeners:
     def add_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
         """Call ``fn(event)`` after every admitted charge and every refusal.
 
-        The event is delivered after the journal is updated; an exception
-        raised by ``fn`` propagates to the caller of ``charge``.
+        The event is delivered after the journal is updated (a refusal's once
+        its transaction rolled back, outside it: ``fn`` may charge the ledger);
+        an exception raised by ``fn`` propagates to the caller of ``charge``.
         """
         if not callable(fn):
             raise InvalidArgumentError("listener", fn, "must be callable")

@@ -218,10 +218,11 @@ class SQLiteStore:
 
     def close(self) -> None:
         if self._conn is not None:
-            if self._wal and self._lock_fd is not None and not self._depth:
-                self._checkpoint_wal()
+            if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
+                self._checkpoint_wal()  # never through a stale -shm index (_check_shm)
             self._conn.close()
             self._conn = None
+            self._shm, self._stale = None, False  # a new connection opens the index anew
         if self._lock_fd is not None:
             # not os.close: that would drop this process's other connections' SQLite locks
             _lockfds.release(self._identity, self._lock_fd)
@@ -258,6 +259,34 @@ class SQLiteStore:
             raise LedgerStateError(f"{self.path} was replaced by another file while this "
                                    "ledger was open; reopen it to use the new file")
         return st
+
+    #: The ``-shm`` index's (st_dev, st_ino) as this connection first saw it (WAL mode).
+    _shm: tuple[int, int] | None = None
+    _stale = False  # that index was found deleted or replaced: never checkpoint through it
+
+    def _check_shm(self) -> None:
+        """Fail closed if the ``-shm`` index beside a WAL file is not the one this
+        connection uses (review rl). Deleted while the ledger is open, the next process to
+        open the file builds a new index from the ``-wal`` and commits through it, while
+        this connection, on the old unlinked one, would append its frames over those
+        commits and erase charges that process returned. One ``stat`` a transaction."""
+        try:
+            st = os.stat(self.path + "-shm")
+        except OSError as exc:
+            if self._shm is None:
+                return  # never seen (no index to lose): nothing to compare
+            self._stale = True
+            raise LedgerStateError(f"{self.path}-shm, the write-ahead log's index, was deleted "
+                                   f"while this ledger was open ({exc}); reopen the ledger "
+                                   "(README, 'On disk')") from exc
+        if self._shm is None:
+            self._shm = (st.st_dev, st.st_ino)
+        elif (st.st_dev, st.st_ino) != self._shm:
+            self._stale = True
+            raise LedgerStateError(f"{self.path}-shm, the write-ahead log's index, was deleted "
+                                   "or replaced while this ledger was open; its commits and "
+                                   "another process's could overwrite each other: reopen the "
+                                   "ledger (README, 'On disk')")
 
     #: The database header's file change counter (bytes 24..27) as of this store's last
     #: transaction: SQLite's rollback-journal modes bump it at every commit.
@@ -524,6 +553,8 @@ class SQLiteStore:
         if fid is None or fid[0] != self.file_id:
             raise LedgerStateError(f"{self.path} is no longer the ledger file this ledger "
                                    "opened (its identity changed)")
+        if self._wal:
+            self._check_shm()
         _rows.sync(self, conn, acc, self._read_head(conn), lambda start: conn.execute(
             "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
             "WHERE idx >= ? ORDER BY idx", (start,)).fetchall())
