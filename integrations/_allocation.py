@@ -198,12 +198,12 @@ class _EpochIterator:
     def __next__(self) -> list[int]:
         sampler = self.sampler
         if not self.epoch:  # the first batch asked for: the epoch begins, before its step
-            sampler.epochs_started += 1
-            self.epoch = sampler.epochs_started
-            steps = sampler._allocation()
+            steps = sampler._allocation()  # (if it raises, no epoch began: nothing handed out)
             self.order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending
             self.bounds = np.searchsorted(steps[self.order],
                                           np.arange(sampler.steps_per_epoch + 1))
+            sampler.epochs_started += 1
+            self.epoch = sampler.epochs_started
         elif sampler.epochs_started != self.epoch:
             # Epochs run one after another (docs/theory.md §15.3): once the next epoch drew
             # its first batch, this one is over, and its remaining batches are refused rather

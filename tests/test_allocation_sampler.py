@@ -204,3 +204,25 @@ def test_a_sampler_watched_by_a_witness_keeps_refusing():
         with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
             next(old)
     assert len(seen) == 2 and sampler.epochs_started == 2
+
+
+def test_an_allocation_that_fails_to_draw_begins_no_epoch(monkeypatch):
+    """A draw that raises (e.g. DDP's broadcast) hands out nothing and begins no epoch; the
+    iterator is not left half begun (an assert would have escaped at the next request)."""
+    import privguard.integrations._allocation as mod
+
+    sampler = RandomAllocationSampler(num_samples=6, steps_per_epoch=2)
+    calls = []
+
+    def failing(n, t):
+        calls.append(n)
+        if len(calls) == 1:
+            raise InvalidArgumentError("torch.distributed", "broadcast", "failed")
+        return np.zeros(n, dtype=np.int64)
+
+    monkeypatch.setattr(mod, "uniform_from_os_entropy", failing)
+    it = iter(sampler)
+    with pytest.raises(InvalidArgumentError, match="broadcast"):
+        next(it)
+    assert sampler.epochs_started == 0
+    assert next(it) == list(range(6)) and sampler.epochs_started == 1
