@@ -257,7 +257,11 @@ class EpochCharges:
 
     def __init__(self, sampler: RandomAllocationSampler) -> None:
         self.sampler = sampler
-        self.epochs_charged = sampler.epochs_started
+        # An epoch drawn before attach is charged at the first step after it (review ra:
+        # Lightning makes the loader's iterator before on_train_start, and with workers that
+        # draws the first epoch). Only the last one drawn can still hand out batches (an
+        # earlier epoch's iterator refuses, docs/theory.md §15.3), so only it is charged.
+        self.epochs_charged = max(sampler.epochs_started - 1, 0)
         self.sigma: float | None = None
         self.steps_in_epoch = 0
 
@@ -358,16 +362,6 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
             "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
             "ledger (its journal holds every epoch charged)")
-    if sampler.epochs_started:
-        # EpochCharges counts the epochs started so far as charged: a batch of one of them
-        # (the rest of an epoch whose first batch was drawn, or a batch kept from it) would
-        # then be stepped on with no charge at all (review rz).
-        raise InvalidArgumentError(
-            "data_loader", f"{sampler.epochs_started} epoch(s) drawn",
-            f"{loader} already drew its allocation for {sampler.epochs_started} epoch(s) "
-            "before attach: the steps on that allocation's batches could not be charged; "
-            "attach before drawing any batch from the loader (or give it a new "
-            "RandomAllocationSampler)")
 
 
 def _hybrid_covers(ledger: Any, sampler: RandomAllocationSampler) -> bool:

@@ -183,17 +183,27 @@ def test_accumulated_micro_batches_of_an_allocation_loader_are_refused():
     assert len(ledger.history) == 0
 
 
-def test_an_epoch_drawn_before_attach_is_refused_not_run_uncharged():
+def test_an_epoch_drawn_before_attach_is_charged_at_its_first_step_not_run_uncharged():
     """Review rz: attach counted every epoch the sampler had started as charged, so the rest
-    of an epoch whose first batch was drawn before attach ran with no charge at all."""
+    of an epoch whose first batch was drawn before attach ran with no charge at all. rz refused
+    the attach instead; review ra: that refused every Lightning fit with a worker loader
+    (Lightning makes the iterator, which draws the first epoch, before on_train_start). The
+    last epoch drawn is charged at the first step; an earlier one's iterator refuses."""
     model, opt, loader = _setup()
     ledger = Ledger(epsilon=50.0, delta=1e-5)
+    earlier = iter(loader)
+    next(earlier)  # epoch 1, drawn before attach
     batches = iter(loader)
-    first = next(batches)  # this epoch's allocation is drawn before attach
-    with pytest.raises(InvalidArgumentError, match="before attach"):
-        attach(opt, ledger, data_loader=loader)
-    _step(model, opt, *first)  # nothing attached: the caller was told, and no ledger was charged
+    first = next(batches)  # epoch 2, drawn before attach
+    attach(opt, ledger, data_loader=loader)
     assert len(ledger.history) == 0
+    _step(model, opt, *first)  # the epoch is charged before this step updates anything
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(SIGMA, T)]
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
+        next(earlier)
+    for batch in batches:
+        _step(model, opt, *batch)
+    assert len(ledger.history) == 1
 
 
 def test_steps_per_epoch_is_fixed_when_the_sampler_is_built():
