@@ -265,6 +265,22 @@ class EpochCharges:
         self.sigma: float | None = None
         self.steps_in_epoch = 0
 
+    def rebind(self, sampler: RandomAllocationSampler) -> None:
+        """Charge the epochs of ``sampler`` from now on (a framework rebuilt the loader).
+
+        The old sampler's epochs end (its iterators refuse, as when a next
+        epoch begins, docs/theory.md §15.3); the new one is taken as attach
+        takes a loader: its last epoch drawn, if any, is charged at the next
+        step, and a step before any of its batches is refused.
+        """
+        if sampler is self.sampler:
+            return
+        self.sampler.epochs_started += 1  # ends the old sampler's open epoch for its iterators
+        self.sampler = sampler
+        self.epochs_charged = max(sampler.epochs_started - 1, 0)
+        self.sigma = None
+        self.steps_in_epoch = 0
+
     def mechanism(self, sigma: float, epochs: int = 1) -> RandomAllocation:
         """The charge of ``epochs`` new epochs at noise multiplier ``sigma``."""
         return RandomAllocation(sigma, self.sampler.steps_per_epoch, epochs=epochs)

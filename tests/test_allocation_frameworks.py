@@ -119,6 +119,16 @@ def test_lightning_a_loader_with_workers_is_charged_each_epoch_once():
     assert [r.mechanism for r in ledger.history] == [EPOCH] * 2
 
 
+def test_lightning_a_loader_reloaded_every_epoch_is_charged_each_epoch_once():
+    """Review ra: with reload_dataloaders_every_n_epochs=1 Lightning builds a new loader (a
+    new sampler) each epoch; the charges watched the first one, and the second epoch's fifth
+    step was refused as more than t steps of its last epoch."""
+    ledger = Ledger(delta=1e-5)
+    trainer, _ = _fit(ledger, max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    assert trainer.global_step == 3 * T
+    assert [r.mechanism for r in ledger.history] == [EPOCH] * 3
+
+
 def test_lightning_an_epoch_stopped_early_stays_charged_in_full():
     ledger = Ledger(delta=1e-5)
     trainer, _ = _fit(ledger, max_steps=T + 1)  # one step into the second epoch

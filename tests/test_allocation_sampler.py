@@ -226,3 +226,27 @@ def test_an_allocation_that_fails_to_draw_begins_no_epoch(monkeypatch):
         next(it)
     assert sampler.epochs_started == 0
     assert next(it) == list(range(6)) and sampler.epochs_started == 1
+
+
+def test_charges_rebound_to_a_new_sampler_end_the_old_ones_epoch():
+    """Review ra (Lightning's reload_dataloaders_every_n_epochs): the charges follow a new
+    loader's sampler; the old sampler's open epoch ends (its iterator refuses), and a step
+    before any batch of the new one is refused, as after attach."""
+    from privguard.integrations._allocation import EpochCharges
+    from privguard.mechanisms import RandomAllocation
+
+    old, new = RandomAllocationSampler(8, 2), RandomAllocationSampler(8, 2)
+    charges = EpochCharges(old)
+    kept = iter(old)
+    next(kept)
+    due = charges.pending(1.0)
+    assert due == RandomAllocation(1.0, 2)
+    charges.done(1.0, due)
+    charges.rebind(new)
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
+        next(kept)
+    with pytest.raises(InvalidArgumentError, match=r"before any batch was drawn"):
+        charges.pending(1.0)
+    assert charges.next_due(1.0) == RandomAllocation(1.0, 2)  # the loop draws it first
+    next(iter(new))
+    assert charges.pending(1.0) == RandomAllocation(1.0, 2)
