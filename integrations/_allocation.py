@@ -37,7 +37,8 @@ class RandomAllocationSampler:
     Epochs run one after another (docs/theory.md §15.3): once an iterator
     of the next epoch has drawn its first batch, an iterator of an earlier
     epoch raises :class:`privguard.InvalidArgumentError` instead of handing
-    out another batch (e.g. ``zip(loader, loader)``).
+    out another batch (e.g. ``zip(loader, loader)``), at every request. A
+    copy (``copy.copy``, ``copy.deepcopy``) is the sampler itself.
 
     The allocation is drawn from the operating system's entropy
     (``os.urandom``, exactly uniform by rejection) unless ``generator`` (a
@@ -90,25 +91,22 @@ class RandomAllocationSampler:
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        self.epochs_started += 1  # runs at the first batch drawn, before its step
-        epoch = self.epochs_started
-        steps = self._allocation()
-        order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending within
-        bounds = np.searchsorted(steps[order], np.arange(self.steps_per_epoch + 1))
-        for i in range(self.steps_per_epoch):
-            if self.epochs_started != epoch:
-                # Epochs run one after another (docs/theory.md §15.3): once the next epoch
-                # drew its first batch, this one is over, and its remaining batches are
-                # refused rather than stepped on between the next epoch's steps.
-                raise InvalidArgumentError(
-                    "data_loader", f"a batch of epoch {epoch}",
-                    f"was asked for after epoch {self.epochs_started} of this "
-                    "RandomAllocationSampler began: random-allocation epochs run one after "
-                    "another (each is charged as one RandomAllocation(σ, t) block of steps), "
-                    "so an epoch ends when the next one draws its first batch. Do not step "
-                    "through two iterators of the loader at once (e.g. zip(loader, loader)); "
-                    "finish or abandon an epoch before starting the next")
-            yield order[bounds[i]:bounds[i + 1]].tolist()
+        # an iterator object, not a generator: a generator that raised is finished and then
+        # ends with StopIteration, which a DataLoader with workers takes for the end of the
+        # epoch and goes on handing out the batches it fetched ahead (review ra)
+        return _EpochIterator(self)
+
+    def _share(self, batch: list[int]) -> list[int]:
+        """What this process steps on of a step's batch (all of it; DDP: this rank's share)."""
+        return batch
+
+    def __copy__(self) -> RandomAllocationSampler:
+        # one stream of epochs per sampler: a copy with its own epoch count would draw
+        # allocations that attach (watching the original) never charges (review ra)
+        return self
+
+    def __deepcopy__(self, memo: dict) -> RandomAllocationSampler:
+        return self
 
     def _allocation(self) -> np.ndarray:
         """The step of each index, uniform on {0, ..., t − 1}, independent."""
@@ -154,9 +152,8 @@ class DistributedRandomAllocationSampler(RandomAllocationSampler):
         self.num_replicas = dist.get_world_size()
         self.rank = dist.get_rank()
 
-    def __iter__(self) -> Iterator[list[int]]:
-        for batch in super().__iter__():
-            yield batch[self.rank::self.num_replicas]
+    def _share(self, batch: list[int]) -> list[int]:
+        return batch[self.rank::self.num_replicas]
 
     def _allocation(self) -> np.ndarray:
         """Rank 0's allocation, broadcast to every rank."""
@@ -172,6 +169,58 @@ class DistributedRandomAllocationSampler(RandomAllocationSampler):
             tensor = tensor.to(torch.device("cuda", torch.cuda.current_device()))
         dist.broadcast(tensor, src=0)
         return tensor.cpu().numpy()
+
+
+class _EpochIterator:
+    """One epoch of a :class:`RandomAllocationSampler` (private): its t batches, in order.
+
+    The epoch begins (its allocation is drawn, ``epochs_started`` counts it)
+    at the first batch asked for, not when the iterator is made. Once the
+    next epoch began, every further request raises
+    :class:`privguard.InvalidArgumentError`, every time and also after the
+    epoch's last batch (docs/theory.md §15.3): a DataLoader with workers asks
+    its batch sampler for one more index batch each time it hands out a
+    batch it fetched ahead, so a refusal that ended (StopIteration) after
+    once being raised, or at the end of the epoch, would let it hand out
+    the rest of an earlier epoch between the next epoch's steps.
+    """
+
+    def __init__(self, sampler: RandomAllocationSampler) -> None:
+        self.sampler = sampler
+        self.epoch = 0  # 0: not begun
+        self.next_step = 0
+        self.order: np.ndarray | None = None
+        self.bounds: np.ndarray | None = None
+
+    def __iter__(self) -> _EpochIterator:
+        return self
+
+    def __next__(self) -> list[int]:
+        sampler = self.sampler
+        if not self.epoch:  # the first batch asked for: the epoch begins, before its step
+            steps = sampler._allocation()  # (if it raises, no epoch began: nothing handed out)
+            self.order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending
+            self.bounds = np.searchsorted(steps[self.order],
+                                          np.arange(sampler.steps_per_epoch + 1))
+            sampler.epochs_started += 1
+            self.epoch = sampler.epochs_started
+        elif sampler.epochs_started != self.epoch:
+            # Epochs run one after another (docs/theory.md §15.3): once the next epoch drew
+            # its first batch, this one is over, and its remaining batches are refused rather
+            # than stepped on between the next epoch's steps.
+            raise InvalidArgumentError(
+                "data_loader", f"a batch of epoch {self.epoch}",
+                f"was asked for after epoch {sampler.epochs_started} of this "
+                "RandomAllocationSampler began: random-allocation epochs run one after "
+                "another (each is charged as one RandomAllocation(σ, t) block of steps), "
+                "so an epoch ends when the next one draws its first batch. Do not step "
+                "through two iterators of the loader at once (e.g. zip(loader, loader)); "
+                "finish or abandon an epoch before starting the next")
+        if self.next_step >= sampler.steps_per_epoch:
+            raise StopIteration
+        assert self.order is not None and self.bounds is not None
+        i, self.next_step = self.next_step, self.next_step + 1
+        return sampler._share(self.order[self.bounds[i]:self.bounds[i + 1]].tolist())
 
 
 def uniform_from_os_entropy(n: int, t: int) -> np.ndarray:
@@ -208,8 +257,28 @@ class EpochCharges:
 
     def __init__(self, sampler: RandomAllocationSampler) -> None:
         self.sampler = sampler
-        self.epochs_charged = sampler.epochs_started
+        # An epoch drawn before attach is charged at the first step after it (review ra:
+        # Lightning makes the loader's iterator before on_train_start, and with workers that
+        # draws the first epoch). Only the last one drawn can still hand out batches (an
+        # earlier epoch's iterator refuses, docs/theory.md §15.3), so only it is charged.
+        self.epochs_charged = max(sampler.epochs_started - 1, 0)
         self.sigma: float | None = None
+        self.steps_in_epoch = 0
+
+    def rebind(self, sampler: RandomAllocationSampler) -> None:
+        """Charge the epochs of ``sampler`` from now on (a framework rebuilt the loader).
+
+        The old sampler's epochs end (its iterators refuse, as when a next
+        epoch begins, docs/theory.md §15.3); the new one is taken as attach
+        takes a loader: its last epoch drawn, if any, is charged at the next
+        step, and a step before any of its batches is refused.
+        """
+        if sampler is self.sampler:
+            return
+        self.sampler.epochs_started += 1  # ends the old sampler's open epoch for its iterators
+        self.sampler = sampler
+        self.epochs_charged = max(sampler.epochs_started - 1, 0)
+        self.sigma = None
         self.steps_in_epoch = 0
 
     def mechanism(self, sigma: float, epochs: int = 1) -> RandomAllocation:
@@ -221,7 +290,16 @@ class EpochCharges:
         new = self.sampler.epochs_started - self.epochs_charged
         if new > 0:
             return self.mechanism(sigma, new)
-        if self.sigma is not None and sigma != self.sigma:
+        if self.sigma is None:
+            # Review ra: no epoch was drawn since attach, so this step's batch is not one of
+            # the sampler's (another loader, a copy's sampler, a batch made by hand); charging
+            # nothing here let t such steps run free.
+            raise InvalidArgumentError(
+                "optimizer.step", 1,
+                "runs before any batch was drawn from the RandomAllocationSampler loader given "
+                "to attach, so its batch is not one of that loader's and no epoch is charged "
+                "for it; step on batches of that loader only")
+        if sigma != self.sigma:
             raise InvalidArgumentError(
                 "noise_multiplier", sigma,
                 f"changed inside a random-allocation epoch charged at σ = {self.sigma}; change "
@@ -237,13 +315,14 @@ class EpochCharges:
     def next_due(self, sigma: float) -> RandomAllocation | None:
         """What the next step would charge, for ``can_step``/``should_stop`` (raises if refused).
 
-        Once all t steps of the charged epoch ran, the next step can only be
-        the first of a new epoch (the loop draws one from the loader), so it
-        would charge that epoch; otherwise as :meth:`pending`.
+        Before the first epoch, and once all t steps of the charged epoch
+        ran, the next step can only be the first of a new epoch (the loop
+        draws one from the loader), so it would charge that epoch; otherwise
+        as :meth:`pending`.
         """
-        if (self.sampler.epochs_started == self.epochs_charged and self.sigma is not None
-                and self.steps_in_epoch >= self.sampler.steps_per_epoch):
-            return self.mechanism(sigma)
+        if self.sampler.epochs_started == self.epochs_charged and (
+                self.sigma is None or self.steps_in_epoch >= self.sampler.steps_per_epoch):
+            return self.mechanism(sigma)  # (before the first epoch: the loop draws it first)
         return self.pending(sigma)
 
     def done(self, sigma: float, charged: RandomAllocation | None) -> None:
@@ -299,16 +378,6 @@ def check_attach(sampler: RandomAllocationSampler, ledger: Any, *, sample_rate: 
             f"cannot be charged for {loader}: Opacus records steps as Poisson at q = 1/t and "
             "keeps no epoch boundaries; attach before the first step, and resume by keeping the "
             "ledger (its journal holds every epoch charged)")
-    if sampler.epochs_started:
-        # EpochCharges counts the epochs started so far as charged: a batch of one of them
-        # (the rest of an epoch whose first batch was drawn, or a batch kept from it) would
-        # then be stepped on with no charge at all (review rz).
-        raise InvalidArgumentError(
-            "data_loader", f"{sampler.epochs_started} epoch(s) drawn",
-            f"{loader} already drew its allocation for {sampler.epochs_started} epoch(s) "
-            "before attach: the steps on that allocation's batches could not be charged; "
-            "attach before drawing any batch from the loader (or give it a new "
-            "RandomAllocationSampler)")
 
 
 def _hybrid_covers(ledger: Any, sampler: RandomAllocationSampler) -> bool:

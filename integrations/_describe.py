@@ -102,6 +102,31 @@ def reported_micro_batches(optimizer: Any) -> int | None:
     return value if isinstance(value, int) and value >= 1 else None
 
 
+class _Each:
+    """The iterator of a :func:`swap_iter` subclass: the original's items, ``each`` called on each.
+
+    Not a generator (review ra): a generator that raised is finished, and its
+    next ``next()`` ends the iteration (StopIteration) instead of asking the
+    original iterator again; a RandomAllocationSampler's refusal of an
+    earlier epoch's batch must reach a DataLoader every time it asks.
+    The original iterator is made at the first item, as a generator would.
+    """
+
+    def __init__(self, make: Callable[[], Any], each: Callable[[Any], None]) -> None:
+        self._make, self._each = make, each
+        self._it: Any = None
+
+    def __iter__(self) -> _Each:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = iter(self._make())
+        item = next(self._it)
+        self._each(item)
+        return item
+
+
 def swap_iter(obj: Any, each: Callable[[Any], None]) -> tuple[type, type]:
     """Swap ``obj``'s class for a subclass whose ``__iter__`` calls ``each`` on every item.
 
@@ -111,9 +136,7 @@ def swap_iter(obj: Any, each: Callable[[Any], None]) -> tuple[type, type]:
     original = type(obj)
 
     def __iter__(self):
-        for item in original.__iter__(self):
-            each(item)
-            yield item
+        return _Each(lambda: original.__iter__(self), each)
 
     swapped = type(original.__name__, (original,),
                    {"__iter__": __iter__, "__qualname__": original.__qualname__,

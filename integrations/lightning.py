@@ -23,7 +23,9 @@ Random allocation: a training loader whose batch sampler is
 ``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
 first step (the filter admits the epoch or none of it runs; an epoch stopped
 early stays charged; σ changed inside an epoch is refused). It must be the
-single training loader, with ``accumulate_grad_batches=1``. Under DDP a
+single training loader, with ``accumulate_grad_batches=1``; a loader
+reloaded for an epoch (``reload_dataloaders_every_n_epochs``) is followed
+to its new sampler. Under DDP a
 plain ``RandomAllocationSampler`` is refused (each rank would draw its own
 allocation); ``DistributedRandomAllocationSampler`` (one global allocation,
 each rank its share, with Opacus' ``DistributedDPOptimizer`` from
@@ -191,6 +193,23 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        # Review ra: with reload_dataloaders_every_n_epochs Lightning builds a new loader (a
+        # new RandomAllocationSampler) for the epoch; the charges follow it, else the epoch's
+        # steps were refused as more than t steps of the first loader's last epoch.
+        epochs = None if self.handle is None else self.handle._epochs
+        if epochs is None:
+            return
+        loaders = _train_loaders(trainer)
+        sampler = allocation_sampler(loaders[0]) if len(loaders) == 1 else None
+        if sampler is None:
+            raise InvalidArgumentError(
+                "train_dataloader", f"{len(loaders)} loader(s)",
+                "were reloaded without the single RandomAllocationSampler loader the ledger "
+                "was attached with: its epochs are charged only when it is the single training "
+                "loader")
+        epochs.rebind(sampler)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

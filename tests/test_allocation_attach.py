@@ -183,17 +183,27 @@ def test_accumulated_micro_batches_of_an_allocation_loader_are_refused():
     assert len(ledger.history) == 0
 
 
-def test_an_epoch_drawn_before_attach_is_refused_not_run_uncharged():
+def test_an_epoch_drawn_before_attach_is_charged_at_its_first_step_not_run_uncharged():
     """Review rz: attach counted every epoch the sampler had started as charged, so the rest
-    of an epoch whose first batch was drawn before attach ran with no charge at all."""
+    of an epoch whose first batch was drawn before attach ran with no charge at all. rz refused
+    the attach instead; review ra: that refused every Lightning fit with a worker loader
+    (Lightning makes the iterator, which draws the first epoch, before on_train_start). The
+    last epoch drawn is charged at the first step; an earlier one's iterator refuses."""
     model, opt, loader = _setup()
     ledger = Ledger(epsilon=50.0, delta=1e-5)
+    earlier = iter(loader)
+    next(earlier)  # epoch 1, drawn before attach
     batches = iter(loader)
-    first = next(batches)  # this epoch's allocation is drawn before attach
-    with pytest.raises(InvalidArgumentError, match="before attach"):
-        attach(opt, ledger, data_loader=loader)
-    _step(model, opt, *first)  # nothing attached: the caller was told, and no ledger was charged
+    first = next(batches)  # epoch 2, drawn before attach
+    attach(opt, ledger, data_loader=loader)
     assert len(ledger.history) == 0
+    _step(model, opt, *first)  # the epoch is charged before this step updates anything
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(SIGMA, T)]
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
+        next(earlier)
+    for batch in batches:
+        _step(model, opt, *batch)
+    assert len(ledger.history) == 1
 
 
 def test_steps_per_epoch_is_fixed_when_the_sampler_is_built():
@@ -227,3 +237,44 @@ def test_two_epochs_stepped_in_turn_are_refused_not_interleaved():
         _step(model, opt, x, y)
     assert len(ledger.history) == 2
 
+
+def test_a_step_before_any_batch_of_the_loader_is_refused_not_run_uncharged():
+    """Review ra: with no epoch drawn since attach, a step (on a batch that is not the
+    loader's: another loader, one made by hand) charged nothing, t times over."""
+    model, opt, loader = _setup()
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    assert handle.can_step()  # the first epoch, drawn by the loop, would fit
+    x, y = loader.dataset.tensors
+    _refused(model, opt, (x[:8], y[:8]), ledger, InvalidArgumentError, 0,
+             match=r"^optimizer.step=1 is invalid: runs before any batch was drawn")
+    _step(model, opt, *next(iter(loader)))  # the loader's own batch: its epoch is charged
+    assert len(ledger.history) == 1 and handle.steps_charged == 1
+
+
+def test_a_loader_with_workers_steps_no_batch_of_an_earlier_epoch():
+    """Review ra: a loader with workers fetched epoch 1's batches ahead and handed them out
+    after epoch 2's first step (the sampler's refusal was raised once at most, or not at all
+    once the epoch was drawn in full), so the two epochs' steps ran interleaved."""
+    torch.manual_seed(0)
+    x = torch.randn(N, 5)
+    y = (x[:, 0] > 0).long()
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=RandomAllocationSampler(N, T),
+                        num_workers=2, prefetch_factor=2)
+    model, opt = nn.Linear(5, 2), None
+    engine = opacus.PrivacyEngine()
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    first = iter(loader)
+    _step(model, opt, *next(first))
+    second = iter(loader)
+    _step(model, opt, *next(second))
+    for _ in range(T):
+        with pytest.raises((InvalidArgumentError, StopIteration)):
+            next(first)
+    for batch in second:
+        _step(model, opt, *batch)
+    assert len(ledger.history) == 2

@@ -103,6 +103,32 @@ def test_lightning_charges_each_epoch_once_before_its_first_step():
     assert [r.mechanism for r in ledger.history] == [EPOCH] * 3
 
 
+class _Workers(Tiny):
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_sampler=_sampler(), num_workers=1,
+                          persistent_workers=True)
+
+
+def test_lightning_a_loader_with_workers_is_charged_each_epoch_once():
+    """Review ra: Lightning makes the loader's iterator before on_train_start, and with
+    workers that draws the first epoch; attach refused it (review rz), so no fit with a
+    worker loader could run. It is charged at its first step instead."""
+    ledger = Ledger(delta=1e-5)
+    trainer, _ = _fit(ledger, model=_Workers(), max_epochs=2)
+    assert trainer.global_step == 2 * T
+    assert [r.mechanism for r in ledger.history] == [EPOCH] * 2
+
+
+def test_lightning_a_loader_reloaded_every_epoch_is_charged_each_epoch_once():
+    """Review ra: with reload_dataloaders_every_n_epochs=1 Lightning builds a new loader (a
+    new sampler) each epoch; the charges watched the first one, and the second epoch's fifth
+    step was refused as more than t steps of its last epoch."""
+    ledger = Ledger(delta=1e-5)
+    trainer, _ = _fit(ledger, max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    assert trainer.global_step == 3 * T
+    assert [r.mechanism for r in ledger.history] == [EPOCH] * 3
+
+
 def test_lightning_an_epoch_stopped_early_stays_charged_in_full():
     ledger = Ledger(delta=1e-5)
     trainer, _ = _fit(ledger, max_steps=T + 1)  # one step into the second epoch

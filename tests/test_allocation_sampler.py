@@ -112,7 +112,7 @@ def test_an_epoch_ends_when_the_next_one_draws_its_first_batch():
     with pytest.raises(InvalidArgumentError,
                        match=r"^data_loader='a batch of epoch 1' is invalid: .*epoch 2"):
         next(old)
-    with pytest.raises(StopIteration):  # the refused iterator is finished
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):  # and again
         next(old)
     rest = list(new)
     assert sorted(i for b in [first_of_new, *rest] for i in b) == list(range(12))
@@ -136,3 +136,117 @@ def test_zip_of_the_sampler_with_itself_stops_at_the_second_pair():
     next(pairs)  # two epochs began, one batch each
     with pytest.raises(InvalidArgumentError, match=r"zip\(loader, loader\)"):
         next(pairs)
+
+
+def test_a_refusal_is_repeated_and_an_ended_epoch_refuses_too():
+    """Review ra: the refusal was raised once, after which the finished generator ended with
+    StopIteration; so was the end of an epoch whose batches were all drawn. A DataLoader with
+    workers takes StopIteration from its batch sampler for the end of the epoch and hands out
+    the batches it fetched ahead, stepped on between the next epoch's steps."""
+    sampler = RandomAllocationSampler(num_samples=12, steps_per_epoch=3)
+    old, drained = iter(sampler), iter(sampler)
+    next(old)
+    assert len(list(drained)) == 3  # epoch 2, all its batches drawn
+    next(iter(sampler))  # epoch 3 began
+    for it, epoch in ((old, 1), (old, 1), (drained, 2), (drained, 2)):
+        with pytest.raises(InvalidArgumentError, match=rf"a batch of epoch {epoch}"):
+            next(it)
+    assert sampler.epochs_started == 3
+
+
+def test_a_loader_with_workers_hands_out_no_batch_of_an_earlier_epoch():
+    """Review ra: with workers the loader draws index batches ahead (here the whole epoch)
+    and, on main, handed them out after the next epoch began, refusal or not."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    sampler = RandomAllocationSampler(num_samples=16, steps_per_epoch=4)
+    loader = DataLoader(TensorDataset(torch.arange(16)), batch_sampler=sampler,
+                        num_workers=2, prefetch_factor=2)
+    first = iter(loader)  # draws all 4 batches of epoch 1 ahead
+    next(first)
+    second = iter(loader)  # epoch 2
+    handed = 0
+    for _ in range(5):
+        try:
+            next(first)
+            handed += 1
+        except InvalidArgumentError:
+            pass
+        except StopIteration:
+            break
+    assert handed == 0
+    assert sum(len(b[0]) for b in second) == 16  # the current epoch is unaffected
+
+
+def test_a_copy_of_the_sampler_is_the_sampler():
+    """Review ra: a copy (e.g. of a deep-copied loader) counted its epochs apart, so the
+    allocations it drew were never charged by attach, which watches the original."""
+    import copy
+
+    sampler = RandomAllocationSampler(num_samples=8, steps_per_epoch=2)
+    assert copy.copy(sampler) is sampler and copy.deepcopy([sampler])[0] is sampler
+
+
+def test_a_sampler_watched_by_a_witness_keeps_refusing():
+    """Review ra: the witnesses watch the sampler through a subclass whose __iter__ was a
+    generator around the sampler's: once the refusal went through it, it was finished and
+    ended with StopIteration, which a DataLoader with workers takes for the end of the epoch."""
+    from privguard.integrations._describe import swap_iter
+
+    sampler = RandomAllocationSampler(num_samples=12, steps_per_epoch=3)
+    seen = []
+    swap_iter(sampler, seen.append)
+    old = iter(sampler)
+    next(old)
+    next(iter(sampler))
+    for _ in range(2):
+        with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
+            next(old)
+    assert len(seen) == 2 and sampler.epochs_started == 2
+
+
+def test_an_allocation_that_fails_to_draw_begins_no_epoch(monkeypatch):
+    """A draw that raises (e.g. DDP's broadcast) hands out nothing and begins no epoch; the
+    iterator is not left half begun (an assert would have escaped at the next request)."""
+    import privguard.integrations._allocation as mod
+
+    sampler = RandomAllocationSampler(num_samples=6, steps_per_epoch=2)
+    calls = []
+
+    def failing(n, t):
+        calls.append(n)
+        if len(calls) == 1:
+            raise InvalidArgumentError("torch.distributed", "broadcast", "failed")
+        return np.zeros(n, dtype=np.int64)
+
+    monkeypatch.setattr(mod, "uniform_from_os_entropy", failing)
+    it = iter(sampler)
+    with pytest.raises(InvalidArgumentError, match="broadcast"):
+        next(it)
+    assert sampler.epochs_started == 0
+    assert next(it) == list(range(6)) and sampler.epochs_started == 1
+
+
+def test_charges_rebound_to_a_new_sampler_end_the_old_ones_epoch():
+    """Review ra (Lightning's reload_dataloaders_every_n_epochs): the charges follow a new
+    loader's sampler; the old sampler's open epoch ends (its iterator refuses), and a step
+    before any batch of the new one is refused, as after attach."""
+    from privguard.integrations._allocation import EpochCharges
+    from privguard.mechanisms import RandomAllocation
+
+    old, new = RandomAllocationSampler(8, 2), RandomAllocationSampler(8, 2)
+    charges = EpochCharges(old)
+    kept = iter(old)
+    next(kept)
+    due = charges.pending(1.0)
+    assert due == RandomAllocation(1.0, 2)
+    charges.done(1.0, due)
+    charges.rebind(new)
+    with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
+        next(kept)
+    with pytest.raises(InvalidArgumentError, match=r"before any batch was drawn"):
+        charges.pending(1.0)
+    assert charges.next_due(1.0) == RandomAllocation(1.0, 2)  # the loop draws it first
+    next(iter(new))
+    assert charges.pending(1.0) == RandomAllocation(1.0, 2)
