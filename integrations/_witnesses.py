@@ -302,6 +302,7 @@ class Witnesses:
         self._cuts: dict[Any, float] = {}
         self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's rows, per parameter
         self._zprev: tuple[int, float] | None = None  # (row of the last ẑ, its ‖a‖ + s‖g‖)
+        self._norms_high: tuple[float, float] | None = None  # _measure's bounds on ‖a‖, ‖g‖
         self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
         params = getattr(optimizer, "params", None) or []
         # the coarsest floating dtype among the parameters sets the float tolerance (review
@@ -608,6 +609,9 @@ class Witnesses:
         up = 1.0 + 2.0 ** -40
         z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
+        # upper bounds on ‖a‖ and ‖g‖ (each Gram diagonal entry within a relative γ_d): the
+        # per-parameter and repeat tests' rounding allowances (_noise_parts) use them
+        self._norms_high = (sum_high, math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up)
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
 
     def _check_parameter_noise(self, sigma: float, c: float, scale: float) -> None:
@@ -677,8 +681,9 @@ class Witnesses:
         """Per parameter (position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖), for each
         non-empty parameter of the buffer :meth:`_measure` filled; and (upper bound on
         ‖Z_t − Z_{t−1}‖, computed value), None at the first step or after the parameters
-        changed (docs/theory.md §16.2, review rt). One extra sync."""
-        assert self._buf is not None
+        changed (docs/theory.md §16.2, review rt). One extra sync; the norms of a and g
+        are :meth:`_measure`'s (its Gram product), not computed per parameter again."""
+        assert self._buf is not None and self._norms_high is not None
         _, buf, views = self._buf
         count = len(views) // 2
         sizes = [v.numel() for v in views[:count]]
@@ -692,24 +697,23 @@ class Witnesses:
         _, rows, parts = z
         cur = 0 if self._zprev is None else 1 - self._zprev[0]
         torch.sub(buf[0], buf[1], alpha=scale, out=rows[cur])  # ẑ = a − s·g in float64
-        tensors = parts[cur] + views
+        tensors = list(parts[cur])
         if self._zprev is not None:
             torch.sub(rows[cur], rows[1 - cur], out=rows[1 - cur])
-            tensors = [*tensors, rows[1 - cur]]
+            tensors.append(rows[1 - cur])
         norms = torch.stack(torch._foreach_norm(tensors, 2)).tolist()  # one sync
         u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
+        # R ≥ ‖a‖ + s‖g‖ ≥ ‖(|a| + s|g|)_p‖ for every parameter p (triangle inequality), from
+        # _measure's upper bounds on ‖a‖ and ‖g‖
+        a_high, g_high = self._norms_high
+        reach = (a_high + scale * g_high) * up
         out = []
-        spread_sq = 0.0
         for i, d_p in enumerate(sizes):
             if d_p:
-                # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm within a relative g_{d_p}
+                # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
+                # relative g_{d_p}
                 widen = up / (1.0 - gram_widening(d_p))
-                a_high, g_high = norms[count + i] * widen, norms[2 * count + i] * widen
-                spread = norms[i] + 3.0 * u * (norms[count + i] + scale * norms[2 * count + i])
-                out.append((i, d_p, spread * widen, norms[i]))
-                spread_sq += (a_high + scale * g_high) ** 2
-        # R = ‖a‖ + s‖g‖ (upper bound, by the triangle inequality over the parameters)
-        reach = math.sqrt(spread_sq) * up
+                out.append((i, d_p, (norms[i] + 3.0 * u * reach) * widen, norms[i]))
         repeat = None
         if self._zprev is not None:
             # |D̂_j − (z_t − z_{t−1})_j| ≤ 3u(|a|+s|g|)_t + 3u(|a|+s|g|)_{t−1} + u(|ẑ_t| + |ẑ_{t−1}|)
