@@ -625,8 +625,9 @@ class Witnesses:
         the run, the budget of this statistical witness). Like the total test it is a
         function of the noise alone. ẑ = a − s·g is formed in float64 from the buffer's
         exact copies: |ẑ_j − z_j| ≤ 3u(|a_j| + s|g_j|) (two roundings, u = 2⁻⁵³), so
-        ‖z_p‖ ≤ ‖ẑ_p‖ + 3u(‖a_p‖ + s‖g_p‖), each norm computed within a relative g_{d_p}
-        (:func:`gram_widening`): the statistic is never below the exact one. One parameter
+        ‖z_p‖ ≤ ‖ẑ_p‖ + 3u·R with R ≥ ‖a‖ + s‖g‖ from :meth:`_measure`'s Gram bounds, ‖ẑ_p‖
+        computed within a relative g_{d_p} (:func:`gram_widening`): the statistic is never
+        below the exact one. One parameter
         alone (P = 1) is the total test already. A parameter of 1 or 2 float32 coordinates
         with no noise at all can still pass (its rounding residue, u·‖a_p‖, is not small
         enough against χ²_{d_p}'s lower tail at the level).
