@@ -627,10 +627,11 @@ class Witnesses:
         exact copies: |ẑ_j − z_j| ≤ 3u(|a_j| + s|g_j|) (two roundings, u = 2⁻⁵³), so
         ‖z_p‖ ≤ ‖ẑ_p‖ + 3u·R with R ≥ ‖a‖ + s‖g‖ from :meth:`_measure`'s Gram bounds, ‖ẑ_p‖
         computed within a relative g_{d_p} (:func:`gram_widening`): the statistic is never
-        below the exact one. One parameter
-        alone (P = 1) is the total test already. A parameter of 1 or 2 float32 coordinates
-        with no noise at all can still pass (its rounding residue, u·‖a_p‖, is not small
-        enough against χ²_{d_p}'s lower tail at the level).
+        below the exact one; plus 4u_p·s‖g‖ for Opacus' own rounding of a + Z in the
+        gradient's dtype (review sb: the noise drawn, not its rounded trace, is χ²). One
+        parameter alone (P = 1) is the total test already. A parameter of 1 or 2 float32
+        coordinates with no noise at all can still pass (its rounding residue, u·‖a_p‖, is
+        not small enough against χ²_{d_p}'s lower tail at the level).
         """
         bounds, repeat = self._noise_parts(scale)
         sd = sigma * c
@@ -708,20 +709,32 @@ class Witnesses:
         # _measure's upper bounds on ‖a‖ and ‖g‖
         a_high, g_high = self._norms_high
         reach = (a_high + scale * g_high) * up
+        # Review sb: z = s·g − a is the noise drawn, Z, only up to Opacus' own rounding in the
+        # gradient's dtype: g = fl(fl(a + Z)/s) (add_noise, scale_grad; at most three roundings
+        # of unit roundoff u_p counting a promotion), so |z_j − Z_j| ≤ ((1+u_p)³ − 1)|a_j + Z_j|
+        # ≤ 4u_p·s|g_j| for u_p ≤ 2⁻⁸, and ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖. Where |Z_j| < ulp(a_j)/2
+        # the noise is rounded away (z_j = 0) on a correct step (fl(a + Z) is post-processing
+        # of a + Z): without this term a one-coordinate parameter alarmed with probability
+        # ≈ 0.4·ulp(a)/(σC) a step, far above α_j/P (docs/theory.md §16.1).
+        units = [torch.finfo(dtype).eps / 2.0 for _, dtype in self._buf[0]]
+        drift = [4.0 * unit * scale * g_high for unit in units]
         out = []
         for i, d_p in enumerate(sizes):
             if d_p:
                 # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
-                # relative g_{d_p}
+                # relative g_{d_p}; ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖
                 widen = up / (1.0 - gram_widening(d_p))
-                out.append((i, d_p, (norms[i] + 3.0 * u * reach) * widen, norms[i]))
+                high = (norms[i] + 3.0 * u * reach) * widen + drift[i] * up
+                out.append((i, d_p, high, norms[i]))
         repeat = None
         if self._zprev is not None:
             # |D̂_j − (z_t − z_{t−1})_j| ≤ 3u(|a|+s|g|)_t + 3u(|a|+s|g|)_{t−1} + u(|ẑ_t| + |ẑ_{t−1}|)
-            # ≤ 5u·((|a|+s|g|)_t + (|a|+s|g|)_{t−1}) coordinatewise, so in norm ≤ 5u(R_t + R_{t−1})
+            # ≤ 5u·((|a|+s|g|)_t + (|a|+s|g|)_{t−1}) coordinatewise, so in norm ≤ 5u(R_t + R_{t−1});
+            # and Z_t is z_t within 4u_p·s‖g‖ (above; z_{t−1}, the previous step's trace, is a
+            # fixed vector given the past, which is all Anderson's inequality needs)
             d = buf.shape[1]
             high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
-                / (1.0 - gram_widening(d))
+                / (1.0 - gram_widening(d)) + max(drift) * up
             repeat = (high, norms[-1])
         self._zprev = (cur, reach)
         return out, repeat
