@@ -86,7 +86,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from privguard._errors import InvalidArgumentError, PipelineMismatchError
+from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
 from privguard._mechanisms._reserve import DeltaReserve
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
 from privguard.integrations._shard import ShardDraws, truncation_factor
@@ -199,7 +199,8 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
 
 
 def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
-    """``method``, re-raising its :class:`PipelineMismatchError` from this thin frame alone.
+    """``method``, re-raising its :class:`PipelineMismatchError` (any privguard refusal: an
+    :class:`InvalidArgumentError` too, review sb) from this thin frame alone.
 
     Review rt: the frames an exception passes through stay on its traceback with their
     locals (the per-sample gradients of every record of the micro-batch, the clipped sum's
@@ -212,7 +213,7 @@ def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
     def thin(self: Any, *args: Any) -> None:
         try:
             method(self, *args)
-        except PipelineMismatchError as exc:
+        except PrivguardError as exc:  # also InvalidArgumentError (_buffer: review sb)
             error = exc
         else:
             return
