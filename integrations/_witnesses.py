@@ -711,8 +711,9 @@ class Witnesses:
         a_high, g_high = self._norms_high
         reach = (a_high + scale * g_high) * up
         # Review sb: z = s·g − a is the noise drawn, Z, only up to Opacus' own rounding in the
-        # gradient's dtype: g = fl(fl(a + Z)/s) (add_noise, scale_grad; at most three roundings
-        # of unit roundoff u_p counting a promotion), so |z_j − Z_j| ≤ ((1+u_p)³ − 1)|a_j + Z_j|
+        # gradient's dtype: g = fl(fl(a + Z)/fl(s)) (add_noise, scale_grad: three roundings of
+        # unit roundoff ≤ u_p, the sum, s cast to that dtype (a non-integer expected batch size
+        # under DDP) and the quotient), so |z_j − Z_j| ≤ ((1+u_p)³ − 1)/(1−u_p)³·s|g_j|
         # ≤ 4u_p·s|g_j| for u_p ≤ 2⁻⁸, and ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖. Where |Z_j| < ulp(a_j)/2
         # the noise is rounded away (z_j = 0) on a correct step (fl(a + Z) is post-processing
         # of a + Z): without this term a one-coordinate parameter alarmed with probability
