@@ -718,8 +718,9 @@ class Witnesses:
         # the noise is rounded away (z_j = 0) on a correct step (fl(a + Z) is post-processing
         # of a + Z): without this term a one-coordinate parameter alarmed with probability
         # ≈ 0.4·ulp(a)/(σC) a step, far above α_j/P (docs/theory.md §16.1).
-        units = [torch.finfo(dtype).eps / 2.0 for _, dtype in self._buf[0]]
-        drift = [4.0 * unit * scale * g_high for unit in units]
+        key = self._buf[0]
+        units = {dtype: torch.finfo(dtype).eps / 2.0 for dtype in {dtype for _, dtype in key}}
+        drift = [4.0 * units[dtype] * scale * g_high for _, dtype in key]
         out = []
         for i, d_p in enumerate(sizes):
             if d_p:
