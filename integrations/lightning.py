@@ -159,6 +159,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self.prog_bar = prog_bar
         self.check_poisson = check_poisson
         self.handle: AttachHandle | None = None
+        self._steps_seen, self._batches = -1, 0  # batches since the last real step
 
     @property
     def state_key(self) -> str:
@@ -193,6 +194,23 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None)
+        self._steps_seen, self._batches = self.handle.steps_charged, 0
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        # Review sa: Lightning makes the first epoch's loader iterator before on_train_start
+        # (attach), so the micro-batch counter's class swap on the loader never sees that
+        # epoch's batches (it counted 0): two batches accumulated into one noise draw through
+        # signal_skip_step (the optimizer reports 1) were charged as one. Every batch Lightning
+        # hands to training_step is counted here too; the step takes the larger count.
+        handle = self.handle
+        if handle is None or handle.counter is None:
+            return
+        counter = handle.counter
+        if handle.steps_charged != self._steps_seen:  # a real step ran since the last batch
+            self._steps_seen, self._batches = handle.steps_charged, 0
+        self._batches += 1
+        counter.count = max(counter.count, self._batches)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Review ra: with reload_dataloaders_every_n_epochs Lightning builds a new loader (a

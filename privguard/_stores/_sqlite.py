@@ -242,6 +242,13 @@ class SQLiteStore:
         except OSError:
             return  # a charge is being written: its process closes later
         try:
+            try:
+                # review sa: the index may have been deleted or replaced since this store's
+                # last transaction (_check_shm ran there only); a TRUNCATE through the old one
+                # empties the -wal another open process committed its charges to
+                self._check_shm()
+            except LedgerStateError:
+                return  # the charges stay in the -wal (its next opener folds them in)
             with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
                 self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
