@@ -72,6 +72,7 @@ class RandomAllocationSampler:
                                        "must be a torch.Generator or None (OS entropy)")
         self.generator = generator
         self.epochs_started = 0  # epochs whose first batch was drawn (read by attach)
+        self._retired = False  # attach's charges moved to another sampler (EpochCharges.rebind)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -197,6 +198,14 @@ class _EpochIterator:
 
     def __next__(self) -> list[int]:
         sampler = self.sampler
+        if not self.epoch and getattr(sampler, "_retired", False):  # (begun: refused below)
+            # Review sc: the loader was rebuilt (EpochCharges.rebind) and attach charges the
+            # new loader's sampler only; an epoch of this one would run uncharged.
+            raise InvalidArgumentError(
+                "data_loader", f"a batch of a replaced RandomAllocationSampler (epoch "
+                f"{sampler.epochs_started + 1})",
+                "was asked for after the training loader was rebuilt: the ledger charges the "
+                "epochs of the new loader's sampler only; iterate the new loader")
         if not self.epoch:  # the first batch asked for: the epoch begins, before its step
             steps = sampler._allocation()  # (if it raises, no epoch began: nothing handed out)
             self.order = np.argsort(steps, kind="stable")  # indices grouped by step, ascending
@@ -265,17 +274,28 @@ class EpochCharges:
         self.sigma: float | None = None
         self.steps_in_epoch = 0
 
-    def rebind(self, sampler: RandomAllocationSampler) -> None:
+    def rebind(self, sampler: RandomAllocationSampler, ledger: Any, *,
+               distributed: bool) -> None:
         """Charge the epochs of ``sampler`` from now on (a framework rebuilt the loader).
 
-        The old sampler's epochs end (its iterators refuse, as when a next
-        epoch begins, docs/theory.md §15.3); the new one is taken as attach
-        takes a loader: its last epoch drawn, if any, is charged at the next
-        step, and a step before any of its batches is refused.
+        The new sampler passes attach's checks first (:func:`check_attach`:
+        a plain sampler under DDP, a hybrid filter with no envelope at its
+        t), else nothing changes. The old sampler's epochs end: every
+        iterator of it refuses from now on, also one not yet begun, which
+        would otherwise draw an epoch of a sampler no longer charged
+        (docs/theory.md §15.3); the new one is taken as attach takes a
+        loader: its last epoch drawn, if any, is charged at the next step,
+        and a step before any of its batches is refused.
         """
         if sampler is self.sampler:
             return
+        # Review sc: the same refusals as attach (the sample rate, a resume and recorded
+        # steps were checked at attach and stay as they were).
+        check_attach(sampler, ledger, sample_rate=None, resume=None, distributed=distributed,
+                     recorded=0)
         self.sampler.epochs_started += 1  # ends the old sampler's open epoch for its iterators
+        self.sampler._retired = True  # and every other iterator of it, begun or not
+        sampler._retired = False  # charged again (a framework may hand back an earlier one)
         self.sampler = sampler
         self.epochs_charged = max(sampler.epochs_started - 1, 0)
         self.sigma = None

@@ -59,6 +59,7 @@ from privguard.integrations import _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._distributed import is_distributed
 from privguard.integrations._frameworks import (
     AttachedCallback,
     check_callback_arguments,
@@ -160,6 +161,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self.check_poisson = check_poisson
         self.handle: AttachHandle | None = None
         self._steps_seen, self._batches = -1, 0  # batches since the last real step
+        self._declared = 1  # the handle's declared micro-batches at attach
 
     @property
     def state_key(self) -> str:
@@ -195,6 +197,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None)
         self._steps_seen, self._batches = self.handle.steps_charged, 0
+        self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -203,21 +206,27 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         # epoch's batches (it counted 0): two batches accumulated into one noise draw through
         # signal_skip_step (the optimizer reports 1) were charged as one. Every batch Lightning
         # hands to training_step is counted here too; the step takes the larger count.
+        # Review sc: with no loader counter (several training loaders: attach got no
+        # data_loader) this count is the only one that sees signal_skip_step accumulation;
+        # it raises the handle's declared k for the step (never below accumulate_grad_batches).
         handle = self.handle
-        if handle is None or handle.counter is None:
+        if handle is None:
             return
-        counter = handle.counter
         if handle.steps_charged != self._steps_seen:  # a real step ran since the last batch
             self._steps_seen, self._batches = handle.steps_charged, 0
         self._batches += 1
-        counter.count = max(counter.count, self._batches)
+        if handle.counter is not None:
+            handle.counter.count = max(handle.counter.count, self._batches)
+        else:
+            handle.declared_micro_batches = max(self._declared, self._batches)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Review ra: with reload_dataloaders_every_n_epochs Lightning builds a new loader (a
         # new RandomAllocationSampler) for the epoch; the charges follow it, else the epoch's
         # steps were refused as more than t steps of the first loader's last epoch.
-        epochs = None if self.handle is None else self.handle._epochs
-        if epochs is None:
+        handle = self.handle
+        epochs = None if handle is None else handle._epochs
+        if handle is None or epochs is None:
             return
         loaders = _train_loaders(trainer)
         sampler = allocation_sampler(loaders[0]) if len(loaders) == 1 else None
@@ -227,7 +236,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 "were reloaded without the single RandomAllocationSampler loader the ledger "
                 "was attached with: its epochs are charged only when it is the single training "
                 "loader")
-        epochs.rebind(sampler)
+        epochs.rebind(sampler, self.ledger,  # attach's checks (review sc)
+                      distributed=is_distributed(handle.optimizer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from privguard import InvalidArgumentError
+from privguard import InvalidArgumentError, Ledger
 from privguard.integrations import RandomAllocationSampler
 from privguard.integrations._allocation import uniform_from_os_entropy
 
@@ -242,7 +242,7 @@ def test_charges_rebound_to_a_new_sampler_end_the_old_ones_epoch():
     due = charges.pending(1.0)
     assert due == RandomAllocation(1.0, 2)
     charges.done(1.0, due)
-    charges.rebind(new)
+    charges.rebind(new, Ledger(delta=1e-5), distributed=False)
     with pytest.raises(InvalidArgumentError, match=r"a batch of epoch 1"):
         next(kept)
     with pytest.raises(InvalidArgumentError, match=r"before any batch was drawn"):

@@ -91,3 +91,40 @@ def test_first_epoch_accumulated_allocation_batches_are_refused_before_any_updat
     with pytest.raises(NonPoissonSamplingError, match="accumulated micro-batches"):
         _fit(ledger, model)
     assert len(ledger.history) == 0 and model.updates == 0  # was: epoch 1 ran t/2 merged steps
+
+
+# Review sc: the callback counted the batches it hands to training_step only where attach had
+# a loader counter. With several training loaders (attach gets data_loader=None) there is
+# none, and the two-batch signal_skip_step accumulation above was charged one
+# SubsampledGaussian per real step (the truth: AccumulatedSubsampledGaussian(σ, q, 2)).
+
+
+class _TwoLoadersSkipStep(_SkipStep):
+    """Two training loaders; two batches per real step (the first one's step is skipped)."""
+
+    def __init__(self):
+        super().__init__(allocation=False)
+
+    def training_step(self, batch, batch_idx):
+        (x1, y1), (x2, y2) = batch
+        opt = self.optimizers()
+        out = self.net(torch.cat([x1, x2]))
+        self.manual_backward(nn.functional.cross_entropy(out, torch.cat([y1, y2])))
+        opt.optimizer.signal_skip_step(do_skip=batch_idx % 2 == 0)
+        opt.step()
+        opt.zero_grad()
+
+    def train_dataloader(self):
+        return [DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=N // T),
+                                              generator=torch.Generator().manual_seed(seed))
+                for seed in (0, 1)]
+
+
+def test_two_loaders_accumulated_batches_are_charged_as_two_draws():
+    ledger = Ledger(delta=1e-5)
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger, sample_rate=1.0 / T)],
+                         accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, max_epochs=1)
+    trainer.fit(_TwoLoadersSkipStep())
+    two = M.AccumulatedSubsampledGaussian(SIGMA, 1.0 / T, 2)
+    assert [r.mechanism for r in ledger.history] == [two] * 2  # was SubsampledGaussian × 2
