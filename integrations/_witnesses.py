@@ -200,7 +200,9 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
 
 def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
     """``method``, re-raising its :class:`PipelineMismatchError` (any privguard refusal: an
-    :class:`InvalidArgumentError` too, review sb) from this thin frame alone.
+    :class:`InvalidArgumentError` too, review sb; any other exception, a torch error or an
+    interrupt, too, with a note: review sc) from this thin frame alone, the exceptions
+    chained to it without their frames.
 
     Review rt: the frames an exception passes through stay on its traceback with their
     locals (the per-sample gradients of every record of the micro-batch, the clipped sum's
@@ -214,9 +216,23 @@ def _without_locals(method: Callable[..., None]) -> Callable[..., None]:
         try:
             method(self, *args)
         except PrivguardError as exc:  # also InvalidArgumentError (_buffer: review sb)
+            error: BaseException = exc
+        except BaseException as exc:  # re-raised below, its frames dropped
+            # Review sc: a torch error (a failed allocation, a shape mismatch) or an interrupt
+            # in the check stage carried the same frames; its type and message are kept.
             error = exc
+            if hasattr(exc, "add_note"):  # Python ≥ 3.11
+                exc.add_note("privguard: traceback dropped by the witnesses (its frames held "
+                             "the step's gradients and clipped sums)")
         else:
             return
+        todo, seen = [error.__cause__, error.__context__], {id(error)}
+        while todo:  # the frames of the exceptions chained to it too
+            chained = todo.pop()
+            if chained is not None and id(chained) not in seen:
+                seen.add(id(chained))
+                chained.with_traceback(None)
+                todo += [chained.__cause__, chained.__context__]
         raise error.with_traceback(None)
     return thin
 

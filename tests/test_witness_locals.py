@@ -43,3 +43,45 @@ def test_an_invalid_gradient_refusal_carries_no_data_in_its_traceback():
         assert exc.__context__ is None and exc.__cause__ is None
     else:  # pragma: no cover - the refusal is the point
         raise AssertionError("a complex gradient was not refused")
+
+
+def test_a_torch_error_in_the_check_carries_no_data_in_its_traceback():
+    """Review sc: ``_without_locals`` dropped the traceback of privguard refusals only; a
+    torch error inside the check stage (a RuntimeError: an allocation that fails, a shape
+    that does not match) left check → _check_noise → _measure on its traceback, whose locals
+    hold the step's clipped sums (no noise) and gradients, on a step charged nothing."""
+    params = [SimpleNamespace(grad=torch.ones(3), summed_grad=torch.full((4,), 7.0),
+                              dtype=torch.float32)]
+    opt = SimpleNamespace(params=params, max_grad_norm=1.0, loss_reduction="sum",
+                          expected_batch_size=1, accumulated_iterations=1)
+    w = Witnesses(opt, None, false_alarm=1e-10)
+    try:
+        w.check(SimpleNamespace(noise_multiplier=1.0))
+    except RuntimeError as exc:  # torch's own error, its type and message kept
+        assert _tensors_in_frames(exc) == []
+        assert exc.__context__ is None and exc.__cause__ is None
+    else:  # pragma: no cover - the mismatch is the point
+        raise AssertionError("the size mismatch did not raise")
+
+
+def test_the_exceptions_chained_to_a_refusal_lose_their_frames_too():
+    """Review sc: an error raised while handling another inside the check stage kept the
+    first one, with its traceback and the frames' locals, as ``__context__``."""
+    from privguard.integrations._witnesses import _without_locals
+
+    class _Stage:
+        @_without_locals
+        def run(self):
+            clipped = torch.full((3,), 7.0)  # noqa: F841 - what must not travel on
+            try:
+                raise RuntimeError("first")
+            except RuntimeError:
+                raise ValueError("second")  # the implicit chain is the point
+
+    try:
+        _Stage().run()
+    except ValueError as exc:
+        assert _tensors_in_frames(exc) == [] and exc.__context__ is not None
+        assert _tensors_in_frames(exc.__context__) == []
+    else:  # pragma: no cover
+        raise AssertionError("not raised")
