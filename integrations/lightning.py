@@ -162,6 +162,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self.handle: AttachHandle | None = None
         self._steps_seen, self._batches = -1, 0  # batches since the last real step
         self._declared = 1  # the handle's declared micro-batches at attach
+        self._loaders: list = []  # the training loaders the handle charges for
 
     @property
     def state_key(self) -> str:
@@ -198,6 +199,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              model=pl_module if self.aligned_micro_batches else None)
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
+        self._loaders = loaders
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -226,6 +228,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         # steps were refused as more than t steps of the first loader's last epoch.
         handle = self.handle
         epochs = None if handle is None else handle._epochs
+        if handle is not None and epochs is None:
+            self._follow_reload(trainer, handle)
         if handle is None or epochs is None:
             return
         loaders = _train_loaders(trainer)
@@ -238,6 +242,54 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 "loader")
         epochs.rebind(sampler, self.ledger,  # attach's checks (review sc)
                       distributed=is_distributed(handle.optimizer))
+
+    def _follow_reload(self, trainer: Any, handle: AttachHandle) -> None:
+        """Poisson loaders reloaded (``reload_dataloaders_every_n_epochs``): check them as
+        :meth:`on_train_start` did; the charge's q follows the single loader's rate where it
+        was read from the loader, and is refused where it no longer matches it."""
+        # Review sc: the charge read q from the loader seen at attach; a loader reloaded at
+        # a higher rate (a batch-size curriculum) was charged at the old q, and a reloaded
+        # loader was never checked for Poisson sampling.
+        loaders = _train_loaders(trainer)
+        if len(loaders) == len(self._loaders) and \
+                all(a is b for a, b in zip(loaders, self._loaders, strict=True)):
+            return
+        if any(allocation_sampler(loader) is not None for loader in loaders):
+            raise InvalidArgumentError(
+                "train_dataloader", f"{len(loaders)} loader(s)",
+                "were reloaded with a RandomAllocationSampler loader in a fit attached to "
+                "Poisson loaders: its epochs would be charged as Poisson steps; use it from the "
+                "first epoch on")
+        if self.check_poisson:
+            for loader in loaders:
+                _sampling.check_poisson(loader, "train_dataloader")
+        rates = [_sampling.poisson_rate(loader) for loader in loaders]
+        if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
+            new = loaders[0]
+            if rates[0] is not None:
+                rate = float(rates[0])
+            else:  # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
+                try:
+                    rate = check.sample_rate("train_dataloader", 1.0 / len(new))
+                except (TypeError, ZeroDivisionError) as exc:
+                    raise InvalidArgumentError(
+                        "train_dataloader", type(new).__name__,
+                        "was reloaded without a length to derive a sample rate from; pass "
+                        "sample_rate=") from exc
+            handle._rate = lambda: rate
+        else:
+            charged = float(handle._rate())
+            # one loader: q as attach checks it (equal); several (attach saw none of them):
+            # none above the charged q (the charge grows with q: a larger one stays sound)
+            for q in rates:
+                if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
+                        > 1e-12 * max(charged, q):
+                    raise InvalidArgumentError(
+                        "train_dataloader", q,
+                        f"is the rate a reloaded training loader samples at, but the steps are "
+                        f"charged at q = {charged:g} (sample_rate): the charge must be the "
+                        "probability each record is drawn; keep the rate across reloads")
+        self._loaders = loaders
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

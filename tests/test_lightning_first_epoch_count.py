@@ -23,7 +23,7 @@ from opacus.optimizers import DPOptimizer  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from privguard import Ledger  # noqa: E402
+from privguard import InvalidArgumentError, Ledger  # noqa: E402
 from privguard import mechanisms as M  # noqa: E402
 from privguard.integrations import RandomAllocationSampler  # noqa: E402
 from privguard.integrations._sampling import NonPoissonSamplingError  # noqa: E402
@@ -128,3 +128,47 @@ def test_two_loaders_accumulated_batches_are_charged_as_two_draws():
     trainer.fit(_TwoLoadersSkipStep())
     two = M.AccumulatedSubsampledGaussian(SIGMA, 1.0 / T, 2)
     assert [r.mechanism for r in ledger.history] == [two] * 2  # was SubsampledGaussian × 2
+
+
+# Review sc: with reload_dataloaders_every_n_epochs Lightning builds a new Poisson loader per
+# epoch, but the charge read q from the loader attach saw: a loader reloaded at a higher rate
+# (a batch-size curriculum) was charged at the first one's q.
+
+
+class _Curriculum(_SkipStep):
+    """One Poisson batch per step; the reloaded loader of epoch 1 samples at q = 1/2."""
+
+    def __init__(self):
+        super().__init__(allocation=False)
+        self.automatic_optimization = True
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def train_dataloader(self):
+        size = N // T if self.current_epoch == 0 else N // 2
+        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=size),
+                                             generator=torch.Generator().manual_seed(0))
+
+
+def _fit_reloading(ledger, model, **callback):
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger, **callback)], accelerator="cpu",
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_epochs=2,
+                         reload_dataloaders_every_n_epochs=1)
+    trainer.fit(model)
+
+
+def test_a_reloaded_loader_is_charged_at_its_own_rate():
+    ledger = Ledger(delta=1e-5)
+    _fit_reloading(ledger, _Curriculum())
+    rates = [r.mechanism.sample_rate for r in ledger.history]
+    assert rates == [1.0 / T] * T + [0.5] * 2  # was [1/T] * (T + 2)
+
+
+def test_a_reloaded_loader_at_another_rate_than_a_given_one_is_refused():
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match="train_dataloader"):
+        _fit_reloading(ledger, _Curriculum(), sample_rate=1.0 / T)
+    assert len(ledger.history) == T  # the first epoch only
