@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _samplers
 
@@ -28,6 +29,22 @@ class NonPoissonSamplingError(InvalidArgumentError):
 
 class PoissonUnverifiedWarning(UserWarning):
     """The integration cannot see the data loader, so it cannot check Poisson sampling."""
+
+
+def nominal_rate(name: str, loader: Any) -> float:
+    """1/len(``loader``): the rate charged for a loader not checked as Poisson
+    (``check_poisson=False``); InvalidArgumentError naming ``name`` if it has no length.
+
+    Example:
+        >>> nominal_rate("data_loader", [[1, 2], [3, 4]])
+        0.5
+    """
+    try:
+        return check.sample_rate(name, 1.0 / len(loader))
+    except (TypeError, ZeroDivisionError) as exc:
+        raise InvalidArgumentError(name, type(loader).__name__,
+                                   "has no length to derive a sample rate from; pass "
+                                   "sample_rate=") from exc
 
 
 def poisson_rate(loader: Any) -> float | None:

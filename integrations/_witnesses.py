@@ -691,10 +691,6 @@ class Witnesses:
             self._fail_noise(sigma, c, computed, buf_d, tail, alpha,
                              " minus the previous step's noise (the same noise again?)")
 
-    def _parameter_noise(self, scale: float) -> list[tuple[int, int, float, float]]:
-        """The per-parameter bounds of :meth:`_noise_parts`."""
-        return self._noise_parts(scale)[0]
-
     def _noise_parts(self, scale: float) -> tuple[list[tuple[int, int, float, float]],
                                                    tuple[float, float] | None]:
         """Per parameter (position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖), for each

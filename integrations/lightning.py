@@ -265,17 +265,9 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 _sampling.check_poisson(loader, "train_dataloader")
         rates = [_sampling.poisson_rate(loader) for loader in loaders]
         if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
-            new = loaders[0]
-            if rates[0] is not None:
-                rate = float(rates[0])
-            else:  # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
-                try:
-                    rate = check.sample_rate("train_dataloader", 1.0 / len(new))
-                except (TypeError, ZeroDivisionError) as exc:
-                    raise InvalidArgumentError(
-                        "train_dataloader", type(new).__name__,
-                        "was reloaded without a length to derive a sample rate from; pass "
-                        "sample_rate=") from exc
+            # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
+            rate = float(rates[0]) if rates[0] is not None \
+                else _sampling.nominal_rate("train_dataloader", loaders[0])
             handle._rate = lambda: rate
         else:
             charged = float(handle._rate())

@@ -695,12 +695,7 @@ def attach(
         if _sampling.poisson_rate(data_loader) is not None:
             rate = lambda: float(data_loader.batch_sampler.sample_rate)
         else:  # check_poisson=False on a non-Poisson loader: its nominal rate
-            try:
-                nominal = check.sample_rate("data_loader", 1.0 / len(data_loader))
-            except (TypeError, ZeroDivisionError) as exc:
-                raise InvalidArgumentError("data_loader", type(data_loader).__name__,
-                                           "has no length to derive a sample rate from; pass "
-                                           "sample_rate=") from exc
+            nominal = _sampling.nominal_rate("data_loader", data_loader)
             rate = lambda: nominal
     elif hook_rate is not None:
         found = hook_rate

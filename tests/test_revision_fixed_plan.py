@@ -120,14 +120,21 @@ def test_a_reloaded_ledger_keeps_its_older_entry(monkeypatch):
     assert pickle.loads(pickle.dumps(ledger))._acc.fixed == ledger._acc.fixed
 
 
-def test_a_sqlite_file_from_before_the_revision_opens(monkeypatch, tmp_path):
-    path = str(tmp_path / "old.db")
+def _opens_and_charges_today(monkeypatch, path):
+    """Write a ledger at ``path`` with the older derivation, open it: it keeps its older
+    entry and charges today's curve. Returns the older state."""
     old = _state_with(monkeypatch, 1e-4, path=path)
     ledger = Ledger.open(path)
     assert ledger._acc.fixed == old["fixed"]
     ledger.charge(STEP, "y")
     assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
     ledger.close()
+    return old
+
+
+def test_a_sqlite_file_from_before_the_revision_opens(monkeypatch, tmp_path):
+    path = str(tmp_path / "old.db")
+    old = _opens_and_charges_today(monkeypatch, path)
     reopened = Ledger.open(path)
     assert reopened._acc.fixed == old["fixed"]
     assert reopened._store.verify()["charges"] == 101
@@ -154,13 +161,7 @@ def test_an_entry_matching_neither_derivation_is_refused(monkeypatch):
 
 def test_a_postgresql_ledger_from_before_the_revision_opens(monkeypatch, pg):
     srv, db, name = pg
-    url = srv.url(_pgserver.OWNER, db, name)
-    old = _state_with(monkeypatch, 1e-4, path=url)
-    ledger = Ledger.open(url)
-    assert ledger._acc.fixed == old["fixed"]
-    ledger.charge(STEP, "y")
-    assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
-    ledger.close()
+    _opens_and_charges_today(monkeypatch, srv.url(_pgserver.OWNER, db, name))
 
 
 def _v1(state, weights):

@@ -158,7 +158,7 @@ def test_per_parameter_statistic_is_never_below_the_exact_norms(dtype, regime):
         w = _fake(grads, summed)
         w._zbuf = None
         w._measure(scale)
-        bounds = w._parameter_noise(scale)
+        bounds = w._noise_parts(scale)[0]  # the per-parameter bounds
         assert [b[:2] for b in bounds] == [(i, math.prod(s)) for i, s in enumerate(SHAPES)]
         for (i, _d, z_high, _z), g, a in zip(bounds, grads, summed, strict=True):
             z_sq, _ = _exact([g], [a], scale)
