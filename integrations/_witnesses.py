@@ -247,6 +247,53 @@ def _first_param(optimizer: Any) -> Any:
     return None
 
 
+class _Layout:
+    """The float64 buffers of :meth:`Witnesses._measure` for one layout of the parameters
+    with a noisy gradient (their shapes and dtypes, ``key``), with every view and constant a
+    step needs made once (task t28: a step dispatches no indexing and allocates nothing but
+    the norms' results).
+
+    ``buf`` (2, d): a = summed_grad and g = grad, copied exactly (``targets``: a's views per
+    parameter, then g's); ``z`` (2, d): ẑ = a − s·g of this step and of the previous one,
+    alternately (``z_parts[r]``: row r's views per parameter; ``z_parts_diff[r]`` the same
+    and the other row, which then holds the difference); ``out``: the Gram matrix (``gram``,
+    its first 4 entries) and the norms (``part_norms``: per parameter; ``part_norms_diff``:
+    and the difference), read back in one ``tolist``. ``nonempty``: (position, d_p, u_p,
+    (1 + 2⁻⁴⁰)/(1 − g_{d_p})) per non-empty parameter; ``unit_max`` the largest u_p;
+    ``gamma`` = g_d (:func:`gram_widening`).
+    """
+
+    def __init__(self, key: tuple[Any, ...], device: Any) -> None:
+        self.key = key
+        sizes = [math.prod(shape) for shape, _ in key]
+        self.d = d = sum(sizes)
+        self.buf = torch.empty((2, d), dtype=torch.float64, device=device)
+        self.buf_t = self.buf.t()
+        self.a, self.g = self.buf[0], self.buf[1]
+        rows: list[list[Any]] = [[], []]
+        offset = 0
+        for (shape, _), size in zip(key, sizes, strict=True):
+            for row, part in zip((0, 1), rows, strict=True):
+                part.append(self.buf[row, offset:offset + size].view(shape))
+            offset += size
+        self.targets = rows[0] + rows[1]
+        self.z = torch.empty((2, d), dtype=torch.float64, device=device)
+        self.z_rows = (self.z[0], self.z[1])
+        self.z_parts = [list(torch.split(self.z_rows[r], sizes)) for r in (0, 1)]
+        self.z_parts_diff = [self.z_parts[r] + [self.z_rows[1 - r]] for r in (0, 1)]
+        count = len(sizes)
+        self.out = torch.empty(4 + count + 1, dtype=torch.float64, device=device)
+        self.gram = self.out[:4].view(2, 2)
+        self.part_norms = self.out[4:4 + count]
+        self.part_norms_diff = self.out[4:]
+        self.gamma = gram_widening(d)
+        up = 1.0 + 2.0 ** -40
+        units = [torch.finfo(dtype).eps / 2.0 for _, dtype in key]
+        self.unit_max = max(units, default=0.0)
+        self.nonempty = [(i, d_p, units[i], up / (1.0 - gram_widening(d_p)))
+                         for i, d_p in enumerate(sizes) if d_p]
+
+
 class Witnesses:
     """The three witnesses on one Opacus optimizer (created by ``attach(..., witnesses=True)``).
 
@@ -268,6 +315,12 @@ class Witnesses:
         steps: real steps checked so far (the sampling tests run at each).
         noise_checks: noise tests run so far (the j-th spends the level α_j).
     """
+
+    # Defaults of the state the noise pass reads (every instance sets its own in __init__;
+    # a bare instance, Witnesses.__new__, measures with the noise witness on)
+    active: tuple[str, ...] = ("noise", "clipping")
+    _zprev: tuple[int, float] | None = None
+    _synced: tuple[int, list[float]] | None = None
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
@@ -317,10 +370,10 @@ class Witnesses:
         self._counter: Any = None  # the loader's MicroBatchCounter: the sizes it drew
         self._wrapped: tuple[str, Any] | None = None
         self._cuts: dict[Any, float] = {}
-        self._zbuf: tuple[Any, Any, list[Any]] | None = None  # ẑ's rows, per parameter
         self._zprev: tuple[int, float] | None = None  # (row of the last ẑ, its ‖a‖ + s‖g‖)
         self._norms_high: tuple[float, float] | None = None  # _measure's bounds on ‖a‖, ‖g‖
-        self._buf: tuple[Any, Any, list[Any]] | None = None  # _measure's buffer
+        self._buf: _Layout | None = None  # _measure's buffers
+        self._synced: tuple[int, list[float]] | None = None  # (ẑ's row, ‖ẑ_p‖…, ‖D̂‖): _measure
         params = getattr(optimizer, "params", None) or []
         # the coarsest floating dtype among the parameters sets the float tolerance (review
         # rw: the first parameter's alone was too tight for a bf16 one after an fp32 one)
@@ -587,10 +640,15 @@ class Witnesses:
         and the gradient are copied (one fused ``_foreach_copy_``, exact) into
         the two rows of a float64 buffer allocated once (:meth:`_buffer`), and
         one product of the buffer with its transpose gives their Gram matrix
-        (‖a‖², ⟨a, g⟩, ‖g‖²) with a single host sync: no allocation per step
-        but the 2 × 2 result, two kernels. ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²,
+        (‖a‖², ⟨a, g⟩, ‖g‖²). ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²,
         and both bounds are never below the exact norms of the same float
         tensors (docs/theory.md §16.2; None: no parameter has a noisy gradient).
+
+        Where the noise witness runs, the same pass also forms ẑ = a − s·g and its
+        difference from the previous step's, and their norms per parameter (what
+        :meth:`_noise_parts` reads): every number of the step's noise tests comes back
+        in one host sync (task t28), into views allocated with the buffer (no indexing,
+        no allocation but the norms' own results).
         """
         grads, summed = [], []
         for p in self.optimizer.params:
@@ -600,17 +658,33 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        buf, targets = self._buffer(grads)
+        lay = self._buffer(grads)
         if _FOREACH_COPY is not None:
-            _FOREACH_COPY(targets, summed + grads)
+            _FOREACH_COPY(lay.targets, summed + grads)
         else:  # torch < 2.1: one copy per tensor
-            for target, source in zip(targets, summed + grads, strict=True):
+            for target, source in zip(lay.targets, summed + grads, strict=True):
                 target.copy_(source)
-        d = buf.shape[1]
+        d = lay.d
         if d == 0:  # only empty parameters: no noise to test (χ²_0's tail is NaN: review rw)
             return None
-        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64: the one sync
-        aa, ag, _, gg = torch.mm(buf, buf.t()).view(-1).tolist()
+        cur = -1
+        if "noise" in self.active:
+            # rows 0 and 1 of lay.z hold ẑ of this step and of the previous one, alternately;
+            # the previous one is overwritten by their difference (elementwise, in place)
+            cur = 0 if self._zprev is None else 1 - self._zprev[0]
+            torch.sub(lay.a, lay.g, alpha=scale, out=lay.z_rows[cur])  # ẑ = a − s·g, float64
+            if self._zprev is None:
+                tensors, out = lay.z_parts[cur], lay.part_norms
+            else:
+                torch.sub(lay.z_rows[cur], lay.z_rows[1 - cur], out=lay.z_rows[1 - cur])
+                tensors, out = lay.z_parts_diff[cur], lay.part_norms_diff
+            torch.stack(torch._foreach_norm(tensors, 2), out=out)
+        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64, beside the
+        # norms above in one float64 vector: the one sync
+        torch.mm(lay.buf, lay.buf_t, out=lay.gram)
+        values = lay.out.tolist()
+        aa, ag, _, gg = values[:4]
+        self._synced = (cur, values[4:]) if cur >= 0 else None
         # −Z = a − s·g (DPOptimizer.add_noise then scale_grad): ‖Z‖² = ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²
         # in exact arithmetic on the stored values (the copy to float64 is exact).
         z_sq = aa - 2.0 * scale * ag + scale * scale * gg
@@ -620,7 +694,7 @@ class Witnesses:
         # computed, and its float64 evaluation by ≤ 6u·(aa + 2s|ag| + s²gg) ≤ 6u·r·(1+γ_d)/
         # (1−γ_d). gamma = gram_widening(d) covers both, r's own rounding and the rounding
         # of the sum below; the factor 1 + 2⁻⁴⁰ covers the square roots' (docs/theory.md §16.2).
-        gamma = gram_widening(d)
+        gamma = lay.gamma
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40
@@ -696,27 +770,15 @@ class Witnesses:
         """Per parameter (position, d_p, upper bound on ‖Z_p‖, computed ‖Z_p‖), for each
         non-empty parameter of the buffer :meth:`_measure` filled; and (upper bound on
         ‖Z_t − Z_{t−1}‖, computed value), None at the first step or after the parameters
-        changed (docs/theory.md §16.2, review rt). One extra sync; the norms of a and g
-        are :meth:`_measure`'s (its Gram product), not computed per parameter again."""
+        changed (docs/theory.md §16.2, review rt). No device work: the norms are those
+        :meth:`_measure` computed in its pass and brought back with the Gram product (one
+        sync a step, task t28); the norms of a and g are its Gram bounds, not computed per
+        parameter again."""
         assert self._buf is not None and self._norms_high is not None
-        _, buf, views = self._buf
-        count = len(views) // 2
-        sizes = [v.numel() for v in views[:count]]
-        z = self._zbuf
-        if z is None or z[0] is not buf:
-            # rows 0 and 1 hold ẑ of this step and of the previous one, alternately; the
-            # previous one is then overwritten by their difference (elementwise, in place)
-            rows = torch.empty((2, buf.shape[1]), dtype=torch.float64, device=buf.device)
-            self._zbuf = z = (buf, rows, [list(torch.split(rows[r], sizes)) for r in (0, 1)])
-            self._zprev = None
-        _, rows, parts = z
-        cur = 0 if self._zprev is None else 1 - self._zprev[0]
-        torch.sub(buf[0], buf[1], alpha=scale, out=rows[cur])  # ẑ = a − s·g in float64
-        tensors = list(parts[cur])
-        if self._zprev is not None:
-            torch.sub(rows[cur], rows[1 - cur], out=rows[1 - cur])
-            tensors.append(rows[1 - cur])
-        norms = torch.stack(torch._foreach_norm(tensors, 2)).tolist()  # one sync
+        assert self._synced is not None, "_measure runs first, with the noise witness on"
+        lay = self._buf
+        cur, norms = self._synced
+        self._synced = None  # each pass's norms are read once
         u, up = 2.0 ** -53, 1.0 + 2.0 ** -40
         # R ≥ ‖a‖ + s‖g‖ ≥ ‖(|a| + s|g|)_p‖ for every parameter p (triangle inequality), from
         # _measure's upper bounds on ‖a‖ and ‖g‖
@@ -730,54 +792,42 @@ class Witnesses:
         # the noise is rounded away (z_j = 0) on a correct step (fl(a + Z) is post-processing
         # of a + Z): without this term a one-coordinate parameter alarmed with probability
         # ≈ 0.4·ulp(a)/(σC) a step, far above α_j/P (docs/theory.md §16.1).
-        key = self._buf[0]
-        units = {dtype: torch.finfo(dtype).eps / 2.0 for dtype in {dtype for _, dtype in key}}
-        drift = [4.0 * units[dtype] * scale * g_high for _, dtype in key]
         out = []
-        for i, d_p in enumerate(sizes):
-            if d_p:
-                # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
-                # relative g_{d_p}; ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖
-                widen = up / (1.0 - gram_widening(d_p))
-                high = (norms[i] + 3.0 * u * reach) * widen + drift[i] * up
-                out.append((i, d_p, high, norms[i]))
+        for i, d_p, unit, widen in lay.nonempty:
+            # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
+            # relative g_{d_p} (widen = (1 + 2⁻⁴⁰)/(1 − g_{d_p})); ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖
+            high = (norms[i] + 3.0 * u * reach) * widen + 4.0 * unit * scale * g_high * up
+            out.append((i, d_p, high, norms[i]))
         repeat = None
         if self._zprev is not None:
             # |D̂_j − (z_t − z_{t−1})_j| ≤ 3u(|a|+s|g|)_t + 3u(|a|+s|g|)_{t−1} + u(|ẑ_t| + |ẑ_{t−1}|)
             # ≤ 5u·((|a|+s|g|)_t + (|a|+s|g|)_{t−1}) coordinatewise, so in norm ≤ 5u(R_t + R_{t−1});
             # and Z_t is z_t within 4u_p·s‖g‖ (above; z_{t−1}, the previous step's trace, is a
             # fixed vector given the past, which is all Anderson's inequality needs)
-            d = buf.shape[1]
             high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
-                / (1.0 - gram_widening(d)) + max(drift) * up
+                / (1.0 - lay.gamma) + 4.0 * lay.unit_max * scale * g_high * up
             repeat = (high, norms[-1])
         self._zprev = (cur, reach)
         return out, repeat
 
-    def _buffer(self, grads: list[Any]) -> tuple[Any, list[Any]]:
-        """The (2, d) float64 buffer of :meth:`_measure` and per-parameter views of its rows.
+    def _buffer(self, grads: list[Any]) -> _Layout:
+        """The float64 buffers of :meth:`_measure` and their views (:class:`_Layout`).
 
         Allocated at the first step and again only when the parameters with a noisy
-        gradient change (their number, shapes or dtypes). The copy into
-        it is exact (float64 holds every float16, bfloat16, float32 and float64 value).
+        gradient change (their number, shapes or dtypes); the previous step's ẑ is then
+        forgotten (the repeat test restarts). The copy into the buffer is exact (float64
+        holds every float16, bfloat16, float32 and float64 value).
         """
         key = tuple([(g.shape, g.dtype) for g in grads])
-        if self._buf is None or self._buf[0] != key:
+        if self._buf is None or self._buf.key != key:
             for g in grads:
                 if not (g.dtype.is_floating_point and g.dtype.itemsize <= 8):
                     raise InvalidArgumentError(
                         "witnesses", True, f"need real floating-point gradients of at most 64 "
                         f"bits for the noise witness, got {g.dtype}")
-            d = sum(g.numel() for g in grads)
-            buf = torch.empty((2, d), dtype=torch.float64, device=grads[0].device)
-            rows: list[list[Any]] = [[], []]
-            offset = 0
-            for g in grads:
-                for row, part in zip((0, 1), rows, strict=True):
-                    part.append(buf[row, offset:offset + g.numel()].view(g.shape))
-                offset += g.numel()
-            self._buf = (key, buf, rows[0] + rows[1])
-        return self._buf[1], self._buf[2]
+            self._buf = _Layout(key, grads[0].device)
+            self._zprev = None
+        return self._buf
 
     def _noise_cut(self, d: int, first: float | None = None) -> float:
         """A number ≥ every x with P(χ²_d ≤ x) ≤ α₁ (the level of step 1, the largest;
