@@ -15,10 +15,17 @@ the whole ``optimizer.step``:
 - ``check`` — the whole check stage (noise, clipped-sum bound, sampling tests,
   per-record counts: all at every step), ``sampling tests`` its binomial tests.
 
+With ``--ops``, the noise pass (``Witnesses._measure``) op by op instead: each torch
+call it makes (the fused copy, the subtractions, the fused norm, the stack, the Gram
+product) and its host syncs (``tolist``, ``item``, ``float``), timed in place through a
+timing proxy of the module's ``torch`` (the code timed is the tree's own), summed per
+step; ``Python`` is the rest of ``_measure``, and the rest of the check stage is printed
+beside it.
+
 Timers add about a microsecond each; the VM's load moves every number (run it
 twice). What the witnesses cost as a ratio: benchmarks/witness_cost.py.
 
-Run: python benchmarks/witness_profile.py [--steps 3000]
+Run: python benchmarks/witness_profile.py [--steps 3000] [--ops]
 """
 
 from __future__ import annotations
@@ -77,10 +84,101 @@ def profile(steps: int, check_every: bool) -> dict[str, float]:
     return out
 
 
+_TIMED_OPS = ("sub", "_foreach_norm", "stack", "mm")
+_SYNCS = ("tolist", "item", "__float__")
+
+
+def ops(steps: int) -> None:
+    """Print the noise pass op by op: median µs per step of each call, inside real steps."""
+    import torch
+
+    from privguard.integrations import _witnesses as module
+    from privguard.integrations.opacus import _ATTACHED
+
+    before = set(_ATTACHED)
+    step = dp_sgd_step("witnesses")
+    (optimizer,) = [o for o in _ATTACHED if o not in before]
+    witnesses = _ATTACHED[optimizer].witnesses
+    witnesses._coins = SimpleNamespace(random=lambda: 1.0)  # no per-sample recomputation
+    now: dict[str, int] = {}  # this step's ns per call name
+    inside = [False]
+
+    def timed(name, call):
+        def run(*args, **kwargs):
+            start = time.perf_counter_ns()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                if inside[0]:
+                    now[name] = now.get(name, 0) + time.perf_counter_ns() - start
+        return run
+
+    class TimedTorch:  # the module's torch, its noise-pass calls timed
+        def __getattr__(self, name):
+            attr = getattr(torch, name)
+            return timed(name, attr) if name in _TIMED_OPS else attr
+
+    module.torch = TimedTorch()
+    if module._FOREACH_COPY is not None:
+        module._FOREACH_COPY = timed("_foreach_copy_", module._FOREACH_COPY)
+    originals = {name: getattr(torch.Tensor, name) for name in _SYNCS}
+    for name, method in originals.items():
+        setattr(torch.Tensor, name, timed(name, method))
+    measure, check = witnesses._measure, witnesses.check
+
+    def measured(scale):
+        inside[0] = True
+        start = time.perf_counter_ns()
+        try:
+            return measure(scale)
+        finally:
+            now["_measure"] = time.perf_counter_ns() - start
+            inside[0] = False
+
+    def checked(mechanism):
+        start = time.perf_counter_ns()
+        try:
+            return check(mechanism)
+        finally:
+            now["check"] = time.perf_counter_ns() - start
+
+    witnesses._measure, witnesses.check = measured, checked
+    per_step: list[dict[str, int]] = []
+    try:
+        for i in range(50 + steps):
+            now.clear()
+            step()
+            if i >= 50:
+                per_step.append(dict(now))
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+        module.torch = torch
+    names = sorted({k for s in per_step for k in s} - {"_measure", "check"})
+
+    def med(key):
+        return statistics.median(s.get(key, 0) for s in per_step) / 1e3
+
+    python = statistics.median(s["_measure"] - sum(s.get(k, 0) for k in names)
+                               for s in per_step) / 1e3
+    print(f"{steps} steps, the noise pass (Witnesses._measure) op by op, median µs per step "
+          "(one thread, wall clock, in place):")
+    for name in names:
+        print(f"  {name:20s} {med(name):8.1f}")
+    print(f"  {'Python':20s} {python:8.1f}")
+    print(f"  {'_measure (all)':20s} {med('_measure'):8.1f}")
+    print(f"  check stage (all)    {med('check'):8.1f}   (the rest: the tests' host arithmetic, "
+          "the sampling tests, the per-record counts)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--ops", action="store_true", help="the noise pass op by op")
     args = parser.parse_args()
+    if args.ops:
+        ops(args.steps)
+        return
     never = profile(args.steps, check_every=False)
     every = profile(args.steps, check_every=True)
     print(f"{args.steps} steps, median µs per step (one thread, wall clock):")

@@ -66,8 +66,9 @@ from its shard of n records (integrations/_shard.py; the ties with the truncated
 law's tie probability, the running count at α_t·(1 − p₀)^m, each rank at α/W);
 the per-record counts are off under DDP.
 
-Cost: the noise norms from the Gram matrix of a float64 buffer allocated once
-(one copy, one product, one host sync); the
+Cost: the noise norms from the Gram matrix of a float64 buffer allocated once and,
+in the same pass, the per-parameter and repeat norms of ẑ = a − s·g (one copy, two
+subtractions, one fused norm, one product, all read back in one host sync: task t28); the
 exact χ² and binomial tails are evaluated only where they can alarm (cached
 cut, median side, the anchors of :meth:`Witnesses._covered`, the safe tie
 count), with the same decisions as evaluating them every step
