@@ -257,7 +257,8 @@ class _Layout:
     ``buf`` (2, d): a = summed_grad and g = grad, copied exactly (``targets``: a's views per
     parameter, then g's); ``z`` (2, d): ẑ = a − s·g of this step and of the previous one,
     alternately (``z_parts[r]``: row r's views per parameter; ``z_parts_diff[r]`` the same
-    and the other row, which then holds the difference); ``out``: the Gram matrix (``gram``,
+    and a's row, which then holds their difference: the previous ẑ's row is never written
+    in the step, review ry); ``out``: the Gram matrix (``gram``,
     its first 4 entries) and the norms (``part_norms``: per parameter; ``part_norms_diff``:
     and the difference), read back in one ``tolist``. ``nonempty``: (position, d_p, u_p,
     (1 + 2⁻⁴⁰)/(1 − g_{d_p})) per non-empty parameter; ``unit_max`` the largest u_p;
@@ -281,7 +282,7 @@ class _Layout:
         self.z = torch.empty((2, d), dtype=torch.float64, device=device)
         self.z_rows = (self.z[0], self.z[1])
         self.z_parts = [list(torch.split(self.z_rows[r], sizes)) for r in (0, 1)]
-        self.z_parts_diff = [self.z_parts[r] + [self.z_rows[1 - r]] for r in (0, 1)]
+        self.z_parts_diff = [self.z_parts[r] + [self.a] for r in (0, 1)]
         count = len(sizes)
         self.out = torch.empty(4 + count + 1, dtype=torch.float64, device=device)
         self.gram = self.out[:4].view(2, 2)
@@ -670,19 +671,23 @@ class Witnesses:
             return None
         cur = -1
         if "noise" in self.active:
-            # rows 0 and 1 of lay.z hold ẑ of this step and of the previous one, alternately;
-            # the previous one is overwritten by their difference (elementwise, in place)
+            # rows 0 and 1 of lay.z hold ẑ of this step and of the previous one, alternately
             cur = 0 if self._zprev is None else 1 - self._zprev[0]
             torch.sub(lay.a, lay.g, alpha=scale, out=lay.z_rows[cur])  # ẑ = a − s·g, float64
+        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64, beside the
+        # norms below in one float64 vector: the one sync
+        torch.mm(lay.buf, lay.buf_t, out=lay.gram)
+        if cur >= 0:
             if self._zprev is None:
                 tensors, out = lay.z_parts[cur], lay.part_norms
             else:
-                torch.sub(lay.z_rows[cur], lay.z_rows[1 - cur], out=lay.z_rows[1 - cur])
+                # ẑ_t − ẑ_{t−1} into a's row, read by the two kernels above first (stream
+                # order), not over ẑ_{t−1}: a check stopped before _noise_parts commits ẑ_t
+                # (an interrupt at the sync below) left that row holding the difference, and
+                # the next step's repeat test compared with it, not ẑ_{t−1} (review ry)
+                torch.sub(lay.z_rows[cur], lay.z_rows[1 - cur], out=lay.a)
                 tensors, out = lay.z_parts_diff[cur], lay.part_norms_diff
             torch.stack(torch._foreach_norm(tensors, 2), out=out)
-        # The Gram matrix of the rows (a = summed_grad, g = grad), in float64, beside the
-        # norms above in one float64 vector: the one sync
-        torch.mm(lay.buf, lay.buf_t, out=lay.gram)
         values = lay.out.tolist()
         aa, ag, _, gg = values[:4]
         self._synced = (cur, values[4:]) if cur >= 0 else None

@@ -921,14 +921,9 @@ def test_a_refusal_carries_no_data_in_its_traceback(bug):
                    _privguard_frame_locals(again.value) for v in values.values())
 
 
-def test_noise_repeated_at_every_step_is_caught_at_the_second_step():
-    """Review rt: the global RNG reseeded before every step (a reproducibility habit) makes
-    Opacus draw the same noise Z at each step; each step's noise has the charged law, but
-    two consecutive updates' difference releases the difference of the clipped sums with
-    no noise (ε unbounded). ‖Z_t − Z_{t−1}‖ is tested against the lower tail of χ²_d
-    (Anderson: a Gaussian ball off its centre is less likely), so it is refused at step 2."""
-    model, opt, loader, crit = pipeline()
-    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+def reseeded(model, opt, loader, crit):
+    """One step a call, the global RNG reseeded just before ``opt.step()`` (the bug: Opacus
+    then draws the same noise at every step)."""
     batches = iter(loader)
 
     def reseeded_step():
@@ -937,6 +932,18 @@ def test_noise_repeated_at_every_step_is_caught_at_the_second_step():
         crit(model(x), y).backward()
         torch.manual_seed(1234)  # the bug: the noise generator restarts at every step
         opt.step()
+    return reseeded_step
+
+
+def test_noise_repeated_at_every_step_is_caught_at_the_second_step():
+    """Review rt: the global RNG reseeded before every step (a reproducibility habit) makes
+    Opacus draw the same noise Z at each step; each step's noise has the charged law, but
+    two consecutive updates' difference releases the difference of the clipped sums with
+    no noise (ε unbounded). ‖Z_t − Z_{t−1}‖ is tested against the lower tail of χ²_d
+    (Anderson: a Gaussian ball off its centre is less likely), so it is refused at step 2."""
+    model, opt, loader, crit = pipeline()
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+    reseeded_step = reseeded(model, opt, loader, crit)
     exc = _refusal(handle, model, opt, loader, crit, steps=5, one_step=reseeded_step)
     assert exc.witness == "noise" and exc.step == 2 and handle.steps_charged == 1
     assert "previous step" in str(exc)
