@@ -5,10 +5,12 @@ Part 1 times ``ledger.charge(step)`` per call (medians of ``--calls`` calls, the
 variants in alternating blocks, one ledger each, after a long streak so that no call
 commits): in memory (the repeat lane), a leased step of a SQLite file as shipped, and,
 as a diagnosis only, the same leased step with the per-step check of the file
-(``SQLiteStore.check_lease``: one ``os.stat`` of the path, whose size and times also
-tell whether the file changed, plus, in rollback-journal mode only, one ``pread`` of the
-header's change counter; before y26 the ``pread`` ran in WAL mode too) replaced by the
-check before y26, by one of its two system calls or by nothing. The two system calls
+(``SQLiteStore.check_lease``: one ``os.fstat`` of the open file, whose link count
+tells whether it still has a name and whose size and times tell whether it changed,
+plus, in rollback-journal mode only, one ``pread`` of the header's change counter;
+before t26 an ``os.stat`` of the path, before y26 with the ``pread`` in WAL mode too)
+replaced by the check before t26, the one before y26, by one of its two system calls or
+by nothing. The two system calls
 are also timed alone. The check is what keeps a leased step fail-closed (README "On disk":
 a file replaced, deleted or changed under an open ledger is detected at every step);
 the variants without it exist here to measure it, never in the library.
@@ -49,8 +51,17 @@ STEP = M.SubsampledGaussian(noise_multiplier=1.0, sample_rate=128 / 8192)  # the
 LABEL = "step"
 
 
-HOW = ("as shipped", "before y26: os.stat + pread", "check = os.stat only", "check = pread only",
-       "no check")
+HOW = ("as shipped", "before t26: os.stat(path)", "before y26: os.stat + pread",
+       "check = os.stat only", "check = pread only", "no check")
+
+
+def _check_before_t26(st) -> bool:
+    """The per-step check as shipped before t26: ``os.stat`` of the path (identity and
+    the change test) instead of ``os.fstat`` of the open descriptor (diagnosis only)."""
+    s = st._check_identity()
+    if st._seen is None or (s.st_size, s.st_mtime_ns, s.st_ctime_ns) != st._seen_stat:
+        return False
+    return st._wal or st._change_counter() == st._seen
 
 
 def _diagnose(ledger: Ledger, how: str) -> None:
@@ -58,6 +69,7 @@ def _diagnose(ledger: Ledger, how: str) -> None:
     st = ledger._store
     ledger._check_lease = {
         "as shipped": st.check_lease,
+        "before t26: os.stat(path)": lambda: _check_before_t26(st),
         "before y26: os.stat + pread": lambda: (
             st._check_identity(), st._seen is not None and st._change_counter() == st._seen)[1],
         "check = os.stat only": lambda: (st._check_identity(), True)[1],
@@ -86,6 +98,7 @@ def part1(calls: int, rounds: int, tmp: str) -> None:
     fd = os.open(st.path, os.O_RDONLY)
     sys_stat = ao.median_call(lambda: os.stat(st.path), calls)
     sys_pread = ao.median_call(lambda: os.pread(fd, 4, 24), calls)
+    sys_fstat = ao.median_call(lambda: os.fstat(fd), calls)
     os.close(fd)
     base = statistics.median(med["in memory (repeat lane)"])
     print(f"Part 1: ledger.charge(step) per call, medians of {rounds}x10 alternating blocks "
@@ -96,6 +109,7 @@ def part1(calls: int, rounds: int, tmp: str) -> None:
         print(f"| {v} | {t * 1e6:.2f} µs | {(t - base) * 1e6:+.2f} µs |")
     print(f"| os.stat(path) alone | {sys_stat * 1e6:.2f} µs | |")
     print(f"| os.pread(fd, 4, 24) alone | {sys_pread * 1e6:.2f} µs | |")
+    print(f"| os.fstat(fd) alone | {sys_fstat * 1e6:.2f} µs | |")
     for ledger in files.values():
         ledger.close()
 
