@@ -87,3 +87,17 @@ def test_a_journal_is_written_bit_for_bit_as_before(tmp_path, monkeypatch, key):
     after = _journal(tmp_path / "after.db", monkeypatch, fast=True)
     assert len(before[3]) >= 3  # checkpoints were written (their MACs too)
     assert before == after
+
+
+def test_the_run_digest_memo_answers_only_what_the_function_would(tmp_path):
+    # Equal inputs whose texts differ (0.0 and -0.0; an int count against a float) are
+    # computed, never answered from the memo.
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "m.db")
+    store = ledger._store
+    args = ("p" * 64, 3, "m" * 64, "train", 7, 5)
+    for first, last in [(0.0, -0.0), (-0.0, 0.0), (1.5, 2.5), (1.5, 2.5)]:
+        got = store._run_digest(*args, first, last)
+        text = (f"entry\x1e{args[0]}\x1e3\x1erun\x1e{args[2]}\x1e\"train\"\x1e7\x1e5"
+                f"\x1e{first!r}\x1e{last!r}")
+        assert got == store.integrity.digest_text(text)
+    ledger.close()

@@ -138,3 +138,30 @@ def test_postgres_an_edited_last_row_is_refused_at_the_next_charge(pg):
         ledger.charge(STEP, label="train")
     assert srv.admin(query, db=db) == edited
     ledger.close()
+
+
+def test_a_checkpoint_at_the_head_is_resumed_and_its_last_row_checked(tmp_path, monkeypatch):
+    # Opening resumes from the newest checkpoint; when it is at the head no row is
+    # replayed, and the last row is still read back: untouched, the ledger opens and
+    # charges; edited while closed (the head left alone), the open refuses.
+    from privguard._stores import _sqlite
+
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
+    path = tmp_path / "c.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for label in ("a", "b", "a"):  # fix + 3 runs: 4 rows, a checkpoint at the head
+        ledger.charge(STEP, label=label)
+    ledger.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT max(entries) FROM checkpoints").fetchone() == (4,)
+    assert conn.execute("SELECT entries FROM head").fetchone() == (4,)
+    conn.close()
+    ledger = Ledger.open(path, lease=1)
+    assert ledger._store._cursor.entries == 4
+    ledger.close()
+    conn = sqlite3.connect(path)
+    conn.execute(EDITS[0])
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerStateError, match="changed after this ledger"):
+        Ledger.open(path, lease=1)

@@ -420,12 +420,32 @@ class SQLiteStore:
         return self.integrity.digest_text(
             "\x1e".join(["entry", prev, str(idx), kind, *map(_atom, fields)]))
 
+    #: The last run digest computed, with its inputs (a commit's row, read back and checked
+    #: by the next transaction: _rows.check_last_row).
+    _run_memo: tuple[tuple[Any, ...], str] | None = None
+
     def _run_digest(self, prev: str, idx: int, md: str, label: str | None, pid: int,
                     count: int, first: float, last: float) -> str:
-        """:meth:`_entry_digest` of a run row (the replay's hot path calls it directly)."""
-        return self.integrity.digest_text(
+        """:meth:`_entry_digest` of a run row (the replay's hot path calls it directly).
+
+        Its last input and output are remembered: the next transaction checks the row a
+        commit wrote (``check_last_row``) and asks for the same digest. A pure function of
+        its inputs; the memo answers only for exact types (ints, nonzero floats, a str or
+        None label), for which equal inputs write the same text (0.0 == -0.0, whose reprs
+        differ; a NaN equals nothing)."""
+        key = (prev, idx, md, label, pid, count, first, last)
+        exact = (type(pid) is int and type(count) is int and type(idx) is int
+                 and type(first) is float and type(last) is float
+                 and first != 0.0 and last != 0.0)
+        memo = self._run_memo
+        if exact and memo is not None and memo[0] == key:
+            return memo[1]
+        digest = self.integrity.digest_text(
             f"entry\x1e{prev}\x1e{idx}\x1erun\x1e{md}\x1e{_atom(label)}\x1e{pid:d}"
             f"\x1e{count:d}\x1e{float(first)!r}\x1e{float(last)!r}")
+        if exact:
+            self._run_memo = (key, digest)
+        return digest
 
     def _run_fields(self, run: Run, mech_digest: str) -> list[Any]:
         return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
