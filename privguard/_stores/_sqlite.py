@@ -436,7 +436,8 @@ class SQLiteStore:
         key = (prev, idx, md, label, pid, count, first, last)
         exact = (type(pid) is int and type(count) is int and type(idx) is int
                  and type(first) is float and type(last) is float
-                 and first != 0.0 and last != 0.0)
+                 and first != 0.0 and last != 0.0 and type(prev) is str and type(md) is str
+                 and (label is None or type(label) is str))
         memo = self._run_memo
         if exact and memo is not None and memo[0] == key:
             return memo[1]
