@@ -72,3 +72,38 @@ def test_a_step_past_the_paths_change_is_spent_in_the_file_and_the_next_commit_r
         ledger.charge(STEP)
     ledger.close()
     assert released <= _journaled(kept)
+
+
+@pytest.mark.parametrize("then", ["nothing", "another ledger put at the old path"])
+def test_a_parent_directory_renamed_hands_out_at_most_the_lease_then_refuses(tmp_path, then):
+    # Review rq: a change above the file (its directory renamed; a bind mount over the path
+    # behaves alike) moves neither the file's link count nor its ctime, so the fstat sees
+    # nothing; before t26 the step's stat of the path refused at once. Promise (theory §13,
+    # "The leased step's check", (iii)): the steps handed out past the change are at most
+    # what the lease had left, each journaled as spent in the file opened, and the next
+    # transaction (the path's stat) refuses.
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "f.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for _ in range(40):
+        ledger.charge(STEP)
+    assert ledger._lease is not None
+    left = ledger._lease.left
+    os.rename(run, tmp_path / "moved")
+    if then != "nothing":
+        run.mkdir()
+        Ledger(3.0, 1e-5, path=path).close()
+    kept = tmp_path / "moved" / "f.db"
+    released = 40
+    with pytest.raises(LedgerStateError, match=r"replaced|gone"):
+        for _ in range(10_000):
+            ledger.charge(STEP)
+            released += 1
+    assert released - 40 <= left  # at most the lease already committed
+    assert released <= _journaled(kept)  # every step spent in the file opened
+    with pytest.raises(LedgerStateError):
+        ledger.charge(STEP)
+    ledger.close()
+    if then != "nothing":
+        assert _journaled(path) == 0  # nothing of this ledger's in the file now at the path
