@@ -5,10 +5,12 @@ Part 1 times ``ledger.charge(step)`` per call (medians of ``--calls`` calls, the
 variants in alternating blocks, one ledger each, after a long streak so that no call
 commits): in memory (the repeat lane), a leased step of a SQLite file as shipped, and,
 as a diagnosis only, the same leased step with the per-step check of the file
-(``SQLiteStore.check_lease``: one ``os.stat`` of the path, whose size and times also
-tell whether the file changed, plus, in rollback-journal mode only, one ``pread`` of the
-header's change counter; before y26 the ``pread`` ran in WAL mode too) replaced by the
-check before y26, by one of its two system calls or by nothing. The two system calls
+(``SQLiteStore.check_lease``: one ``os.fstat`` of the open file, whose link count
+tells whether it still has a name and whose size and times tell whether it changed,
+plus, in rollback-journal mode only, one ``pread`` of the header's change counter;
+before t26 an ``os.stat`` of the path, before y26 with the ``pread`` in WAL mode too)
+replaced by the check before t26, the one before y26, by one of its two system calls or
+by nothing. The two system calls
 are also timed alone. The check is what keeps a leased step fail-closed (README "On disk":
 a file replaced, deleted or changed under an open ledger is detected at every step);
 the variants without it exist here to measure it, never in the library.
@@ -26,8 +28,12 @@ and the same three diagnoses. Inside a step the hook runs with cold caches (afte
 backward pass), where a system call costs several times what it costs in part 1's tight
 loop: this is the measure of what the per-step check adds to a step.
 
+Part 4 (t26) times a commit's own work: every charge commits (``lease=1``),
+``synchronous=OFF``, as shipped, without the read-back of the journal's last row, and
+with the code before t26 rebuilt for the measurement (``part4``'s docstring).
+
 Run: python benchmarks/lease_step_profile.py [--calls 20000] [--steps 600] [--rounds 3]
-     [--hook-steps 400]
+     [--hook-steps 400] [--commits 200] [--only 1|2|3|4]
 """
 
 from __future__ import annotations
@@ -49,8 +55,17 @@ STEP = M.SubsampledGaussian(noise_multiplier=1.0, sample_rate=128 / 8192)  # the
 LABEL = "step"
 
 
-HOW = ("as shipped", "before y26: os.stat + pread", "check = os.stat only", "check = pread only",
-       "no check")
+HOW = ("as shipped", "before t26: os.stat(path)", "before y26: os.stat + pread",
+       "check = os.stat only", "check = pread only", "no check")
+
+
+def _check_before_t26(st) -> bool:
+    """The per-step check as shipped before t26: ``os.stat`` of the path (identity and
+    the change test) instead of ``os.fstat`` of the open descriptor (diagnosis only)."""
+    s = st._check_identity()
+    if st._seen is None or (s.st_size, s.st_mtime_ns, s.st_ctime_ns) != st._seen_stat:
+        return False
+    return st._wal or st._change_counter() == st._seen
 
 
 def _diagnose(ledger: Ledger, how: str) -> None:
@@ -58,6 +73,7 @@ def _diagnose(ledger: Ledger, how: str) -> None:
     st = ledger._store
     ledger._check_lease = {
         "as shipped": st.check_lease,
+        "before t26: os.stat(path)": lambda: _check_before_t26(st),
         "before y26: os.stat + pread": lambda: (
             st._check_identity(), st._seen is not None and st._change_counter() == st._seen)[1],
         "check = os.stat only": lambda: (st._check_identity(), True)[1],
@@ -86,6 +102,7 @@ def part1(calls: int, rounds: int, tmp: str) -> None:
     fd = os.open(st.path, os.O_RDONLY)
     sys_stat = ao.median_call(lambda: os.stat(st.path), calls)
     sys_pread = ao.median_call(lambda: os.pread(fd, 4, 24), calls)
+    sys_fstat = ao.median_call(lambda: os.fstat(fd), calls)
     os.close(fd)
     base = statistics.median(med["in memory (repeat lane)"])
     print(f"Part 1: ledger.charge(step) per call, medians of {rounds}x10 alternating blocks "
@@ -96,6 +113,7 @@ def part1(calls: int, rounds: int, tmp: str) -> None:
         print(f"| {v} | {t * 1e6:.2f} µs | {(t - base) * 1e6:+.2f} µs |")
     print(f"| os.stat(path) alone | {sys_stat * 1e6:.2f} µs | |")
     print(f"| os.pread(fd, 4, 24) alone | {sys_pread * 1e6:.2f} µs | |")
+    print(f"| os.fstat(fd) alone | {sys_fstat * 1e6:.2f} µs | |")
     for ledger in files.values():
         ledger.close()
 
@@ -151,18 +169,81 @@ def part3(steps: int, rounds: int, tmp: str) -> None:
               f"{', '.join(f'{x * 1e6:.0f}' for x in ts)} |")
 
 
+def part4(commits: int, rounds: int, tmp: str) -> None:
+    """A commit's own work (t26): every charge commits (``lease=1``), ``synchronous=OFF``
+    (no fsync: a diagnosis only), in alternating blocks of ``commits`` charges: as shipped;
+    as shipped without the read-back of the journal's last row (review rl); and the code
+    before t26 (every digest through ``json.dumps``, no memo of the last head MAC or run
+    digest, no read-back), rebuilt here by replacing those functions (never in the
+    library)."""
+    from privguard._stores import _integrity, _rows, _sqlite
+
+    shipped = (_integrity._canonical_flat, _sqlite.SQLiteStore._head_mac,
+               _sqlite.SQLiteStore._run_digest, _rows.check_last_row)
+
+    def before_mac(self, c):  # the head MAC before t26: json.dumps each time
+        return self.integrity.digest("head", self.file_id, *c.as_tuple())
+
+    def before_run(self, prev, idx, md, label, pid, count, first, last):
+        return self.integrity.digest_text(
+            f"entry\x1e{prev}\x1e{idx}\x1erun\x1e{md}\x1e{_sqlite._atom(label)}\x1e{pid:d}"
+            f"\x1e{count:d}\x1e{float(first)!r}\x1e{float(last)!r}")
+
+    variants = {
+        "as shipped": shipped,
+        "as shipped, without the last-row read-back": (*shipped[:3], lambda *a: None),
+        "before t26 (diagnosis)": (lambda parts: None, before_mac, before_run,
+                                   lambda *a: None)}
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    try:
+        for r in range(rounds):
+            for v, fns in variants.items():
+                (_integrity._canonical_flat, _sqlite.SQLiteStore._head_mac,
+                 _sqlite.SQLiteStore._run_digest, _rows.check_last_row) = fns
+                ledger = Ledger(delta=1e-5, path=os.path.join(tmp, f"p4_{r}_{len(wall[v])}"
+                                                              f"{v[:6]}.db"), lease=1)
+                ledger._store._connect().execute("PRAGMA synchronous = OFF")
+                for _ in range(20):
+                    ledger.charge(STEP, label=LABEL)
+                times = []
+                c0 = time.process_time_ns()
+                for _ in range(commits):
+                    t0 = time.perf_counter_ns()
+                    ledger.charge(STEP, label=LABEL)
+                    times.append(time.perf_counter_ns() - t0)
+                cpu[v].append((time.process_time_ns() - c0) / commits / 1e3)
+                wall[v].append(statistics.median(times) / 1e3)
+                ledger.close()
+    finally:
+        (_integrity._canonical_flat, _sqlite.SQLiteStore._head_mac,
+         _sqlite.SQLiteStore._run_digest, _rows.check_last_row) = shipped
+    print(f"\nPart 4: a commit (lease=1: every charge commits; synchronous=OFF), "
+          f"{rounds} rounds of {commits} charges alternating, medians")
+    print("| variant | charge (wall, median) | CPU per charge |\n|---|---|---|")
+    for v in variants:
+        print(f"| {v} | {statistics.median(wall[v]):.1f} µs | "
+              f"{statistics.median(cpu[v]):.1f} µs |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hook-steps", type=int, default=400)
+    parser.add_argument("--commits", type=int, default=200)
+    parser.add_argument("--only", choices=["1", "2", "3", "4"], default=None)
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
-        part1(args.calls, args.rounds, tmp)
-        part2(args.steps, args.rounds, tmp)
-        part3(args.hook_steps, args.rounds, tmp)
+        parts = {"1": lambda: part1(args.calls, args.rounds, tmp),
+                 "2": lambda: part2(args.steps, args.rounds, tmp),
+                 "3": lambda: part3(args.hook_steps, args.rounds, tmp),
+                 "4": lambda: part4(args.commits, 3 * args.rounds, tmp)}
+        for key, part in parts.items():
+            if args.only in (None, key):
+                part()
     print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
 
 

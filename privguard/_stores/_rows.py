@@ -212,6 +212,8 @@ def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
     mine = store._cursor
     assert mine is not None
     if head.as_tuple() == mine.as_tuple():
+        if mine.entries:  # nothing appended: the last row is still the one this ledger saw
+            check_last_row(store, conn, rows_from(mine.entries - 1), mine)
         return
     if head.entries < mine.entries or (head.entries == mine.entries
                                        and head.last_count < mine.last_count):
@@ -236,6 +238,39 @@ def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
     if mine.as_tuple() != head.as_tuple():
         raise LedgerStateError(f"{store.path}: the journal does not replay to its head "
                                f"({mine.entries} rows replayed, the head says {head.entries})")
+
+
+def check_last_row(store: Any, conn: Any, rows: list[tuple], c: Cursor) -> None:
+    """Fail closed unless ``rows`` (the journal from its last row on, as the head counts
+    it) is exactly that last row, as this ledger last replayed or wrote it (review rl).
+
+    The head names the last row's digest, not its fields: an edit of that row which
+    leaves the head alone would otherwise go unseen by an open ledger, whose next charge
+    extends the run (a store rewrites the last row's count, last time and digest) and so
+    erases the edit's evidence. The row's fields are hashed again from the digest before
+    it (``c.prev``) and must give ``c.digest``, and its stored digest must be
+    ``c.digest``; its fields must have the types a store writes (so a count of 5.0 for 5
+    shows too). One indexed row read and one digest per transaction.
+    """
+    where = f"{store.path}: journal row {c.entries - 1}"
+    if len(rows) != 1 or rows[0][0] != c.entries - 1:
+        raise LedgerStateError(f"{where}, the last one this ledger saw, is missing or is "
+                               "followed by rows the journal head does not count (edited)")
+    idx, kind, mech_id, label, pid, count, first, last, body, digest = rows[0]
+    computed = None
+    if kind == "run":
+        if (type(count) is int and type(pid) is int and type(first) is float
+                and type(last) is float and (label is None or type(label) is str)):
+            mech_digest = store._mechanism(conn, mech_id, where)[1]
+            if count == c.last_count:
+                computed = store._run_digest(c.prev, idx, mech_digest, label, pid, count,
+                                             first, last)
+    elif kind in ("fix", "event") and type(body) is str and c.last_count == 0:
+        computed = store._entry_digest(c.prev, idx, kind, [body])
+    if computed is None or computed != c.digest or digest != c.digest:
+        raise LedgerStateError(f"{where} changed after this ledger last read or wrote it "
+                               "(edited in place, the journal head left alone); refusing "
+                               "every charge: `privguard verify` shows the edit")
 
 
 def replay_row(store: Any, conn: Any, acc: Accounting, row: tuple, c: Cursor) -> None:

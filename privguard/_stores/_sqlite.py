@@ -316,13 +316,14 @@ class SQLiteStore:
         return None if st is None else (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def check_lease(self) -> bool:
-        """The check before a step is handed out from a lease (no transaction): the path
-        still names the file opened (one ``os.stat``; LedgerStateError if replaced or
-        deleted), and whether the file is unchanged since this store's last transaction.
-        False: another writer, a checkpoint or an in-place rollback changed it; the caller
-        syncs (which verifies the journal).
+        """The check before a step is handed out from a lease (no transaction): the file
+        opened still has a name (one ``os.fstat`` of the open descriptor: LedgerStateError
+        once its link count is 0, i.e. deleted, or replaced by a rename over the path),
+        and whether it is unchanged since this store's last transaction. False: another
+        writer, a checkpoint or an in-place rollback changed it; the caller syncs (which
+        verifies the journal).
 
-        "Unchanged": the size, mtime and ctime of that same ``stat`` (free: any write to
+        "Unchanged": the size, mtime and ctime of that same ``fstat`` (free: any write to
         the main file, ``cp backup.db budget.db`` included, sets its ctime, which
         ``touch`` or ``utime`` cannot set back; a write within the same
         filesystem-timestamp tick as the last change before this store's last
@@ -331,8 +332,31 @@ class SQLiteStore:
         WAL mode commits do not move that counter (they append to the ``-wal``) and the
         main file changes at checkpoints, which move the stat's times: the ``pread``
         (about 1 µs in a loop, about 20 µs inside a training step, with cold caches) is
-        left out there (docs/performance.md, "Where a leased step's time goes")."""
-        st = self._check_identity()
+        left out there (docs/performance.md, "Where a leased step's time goes").
+
+        Why ``fstat`` of the descriptor and not ``stat`` of the path (docs/theory.md §13,
+        "The leased step's check"): for the file opened both give the same size and
+        times; they differ only once the path no longer names it. With no other name
+        left (deleted, or renamed over) its link count is 0 and the step is refused here.
+        With another name kept (a hard link, ``mv budget.db elsewhere.db``) the file
+        still holds every charge this ledger journaled, its whole lease included, so the
+        steps handed out are all spent there; the next transaction's ``os.stat`` of the
+        path (:meth:`_check_identity`, at every lease commit) refuses then. A path lookup
+        is left out of every leased step."""
+        fd = self._lock_fd
+        if fd is None:  # not open (a ledger never asks then): the path's stat, as before
+            st = self._check_identity()
+        else:
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                raise LedgerStateError(f"{self.path}: the ledger file cannot be checked "
+                                       f"({exc}); its charges can no longer be "
+                                       "verified") from exc
+            if st.st_nlink == 0:
+                raise LedgerStateError(f"{self.path}: the ledger file was deleted or replaced "
+                                       "while this ledger was open; its charges can no "
+                                       "longer be verified: reopen the ledger")
         if self._seen is None or (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != self._seen_stat:
             return False
         return self._wal or self._change_counter() == self._seen
@@ -396,18 +420,55 @@ class SQLiteStore:
         return self.integrity.digest_text(
             "\x1e".join(["entry", prev, str(idx), kind, *map(_atom, fields)]))
 
+    #: The last run digest computed, with its inputs (a commit's row, read back and checked
+    #: by the next transaction: _rows.check_last_row).
+    _run_memo: tuple[tuple[Any, ...], str] | None = None
+
     def _run_digest(self, prev: str, idx: int, md: str, label: str | None, pid: int,
                     count: int, first: float, last: float) -> str:
-        """:meth:`_entry_digest` of a run row (the replay's hot path calls it directly)."""
-        return self.integrity.digest_text(
+        """:meth:`_entry_digest` of a run row (the replay's hot path calls it directly).
+
+        Its last input and output are remembered: the next transaction checks the row a
+        commit wrote (``check_last_row``) and asks for the same digest. A pure function of
+        its inputs; the memo answers only for exact types (ints, nonzero floats, a str or
+        None label), for which equal inputs write the same text (0.0 == -0.0, whose reprs
+        differ; a NaN equals nothing)."""
+        key = (prev, idx, md, label, pid, count, first, last)
+        exact = (type(pid) is int and type(count) is int and type(idx) is int
+                 and type(first) is float and type(last) is float
+                 and first != 0.0 and last != 0.0 and type(prev) is str and type(md) is str
+                 and (label is None or type(label) is str))
+        memo = self._run_memo
+        if exact and memo is not None and memo[0] == key:
+            return memo[1]
+        digest = self.integrity.digest_text(
             f"entry\x1e{prev}\x1e{idx}\x1erun\x1e{md}\x1e{_atom(label)}\x1e{pid:d}"
             f"\x1e{count:d}\x1e{float(first)!r}\x1e{float(last)!r}")
+        if exact:
+            self._run_memo = (key, digest)
+        return digest
 
     def _run_fields(self, run: Run, mech_digest: str) -> list[Any]:
         return [mech_digest, run.label, run.pid, run.count, run.first_time, run.last_time]
 
+    #: The last head MAC computed, with what it was computed over (file_id, cursor tuple).
+    _mac_memo: tuple[tuple[Any, ...], str] | None = None
+
     def _head_mac(self, c: _Cursor) -> str:
-        return self.integrity.digest("head", self.file_id, *c.as_tuple())
+        # A pure function of (file_id, entries, last_count, digest, prev), remembered for
+        # its last input: a commit computes the MAC of the head it writes, and the next
+        # transaction's check of the head it reads back (_rows.checked_head, which has
+        # checked the types: ints and strs) asks for the same one. Same MAC, one HMAC less.
+        # Exact ints only (True == 1, but JSON writes them apart).
+        key = (self.file_id, *c.as_tuple())
+        memo = self._mac_memo
+        if memo is not None and memo[0] == key and type(c.entries) is int \
+                and type(c.last_count) is int:
+            return memo[1]
+        mac = self.integrity.digest("head", *key)
+        if type(c.entries) is int and type(c.last_count) is int:
+            self._mac_memo = (key, mac)
+        return mac
 
     def _checkpoint_mac(self, c: _Cursor, snapshot: str) -> str:
         return self.integrity.digest("checkpoint", self.file_id, *c.as_tuple(), snapshot)
