@@ -107,3 +107,16 @@ def test_postgres_ledger_refuses_a_nul_label_and_stays_usable(pg):
     ledger.charge(SG, label="ok")  # before the fix: LedgerStateError, "reopen the ledger"
     assert [r.label for r in Ledger.open(ledger.path).history] == ["ok"]
 
+
+
+def test_a_step_with_an_almost_zero_curve_fixes_the_plan_without_a_numpy_warning():
+    # Concentrated's choice of order divided the budget by the plan's curve (~1e-300):
+    # "RuntimeWarning: overflow encountered in divide", an exception under -W error
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in (M.PureDP(1e-300), M.Laplace(1e308)):
+            ledger = Ledger(1e6, 1e-5)
+            ledger.charge(step)
+            assert len(ledger.history) == 1 and ledger.budget() is not None
