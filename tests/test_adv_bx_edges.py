@@ -19,6 +19,7 @@ from privguard import (
 )
 from privguard import mechanisms as M
 from privguard._validation import MAX_STEPS
+from privguard.tuning import TruncatedNegativeBinomial
 
 SG = M.SubsampledGaussian(1.1, 0.01)
 
@@ -120,3 +121,25 @@ def test_a_step_with_an_almost_zero_curve_fixes_the_plan_without_a_numpy_warning
             ledger = Ledger(1e6, 1e-5)
             ledger.charge(step)
             assert len(ledger.history) == 1 and ledger.budget() is not None
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: TruncatedNegativeBinomial(1e6, gamma=0.5), "gamma"),      # γ^(−η) overflows
+    (lambda: TruncatedNegativeBinomial(3.0, gamma=1e-103), "gamma"),   # P[K=1] below the floats
+    (lambda: TruncatedNegativeBinomial(5000.0, mean=1e5), "mean"),
+])
+def test_a_runs_distribution_that_cannot_be_sampled_is_refused_before_any_charge(make, name):
+    # It was accepted and charged by a tuner; the first draw then raised OverflowError
+    # inside the run: TuningAborted, the whole bound spent, no candidate run.
+    with pytest.raises(InvalidArgumentError) as info:
+        make()
+    assert info.value.argument == name and "sampled" in str(info.value)
+
+
+def test_the_largest_accepted_runs_distributions_sample():
+    rng = np.random.default_rng(0)
+    for runs in (TruncatedNegativeBinomial(1023.0, gamma=0.5),
+                 TruncatedNegativeBinomial(3.0, gamma=1e-102)):
+        assert runs.pmf(1) > 0
+    k = TruncatedNegativeBinomial(1023.0, gamma=0.5).sample(rng)
+    assert 1 <= k < 10_000_000
