@@ -1,0 +1,48 @@
+"""Review bx: a search space the tuner cannot draw from is refused before the charge.
+
+Before the fix, ``UniformFloat(-1e308, 1e308)`` (numpy: OverflowError, range exceeds
+bounds) and ``IntUniform`` bounds beyond int64 (numpy: ValueError) were accepted; a
+tuner charged its whole bound, and the first draw aborted the run (TuningAborted, the
+bound spent, no candidate run). ``IntUniform(np.int64(1), 5)`` was refused.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from privguard import InvalidArgumentError, Ledger
+from privguard import mechanisms as M
+from privguard.tuning import IntUniform, LogUniform, Poisson, RandomSearch, UniformFloat
+
+
+@pytest.mark.parametrize("make", [
+    lambda: UniformFloat(-1e308, 1e308),
+    lambda: UniformFloat(-np.finfo(float).max, 0.0 + np.finfo(float).max),
+    lambda: IntUniform(0, 2**64),
+    lambda: IntUniform(-2**70, 0),
+    lambda: IntUniform(0, 2**63),
+])
+def test_a_dimension_numpy_cannot_draw_is_refused(make):
+    with pytest.raises(InvalidArgumentError) as info:
+        make()
+    assert info.value.argument == "low, high"
+
+
+@pytest.mark.parametrize("dim,kind", [
+    (lambda: UniformFloat(-1e307, 1e307), float),
+    (lambda: UniformFloat(np.array(0.0), Fraction(1, 2)), float),
+    (lambda: LogUniform(np.float32(1e-3), Fraction(1, 2)), float),
+    (lambda: IntUniform(-2**63, 2**63 - 1), int),
+    (lambda: IntUniform(np.int64(1), np.int32(5)), int),
+])
+def test_the_widest_accepted_dimensions_run_and_numpy_bounds_are_accepted(dim, kind):
+    dim = dim()
+    assert type(dim.low) is kind and type(dim.high) is kind
+    ledger = Ledger(100.0, 1e-5)
+    tuner = RandomSearch({"x": dim}, Poisson(3.0), cost=M.Gaussian(10.0), progress=False, seed=1)
+    result = tuner.run(lambda params, child: 1.0, ledger)
+    assert result.selected and dim.low <= result.params["x"] <= dim.high
+    assert type(result.params["x"]) is kind
