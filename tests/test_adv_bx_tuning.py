@@ -46,3 +46,28 @@ def test_the_widest_accepted_dimensions_run_and_numpy_bounds_are_accepted(dim, k
     result = tuner.run(lambda params, child: 1.0, ledger)
     assert result.selected and dim.low <= result.params["x"] <= dim.high
     assert type(result.params["x"]) is kind
+
+
+def test_propose_test_refuses_more_partitions_than_examples_before_anything_runs():
+    # partitions=10**9 over 100 examples built 10**9 index arrays and called the objective
+    # on each empty one, for hours or until MemoryError; here 10**4 partitions (it ran)
+    from privguard.tuning import ProposeTest
+
+    calls = []
+    tuner = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=0.5, partitions=10**4, progress=False)
+    ledger = Ledger(10.0, 1e-5)
+
+    def objective(params, indices):
+        calls.append(1)
+        return 0.5
+
+    for call in (lambda: tuner.run(objective, ledger, 100),
+                 lambda: tuner.rehearse(objective, 100),
+                 lambda: tuner.utilities(objective, 100)):
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+        assert info.value.argument == "n_examples" and "10000" in str(info.value)
+    assert calls == [] and ledger.history == ()
+    result = ProposeTest([{"a": 1}], epsilon0=0.5, partitions=4, progress=False,
+                         seed=0).run(objective, ledger, 4)
+    assert result.rounds >= 1 and len(calls) == 4
