@@ -143,3 +143,14 @@ def test_the_largest_accepted_runs_distributions_sample():
         assert runs.pmf(1) > 0
     k = TruncatedNegativeBinomial(1023.0, gamma=0.5).sample(rng)
     assert 1 <= k < 10_000_000
+
+
+def test_a_child_without_a_budget_is_refused_not_made_report_only():
+    # child(None) built Ledger(rdp_budget=None): a report-only "strict" child that never
+    # refused, whatever the candidate charged
+    parent = Ledger(3.0, 1e-5)
+    with pytest.raises(InvalidArgumentError) as info:
+        parent.child(None)
+    assert info.value.argument == "budget"
+    kid = parent.child(M.Gaussian(10.0))
+    assert not kid.can_afford(M.Gaussian(1.0)) and parent.history == ()
