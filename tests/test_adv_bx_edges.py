@@ -154,3 +154,13 @@ def test_a_child_without_a_budget_is_refused_not_made_report_only():
     assert info.value.argument == "budget"
     kid = parent.child(M.Gaussian(10.0))
     assert not kid.can_afford(M.Gaussian(1.0)) and parent.history == ()
+
+
+@pytest.mark.parametrize("flag", ["yes", "no", 1, 0, None])
+def test_open_takes_read_only_as_true_or_false_only(tmp_path, flag):
+    path = str(tmp_path / "l.db")
+    Ledger(3.0, 1e-5, path=path).charge(SG)
+    with pytest.raises(InvalidArgumentError) as info:
+        Ledger.open(path, read_only=flag)
+    assert info.value.argument == "read_only"
+    assert len(Ledger.open(path, read_only=True).history) == 1

@@ -178,6 +178,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             LedgerStateError: no such file, or it is unreadable, inconsistent or edited.
         """
         cap = leases.check_cap(lease, True)
+        read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
         self._lease_cap = cap
