@@ -71,3 +71,40 @@ def test_propose_test_refuses_more_partitions_than_examples_before_anything_runs
     result = ProposeTest([{"a": 1}], epsilon0=0.5, partitions=4, progress=False,
                          seed=0).run(objective, ledger, 4)
     assert result.rounds >= 1 and len(calls) == 4
+
+
+def test_candidates_warnings_do_not_leave_a_run_and_filters_are_restored():
+    # Each candidate's warning reached the caller: with an "always" filter, one per
+    # candidate, naming its hyperparameters; their number is K (the Optuna path dropped them)
+    import threading
+    import warnings
+
+    from privguard.tuning import DPHyPOSearch, TruncatedNegativeBinomial
+
+    def objective(params, child):
+        warnings.warn(f"candidate lr={params['lr']}", UserWarning, stacklevel=1)
+        return params["lr"]
+
+    space = {"lr": [0.1, 0.2, 0.3]}
+    for tuner in (RandomSearch(space, Poisson(6.0), cost=M.Gaussian(10.0), progress=False,
+                               seed=2),
+                  DPHyPOSearch(space, TruncatedNegativeBinomial(1.0, mean=6.0),
+                               cost=M.Gaussian(10.0), progress=False, seed=2)):
+        before = list(warnings.filters)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tuner.run(objective, Ledger(100.0, 1e-5))
+            warnings.warn("the caller's own warning", UserWarning, stacklevel=1)
+        assert [str(w.message) for w in caught] == ["the caller's own warning"]
+        assert result.selected and list(warnings.filters) == before
+
+    # two threads' runs overlapping leave the process's filters as they were
+    before = list(warnings.filters)
+    runs = [threading.Thread(target=lambda: RandomSearch(
+        space, Poisson(20.0), cost=M.Gaussian(10.0), progress=False).run(
+            objective, Ledger(100.0, 1e-5))) for _ in range(4)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(60)
+    assert list(warnings.filters) == before
