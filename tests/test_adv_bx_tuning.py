@@ -108,3 +108,19 @@ def test_candidates_warnings_do_not_leave_a_run_and_filters_are_restored():
     for t in runs:
         t.join(60)
     assert list(warnings.filters) == before
+
+
+def test_propose_test_partitions_warnings_do_not_leave_a_run():
+    import warnings
+
+    from privguard.tuning import ProposeTest
+
+    def objective(params, indices):
+        warnings.warn(f"partition accuracy for a={params['a']}", UserWarning, stacklevel=1)
+        return 0.5 * params["a"]
+
+    tuner = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=1.0, partitions=4, progress=False, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuner.run(objective, Ledger(100.0, 1e-5), 40)
+    assert caught == []

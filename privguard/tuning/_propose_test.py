@@ -76,6 +76,7 @@ from privguard.tuning._base import (
     make_rng,
     sealed,
 )
+from privguard.tuning._quiet import quiet_warnings
 from privguard.tuning._rehearse import Rehearsal
 from privguard.tuning._space import SearchSpace
 
@@ -366,7 +367,8 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     with one partition would not have sensitivity 1/k (docs/theory.md §8).
     """
     try:
-        value = as_score(objective(dict(params), np.asarray(part)))
+        with quiet_warnings():  # about a candidate that may not be selected (review bx)
+            value = as_score(objective(dict(params), np.asarray(part)))
     except KeyboardInterrupt:
         raise  # the user's; sealed() replaces it with a fresh one
     except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
