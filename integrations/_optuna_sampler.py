@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ import numpy as np
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
+from privguard.tuning._quiet import quiet_warnings
 from privguard.tuning._space import SearchSpace
 
 try:
@@ -33,10 +32,7 @@ __all__ = ["DPHyPOSampler", "TPERule", "silenced"]
 
 
 _quiet_lock = threading.Lock()
-_quiet: dict[str, Any] = {"depth": 0, "level": None, "propagate": None, "warnings": None}
-# Python >= 3.14 run with context-aware warnings: catch_warnings changes this context's
-# filters only, so each scope (each thread) sets its own
-_CONTEXT_WARNINGS = bool(getattr(sys.flags, "context_aware_warnings", False))
+_quiet: dict[str, Any] = {"depth": 0, "level": None, "propagate": None}
 
 
 @contextlib.contextmanager
@@ -61,11 +57,8 @@ def silenced() -> Iterator[None]:
     """
     _enter_quiet()
     try:
-        if _CONTEXT_WARNINGS:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                yield
-        else:
+        # the tuners' own scope (privguard/tuning/_quiet.py), one count with run_candidate's
+        with quiet_warnings():
             yield
     finally:
         _leave_quiet()
@@ -77,11 +70,6 @@ def _enter_quiet() -> None:
             logger = logging.getLogger("optuna")
             _quiet.update(level=logger.level, propagate=logger.propagate)
             logger.setLevel(logging.CRITICAL + 1)
-            if not _CONTEXT_WARNINGS:
-                catcher = warnings.catch_warnings()
-                catcher.__enter__()
-                warnings.simplefilter("ignore")
-                _quiet["warnings"] = catcher
         _quiet["depth"] += 1
 
 
@@ -92,9 +80,6 @@ def _leave_quiet() -> None:
             logger = logging.getLogger("optuna")
             logger.setLevel(_quiet["level"])
             logger.propagate = _quiet["propagate"]
-            catcher, _quiet["warnings"] = _quiet["warnings"], None
-            if catcher is not None:
-                catcher.__exit__(None, None, None)
 
 
 def _check_grid(search_space: Mapping[Any, Sequence[Any]]) -> None:

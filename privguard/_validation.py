@@ -3,7 +3,8 @@
 Each check raises :class:`InvalidArgumentError` naming the argument and the
 offending value, before anything is computed or recorded. Numbers are taken
 strictly: ``bool``, strings and other non-numbers are rejected, never
-converted; Python and numpy integers and floats are accepted (an ``int`` or
+converted; Python and numpy integers and floats, and 0-d numpy arrays of
+them, are accepted (an ``int`` or
 ``float`` subclass is read by its stored value, not by an overridden
 ``__int__``/``__float__``).
 """
@@ -76,6 +77,8 @@ def _real(value: Any) -> float | None:
             return math.inf if value > 0 else -math.inf
     if isinstance(value, (np.integer, np.floating)):
         return float(value)
+    if _zero_d(value, "iuf"):  # a 0-d array stands for its one number, as a numpy scalar does
+        return float(value[()])
     if isinstance(value, numbers.Real):  # e.g. fractions.Fraction
         try:
             x = float(value)
@@ -83,6 +86,12 @@ def _real(value: Any) -> float | None:
             return None
         return x if isinstance(x, float) else None
     return None
+
+
+def _zero_d(value: Any, kinds: str) -> bool:
+    """Whether ``value`` is a 0-d numpy array of one of the dtype ``kinds`` (``np.array(1e-5)``:
+    what ``x.mean()`` of a tensor's numpy view or ``np.float64(x) * np.ones(())`` gives)."""
+    return isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in kinds
 
 
 def _as_float(name: str, value: Any) -> float:
@@ -99,6 +108,8 @@ def _as_int(name: str, value: Any) -> int:
         return int.__index__(value)  # the stored value, whatever a subclass' __int__ says
     if isinstance(value, np.integer):
         return int(value)
+    if _zero_d(value, "iu"):
+        return int(value[()])
     raise InvalidArgumentError(name, short(value), "must be an integer")
 
 

@@ -234,6 +234,16 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
             or not 0.0 < confidence < 1.0:
         raise InvalidArgumentError("confidence", confidence, "must be in (0, 1)")
     pairs = _guess_pairs(guesses, m)
+    # checked before build() runs (review bx: a non-callable build or loss, or a seed numpy
+    # refuses, escaped as TypeError/ValueError, the latter two after building and training)
+    if not callable(build):
+        raise InvalidArgumentError("build", build, "must be callable: () -> (model, optimizer, "
+                                   "data_loader[, loss])")
+    if loss is not None and not callable(loss):
+        raise InvalidArgumentError("loss", loss, "must be None or callable")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or seed < 0):
+        raise InvalidArgumentError("seed", seed, "must be None or an integer >= 0")
     built = build()
     if not isinstance(built, tuple) or len(built) not in (3, 4):
         raise InvalidArgumentError("build", build, "must return (model, optimizer, data_loader"
@@ -245,6 +255,9 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         import torch
 
         loss = torch.nn.functional.cross_entropy
+    if not callable(loss):
+        raise InvalidArgumentError("build", build, f"returned a loss that is not callable: "
+                                   f"{check.short(loss)!r}")
     rate = getattr(getattr(loader, "batch_sampler", None), "sample_rate", None)
     if rate is None:
         raise InvalidArgumentError("build", build, "must return a Poisson-sampling Opacus data "

@@ -68,11 +68,15 @@ def nonadaptive_epsilon(orders: np.ndarray, spent: np.ndarray, delta: float) -> 
 
 
 def check_label(label: Any) -> str | None:
-    """A label is None or a string that UTF-8 can encode (every store can keep it)."""
-    if label is None or (type(label) is str and label.isascii()):  # ASCII always encodes
-        return label
+    """A label is None or a string that UTF-8 can encode, without NUL (every store can keep
+    it: PostgreSQL's text refuses NUL, and a refused write breaks the ledger; review bx)."""
+    if label is None or (type(label) is str and label.isascii() and "\x00" not in label):
+        return label  # ASCII always encodes
     if not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")
+    if "\x00" in label:
+        raise InvalidArgumentError("label", label, "must not contain NUL characters "
+                                   "(PostgreSQL cannot store them)")
     try:
         label.encode("utf-8")
     except UnicodeEncodeError:

@@ -47,10 +47,15 @@ class Plan:
     def __post_init__(self) -> None:
         if not isinstance(self.step, Mechanism):
             raise InvalidArgumentError("plan.step", self.step, "must be a privguard mechanism")
+        # At most 2⁵³ (check.MAX_STEPS, as a mechanism's steps and charge's times): the
+        # mixture odometer's smallest δ share, 0.9/(reads of the plan) (check.MIN_DELTA),
+        # must keep log(share·δ) finite; 10³⁰⁰ steps made it log(0): ValueError (review bx).
         if self.steps is not None:
-            object.__setattr__(self, "steps", check.positive_int("plan.steps", self.steps))
+            object.__setattr__(self, "steps", check.positive_int(
+                "plan.steps", self.steps, maximum=check.MAX_STEPS))
         if self.every is not None:
-            object.__setattr__(self, "every", check.positive_int("plan.every", self.every))
+            object.__setattr__(self, "every", check.positive_int(
+                "plan.every", self.every, maximum=check.MAX_STEPS))
 
     @property
     def read_every(self) -> int:

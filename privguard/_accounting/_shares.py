@@ -98,7 +98,9 @@ class Concentrated(DeltaShares):
             raise InvalidArgumentError("plan", plan, "is needed to choose the order")
         w_top = self.share + (1.0 - self.share) / orders.size
         budget = conv.rdp_budget_per_order(orders, epsilon, w_top * delta)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        # over: a plan curve near 0 (PureDP(1e-300)) overflows budget/plan to inf, which is
+        # the ratio meant, as for plan = 0; it warned (an exception under -W error; review bx)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ratio = np.where(plan > 0, budget / plan, np.where(budget >= 0, np.inf, -np.inf))
         ratio = np.where(np.isnan(ratio), -np.inf, ratio)
         return int(np.argmax(ratio))

@@ -285,13 +285,17 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
 
     Raises:
         InvalidArgumentError: ``out`` cannot be written (its directory is
-            missing or not writable, or it is a directory); checked before
-            anything is computed.
+            missing or not writable, or it is a directory), names a format
+            matplotlib cannot write, or is the ledger's own file; checked
+            before anything is computed.
     """
     _check_output(out)
+    _check_not_the_ledger(out, ledger)
     matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    _check_format(out, plt)
 
     tr = trajectory(ledger)
     meter = tr.get("meter") or []
@@ -344,6 +348,33 @@ def _check_output(out: Any) -> None:
         raise InvalidArgumentError("output", out, "is a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise InvalidArgumentError("output", out, f"directory {directory} is not writable")
+
+
+def _check_not_the_ledger(out: Any, ledger: Ledger) -> None:
+    """Refuse to draw over the ledger's file or its SQLite sidecars (review bx: ``privguard
+    plot budget.png -o budget.png`` replaced the ledger with the image, its journal lost)."""
+    where = ledger.path
+    if not isinstance(where, (str, os.PathLike)) or "://" in os.fspath(where):
+        return  # in memory or on a server: no local file to overwrite
+    target = os.path.realpath(out)
+    base = os.path.realpath(where)
+    if target in {base + tail for tail in ("", "-wal", "-shm", "-journal")} or (
+            os.path.exists(out) and os.path.exists(base) and os.path.samefile(out, base)):
+        raise InvalidArgumentError("output", out, f"is the ledger's own file ({where}); "
+                                   "drawing there would destroy the ledger")
+
+
+def _check_format(out: Any, plt: Any) -> None:
+    """Refuse an extension matplotlib cannot write (it raised ValueError after computing)."""
+    ext = os.path.splitext(os.fspath(out))[1][1:].lower()
+    fig = plt.figure()
+    try:
+        formats = fig.canvas.get_supported_filetypes()
+    finally:
+        plt.close(fig)
+    if ext and ext not in formats:
+        raise InvalidArgumentError("output", out, f"has the extension .{ext}, which is not an "
+                                   f"image format matplotlib writes ({', '.join(sorted(formats))})")
 
 
 def _prv_points(runs: tuple[Run, ...], delta: float, points: int = 12

@@ -178,6 +178,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             LedgerStateError: no such file, or it is unreadable, inconsistent or edited.
         """
         cap = leases.check_cap(lease, True)
+        read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
         self._lease_cap = cap
@@ -532,6 +533,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             >>> kid.can_afford(M.SubsampledGaussian(1.0, 0.01))
             False
         """
+        if budget is None:  # Ledger(rdp_budget=None) is report-only: a child that never refuses
+            raise InvalidArgumentError("budget", budget, "must be a mechanism, an RDPCurve or "
+                                       "per-order values (a child is strict; review bx)")
         cfg = self._acc.config
         mode = cfg.odometer if cfg.odometer in _config.NEW_ODOMETER_MODES else None
         return Ledger(orders=self.orders, rdp_budget=budget, delta=delta, odometer=mode)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -149,6 +150,20 @@ class TruncatedNegativeBinomial(RunsDistribution):
                                        f"number of runs")
         object.__setattr__(self, "eta", eta_f)
         object.__setattr__(self, "gamma", g)
+        # sample() starts its inverse CDF at pmf(1) = η(1−γ)/(γ^(−η) − 1). With γ^(−η) beyond
+        # the float range it raised OverflowError at the first draw, after a tuner had
+        # charged its bound (TuningAborted, the bound spent); a subnormal pmf(1) carries too
+        # few digits to sample D_{η,γ} exactly (review bx). Refused here, before any charge.
+        try:
+            first = self.pmf(1)
+        except OverflowError:
+            first = 0.0
+        if not first >= sys.float_info.min:
+            raise InvalidArgumentError("gamma" if mean is None else "mean",
+                                       gamma if mean is None else mean,
+                                       f"with eta={eta_f} gives P[K=1] = {first:g}, below the "
+                                       "float range: K cannot be sampled exactly (make "
+                                       "eta·log(1/gamma) smaller than about 700)")
 
     @property
     def mean(self) -> float:

@@ -35,6 +35,7 @@ import numpy as np
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard.tuning._base import accept
+from privguard.tuning._quiet import quiet_warnings
 
 Task = tuple  # (objective, params, orders, budget)
 Outcome = Any  # (score: float, artifact) or None (⊥)
@@ -56,7 +57,8 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
     """
     child = Ledger(orders=orders, rdp_budget=budget)
     try:
-        return accept(objective(dict(params), child))
+        with quiet_warnings():  # a candidate's warnings are about it, and count K (review bx)
+            return accept(objective(dict(params), child))
     except KeyboardInterrupt:
         raise  # the user's interrupt, not a candidate's output
     except BaseException:  # by design: a failed candidate is ⊥ (SystemExit included)

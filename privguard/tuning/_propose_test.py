@@ -76,6 +76,7 @@ from privguard.tuning._base import (
     make_rng,
     sealed,
 )
+from privguard.tuning._quiet import quiet_warnings
 from privguard.tuning._rehearse import Rehearsal
 from privguard.tuning._space import SearchSpace
 
@@ -177,7 +178,7 @@ class ProposeTest:
         utilities are NOT private: :meth:`run` never releases them.
         """
         check_objective(objective)
-        n = check.positive_int("n_examples", n_examples)
+        n = self._examples(n_examples)
         rng = make_rng(self.seed) if rng is None else rng
         return self.aggregate(objective, partitions(n, self.k, rng))
 
@@ -270,7 +271,7 @@ class ProposeTest:
         :class:`privguard.InvalidArgumentError` with its value (a run withholds it).
         """
         check_objective(objective)
-        n = check.positive_int("n_examples", n_examples)
+        n = self._examples(n_examples)
         params = dict(self.candidates[0])
         part = partitions(n, self.k, make_rng(self.seed))[0]
         value = objective(dict(params), part)
@@ -305,13 +306,23 @@ class ProposeTest:
         """
         check_objective(objective)
         check_ledger(ledger)
-        n = check.positive_int("n_examples", n_examples)
+        n = self._examples(n_examples)
         # an unusable ledger raises here (LedgerStateError), before the objective runs;
         # one without room for a single round ends the run before it touches the data
         if not ledger.can_afford(self.round_mechanism()):
             return ProposeTestResult(False, None, 0, True, self.u0, self.seed is not None)
         rng = make_rng(self.seed)
         return sealed(lambda: self._run(objective, ledger, n, rng))
+
+    def _examples(self, n_examples: Any) -> int:
+        """``n_examples``, at least the number of partitions k (review bx: k = 10⁹ over 100
+        examples built 10⁹ index arrays and called the objective 10⁹ times per candidate
+        on empty ones, for hours or until MemoryError; each partition needs examples)."""
+        n = check.positive_int("n_examples", n_examples)
+        if n < self.k:
+            raise InvalidArgumentError("n_examples", n_examples, f"must be at least the number "
+                                       f"of partitions, {self.k} (each trains on its own part)")
+        return n
 
     def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
              ) -> ProposeTestResult:
@@ -356,7 +367,8 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     with one partition would not have sensitivity 1/k (docs/theory.md §8).
     """
     try:
-        value = as_score(objective(dict(params), np.asarray(part)))
+        with quiet_warnings():  # about a candidate that may not be selected (review bx)
+            value = as_score(objective(dict(params), np.asarray(part)))
     except KeyboardInterrupt:
         raise  # the user's; sealed() replaces it with a fresh one
     except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)

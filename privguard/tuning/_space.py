@@ -50,6 +50,13 @@ class UniformFloat:
         low, high = check._as_float("low", self.low), check._as_float("high", self.high)
         if not (math.isfinite(low) and math.isfinite(high) and low < high):
             raise InvalidArgumentError("low, high", (self.low, self.high), "need finite low < high")
+        # numpy's uniform needs a finite width: (-1e308, 1e308) raised OverflowError at the
+        # first draw, after a tuner charged its bound (TuningAborted; review bx)
+        if not math.isfinite(high - low):
+            raise InvalidArgumentError("low, high", (self.low, self.high),
+                                       "need a finite width high − low")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(self.low, self.high))
@@ -63,8 +70,8 @@ class LogUniform:
     high: float
 
     def __post_init__(self) -> None:
-        check.positive_finite("low", self.low)
-        check.positive_finite("high", self.high)
+        object.__setattr__(self, "low", check.positive_finite("low", self.low))
+        object.__setattr__(self, "high", check.positive_finite("high", self.high))
         if not self.low < self.high:
             raise InvalidArgumentError("low, high", (self.low, self.high), "need low < high")
 
@@ -80,10 +87,20 @@ class IntUniform:
     high: int
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.low, int) and isinstance(self.high, int)
-                and not isinstance(self.low, bool) and not isinstance(self.high, bool)
-                and self.low <= self.high):
+        try:  # Python or numpy integers (np.int64 was refused); never bools or floats
+            low, high = check._as_int("low", self.low), check._as_int("high", self.high)
+            ordered = low <= high
+        except InvalidArgumentError:
+            ordered = False
+        if not ordered:
             raise InvalidArgumentError("low, high", (self.low, self.high), "need integers low <= high")
+        # numpy draws int64: a bound beyond it raised ValueError at the first draw, after a
+        # tuner charged its bound (TuningAborted; review bx)
+        if low < -2**63 or high > 2**63 - 1:
+            raise InvalidArgumentError("low, high", (self.low, self.high),
+                                       "need integers within [-2**63, 2**63 - 1] (numpy's int64)")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
 
     def sample(self, rng: np.random.Generator) -> int:
         return int(rng.integers(self.low, self.high + 1))

@@ -1,0 +1,64 @@
+"""Every warning discarded while a tuning candidate runs: one process-wide scope.
+
+A warning a candidate raises (its own code's, or privguard's from ``attach`` on its
+child ledger, naming its σ, q or steps) is output about a candidate that may not win,
+and under an "always" filter their number counts K. The tuners' ``run_candidate`` and
+the Optuna integration's ``silenced()`` discard them inside :func:`quiet_warnings`.
+
+Scopes nest and overlap across threads: the first to enter saves the warning filters
+and ignores everything, the last to leave restores them, under a lock (a
+``warnings.catch_warnings`` per scope left them ignored for good when two threads'
+scopes overlapped: the second saved the first's silence and restored it last). While
+any scope is open every thread's warnings are dropped (erring towards releasing nothing
+about a candidate); with context-aware warnings (Python 3.14+) the filters are per scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"depth": 0, "catcher": None}
+# Python >= 3.14 run with context-aware warnings: catch_warnings changes this context's
+# filters only, so each scope (each thread) sets its own
+CONTEXT_WARNINGS = bool(getattr(sys.flags, "context_aware_warnings", False))
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Discard every warning for the duration (see the module docstring).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     with quiet_warnings():
+        ...         warnings.warn("a candidate's warning")
+        >>> caught
+        []
+    """
+    if CONTEXT_WARNINGS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+        return
+    with _lock:
+        if _state["depth"] == 0:
+            catcher = warnings.catch_warnings()
+            catcher.__enter__()
+            warnings.simplefilter("ignore")
+            _state["catcher"] = catcher
+        _state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["depth"] -= 1
+            if _state["depth"] == 0:
+                catcher, _state["catcher"] = _state["catcher"], None
+                catcher.__exit__(None, None, None)
