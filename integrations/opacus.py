@@ -88,7 +88,14 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
+from privguard.integrations import (
+    _allocation,
+    _describe,
+    _provenance,
+    _samplers,
+    _sampling,
+    _skips,
+)
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
@@ -177,6 +184,7 @@ class AttachHandle:
         self._last_key: tuple[float, float, int] | None = None
         self._last_mechanism: M.Mechanism | None = None
         self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
+        self.skips: _skips.SkipCounter | None = None  # micro-batches of skipped steps (u27)
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
         self._last_micro_batches = 1
@@ -200,6 +208,8 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
+        self.skips = _skips.SkipCounter(optimizer)
+        self.skips.install()
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
@@ -235,6 +245,8 @@ class AttachHandle:
         counted = 0 if self.counter is None else self.counter.count
         reported = _describe.reported_micro_batches(self.optimizer) or 1
         k = max(counted, reported, self.declared_micro_batches)
+        if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
+            k = max(k, self.skips.floor(reported))  # before attach is not counted above)
         return max(k, self._last_micro_batches) if predict else k
 
     def _mechanism(self, predict: bool) -> M.Mechanism:
@@ -308,6 +320,8 @@ class AttachHandle:
             self._last_micro_batches = k
             if self.counter is not None:
                 self.counter.take()
+            if self.skips is not None:
+                self.skips.take()
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
 
@@ -387,6 +401,8 @@ class AttachHandle:
             del _ATTACHED[self.optimizer]
         if self.counter is not None:
             self.counter.restore()
+        if self.skips is not None:
+            self.skips.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,

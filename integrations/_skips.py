@@ -1,0 +1,129 @@
+"""Micro-batches a loop accumulated through Opacus' ``signal_skip_step`` (private).
+
+A step skipped with ``optimizer.signal_skip_step(True)`` runs
+``clip_and_accumulate`` on the per-sample gradients the optimizer holds, adds
+them to the clipped sum and stops before the noise; the next real step noises
+that sum. In a hand-written loop each skipped step is one (or, with several
+``backward()`` before it, several) Poisson micro-batches of the real step
+(docs/theory.md §14). The loader counter of ``integrations/_describe.py`` sees
+those batches only when the loop's iterator was made after attach, and with
+``zero_grad()`` between micro-batches the optimizer reports one batch at the
+real step: a loop that made its iterator before attach (u27) was charged one
+``SubsampledGaussian(σ, q)`` for two draws.
+
+:class:`SkipCounter` counts, between two real steps, the micro-batches the
+skipped steps clipped (``accumulated_iterations`` at the skip; 1 under ghost
+clipping), and which skips Opacus' ``BatchMemoryManager`` queued: its virtual
+steps split ONE Poisson draw into physical batches and stay one
+``SubsampledGaussian`` per logical batch. A skip is taken as
+``BatchMemoryManager``'s only when the signal came straight from Opacus' own
+``BatchSplittingSampler.__iter__`` (its code object, read from the caller's
+frame); every other signal (the loop's, a subclass's, one queued before
+attach) is the loop's own. If any skip consumed since the last real step is
+the loop's own, every skipped step counts (:meth:`SkipCounter.floor`): each
+clipped batch holds at most one Poisson draw, so the count is never below the
+draws (it is above them only where a loop mixes its own skips with
+``BatchMemoryManager``'s, or skips without ``zero_grad()``): over-counting,
+never under-counting.
+
+The signals are mirrored in the order Opacus consumes them (its queue is
+FIFO: ``_check_skip_next_step`` pops the oldest), so the origin of each
+consumed skip is known even when a ``BatchMemoryManager`` with workers queued
+signals ahead of the loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Any
+
+from privguard.integrations import _describe
+
+_WRAPPED = ("signal_skip_step", "_check_skip_next_step")
+
+
+def _bmm_code() -> Any:
+    """The code object of Opacus' ``BatchSplittingSampler.__iter__`` (None if absent)."""
+    try:
+        from opacus.utils.batch_memory_manager import BatchSplittingSampler
+    except ImportError:  # pragma: no cover - opacus is a dependency of the integration
+        return None
+    return getattr(BatchSplittingSampler.__iter__, "__code__", None)
+
+
+class SkipCounter:
+    """Counts the micro-batches of the skipped steps since the optimizer's last real step.
+
+    Installed on the optimizer instance (``signal_skip_step`` and
+    ``_check_skip_next_step``) by :meth:`install`; :meth:`restore` gives the
+    optimizer back what it had.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
+        self.own = False  # one of those skips was not BatchMemoryManager's
+        self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
+        self._bmm = _bmm_code()
+        self._saved: dict[str, Any] = {}
+        self._signal: Any = None
+        self._check: Any = None
+
+    def install(self) -> None:
+        """Wrap the optimizer's skip signal and its consumption (instance attributes)."""
+        opt = self.optimizer
+        self._saved = {name: vars(opt)[name] for name in _WRAPPED if name in vars(opt)}
+        self._signal, self._check = opt.signal_skip_step, opt._check_skip_next_step
+        opt.signal_skip_step = self._on_signal
+        opt._check_skip_next_step = self._on_check
+
+    def restore(self) -> None:
+        """Give the optimizer back its own methods (or the instance attributes it had)."""
+        opt = self.optimizer
+        for name, mine in (("signal_skip_step", self._on_signal),
+                           ("_check_skip_next_step", self._on_check)):
+            if vars(opt).get(name) != mine:
+                continue  # replaced since: leave it
+            if name in self._saved:
+                setattr(opt, name, self._saved[name])
+            else:
+                delattr(opt, name)
+
+    def _on_signal(self, do_skip: bool = True) -> Any:
+        caller = sys._getframe(1)  # BatchSplittingSampler.__iter__ calls optimizer.signal_skip_step
+        self._origins.append(self._bmm is not None and caller.f_code is self._bmm)
+        return self._signal(do_skip)
+
+    def _on_check(self, pop_next: bool = True) -> Any:
+        queue = getattr(self.optimizer, "_step_skip_queue", None)
+        popping = bool(pop_next) and bool(queue)
+        origin_bmm = False
+        if popping:
+            assert queue is not None
+            # align the mirror with Opacus' queue: signals we did not see queued (before
+            # attach, or appended to the queue directly) are the oldest and of unknown origin,
+            # taken as the loop's own (counted)
+            while len(self._origins) > len(queue):
+                self._origins.popleft()
+            while len(self._origins) < len(queue):
+                self._origins.appendleft(False)
+            origin_bmm = self._origins.popleft()
+        skip = self._check(pop_next)
+        if popping and skip:  # a skipped step: its clipped batches stay in the sum
+            self.skipped += _describe.reported_micro_batches(self.optimizer) or 1
+            self.own = self.own or not origin_bmm
+        return skip
+
+    def floor(self, reported: int) -> int:
+        """The fewest micro-batches the real step about to run may hold.
+
+        ``reported``: the batches the real step itself clipped (the optimizer's
+        ``accumulated_iterations``, 1 where it cannot be trusted). 1 when no
+        skip since the last real step was the loop's own.
+        """
+        return self.skipped + reported if self.own else 1
+
+    def take(self) -> None:
+        """The real step was charged: restart the count."""
+        self.skipped, self.own = 0, False

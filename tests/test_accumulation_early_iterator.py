@@ -1,0 +1,202 @@
+"""Micro-batches accumulated with ``signal_skip_step`` from an iterator made before attach (u27).
+
+attach counts the micro-batches of a step from the batches ``data_loader`` hands out through
+its swapped class; an iterator the loop made before attach is the original class's and is
+never counted, and with ``zero_grad()`` between micro-batches the optimizer holds one batch's
+per-sample gradients at the real step. Two accumulated Poisson draws were charged as one
+``SubsampledGaussian(σ, q)``. attach now also counts the optimizer's skipped steps
+(integrations/_skips.py): every skip not queued by Opacus' ``BatchMemoryManager``, whose
+virtual steps split one Poisson draw and stay one ``SubsampledGaussian`` per logical batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+opacus = pytest.importorskip("opacus")
+
+from opacus.data_loader import DPDataLoader  # noqa: E402
+from opacus.utils.batch_memory_manager import BatchMemoryManager  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import Ledger  # noqa: E402
+from privguard import mechanisms as M  # noqa: E402
+from privguard.integrations import RandomAllocationSampler  # noqa: E402
+from privguard.integrations.opacus import NonPoissonSamplingError, attach  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
+              pytest.mark.filterwarnings("ignore:Using a non-full backward hook"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+SIGMA = 1.0
+
+
+def _private(mode="hooks", n=64, batch_size=8, allocation=False, separate=False, workers=0):
+    """make_private with Opacus' own Poisson loader (or a RandomAllocationSampler loader);
+    ``separate``: a DPDataLoader built apart (Opacus' hook for its own Poisson loader raises
+    on several backward() per step)."""
+    torch.manual_seed(0)
+    x = torch.randn(n, 6)
+    y = (x[:, 0] > 0).long()
+    model = nn.Linear(6, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(x, y)
+    loader = (DataLoader(data, batch_sampler=RandomAllocationSampler(
+        n, n // batch_size, generator=torch.Generator().manual_seed(0)))
+        if allocation else DataLoader(data, batch_size=batch_size, num_workers=workers))
+    engine = opacus.PrivacyEngine(accountant="rdp")
+    criterion = nn.CrossEntropyLoss()
+    kwargs = dict(module=model, optimizer=opt, data_loader=loader, noise_multiplier=SIGMA,
+                  max_grad_norm=1.0, poisson_sampling=not (allocation or separate))
+    if mode == "ghost":
+        model, opt, criterion, loader = engine.make_private(
+            criterion=criterion, grad_sample_mode="ghost", **kwargs)
+    else:
+        model, opt, loader = engine.make_private(**kwargs)
+    if separate:
+        loader = DPDataLoader.from_data_loader(loader)
+    return engine, model, opt, loader, criterion
+
+
+def _skip_accumulate(model, opt, batches, criterion, steps, k, backward=1):
+    """``steps`` real steps of ``k`` micro-batches, the first k − 1 skipped with
+    ``signal_skip_step``, ``zero_grad()`` between micro-batches; each micro-batch runs
+    ``backward`` batches through ``backward()`` before its ``step()``."""
+    for _ in range(steps):
+        for j in range(k):
+            opt.zero_grad()
+            for _ in range(backward):
+                x, y = next(batches)
+                criterion(model(x), y).backward()
+            if j < k - 1:
+                opt.signal_skip_step(do_skip=True)
+            opt.step()
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_the_issue_reproducer_is_charged_as_accumulation(mode):
+    # the defect: `it = iter(loader)` before attach, two Poisson micro-batches per step
+    _, model, opt, loader, criterion = _private(mode)
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)  # made before attach: the loader counter never sees its batches
+    ledger = Ledger(delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    _skip_accumulate(model, opt, batches, criterion, steps=3, k=2)
+    assert handle.counter is not None and handle.counter.count == 0  # the counter saw nothing
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)] * 3
+    assert handle.next_mechanism() == M.AccumulatedSubsampledGaussian(SIGMA, q, 2)
+
+
+def test_without_data_loader_skipped_micro_batches_are_counted_too():
+    # the same loop with the rate from Opacus' hook: no loader counter at all
+    _, model, opt, loader, criterion = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, check_poisson=False)
+    _skip_accumulate(model, opt, iter(loader), criterion, steps=2, k=3)
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 3)] * 2
+
+
+def test_several_backward_in_a_skipped_micro_batch_are_all_counted():
+    # a skipped step that clipped two batches (two backward() before it) and a real step of
+    # one more: three Poisson draws in one noise draw, not max(2, 1)
+    _, model, opt, loader, criterion = _private(separate=True)
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    opt.zero_grad()
+    for _ in range(2):
+        x, y = next(batches)
+        criterion(model(x), y).backward()
+    opt.signal_skip_step(do_skip=True)
+    opt.step()
+    opt.zero_grad()
+    x, y = next(batches)
+    criterion(model(x), y).backward()
+    opt.step()
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 3)]
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("with_loader", [False, True])
+def test_batch_memory_manager_stays_one_draw_per_logical_batch(early, with_loader):
+    # BatchMemoryManager's virtual steps split ONE Poisson batch: one SubsampledGaussian per
+    # logical batch, also when its iterator was made before attach or attach has no loader
+    engine, model, opt, loader, criterion = _private(n=256, batch_size=64)
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    physical = 0
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as mem:
+        batches = iter(mem) if early else None
+        attach(opt, ledger, **(dict(data_loader=loader) if with_loader else
+                                dict(check_poisson=False)))
+        for x, y in (batches if early else mem):
+            opt.zero_grad()
+            criterion(model(x), y).backward()
+            opt.step()
+            physical += 1
+    real = sum(n for _, _, n in engine.accountant.history)
+    assert physical > real > 0
+    assert [r.mechanism for r in ledger.history] == [M.SubsampledGaussian(SIGMA, q)] * real
+
+
+def test_batch_memory_manager_with_workers_queueing_signals_ahead():
+    # the workers fetch ahead: BatchSplittingSampler queues the signals of later physical
+    # batches before the loop steps on the earlier ones; Opacus consumes them in order
+    # (FIFO) and so does the mirror of their origins
+    engine, model, opt, loader, criterion = _private(n=256, batch_size=64, workers=2)
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    ahead = 0
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as mem:
+        for x, y in mem:
+            ahead = max(ahead, len(opt._step_skip_queue))
+            opt.zero_grad()
+            criterion(model(x), y).backward()
+            opt.step()
+    assert ahead > 1  # signals were queued ahead of the loop
+    real = sum(n for _, _, n in engine.accountant.history)
+    assert real > 0 and [r.mechanism for r in ledger.history] == [M.SubsampledGaussian(SIGMA, q)] * real
+    assert handle.skips is not None and handle.skips.skipped == 0
+
+
+def test_random_allocation_with_skipped_micro_batches_is_refused_not_charged_as_an_epoch():
+    # merged steps would run an epoch of t batches in t/2 steps: RandomAllocation(σ, t)
+    # under-counts; accumulation of an allocation loader is refused, nothing charged
+    _, model, opt, loader, criterion = _private(allocation=True)
+    batches = iter(loader)  # before attach
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonPoissonSamplingError, match="micro_batches"):
+        _skip_accumulate(model, opt, batches, criterion, steps=1, k=2)
+    assert len(ledger.history) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_refused_step_keeps_its_skipped_micro_batches_for_the_next_try():
+    # Opacus keeps the clipped sum of skipped steps across a refused real step (the hook
+    # raised before _is_last_step_skipped was reset): the next try still holds both draws
+    _, model, opt, loader, criterion = _private()
+    q = loader.batch_sampler.sample_rate
+    step = M.AccumulatedSubsampledGaussian(SIGMA, q, 2)
+    ledger = Ledger(epsilon=2.5, delta=1e-5)
+    assert not ledger.can_afford(step) and ledger.can_afford(M.SubsampledGaussian(SIGMA, q))
+    batches = iter(loader)  # before attach
+    handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
+    _skip_accumulate(model, opt, batches, criterion, steps=1, k=2)
+    assert handle.exhausted and len(ledger.history) == 0
+    assert handle.next_mechanism() == step  # not SubsampledGaussian: both draws still count
+    assert handle.should_stop
+
+
+def test_detach_restores_the_optimizer_methods():
+    _, _, opt, loader, _ = _private()
+    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader)
+    assert "signal_skip_step" in vars(opt) and "_check_skip_next_step" in vars(opt)
+    handle.detach()
+    assert "signal_skip_step" not in vars(opt) and "_check_skip_next_step" not in vars(opt)
