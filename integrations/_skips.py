@@ -20,7 +20,10 @@ steps split ONE Poisson draw into physical batches and stay one
 ``BatchSplittingSampler.__iter__`` (its code object, read from the caller's
 frame); every other signal (the loop's, a subclass's, one queued before
 attach) is the loop's own. If any skip consumed since the last real step is
-the loop's own, every skipped step counts (:meth:`SkipCounter.floor`): each
+the loop's own, or a step clipped several batches (``BatchMemoryManager``
+requires one ``step()`` per physical batch: only then does a skip it queued
+mark a split of the draw the next real step ends), every skipped step counts
+(:meth:`SkipCounter.floor`): each
 clipped batch holds at most one Poisson draw, so the count is never below the
 draws (it is above them only where a loop mixes its own skips with
 ``BatchMemoryManager``'s, or skips without ``zero_grad()``): over-counting,
@@ -111,8 +114,11 @@ class SkipCounter:
             origin_bmm = self._origins.popleft()
         skip = self._check(pop_next)
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
-            self.skipped += _describe.reported_micro_batches(self.optimizer) or 1
-            self.own = self.own or not origin_bmm
+            held = _describe.reported_micro_batches(self.optimizer) or 1
+            self.skipped += held
+            # BatchMemoryManager's contract is one step() per physical batch: a skip of it
+            # that clipped several batches breaks it, and its skips no longer mark splits
+            self.own = self.own or not origin_bmm or held > 1
         return skip
 
     def floor(self, reported: int) -> int:
@@ -120,9 +126,12 @@ class SkipCounter:
 
         ``reported``: the batches the real step itself clipped (the optimizer's
         ``accumulated_iterations``, 1 where it cannot be trusted). 1 when no
-        skip since the last real step was the loop's own.
+        skip since the last real step was the loop's own, and the step kept
+        ``BatchMemoryManager``'s contract (one batch per ``step()``).
         """
-        return self.skipped + reported if self.own else 1
+        if self.own or (self.skipped and reported > 1):
+            return self.skipped + reported
+        return 1
 
     def take(self) -> None:
         """The real step was charged: restart the count."""

@@ -14,7 +14,8 @@ the parameters (``DPOptimizer.pre_step``). A refused step therefore raises
 skipped and flagged) before any parameter changes. Steps Opacus does not
 account — the virtual steps of ``BatchMemoryManager``, steps skipped with
 ``signal_skip_step`` — never reach the hook and are not charged, so the count
-matches Opacus' own accountant.
+matches Opacus' own accountant (the micro-batches a loop's own skipped steps
+clipped are counted into the next real step's, below).
 
 What ``attach`` checks and does, so that the ε the ledger reports holds:
 
@@ -31,8 +32,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
-  gradients (not under ghost clipping, whose optimizer reports 1) and
-  ``micro_batches=``; see ``integrations/_describe.py``. The default curve
+  gradients (not under ghost clipping, whose optimizer reports 1),
+  ``micro_batches=`` and the loop's own ``signal_skip_step`` skips (not
+  ``BatchMemoryManager``'s; also with an iterator made before attach, which
+  the loader count misses: ``integrations/_skips.py``, §14.4); see
+  ``integrations/_describe.py``. An optimizer whose last step was skipped
+  (attach in the middle of an accumulation) is refused. The default curve
   holds with dropout or augmentation (§14.2); ``aligned_micro_batches=True``
   (with ``model=``) opts in to the tighter aligned one and refuses dropout
   it can see (``integrations/_aligned.py``).
@@ -231,7 +236,9 @@ class AttachHandle:
         ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
         largest of: the batches ``data_loader`` delivered since the last
         step, the optimizer's own count (not under ghost clipping), the
-        declared accumulation, and (between steps) the last step's k.
+        declared accumulation, the micro-batches of the loop's own skipped
+        steps (``signal_skip_step``, not ``BatchMemoryManager``'s), and
+        (between steps) the last step's k.
 
         For a :class:`~privguard.integrations.RandomAllocationSampler` loader:
         one epoch, ``RandomAllocation(σ, t)``, charged at the epoch's first
@@ -573,8 +580,10 @@ def attach(
             each step, where it declares them (Hugging Face's
             ``gradient_accumulation_steps``). Steps are charged with at least
             this many; privguard also counts the batches ``data_loader``
-            delivers and the per-sample gradients the optimizer holds, and
-            charges the largest (docs/theory.md §14).
+            delivers, the per-sample gradients the optimizer holds and the
+            micro-batches of steps the loop skipped with
+            ``signal_skip_step``, and charges the largest (docs/theory.md
+            §14, §14.4).
         witnesses: check every step against its charge before charging it
             (noise, clipping, and with ``data_loader`` sampling;
             ``integrations/_witnesses.py``). A mismatch raises
@@ -665,6 +674,13 @@ def attach(
     trained = [p for group in optimizer.param_groups for p in group["params"]]
     check_model(model)
     guard = guard_for(model, parameters=trained) if aligned else None
+    if getattr(optimizer, "_is_last_step_skipped", False) is True:  # u27, integrations/_skips.py
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            "is in the middle of an accumulation: its last step() was skipped "
+            "(signal_skip_step), so the clipped sum the next real step noises holds micro-batches "
+            "attach cannot count; attach before a step's first micro-batch or right after a "
+            "real step")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(

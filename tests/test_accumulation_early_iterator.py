@@ -164,6 +164,32 @@ def test_batch_memory_manager_with_workers_queueing_signals_ahead():
     assert handle.skips is not None and handle.skips.skipped == 0
 
 
+def test_batch_memory_manager_skips_count_when_a_step_takes_two_physical_batches():
+    # BatchMemoryManager's skips mark splits of one draw only under its contract (one step()
+    # per physical batch). Draws A = 4, B = 2, C = 2 records split at 2: signals T, F, F.
+    # Two backward() per step(): step 1 clips A's two halves and takes A's T (skipped),
+    # step 2 clips B and C and takes A's F: one noise draw over three Poisson draws, while
+    # the optimizer reports 2 at the real step
+    from opacus.utils.batch_memory_manager import BatchSplittingSampler
+
+    _, model, opt, loader, criterion = _private(separate=True)
+    q = loader.batch_sampler.sample_rate
+    x, y = loader.dataset.tensors
+    draws = [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9, 10, 11]]
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    physical = iter(BatchSplittingSampler(sampler=draws, max_batch_size=2, optimizer=opt))
+    for _ in range(2):
+        opt.zero_grad()
+        for _ in range(2):
+            idx = next(physical)
+            criterion(model(x[idx]), y[idx]).backward()
+        opt.step()
+    (charged,) = [r.mechanism for r in ledger.history]
+    assert isinstance(charged, M.AccumulatedSubsampledGaussian) and charged.sample_rate == q
+    assert charged.micro_batches >= 3  # here 4: every clipped batch counted
+
+
 def test_random_allocation_with_skipped_micro_batches_is_refused_not_charged_as_an_epoch():
     # merged steps would run an epoch of t batches in t/2 steps: RandomAllocation(σ, t)
     # under-counts; accumulation of an allocation loader is refused, nothing charged
@@ -194,9 +220,43 @@ def test_a_refused_step_keeps_its_skipped_micro_batches_for_the_next_try():
     assert handle.should_stop
 
 
+def test_attach_in_the_middle_of_an_accumulation_is_refused():
+    # a step skipped before attach left its clipped micro-batch in the sum the next real step
+    # noises: attach cannot count it, so it refuses (nothing attached, nothing charged)
+    from privguard import InvalidArgumentError
+
+    _, model, opt, loader, criterion = _private()
+    batches = iter(loader)
+    x, y = next(batches)
+    criterion(model(x), y).backward()
+    opt.signal_skip_step(do_skip=True)
+    opt.step()
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match=r"optimizer.*middle of an accumulation"):
+        attach(opt, ledger, data_loader=loader)
+    assert len(ledger.history) == 0 and "signal_skip_step" not in vars(opt)
+    assert type(loader) is DPDataLoader  # no counter swapped in
+
+
 def test_detach_restores_the_optimizer_methods():
     _, _, opt, loader, _ = _private()
     handle = attach(opt, Ledger(delta=1e-5), data_loader=loader)
     assert "signal_skip_step" in vars(opt) and "_check_skip_next_step" in vars(opt)
     handle.detach()
     assert "signal_skip_step" not in vars(opt) and "_check_skip_next_step" not in vars(opt)
+
+
+def test_a_count_above_the_draws_never_charges_less():
+    # the counts are floors (k ≥ the draws D, over-counting where a loop mixes its own skips
+    # with BatchMemoryManager's): the charged curve of k + 1 draws is never below that of k
+    # (docs/theory.md §14.4; checked here, not proved)
+    import numpy as np
+
+    orders = Ledger(delta=1e-5).orders
+    for sigma in (0.5, 1.0):
+        for q in (0.01, 0.5):
+            prev = np.asarray(M.SubsampledGaussian(sigma, q).rdp(orders))
+            for k in (2, 3, 4):
+                cur = np.asarray(M.AccumulatedSubsampledGaussian(sigma, q, k).rdp(orders))
+                assert np.all(cur >= prev), (sigma, q, k)
+                prev = cur
