@@ -37,6 +37,7 @@ signals ahead of the loop.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import deque
 from typing import Any
@@ -46,6 +47,7 @@ from privguard.integrations import _describe
 _WRAPPED = ("signal_skip_step", "_check_skip_next_step")
 
 
+@functools.lru_cache(maxsize=1)
 def _bmm_code() -> Any:
     """The code object of Opacus' ``BatchSplittingSampler.__iter__`` (None if absent)."""
     try:
@@ -68,7 +70,6 @@ class SkipCounter:
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         self.own = False  # one of those skips was not BatchMemoryManager's
         self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
-        self._bmm = _bmm_code()
         self._saved: dict[str, Any] = {}
         self._signal: Any = None
         self._check: Any = None
@@ -95,7 +96,8 @@ class SkipCounter:
 
     def _on_signal(self, do_skip: bool = True) -> Any:
         caller = sys._getframe(1)  # BatchSplittingSampler.__iter__ calls optimizer.signal_skip_step
-        self._origins.append(self._bmm is not None and caller.f_code is self._bmm)
+        bmm = _bmm_code()
+        self._origins.append(bmm is not None and caller.f_code is bmm)
         return self._signal(do_skip)
 
     def _on_check(self, pop_next: bool = True) -> Any:
