@@ -25,9 +25,14 @@ requires one ``step()`` per physical batch: only then does a skip it queued
 mark a split of the draw the next real step ends), every skipped step counts
 (:meth:`SkipCounter.floor`): each
 clipped batch holds at most one Poisson draw, so the count is never below the
-draws (it is above them only where a loop mixes its own skips with
-``BatchMemoryManager``'s, or skips without ``zero_grad()``): over-counting,
-never under-counting.
+draws. Except where the records clipped since the last real step are
+exactly those of the batches the loader counter saw (a Poisson batch split by
+hand, drawn through an iterator made after attach): then the counter's count
+bounds the draws and the skips add nothing. Elsewhere the count may be above
+the draws (a batch split by hand under ghost clipping or from an early
+iterator, a loop mixing its own skips with ``BatchMemoryManager``'s, skips
+without ``zero_grad()``): over-counting, never under-counting
+(docs/theory.md §14.4).
 
 The signals are mirrored in the order Opacus consumes them (its queue is
 FIFO: ``_check_skip_next_step`` pops the oldest), so the origin of each
@@ -69,6 +74,7 @@ class SkipCounter:
         self.optimizer = optimizer
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         self.own = False  # one of those skips was not BatchMemoryManager's
+        self.records: int | None = 0  # records those skipped steps clipped (None: unknown)
         self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
         self._saved: dict[str, Any] = {}
         self._signal: Any = None
@@ -118,23 +124,70 @@ class SkipCounter:
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
             held = _describe.reported_micro_batches(self.optimizer) or 1
             self.skipped += held
+            clipped = clipped_records(self.optimizer)
+            self.records = None if clipped is None or self.records is None \
+                else self.records + clipped
             # BatchMemoryManager's contract is one step() per physical batch: a skip of it
             # that clipped several batches breaks it, and its skips no longer mark splits
             self.own = self.own or not origin_bmm or held > 1
         return skip
 
-    def floor(self, reported: int) -> int:
+    def floor(self, reported: int, counter: Any = None, predict: bool = False) -> int:
         """The fewest micro-batches the real step about to run may hold.
 
         ``reported``: the batches the real step itself clipped (the optimizer's
         ``accumulated_iterations``, 1 where it cannot be trusted). 1 when no
         skip since the last real step was the loop's own, and the step kept
-        ``BatchMemoryManager``'s contract (one batch per ``step()``).
+        ``BatchMemoryManager``'s contract (one batch per ``step()``); 1 too
+        when every record clipped since the last real step is one of the
+        batches ``counter`` (the loader's
+        :class:`~privguard.integrations._describe.MicroBatchCounter`) saw,
+        whose count then bounds the draws (a Poisson batch split by hand).
+        ``predict``: between the micro-batches of a step (``next_mechanism``),
+        where the records clipped so far may still fall short of those drawn.
         """
-        if self.own or (self.skipped and reported > 1):
-            return self.skipped + reported
-        return 1
+        if not (self.own or (self.skipped and reported > 1)):
+            return 1
+        if self._within(counter, predict):
+            return 1
+        return self.skipped + reported
+
+    def _within(self, counter: Any, predict: bool) -> bool:
+        """Whether the records clipped since the last real step are those of the batches
+        the loader counter saw (all of them at a real step; at most them in between)."""
+        sizes = None if counter is None else counter.sizes
+        if (sizes is None or counter.count < 1 or len(sizes) != counter.count
+                or min(sizes) < 0 or self.records is None):
+            return False
+        now = clipped_records(self.optimizer)
+        if now is None:
+            return False
+        clipped = self.records + now
+        return clipped <= sum(sizes) if predict else clipped == sum(sizes)
 
     def take(self) -> None:
         """The real step was charged: restart the count."""
-        self.skipped, self.own = 0, False
+        self.skipped, self.own, self.records = 0, False, 0
+
+
+def clipped_records(optimizer: Any) -> int | None:
+    """The records whose per-sample gradients ``optimizer`` holds (the batch dimension of
+    ``grad_sample``, summed over its list), 0 if none; None under ghost clipping (no
+    per-sample gradients to read) or where they cannot be read."""
+    if _describe.is_ghost(optimizer):
+        return None
+    try:
+        params = optimizer.params
+    except (AttributeError, TypeError, ValueError):
+        return None
+    for p in params:
+        held = getattr(p, "grad_sample", None)
+        if held is None:
+            continue
+        try:
+            if isinstance(held, list):
+                return sum(int(t.shape[0]) for t in held)
+            return int(held.shape[0])
+        except (AttributeError, IndexError, TypeError):
+            return None
+    return 0

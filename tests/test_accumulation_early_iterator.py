@@ -190,6 +190,51 @@ def test_batch_memory_manager_skips_count_when_a_step_takes_two_physical_batches
     assert charged.micro_batches >= 3  # here 4: every clipped batch counted
 
 
+def test_a_poisson_batch_split_by_hand_stays_one_draw():
+    # BatchMemoryManager by hand: one Poisson batch drawn through the counted loader, split
+    # into halves with signal_skip_step: one draw, SubsampledGaussian (the records clipped
+    # are those of the one batch the counter saw), also as predicted between the halves
+    _, model, opt, loader, criterion = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    predicted = []
+    for step, (x, y) in enumerate(loader):
+        halves = [(x[: len(x) // 2], y[: len(y) // 2]), (x[len(x) // 2:], y[len(y) // 2:])]
+        for j, (xs, ys) in enumerate(halves):
+            opt.zero_grad()
+            criterion(model(xs), ys).backward()
+            if j == 0:
+                opt.signal_skip_step(do_skip=True)
+            opt.step()
+            if j == 0:
+                predicted.append(handle.next_mechanism())
+        if step == 2:
+            break
+    assert [r.mechanism for r in ledger.history] == [M.SubsampledGaussian(SIGMA, q)] * 3
+    assert predicted == [M.SubsampledGaussian(SIGMA, q)] * 3
+
+
+def test_a_batch_from_an_early_iterator_next_to_a_counted_one_is_counted():
+    # one micro-batch from an iterator made before attach, one through the counted loader:
+    # the records clipped exceed the counted batch's, so the skips count (k = 2, not 1)
+    _, model, opt, loader, criterion = _private()
+    q = loader.batch_sampler.sample_rate
+    early = iter(loader)
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    late = iter(loader)
+    for j, batches in enumerate((early, late)):
+        opt.zero_grad()
+        x, y = next(batches)
+        assert len(x) > 0
+        criterion(model(x), y).backward()
+        if j == 0:
+            opt.signal_skip_step(do_skip=True)
+        opt.step()
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)]
+
+
 def test_random_allocation_with_skipped_micro_batches_is_refused_not_charged_as_an_epoch():
     # merged steps would run an epoch of t batches in t/2 steps: RandomAllocation(σ, t)
     # under-counts; accumulation of an allocation loader is refused, nothing charged
