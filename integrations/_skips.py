@@ -75,6 +75,7 @@ class SkipCounter:
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         self.own = False  # one of those skips was not BatchMemoryManager's
         self.records: int | None = 0  # records those skipped steps clipped (None: unknown)
+        self.empty = False  # one of the micro-batches they clipped held no record (rs)
         self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
         self._saved: dict[str, Any] = {}
         self._signal: Any = None
@@ -127,6 +128,7 @@ class SkipCounter:
             clipped = clipped_records(self.optimizer)
             self.records = None if clipped is None or self.records is None \
                 else self.records + clipped
+            self.empty = self.empty or _clipped_an_empty_batch(self.optimizer)
             # BatchMemoryManager's contract is one step() per physical batch: a skip of it
             # that clipped several batches breaks it, and its skips no longer mark splits
             self.own = self.own or not origin_bmm or held > 1
@@ -162,18 +164,37 @@ class SkipCounter:
         now = clipped_records(self.optimizer)
         if now is None:
             return False
+        # an empty Poisson draw adds no record but is a draw (rs): one from an iterator the
+        # counter never saw leaves the totals equal with D above the count (§14.4 Claim 3)
+        if self.empty or _clipped_an_empty_batch(self.optimizer):
+            return False
         clipped = self.records + now
         return clipped <= sum(sizes) if predict else clipped == sum(sizes)
 
     def take(self) -> None:
         """The real step was charged: restart the count."""
-        self.skipped, self.own, self.records = 0, False, 0
+        self.skipped, self.own, self.records, self.empty = 0, False, 0, False
 
 
 def clipped_records(optimizer: Any) -> int | None:
     """The records whose per-sample gradients ``optimizer`` holds (the batch dimension of
     ``grad_sample``, summed over its list), 0 if none; None under ghost clipping (no
     per-sample gradients to read) or where they cannot be read."""
+    sizes = _held_sizes(optimizer)
+    return None if sizes is None else sum(sizes)
+
+
+def _clipped_an_empty_batch(optimizer: Any) -> bool:
+    """Whether one of the batches whose per-sample gradients ``optimizer`` holds (one per
+    ``backward()``: the entries of a ``grad_sample`` list) had no record; True where the
+    sizes cannot be read (the hand-split rule then does not apply: over-counting)."""
+    sizes = _held_sizes(optimizer)
+    return sizes is None or 0 in sizes
+
+
+def _held_sizes(optimizer: Any) -> list[int] | None:
+    """The batch dimension of each entry of the first ``grad_sample`` held (one per
+    ``backward()``), [] if none; None under ghost clipping or where it cannot be read."""
     if _describe.is_ghost(optimizer):
         return None
     try:
@@ -185,9 +206,7 @@ def clipped_records(optimizer: Any) -> int | None:
         if held is None:
             continue
         try:
-            if isinstance(held, list):
-                return sum(int(t.shape[0]) for t in held)
-            return int(held.shape[0])
+            return [int(t.shape[0]) for t in (held if isinstance(held, list) else [held])]
         except (AttributeError, IndexError, TypeError):
             return None
-    return 0
+    return []

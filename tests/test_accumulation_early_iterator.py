@@ -305,3 +305,29 @@ def test_a_count_above_the_draws_never_charges_less():
                 cur = np.asarray(M.AccumulatedSubsampledGaussian(sigma, q, k).rdp(orders))
                 assert np.all(cur >= prev), (sigma, q, k)
                 prev = cur
+
+
+def test_an_empty_draw_from_an_early_iterator_still_counts_review_rs():
+    # review rs: the hand-split rule (records clipped == sizes the loader counter saw) took an
+    # empty Poisson draw from an iterator made before attach (0 records, never counted) plus a
+    # counted draw as one split draw: two draws under one noise charged SubsampledGaussian(σ, q)
+    _, model, opt, loader, criterion = _private(n=64, batch_size=2)  # q = 1/32: empty draws
+    q = loader.batch_sampler.sample_rate
+    early = iter(loader)  # made before attach: the counter never sees its batches
+    ledger = Ledger(delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader)
+    x, y = next(early)
+    while len(x) > 0:  # the seeded loader's first empty draw
+        x, y = next(early)
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    opt.signal_skip_step(do_skip=True)
+    opt.step()
+    late = iter(loader)  # the next epoch's iterator, made after attach: counted
+    x, y = next(late)
+    assert len(x) > 0  # the seeded draw: one counted batch, all of it clipped
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    opt.step()
+    assert handle.counter is not None
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)]
