@@ -76,6 +76,10 @@ class SkipCounter:
         self.own = False  # one of those skips was not BatchMemoryManager's
         self.records: int | None = 0  # records those skipped steps clipped (None: unknown)
         self.empty = False  # one of the micro-batches they clipped held no record (rs)
+        # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
+        # the queue has not been empty after a real step since: Opacus' FIFO may pair
+        # BatchMemoryManager's skips with other batches than those it queued them for (rs)
+        self.misaligned = False
         self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
         self._saved: dict[str, Any] = {}
         self._signal: Any = None
@@ -105,6 +109,7 @@ class SkipCounter:
         caller = sys._getframe(1)  # BatchSplittingSampler.__iter__ calls optimizer.signal_skip_step
         bmm = _bmm_code()
         self._origins.append(bmm is not None and caller.f_code is bmm)
+        self.misaligned = self.misaligned or not self._origins[-1]
         return self._signal(do_skip)
 
     def _on_check(self, pop_next: bool = True) -> Any:
@@ -116,6 +121,8 @@ class SkipCounter:
             # align the mirror with Opacus' queue: signals we did not see queued (before
             # attach, or appended to the queue directly) are the oldest and of unknown origin,
             # taken as the loop's own (counted)
+            if len(self._origins) != len(queue):
+                self.misaligned = True  # signals queued or removed unseen: pairing unknown
             while len(self._origins) > len(queue):
                 self._origins.popleft()
             while len(self._origins) < len(queue):
@@ -131,7 +138,13 @@ class SkipCounter:
             self.empty = self.empty or _clipped_an_empty_batch(self.optimizer)
             # BatchMemoryManager's contract is one step() per physical batch: a skip of it
             # that clipped several batches breaks it, and its skips no longer mark splits
-            self.own = self.own or not origin_bmm or held > 1
+            # and only while each of its signals is consumed by the step of the batch it was
+            # queued for: a signal of the loop's own in the FIFO shifts every later pairing
+            self.own = self.own or not origin_bmm or held > 1 or self.misaligned
+        elif pop_next and not skip and not getattr(self.optimizer, "_step_skip_queue", None):
+            # a real step left the queue empty: every signal queued so far is consumed, the
+            # next one BatchMemoryManager queues is the next step's (under its contract)
+            self.misaligned = False
         return skip
 
     def floor(self, reported: int, counter: Any = None, predict: bool = False) -> int:
