@@ -37,13 +37,20 @@ without ``zero_grad()``): over-counting, never under-counting
 The signals are mirrored in the order Opacus consumes them (its queue is
 FIFO: ``_check_skip_next_step`` pops the oldest), so the origin of each
 consumed skip is known even when a ``BatchMemoryManager`` with workers queued
-signals ahead of the loop.
+signals ahead of the loop. FIFO pairs the j-th ``step()`` with the j-th
+signal queued (review rs): a signal of the loop's own in the queue, or a
+physical batch the loop left out without ``step()``, makes every later step
+consume the signal of another batch. So every skip counts while a signal of
+another origin may be queued (until a real step leaves the queue empty),
+and each of ``BatchMemoryManager``'s signals is checked, where a step
+consumes it, against the batches its DataLoader iterator handed out.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections import deque
 from typing import Any
 
@@ -60,6 +67,52 @@ def _bmm_code() -> Any:
     except ImportError:  # pragma: no cover - opacus is a dependency of the integration
         return None
     return getattr(BatchSplittingSampler.__iter__, "__code__", None)
+
+
+@functools.lru_cache(maxsize=1)
+def _loader_iter_class() -> Any:
+    """torch's ``_BaseDataLoaderIter`` (None if absent)."""
+    try:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+    except ImportError:  # pragma: no cover - torch is a dependency of the integration
+        return None
+    return _BaseDataLoaderIter
+
+
+# a mirrored signal: (BatchMemoryManager queued it, a weak reference to the DataLoader
+# iterator that asked the sampler for the batch, that batch's position in its epoch)
+_UNKNOWN: tuple[bool, Any, int] = (False, None, -1)
+
+
+def _batch_of(sampler_frame: Any) -> tuple[Any, int]:
+    """The DataLoader iterator whose request for indices ran ``BatchSplittingSampler.__iter__``
+    (a frame up: ``_next_index``) and the position of the batch the signal is for: the
+    batches sent to workers so far, or without workers those yielded so far (review rs).
+    (None, -1) where it cannot be read: the signal's pairing is then not checked (counted)."""
+    base = _loader_iter_class()
+    frame = sampler_frame.f_back
+    for _ in range(6):
+        if frame is None or base is None:
+            break
+        it = frame.f_locals.get("self")
+        if isinstance(it, base):
+            idx = getattr(it, "_send_idx", getattr(it, "_num_yielded", None))
+            try:
+                return (weakref.ref(it), idx) if isinstance(idx, int) else (None, -1)
+            except TypeError:  # pragma: no cover - not weakly referenceable
+                return None, -1
+        frame = frame.f_back
+    return None, -1
+
+
+def _paired(entry: tuple[bool, Any, int], newest: Any) -> bool:
+    """Whether the step consuming ``entry`` runs on the batch it was queued for: its
+    iterator is the newest signal's (no later epoch's iterator has started) and has
+    handed the loop exactly that batch's position + 1 batches (none left out since)."""
+    bmm, ref, idx = entry
+    it = None if ref is None else ref()
+    return (bmm and it is not None and newest is not None and newest() is it
+            and getattr(it, "_num_yielded", None) == idx + 1)
 
 
 class SkipCounter:
@@ -80,7 +133,7 @@ class SkipCounter:
         # the queue has not been empty after a real step since: Opacus' FIFO may pair
         # BatchMemoryManager's skips with other batches than those it queued them for (rs)
         self.misaligned = False
-        self._origins: deque[bool] = deque()  # per queued signal: True if BMM queued it
+        self._origins: deque[tuple[bool, Any, int]] = deque()  # per queued signal
         self._saved: dict[str, Any] = {}
         self._signal: Any = None
         self._check: Any = None
@@ -108,14 +161,15 @@ class SkipCounter:
     def _on_signal(self, do_skip: bool = True) -> Any:
         caller = sys._getframe(1)  # BatchSplittingSampler.__iter__ calls optimizer.signal_skip_step
         bmm = _bmm_code()
-        self._origins.append(bmm is not None and caller.f_code is bmm)
-        self.misaligned = self.misaligned or not self._origins[-1]
+        is_bmm = bmm is not None and caller.f_code is bmm
+        self._origins.append((True, *_batch_of(caller)) if is_bmm else _UNKNOWN)
+        self.misaligned = self.misaligned or not is_bmm
         return self._signal(do_skip)
 
     def _on_check(self, pop_next: bool = True) -> Any:
         queue = getattr(self.optimizer, "_step_skip_queue", None)
         popping = bool(pop_next) and bool(queue)
-        origin_bmm = False
+        origin_bmm = paired = False
         if popping:
             assert queue is not None
             # align the mirror with Opacus' queue: signals we did not see queued (before
@@ -126,8 +180,14 @@ class SkipCounter:
             while len(self._origins) > len(queue):
                 self._origins.popleft()
             while len(self._origins) < len(queue):
-                self._origins.appendleft(False)
-            origin_bmm = self._origins.popleft()
+                self._origins.appendleft(_UNKNOWN)
+            entry = self._origins.popleft()
+            origin_bmm = entry[0]
+            # a batch left out without step() (review rs) shifts the pairing unseen by the
+            # queue: checked against the batches the sampler's DataLoader iterator handed out
+            paired = _paired(entry, self._origins[-1][1] if self._origins else entry[1])
+            if origin_bmm and not paired:
+                self.misaligned = True
         skip = self._check(pop_next)
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
             held = _describe.reported_micro_batches(self.optimizer) or 1
@@ -140,8 +200,10 @@ class SkipCounter:
             # that clipped several batches breaks it, and its skips no longer mark splits
             # and only while each of its signals is consumed by the step of the batch it was
             # queued for: a signal of the loop's own in the FIFO shifts every later pairing
-            self.own = self.own or not origin_bmm or held > 1 or self.misaligned
-        elif pop_next and not skip and not getattr(self.optimizer, "_step_skip_queue", None):
+            self.own = self.own or not paired or held > 1 or self.misaligned
+        elif popping and origin_bmm and not paired:
+            self.own = True  # a real step on another batch than its signal's: count them all
+        if pop_next and not skip and not getattr(self.optimizer, "_step_skip_queue", None):
             # a real step left the queue empty: every signal queued so far is consumed, the
             # next one BatchMemoryManager queues is the next step's (under its contract)
             self.misaligned = False

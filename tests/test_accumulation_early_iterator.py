@@ -333,12 +333,12 @@ def test_an_empty_draw_from_an_early_iterator_still_counts_review_rs():
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)]
 
 
-def _bmm_draws_per_real_step(own_signal_at=None, drop_at=None):
+def _bmm_draws_per_real_step(own_signal_at=None, drop_at=None, epochs=1):
     """A BatchMemoryManager loop (no workers) over a Poisson loader, attached with its
     loader: per real step (the Poisson draws whose batches its noise covered, what was
     charged). ``own_signal_at``: the loop queues ``signal_skip_step(do_skip=False)`` of its
-    own at that physical batch ("before": before attach); ``drop_at``: it skips that
-    physical batch (no step())."""
+    own at that physical batch ("before": before attach); ``drop_at``: it leaves that
+    physical batch out (no backward(), no step(); "end": the first epoch's last one)."""
     _, model, opt, loader, criterion = _private(n=256, batch_size=64)
     ledger = Ledger(delta=1e-5)
     out = []
@@ -358,9 +358,17 @@ def _bmm_draws_per_real_step(own_signal_at=None, drop_at=None):
         if own_signal_at == "before":
             opt.signal_skip_step(do_skip=False)
         attach(opt, ledger, data_loader=loader)
+        kept = []  # each epoch's iterator, kept alive (an ended one stays referenced)
+
+        def epochs_of():
+            for _ in range(epochs):
+                kept.append(iter(mem))
+                yield from kept[-1]
+
         window = set()
-        for i, (x, y) in enumerate(mem):
-            if i == drop_at:
+        for i, (x, y) in enumerate(epochs_of()):
+            last = len(drawn) == len(inner) and opt._step_skip_queue[-1:] == [False]
+            if i == drop_at or (drop_at == "end" and last):
                 continue
             opt.zero_grad()
             criterion(model(x), y).backward()
@@ -392,11 +400,16 @@ def test_an_own_signal_in_a_batch_memory_manager_loop_shifts_its_skips_review_rs
     assert clean and all(d == 1 and type(m) is M.SubsampledGaussian for d, m in clean)
 
 
-@pytest.mark.xfail(strict=True, reason="not covered (docs/theory.md §14.4, review rs): a "
-                   "BatchMemoryManager loop leaving out a physical batch without step() shifts "
-                   "the pairing of its skips; nothing counts the batches its iterator hands out")
-def test_a_batch_memory_manager_loop_leaving_out_a_batch_is_not_covered_review_rs():
-    steps = _bmm_draws_per_real_step(drop_at=1)
+@pytest.mark.parametrize("drop_at", [1, "end"])
+def test_a_batch_memory_manager_loop_leaving_out_a_batch_counts_review_rs(drop_at):
+    # review rs: a physical batch left out without step() (a `continue` guarding against a
+    # non-finite loss, say) leaves its signal queued: every later step consumes the signal of
+    # the batch before its own, real steps noise the rest of one draw with the first split
+    # of the next (D = 2), and were charged SubsampledGaussian(σ, q) (also on main). Each
+    # BatchMemoryManager signal is now checked against the batches its DataLoader iterator
+    # handed out; "end": the left-out batch is the epoch's last, its signal consumed by the
+    # next epoch's first step (a new iterator)
+    steps = _bmm_draws_per_real_step(drop_at=drop_at, epochs=2 if drop_at == "end" else 1)
     assert max(d for d, _ in steps) == 2  # the shift happened: two draws under one noise
     for draws, mechanism in steps:
         assert getattr(mechanism, "micro_batches", 1) >= draws, (draws, mechanism)
