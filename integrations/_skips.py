@@ -201,8 +201,12 @@ class SkipCounter:
             # and only while each of its signals is consumed by the step of the batch it was
             # queued for: a signal of the loop's own in the FIFO shifts every later pairing
             self.own = self.own or not paired or held > 1 or self.misaligned
-        elif popping and origin_bmm and not paired:
-            self.own = True  # a real step on another batch than its signal's: count them all
+        elif pop_next and not (origin_bmm and paired):
+            # a real step that did not consume the sampler's signal of the batch it is on (its
+            # own signal, none, another batch's): the skipped batches before it are not the
+            # splits of its draw, count them all (review rs: an extra step on another loader's
+            # batch between two splits noised a split of one draw with another draw)
+            self.own = True
         if pop_next and not skip and not getattr(self.optimizer, "_step_skip_queue", None):
             # a real step left the queue empty: every signal queued so far is consumed, the
             # next one BatchMemoryManager queues is the next step's (under its contract)

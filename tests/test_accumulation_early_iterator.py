@@ -413,3 +413,29 @@ def test_a_batch_memory_manager_loop_leaving_out_a_batch_counts_review_rs(drop_a
     assert max(d for d, _ in steps) == 2  # the shift happened: two draws under one noise
     for draws, mechanism in steps:
         assert getattr(mechanism, "micro_batches", 1) >= draws, (draws, mechanism)
+
+
+def test_an_extra_step_between_batch_memory_manager_splits_counts_review_rs():
+    # review rs: after a virtual step (the first split of a draw stays in the clipped sum),
+    # the loop steps on a batch of another stream; the queue is empty, so that step is real
+    # and noises the split with another Poisson draw (D = 2), charged SubsampledGaussian(σ, q)
+    # (every skip consumed was the sampler's, paired). A real step ends the sampler's split
+    # only by consuming its signal for the batch it is on
+    _, model, opt, loader, criterion = _private(n=256, batch_size=64)
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    extra = iter(loader)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=32, optimizer=opt) as mem:
+        batches = iter(mem)  # kept: the iterator that handed out the split is alive
+        x, y = next(batches)
+        opt.zero_grad()
+        criterion(model(x), y).backward()
+        opt.step()
+        assert opt._is_last_step_skipped  # the first split: a virtual step
+        x, y = next(extra)
+        opt.zero_grad()
+        criterion(model(x), y).backward()
+        opt.step()
+    assert not opt._is_last_step_skipped
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)]
