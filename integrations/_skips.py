@@ -25,14 +25,14 @@ requires one ``step()`` per physical batch: only then does a skip it queued
 mark a split of the draw the next real step ends), every skipped step counts
 (:meth:`SkipCounter.floor`): each
 clipped batch holds at most one Poisson draw, so the count is never below the
-draws. Except where the records clipped since the last real step are
-exactly those of the batches the loader counter saw (a Poisson batch split by
-hand, drawn through an iterator made after attach): then the counter's count
-bounds the draws and the skips add nothing. Elsewhere the count may be above
-the draws (a batch split by hand under ghost clipping or from an early
-iterator, a loop mixing its own skips with ``BatchMemoryManager``'s, skips
-without ``zero_grad()``): over-counting, never under-counting
-(docs/theory.md §14.4).
+draws. The count may be above the draws (a Poisson batch split by hand: its
+splits count; a loop mixing its own skips with ``BatchMemoryManager``'s,
+skips without ``zero_grad()``): over-counting, never under-counting
+(docs/theory.md §14.4). Review rs withdrew u27's exception for a batch split
+by hand (records clipped equal to the sizes the loader counter saw): equal
+totals do not show that the records clipped are the counted batches' (an
+empty draw; a prefetching loop, whose counter window holds the batch it
+clips next, with a second Poisson stream).
 
 The signals are mirrored in the order Opacus consumes them (its queue is
 FIFO: ``_check_skip_next_step`` pops the oldest), so the origin of each
@@ -127,8 +127,6 @@ class SkipCounter:
         self.optimizer = optimizer
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         self.own = False  # one of those skips was not BatchMemoryManager's
-        self.records: int | None = 0  # records those skipped steps clipped (None: unknown)
-        self.empty = False  # one of the micro-batches they clipped held no record (rs)
         # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
         # the queue has not been empty after a real step since: Opacus' FIFO may pair
         # BatchMemoryManager's skips with other batches than those it queued them for (rs)
@@ -192,10 +190,6 @@ class SkipCounter:
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
             held = _describe.reported_micro_batches(self.optimizer) or 1
             self.skipped += held
-            clipped = clipped_records(self.optimizer)
-            self.records = None if clipped is None or self.records is None \
-                else self.records + clipped
-            self.empty = self.empty or _clipped_an_empty_batch(self.optimizer)
             # BatchMemoryManager's contract is one step() per physical batch: a skip of it
             # that clipped several batches breaks it, and its skips no longer mark splits
             # and only while each of its signals is consumed by the step of the batch it was
@@ -213,79 +207,19 @@ class SkipCounter:
             self.misaligned = False
         return skip
 
-    def floor(self, reported: int, counter: Any = None, predict: bool = False) -> int:
+    def floor(self, reported: int) -> int:
         """The fewest micro-batches the real step about to run may hold.
 
         ``reported``: the batches the real step itself clipped (the optimizer's
         ``accumulated_iterations``, 1 where it cannot be trusted). 1 when no
         skip since the last real step was the loop's own, and the step kept
-        ``BatchMemoryManager``'s contract (one batch per ``step()``); 1 too
-        when every record clipped since the last real step is one of the
-        batches ``counter`` (the loader's
-        :class:`~privguard.integrations._describe.MicroBatchCounter`) saw,
-        whose count then bounds the draws (a Poisson batch split by hand).
-        ``predict``: between the micro-batches of a step (``next_mechanism``),
-        where the records clipped so far may still fall short of those drawn.
+        ``BatchMemoryManager``'s contract (one batch per ``step()``).
         """
         if not (self.own or (self.skipped and reported > 1)):
             return 1
-        if self._within(counter, predict):
-            return 1
         return self.skipped + reported
-
-    def _within(self, counter: Any, predict: bool) -> bool:
-        """Whether the records clipped since the last real step are those of the batches
-        the loader counter saw (all of them at a real step; at most them in between)."""
-        sizes = None if counter is None else counter.sizes
-        if (sizes is None or counter.count < 1 or len(sizes) != counter.count
-                or min(sizes) < 0 or self.records is None):
-            return False
-        now = clipped_records(self.optimizer)
-        if now is None:
-            return False
-        # an empty Poisson draw adds no record but is a draw (rs): one from an iterator the
-        # counter never saw leaves the totals equal with D above the count (§14.4 Claim 3)
-        if self.empty or _clipped_an_empty_batch(self.optimizer):
-            return False
-        clipped = self.records + now
-        return clipped <= sum(sizes) if predict else clipped == sum(sizes)
 
     def take(self) -> None:
         """The real step was charged: restart the count."""
-        self.skipped, self.own, self.records, self.empty = 0, False, 0, False
+        self.skipped, self.own = 0, False
 
-
-def clipped_records(optimizer: Any) -> int | None:
-    """The records whose per-sample gradients ``optimizer`` holds (the batch dimension of
-    ``grad_sample``, summed over its list), 0 if none; None under ghost clipping (no
-    per-sample gradients to read) or where they cannot be read."""
-    sizes = _held_sizes(optimizer)
-    return None if sizes is None else sum(sizes)
-
-
-def _clipped_an_empty_batch(optimizer: Any) -> bool:
-    """Whether one of the batches whose per-sample gradients ``optimizer`` holds (one per
-    ``backward()``: the entries of a ``grad_sample`` list) had no record; True where the
-    sizes cannot be read (the hand-split rule then does not apply: over-counting)."""
-    sizes = _held_sizes(optimizer)
-    return sizes is None or 0 in sizes
-
-
-def _held_sizes(optimizer: Any) -> list[int] | None:
-    """The batch dimension of each entry of the first ``grad_sample`` held (one per
-    ``backward()``), [] if none; None under ghost clipping or where it cannot be read."""
-    if _describe.is_ghost(optimizer):
-        return None
-    try:
-        params = optimizer.params
-    except (AttributeError, TypeError, ValueError):
-        return None
-    for p in params:
-        held = getattr(p, "grad_sample", None)
-        if held is None:
-            continue
-        try:
-            return [int(t.shape[0]) for t in (held if isinstance(held, list) else [held])]
-        except (AttributeError, IndexError, TypeError):
-            return None
-    return []

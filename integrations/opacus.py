@@ -215,8 +215,6 @@ class AttachHandle:
         optimizer.attach_step_hook(self._hook)
         self.skips = _skips.SkipCounter(optimizer)
         self.skips.install()
-        if self.counter is not None and self.counter.sizes is None:
-            self.counter.sizes = []  # the skip count compares the records clipped with them
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
@@ -255,8 +253,7 @@ class AttachHandle:
         reported = _describe.reported_micro_batches(self.optimizer) or 1
         k = max(counted, reported, self.declared_micro_batches)
         if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
-            k = max(k, self.skips.floor(reported, self.counter, predict))  # before attach:
-            # not counted above; a Poisson batch split by hand: counted above, floor 1)
+            k = max(k, self.skips.floor(reported))  # before attach is not counted above)
         return max(k, self._last_micro_batches) if predict else k
 
     def _mechanism(self, predict: bool) -> M.Mechanism:

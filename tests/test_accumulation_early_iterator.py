@@ -190,10 +190,12 @@ def test_batch_memory_manager_skips_count_when_a_step_takes_two_physical_batches
     assert charged.micro_batches >= 3  # here 4: every clipped batch counted
 
 
-def test_a_poisson_batch_split_by_hand_stays_one_draw():
+def test_a_poisson_batch_split_by_hand_counts_its_splits():
     # BatchMemoryManager by hand: one Poisson batch drawn through the counted loader, split
-    # into halves with signal_skip_step: one draw, SubsampledGaussian (the records clipped
-    # are those of the one batch the counter saw), also as predicted between the halves
+    # into halves with signal_skip_step. u27 charged it as one draw when the records clipped
+    # equalled the counted batch's size; review rs withdrew that rule (equal totals do not
+    # show the records are the counted batch's: the two tests below). The halves count:
+    # over-counting (k = 2 for D = 1), also as predicted between the halves
     _, model, opt, loader, criterion = _private()
     q = loader.batch_sampler.sample_rate
     ledger = Ledger(delta=1e-5)
@@ -211,8 +213,8 @@ def test_a_poisson_batch_split_by_hand_stays_one_draw():
                 predicted.append(handle.next_mechanism())
         if step == 2:
             break
-    assert [r.mechanism for r in ledger.history] == [M.SubsampledGaussian(SIGMA, q)] * 3
-    assert predicted == [M.SubsampledGaussian(SIGMA, q)] * 3
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)] * 3
+    assert predicted == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)] * 3
 
 
 def test_a_batch_from_an_early_iterator_next_to_a_counted_one_is_counted():
@@ -308,9 +310,9 @@ def test_a_count_above_the_draws_never_charges_less():
 
 
 def test_an_empty_draw_from_an_early_iterator_still_counts_review_rs():
-    # review rs: the hand-split rule (records clipped == sizes the loader counter saw) took an
-    # empty Poisson draw from an iterator made before attach (0 records, never counted) plus a
-    # counted draw as one split draw: two draws under one noise charged SubsampledGaussian(σ, q)
+    # review rs: u27's hand-split rule (records clipped == sizes the loader counter saw, since
+    # withdrawn) took an empty Poisson draw from an iterator made before attach (0 records,
+    # never counted) plus a counted draw as one split draw: D = 2 charged SubsampledGaussian
     _, model, opt, loader, criterion = _private(n=64, batch_size=2)  # q = 1/32: empty draws
     q = loader.batch_sampler.sample_rate
     early = iter(loader)  # made before attach: the counter never sees its batches
@@ -439,3 +441,28 @@ def test_an_extra_step_between_batch_memory_manager_splits_counts_review_rs():
         opt.step()
     assert not opt._is_last_step_skipped
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)]
+
+
+def test_a_prefetching_loop_with_a_second_stream_is_counted_review_rs():
+    # review rs: u27's hand-split rule took "records clipped since the last real step == sizes of
+    # the batches the loader counter saw since then" to mean the clipped records came from the
+    # counted batches. A loop that draws the next batch ahead (a prefetcher) counts in each
+    # window the batch it clips in the next; accumulating one draw of a second Poisson stream
+    # (another loader object, uncounted) with it, the totals coincide whenever
+    # |this batch| + |other draw| = |next batch|: D = 2 charged SubsampledGaussian(σ, q)
+    _, model, opt, loader, criterion = _private(n=64, batch_size=4, separate=True)
+    q = loader.batch_sampler.sample_rate
+    aux = DPDataLoader.from_data_loader(loader)
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches, others = iter(loader), iter(aux)
+    ahead = next(batches)
+    for _ in range(12):
+        current, ahead = ahead, next(batches)  # the next batch drawn ahead
+        for j, (x, y) in enumerate((current, next(others))):
+            opt.zero_grad()
+            criterion(model(x), y).backward()
+            if j == 0:
+                opt.signal_skip_step(do_skip=True)
+            opt.step()
+    assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 2)] * 12
