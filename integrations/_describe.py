@@ -17,14 +17,18 @@ can be seen, never from one source alone:
   gradients it holds), except under ghost clipping, whose optimizer always
   reports 1 (:func:`reported_micro_batches` returns None there);
 * what the loop declares (Hugging Face's ``gradient_accumulation_steps``,
-  Lightning's ``accumulate_grad_batches``).
+  Lightning's ``accumulate_grad_batches``);
+* the micro-batches clipped by the steps the loop skipped with
+  ``signal_skip_step`` (``integrations/_skips.py``), which the loader count
+  misses when the loop's iterator was made before attach.
 
 Opacus' ``BatchMemoryManager`` splits one Poisson batch into physical
 batches with skipped virtual steps: the loop iterates its own loader, the
 optimizer holds one batch's samples at the real step, and the step stays one
 :class:`SubsampledGaussian`. A loop that accumulates independent Poisson
-batches through ``signal_skip_step`` looks the same to the optimizer: only the
-loader's count tells them apart, so attach needs ``data_loader=`` for it.
+batches through ``signal_skip_step`` looks the same to the optimizer; the two
+are told apart by who queued the skip (``BatchMemoryManager``'s sampler or
+not: ``integrations/_skips.py``), and by the loader's count where there is one.
 """
 
 from __future__ import annotations

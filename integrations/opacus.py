@@ -14,7 +14,8 @@ the parameters (``DPOptimizer.pre_step``). A refused step therefore raises
 skipped and flagged) before any parameter changes. Steps Opacus does not
 account — the virtual steps of ``BatchMemoryManager``, steps skipped with
 ``signal_skip_step`` — never reach the hook and are not charged, so the count
-matches Opacus' own accountant.
+matches Opacus' own accountant (the micro-batches a loop's own skipped steps
+clipped are counted into the next real step's, below).
 
 What ``attach`` checks and does, so that the ε the ledger reports holds:
 
@@ -31,8 +32,12 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
-  gradients (not under ghost clipping, whose optimizer reports 1) and
-  ``micro_batches=``; see ``integrations/_describe.py``. The default curve
+  gradients (not under ghost clipping, whose optimizer reports 1),
+  ``micro_batches=`` and the loop's own ``signal_skip_step`` skips (not
+  ``BatchMemoryManager``'s; also with an iterator made before attach, which
+  the loader count misses: ``integrations/_skips.py``, §14.4); see
+  ``integrations/_describe.py``. An optimizer whose last step was skipped
+  (attach in the middle of an accumulation) is refused. The default curve
   holds with dropout or augmentation (§14.2); ``aligned_micro_batches=True``
   (with ``model=``) opts in to the tighter aligned one and refuses dropout
   it can see (``integrations/_aligned.py``).
@@ -88,7 +93,14 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _allocation, _describe, _provenance, _samplers, _sampling
+from privguard.integrations import (
+    _allocation,
+    _describe,
+    _provenance,
+    _samplers,
+    _sampling,
+    _skips,
+)
 from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
@@ -177,6 +189,7 @@ class AttachHandle:
         self._last_key: tuple[float, float, int] | None = None
         self._last_mechanism: M.Mechanism | None = None
         self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
+        self.skips: _skips.SkipCounter | None = None  # micro-batches of skipped steps (u27)
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
         self._last_micro_batches = 1
@@ -200,6 +213,8 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
+        self.skips = _skips.SkipCounter(optimizer)
+        self.skips.install()
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
@@ -221,7 +236,9 @@ class AttachHandle:
         ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
         largest of: the batches ``data_loader`` delivered since the last
         step, the optimizer's own count (not under ghost clipping), the
-        declared accumulation, and (between steps) the last step's k.
+        declared accumulation, the micro-batches of the loop's own skipped
+        steps (``signal_skip_step``, not ``BatchMemoryManager``'s), and
+        (between steps) the last step's k.
 
         For a :class:`~privguard.integrations.RandomAllocationSampler` loader:
         one epoch, ``RandomAllocation(σ, t)``, charged at the epoch's first
@@ -235,6 +252,8 @@ class AttachHandle:
         counted = 0 if self.counter is None else self.counter.count
         reported = _describe.reported_micro_batches(self.optimizer) or 1
         k = max(counted, reported, self.declared_micro_batches)
+        if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
+            k = max(k, self.skips.floor(reported))  # before attach is not counted above)
         return max(k, self._last_micro_batches) if predict else k
 
     def _mechanism(self, predict: bool) -> M.Mechanism:
@@ -308,6 +327,8 @@ class AttachHandle:
             self._last_micro_batches = k
             if self.counter is not None:
                 self.counter.take()
+            if self.skips is not None:
+                self.skips.take()
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
 
@@ -387,6 +408,8 @@ class AttachHandle:
             del _ATTACHED[self.optimizer]
         if self.counter is not None:
             self.counter.restore()
+        if self.skips is not None:
+            self.skips.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,
@@ -557,8 +580,10 @@ def attach(
             each step, where it declares them (Hugging Face's
             ``gradient_accumulation_steps``). Steps are charged with at least
             this many; privguard also counts the batches ``data_loader``
-            delivers and the per-sample gradients the optimizer holds, and
-            charges the largest (docs/theory.md §14).
+            delivers, the per-sample gradients the optimizer holds and the
+            micro-batches of steps the loop skipped with
+            ``signal_skip_step``, and charges the largest (docs/theory.md
+            §14, §14.4).
         witnesses: check every step against its charge before charging it
             (noise, clipping, and with ``data_loader`` sampling;
             ``integrations/_witnesses.py``). A mismatch raises
@@ -649,6 +674,13 @@ def attach(
     trained = [p for group in optimizer.param_groups for p in group["params"]]
     check_model(model)
     guard = guard_for(model, parameters=trained) if aligned else None
+    if getattr(optimizer, "_is_last_step_skipped", False) is True:  # u27, integrations/_skips.py
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            "is in the middle of an accumulation: its last step() was skipped "
+            "(signal_skip_step), so the clipped sum the next real step noises holds micro-batches "
+            "attach cannot count; attach before a step's first micro-batch or right after a "
+            "real step")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
