@@ -164,6 +164,18 @@ class TruncatedNegativeBinomial(RunsDistribution):
                                        f"with eta={eta_f} gives P[K=1] = {first:g}, below the "
                                        "float range: K cannot be sampled exactly (make "
                                        "eta·log(1/gamma) smaller than about 700)")
+        # sample() stops its inverse CDF at MAX_RUNS: it draws min(K, MAX_RUNS), which is K
+        # only where P[K > MAX_RUNS] is below what a draw can resolve. Refused otherwise
+        # (TNB(3, gamma=1e-102), E[K] = 3e102, always ran 10^7 candidates while the bound
+        # charged was D_{η,γ}'s): see _tail_beyond.
+        tail = _tail_beyond(eta_f, g, self.pmf(MAX_RUNS + 1))
+        if not tail <= MAX_TAIL:
+            raise InvalidArgumentError("gamma" if mean is None else "mean",
+                                       gamma if mean is None else mean,
+                                       f"with eta={eta_f} gives P[K > {MAX_RUNS}] up to "
+                                       f"{tail:.3g}: K cannot be sampled exactly (the "
+                                       f"sampler runs at most {MAX_RUNS} candidates; make "
+                                       "E[K] smaller)")
 
     @property
     def mean(self) -> float:
@@ -195,7 +207,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
         u = _generator(rng).random()
         k, p = 1, self.pmf(1)
         cdf = p
-        while cdf < u and k < 10_000_000:
+        while cdf < u and k < MAX_RUNS:  # P[K > MAX_RUNS] <= MAX_TAIL (__init__)
             p *= (1 - self.gamma) * (k + self.eta) / (k + 1)
             k += 1
             cdf += p
@@ -203,6 +215,36 @@ class TruncatedNegativeBinomial(RunsDistribution):
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "TruncatedNegativeBinomial", "params": {"eta": self.eta, "gamma": self.gamma}}
+
+
+#: The most runs :meth:`TruncatedNegativeBinomial.sample` draws (its inverse CDF stops here).
+MAX_RUNS = 10_000_000
+
+#: The largest P[K > MAX_RUNS] a TruncatedNegativeBinomial may have: 2^-53, the spacing of
+#: the uniform ``Generator.random()`` that sample() inverts, so the truncation changes the
+#: law drawn by no more than the uniform's own resolution (the same floating-point caveat
+#: as every sampler here; Mironov 2012).
+MAX_TAIL = 2.0**-53
+
+
+def _tail_beyond(eta: float, gamma: float, pmf_next: float) -> float:
+    """An upper bound on P[K > MAX_RUNS] for K ~ D_{η,γ}, from ``pmf_next`` = P[K = MAX_RUNS+1].
+
+    The pmf's ratio is pmf(k+1)/pmf(k) = (1−γ)(k+η)/(k+1) (seed 002 §2, as sample()'s
+    recursion; η = 0 included). For k ≥ N+1 (N = MAX_RUNS) it is at most
+    r = (1−γ)·max(1, (N+1+η)/(N+2)): (k+η)/(k+1) is ≤ 1 for η ≤ 1 and decreasing in k for
+    η > 1. So P[K > N] = Σ_{k>N} pmf(k) ≤ pmf(N+1)·Σ_j r^j = pmf(N+1)/(1−r), a geometric
+    series; infinite where r ≥ 1. 1 − r is formed without cancellation,
+    γ·m − (m − 1) with m − 1 = max(0, η − 1)/(N+2), and the result is rounded up by a
+    relative 1e-6, above the error of pmf(N+1) (lgamma of ~10^7 carries an absolute error
+    of about 10^-8 in the log).
+    """
+    n = MAX_RUNS
+    m_minus_1 = max(0.0, eta - 1) / (n + 2)
+    one_minus_r = gamma * (1 + m_minus_1) - m_minus_1
+    if not (one_minus_r > 0 and math.isfinite(pmf_next)):
+        return math.inf
+    return pmf_next / one_minus_r * (1 + 1e-6)
 
 
 def _solve_gamma(eta: float, mean: float) -> float:
