@@ -223,7 +223,14 @@ def _common(data: dict[str, Any]) -> tuple[np.ndarray, float | None, str]:
     return grid, delta, data["odometer"]
 
 
+_V2_KEYS = frozenset({"version", "orders", "delta", "epsilon", "filter", "shares", "rdp_budget",
+                      "odometer", "plan"})  # Config.to_dict's, unchanged since it was written
+
+
 def _from_v2(data: dict[str, Any]) -> Config:
+    if set(data) != _V2_KEYS:  # an unknown key is an edit (review bx), a missing one too
+        raise LedgerStateError(f"configuration keys {sorted(map(str, data))} are not "
+                               f"{sorted(_V2_KEYS)}")
     grid, delta, mode = _common(data)
     kind = data["filter"]
     if kind not in (*FILTERS, "strict", None):

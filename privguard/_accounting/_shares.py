@@ -153,6 +153,8 @@ def shares_from_dict(data: Any) -> DeltaShares:
     kinds = {"Uniform": Uniform, "Concentrated": Concentrated, "Explicit": Explicit}
     if not isinstance(data, dict) or data.get("type") not in kinds:
         raise InvalidArgumentError("shares", data, f"must name one of {sorted(kinds)}")
+    if set(data) != {"type", "params"}:  # what to_dict writes; anything else is an edit
+        raise InvalidArgumentError("shares", data, "must have exactly the keys type, params")
     params = dict(data.get("params") or {})
     if data["type"] == "Explicit":
         params["shares"] = {float(a): float(w) for a, w in params["shares"]}

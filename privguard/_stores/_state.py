@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from privguard import _validation as check
 from privguard._accounting import _config
 from privguard._accounting._accounting import Accounting, is_retarget
 from privguard._accounting._derivation import DERIVATION, derivation_of, first_difference
@@ -47,6 +48,14 @@ from privguard._stores._rows import check_fix
 
 FORMAT = "privguard.Ledger"
 VERSION = 2
+# The keys state_dict writes, each exactly (review bx: an unkeyed checksum is recomputed by
+# anyone, so an extra key is an edit). "derivation" since 4b7ad83; a state written before
+# it lacks the key (derivation_of reads 1). Format 1: privguard 0.1's state_dict.
+_KEYS = frozenset({"format", "version", "config", "fixed", "mechanisms", "journal", "spent",
+                   "filter_state", "keyed", "key_check", "checksum"})
+_V1_KEYS = frozenset({"format", "version", "config", "filter_state", "records", "spent",
+                      "checksum"})
+_V1_RECORD_KEYS = frozenset({"index", "label", "mechanism", "time", "pid"})
 
 
 def state_dict(acc: Accounting, items: list[Any]) -> dict[str, Any]:
@@ -98,6 +107,7 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     expected = _checksum(lambda: integrity.digest("state", body))
     if not hmac.compare_digest(str(state.get("checksum")), expected):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    _check_keys(state)
     derivation = derivation_of(state)
     try:
         # The journal is replayed from the configuration it started with: the first
@@ -108,8 +118,16 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
         acc = Accounting(final if first is None else _config.from_dict(first.get("old")),
                          fix_now=False)
         mechanisms = [mechanism_from_dict(m) for m in state["mechanisms"]]
+        used: list[int] = []  # the mechanism indexes in order of first use
         for i, entry in enumerate(state["journal"]):
             where = f"state journal entry {i}"
+            if not isinstance(entry, list) or not entry:
+                raise LedgerStateError(f"{where} must be a non-empty list, got {entry!r}")
+            if entry[0] in ("fix", "event") and len(entry) != 2:
+                # state_dict writes [kind, body], nothing else (review bx)
+                raise LedgerStateError(f"{where}: {'an' if entry[0] == 'event' else 'a'} "
+                                       f"{entry[0]} entry has 2 elements, this one "
+                                       f"{len(entry)}")
             if entry[0] == "fix":
                 # Derived again from its plan, as the stores do (issue 24, item 1); the
                 # plan is fixed once, before the first charge, so a second entry is forged.
@@ -125,6 +143,8 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
                 acc.replay_event(body, where)
             elif entry[0] == "run":
                 m, label, pid, count, first, last = _run_entry(entry, len(mechanisms), where)
+                if m not in used:
+                    used.append(m)
                 acc.replay_run(Run(acc.journal.run_count, acc.journal.charges, count, label,
                                    mechanisms[m], first, last, pid), where)
             else:
@@ -143,7 +163,34 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     if (acc.fixed is None) != (fixed is None) or first_difference(fixed, acc.fixed) is not None:
         raise LedgerStateError("the state's fixed plan does not match its journal")
     _check_replay(acc, recorded, filter_state)
+    _check_mechanisms(mechanisms, used)
     return acc, acc.journal.held_runs()
+
+
+def _check_keys(state: dict[str, Any]) -> None:
+    """The top level holds exactly the keys state_dict writes (with or without
+    "derivation", see ``_KEYS``), ``keyed`` a bool and ``key_check`` a string or None."""
+    keys = set(state) - {"derivation"}
+    if keys != _KEYS:
+        raise LedgerStateError(f"state is malformed: its keys are not the ones privguard "
+                               f"writes (unknown: "
+                               f"{sorted(map(str, keys - _KEYS))}, missing: "
+                               f"{sorted(_KEYS - keys)})")
+    if type(state["keyed"]) is not bool or not (
+            state["key_check"] is None or type(state["key_check"]) is str):
+        raise LedgerStateError(f"the state's keyed {state['keyed']!r} / key_check "
+                               f"{state['key_check']!r} are not a bool and a string or None")
+
+
+def _check_mechanisms(mechanisms: list[Any], used: list[int]) -> None:
+    """state_dict lists each run's mechanism once, numbered in order of first use: an
+    entry no run uses, a duplicate or another order is an edit (review bx)."""
+    if used != list(range(len(mechanisms))):
+        raise LedgerStateError(f"the state's mechanisms are not the journal's, each once in "
+                               f"order of first use ({len(mechanisms)} listed, the runs use "
+                               f"{used})")
+    if len(set(mechanisms)) != len(mechanisms):
+        raise LedgerStateError("the state lists one mechanism twice")
 
 
 def _checksum(compute: Callable[[], str]) -> str:
@@ -172,6 +219,9 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
     body = {k: v for k, v in state.items() if k != "checksum"}
     if state.get("checksum") != _checksum(lambda: hashlib.sha256(canonical(body)).hexdigest()):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
+    if set(state) != _V1_KEYS:
+        raise LedgerStateError(f"the version-1 state's keys {sorted(map(str, state))} are not "
+                               f"the ones privguard 0.1 wrote {sorted(_V1_KEYS)}")
     try:
         config = _config.from_dict(state["config"])
         acc = Accounting(config, fix_now=False)
@@ -233,8 +283,11 @@ def _run_entry(entry: list[Any], n_mechanisms: int, where: str
 def _v1_record(i: int, record: Any) -> tuple[str | None, Any, float, int]:
     """(label, mechanism, time, pid) of a version-1 record, each of the type 0.1 wrote."""
     where = f"version-1 record {i}"
-    if not isinstance(record, dict):
-        raise LedgerStateError(f"{where} must be a dict, got {type(record).__name__}")
+    if not isinstance(record, dict) or not set(record) <= _V1_RECORD_KEYS:
+        raise LedgerStateError(f"{where} must be a dict with keys {sorted(_V1_RECORD_KEYS)}, "
+                               f"got {check.short(record)}")
+    if "index" in record and (type(record["index"]) is not int or record["index"] != i):
+        raise LedgerStateError(f"{where}: index must be {i}, got {record['index']!r}")
     label, t, pid = record["label"], record["time"], record["pid"]
     if label is not None and not isinstance(label, str):
         raise LedgerStateError(f"{where}: label must be a string or None, got {label!r}")
