@@ -120,6 +120,31 @@ class _Txn:
         self.store._write(self.conn, acc, changes)
 
 
+def _identity_before_connect(path: str, *, create: bool
+                             ) -> tuple[tuple[int, int] | None, int | None]:
+    """The (st_dev, st_ino) of the file at ``path`` before SQLite opens it (None: missing,
+    a reader's open then fails), and the descriptor that created it, if this call did.
+
+    With ``create``, a missing file is created (empty, mode 0644 as SQLite's: SQLite reads
+    an empty file as a new database), its descriptor kept as the store's lock descriptor.
+    An existing file is only stat'ed: closing any descriptor of it would drop the POSIX
+    locks SQLite's other connections in this process hold on it (``_lockfds``).
+    """
+    if create:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            st = os.fstat(fd)
+            return (st.st_dev, st.st_ino), fd
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None, None
+    return (st.st_dev, st.st_ino), None
+
+
 class SQLiteStore:
     """The SQLite journal behind ``Ledger(..., path=...)``. Not used directly."""
 
@@ -150,6 +175,11 @@ class SQLiteStore:
         mode = None if self.read_only else journal_mode(self.path)
         conn = None
         try:
+            # review rq: the identity SQLite opens, seen before it opens it (a writer's
+            # missing file is created first, empty, which SQLite reads as a new database),
+            # must be the one the lock descriptor below watches (checked after it opens)
+            before, self._lock_fd = _identity_before_connect(self.path,
+                                                             create=not self.read_only)
             if self.read_only:
                 conn = self._connect_read_only()
             else:
@@ -162,7 +192,8 @@ class SQLiteStore:
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             self._identity = None
-            self._lock_fd = _lockfds.reuse(self.path)
+            if self._lock_fd is None:  # else the descriptor that created the file
+                self._lock_fd = _lockfds.reuse(self.path)
             if self._lock_fd is None:
                 self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
@@ -171,6 +202,10 @@ class SQLiteStore:
             if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
+            after = os.stat(self.path)
+            if not before == self._identity == (after.st_dev, after.st_ino):
+                raise LedgerStateError(f"{self.path} was replaced by another file while it "
+                                       "was being opened; nothing was read or charged")
         except (sqlite3.Error, OSError, LedgerStateError) as exc:
             if conn is not None:
                 conn.close()
