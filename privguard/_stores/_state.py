@@ -21,6 +21,11 @@ stores' check (``_stores._rows.check_fix``); its plan must be the declared
 one or the first charge's mechanism. Format 1 (privguard 0.1: one record per
 charge) still loads; its charges are grouped into runs and a ``migrate``
 event records that it happened.
+
+Loading is strict (review bx: an unkeyed checksum is recomputed by anyone): exactly the
+keys state_dict writes at every level it owns (a state without "derivation" predates it),
+fix and event entries of two elements, runs of seven, each listed mechanism used by a
+run, once, in order of first use. Event bodies are the caller's and stay free-form.
 """
 
 from __future__ import annotations
