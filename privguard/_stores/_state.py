@@ -25,7 +25,8 @@ event records that it happened.
 Loading is strict (review bx: an unkeyed checksum is recomputed by anyone): exactly the
 keys state_dict writes at every level it owns (a state without "derivation" predates it),
 fix and event entries of two elements, runs of seven, each listed mechanism used by a
-run, once, in order of first use. Event bodies are the caller's and stay free-form.
+run, once, in order of first use. Event bodies are checked by ``replay_event`` (a
+retarget's configurations strictly, as ``config``), not key by key here.
 """
 
 from __future__ import annotations
