@@ -139,7 +139,7 @@ def test_a_runs_distribution_that_cannot_be_sampled_is_refused_before_any_charge
 def test_the_largest_accepted_runs_distributions_sample():
     rng = np.random.default_rng(0)
     for runs in (TruncatedNegativeBinomial(1023.0, gamma=0.5),
-                 TruncatedNegativeBinomial(3.0, gamma=1e-5)):
+                 TruncatedNegativeBinomial(3.0, gamma=1e-102)):
         assert runs.pmf(1) > 0
     k = TruncatedNegativeBinomial(1023.0, gamma=0.5).sample(rng)
     assert 1 <= k < 10_000_000

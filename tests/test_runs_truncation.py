@@ -1,6 +1,7 @@
-"""The random-K sampler draws min(K, MAX_RUNS): a TruncatedNegativeBinomial whose tail beyond
-MAX_RUNS is above the uniform's resolution is refused before any charge (the charged bound
-is D_{η,γ}'s, the candidates run would follow another law)."""
+"""The random-K sampler draws min(K, MAX_RUNS): a tuner whose TruncatedNegativeBinomial has a
+tail beyond MAX_RUNS above the uniform's resolution is refused before it charges (the bound
+charged is D_{η,γ}'s, the candidates run would follow another law). The law itself stays a
+valid description for accounting (a journal may hold one)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,38 @@ import numpy as np
 import pytest
 from scipy.special import gammaln
 
-from privguard import InvalidArgumentError
+from privguard import InvalidArgumentError, Ledger
+from privguard import mechanisms as M
 from privguard._mechanisms._runs import MAX_RUNS, MAX_TAIL, _solve_gamma, _tail_beyond
-from privguard.tuning import TruncatedNegativeBinomial
+from privguard.tuning import DPHyPOSearch, RandomSearch, TruncatedNegativeBinomial
+
+TRUNCATED = [
+    (3.0, {"gamma": 1e-102}),   # E[K] = 3e102: every draw ran exactly 10^7 candidates
+    (1.0, {"gamma": 1e-8}),     # geometric, P[K > 10^7] = 0.905
+    (-0.5, {"mean": 1000.0}),   # P[K > 10^7] ≈ 2e-6 (heavy tail)
+    (-0.9, {"mean": 5.0}),      # P[K > 10^7] ≈ 2e-8
+]
 
 
-@pytest.mark.parametrize("eta,kw,name", [
-    (3.0, {"gamma": 1e-102}, "gamma"),   # E[K] = 3e102: every draw ran exactly 10^7 candidates
-    (1.0, {"gamma": 1e-8}, "gamma"),     # geometric, P[K > 10^7] = 0.905
-    (-0.5, {"mean": 1000.0}, "mean"),    # P[K > 10^7] ≈ 2e-6 (heavy tail)
-    (-0.9, {"mean": 5.0}, "mean"),       # P[K > 10^7] ≈ 2e-8
-])
-def test_a_law_the_sampler_would_truncate_is_refused(eta, kw, name):
+@pytest.mark.parametrize("eta,kw", TRUNCATED)
+def test_a_law_the_sampler_would_truncate_is_refused(eta, kw):
+    runs = TruncatedNegativeBinomial(eta, **kw)  # a valid description
     with pytest.raises(InvalidArgumentError) as info:
-        TruncatedNegativeBinomial(eta, **kw)
-    assert info.value.argument == name and f"P[K > {MAX_RUNS}]" in str(info.value)
+        runs.check_sampleable()
+    assert info.value.argument == "runs" and f"P[K > {MAX_RUNS}]" in str(info.value)
+
+
+@pytest.mark.parametrize("eta,kw", TRUNCATED)
+@pytest.mark.parametrize("tuner", ["random", "dp_hypo"])
+def test_a_tuner_refuses_it_before_it_charges_or_runs(eta, kw, tuner):
+    runs = TruncatedNegativeBinomial(eta, **kw)
+    make = RandomSearch if tuner == "random" else DPHyPOSearch
+    search = make({"x": [1, 2]}, runs, cost=M.Gaussian(1e6), progress=False, seed=0)
+    ran = []
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError) as info:
+        search.run(lambda params, child: ran.append(params) or 0.0, ledger)
+    assert info.value.argument == "runs" and ledger.history == () and ran == []
 
 
 @pytest.mark.parametrize("eta", [-0.5, 0.0, 0.5, 1.0, 2.0])

@@ -34,6 +34,10 @@ class RunsDistribution:
     def pmf(self, k: int) -> float:
         raise NotImplementedError
 
+    def check_sampleable(self, name: str = "runs") -> None:
+        """Refuse (InvalidArgumentError naming ``name``) a law :meth:`sample` cannot draw
+        exactly; a tuner calls it before it charges. Poisson(μ), μ ≤ 10^18: numpy draws it."""
+
     # Every distribution also has ``mean``, E[K] (a field or a property).
 
     def pgf(self, x: float) -> float:
@@ -164,22 +168,29 @@ class TruncatedNegativeBinomial(RunsDistribution):
                                        f"with eta={eta_f} gives P[K=1] = {first:g}, below the "
                                        "float range: K cannot be sampled exactly (make "
                                        "eta·log(1/gamma) smaller than about 700)")
-        # sample() stops its inverse CDF at MAX_RUNS: it draws min(K, MAX_RUNS), which is K
-        # only where P[K > MAX_RUNS] is below what a draw can resolve. Refused otherwise
-        # (TNB(3, gamma=1e-102), E[K] = 3e102, always ran 10^7 candidates while the bound
-        # charged was D_{η,γ}'s): see _tail_beyond.
-        tail = _tail_beyond(eta_f, g, self.pmf(MAX_RUNS + 1))
-        if not tail <= MAX_TAIL:
-            raise InvalidArgumentError("gamma" if mean is None else "mean",
-                                       gamma if mean is None else mean,
-                                       f"with eta={eta_f} gives P[K > {MAX_RUNS}] up to "
-                                       f"{tail:.3g}: K cannot be sampled exactly (the "
-                                       f"sampler runs at most {MAX_RUNS} candidates; make "
-                                       "E[K] smaller)")
 
     @property
     def mean(self) -> float:
         return _tnb_mean(self.eta, self.gamma)
+
+    def check_sampleable(self, name: str = "runs") -> None:
+        """Refuse (InvalidArgumentError naming ``name``) a law :meth:`sample` cannot draw.
+
+        sample() stops its inverse CDF at MAX_RUNS, so it draws min(K, MAX_RUNS): that is K
+        only where P[K > MAX_RUNS] is below the resolution of the uniform it inverts
+        (MAX_TAIL). A tuner calls this before it charges Theorem 2's bound for D_{η,γ}
+        (TNB(3, gamma=1e-102), E[K] = 3e102, ran exactly 10^7 candidates at every draw).
+        The law itself stays a valid description for accounting (a journal may hold one).
+
+        Example:
+            >>> TruncatedNegativeBinomial(1.0, mean=10.0).check_sampleable()
+        """
+        tail = _tail_beyond(self.eta, self.gamma, self.pmf(MAX_RUNS + 1))
+        if not tail <= MAX_TAIL:
+            raise InvalidArgumentError(name, self,
+                                       f"has P[K > {MAX_RUNS}] up to {tail:.3g}: K cannot be "
+                                       f"sampled exactly (the sampler runs at most {MAX_RUNS} "
+                                       "candidates); make E[K] smaller")
 
     def pmf(self, k: int) -> float:
         k = check._as_int("k", k)

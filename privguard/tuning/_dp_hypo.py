@@ -253,6 +253,7 @@ class DPHyPOSearch(RehearseOne, Tuner):
         """
         check_objective(objective)
         check_ledger(ledger)
+        self.runs.check_sampleable("runs")  # T drawn exactly, before the charge
         label = check_label(label)
         executor = resolve(backend)
         try:

@@ -133,6 +133,7 @@ class RandomSearch(RehearseOne, Tuner):
         """
         check_objective(objective)
         check_ledger(ledger)
+        self.runs.check_sampleable("runs")  # K drawn exactly, before the charge
         label = check_label(label)
         executor = resolve(backend)
         grid = ledger.orders
