@@ -55,7 +55,7 @@ def test_a_file_replaced_while_the_store_connects_is_refused(tmp_path, monkeypat
 def test_an_unchanged_or_new_file_opens(tmp_path):
     path = tmp_path / "new.db"
     assert not path.exists()
-    _ledger_file(path)  # created (empty first, then SQLite's)
+    _ledger_file(path)  # created by SQLite
     ledger = Ledger(3.0, 1e-5, path=path)
     assert len(ledger.runs) == 1
     ledger.close()

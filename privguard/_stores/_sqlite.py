@@ -120,29 +120,20 @@ class _Txn:
         self.store._write(self.conn, acc, changes)
 
 
-def _identity_before_connect(path: str, *, create: bool
-                             ) -> tuple[tuple[int, int] | None, int | None]:
-    """The (st_dev, st_ino) of the file at ``path`` before SQLite opens it (None: missing,
-    a reader's open then fails), and the descriptor that created it, if this call did.
+def _identity_before_connect(path: str) -> tuple[int, int] | None:
+    """The (st_dev, st_ino) of the file at ``path`` before SQLite opens it (None: missing).
 
-    With ``create``, a missing file is created (empty, mode 0644 as SQLite's: SQLite reads
-    an empty file as a new database), its descriptor kept as the store's lock descriptor.
-    An existing file is only stat'ed: closing any descriptor of it would drop the POSIX
-    locks SQLite's other connections in this process hold on it (``_lockfds``).
+    Only stat'ed: closing any descriptor of it would drop the POSIX locks SQLite's other
+    connections in this process hold on it (``_lockfds``). A file SQLite creates is not
+    pre-created here (a failed open would leave an empty file behind, and the refusal of a
+    read-only directory would name the journal instead): for a new file only the path and
+    the lock descriptor are compared after the connect.
     """
-    if create:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NONBLOCK, 0o644)
-        except FileExistsError:
-            pass
-        else:
-            st = os.fstat(fd)
-            return (st.st_dev, st.st_ino), fd
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return None, None
-    return (st.st_dev, st.st_ino), None
+        return None
+    return st.st_dev, st.st_ino
 
 
 class SQLiteStore:
@@ -175,11 +166,9 @@ class SQLiteStore:
         mode = None if self.read_only else journal_mode(self.path)
         conn = None
         try:
-            # review rq: the identity SQLite opens, seen before it opens it (a writer's
-            # missing file is created first, empty, which SQLite reads as a new database),
-            # must be the one the lock descriptor below watches (checked after it opens)
-            before, self._lock_fd = _identity_before_connect(self.path,
-                                                             create=not self.read_only)
+            # review rq: the file SQLite opens (an existing one: its identity before the
+            # connect) must be the one the lock descriptor below watches, and still the path's
+            before = _identity_before_connect(self.path)
             if self.read_only:
                 conn = self._connect_read_only()
             else:
@@ -192,8 +181,7 @@ class SQLiteStore:
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             self._identity = None
-            if self._lock_fd is None:  # else the descriptor that created the file
-                self._lock_fd = _lockfds.reuse(self.path)
+            self._lock_fd = _lockfds.reuse(self.path)
             if self._lock_fd is None:
                 self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
@@ -203,7 +191,8 @@ class SQLiteStore:
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
             after = os.stat(self.path)
-            if not before == self._identity == (after.st_dev, after.st_ino):
+            if before not in (None, self._identity) or self._identity != (after.st_dev,
+                                                                          after.st_ino):
                 raise LedgerStateError(f"{self.path} was replaced by another file while it "
                                        "was being opened; nothing was read or charged")
         except (sqlite3.Error, OSError, LedgerStateError) as exc:
