@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
-from privguard._accounting._accounting import check_label
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
@@ -31,18 +30,14 @@ from privguard._optional import require
 from privguard.tuning._base import (
     Best,
     CandidateCosts,
-    Elapsed,
     Tuner,
     TuningResult,
-    check_ledger,
     check_mode,
-    check_objective,
     check_seed,
     is_outcome,
     make_rng,
-    sealed,
 )
-from privguard.tuning._executors import prepare, resolve
+from privguard.tuning._charged_run import charged_run
 from privguard.tuning._projection import project_density
 from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import Choice, SearchSpace
@@ -251,26 +246,17 @@ class DPHyPOSearch(RehearseOne, Tuner):
                 nothing of the run); the bound stays charged.
             TuningAborted: anything else escaped mid-run (cause withheld).
         """
-        check_objective(objective)
-        check_ledger(ledger)
-        self.runs.check_sampleable("runs")  # T drawn exactly, before the charge
-        label = check_label(label)
-        executor = resolve(backend)
+        return charged_run(self, objective, ledger, label, backend, "DP-HyPO tuning",
+                           before=self._check_update_rule)
+
+    def _check_update_rule(self) -> None:
+        """The rule must work on a data-independent history, before anything is charged."""
         try:
-            self.density([(0, 0.0)])  # the rule must work on a data-independent history
+            self.density([(0, 0.0)])
         except Exception as exc:
             raise InvalidArgumentError(
                 "update", self.update,
                 f"fails on the one-run history [(0, 0.0)] ({type(exc).__name__})") from None
-        grid = ledger.orders
-        budgets = self.costs.budgets(grid)
-        mech = self.cost(grid)
-        mech._rdp_checked(grid)
-        prepare(executor, objective)
-        with Elapsed(label or "DP-HyPO tuning", self.progress) as bar:
-            self._charge(ledger, mech, label)
-            bar.show_budget(ledger)
-            return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],
                 executor: Any, mech: DPHyPO) -> TuningResult:

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
-from privguard._accounting._accounting import check_label
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
@@ -19,17 +18,14 @@ from privguard._mechanisms._runs import Poisson, RunsDistribution, TruncatedNega
 from privguard.tuning._base import (
     Best,
     CandidateCosts,
-    Elapsed,
     Tuner,
     TuningResult,
-    check_ledger,
     check_mode,
-    check_objective,
     check_seed,
     make_rng,
-    sealed,
 )
-from privguard.tuning._executors import Task, prepare, resolve
+from privguard.tuning._charged_run import charged_run
+from privguard.tuning._executors import Task
 from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import SearchSpace
 
@@ -131,20 +127,7 @@ class RandomSearch(RehearseOne, Tuner):
             TuningAborted: anything else escaped mid-run (cause withheld);
                 the bound stays charged.
         """
-        check_objective(objective)
-        check_ledger(ledger)
-        self.runs.check_sampleable("runs")  # K drawn exactly, before the charge
-        label = check_label(label)
-        executor = resolve(backend)
-        grid = ledger.orders
-        budgets = self.costs.budgets(grid)
-        mech = self.cost(grid)
-        mech._rdp_checked(grid)  # the bound's curve, computed before the charge
-        prepare(executor, objective)
-        with Elapsed(label or "tuning", self.progress) as bar:
-            self._charge(ledger, mech, label)
-            bar.show_budget(ledger)
-            return sealed(lambda: self._search(objective, grid, budgets, executor, mech))
+        return charged_run(self, objective, ledger, label, backend, "tuning")
 
     def _search(self, objective: Callable, grid: np.ndarray, budgets: list[np.ndarray],
                 executor: Any, mech: Mechanism) -> TuningResult:
