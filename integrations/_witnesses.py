@@ -250,7 +250,8 @@ def _first_param(optimizer: Any) -> Any:
 
 class _Layout:
     """The float64 buffers of :meth:`Witnesses._measure` for one layout of the parameters
-    with a noisy gradient (their shapes and dtypes, ``key``), with every view and constant a
+    with a noisy gradient (per parameter: its shape, its gradient's and clipped sum's dtypes
+    and the gradient's device, ``key``), with every view and constant a
     step needs made once (task t28: a step dispatches no indexing and allocates nothing but
     the norms' results).
 
@@ -262,19 +263,20 @@ class _Layout:
     its first 4 entries) and the norms (``part_norms``: per parameter; ``part_norms_diff``:
     and the difference), read back in one ``tolist``. ``nonempty``: (position, d_p, u_p,
     (1 + 2⁻⁴⁰)/(1 − g_{d_p})) per non-empty parameter; ``unit_max`` the largest u_p;
-    ``gamma`` = g_d (:func:`gram_widening`).
+    ``gamma`` = g_d (:func:`gram_widening`); ``eps`` the machine epsilon of the coarsest
+    dtype in ``key`` (the clipped-sum bound's tolerance).
     """
 
     def __init__(self, key: tuple[Any, ...], device: Any) -> None:
         self.key = key
-        sizes = [math.prod(shape) for shape, _ in key]
+        sizes = [math.prod(entry[0]) for entry in key]
         self.d = d = sum(sizes)
         self.buf = torch.empty((2, d), dtype=torch.float64, device=device)
         self.buf_t = self.buf.t()
         self.a, self.g = self.buf[0], self.buf[1]
         rows: list[list[Any]] = [[], []]
         offset = 0
-        for (shape, _), size in zip(key, sizes, strict=True):
+        for (shape, *_), size in zip(key, sizes, strict=True):
             for row, part in zip((0, 1), rows, strict=True):
                 part.append(self.buf[row, offset:offset + size].view(shape))
             offset += size
@@ -290,8 +292,12 @@ class _Layout:
         self.part_norms_diff = self.out[4:]
         self.gamma = gram_widening(d)
         up = 1.0 + 2.0 ** -40
-        units = [torch.finfo(dtype).eps / 2.0 for _, dtype in key]
+        # u_p: the unit roundoff of the coarser of the parameter's gradient and clipped-sum
+        # dtypes, as seen at this step (wr: after model.half() or .double(), not at attach)
+        units = [coarsest_eps(dtypes) / 2.0 for _, *dtypes, _ in key]
         self.unit_max = max(units, default=0.0)
+        # the clipping checks' float tolerance: the coarsest dtype of this step's tensors
+        self.eps = coarsest_eps(dtype for _, *dtypes, _ in key for dtype in dtypes)
         self.nonempty = [(i, d_p, units[i], up / (1.0 - gram_widening(d_p)))
                          for i, d_p in enumerate(sizes) if d_p]
 
@@ -323,6 +329,7 @@ class Witnesses:
     active: tuple[str, ...] = ("noise", "clipping")
     _zprev: tuple[int, float] | None = None
     _synced: tuple[int, list[float]] | None = None
+    _charged = math.nan  # the σ (noise witness on) or C of the step being checked (wr)
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
@@ -376,10 +383,10 @@ class Witnesses:
         self._norms_high: tuple[float, float] | None = None  # _measure's bounds on ‖a‖, ‖g‖
         self._buf: _Layout | None = None  # _measure's buffers
         self._synced: tuple[int, list[float]] | None = None  # (ẑ's row, ‖ẑ_p‖…, ‖D̂‖): _measure
-        params = getattr(optimizer, "params", None) or []
-        # the coarsest floating dtype among the parameters sets the float tolerance (review
-        # rw: the first parameter's alone was too tight for a bf16 one after an fp32 one)
-        self._eps = coarsest_eps(p.dtype for p in params)
+        # The float tolerance of the clipping checks is the coarsest floating dtype among the
+        # step's tensors (review rw: the first parameter's alone was too tight for a bf16 one
+        # after an fp32 one), read at each step (wr: fixed here at attach, it no longer
+        # matched the gradients after model.half(), .to(torch.bfloat16) or .double())
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
@@ -502,7 +509,9 @@ class Witnesses:
         # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both
         tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
-        if deviation > tolerance:
+        if not math.isfinite(size + bound_norm):  # wr: a NaN deviation passed "> tolerance"
+            self._refuse_micro_batch(self._clip_unmeasurable(c, batch, ""))
+        elif deviation > tolerance:
             self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
@@ -512,6 +521,18 @@ class Witnesses:
                 "charged or applied",
                 witness="clipping", charged=c, measured=deviation, interval=None,
                 step=self.steps + 1))
+
+    def _clip_unmeasurable(self, c: float, batch: int, mode: str) -> PipelineMismatchError:
+        """The refusal of a micro-batch whose clipping cannot be checked (wr): a per-sample
+        gradient, norm or the clipped sum is NaN or ±inf (Opacus clips an inf per-sample
+        gradient to inf·0 = NaN), and a NaN compared with the tolerance is False."""
+        return PipelineMismatchError(
+            f"clipping witness{mode}: the clipping of this micro-batch of {batch} records "
+            f"cannot be checked at the charged C = {c:.6g}: a per-sample gradient or the "
+            "clipped sum is not finite (NaN or ±inf: a NaN or inf gradient from the model?), "
+            "and a sum that is not finite is not bounded by C. Nothing was charged or applied",
+            witness="clipping", charged=c, measured=math.nan, interval=None,
+            step=self.steps + 1)
 
     @_without_locals
     def _ghost_accumulate(self) -> None:
@@ -530,9 +551,11 @@ class Witnesses:
                                                                          dtype=torch.float64))),
                 norms.clamp(max=c).sum().to(torch.float64)]).tolist()
             # ‖Σ_i clip_C(g_i)‖ ≤ Σ_i min(‖g_i‖, C) (triangle inequality)
-            eps = max(self._eps, torch.finfo(norms.dtype).eps)
+            eps = coarsest_eps([norms.dtype] + [g.dtype for g in grads])  # this step's (wr)
             tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
-            if got > bound + tolerance:
+            if not math.isfinite(got + bound):  # wr: a NaN norm passed "> bound + tolerance"
+                self._refuse_micro_batch(self._clip_unmeasurable(c, batch, " (ghost clipping)"))
+            elif got > bound + tolerance:
                 self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
                     f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
@@ -598,6 +621,7 @@ class Witnesses:
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
+        self._charged = sigma if "noise" in self.active else c
         measured = self._measure(scale)
         if measured is None:
             return
@@ -660,7 +684,7 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        lay = self._buffer(grads)
+        lay = self._buffer(grads, summed)
         if _FOREACH_COPY is not None:
             _FOREACH_COPY(lay.targets, summed + grads)
         else:  # torch < 2.1: one copy per tensor
@@ -704,12 +728,51 @@ class Witnesses:
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40
-        z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
         # upper bounds on ‖a‖ and ‖g‖ (each Gram diagonal entry within a relative γ_d): the
         # per-parameter and repeat tests' rounding allowances (_noise_parts) use them
-        self._norms_high = (sum_high, math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up)
+        g_high = math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up
+        # wr: the bound above is on ‖z‖, z = s·g − a the noise's trace on the stored values;
+        # the noise drawn is Z = z within Opacus' own rounding of g = fl(fl(a + Z)/s) in the
+        # gradient's dtype, ‖Z − z‖ ≤ 4u_p·s‖g‖ (u_p ≤ the coarsest unit roundoff; review sb,
+        # _noise_parts), so ‖Z‖ ≤ ‖z‖ + 4u_p·s‖g‖ (docs/theory.md §16.1, *Opacus' own
+        # rounding*): without this term the total test alarmed up to ~1.3× (d = 1, float32)
+        # more often than its level on correct steps of tiny models
+        z_high = (math.sqrt(max(z_sq + gamma * r, 0.0)) + 4.0 * lay.unit_max * scale * g_high) \
+            * up
+        # (values[4:] are checked by _noise_parts: on a rank without the noise witness, and
+        # the repeat slot at a first step, they are not written this step)
+        if not all(map(math.isfinite, values[:4])) or not math.isfinite(z_high * sum_high):
+            self._unmeasurable(values[:4])
+        self._norms_high = (sum_high, g_high)
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
+
+    def _unmeasurable(self, values: list[float] | None) -> None:
+        """Refuse a step whose noise and clipped sum cannot be measured (wr): a NaN or ±inf in
+        the clipped sum or the noisy gradient (a NaN or inf gradient from the model reaches
+        both: Opacus clips an inf per-sample gradient to inf·0 = NaN), or a float64 overflow
+        of the Gram product or of the statistics (float64 entries ≳ 10¹⁵⁴).
+
+        A NaN compared with a threshold is False, so every test passed such a step
+        silently: the noise test (a NaN statistic is not below the cut), the clipped-sum
+        bound, the per-parameter and repeat tests. A clipped sum that is not finite was not
+        bounded by C, and a noise that cannot be measured is not known to be there: fail
+        closed (nothing charged or applied). The message names which of the two is not
+        finite, never a value.
+        """
+        aa, gg = (0.0, 0.0) if values is None else (values[0], values[3])
+        what = [name for name, x in (("the clipped sum (summed_grad)", aa),
+                                     ("the noisy gradient (grad)", gg)) if not math.isfinite(x)]
+        why = (f"{' and '.join(what)} of this step {'are' if len(what) > 1 else 'is'} not "
+               "finite (NaN or ±inf: a NaN or inf gradient from the model?)" if what else
+               "its float64 statistics overflow (entries ≳ 1e154)")
+        witness = "noise" if "noise" in self.active else "clipping"
+        self._fail(PipelineMismatchError(
+            f"{witness} witness: this step's noise and clipped sum cannot be measured: {why}. "
+            "A clipped sum that is not finite is not bounded by C, and noise that cannot be "
+            "measured is not known to be there. Nothing was charged or applied",
+            witness=witness, charged=self._charged, measured=math.nan, interval=None,
+            step=getattr(self, "steps", 0)))
 
     def _check_parameter_noise(self, sigma: float, c: float, scale: float) -> None:
         """The noise test of each parameter alone (review rt), after :meth:`_measure`.
@@ -813,24 +876,32 @@ class Witnesses:
             high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
                 / (1.0 - lay.gamma) + 4.0 * lay.unit_max * scale * g_high * up
             repeat = (high, norms[-1])
+        if not all(math.isfinite(b[2]) for b in out) or (
+                repeat is not None and not math.isfinite(repeat[0])):
+            self._unmeasurable(None)  # an overflow in a norm: no test may pass on it (wr)
         self._zprev = (cur, reach)
         return out, repeat
 
-    def _buffer(self, grads: list[Any]) -> _Layout:
+    def _buffer(self, grads: list[Any], summed: list[Any]) -> _Layout:
         """The float64 buffers of :meth:`_measure` and their views (:class:`_Layout`).
 
         Allocated at the first step and again only when the parameters with a noisy
-        gradient change (their number, shapes or dtypes); the previous step's ẑ is then
+        gradient change (their number, shapes, dtypes or device); the previous step's ẑ is then
         forgotten (the repeat test restarts). The copy into the buffer is exact (float64
         holds every float16, bfloat16, float32 and float64 value).
         """
-        key = tuple([(g.shape, g.dtype) for g in grads])
+        # wr: keyed by both dtypes (the rounding allowances and the clipping tolerance follow
+        # the dtypes seen at this step: after model.half() or .double(), not those at attach)
+        # and by device (a model moved to another device gets buffers there)
+        key = tuple([(g.shape, g.dtype, a.dtype, g.device)
+                     for g, a in zip(grads, summed, strict=True)])
         if self._buf is None or self._buf.key != key:
-            for g in grads:
-                if not (g.dtype.is_floating_point and g.dtype.itemsize <= 8):
-                    raise InvalidArgumentError(
-                        "witnesses", True, f"need real floating-point gradients of at most 64 "
-                        f"bits for the noise witness, got {g.dtype}")
+            for _, *dtypes, _ in key:
+                for dtype in dtypes:
+                    if not (dtype.is_floating_point and dtype.itemsize <= 8):
+                        raise InvalidArgumentError(
+                            "witnesses", True, f"need real floating-point gradients of at most "
+                            f"64 bits for the noise witness, got {dtype}")
             self._buf = _Layout(key, grads[0].device)
             self._zprev = None
         return self._buf
@@ -860,7 +931,8 @@ class Witnesses:
         Deterministic (the triangle inequality; the tolerance of the per-micro-batch
         check covers the rounding): a correct clip never trips it, whatever the data.
         """
-        eps = self._eps
+        assert self._buf is not None, "_measure runs first"
+        eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
         tolerance = (1e-3 + 4.0 * records * eps) * bound + 1e-5 * records
         if size > bound + tolerance:
