@@ -18,6 +18,11 @@ the step is charged or released, three things the charge asserts:
   parameter barely moves the total, but releases that parameter's clipped sum (review rt);
   and the noise against the previous step's (‖Z_t − Z_{t−1}‖²/(σ_tC)² against χ²_d's lower
   tail, by Anderson's inequality): a generator reseeded before every step repeats Z.
+  Every statistic bounds the noise drawn, Z, not only its trace z = s·g − a, which
+  Opacus' rounding of g = fl(fl(a + Z)/s) shrinks by ≤ 4u_p·s‖g‖ (review sb; the total
+  test too since wr); a step whose dtype cannot hold the noise (u_p·s‖g‖ ≥ σC√d), or
+  whose clipped sum or gradient is not finite (NaN, ±inf, a float64 overflow), is
+  refused: its noise cannot be measured (wr, docs/theory.md §16.1).
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
@@ -264,7 +269,7 @@ class _Layout:
     and the difference), read back in one ``tolist``. ``nonempty``: (position, d_p, u_p,
     (1 + 2⁻⁴⁰)/(1 − g_{d_p})) per non-empty parameter; ``unit_max`` the largest u_p;
     ``gamma`` = g_d (:func:`gram_widening`); ``eps`` the machine epsilon of the coarsest
-    dtype in ``key`` (the clipped-sum bound's tolerance).
+    dtype in ``key``, ``coarsest`` (the clipped-sum bound's tolerance, the precision guard).
     """
 
     def __init__(self, key: tuple[Any, ...], device: Any) -> None:
@@ -297,7 +302,9 @@ class _Layout:
         units = [coarsest_eps(dtypes) / 2.0 for _, *dtypes, _ in key]
         self.unit_max = max(units, default=0.0)
         # the clipping checks' float tolerance: the coarsest dtype of this step's tensors
-        self.eps = coarsest_eps(dtype for _, *dtypes, _ in key for dtype in dtypes)
+        dtypes = [dtype for _, *pair, _ in key for dtype in pair]
+        self.eps = coarsest_eps(dtypes)
+        self.coarsest = max(dtypes, key=lambda t: torch.finfo(t).eps, default=None)
         self.nonempty = [(i, d_p, units[i], up / (1.0 - gram_widening(d_p)))
                          for i, d_p in enumerate(sizes) if d_p]
 
@@ -629,6 +636,7 @@ class Witnesses:
         self._check_clipped_sum(sum_high, records, c)
         if "noise" not in self.active:
             return
+        self._check_precision(sigma, c, scale, d)
         self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
@@ -639,6 +647,38 @@ class Witnesses:
             if tail <= alpha:
                 self._fail_noise(sigma, c, z_norm, d, tail, alpha, "")
         self._check_parameter_noise(sigma, c, scale)
+
+    def _check_precision(self, sigma: float, c: float, scale: float, d: int) -> None:
+        """Refuse a step whose gradients' dtype cannot hold the charged noise (wr).
+
+        The noise statistics bound the noise drawn, Z, within Opacus' own rounding of
+        g = fl(fl(a + Z)/s): ‖Z − z‖ ≤ 4u_p·s‖g‖ (review sb; the total test too since wr).
+        Where u_p·s‖g‖ ≥ σC√d (the unit roundoff at the gradient's magnitude is, in RMS over
+        the coordinates, at least the charged noise's σC) that allowance alone is 4× the
+        noise's expected norm: the tests can no longer see noise that the rounding removed
+        (bfloat16: the 42-coordinate model of docs/theory.md §16.1, *Low precision*, whose
+        ẑ = 0 the total test refused before it bounded the noise drawn), and the stored
+        clipped sum's own rounding, u_p·|a_j| per coordinate, moves it by as much as the
+        noise, so its sensitivity is not C: the step is not the charged mechanism in floating
+        point. Deterministic given the step; it needs ‖a‖ ≳ σC√d/u_p, over 10⁷·σC√d in
+        float32 (a correct float32 run never meets it), 256·σC√d in bfloat16. No number
+        derived from the gradient is reported.
+        """
+        assert self._buf is not None and self._norms_high is not None
+        lay = self._buf
+        sd = sigma * c
+        # u_p·s‖g‖ ≥ σC√d, ‖g‖ from _measure's bound (a relative g_d above the exact norm)
+        if lay.unit_max * scale * self._norms_high[1] < sd * math.sqrt(d):
+            return
+        self._fail(PipelineMismatchError(
+            f"noise witness: the step is charged with noise σ·C = {sd:.6g} per coordinate "
+            f"(σ = {sigma:.6g}, C = {c:.6g}), but this step's gradients, in {lay.coarsest}, "
+            f"cannot hold it: the dtype's unit roundoff at the gradient's magnitude is at "
+            f"least the charged noise over its {d} coordinates, so rounding the noisy gradient "
+            "can remove the noise, and rounding the clipped sum moves it by as much as the "
+            "noise (its sensitivity is then not C). Compute the gradients in a finer dtype "
+            "(float32). Nothing was charged or applied",
+            witness="noise", charged=sigma, measured=math.nan, interval=None, step=self.steps))
 
     def _fail_noise(self, sigma: float, c: float, z_norm: float, d: int, tail: float,
                     alpha: float, where: str) -> None:

@@ -218,3 +218,52 @@ def test_a_correct_step_of_a_one_coordinate_model_is_not_refused(scale, a, z):
     w = _witness(_params([a32], [g]), scale, sigma=sigma)
     w._check_noise(sigma, 10)
     assert w.failure is None and w.noise_checks == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_model_cast_after_attach_runs_clean(dtype):
+    """model.to(dtype) after attach: the clean steps that follow are not refused (the
+    tolerance and allowances follow the new dtype; the buffers are rebuilt)."""
+    model, opt, loader, crit = pipeline(seed=3, clip=0.1)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    assert run(model, opt, loader, crit, 2) == 2
+    model.to(dtype)
+    for done, (x, y) in enumerate(loader, start=1):
+        opt.zero_grad()
+        crit(model(x.to(dtype)), y).backward()
+        opt.step()
+        if done == 8:
+            break
+    assert handle.witnesses.failure is None and handle.witnesses._buf.eps == \
+        torch.finfo(dtype).eps
+
+
+# ------------------------------------------------------------------ precision guard
+def _same_gradient_step(dtype, d=42, batch=4096, sigma=0.5):
+    """docs/theory.md §16.1, *Low precision*: every record has the same gradient, all
+    coordinates of one magnitude (|a_j| = 4096/√42 ≈ 632), mean reduction."""
+    gen = torch.Generator().manual_seed(0)
+    a = (batch * torch.ones(d, dtype=torch.float64) / math.sqrt(d)).to(dtype)
+    z = (sigma * torch.randn(d, generator=gen, dtype=torch.float64)).to(dtype)
+    g = (a + z) / batch
+    return _witness(_params([a], [g]), float(batch), sigma=sigma)
+
+
+def test_a_dtype_that_cannot_hold_the_noise_is_refused():
+    """bfloat16: ulp(632) = 4 ≫ σC = 0.5, the noise is rounded away (ẑ = 0). The total test
+    refused it before it bounded the noise drawn (wr); with the 4u_p·s‖g‖ allowance it cannot
+    see it, and the precision guard (u_p·s‖g‖ ≥ σC√d) refuses it instead."""
+    w = _same_gradient_step(torch.bfloat16)
+    with pytest.raises(PipelineMismatchError, match="cannot hold it") as info:
+        w._check_noise(0.5, 4096)
+    assert info.value.witness == "noise" and math.isnan(info.value.measured)
+    assert "bfloat16" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dtypes_that_hold_the_noise_pass(dtype):
+    """float16 (u·|a_j| = 0.31 < σC) and float32 pass the same step, as before."""
+    w = _same_gradient_step(dtype)
+    w._check_noise(0.5, 4096)
+    assert w.failure is None and w.noise_checks == 1
