@@ -135,6 +135,22 @@ def coarsest_eps(dtypes: Any) -> float:
     return max((torch.finfo(t).eps for t in dtypes if t.is_floating_point), default=0.0)
 
 
+def _stabiliser(c: float) -> float:
+    """The clipping checks' absolute tolerance per record: 10× the most that Opacus'
+    stabiliser, min(1, C/(‖g‖ + 10⁻⁶)) for min(1, C/‖g‖), moves a record's clipped
+    contribution, min(C, 10⁻⁶) (wr).
+
+    For ‖g‖ = n ≥ C the contribution moves by C·10⁻⁶/(n + 10⁻⁶) ≤ min(C, 10⁻⁶); for n < C
+    by n·(1 − C/(n + 10⁻⁶))⁺ ≤ min(n, 10⁻⁶) < min(C, 10⁻⁶). The flat 10⁻⁵ per record used
+    before is this for C ≥ 10⁻⁶, but at a smaller C (a loss in small units) it exceeded
+    B·C itself, and a step with clipping turned off passed both clipping checks.
+
+        >>> _stabiliser(1.0), _stabiliser(1e-9)
+        (1e-05, 1e-08)
+    """
+    return 1e-5 if c >= 1e-6 else 10.0 * c  # exactly the former 1e-5 for C ≥ 10⁻⁶
+
+
 def gram_widening(d: int) -> float:
     """The relative widening g of the noise statistic from a float64 Gram product over d
     coordinates: g = (d + 16)u/(1 − 2(d + 16)u), u = 2⁻⁵³ (docs/theory.md §16.2).
@@ -513,8 +529,10 @@ class Witnesses:
         size, bound_norm = torch.stack([torch.linalg.vector_norm(torch.stack(parts)).double(),
                                         bound]).tolist()  # the one sync of this check
         # float tolerance: summation/product rounding ≤ γ_B·Σ‖clipped‖ (Higham 2002, §3.1)
-        # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both
-        tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
+        # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both.
+        # The stabiliser moves a record by ≤ min(C, 1e-6) (_stabiliser): an absolute 1e-5 per
+        # record alone passed clipping turned off at C ≲ 10⁻⁶ (wr)
+        tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + _stabiliser(c) * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
         if not math.isfinite(size + bound_norm):  # wr: a NaN deviation passed "> tolerance"
             self._refuse_micro_batch(self._clip_unmeasurable(c, batch, ""))
@@ -559,7 +577,7 @@ class Witnesses:
                 norms.clamp(max=c).sum().to(torch.float64)]).tolist()
             # ‖Σ_i clip_C(g_i)‖ ≤ Σ_i min(‖g_i‖, C) (triangle inequality)
             eps = coarsest_eps([norms.dtype] + [g.dtype for g in grads])  # this step's (wr)
-            tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
+            tolerance = (1e-3 + 4.0 * batch * eps) * bound + _stabiliser(c) * batch
             if not math.isfinite(got + bound):  # wr: a NaN norm passed "> bound + tolerance"
                 self._refuse_micro_batch(self._clip_unmeasurable(c, batch, " (ghost clipping)"))
             elif got > bound + tolerance:
@@ -667,6 +685,13 @@ class Witnesses:
         assert self._buf is not None and self._norms_high is not None
         lay = self._buf
         sd = sigma * c
+        if not sd * sd > 0.0:  # (σC)² underflows float64: the statistics divide by it (wr)
+            self._fail(PipelineMismatchError(
+                f"noise witness: the charged noise σ·C = {sd:.6g} per coordinate (σ = "
+                f"{sigma:.6g}, C = {c:.6g}) is too small to be measured in float64 ((σC)² "
+                "underflows). Nothing was charged or applied",
+                witness="noise", charged=sigma, measured=math.nan, interval=None,
+                step=self.steps))
         # u_p·s‖g‖ ≥ σC√d, ‖g‖ from _measure's bound (a relative g_d above the exact norm)
         if lay.unit_max * scale * self._norms_high[1] < sd * math.sqrt(d):
             return
@@ -974,7 +999,7 @@ class Witnesses:
         assert self._buf is not None, "_measure runs first"
         eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
-        tolerance = (1e-3 + 4.0 * records * eps) * bound + 1e-5 * records
+        tolerance = (1e-3 + 4.0 * records * eps) * bound + _stabiliser(c) * records
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "

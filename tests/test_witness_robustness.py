@@ -267,3 +267,43 @@ def test_dtypes_that_hold_the_noise_pass(dtype):
     w = _same_gradient_step(dtype)
     w._check_noise(0.5, 4096)
     assert w.failure is None and w.noise_checks == 1
+
+
+# ------------------------------------------------------------------ 4. scale invariance
+def test_clipping_off_is_caught_in_any_units():
+    """The injected bug of test_witnesses.test_clipping_off_is_caught (C = 0.01), with the
+    loss in units 10⁵ times smaller and C = 10⁻⁷: the same pipeline. The clipping checks'
+    absolute tolerance, 10⁻⁵ per record, exceeded B·C itself there, and the bug passed 50
+    steps; it is now 10·min(C, 10⁻⁶) per record (Opacus' stabiliser moves a record by at
+    most min(C, 10⁻⁶))."""
+    from test_witnesses import _no_clipping
+
+    model, opt, loader, crit = pipeline(clip=1e-7)
+
+    def small(out, y):
+        return crit(out, y) * 1e-5
+
+    _no_clipping(opt)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+    exc = _refusal(handle, model, opt, loader, small)
+    assert exc.witness == "clipping" and exc.charged == 1e-7 and exc.step == 1
+
+
+def test_a_clean_run_in_small_units_is_not_refused():
+    model, opt, loader, crit = pipeline(clip=1e-7)
+    attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, witnesses=True)
+
+    def small(out, y):
+        return crit(out, y) * 1e-5
+
+    assert run(model, opt, loader, small, 20) == 20
+
+
+def test_a_charged_noise_whose_square_underflows_is_refused_not_a_zero_division():
+    """σ·C = 10⁻¹⁷⁰: (σC)² is 0.0 in float64 and the statistics divided by it
+    (ZeroDivisionError, a built-in exception, escaped the check)."""
+    a = torch.zeros(4, dtype=torch.float64)
+    w = _witness(_params([a], [a.clone()]), sigma=1e-170)
+    with pytest.raises(PipelineMismatchError, match="too small to be measured"):
+        w._check_noise(1e-170, 8)
