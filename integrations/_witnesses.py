@@ -807,7 +807,7 @@ class Witnesses:
             * up
         # (values[4:] are checked by _noise_parts: on a rank without the noise witness, and
         # the repeat slot at a first step, they are not written this step)
-        if not all(map(math.isfinite, values[:4])) or not math.isfinite(z_high * sum_high):
+        if not all(map(math.isfinite, [*values[:4], z_high, sum_high])):
             self._unmeasurable(values[:4])
         self._norms_high = (sum_high, g_high)
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
