@@ -641,8 +641,10 @@ class Witnesses:
     def _check_noise(self, sigma: float, records: int) -> None:
         opt = self.optimizer
         c = float(opt.max_grad_norm)
-        if sigma <= 0 or c <= 0:
+        if sigma <= 0 or c < 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
+        # C = 0 (wr): no noise to test, but the step is measured: a NaN in it (a NaN or inf
+        # gradient times a clip factor of 0) passed unrefused, and the clipped sum must be 0
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
@@ -652,7 +654,7 @@ class Witnesses:
             return
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
-        if "noise" not in self.active:
+        if "noise" not in self.active or c == 0:
             return
         self._check_precision(sigma, c, scale, d)
         self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run

@@ -307,3 +307,20 @@ def test_a_charged_noise_whose_square_underflows_is_refused_not_a_zero_division(
     w = _witness(_params([a], [a.clone()]), sigma=1e-170)
     with pytest.raises(PipelineMismatchError, match="too small to be measured"):
         w._check_noise(1e-170, 8)
+
+
+def test_a_nan_step_at_clip_norm_zero_is_refused():
+    """C = 0 (no noise to test: σC = 0) returned before any measurement, so a NaN clipped sum
+    (a NaN or inf gradient times Opacus' clip factor 0) passed and was applied; a correct
+    C = 0 step (a zero clipped sum) still passes."""
+    zero = torch.zeros(8, dtype=torch.float32)
+    params = _params([zero], [zero.clone()])
+    w = _witness(params)
+    w.optimizer.max_grad_norm = 0.0
+    w._check_noise(1.0, 16)
+    assert w.failure is None and w.noise_checks == 0
+    params[0].summed_grad = torch.full((8,), math.nan)
+    params[0].grad = params[0].summed_grad.clone()
+    with pytest.raises(PipelineMismatchError, match="cannot be measured") as info:
+        w._check_noise(1.0, 16)
+    assert info.value.charged == 1.0
