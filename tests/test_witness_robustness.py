@@ -164,7 +164,7 @@ def test_the_buffers_are_rebuilt_for_new_dtypes():
     p.summed_grad, p.grad = a.double(), g.double()
     w._check_noise(1.0, 8)
     assert w._buf is not first and w._buf.eps == torch.finfo(torch.float64).eps
-    assert w._zprev is None or w._zprev[0] == 0  # the repeat test restarted
+    assert w._zprev is not None and w._zprev[0] == 0  # the repeat test restarted (row 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device (CUDA)")
