@@ -67,7 +67,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
-from privguard.integrations.opacus import AttachHandle, attach
+from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
 
@@ -263,6 +263,11 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson:
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
+        if self.check_poisson and len(loaders) == 1:
+            # Review lr: attach's records check on the loader it was given (issue 27: a
+            # non-distributed Poisson sampler under DDP is refused, Opacus #813 warns), before
+            # any step on the reloaded loader is charged or released
+            _check_records(loaders[0], handle.optimizer, self.ledger)
         rates = [_sampling.poisson_rate(loader) for loader in loaders]
         if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
             # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
