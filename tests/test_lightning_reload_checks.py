@@ -105,3 +105,45 @@ def test_a_reloaded_non_distributed_poisson_loader_under_ddp_is_refused_as_attac
     assert "0.2344" in str(caught.value) and "charged q = 0.125" in str(caught.value)
     assert callback._loaders == [first] and len(ledger.history) == 0
     callback.on_exception(trainer, None, caught.value)
+
+
+# Item 3 of review lr, kept and documented (docs/theory.md §15.3): a deep copy of a
+# RandomAllocationSampler is the sampler, so an evaluation pass over a deep-copied training
+# loader draws an epoch of the charged sampler, and the next training epoch's first step
+# charges it with its own (an over-count). Not charging it would under-count a loop that steps
+# on a batch it kept from that pass; this pins what the theory section states.
+
+
+class _DeepCopiedValidation(_Reloading):
+    def __init__(self):
+        super().__init__()
+        self.train_loader = None
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def train_dataloader(self):
+        from privguard.integrations import RandomAllocationSampler
+
+        self.train_loader = DataLoader(DATA, batch_sampler=RandomAllocationSampler(
+            N, T, generator=torch.Generator().manual_seed(0)))
+        return self.train_loader
+
+    def val_dataloader(self):
+        import copy
+
+        return copy.deepcopy(self.train_loader)
+
+
+def test_an_evaluation_pass_over_a_deep_copied_allocation_loader_is_charged_as_an_epoch():
+    from privguard import mechanisms as M
+
+    ledger = Ledger(delta=1e-5)
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger)], accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_epochs=3, num_sanity_val_steps=0)
+    trainer.fit(_DeepCopiedValidation())
+    assert [r.mechanism for r in ledger.history] == [
+        M.RandomAllocation(SIGMA, T), M.RandomAllocation(SIGMA, T, epochs=2),
+        M.RandomAllocation(SIGMA, T, epochs=2)]
