@@ -18,6 +18,14 @@ not charged. After every batch it logs the running ε with ``pl_module.log``
 and sets ``trainer.should_stop`` when the ledger would refuse the next step
 (under DDP the same flag on every rank).
 
+Several training loaders (Lightning's ``CombinedLoader``): attach sees none of
+them, so the steps are charged at ``sample_rate`` (or Opacus' hook's rate), and
+every loader's Poisson rate must be at most that q, at the start and after
+each reload, and each gets attach's records check. Every batch holds one draw
+of each loader, possibly of the same records, so a step over b batches of L
+loaders is charged as b·L Poisson draws (``AccumulatedSubsampledGaussian``,
+docs/theory.md §14): an over-count where the loaders' records are disjoint.
+
 Random allocation: a training loader whose batch sampler is
 :class:`~privguard.integrations.RandomAllocationSampler` is charged as
 ``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
@@ -67,6 +75,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._recorded import find_opacus_hook
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
@@ -85,6 +94,34 @@ def _train_loaders(trainer: Any) -> list:
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
+
+
+def _check_rates(loaders: list, charged: float) -> None:
+    """Refuse a Poisson training loader whose rate the charge at q = ``charged`` does not cover.
+
+    One loader: its rate must be q (as attach checks it); several (attach sees none of them):
+    none above q (the charge grows with q: a larger one stays sound).
+    """
+    for loader in loaders:
+        q = _sampling.poisson_rate(loader)
+        if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
+                > 1e-12 * max(charged, q):
+            raise InvalidArgumentError(
+                "train_dataloader", q,
+                f"is the rate a training loader samples at, but the steps are charged at "
+                f"q = {charged:g} (sample_rate): the charge must be the probability each record "
+                "is drawn; keep every loader's rate at most the charged one, and a single "
+                "loader's rate across reloads")
+
+
+def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
+    """The q attach will charge without a data loader (several training loaders): the given
+    ``sample_rate`` (a callable's current value), else the rate of Opacus' accountant hook;
+    None where attach finds none (it then refuses)."""
+    if sample_rate is None:
+        return find_opacus_hook(optimizer.step_hook)[1]
+    return check.sample_rate("sample_rate", sample_rate() if callable(sample_rate)
+                             else sample_rate)
 
 
 def _check_sampler_injection(trainer: Any) -> None:
@@ -185,6 +222,17 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson and not allocated:  # attach charges random allocation per epoch
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
+        if len(loaders) > 1:
+            # Review lr: attach gets none of several loaders, so their rates and records were
+            # never checked at the start (a reload checked their rates): a loader at a q above
+            # the charged one ran charged at the lower q, and under DDP a non-distributed
+            # Poisson sampler (every rank drawing from all records) passed
+            charged = _charged_rate(self.sample_rate, optimizer)
+            if charged is not None:
+                _check_rates(loaders, charged)
+            if self.check_poisson:
+                for loader in loaders:
+                    _check_records(loader, optimizer, self.ledger)
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
         if self.aligned_micro_batches:  # Lightning calls pl_module.train() itself
             guard_for(pl_module, assume_training=True)
@@ -216,7 +264,11 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             return
         if handle.steps_charged != self._steps_seen:  # a real step ran since the last batch
             self._steps_seen, self._batches = handle.steps_charged, 0
-        self._batches += 1
+        # Review lr: a batch of several training loaders (Lightning's CombinedLoader) holds one
+        # draw of each, from records they may share: len(loaders) Poisson draws, not one (on
+        # main two loaders over one dataset were charged SubsampledGaussian(σ, q) a step; an
+        # over-count where their records are disjoint)
+        self._batches += max(1, len(self._loaders))
         if handle.counter is not None:
             handle.counter.count = max(handle.counter.count, self._batches)
         else:
@@ -263,11 +315,13 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson:
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
-        if self.check_poisson and len(loaders) == 1:
+        if self.check_poisson:
             # Review lr: attach's records check on the loader it was given (issue 27: a
             # non-distributed Poisson sampler under DDP is refused, Opacus #813 warns), before
-            # any step on the reloaded loader is charged or released
-            _check_records(loaders[0], handle.optimizer, self.ledger)
+            # any step on the reloaded loader is charged or released; on_train_start gives
+            # several loaders the same
+            for loader in loaders:
+                _check_records(loader, handle.optimizer, self.ledger)
         rates = [_sampling.poisson_rate(loader) for loader in loaders]
         if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
             # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
@@ -275,17 +329,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 else _sampling.nominal_rate("train_dataloader", loaders[0])
             handle._rate = lambda: rate
         else:
-            charged = float(handle._rate())
-            # one loader: q as attach checks it (equal); several (attach saw none of them):
-            # none above the charged q (the charge grows with q: a larger one stays sound)
-            for q in rates:
-                if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
-                        > 1e-12 * max(charged, q):
-                    raise InvalidArgumentError(
-                        "train_dataloader", q,
-                        f"is the rate a reloaded training loader samples at, but the steps are "
-                        f"charged at q = {charged:g} (sample_rate): the charge must be the "
-                        "probability each record is drawn; keep the rate across reloads")
+            _check_rates(loaders, float(handle._rate()))
         self._loaders = loaders
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,

@@ -20,7 +20,7 @@ from opacus.optimizers import DPOptimizer  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler  # noqa: E402
 
-from privguard import Ledger  # noqa: E402
+from privguard import InvalidArgumentError, Ledger  # noqa: E402
 from privguard.integrations._sampling import NonPoissonSamplingError  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 from privguard.integrations.opacus import SampleRateWarning  # noqa: E402
@@ -147,3 +147,62 @@ def test_an_evaluation_pass_over_a_deep_copied_allocation_loader_is_charged_as_a
     assert [r.mechanism for r in ledger.history] == [
         M.RandomAllocation(SIGMA, T), M.RandomAllocation(SIGMA, T, epochs=2),
         M.RandomAllocation(SIGMA, T, epochs=2)]
+
+
+# Review lr: several training loaders (attach gets none of them). Each batch Lightning hands
+# to training_step holds one Poisson draw of every loader; over records they share, a step is
+# len(loaders) draws. And their rates were checked against the charged q on a reload only.
+
+
+class _TwoLoaders(_Reloading):
+    """Two Poisson loaders over the same records, one step per batch (a pair of draws)."""
+
+    def __init__(self, batches=(N // T, N // T)):
+        super().__init__()
+        self.batches = batches
+
+    def training_step(self, batch, batch_idx):
+        (x1, y1), (x2, y2) = batch
+        return nn.functional.cross_entropy(self.net(torch.cat([x1, x2])), torch.cat([y1, y2]))
+
+    def train_dataloader(self):
+        return [_loader(b) for b in self.batches]
+
+
+def _fit_two(ledger, model, **callback):
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger, **callback)], accelerator="cpu",
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_epochs=1)
+    trainer.fit(model)
+
+
+def test_a_batch_of_two_loaders_over_the_same_records_is_charged_as_two_draws():
+    from privguard import mechanisms as M
+
+    ledger = Ledger(delta=1e-5)
+    _fit_two(ledger, _TwoLoaders(), sample_rate=1.0 / T)
+    two = M.AccumulatedSubsampledGaussian(SIGMA, 1.0 / T, 2)
+    assert [r.mechanism for r in ledger.history] == [two] * T  # was SubsampledGaussian × T
+
+
+def test_a_second_loader_above_the_charged_rate_is_refused_at_the_start():
+    ledger = Ledger(delta=1e-5)
+    model = _TwoLoaders(batches=(N // T, N // 2))  # q = 1/4 and 1/2
+    with pytest.raises(InvalidArgumentError, match=r"train_dataloader.*0\.5.*q = 0\.25"):
+        _fit_two(ledger, model, sample_rate=1.0 / T)  # was: charged at q = 1/4
+    assert len(ledger.history) == 0
+
+
+def test_several_non_distributed_poisson_loaders_under_ddp_are_refused_at_the_start(monkeypatch):
+    import privguard.integrations.opacus as po
+
+    monkeypatch.setattr(po, "is_distributed", lambda optimizer: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    optimizer = _optimizer()
+    trainer = SimpleNamespace(optimizers=[optimizer], train_dataloader=[_loader(8), _loader(8)],
+                              accumulate_grad_batches=1)
+    ledger = Ledger(delta=1e-5)
+    callback = LedgerCallback(ledger, sample_rate=0.125)
+    with pytest.raises(NonPoissonSamplingError, match=r"0\.2344.*charged q = 0\.125"):
+        callback.on_train_start(trainer, None)  # was: attached, each step charged at q
+    assert callback.handle is None and optimizer.step_hook is None and len(ledger.history) == 0
