@@ -61,9 +61,9 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard import _validation as check
-from privguard._errors import InvalidArgumentError
+from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _sampling
+from privguard.integrations import _describe, _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
@@ -176,6 +176,14 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             layer with a rate > 0 is refused in either mode (Lightning
             trains in training mode), and again before every step's charge.
             Off by default.
+        witnesses: check every step against its charge before charging it, as
+            :func:`~privguard.integrations.opacus.attach` does with
+            ``witnesses=True`` (needs a ledger with an (ε, δ) target). A
+            training loader reloaded (``reload_dataloaders_every_n_epochs``)
+            is followed by the sampling witness (its dataset size, sampler and
+            micro-batch sizes; each test's levels go on where they were), or
+            refused where it cannot be (under DDP, several loaders, a dataset
+            of unknown size). Off by default.
 
     Example:
         >>> from privguard import Ledger
@@ -184,12 +192,15 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         'privguard.LedgerCallback[step]'
     """
 
+    witnesses = False  # (a callback pickled before the option: off)
+
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
                  prog_bar: bool = True, check_poisson: bool = True,
-                 aligned_micro_batches: bool = False) -> None:
+                 aligned_micro_batches: bool = False, witnesses: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
+        self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
@@ -244,7 +255,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              check_poisson=self.check_poisson and len(loaders) == 1,
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
-                             model=pl_module if self.aligned_micro_batches else None)
+                             model=pl_module if self.aligned_micro_batches else None,
+                             witnesses=self.witnesses)
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
         self._loaders = loaders
@@ -292,8 +304,12 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 "were reloaded without the single RandomAllocationSampler loader the ledger "
                 "was attached with: its epochs are charged only when it is the single training "
                 "loader")
+        if sampler is not epochs.sampler:
+            # review lr: the witnesses' and the counter's watch moves first (it may refuse)
+            self._follow_loader(handle, loaders)
         epochs.rebind(sampler, self.ledger,  # attach's checks (review sc)
                       distributed=is_distributed(handle.optimizer))
+        self._loaders = loaders
 
     def _follow_reload(self, trainer: Any, handle: AttachHandle) -> None:
         """Poisson loaders reloaded (``reload_dataloaders_every_n_epochs``): check them as
@@ -323,14 +339,38 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             for loader in loaders:
                 _check_records(loader, handle.optimizer, self.ledger)
         rates = [_sampling.poisson_rate(loader) for loader in loaders]
+        rate: float | None = None
         if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
             # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
             rate = float(rates[0]) if rates[0] is not None \
                 else _sampling.nominal_rate("train_dataloader", loaders[0])
-            handle._rate = lambda: rate
         else:
             _check_rates(loaders, float(handle._rate()))
+        self._follow_loader(handle, loaders)  # the last check (it may refuse), then the move
+        if rate is not None:
+            followed = rate
+            handle._rate = lambda: followed
         self._loaders = loaders
+
+    @staticmethod
+    def _follow_loader(handle: AttachHandle, loaders: list) -> None:
+        """Move the micro-batch counter and the witnesses to the reloaded loader(s), as
+        attach puts them on its loader (review lr: they kept watching the first loader).
+
+        The counter (batches and their sizes) goes to a single loader (none for several);
+        the witnesses follow it or refuse (:meth:`Witnesses.follow`), and then nothing moves.
+        """
+        counter = _describe.counter_for(loaders[0]) if len(loaders) == 1 else None
+        if handle.witnesses is not None:
+            try:
+                handle.witnesses.follow(loaders[0] if len(loaders) == 1 else None, counter)
+            except PrivguardError:
+                if counter is not None:
+                    counter.restore()
+                raise
+        if handle.counter is not None:
+            handle.counter.restore()
+        handle.counter = counter
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
