@@ -150,3 +150,46 @@ def test_follow_carries_each_test_index_over_and_restores_the_old_sampler():
         (tests, steps, checks)  # the levels α_j go on from the j reached
     assert witnesses.dataset_size == 64
     handle.detach()
+
+
+class _Allocated(_Growing):
+    """A RandomAllocationSampler loader over 64 records (t = 4), rebuilt for every epoch."""
+
+    def configure_optimizers(self):
+        return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1), noise_multiplier=SIGMA,
+                           max_grad_norm=1.0, expected_batch_size=16)
+
+    def train_dataloader(self):
+        from privguard.integrations import RandomAllocationSampler
+
+        return DataLoader(_data(64), batch_sampler=RandomAllocationSampler(
+            64, 4, generator=torch.Generator().manual_seed(self.current_epoch)))
+
+
+class _Watching(LedgerCallback):
+    """Records, after each step, the sampler the allocation witness watches, the training
+    loader's, and the witness's count of epochs tested."""
+
+    seen: list
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        allocation = self.handle.witnesses.allocation
+        self.seen.append((allocation.sampler, trainer.train_dataloader.batch_sampler,
+                          allocation.tests))
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+
+def test_the_allocation_witness_follows_a_rebuilt_sampler_with_its_epoch_count():
+    ledger = Ledger(8.0, 1e-5)
+    callback = _Watching(ledger, witnesses=True)
+    callback.seen = []
+    trainer = pl.Trainer(callbacks=[callback], accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_epochs=3,
+                         reload_dataloaders_every_n_epochs=1)
+    trainer.fit(_Allocated())
+    epochs = [r.mechanism for r in ledger.history if isinstance(r.mechanism, M.RandomAllocation)]
+    assert epochs == [M.RandomAllocation(SIGMA, 4)] * 3
+    assert all(watched is loader for watched, loader, _ in callback.seen)  # was: the first
+    tests = [count for *_, count in callback.seen]
+    assert tests == sorted(tests) and tests[-1] >= 2  # the epoch count goes on across samplers
