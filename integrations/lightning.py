@@ -331,7 +331,6 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson:
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
-        if self.check_poisson:
             # Review lr: attach's records check on the loader it was given (issue 27: a
             # non-distributed Poisson sampler under DDP is refused, Opacus #813 warns), before
             # any step on the reloaded loader is charged or released; on_train_start gives
