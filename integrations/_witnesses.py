@@ -353,6 +353,8 @@ class Witnesses:
     _zprev: tuple[int, float] | None = None
     _synced: tuple[int, list[float]] | None = None
     _charged = math.nan  # the σ (noise witness on) or C of the step being checked (wr)
+    _inclusion_tests = 0  # per-record tests run on loaders followed away from (follow)
+    _allocation_tests = 0  # random-allocation epochs tested on samplers followed away from
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
@@ -447,6 +449,79 @@ class Witnesses:
                 self.allocation = AllocationEpochs(self._allocation_sampler, self.dataset_size)
             except (TypeError, AttributeError):  # a fixed class: not witnessed
                 self.allocation = None
+
+    def follow(self, loader: Any, counter: Any = None) -> None:
+        """Watch ``loader`` from now on: a framework rebuilt the training loader (Lightning's
+        ``reload_dataloaders_every_n_epochs``, integrations/lightning.py). Review lr.
+
+        The sampling witness takes the new loader's dataset size N (the batch-size tests: each
+        step's draws are Binomial(N·k, q) with the N in force, and a sum of independent
+        binomials at one q is Binomial(Σ N·k, q), so a stretch of constant q goes on), its
+        micro-batch counter (``counter``, the sizes it draws) and its batch sampler (the
+        per-record counts begin anew over the new N). Every test keeps its index, so the
+        levels α_j go on where they were: over the run each test still spends Σ_j α_j ≤ α
+        (docs/theory.md §16.2), however often the loader is rebuilt.
+
+        Raises:
+            InvalidArgumentError: the sampling witness cannot follow (under DDP, where it
+                watches the rank's shard; a loader without a sized dataset); nothing is
+                changed then.
+        """
+        if "sampling" not in self.active or loader is self._loader:
+            return
+        if loader is None:
+            raise InvalidArgumentError(
+                "train_dataloader", "several loaders",
+                "replace the single training loader the sampling witness watched "
+                "(witnesses=True): a batch of several loaders is not one Binomial(N, q) draw; "
+                "keep one training loader")
+        if self._shard_sampler is not None or self.together:
+            raise InvalidArgumentError(
+                "train_dataloader", type(loader).__name__,
+                "was rebuilt under DDP with witnesses=True: the sampling witness tests the "
+                "shard of the loader given at attach and does not follow a rebuilt one; keep "
+                "the training loader (no reload_dataloaders_every_n_epochs)")
+        try:
+            size = len(loader.dataset)
+        except (TypeError, AttributeError):
+            size = 0
+        if not (isinstance(size, int) and size > 0):
+            raise InvalidArgumentError(
+                "train_dataloader", type(loader).__name__,
+                "was rebuilt without a dataset of known size: the sampling witness tests each "
+                "step's batch against Binomial(N, q) and needs N; keep a sized dataset")
+        if self._counter is not None:
+            self._counter.sizes = None  # the old loader's counter records nothing more
+        self._counter = None
+        if counter is not None:
+            counter.sizes = []
+            self._counter = counter
+        self.dataset_size = size
+        self._loader = loader
+        installed = self._wrapped is not None
+        # the per-record counts (a Poisson loader) or the epochs (random allocation) on the new
+        # batch sampler, their test index carried over (None: a fixed sampler class)
+        if self.inclusion is not None:
+            self._inclusion_tests = self.inclusion.tests
+            self.inclusion.restore()
+            self.inclusion = None
+        if self.allocation is not None:
+            self._allocation_tests = self.allocation.tests
+            self.allocation.restore()
+            self.allocation = None
+        if self._allocation_sampler is not None:
+            self._allocation_sampler = getattr(loader, "batch_sampler", None)
+            if installed:
+                try:
+                    self.allocation = AllocationEpochs(self._allocation_sampler, size)
+                except (TypeError, AttributeError):  # a fixed class: not witnessed
+                    self.allocation = None
+                else:
+                    self.allocation.tests = self._allocation_tests
+        elif installed:
+            self.inclusion = InclusionCounts.for_loader(loader, size)
+            if self.inclusion is not None:
+                self.inclusion.tests = self._inclusion_tests
 
     def uninstall(self) -> None:
         if self.shard is not None:
