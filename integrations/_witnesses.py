@@ -772,15 +772,23 @@ class Witnesses:
         # u_p·s‖g‖ ≥ σC√d, ‖g‖ from _measure's bound (a relative g_d above the exact norm)
         if lay.unit_max * scale * self._norms_high[1] < sd * math.sqrt(d):
             return
-        self._fail(PipelineMismatchError(
+        # Review rwl: this decision is a function of the data (a bfloat16 pipeline whose
+        # records' gradients align is refused, its neighbour whose gradients cancel is not),
+        # not bounded in probability as Proposition 16.1 needs: the hook charges the step
+        # before raising it (step_charged), so that it is a post-processing of the step's
+        # release, g (docs/theory.md §16.2, *What a refusal is a function of*)
+        error = PipelineMismatchError(
             f"noise witness: the step is charged with noise σ·C = {sd:.6g} per coordinate "
             f"(σ = {sigma:.6g}, C = {c:.6g}), but this step's gradients, in {lay.coarsest}, "
             f"cannot hold it: the dtype's unit roundoff at the gradient's magnitude is at "
             f"least the charged noise over its {d} coordinates, so rounding the noisy gradient "
             "can remove the noise, and rounding the clipped sum moves it by as much as the "
             "noise (its sensitivity is then not C). Compute the gradients in a finer dtype "
-            "(float32). Nothing was charged or applied",
-            witness="noise", charged=sigma, measured=math.nan, interval=None, step=self.steps))
+            "(float32). This refusal depends on the noisy gradient, so the step was charged "
+            "(it is not applied)",
+            witness="noise", charged=sigma, measured=math.nan, interval=None, step=self.steps)
+        error.step_charged = True
+        self._fail(error)
 
     def _fail_noise(self, sigma: float, c: float, z_norm: float, d: int, tail: float,
                     alpha: float, where: str) -> None:

@@ -1,0 +1,110 @@
+"""Review rwl: what a witness refusal costs (docs/theory.md §16.2, *What a refusal is a
+function of*).
+
+Proposition 16.1 covers a refusal whose probability is at most a on every dataset. The
+precision guard of wr (refuse when u_p·s‖g‖ ≥ σC√d, g the noisy gradient) is not such a
+refusal: on one bfloat16 pipeline it refuses a dataset whose records' gradients align and
+passes its neighbour whose records' gradients cancel, so its occurrence is a function of the
+data. On wr's head nothing of the refused step was charged: the refusal released one
+uncharged bit of ‖a + Z‖, as informative as a step of the Gaussian mechanism itself. A
+threshold on the noisy gradient is a post-processing of the step's release, so the step is now
+charged before this refusal (and only this one) is raised; it is still not applied.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from opacus import PrivacyEngine
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from privguard import Ledger, PipelineMismatchError
+from privguard import mechanisms as M
+from privguard.integrations.opacus import attach
+
+warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing",
+                                        "ignore:.*non-full backward hook.*",
+                                        "ignore:.*Optimal order is the.*")
+N, BATCH, SIGMA = 2048, 512, 1.0  # q = 1/4; ~512 records a step, each clipped to C = 1
+
+
+def _pipeline(aligned: bool):
+    """A one-weight bfloat16 model (d = 1). ``aligned``: every record's gradient is +200
+    (clipped to +1: ‖a‖ ≈ 512, u·‖a‖ = 2 ≥ σC√d = 1, refused); otherwise the residuals
+    alternate in sign (‖a‖ ≈ 0: passes)."""
+    torch.manual_seed(0)
+    x = torch.full((N, 1), 10.0)
+    y = torch.zeros(N, 1) if aligned else 10.0 + torch.tensor([(-1.0) ** i for i in range(N)])[
+        :, None]
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=opt, data_loader=DataLoader(TensorDataset(x, y), batch_size=BATCH),
+        noise_multiplier=SIGMA, max_grad_norm=1.0)
+    model.to(torch.bfloat16)
+    return model, opt, loader
+
+
+def _step(model, opt, loader):
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x.to(torch.bfloat16)), y.to(torch.bfloat16)).backward()
+    opt.step()
+
+
+def test_the_precision_guard_refuses_on_the_data_so_its_refused_step_is_charged():
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    model, opt, loader = _pipeline(aligned=True)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    before = model._module.weight.detach().clone()
+    with pytest.raises(PipelineMismatchError, match="cannot hold it") as info:
+        _step(model, opt, loader)
+    # wr's head: nothing (the refusal, a function of ‖a + Z‖, released uncharged)
+    steps = [r.mechanism for r in ledger.history if isinstance(r.mechanism,
+                                                                M.SubsampledGaussian)]
+    assert steps == [M.SubsampledGaussian(SIGMA, BATCH / N)]
+    assert info.value.step_charged and "was charged" in str(info.value)
+    assert torch.equal(model._module.weight.detach(), before)  # not applied
+    assert handle.should_stop
+    charged = len(ledger.history)
+    for _ in range(2):  # every later step refused, none charged again
+        with pytest.raises(PipelineMismatchError, match="cannot hold it"):
+            _step(model, opt, loader)
+    assert len(ledger.history) == charged and torch.equal(model._module.weight.detach(), before)
+    handle.detach()
+
+
+def test_the_neighbouring_pipeline_whose_gradients_cancel_passes():
+    """The same pipeline, dtype and σ on data whose clipped gradients cancel: not refused (the
+    guard's decision is the data's, which is why its refusal must be charged)."""
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    model, opt, loader = _pipeline(aligned=False)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    _step(model, opt, loader)
+    assert handle.witnesses.failure is None and handle.steps_charged == 1
+    handle.detach()
+
+
+def test_a_refusal_of_the_noise_test_itself_is_still_not_charged():
+    """The statistical refusals (bounded false-alarm probability, Proposition 16.1) and the
+    refusals of broken steps keep charging nothing: only the precision guard charges."""
+    from test_witnesses import DELTA, EPSILON, _refusal, pipeline
+
+    model, opt, loader, crit = pipeline(seed=1)
+    handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
+                    witnesses=True)
+
+    def add_no_noise():
+        for p in opt.params:
+            p.grad = p.summed_grad.clone().view_as(p) / (opt.expected_batch_size
+                                                         * opt.accumulated_iterations)
+
+    opt.add_noise = add_no_noise
+    exc = _refusal(handle, model, opt, loader, crit, steps=1)  # asserts: nothing charged
+    assert exc.witness == "noise" and not exc.step_charged
