@@ -108,3 +108,20 @@ def test_a_refusal_of_the_noise_test_itself_is_still_not_charged():
     opt.add_noise = add_no_noise
     exc = _refusal(handle, model, opt, loader, crit, steps=1)  # asserts: nothing charged
     assert exc.witness == "noise" and not exc.step_charged
+
+
+def test_a_precision_refusal_whose_charge_the_ledger_refuses_leaves_no_refusal_behind():
+    """The charge comes first: refused (BudgetExhausted, a data-independent decision), the
+    step is neither charged nor applied and the guard's bit is not kept for the next step
+    (it would be released there uncharged)."""
+    from privguard import BudgetExhausted
+
+    ledger = Ledger(epsilon=0.3, delta=1e-5)
+    model, opt, loader = _pipeline(aligned=True)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    assert not ledger.can_afford(M.SubsampledGaussian(SIGMA, BATCH / N))
+    with pytest.raises(BudgetExhausted):
+        _step(model, opt, loader)
+    assert handle.witnesses.failure is None and len(ledger.history) == 0
+    assert not handle._refusal_charged
+    handle.detach()
