@@ -125,3 +125,39 @@ def test_a_precision_refusal_whose_charge_the_ledger_refuses_leaves_no_refusal_b
     assert handle.witnesses.failure is None and len(ledger.history) == 0
     assert not handle._refusal_charged
     handle.detach()
+
+
+# ------------------------------------------------------------------ a step without noise
+def _noise_free(dtype, magnitude, d, sigma):
+    """Every coordinate of the clipped sum ``magnitude`` (records whose gradients align), mean
+    reduction over s = 4,096, and the noise turned off: g = a/s exactly, z = s·g − a = 0."""
+    from test_witness_robustness import _params, _witness
+
+    a = torch.full((d,), magnitude, dtype=torch.float64).to(dtype)
+    g = (a.double() / 4096.0).to(dtype)
+    return _witness(_params([a], [g]), 4096.0, sigma=sigma)
+
+
+@pytest.mark.parametrize("dtype,magnitude,d,sigma", [
+    (torch.bfloat16, 100.0, 1474, 1.0),   # u·s‖g‖ = 15σC < σC√d = 38σC: under wr's bound
+    (torch.float16, 1000.0, 1474, 1.0),   # 19σC < 38σC
+    (torch.float16, 632.0, 42, 0.5),      # the *Low precision* model in float16: 2.0 < 3.2
+])
+def test_a_low_precision_step_without_noise_is_not_passed(dtype, magnitude, d, sigma):
+    """wr's total statistic adds E = 4u·s‖g‖ (Opacus' rounding), so a step with no noise has
+    statistic ≥ E; wr refused only from E ≥ 4σC√d, and these steps without noise passed
+    every test on wr's head (main, without E, refused them). Refused now, charged (the
+    decision is a function of g)."""
+    w = _noise_free(dtype, magnitude, d, sigma)
+    with pytest.raises(PipelineMismatchError, match="cannot hold it") as info:
+        w._check_noise(sigma, 4096)
+    assert info.value.step_charged and w.failure is info.value
+
+
+def test_a_one_coordinate_bfloat16_model_is_not_refused_for_its_vacuous_test():
+    """At d = 1 the total test's quantile is ≈ 10⁻²⁴: the float64 widening alone passes a step
+    without noise (on main too), so the dtype's allowance is not what blinds it: no refusal
+    below wr's bound (u·s|g| < σC)."""
+    w = _noise_free(torch.bfloat16, 64.0, 1, 1.0)  # u·s|g| = 0.25σC
+    w._check_noise(1.0, 4096)
+    assert w.failure is None and w.noise_checks == 1

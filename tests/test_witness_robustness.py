@@ -261,9 +261,11 @@ def test_a_dtype_that_cannot_hold_the_noise_is_refused():
     assert "bfloat16" in str(info.value)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32])
 def test_dtypes_that_hold_the_noise_pass(dtype):
-    """float16 (u·|a_j| = 0.31 < σC) and float32 pass the same step, as before."""
+    """float32 passes the same step, as before. (float16, u·|a_j| = 0.31 < σC, passed on wr's
+    head, but there the total test's allowance 4u·s‖g‖ = 8 alone passed the step with no
+    noise at all: refused since review rwl, tests/test_witness_refusal_charge.py.)"""
     w = _same_gradient_step(dtype)
     w._check_noise(0.5, 4096)
     assert w.failure is None and w.noise_checks == 1
