@@ -323,6 +323,16 @@ class _Layout:
         self.coarsest = max(dtypes, key=lambda t: torch.finfo(t).eps, default=None)
         self.nonempty = [(i, d_p, units[i], up / (1.0 - gram_widening(d_p)))
                          for i, d_p in enumerate(sizes) if d_p]
+        # Review rwl: below the smallest normal number the rounding error is absolute, up to
+        # half the subnormal spacing η (float16: 2⁻²⁴ ≈ 6·10⁻⁸), not u·|x|: Opacus' sum and
+        # quotient add |ε₁| + s|ε₂| ≤ (1 + s)·η/2 per coordinate to |z_j − Z_j|, so
+        # ‖Z_p − z_p‖ ≤ 4u_p·s‖g_p‖ + (1 + s)·η_p·√d_p (η, twice the half spacing, covers
+        # the (1 + u) factors). ``tiny``: η_p·√d_p per parameter; ``tiny_total``: η_max·√d.
+        # (float32: η = 1.4·10⁻⁴⁵, float64: 4.9·10⁻³²⁴; it moves no float32 statistic.)
+        etas = [max(torch.finfo(t).smallest_normal * torch.finfo(t).eps for t in pair)
+                for _, *pair, _ in key]
+        self.tiny = [eta * math.sqrt(d_p) for eta, d_p in zip(etas, sizes, strict=True)]
+        self.tiny_total = max(etas, default=0.0) * math.sqrt(d)
 
 
 class Witnesses:
@@ -781,7 +791,8 @@ class Witnesses:
         # here, as main passed it too.) Every number is a function of g and of d, σ, C, α_j.
         # wr's bound, E ≥ 4σC√d, is kept as it was. In float32 E ≥ σC√d/16 needs s‖g‖ ≥
         # 2.6·10⁵σC√d: never on a correct run; bfloat16 at d = 1,474 from s‖g‖ ≈ 2,200σC
-        allowance = 4.0 * lay.unit_max * scale * self._norms_high[1] * (1.0 + 2.0 ** -40)
+        allowance = (4.0 * lay.unit_max * scale * self._norms_high[1]
+                     + (1.0 + scale) * lay.tiny_total) * (1.0 + 2.0 ** -40)
         if allowance * 16.0 < sd * math.sqrt(d):
             return
         if lay.unit_max * scale * self._norms_high[1] < sd * math.sqrt(d):  # wr's bound
@@ -910,8 +921,8 @@ class Witnesses:
         # _noise_parts), so ‖Z‖ ≤ ‖z‖ + 4u_p·s‖g‖ (docs/theory.md §16.1, *Opacus' own
         # rounding*): without this term the total test alarmed up to ~1.3× (d = 1, float32)
         # more often than its level on correct steps of tiny models
-        z_high = (math.sqrt(max(z_sq + gamma * r, 0.0)) + 4.0 * lay.unit_max * scale * g_high) \
-            * up
+        z_high = (math.sqrt(max(z_sq + gamma * r, 0.0)) + 4.0 * lay.unit_max * scale * g_high
+                  + (1.0 + scale) * lay.tiny_total) * up  # + the subnormal term (review rwl)
         # (values[4:] are checked by _noise_parts: on a rank without the noise witness, and
         # the repeat slot at a first step, they are not written this step)
         if not all(map(math.isfinite, [*values[:4], z_high, sum_high])):
@@ -1037,7 +1048,8 @@ class Witnesses:
         for i, d_p, unit, widen in lay.nonempty:
             # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
             # relative g_{d_p} (widen = (1 + 2⁻⁴⁰)/(1 − g_{d_p})); ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖
-            high = (norms[i] + 3.0 * u * reach) * widen + 4.0 * unit * scale * g_high * up
+            high = (norms[i] + 3.0 * u * reach) * widen + (4.0 * unit * scale * g_high
+                                                          + (1.0 + scale) * lay.tiny[i]) * up
             out.append((i, d_p, high, norms[i]))
         repeat = None
         if self._zprev is not None:
@@ -1046,7 +1058,8 @@ class Witnesses:
             # and Z_t is z_t within 4u_p·s‖g‖ (above; z_{t−1}, the previous step's trace, is a
             # fixed vector given the past, which is all Anderson's inequality needs)
             high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
-                / (1.0 - lay.gamma) + 4.0 * lay.unit_max * scale * g_high * up
+                / (1.0 - lay.gamma) + (4.0 * lay.unit_max * scale * g_high
+                                       + (1.0 + scale) * lay.tiny_total) * up
             repeat = (high, norms[-1])
         if not all(math.isfinite(b[2]) for b in out) or (
                 repeat is not None and not math.isfinite(repeat[0])):

@@ -13,6 +13,7 @@ charged before this refusal (and only this one) is raised; it is still not appli
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -161,3 +162,26 @@ def test_a_one_coordinate_bfloat16_model_is_not_refused_for_its_vacuous_test():
     w = _noise_free(torch.bfloat16, 64.0, 1, 1.0)  # u·s|g| = 0.25σC
     w._check_noise(1.0, 4096)
     assert w.failure is None and w.noise_checks == 1
+
+
+# ------------------------------------------------------------------ below the normal range
+def test_the_statistics_bound_the_noise_drawn_below_the_smallest_normal_number():
+    """The allowance 4u·s‖g‖ bounds relative rounding only: below float16's smallest normal
+    number (6.1·10⁻⁵) the error is absolute, up to half the subnormal spacing η = 2⁻²⁴. Noise
+    Z_j = 17η on a zero clipped sum, s = 64: Opacus' fl(fl(a + Z)/s) = fl(0.27η) = 0, so
+    z = s·g − a = 0 and wr's statistics (total, per parameter) were 0 < ‖Z‖: a correct step
+    refused (uncharged, and on the data's side: a clipped sum near 0). Every statistic now
+    adds (1 + s)·η·√d and stays ≥ ‖Z‖."""
+    from test_witness_robustness import _params, _witness
+
+    eta, d, s = 2.0 ** -24, 64, 64.0
+    z = torch.full((d,), 17 * eta, dtype=torch.float16)
+    a = torch.zeros(d, dtype=torch.float16)
+    g = (a + z) / s  # Opacus' add_noise and scale_grad, in the parameter's dtype
+    assert float(z[0]) == 17 * eta and not g.any()  # the noise is rounded away entirely
+    noise = 17 * eta * math.sqrt(d)  # ‖Z‖, exactly
+    w = _witness(_params([a, a.clone()], [g, g.clone()]), s, sigma=1.0)
+    z_high = w._measure(s)[0]
+    assert z_high >= math.sqrt(2) * noise  # wr's head: 0.0
+    parts, _ = w._noise_parts(s)
+    assert all(high >= noise for _, _, high, _ in parts)
