@@ -20,9 +20,12 @@ the step is charged or released, three things the charge asserts:
   tail, by Anderson's inequality): a generator reseeded before every step repeats Z.
   Every statistic bounds the noise drawn, Z, not only its trace z = s·g − a, which
   Opacus' rounding of g = fl(fl(a + Z)/s) shrinks by ≤ 4u_p·s‖g‖ (review sb; the total
-  test too since wr); a step whose dtype cannot hold the noise (u_p·s‖g‖ ≥ σC√d), or
-  whose clipped sum or gradient is not finite (NaN, ±inf, a float64 overflow), is
-  refused: its noise cannot be measured (wr, docs/theory.md §16.1).
+  test too since wr), plus (1 + s)·η_p·√d_p below the normal range (review rwl); a step
+  whose dtype cannot hold the noise (u_p·s‖g‖ ≥ σC√d, or the allowance alone would pass
+  a step without noise: review rwl), or whose clipped sum or gradient is not finite
+  (NaN, ±inf, a float64 overflow), is refused: its noise cannot be measured (wr,
+  docs/theory.md §16.1). The first refusal depends on the noisy gradient: its step is
+  charged before it is raised (``step_charged``, docs/theory.md §16.2).
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a

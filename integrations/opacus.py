@@ -606,7 +606,10 @@ def attach(
             ``integrations/_witnesses.py``). A mismatch raises
             :class:`privguard.PipelineMismatchError` out of
             ``optimizer.step()`` with the parameters untouched and nothing
-            charged, and every later step is refused too. Needs a ledger
+            charged (except a step whose gradients' dtype cannot hold the noise:
+            that refusal depends on the noisy gradient, so its step is charged
+            first, ``step_charged``; docs/theory.md §16.2), and every later
+            step is refused too. Needs a ledger
             with an (ε, δ) target: with the first step a
             :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
             0.1% of δ aside for the witnesses' false alarms, so the
