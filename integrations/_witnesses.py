@@ -793,7 +793,7 @@ class Witnesses:
         # coordinates, whose quantile is ≈ 0, has a test that W alone blinds: not refused
         # here, as main passed it too.) Every number is a function of g and of d, σ, C, α_j.
         # wr's bound, E ≥ 4σC√d, is kept as it was. In float32 E ≥ σC√d/16 needs s‖g‖ ≥
-        # 2.6·10⁵σC√d: never on a correct run; bfloat16 at d = 1,474 from s‖g‖ ≈ 2,200σC
+        # 2.6·10⁵σC√d: never on a correct run; bfloat16 at d = 1,474 from s‖g‖ ≈ 2,170σC
         allowance = (4.0 * lay.unit_max * scale * self._norms_high[1]
                      + (1.0 + scale) * lay.tiny_total) * (1.0 + 2.0 ** -40)
         if allowance * 16.0 < sd * math.sqrt(d):
