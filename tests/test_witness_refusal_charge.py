@@ -185,3 +185,36 @@ def test_the_statistics_bound_the_noise_drawn_below_the_smallest_normal_number()
     assert z_high >= math.sqrt(2) * noise  # wr's head: 0.0
     parts, _ = w._noise_parts(s)
     assert all(high >= noise for _, _, high, _ in parts)
+
+
+def test_a_precision_refusal_under_random_allocation_charges_the_epoch_once():
+    """The hook's random-allocation path: the refused step is the epoch's first, so the epoch
+    RandomAllocation(σ, t) is charged (once), the step not applied; later steps charge
+    nothing."""
+    from privguard.integrations import RandomAllocationSampler
+
+    torch.manual_seed(0)
+    t = 4
+    x, y = torch.full((N, 1), 10.0), torch.zeros(N, 1)
+    sampler = RandomAllocationSampler(N, t, generator=torch.Generator().manual_seed(0))
+    model = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    model, opt, loader = PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(TensorDataset(x, y), batch_sampler=sampler),
+        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
+    model.to(torch.bfloat16)
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    batches = iter(loader)
+    for _ in range(2):
+        xb, yb = next(batches)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(xb.to(torch.bfloat16)), yb.to(torch.bfloat16)).backward()
+        with pytest.raises(PipelineMismatchError, match="cannot hold it"):
+            opt.step()
+    epochs = [r.mechanism for r in ledger.history
+              if isinstance(r.mechanism, M.RandomAllocation)]
+    assert epochs == [M.RandomAllocation(SIGMA, t)]
+    handle.detach()
