@@ -237,6 +237,8 @@ class Coordinator:
         except PipelineMismatchError as exc:
             status, err = REFUSED, exc
             mine = _WITNESSES.index(exc.witness) + 1.0 if exc.witness in _WITNESSES else 0.0
+            if exc.step_charged:  # review rwl: every rank charges the step before refusing it
+                mine = -mine
             row = [mine, float(exc.charged), float(exc.measured), float(exc.step)]
         except Exception as exc:  # reported to every rank below
             status, err = ERROR, exc  # type: ignore[assignment]
@@ -244,19 +246,27 @@ class Coordinator:
         self._raise_errors([f"rank {r} failed" if t[0] == ERROR else None
                             for r, t in enumerate(table)],
                            err if status == ERROR else None, "while checking a step")
+        # review rwl: the step is charged on every rank (one collective charge) where any
+        # rank's refusal depends on its noisy gradient (step_charged), else on none
+        charge = any(t[0] == REFUSED and t[1] < 0 for t in table)
         if err is not None:
+            err.step_charged = charge
             raise err
         refused = [r for r, t in enumerate(table) if t[0] == REFUSED]
         if refused:
             r = refused[0]
             code, charged, measured, step = table[r][1:5]
-            witness = _WITNESSES[int(code) - 1] if 1 <= code <= len(_WITNESSES) else "?"
-            raise PipelineMismatchError(
+            witness = _WITNESSES[int(abs(code)) - 1] if 1 <= abs(code) <= len(_WITNESSES) \
+                else "?"
+            error = PipelineMismatchError(
                 f"{witness} witness on rank {r} refused this step (charged {charged:.6g}, "
                 f"measured {measured:.4g}; its message is on that rank); every rank refuses it. "
-                "Nothing was charged or applied",
+                + ("The step was charged (the refusal depends on its noisy gradient), not "
+                   "applied" if charge else "Nothing was charged or applied"),
                 witness=witness, charged=charged, measured=measured, interval=None,
                 step=int(step))
+            error.step_charged = charge
+            raise error
 
     def all_fit(self, fits: Callable[[], bool]) -> bool:
         """Whether ``fits()`` holds on every charger (a collective call)."""

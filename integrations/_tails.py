@@ -32,7 +32,14 @@ def binomial_tail_lower(k: int, n: int, q: float) -> float:
 
 
 def binomial_tail_upper(k: int, n: int, q: float) -> float:
-    """P(X ≥ k) for X ~ Binomial(n, q) = I_q(k, n−k+1)."""
+    """P(X ≥ k) for X ~ Binomial(n, q) = I_q(k, n−k+1); 0 for k > n.
+
+    Review lr: for k > n (more records than draws: impossible under the charge) scipy's
+    I_q(k, n−k+1) is NaN, and the witnesses' ``min(lower, upper) > α/2`` (Python's ``min``
+    keeps 1.0 over a NaN) passed the step.
+    """
+    if k > n:
+        return 0.0
     return 1.0 if k <= 0 else float(special.betainc(k, n - k + 1, q))
 
 
@@ -44,6 +51,7 @@ def binomial_tails(k: int, n: int, q: float) -> tuple[float, float]:
 def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The exact (Clopper–Pearson) two-sided interval for a binomial rate, k of n."""
     a = (1.0 - confidence) / 2.0
+    k = min(max(k, 0), n)  # a count outside [0, n] (impossible under the charge): its bound
     lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, a))
     hi = 1.0 if k >= n else float(special.betaincinv(k + 1, n - k, 1.0 - a))
     return lo, hi

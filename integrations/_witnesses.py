@@ -18,6 +18,14 @@ the step is charged or released, three things the charge asserts:
   parameter barely moves the total, but releases that parameter's clipped sum (review rt);
   and the noise against the previous step's (‖Z_t − Z_{t−1}‖²/(σ_tC)² against χ²_d's lower
   tail, by Anderson's inequality): a generator reseeded before every step repeats Z.
+  Every statistic bounds the noise drawn, Z, not only its trace z = s·g − a, which
+  Opacus' rounding of g = fl(fl(a + Z)/s) shrinks by ≤ 4u_p·s‖g‖ (review sb; the total
+  test too since wr), plus (1 + s)·η_p·√d_p below the normal range (review rwl); a step
+  whose dtype cannot hold the noise (u_p·s‖g‖ ≥ σC√d, or the allowance alone would pass
+  a step without noise: review rwl), or whose clipped sum or gradient is not finite
+  (NaN, ±inf, a float64 overflow), is refused: its noise cannot be measured (wr,
+  docs/theory.md §16.1). The first refusal depends on the noisy gradient: its step is
+  charged before it is raised (``step_charged``, docs/theory.md §16.2).
 * **clipping** — where per-sample gradients exist, the increment of
   ``summed_grad`` must equal ``Σ_i g_i · min(1, C/‖g_i‖)`` recomputed here
   from ``p.grad_sample`` (so no per-sample contribution exceeds C), within a
@@ -128,6 +136,22 @@ def coarsest_eps(dtypes: Any) -> float:
         True
     """
     return max((torch.finfo(t).eps for t in dtypes if t.is_floating_point), default=0.0)
+
+
+def _stabiliser(c: float) -> float:
+    """The clipping checks' absolute tolerance per record: 10× the most that Opacus'
+    stabiliser, min(1, C/(‖g‖ + 10⁻⁶)) for min(1, C/‖g‖), moves a record's clipped
+    contribution, min(C, 10⁻⁶) (wr).
+
+    For ‖g‖ = n ≥ C the contribution moves by C·10⁻⁶/(n + 10⁻⁶) ≤ min(C, 10⁻⁶); for n < C
+    by n·(1 − C/(n + 10⁻⁶))⁺ ≤ min(n, 10⁻⁶) < min(C, 10⁻⁶). The flat 10⁻⁵ per record used
+    before is this for C ≥ 10⁻⁶, but at a smaller C (a loss in small units) it exceeded
+    B·C itself, and a step with clipping turned off passed both clipping checks.
+
+        >>> _stabiliser(1.0), _stabiliser(1e-9)
+        (1e-05, 1e-08)
+    """
+    return 1e-5 if c >= 1e-6 else 10.0 * c  # exactly the former 1e-5 for C ≥ 10⁻⁶
 
 
 def gram_widening(d: int) -> float:
@@ -250,7 +274,8 @@ def _first_param(optimizer: Any) -> Any:
 
 class _Layout:
     """The float64 buffers of :meth:`Witnesses._measure` for one layout of the parameters
-    with a noisy gradient (their shapes and dtypes, ``key``), with every view and constant a
+    with a noisy gradient (per parameter: its shape, its gradient's and clipped sum's dtypes
+    and the gradient's device, ``key``), with every view and constant a
     step needs made once (task t28: a step dispatches no indexing and allocates nothing but
     the norms' results).
 
@@ -262,19 +287,20 @@ class _Layout:
     its first 4 entries) and the norms (``part_norms``: per parameter; ``part_norms_diff``:
     and the difference), read back in one ``tolist``. ``nonempty``: (position, d_p, u_p,
     (1 + 2⁻⁴⁰)/(1 − g_{d_p})) per non-empty parameter; ``unit_max`` the largest u_p;
-    ``gamma`` = g_d (:func:`gram_widening`).
+    ``gamma`` = g_d (:func:`gram_widening`); ``eps`` the machine epsilon of the coarsest
+    dtype in ``key``, ``coarsest`` (the clipped-sum bound's tolerance, the precision guard).
     """
 
     def __init__(self, key: tuple[Any, ...], device: Any) -> None:
         self.key = key
-        sizes = [math.prod(shape) for shape, _ in key]
+        sizes = [math.prod(entry[0]) for entry in key]
         self.d = d = sum(sizes)
         self.buf = torch.empty((2, d), dtype=torch.float64, device=device)
         self.buf_t = self.buf.t()
         self.a, self.g = self.buf[0], self.buf[1]
         rows: list[list[Any]] = [[], []]
         offset = 0
-        for (shape, _), size in zip(key, sizes, strict=True):
+        for (shape, *_), size in zip(key, sizes, strict=True):
             for row, part in zip((0, 1), rows, strict=True):
                 part.append(self.buf[row, offset:offset + size].view(shape))
             offset += size
@@ -290,10 +316,26 @@ class _Layout:
         self.part_norms_diff = self.out[4:]
         self.gamma = gram_widening(d)
         up = 1.0 + 2.0 ** -40
-        units = [torch.finfo(dtype).eps / 2.0 for _, dtype in key]
+        # u_p: the unit roundoff of the coarser of the parameter's gradient and clipped-sum
+        # dtypes, as seen at this step (wr: after model.half() or .double(), not at attach)
+        units = [coarsest_eps(dtypes) / 2.0 for _, *dtypes, _ in key]
         self.unit_max = max(units, default=0.0)
+        # the clipping checks' float tolerance: the coarsest dtype of this step's tensors
+        dtypes = [dtype for _, *pair, _ in key for dtype in pair]
+        self.eps = coarsest_eps(dtypes)
+        self.coarsest = max(dtypes, key=lambda t: torch.finfo(t).eps, default=None)
         self.nonempty = [(i, d_p, units[i], up / (1.0 - gram_widening(d_p)))
                          for i, d_p in enumerate(sizes) if d_p]
+        # Review rwl: below the smallest normal number the rounding error is absolute, up to
+        # half the subnormal spacing η (float16: 2⁻²⁴ ≈ 6·10⁻⁸), not u·|x|: Opacus' sum and
+        # quotient add |ε₁| + s|ε₂| ≤ (1 + s)·η/2 per coordinate to |z_j − Z_j|, so
+        # ‖Z_p − z_p‖ ≤ 4u_p·s‖g_p‖ + (1 + s)·η_p·√d_p (η, twice the half spacing, covers
+        # the (1 + u) factors). ``tiny``: η_p·√d_p per parameter; ``tiny_total``: η_max·√d.
+        # (float32: η = 1.4·10⁻⁴⁵, float64: 4.9·10⁻³²⁴; it moves no float32 statistic.)
+        etas = [max(torch.finfo(t).smallest_normal * torch.finfo(t).eps for t in pair)
+                for _, *pair, _ in key]
+        self.tiny = [eta * math.sqrt(d_p) for eta, d_p in zip(etas, sizes, strict=True)]
+        self.tiny_total = max(etas, default=0.0) * math.sqrt(d)
 
 
 class Witnesses:
@@ -323,6 +365,9 @@ class Witnesses:
     active: tuple[str, ...] = ("noise", "clipping")
     _zprev: tuple[int, float] | None = None
     _synced: tuple[int, list[float]] | None = None
+    _charged = math.nan  # the σ (noise witness on) or C of the step being checked (wr)
+    _inclusion_tests = 0  # per-record tests run on loaders followed away from (follow)
+    _allocation_tests = 0  # random-allocation epochs tested on samplers followed away from
 
     def __init__(self, optimizer: Any, dataset_size: int | None,
                  false_alarm: float | None = None, loader: Any = None,
@@ -376,10 +421,10 @@ class Witnesses:
         self._norms_high: tuple[float, float] | None = None  # _measure's bounds on ‖a‖, ‖g‖
         self._buf: _Layout | None = None  # _measure's buffers
         self._synced: tuple[int, list[float]] | None = None  # (ẑ's row, ‖ẑ_p‖…, ‖D̂‖): _measure
-        params = getattr(optimizer, "params", None) or []
-        # the coarsest floating dtype among the parameters sets the float tolerance (review
-        # rw: the first parameter's alone was too tight for a bf16 one after an fp32 one)
-        self._eps = coarsest_eps(p.dtype for p in params)
+        # The float tolerance of the clipping checks is the coarsest floating dtype among the
+        # step's tensors (review rw: the first parameter's alone was too tight for a bf16 one
+        # after an fp32 one), read at each step (wr: fixed here at attach, it no longer
+        # matched the gradients after model.half(), .to(torch.bfloat16) or .double())
         self._clip_checked = False
         self._coins = random.Random()  # the check schedule: OS entropy, independent of the data
         self.noise_checks = 0  # noise tests run: the j of the level α_j the j-th one spends
@@ -417,6 +462,79 @@ class Witnesses:
                 self.allocation = AllocationEpochs(self._allocation_sampler, self.dataset_size)
             except (TypeError, AttributeError):  # a fixed class: not witnessed
                 self.allocation = None
+
+    def follow(self, loader: Any, counter: Any = None) -> None:
+        """Watch ``loader`` from now on: a framework rebuilt the training loader (Lightning's
+        ``reload_dataloaders_every_n_epochs``, integrations/lightning.py). Review lr.
+
+        The sampling witness takes the new loader's dataset size N (the batch-size tests: each
+        step's draws are Binomial(N·k, q) with the N in force, and a sum of independent
+        binomials at one q is Binomial(Σ N·k, q), so a stretch of constant q goes on), its
+        micro-batch counter (``counter``, the sizes it draws) and its batch sampler (the
+        per-record counts begin anew over the new N). Every test keeps its index, so the
+        levels α_j go on where they were: over the run each test still spends Σ_j α_j ≤ α
+        (docs/theory.md §16.2), however often the loader is rebuilt.
+
+        Raises:
+            InvalidArgumentError: the sampling witness cannot follow (under DDP, where it
+                watches the rank's shard; a loader without a sized dataset); nothing is
+                changed then.
+        """
+        if "sampling" not in self.active or loader is self._loader:
+            return
+        if loader is None:
+            raise InvalidArgumentError(
+                "train_dataloader", "several loaders",
+                "replace the single training loader the sampling witness watched "
+                "(witnesses=True): a batch of several loaders is not one Binomial(N, q) draw; "
+                "keep one training loader")
+        if self._shard_sampler is not None or self.together:
+            raise InvalidArgumentError(
+                "train_dataloader", type(loader).__name__,
+                "was rebuilt under DDP with witnesses=True: the sampling witness tests the "
+                "shard of the loader given at attach and does not follow a rebuilt one; keep "
+                "the training loader (no reload_dataloaders_every_n_epochs)")
+        try:
+            size = len(loader.dataset)
+        except (TypeError, AttributeError):
+            size = 0
+        if not (isinstance(size, int) and size > 0):
+            raise InvalidArgumentError(
+                "train_dataloader", type(loader).__name__,
+                "was rebuilt without a dataset of known size: the sampling witness tests each "
+                "step's batch against Binomial(N, q) and needs N; keep a sized dataset")
+        if self._counter is not None:
+            self._counter.sizes = None  # the old loader's counter records nothing more
+        self._counter = None
+        if counter is not None:
+            counter.sizes = []
+            self._counter = counter
+        self.dataset_size = size
+        self._loader = loader
+        installed = self._wrapped is not None
+        # the per-record counts (a Poisson loader) or the epochs (random allocation) on the new
+        # batch sampler, their test index carried over (None: a fixed sampler class)
+        if self.inclusion is not None:
+            self._inclusion_tests = self.inclusion.tests
+            self.inclusion.restore()
+            self.inclusion = None
+        if self.allocation is not None:
+            self._allocation_tests = self.allocation.tests
+            self.allocation.restore()
+            self.allocation = None
+        if self._allocation_sampler is not None:
+            self._allocation_sampler = getattr(loader, "batch_sampler", None)
+            if installed:
+                try:
+                    self.allocation = AllocationEpochs(self._allocation_sampler, size)
+                except (TypeError, AttributeError):  # a fixed class: not witnessed
+                    self.allocation = None
+                else:
+                    self.allocation.tests = self._allocation_tests
+        elif installed:
+            self.inclusion = InclusionCounts.for_loader(loader, size)
+            if self.inclusion is not None:
+                self.inclusion.tests = self._inclusion_tests
 
     def uninstall(self) -> None:
         if self.shard is not None:
@@ -499,10 +617,14 @@ class Witnesses:
         size, bound_norm = torch.stack([torch.linalg.vector_norm(torch.stack(parts)).double(),
                                         bound]).tolist()  # the one sync of this check
         # float tolerance: summation/product rounding ≤ γ_B·Σ‖clipped‖ (Higham 2002, §3.1)
-        # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both
-        tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + 1e-5 * batch
+        # plus Opacus' 1e-6 stabiliser, ≤ 1e-6 per record; 1e-3 relative is far above both.
+        # The stabiliser moves a record by ≤ min(C, 1e-6) (_stabiliser): an absolute 1e-5 per
+        # record alone passed clipping turned off at C ≲ 10⁻⁶ (wr)
+        tolerance = (1e-3 + 4.0 * batch * eps) * bound_norm + _stabiliser(c) * batch
         deviation = max(0.0, size - bound_norm) if per_layer else size
-        if deviation > tolerance:
+        if not math.isfinite(size + bound_norm):  # wr: a NaN deviation passed "> tolerance"
+            self._refuse_micro_batch(self._clip_unmeasurable(c, batch, ""))
+        elif deviation > tolerance:
             self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
@@ -512,6 +634,18 @@ class Witnesses:
                 "charged or applied",
                 witness="clipping", charged=c, measured=deviation, interval=None,
                 step=self.steps + 1))
+
+    def _clip_unmeasurable(self, c: float, batch: int, mode: str) -> PipelineMismatchError:
+        """The refusal of a micro-batch whose clipping cannot be checked (wr): a per-sample
+        gradient, norm or the clipped sum is NaN or ±inf (Opacus clips an inf per-sample
+        gradient to inf·0 = NaN), and a NaN compared with the tolerance is False."""
+        return PipelineMismatchError(
+            f"clipping witness{mode}: the clipping of this micro-batch of {batch} records "
+            f"cannot be checked at the charged C = {c:.6g}: a per-sample gradient or the "
+            "clipped sum is not finite (NaN or ±inf: a NaN or inf gradient from the model?), "
+            "and a sum that is not finite is not bounded by C. Nothing was charged or applied",
+            witness="clipping", charged=c, measured=math.nan, interval=None,
+            step=self.steps + 1)
 
     @_without_locals
     def _ghost_accumulate(self) -> None:
@@ -530,9 +664,11 @@ class Witnesses:
                                                                          dtype=torch.float64))),
                 norms.clamp(max=c).sum().to(torch.float64)]).tolist()
             # ‖Σ_i clip_C(g_i)‖ ≤ Σ_i min(‖g_i‖, C) (triangle inequality)
-            eps = max(self._eps, torch.finfo(norms.dtype).eps)
-            tolerance = (1e-3 + 4.0 * batch * eps) * bound + 1e-5 * batch
-            if got > bound + tolerance:
+            eps = coarsest_eps([norms.dtype] + [g.dtype for g in grads])  # this step's (wr)
+            tolerance = (1e-3 + 4.0 * batch * eps) * bound + _stabiliser(c) * batch
+            if not math.isfinite(got + bound):  # wr: a NaN norm passed "> bound + tolerance"
+                self._refuse_micro_batch(self._clip_unmeasurable(c, batch, " (ghost clipping)"))
+            elif got > bound + tolerance:
                 self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
                     f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
@@ -593,18 +729,22 @@ class Witnesses:
     def _check_noise(self, sigma: float, records: int) -> None:
         opt = self.optimizer
         c = float(opt.max_grad_norm)
-        if sigma <= 0 or c <= 0:
+        if sigma <= 0 or c < 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
+        # C = 0 (wr): no noise to test, but the step is measured: a NaN in it (a NaN or inf
+        # gradient times a clip factor of 0) passed unrefused, and the clipped sum must be 0
         scale = 1.0
         if opt.loss_reduction == "mean":
             scale = float(opt.expected_batch_size * opt.accumulated_iterations)
+        self._charged = sigma if "noise" in self.active else c
         measured = self._measure(scale)
         if measured is None:
             return
         z_high, sum_high, z_norm, d = measured
         self._check_clipped_sum(sum_high, records, c)
-        if "noise" not in self.active:
+        if "noise" not in self.active or c == 0:
             return
+        self._check_precision(sigma, c, scale, d)
         self.noise_checks += 1  # the j-th noise test spends α_j: Σ_j α_j ≤ α over the run
         sd = sigma * c
         stat = z_high * z_high / (sd * sd)
@@ -615,6 +755,76 @@ class Witnesses:
             if tail <= alpha:
                 self._fail_noise(sigma, c, z_norm, d, tail, alpha, "")
         self._check_parameter_noise(sigma, c, scale)
+
+    def _check_precision(self, sigma: float, c: float, scale: float, d: int) -> None:
+        """Refuse a step whose gradients' dtype cannot hold the charged noise (wr).
+
+        The noise statistics bound the noise drawn, Z, within Opacus' own rounding of
+        g = fl(fl(a + Z)/s): ‖Z − z‖ ≤ 4u_p·s‖g‖ (review sb; the total test too since wr).
+        Where u_p·s‖g‖ ≥ σC√d (the unit roundoff at the gradient's magnitude is, in RMS over
+        the coordinates, at least the charged noise's σC) that allowance alone is 4× the
+        noise's expected norm: the tests can no longer see noise that the rounding removed
+        (bfloat16: the 42-coordinate model of docs/theory.md §16.1, *Low precision*, whose
+        ẑ = 0 the total test refused before it bounded the noise drawn), and the stored
+        clipped sum's own rounding, u_p·|a_j| per coordinate, moves it by as much as the
+        noise, so its sensitivity is not C: the step is not the charged mechanism in floating
+        point. Deterministic given the step; it needs ‖a‖ ≳ σC√d/u_p, over 10⁷·σC√d in
+        float32 (a correct float32 run never meets it), 256·σC√d in bfloat16. No number
+        derived from the gradient is reported.
+        """
+        assert self._buf is not None and self._norms_high is not None
+        lay = self._buf
+        sd = sigma * c
+        if not sd * sd > 0.0:  # (σC)² underflows float64: the statistics divide by it (wr)
+            self._fail(PipelineMismatchError(
+                f"noise witness: the charged noise σ·C = {sd:.6g} per coordinate (σ = "
+                f"{sigma:.6g}, C = {c:.6g}) is too small to be measured in float64 ((σC)² "
+                "underflows). Nothing was charged or applied",
+                witness="noise", charged=sigma, measured=math.nan, interval=None,
+                step=self.steps))
+        # Review rwl: the total statistic's allowance E = 4u_p·s‖g‖ (wr, _measure) alone
+        # passes a step with no noise at all (z = 0, statistic ≥ E) once E² ≥ (σC)²·χ²_d's
+        # quantile at α_j: wr refused only from E ≥ 4σC√d (u_p·s‖g‖ ≥ σC√d), and a bfloat16
+        # or float16 step without noise in between passed, where main's statistic (without
+        # E) refused it. Refused now where E ≥ σC√d/16 and E alone passes a step without
+        # noise (E²/(σC)² above χ²_d's quantile at α_j) while the float64 widening alone,
+        # W = √g_d·s‖g‖ (main's statistic of a step without noise), would not: the noise
+        # test can then not see the noise's absence because of the dtype. (A model of a few
+        # coordinates, whose quantile is ≈ 0, has a test that W alone blinds: not refused
+        # here, as main passed it too.) Every number is a function of g and of d, σ, C, α_j.
+        # wr's bound, E ≥ 4σC√d, is kept as it was. In float32 E ≥ σC√d/16 needs s‖g‖ ≥
+        # 2.6·10⁵σC√d: never on a correct run; bfloat16 at d = 1,474 from s‖g‖ ≈ 2,170σC
+        allowance = (4.0 * lay.unit_max * scale * self._norms_high[1]
+                     + (1.0 + scale) * lay.tiny_total) * (1.0 + 2.0 ** -40)
+        if allowance * 16.0 < sd * math.sqrt(d):
+            return
+        if lay.unit_max * scale * self._norms_high[1] < sd * math.sqrt(d):  # wr's bound
+            alpha = level(self.noise_checks + 1, self.false_alarm)
+            x = allowance * allowance / (sd * sd)
+            if x <= self._noise_cut(d) and _chi2_lower_tail(x, d) <= alpha:
+                return  # a step without noise would still alarm the total test
+            widening = math.sqrt(lay.gamma) * scale * self._norms_high[1]
+            w = widening * widening / (sd * sd)
+            if w > self._noise_cut(d) or _chi2_lower_tail(w, d) > alpha:
+                return  # blind without the dtype's allowance too (main passed it)
+        # Review rwl: this decision is a function of the data (a bfloat16 pipeline whose
+        # records' gradients align is refused, its neighbour whose gradients cancel is not),
+        # not bounded in probability as Proposition 16.1 needs: the hook charges the step
+        # before raising it (step_charged), so that it is a post-processing of the step's
+        # release, g (docs/theory.md §16.2, *What a refusal is a function of*)
+        error = PipelineMismatchError(
+            f"noise witness: the step is charged with noise σ·C = {sd:.6g} per coordinate "
+            f"(σ = {sigma:.6g}, C = {c:.6g}), but this step's gradients, in {lay.coarsest}, "
+            f"cannot hold it: the dtype's rounding at the gradient's magnitude is so large "
+            f"against the charged noise over its {d} coordinates that the noise test could not "
+            "tell this step from one without noise (rounding the noisy gradient can remove "
+            "the noise, and rounding the clipped sum moves it by a sizeable share of the "
+            "noise). Compute the gradients in a finer dtype "
+            "(float32). This refusal depends on the noisy gradient, so the step was charged "
+            "(it is not applied)",
+            witness="noise", charged=sigma, measured=math.nan, interval=None, step=self.steps)
+        error.step_charged = True
+        self._fail(error)
 
     def _fail_noise(self, sigma: float, c: float, z_norm: float, d: int, tail: float,
                     alpha: float, where: str) -> None:
@@ -660,7 +870,7 @@ class Witnesses:
                 summed.append(a)
         if not grads:
             return None
-        lay = self._buffer(grads)
+        lay = self._buffer(grads, summed)
         if _FOREACH_COPY is not None:
             _FOREACH_COPY(lay.targets, summed + grads)
         else:  # torch < 2.1: one copy per tensor
@@ -704,12 +914,51 @@ class Witnesses:
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40
-        z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
         # upper bounds on ‖a‖ and ‖g‖ (each Gram diagonal entry within a relative γ_d): the
         # per-parameter and repeat tests' rounding allowances (_noise_parts) use them
-        self._norms_high = (sum_high, math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up)
+        g_high = math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up
+        # wr: the bound above is on ‖z‖, z = s·g − a the noise's trace on the stored values;
+        # the noise drawn is Z = z within Opacus' own rounding of g = fl(fl(a + Z)/s) in the
+        # gradient's dtype, ‖Z − z‖ ≤ 4u_p·s‖g‖ (u_p ≤ the coarsest unit roundoff; review sb,
+        # _noise_parts), so ‖Z‖ ≤ ‖z‖ + 4u_p·s‖g‖ (docs/theory.md §16.1, *Opacus' own
+        # rounding*): without this term the total test alarmed up to ~1.3× (d = 1, float32)
+        # more often than its level on correct steps of tiny models
+        z_high = (math.sqrt(max(z_sq + gamma * r, 0.0)) + 4.0 * lay.unit_max * scale * g_high
+                  + (1.0 + scale) * lay.tiny_total) * up  # + the subnormal term (review rwl)
+        # (values[4:] are checked by _noise_parts: on a rank without the noise witness, and
+        # the repeat slot at a first step, they are not written this step)
+        if not all(map(math.isfinite, [*values[:4], z_high, sum_high])):
+            self._unmeasurable(values[:4])
+        self._norms_high = (sum_high, g_high)
         return z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d
+
+    def _unmeasurable(self, values: list[float] | None) -> None:
+        """Refuse a step whose noise and clipped sum cannot be measured (wr): a NaN or ±inf in
+        the clipped sum or the noisy gradient (a NaN or inf gradient from the model reaches
+        both: Opacus clips an inf per-sample gradient to inf·0 = NaN), or a float64 overflow
+        of the Gram product or of the statistics (float64 entries ≳ 10¹⁵⁴).
+
+        A NaN compared with a threshold is False, so every test passed such a step
+        silently: the noise test (a NaN statistic is not below the cut), the clipped-sum
+        bound, the per-parameter and repeat tests. A clipped sum that is not finite was not
+        bounded by C, and a noise that cannot be measured is not known to be there: fail
+        closed (nothing charged or applied). The message names which of the two is not
+        finite, never a value.
+        """
+        aa, gg = (0.0, 0.0) if values is None else (values[0], values[3])
+        what = [name for name, x in (("the clipped sum (summed_grad)", aa),
+                                     ("the noisy gradient (grad)", gg)) if not math.isfinite(x)]
+        why = (f"{' and '.join(what)} of this step {'are' if len(what) > 1 else 'is'} not "
+               "finite (NaN or ±inf: a NaN or inf gradient from the model?)" if what else
+               "its float64 statistics overflow (entries ≳ 1e154)")
+        witness = "noise" if "noise" in self.active else "clipping"
+        self._fail(PipelineMismatchError(
+            f"{witness} witness: this step's noise and clipped sum cannot be measured: {why}. "
+            "A clipped sum that is not finite is not bounded by C, and noise that cannot be "
+            "measured is not known to be there. Nothing was charged or applied",
+            witness=witness, charged=self._charged, measured=math.nan, interval=None,
+            step=getattr(self, "steps", 0)))
 
     def _check_parameter_noise(self, sigma: float, c: float, scale: float) -> None:
         """The noise test of each parameter alone (review rt), after :meth:`_measure`.
@@ -802,7 +1051,8 @@ class Witnesses:
         for i, d_p, unit, widen in lay.nonempty:
             # ‖z_p‖ ≤ ‖ẑ_p‖ + 3u‖(|a| + s|g|)_p‖ ≤ ‖ẑ_p‖ + 3u·R, ‖ẑ_p‖ computed within a
             # relative g_{d_p} (widen = (1 + 2⁻⁴⁰)/(1 − g_{d_p})); ‖Z_p‖ ≤ ‖z_p‖ + 4u_p·s‖g‖
-            high = (norms[i] + 3.0 * u * reach) * widen + 4.0 * unit * scale * g_high * up
+            high = (norms[i] + 3.0 * u * reach) * widen + (4.0 * unit * scale * g_high
+                                                          + (1.0 + scale) * lay.tiny[i]) * up
             out.append((i, d_p, high, norms[i]))
         repeat = None
         if self._zprev is not None:
@@ -811,26 +1061,35 @@ class Witnesses:
             # and Z_t is z_t within 4u_p·s‖g‖ (above; z_{t−1}, the previous step's trace, is a
             # fixed vector given the past, which is all Anderson's inequality needs)
             high = (norms[-1] + 5.0 * u * (reach + self._zprev[1])) * up \
-                / (1.0 - lay.gamma) + 4.0 * lay.unit_max * scale * g_high * up
+                / (1.0 - lay.gamma) + (4.0 * lay.unit_max * scale * g_high
+                                       + (1.0 + scale) * lay.tiny_total) * up
             repeat = (high, norms[-1])
+        if not all(math.isfinite(b[2]) for b in out) or (
+                repeat is not None and not math.isfinite(repeat[0])):
+            self._unmeasurable(None)  # an overflow in a norm: no test may pass on it (wr)
         self._zprev = (cur, reach)
         return out, repeat
 
-    def _buffer(self, grads: list[Any]) -> _Layout:
+    def _buffer(self, grads: list[Any], summed: list[Any]) -> _Layout:
         """The float64 buffers of :meth:`_measure` and their views (:class:`_Layout`).
 
         Allocated at the first step and again only when the parameters with a noisy
-        gradient change (their number, shapes or dtypes); the previous step's ẑ is then
+        gradient change (their number, shapes, dtypes or device); the previous step's ẑ is then
         forgotten (the repeat test restarts). The copy into the buffer is exact (float64
         holds every float16, bfloat16, float32 and float64 value).
         """
-        key = tuple([(g.shape, g.dtype) for g in grads])
+        # wr: keyed by both dtypes (the rounding allowances and the clipping tolerance follow
+        # the dtypes seen at this step: after model.half() or .double(), not those at attach)
+        # and by device (a model moved to another device gets buffers there)
+        key = tuple([(g.shape, g.dtype, a.dtype, g.device)
+                     for g, a in zip(grads, summed, strict=True)])
         if self._buf is None or self._buf.key != key:
-            for g in grads:
-                if not (g.dtype.is_floating_point and g.dtype.itemsize <= 8):
-                    raise InvalidArgumentError(
-                        "witnesses", True, f"need real floating-point gradients of at most 64 "
-                        f"bits for the noise witness, got {g.dtype}")
+            for _, *dtypes, _ in key:
+                for dtype in dtypes:
+                    if not (dtype.is_floating_point and dtype.itemsize <= 8):
+                        raise InvalidArgumentError(
+                            "witnesses", True, f"need real floating-point gradients of at most "
+                            f"64 bits for the noise witness, got {dtype}")
             self._buf = _Layout(key, grads[0].device)
             self._zprev = None
         return self._buf
@@ -860,9 +1119,10 @@ class Witnesses:
         Deterministic (the triangle inequality; the tolerance of the per-micro-batch
         check covers the rounding): a correct clip never trips it, whatever the data.
         """
-        eps = self._eps
+        assert self._buf is not None, "_measure runs first"
+        eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
-        tolerance = (1e-3 + 4.0 * records * eps) * bound + 1e-5 * records
+        tolerance = (1e-3 + 4.0 * records * eps) * bound + _stabiliser(c) * records
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "

@@ -18,6 +18,14 @@ not charged. After every batch it logs the running ε with ``pl_module.log``
 and sets ``trainer.should_stop`` when the ledger would refuse the next step
 (under DDP the same flag on every rank).
 
+Several training loaders (Lightning's ``CombinedLoader``): attach sees none of
+them, so the steps are charged at ``sample_rate`` (or Opacus' hook's rate), and
+every loader's Poisson rate must be at most that q, at the start and after
+each reload, and each gets attach's records check. Every batch holds one draw
+of each loader, possibly of the same records, so a step over b batches of L
+loaders is charged as b·L Poisson draws (``AccumulatedSubsampledGaussian``,
+docs/theory.md §14): an over-count where the loaders' records are disjoint.
+
 Random allocation: a training loader whose batch sampler is
 :class:`~privguard.integrations.RandomAllocationSampler` is charged as
 ``attach`` charges it, the whole epoch ``RandomAllocation(σ, t)`` before its
@@ -53,9 +61,9 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard import _validation as check
-from privguard._errors import InvalidArgumentError
+from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _sampling
+from privguard.integrations import _describe, _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
@@ -67,7 +75,8 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
-from privguard.integrations.opacus import AttachHandle, attach
+from privguard.integrations._recorded import find_opacus_hook
+from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
 
@@ -85,6 +94,34 @@ def _train_loaders(trainer: Any) -> list:
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
+
+
+def _check_rates(loaders: list, charged: float) -> None:
+    """Refuse a Poisson training loader whose rate the charge at q = ``charged`` does not cover.
+
+    One loader: its rate must be q (as attach checks it); several (attach sees none of them):
+    none above q (the charge grows with q: a larger one stays sound).
+    """
+    for loader in loaders:
+        q = _sampling.poisson_rate(loader)
+        if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
+                > 1e-12 * max(charged, q):
+            raise InvalidArgumentError(
+                "train_dataloader", q,
+                f"is the rate a training loader samples at, but the steps are charged at "
+                f"q = {charged:g} (sample_rate): the charge must be the probability each record "
+                "is drawn; keep every loader's rate at most the charged one, and a single "
+                "loader's rate across reloads")
+
+
+def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
+    """The q attach will charge without a data loader (several training loaders): the given
+    ``sample_rate`` (a callable's current value), else the rate of Opacus' accountant hook;
+    None where attach finds none (it then refuses)."""
+    if sample_rate is None:
+        return find_opacus_hook(optimizer.step_hook)[1]
+    return check.sample_rate("sample_rate", sample_rate() if callable(sample_rate)
+                             else sample_rate)
 
 
 def _check_sampler_injection(trainer: Any) -> None:
@@ -139,6 +176,14 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             layer with a rate > 0 is refused in either mode (Lightning
             trains in training mode), and again before every step's charge.
             Off by default.
+        witnesses: check every step against its charge before charging it, as
+            :func:`~privguard.integrations.opacus.attach` does with
+            ``witnesses=True`` (needs a ledger with an (ε, δ) target). A
+            training loader reloaded (``reload_dataloaders_every_n_epochs``)
+            is followed by the sampling witness (its dataset size, sampler and
+            micro-batch sizes; each test's levels go on where they were), or
+            refused where it cannot be (under DDP, several loaders, a dataset
+            of unknown size). Off by default.
 
     Example:
         >>> from privguard import Ledger
@@ -147,12 +192,15 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         'privguard.LedgerCallback[step]'
     """
 
+    witnesses = False  # (a callback pickled before the option: off)
+
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
                  prog_bar: bool = True, check_poisson: bool = True,
-                 aligned_micro_batches: bool = False) -> None:
+                 aligned_micro_batches: bool = False, witnesses: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
+        self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
@@ -185,6 +233,17 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson and not allocated:  # attach charges random allocation per epoch
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
+        if len(loaders) > 1:
+            # Review lr: attach gets none of several loaders, so their rates and records were
+            # never checked at the start (a reload checked their rates): a loader at a q above
+            # the charged one ran charged at the lower q, and under DDP a non-distributed
+            # Poisson sampler (every rank drawing from all records) passed
+            charged = _charged_rate(self.sample_rate, optimizer)
+            if charged is not None:
+                _check_rates(loaders, charged)
+            if self.check_poisson:
+                for loader in loaders:
+                    _check_records(loader, optimizer, self.ledger)
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
         if self.aligned_micro_batches:  # Lightning calls pl_module.train() itself
             guard_for(pl_module, assume_training=True)
@@ -196,7 +255,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              check_poisson=self.check_poisson and len(loaders) == 1,
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
-                             model=pl_module if self.aligned_micro_batches else None)
+                             model=pl_module if self.aligned_micro_batches else None,
+                             witnesses=self.witnesses)
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
         self._loaders = loaders
@@ -216,7 +276,11 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             return
         if handle.steps_charged != self._steps_seen:  # a real step ran since the last batch
             self._steps_seen, self._batches = handle.steps_charged, 0
-        self._batches += 1
+        # Review lr: a batch of several training loaders (Lightning's CombinedLoader) holds one
+        # draw of each, from records they may share: len(loaders) Poisson draws, not one (on
+        # main two loaders over one dataset were charged SubsampledGaussian(σ, q) a step; an
+        # over-count where their records are disjoint)
+        self._batches += max(1, len(self._loaders))
         if handle.counter is not None:
             handle.counter.count = max(handle.counter.count, self._batches)
         else:
@@ -240,8 +304,12 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 "were reloaded without the single RandomAllocationSampler loader the ledger "
                 "was attached with: its epochs are charged only when it is the single training "
                 "loader")
+        if sampler is not epochs.sampler:
+            # review lr: the witnesses' and the counter's watch moves first (it may refuse)
+            self._follow_loader(handle, loaders)
         epochs.rebind(sampler, self.ledger,  # attach's checks (review sc)
                       distributed=is_distributed(handle.optimizer))
+        self._loaders = loaders
 
     def _follow_reload(self, trainer: Any, handle: AttachHandle) -> None:
         """Poisson loaders reloaded (``reload_dataloaders_every_n_epochs``): check them as
@@ -263,25 +331,45 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if self.check_poisson:
             for loader in loaders:
                 _sampling.check_poisson(loader, "train_dataloader")
+            # Review lr: attach's records check on the loader it was given (issue 27: a
+            # non-distributed Poisson sampler under DDP is refused, Opacus #813 warns), before
+            # any step on the reloaded loader is charged or released; on_train_start gives
+            # several loaders the same
+            for loader in loaders:
+                _check_records(loader, handle.optimizer, self.ledger)
         rates = [_sampling.poisson_rate(loader) for loader in loaders]
+        rate: float | None = None
         if self.sample_rate is None and len(loaders) == 1:  # q was read from the loader
             # check_poisson=False on a non-Poisson loader: its nominal rate, as attach
             rate = float(rates[0]) if rates[0] is not None \
                 else _sampling.nominal_rate("train_dataloader", loaders[0])
-            handle._rate = lambda: rate
         else:
-            charged = float(handle._rate())
-            # one loader: q as attach checks it (equal); several (attach saw none of them):
-            # none above the charged q (the charge grows with q: a larger one stays sound)
-            for q in rates:
-                if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
-                        > 1e-12 * max(charged, q):
-                    raise InvalidArgumentError(
-                        "train_dataloader", q,
-                        f"is the rate a reloaded training loader samples at, but the steps are "
-                        f"charged at q = {charged:g} (sample_rate): the charge must be the "
-                        "probability each record is drawn; keep the rate across reloads")
+            _check_rates(loaders, float(handle._rate()))
+        self._follow_loader(handle, loaders)  # the last check (it may refuse), then the move
+        if rate is not None:
+            followed = rate
+            handle._rate = lambda: followed
         self._loaders = loaders
+
+    @staticmethod
+    def _follow_loader(handle: AttachHandle, loaders: list) -> None:
+        """Move the micro-batch counter and the witnesses to the reloaded loader(s), as
+        attach puts them on its loader (review lr: they kept watching the first loader).
+
+        The counter (batches and their sizes) goes to a single loader (none for several);
+        the witnesses follow it or refuse (:meth:`Witnesses.follow`), and then nothing moves.
+        """
+        counter = _describe.counter_for(loaders[0]) if len(loaders) == 1 else None
+        if handle.witnesses is not None:
+            try:
+                handle.witnesses.follow(loaders[0] if len(loaders) == 1 else None, counter)
+            except PrivguardError:
+                if counter is not None:
+                    counter.restore()
+                raise
+        if handle.counter is not None:
+            handle.counter.restore()
+        handle.counter = counter
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -200,6 +200,7 @@ class AttachHandle:
         self._epochs: _allocation.EpochCharges | None = None  # random allocation: per epoch
         self.witnesses: Witnesses | None = None  # the check stage (attach(..., witnesses=True))
         self.witness_reserve: M.Mechanism | None = None  # δ for their false alarms, charged once
+        self._refusal_charged = False  # a step_charged refusal's step was charged (review rwl)
         self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
 
@@ -297,8 +298,21 @@ class AttachHandle:
             # (under DDP it is built inside the step's collective, _checked_mechanism)
             single = self._epochs is None and self._coordinator is None
             mechanism = self._mechanism_for(k) if single else None
+            refused: PipelineMismatchError | None = None
             if self.witnesses is not None:  # check stage: raises PipelineMismatchError
-                self._check_witnesses(k, mechanism)
+                try:
+                    self._check_witnesses(k, mechanism)
+                except PipelineMismatchError as exc:
+                    # Review rwl: a refusal that is a function of the step's noisy gradient
+                    # (the precision guard; its probability is not bounded on every dataset,
+                    # Proposition 16.1) is charged as the step first, once: it is then a
+                    # post-processing of the step's release. The step is still not applied
+                    if not exc.step_charged or self._refusal_charged:
+                        raise
+                    refused = exc
+                    # a charge refused below (BudgetExhausted) releases nothing of the step:
+                    # the refusal is not kept for the next step then
+                    self.witnesses.failure = None
             if self._epochs is not None:  # random allocation: the whole epoch at its first step
                 if k > 1:
                     raise _accumulated_allocation(k)
@@ -329,6 +343,9 @@ class AttachHandle:
                 self.counter.take()
             if self.skips is not None:
                 self.skips.take()
+            if refused is not None and self.witnesses is not None:  # charged, not applied
+                self.witnesses.failure, self._refusal_charged = refused, True
+                raise refused
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
 
@@ -589,7 +606,10 @@ def attach(
             ``integrations/_witnesses.py``). A mismatch raises
             :class:`privguard.PipelineMismatchError` out of
             ``optimizer.step()`` with the parameters untouched and nothing
-            charged, and every later step is refused too. Needs a ledger
+            charged (except a step whose gradients' dtype cannot hold the noise:
+            that refusal depends on the noisy gradient, so its step is charged
+            first, ``step_charged``; docs/theory.md §16.2), and every later
+            step is refused too. Needs a ledger
             with an (ε, δ) target: with the first step a
             :class:`~privguard.mechanisms.DeltaReserve` is charged that sets
             0.1% of δ aside for the witnesses' false alarms, so the

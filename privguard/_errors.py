@@ -76,7 +76,15 @@ class PipelineMismatchError(PrivguardError):
     ``"sampling"``), ``charged`` what the ledger was told, ``measured`` the
     point estimate and ``interval`` its confidence interval (``None`` for a
     deterministic check), ``step`` the 1-based real step of the handle.
+
+    ``step_charged``: True for the one refusal that is a function of the step's noisy
+    gradient and of the data (the noise witness's precision guard: the gradients' dtype
+    cannot hold the charged noise). Its step is charged before it is raised (not applied):
+    charged, the refusal is a post-processing of the step's release; uncharged, it would
+    release a bit of the data (docs/theory.md §16.2, review rwl).
     """
+
+    step_charged = False
 
     def __init__(self, message: str, *, witness: str, charged: float, measured: float,
                  interval: tuple[float, float] | None, step: int) -> None:

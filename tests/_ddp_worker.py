@@ -259,6 +259,36 @@ def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
+def witness_precision(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review rwl: after 3 clean steps rank 0's noise witness finds that the gradients' dtype
+    cannot hold the charged noise (the precision guard; simulated by a unit roundoff of 10).
+    That refusal is a function of the noisy gradient: the step is charged once, on every rank
+    together, then refused everywhere (not applied); later steps are refused uncharged."""
+    from privguard import Ledger, PipelineMismatchError
+    from privguard.integrations.opacus import attach
+
+    _engine, model, opt, loader = _setup()
+    ledger = Ledger(epsilon, DELTA, path=f"{workdir}/precision.db", lease=1)  # exact counts
+    handle = attach(opt, ledger, data_loader=loader, witnesses=True)
+    batches = _batches(loader)
+    out: dict = {"applied": sum(_one_step(model, opt, next(batches)) for _ in range(3)),
+                 "refusals": []}
+    out["clean_journal"] = len(ledger.history)
+    if rank == 0:
+        handle.witnesses._buf.unit_max = 10.0  # the layout of the clean steps, kept
+    before = _params(model)
+    for _ in range(2):
+        try:
+            _one_step(model, opt, next(batches))
+            out["refusals"].append(None)
+        except PipelineMismatchError as exc:
+            out["refusals"].append((exc.witness, exc.step, getattr(exc, "step_charged", None),
+                                    str(exc)[:200]))
+        out.setdefault("journals", []).append(len(ledger.history))
+    out.update(unchanged=_params(model) == before, should_stop=handle.should_stop)
+    return out
+
+
 def witness_clipping(rank: int, workdir: str, epsilon: float) -> dict:
     """Review rt: rank 1's clipping turned off after 3 clean steps. Its clipping witness
     fires inside Opacus' clip_and_accumulate, before the step's collective: the refusal
@@ -372,5 +402,5 @@ def aligned(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
-SCENARIOS = {"aligned": aligned, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
+SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation}

@@ -172,6 +172,21 @@ def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_pa
 
 @pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
                     reason="a 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 (always in CI)")
+def test_witnesses_under_ddp_a_precision_refusal_is_charged_once_on_every_rank(tmp_path):
+    """Review rwl: the precision guard's refusal depends on rank 0's noisy gradient; the step
+    is charged (once, together) before every rank refuses it, and not applied; the later
+    refusal charges nothing. Uncharged on wr's head."""
+    r0, r1 = launch("witness_precision", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        assert r["applied"] == 3 and r["clean_journal"] == 4  # 3 steps + the δ reserve
+        assert [f[:3] for f in r["refusals"]] == [("noise", 4, True), ("noise", 4, True)], \
+            r["refusals"]
+        assert r["journals"] == [5, 5] and r["unchanged"] and r["should_stop"]
+    assert "cannot hold it" in r0["refusals"][0][3] and "rank 0" in r1["refusals"][0][3]
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="a 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 (always in CI)")
 def test_witnesses_under_ddp_clipping_refusal_on_one_rank_is_taken_together(tmp_path):
     """Review rt: a clipping refusal on rank 1 fires before the step's collective; it was
     raised there alone, leaving rank 0 waiting in the check's all-gather. It is now held

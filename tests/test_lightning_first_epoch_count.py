@@ -120,14 +120,16 @@ class _TwoLoadersSkipStep(_SkipStep):
                 for seed in (0, 1)]
 
 
-def test_two_loaders_accumulated_batches_are_charged_as_two_draws():
+def test_two_loaders_accumulated_batches_are_charged_as_four_draws():
     ledger = Ledger(delta=1e-5)
     trainer = pl.Trainer(callbacks=[LedgerCallback(ledger, sample_rate=1.0 / T)],
                          accelerator="cpu", logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, max_epochs=1)
     trainer.fit(_TwoLoadersSkipStep())
-    two = M.AccumulatedSubsampledGaussian(SIGMA, 1.0 / T, 2)
-    assert [r.mechanism for r in ledger.history] == [two] * 2  # was SubsampledGaussian × 2
+    # review lr: each batch holds one Poisson draw of each loader, both over the same records,
+    # so a real step of two batches noises four draws (sc's fix charged two)
+    four = M.AccumulatedSubsampledGaussian(SIGMA, 1.0 / T, 4)
+    assert [r.mechanism for r in ledger.history] == [four] * 2  # was SubsampledGaussian × 2
 
 
 # Review sc: with reload_dataloaders_every_n_epochs Lightning builds a new Poisson loader per

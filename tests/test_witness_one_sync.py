@@ -43,9 +43,11 @@ class _TwoPass:
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40
-        z_high = math.sqrt(max(z_sq + gamma * r, 0.0)) * up
         sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
         g_high = math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up
+        # wr: the total statistic also adds 4u_p·s‖g‖ (Opacus' own rounding, as the parts do)
+        unit = max(torch.finfo(g.dtype).eps / 2.0 for g in grads)
+        z_high = (math.sqrt(max(z_sq + gamma * r, 0.0)) + 4.0 * unit * scale * g_high) * up
         measured = (z_high, sum_high, math.sqrt(max(z_sq, 0.0)), d)
         # the second pass (cf54ad5's _noise_parts)
         sizes = [g.numel() for g in grads]

@@ -827,9 +827,14 @@ def test_the_clipping_tolerance_follows_the_coarsest_parameter_dtype():
 
     from privguard.integrations._witnesses import coarsest_eps
 
-    params = [torch.zeros(3, dtype=torch.float32), torch.zeros(2, dtype=torch.bfloat16)]
+    # (wr: read from the step's tensors, the clipped-sum buffer's ``eps``, not at attach)
+    params = [SimpleNamespace(grad=torch.ones(3, dtype=torch.float32),
+                              summed_grad=torch.zeros(3, dtype=torch.float32)),
+              SimpleNamespace(grad=torch.ones(2, dtype=torch.bfloat16),
+                              summed_grad=torch.zeros(2, dtype=torch.bfloat16))]
     w = Witnesses(SimpleNamespace(params=params), None, false_alarm=1e-10)
-    assert w._eps == torch.finfo(torch.bfloat16).eps
+    w._measure(1.0)
+    assert w._buf.eps == torch.finfo(torch.bfloat16).eps
     assert coarsest_eps([torch.float64, torch.int64]) == torch.finfo(torch.float64).eps
     assert coarsest_eps([]) == 0.0
 
