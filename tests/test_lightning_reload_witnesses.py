@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
+from _lightning_quiet import QUIET  # noqa: E402
 from opacus import GradSampleModule  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
@@ -25,11 +26,7 @@ from privguard.integrations._witnesses import Witnesses  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 from privguard.integrations.opacus import attach  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
-                                        "ignore:.*does not have many workers.*",
-                                        "ignore:.*no logger configured.*",
-                                        "ignore:.*Full backward hook.*",
-                                        "ignore:.*accountant is.*")
+pytestmark = QUIET
 SIGMA, Q = 1.0, 0.25
 
 

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
+from _lightning_quiet import QUIET  # noqa: E402
 from opacus import GradSampleModule  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
@@ -21,11 +22,7 @@ from privguard import Ledger  # noqa: E402
 from privguard import mechanisms as M  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
-                                        "ignore:.*does not have many workers.*",
-                                        "ignore:.*no logger configured.*",
-                                        "ignore:.*Full backward hook.*",
-                                        "ignore:.*accountant is.*")
+pytestmark = QUIET
 N, T, SIGMA = 64, 4, 1.0
 DATA = TensorDataset(torch.randn(N, 10, generator=torch.Generator().manual_seed(0)),
                      torch.zeros(N, dtype=torch.long))
