@@ -146,7 +146,8 @@ def _check_hybrid_plan(step: Any) -> None:
         if not allocation_covered(step):
             raise InvalidArgumentError(
                 "filter", "hybrid", f"has a certified PLD envelope for random allocation only "
-                f"for noise_multiplier >= {alloc.MIN_SIGMA:g} and 2 <= steps <= "
+                f"for noise_multiplier >= {alloc.MIN_SIGMA:g} and <= {alloc.MAX_SIGMA:g} (a plan "
+                f"of {alloc.MAX_SIGMA:g} holds every larger one) and 2 <= steps <= "
                 f"{alloc.MAX_STEPS} (docs/theory.md §2b.3), not for the plan's step {step!r}; "
                 "use filter='rdp' (the default: RandomAllocation's RDP curve is a proven "
                 "bound, §15)")
