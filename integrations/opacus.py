@@ -289,48 +289,82 @@ class AttachHandle:
 
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
-            # Charged before the parameter update; raises if refused.
-            k = self._micro_batches(predict=False)
-            if self.dropout_guard is not None and self._coordinator is None:
-                self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
-            # the step's mechanism, built once: the witnesses check what the ledger charges
-            # (under DDP it is built inside the step's collective, _checked_mechanism)
-            single = self._epochs is None and self._coordinator is None
-            mechanism = self._mechanism_for(k) if single else None
-            if self.witnesses is not None:  # check stage: raises PipelineMismatchError
-                self._check_witnesses(k, mechanism)
-            if self._epochs is not None:  # random allocation: the whole epoch at its first step
-                if k > 1:
-                    raise _accumulated_allocation(k)
-                sigma = float(optimizer.noise_multiplier)
-                due = self._epochs.pending(sigma)
-                if due is not None and self._coordinator is not None:  # DDP: once, together
-                    _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
-                elif due is not None:
-                    self.ledger.charge(due, label=self.label)
-                self._epochs.done(sigma, due)
-                if self._coordinator is not None and \
-                        self._epochs.steps_in_epoch >= self._epochs.sampler.steps_per_epoch:
-                    # the epoch's last step, reached on every rank together: whether the next
-                    # epoch fits is one decision for all ranks (should_stop alike everywhere)
-                    nxt = self._epochs.mechanism(sigma)
-                    self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
-            elif self._coordinator is None:
-                assert mechanism is not None
-                self.ledger.charge(mechanism, label=self.label)
-            else:
-                self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
-                                                       self.label)
-            if self.witness_reserve is not None:  # once, after the first step fixed the plan
-                self._charge_reserve()
-            self.steps_charged += 1
-            self._last_micro_batches = k
-            if self.counter is not None:
-                self.counter.take()
-            if self.skips is not None:
-                self.skips.take()
+            try:
+                self._charge_step(optimizer)
+            except BaseException:
+                # refused (or failed) before the update: the step's clipped sum and noisy
+                # gradient are dropped, never noised again into a later step (review bi)
+                self._discard_step(optimizer)
+                raise
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
+
+    def _discard_step(self, optimizer: DPOptimizer) -> None:
+        """Clear what the refused real step accumulated, as a real step's ``zero_grad`` would.
+
+        Opacus' ``pre_step`` had clipped the micro-batches into ``p.summed_grad`` (marked
+        processed) and written the noisy ``p.grad`` before calling the hook. After a refusal
+        following skipped steps, ``_is_last_step_skipped`` stays True, so ``zero_grad()``
+        keeps that sum, and the next real step either noised the refused micro-batches
+        again with its own, or (Opacus 1.6) raised a plain ``ValueError`` ("Gradients
+        haven't been cleared"). Here every parameter's sum, per-sample and noisy gradient
+        is dropped, the optimizer marked as after a real step, and the micro-batch counts
+        restart: the next real step holds, and is charged for, only its own micro-batches.
+        Nothing of the refused step is released (the parameters were never updated).
+        """
+        for p in getattr(optimizer, "params", ()):
+            for name in ("summed_grad", "grad_sample"):
+                if getattr(p, name, None) is not None:
+                    setattr(p, name, None)
+            p.grad = None
+        if hasattr(optimizer, "_is_last_step_skipped"):
+            optimizer._is_last_step_skipped = False
+        if self.counter is not None:
+            self.counter.take()
+        if self.skips is not None:
+            self.skips.take()
+
+    def _charge_step(self, optimizer: DPOptimizer) -> None:
+        """Charge the real step about to update the parameters; raises if refused."""
+        k = self._micro_batches(predict=False)
+        if self.dropout_guard is not None and self._coordinator is None:
+            self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
+        # the step's mechanism, built once: the witnesses check what the ledger charges
+        # (under DDP it is built inside the step's collective, _checked_mechanism)
+        single = self._epochs is None and self._coordinator is None
+        mechanism = self._mechanism_for(k) if single else None
+        if self.witnesses is not None:  # check stage: raises PipelineMismatchError
+            self._check_witnesses(k, mechanism)
+        if self._epochs is not None:  # random allocation: the whole epoch at its first step
+            if k > 1:
+                raise _accumulated_allocation(k)
+            sigma = float(optimizer.noise_multiplier)
+            due = self._epochs.pending(sigma)
+            if due is not None and self._coordinator is not None:  # DDP: once, together
+                _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
+            elif due is not None:
+                self.ledger.charge(due, label=self.label)
+            self._epochs.done(sigma, due)
+            if self._coordinator is not None and \
+                    self._epochs.steps_in_epoch >= self._epochs.sampler.steps_per_epoch:
+                # the epoch's last step, reached on every rank together: whether the next
+                # epoch fits is one decision for all ranks (should_stop alike everywhere)
+                nxt = self._epochs.mechanism(sigma)
+                self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
+        elif self._coordinator is None:
+            assert mechanism is not None
+            self.ledger.charge(mechanism, label=self.label)
+        else:
+            self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
+                                                   self.label)
+        if self.witness_reserve is not None:  # once, after the first step fixed the plan
+            self._charge_reserve()
+        self.steps_charged += 1
+        self._last_micro_batches = k
+        if self.counter is not None:
+            self.counter.take()
+        if self.skips is not None:
+            self.skips.take()
 
     def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.
