@@ -90,3 +90,70 @@ def test_plot_prints_the_path_it_wrote(tmp_path, capsys):
                  "--no-prv"]) == 2
     assert "the ledger's own file" in capsys.readouterr().err
     assert (tmp_path / "budget.png").read_bytes() == before
+
+
+# -- item 5: the keys of a 0.1 state's filter and of every event kind --------------------
+def _v1(edit):
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from privguard._stores._integrity import canonical
+
+    state = json.loads((Path(__file__).parent / "data" / "state-0.1.json").read_text())
+    edit(state)
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    state["checksum"] = hashlib.sha256(canonical(body)).hexdigest()  # 0.1's checksum
+    return state
+
+
+@pytest.mark.parametrize("edit, message", [
+    # loaded before the fix
+    (lambda s: s["config"]["filter"].__setitem__("zz", 1), "0.1's filter configuration"),
+    (lambda s: s["filter_state"].__setitem__("zz", 1), "filter_state must be a dict"),
+    (lambda s: s.__setitem__("filter_state", {}), "filter_state must be a dict"),
+    # refused before too, for another reason; now by the key check
+    (lambda s: s["config"]["filter"].pop("delta"), "0.1's filter configuration"),
+    (lambda s: s["config"]["filter"].__setitem__("kind", "strict"), "0.1's filter config"),
+])
+def test_a_0_1_state_with_other_filter_keys_never_loads(edit, message):
+    from privguard import LedgerStateError
+
+    assert Ledger.load_state_dict(_v1(lambda s: None)).epsilon() > 0
+    with pytest.raises(LedgerStateError, match=message):
+        Ledger.load_state_dict(_v1(edit))
+
+
+def _resealed(state):
+    from privguard._stores._integrity import Integrity
+
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    state["checksum"] = Integrity.from_environment().digest("state", body)
+    return state
+
+
+@pytest.mark.parametrize("edit", [lambda b: b.__setitem__("zz", 1),
+                                  lambda b: b.pop("pid" if "pid" in b else "records")])
+def test_an_event_with_other_keys_never_loads(tmp_path, edit):
+    import copy
+
+    from privguard import LedgerStateError
+
+    path = tmp_path / "r.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01))
+    ledger.close()
+    ledger = Ledger(4.0, 1e-5, path=path, retarget="approved")
+    state = ledger.state_dict()
+    ledger.close()
+    assert Ledger.load_state_dict(_resealed(copy.deepcopy(state))).target == (4.0, 1e-5)
+    bad = copy.deepcopy(state)
+    edit(next(e[1] for e in bad["journal"] if e[0] == "event" and e[1]["event"] == "retarget"))
+    with pytest.raises(LedgerStateError, match="a retarget event with the keys"):
+        Ledger.load_state_dict(_resealed(bad))
+    # a 0.1 state's migrate event, written by load and kept in the next state_dict
+    migrated = Ledger.load_state_dict(_v1(lambda s: None)).state_dict()
+    edit(migrated["journal"][1][1] if migrated["journal"][0][0] == "fix"
+         else migrated["journal"][0][1])
+    with pytest.raises(LedgerStateError, match="a migrate event with the keys"):
+        Ledger.load_state_dict(_resealed(migrated))
