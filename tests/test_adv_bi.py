@@ -157,3 +157,18 @@ def test_an_event_with_other_keys_never_loads(tmp_path, edit):
          else migrated["journal"][0][1])
     with pytest.raises(LedgerStateError, match="a migrate event with the keys"):
         Ledger.load_state_dict(_resealed(migrated))
+
+
+# -- item 6: the sweep's finds ----------------------------------------------------------
+def test_a_subnormal_sample_rate_is_charged_not_an_overflow():
+    # Plan.read_every took ceil(1/q): inf for q = 5e-324, OverflowError on every charge
+    ledger = Ledger(3.0, 1e-5)
+    ledger.charge(M.SubsampledGaussian(1.0, 5e-324), times=3)
+    assert ledger.epsilon() >= 0.0
+    assert Plan(M.SubsampledGaussian(1.0, 5e-324)).read_every == 2**53
+
+
+@pytest.mark.parametrize("listeners", [np.array(0.5), np.array(3)])
+def test_listeners_that_are_not_an_iterable_are_refused_by_name(listeners):
+    with pytest.raises(InvalidArgumentError, match="listeners="):
+        Ledger(3.0, 1e-5, listeners=listeners)

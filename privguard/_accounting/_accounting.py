@@ -486,7 +486,8 @@ class Accounting:
             _lease.check_unused_event(
                 body, journal.charges, where,
                 None if journal.runs_before or not stored else journal.held_runs(), self.events)
-        check_event_keys(body, where)  # after the checks above, whose messages say more
+        if stored:  # after the checks above, whose messages say more; a fresh one is ours
+            check_event_keys(body, where)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run
