@@ -172,3 +172,14 @@ def test_a_subnormal_sample_rate_is_charged_not_an_overflow():
 def test_listeners_that_are_not_an_iterable_are_refused_by_name(listeners):
     with pytest.raises(InvalidArgumentError, match="listeners="):
         Ledger(3.0, 1e-5, listeners=listeners)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"steps": 0}, "steps"), ({"canaries": 0}, "canaries")])
+def test_the_audit_command_refuses_zero_steps_or_canaries(kwargs, name):
+    # `privguard audit --steps 0` ran the default 600 steps (`steps or default`)
+    pytest.importorskip("opacus")
+    pytest.importorskip("sklearn")
+    from privguard.audit import demo_audit
+
+    with pytest.raises(InvalidArgumentError, match=f"{name}=0"):
+        demo_audit(quick=True, **kwargs)
