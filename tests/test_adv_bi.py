@@ -183,3 +183,29 @@ def test_the_audit_command_refuses_zero_steps_or_canaries(kwargs, name):
 
     with pytest.raises(InvalidArgumentError, match=f"{name}=0"):
         demo_audit(quick=True, **kwargs)
+
+
+@pytest.mark.parametrize("call", ["expected_quantile", "prob_top"])
+def test_utility_functions_refuse_what_is_not_a_distribution_of_k(call):
+    from privguard import tuning as T
+
+    args = (5.0,) if call == "expected_quantile" else (5.0, 0.1)
+    with pytest.raises(InvalidArgumentError, match=r"runs=5\.0"):  # was AttributeError
+        getattr(T, call)(*args)
+    assert 0 < getattr(T, call)(T.Poisson(5.0), *args[1:]) < 1
+
+
+@pytest.mark.filterwarnings("error")
+def test_calibration_names_the_unreachable_target_and_a_huge_slope_is_warning_free():
+    from privguard.tuning import calibrate_noise_multiplier, calibrate_tuning_noise
+
+    with pytest.raises(InvalidArgumentError, match="epsilon=1e-300 is invalid: is not reach"):
+        calibrate_noise_multiplier(0.01, 100, epsilon=1e-300, delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match="rdp_slope=1e-300 is invalid"):
+        calibrate_noise_multiplier(0.01, 100, rdp_slope=1e-300)
+    from privguard.tuning import Poisson
+
+    with pytest.raises(InvalidArgumentError, match="epsilon=1e-300 is invalid"):
+        calibrate_tuning_noise(0.01, 100, Poisson(5.0), 1e-300, 1e-5)
+    # c·α overflows for c = 1e308: every σ fits, the smallest the search tries comes back
+    assert calibrate_noise_multiplier(0.01, 100, rdp_slope=1e308) < 2.5e-3
