@@ -93,6 +93,7 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
     _allocation,
     _describe,
@@ -692,8 +693,11 @@ def attach(
         raise InvalidArgumentError("label", label, "must be a string or None")
     check.flag("check_poisson", check_poisson)
     if planned_steps is not None:
-        planned_steps = check.positive_int("planned_steps", planned_steps)
-    declared = 1 if micro_batches is None else check.positive_int("micro_batches", micro_batches)
+        planned_steps = check.positive_int("planned_steps", planned_steps, maximum=check.MAX_STEPS)
+    # the accumulated step's own bound, at attach (review bi: a larger one was attached and
+    # every step then refused with InvalidArgumentError)
+    declared = 1 if micro_batches is None else check.positive_int(
+        "micro_batches", micro_batches, maximum=MAX_MICRO_BATCHES)
     if _describe.is_ghost(optimizer) and data_loader is None and micro_batches is None:
         raise NonPoissonSamplingError(
             "data_loader", None,

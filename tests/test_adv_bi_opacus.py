@@ -83,3 +83,17 @@ def test_the_step_after_a_refused_accumulated_step_is_its_own(mode, on_exhausted
     (run,) = ledger.runs
     assert run.mechanism == M.AccumulatedSubsampledGaussian(1000.0, q, 2)
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+@pytest.mark.parametrize("kwargs, name", [({"micro_batches": 2**21}, "micro_batches"),
+                                          ({"micro_batches": 10**400}, "micro_batches"),
+                                          ({"planned_steps": 2**60}, "planned_steps")])
+def test_attach_refuses_counts_no_step_could_be_charged_with(kwargs, name):
+    # attached before, then every step refused (micro_batches above the accumulated step's
+    # 2^20); a plan beyond 2^53 steps
+    from privguard import InvalidArgumentError
+
+    _, opt, loader, _ = _private("hooks")
+    with pytest.raises(InvalidArgumentError, match=f"{name}="):
+        attach(opt, Ledger(3.0, 1e-5), data_loader=loader, **kwargs)
+    attach(opt, Ledger(3.0, 1e-5), data_loader=loader).detach()  # nothing was attached
