@@ -93,6 +93,7 @@ from privguard._errors import (
     PrivguardError,
 )
 from privguard._ledger._ledger import Ledger
+from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
     _allocation,
     _describe,
@@ -290,64 +291,98 @@ class AttachHandle:
 
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
-            # Charged before the parameter update; raises if refused.
-            k = self._micro_batches(predict=False)
-            if self.dropout_guard is not None and self._coordinator is None:
-                self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
-            # the step's mechanism, built once: the witnesses check what the ledger charges
-            # (under DDP it is built inside the step's collective, _checked_mechanism)
-            single = self._epochs is None and self._coordinator is None
-            mechanism = self._mechanism_for(k) if single else None
-            refused: PipelineMismatchError | None = None
-            if self.witnesses is not None:  # check stage: raises PipelineMismatchError
-                try:
-                    self._check_witnesses(k, mechanism)
-                except PipelineMismatchError as exc:
-                    # Review rwl: a refusal that is a function of the step's noisy gradient
-                    # (the precision guard; its probability is not bounded on every dataset,
-                    # Proposition 16.1) is charged as the step first, once: it is then a
-                    # post-processing of the step's release. The step is still not applied
-                    if not exc.step_charged or self._refusal_charged:
-                        raise
-                    refused = exc
-                    # a charge refused below (BudgetExhausted) releases nothing of the step:
-                    # the refusal is not kept for the next step then
-                    self.witnesses.failure = None
-            if self._epochs is not None:  # random allocation: the whole epoch at its first step
-                if k > 1:
-                    raise _accumulated_allocation(k)
-                sigma = float(optimizer.noise_multiplier)
-                due = self._epochs.pending(sigma)
-                if due is not None and self._coordinator is not None:  # DDP: once, together
-                    _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
-                elif due is not None:
-                    self.ledger.charge(due, label=self.label)
-                self._epochs.done(sigma, due)
-                if self._coordinator is not None and \
-                        self._epochs.steps_in_epoch >= self._epochs.sampler.steps_per_epoch:
-                    # the epoch's last step, reached on every rank together: whether the next
-                    # epoch fits is one decision for all ranks (should_stop alike everywhere)
-                    nxt = self._epochs.mechanism(sigma)
-                    self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
-            elif self._coordinator is None:
-                assert mechanism is not None
-                self.ledger.charge(mechanism, label=self.label)
-            else:
-                self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
-                                                       self.label)
-            if self.witness_reserve is not None:  # once, after the first step fixed the plan
-                self._charge_reserve()
-            self.steps_charged += 1
-            self._last_micro_batches = k
-            if self.counter is not None:
-                self.counter.take()
-            if self.skips is not None:
-                self.skips.take()
-            if refused is not None and self.witnesses is not None:  # charged, not applied
-                self.witnesses.failure, self._refusal_charged = refused, True
-                raise refused
+            try:
+                self._charge_step(optimizer)
+            except BaseException:
+                # refused (or failed) before the update: the step's clipped sum and noisy
+                # gradient are dropped, never noised again into a later step (review bi)
+                self._discard_step(optimizer)
+                raise
         if self._previous_hook is not None:
             self._previous_hook(optimizer)
+
+    def _discard_step(self, optimizer: DPOptimizer) -> None:
+        """Clear what the refused real step accumulated, as a real step's ``zero_grad`` would.
+
+        Opacus' ``pre_step`` had clipped the micro-batches into ``p.summed_grad`` (marked
+        processed) and written the noisy ``p.grad`` before calling the hook. After a refusal
+        following skipped steps, ``_is_last_step_skipped`` stays True, so ``zero_grad()``
+        keeps that sum, and the next real step either noised the refused micro-batches
+        again with its own, or (Opacus 1.6) raised a plain ``ValueError`` ("Gradients
+        haven't been cleared"). Here every parameter's sum, per-sample and noisy gradient
+        is dropped, the optimizer marked as after a real step, and the micro-batch counts
+        restart: the next real step holds, and is charged for, only its own micro-batches.
+        Nothing of the refused step is released (the parameters were never updated).
+        """
+        for p in getattr(optimizer, "params", ()):
+            for name in ("summed_grad", "grad_sample"):
+                if getattr(p, name, None) is not None:
+                    setattr(p, name, None)
+            p.grad = None
+        if hasattr(optimizer, "_is_last_step_skipped"):
+            optimizer._is_last_step_skipped = False
+        if self.counter is not None:
+            self.counter.take()
+        if self.skips is not None:
+            self.skips.take()
+
+    def _charge_step(self, optimizer: DPOptimizer) -> None:
+        """Charge the real step about to update the parameters; raises if refused."""
+        k = self._micro_batches(predict=False)
+        if self.dropout_guard is not None and self._coordinator is None:
+            self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
+        # the step's mechanism, built once: the witnesses check what the ledger charges
+        # (under DDP it is built inside the step's collective, _checked_mechanism)
+        single = self._epochs is None and self._coordinator is None
+        mechanism = self._mechanism_for(k) if single else None
+        refused: PipelineMismatchError | None = None
+        if self.witnesses is not None:  # check stage: raises PipelineMismatchError
+            try:
+                self._check_witnesses(k, mechanism)
+            except PipelineMismatchError as exc:
+                # Review rwl: a refusal that is a function of the step's noisy gradient
+                # (the precision guard; its probability is not bounded on every dataset,
+                # Proposition 16.1) is charged as the step first, once: it is then a
+                # post-processing of the step's release. The step is still not applied
+                if not exc.step_charged or self._refusal_charged:
+                    raise
+                refused = exc
+                # a charge refused below (BudgetExhausted) releases nothing of the step:
+                # the refusal is not kept for the next step then
+                self.witnesses.failure = None
+        if self._epochs is not None:  # random allocation: the whole epoch at its first step
+            if k > 1:
+                raise _accumulated_allocation(k)
+            sigma = float(optimizer.noise_multiplier)
+            due = self._epochs.pending(sigma)
+            if due is not None and self._coordinator is not None:  # DDP: once, together
+                _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
+            elif due is not None:
+                self.ledger.charge(due, label=self.label)
+            self._epochs.done(sigma, due)
+            if self._coordinator is not None and \
+                    self._epochs.steps_in_epoch >= self._epochs.sampler.steps_per_epoch:
+                # the epoch's last step, reached on every rank together: whether the next
+                # epoch fits is one decision for all ranks (should_stop alike everywhere)
+                nxt = self._epochs.mechanism(sigma)
+                self._next_ok = self._coordinator.all_fit(lambda: self.ledger.can_afford(nxt))
+        elif self._coordinator is None:
+            assert mechanism is not None
+            self.ledger.charge(mechanism, label=self.label)
+        else:
+            self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
+                                                   self.label)
+        if self.witness_reserve is not None:  # once, after the first step fixed the plan
+            self._charge_reserve()
+        self.steps_charged += 1
+        self._last_micro_batches = k
+        if self.counter is not None:
+            self.counter.take()
+        if self.skips is not None:
+            self.skips.take()
+        if refused is not None and self.witnesses is not None:  # charged, not applied
+            self.witnesses.failure, self._refusal_charged = refused, True
+            raise refused
 
     def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.
@@ -678,8 +713,11 @@ def attach(
         raise InvalidArgumentError("label", label, "must be a string or None")
     check.flag("check_poisson", check_poisson)
     if planned_steps is not None:
-        planned_steps = check.positive_int("planned_steps", planned_steps)
-    declared = 1 if micro_batches is None else check.positive_int("micro_batches", micro_batches)
+        planned_steps = check.positive_int("planned_steps", planned_steps, maximum=check.MAX_STEPS)
+    # the accumulated step's own bound, at attach (review bi: a larger one was attached and
+    # every step then refused with InvalidArgumentError)
+    declared = 1 if micro_batches is None else check.positive_int(
+        "micro_batches", micro_batches, maximum=MAX_MICRO_BATCHES)
     if _describe.is_ghost(optimizer) and data_loader is None and micro_batches is None:
         raise NonPoissonSamplingError(
             "data_loader", None,

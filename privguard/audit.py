@@ -315,8 +315,10 @@ def demo_audit(quick: bool = False, seed: int | None = None, steps: int | None =
     warnings_off()
     train, _, _ = _data(0)
     default_steps, default_m = (100, 1000) if quick else (600, 2000)
-    return audit_opacus(lambda: _private_model(train, 0.5, 0), steps=steps or default_steps,
-                        canaries=canaries or default_m, seed=seed)
+    # None means the default; 0 is passed on and refused (review bi: `or` ran the default)
+    return audit_opacus(lambda: _private_model(train, 0.5, 0),
+                        steps=default_steps if steps is None else steps,
+                        canaries=default_m if canaries is None else canaries, seed=seed)
 
 
 def warnings_off() -> None:

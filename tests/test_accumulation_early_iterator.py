@@ -251,9 +251,11 @@ def test_random_allocation_with_skipped_micro_batches_is_refused_not_charged_as_
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_a_refused_step_keeps_its_skipped_micro_batches_for_the_next_try():
-    # Opacus keeps the clipped sum of skipped steps across a refused real step (the hook
-    # raised before _is_last_step_skipped was reset): the next try still holds both draws
+def test_a_refused_step_drops_its_skipped_micro_batches():
+    # Opacus kept the clipped sum of skipped steps across a refused real step (the hook
+    # raised before _is_last_step_skipped was reset), marked processed: the next real step
+    # raised Opacus' ValueError (review bi). The refused step's sum is now dropped with it
+    # (tests/test_adv_bi_opacus.py), and the next real step holds its own draws only
     _, model, opt, loader, criterion = _private()
     q = loader.batch_sampler.sample_rate
     step = M.AccumulatedSubsampledGaussian(SIGMA, q, 2)
@@ -263,8 +265,9 @@ def test_a_refused_step_keeps_its_skipped_micro_batches_for_the_next_try():
     handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
     _skip_accumulate(model, opt, batches, criterion, steps=1, k=2)
     assert handle.exhausted and len(ledger.history) == 0
-    assert handle.next_mechanism() == step  # not SubsampledGaussian: both draws still count
-    assert handle.should_stop
+    assert all(getattr(p, "summed_grad", None) is None for p in opt.params)
+    assert handle.next_mechanism() == M.SubsampledGaussian(SIGMA, q)  # the refused draws: gone
+    assert handle.should_stop  # exhausted: the loop was told to stop
 
 
 def test_attach_in_the_middle_of_an_accumulation_is_refused():

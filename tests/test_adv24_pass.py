@@ -55,7 +55,9 @@ def test_a_migrate_event_opening_a_checkpoint_is_refused_in_place():
     # A fresh ledger has an empty journal, so a state that opens with a migrate event
     # "extends" it; an in-memory ledger never migrates, so in place it is refused.
     src = Ledger(delta=1e-6)
-    src._acc.replay_event({"event": "migrate", "retargets": []})
+    src._acc.replay_event({"event": "migrate", "retargets": [], "time": 0.0, "pid": 1,
+                           "from": "privguard 0.1 (schema 1)", "rows": 0, "final_digest": "",
+                           "target_restated": None})  # the keys privguard writes (review bi)
     src.charge(STEP)
     state = src.state_dict()
     with pytest.raises(LedgerStateError, match="retargets this ledger"):

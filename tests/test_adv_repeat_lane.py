@@ -189,7 +189,8 @@ def _trace(config: dict, script: list, lane: bool, mp) -> list:
                     with ledger._lock:
                         ledger._acc.replay_event({"event": "retarget", "old": old.to_dict(),
                                                   "new": _config.from_dict(
-                                                      new.to_dict()).to_dict()})
+                                                      new.to_dict()).to_dict(),
+                                                  "time": 0.0, "pid": 1, "reason": "test"})
             else:
                 raise_every[0] = 0
             flt = ledger._acc.filter

@@ -194,7 +194,8 @@ def _lane_trace(config: dict, seq: list, fast: bool, lane: bool, mp) -> list:
                 new = dataclasses.replace(old, epsilon=old.epsilon * op[1])
                 with ledger._lock:
                     ledger._acc.replay_event({"event": "retarget", "old": old.to_dict(),
-                                              "new": _config.from_dict(new.to_dict()).to_dict()})
+                                              "new": _config.from_dict(new.to_dict()).to_dict(),
+                                              "time": 0.0, "pid": 1, "reason": "test"})
         elif op[0] == "break":
             ledger._break("broken by the test")
         elif op[0] == "hold":

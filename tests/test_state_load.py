@@ -171,7 +171,8 @@ def _forged_retargets(ledger, events):
     state = copy.deepcopy(ledger.state_dict())
     acc = copy.deepcopy(ledger._acc)
     for old, new in events:
-        body = {"event": "retarget", "old": old, "new": new, "reason": "forged", "time": 0.0}
+        body = {"event": "retarget", "old": old, "new": new, "reason": "forged", "time": 0.0,
+                "pid": 1}  # the keys privguard writes (review bi: others are refused)
         state["journal"].append(["event", body])
         acc.config = _config.from_dict(old)
         acc.replay_event(body, _config.from_dict(new))

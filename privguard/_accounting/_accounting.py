@@ -85,6 +85,29 @@ def check_label(label: Any) -> str | None:
     return label
 
 
+#: The keys of each event kind privguard writes, in every version that wrote it (review bi):
+#: a retarget's, unchanged since 0.1 (176256f); the migrate event's three forms (a 0.1
+#: state's; a 0.1 file's, before and after fb1c173 added "target_restated"); a lease
+#: remainder's, unchanged since c58af4c. Any other set of keys for these kinds is an edit.
+EVENT_KEYS: dict[str, tuple[frozenset[str], ...]] = {
+    "retarget": (frozenset({"event", "time", "pid", "reason", "old", "new"}),),
+    "migrate": (frozenset({"event", "from", "records"}),
+                frozenset({"event", "time", "pid", "from", "rows", "final_digest", "retargets"}),
+                frozenset({"event", "time", "pid", "from", "rows", "final_digest", "retargets",
+                           "target_restated"})),
+    _lease.UNUSED: (frozenset({"event", "steps", "mechanism", "label", "pid", "reason",
+                               "time"}),),
+}
+
+
+def check_event_keys(body: dict[str, Any], where: str) -> None:
+    """Refuse an event of a kind privguard writes whose keys are not the ones it wrote."""
+    kind = body.get("event")
+    if isinstance(kind, str) and kind in EVENT_KEYS and frozenset(body) not in EVENT_KEYS[kind]:
+        raise LedgerStateError(f"{where}: a {kind} event with the keys "
+                               f"{sorted(map(str, body))}, not the ones privguard writes")
+
+
 def is_retarget(body: Any) -> bool:
     """Whether a journal event's body records a change of target (a retarget)."""
     return isinstance(body, dict) and body.get("event") == "retarget"
@@ -463,6 +486,8 @@ class Accounting:
             _lease.check_unused_event(
                 body, journal.charges, where,
                 None if journal.runs_before or not stored else journal.held_runs(), self.events)
+        if stored:  # after the checks above, whose messages say more; a fresh one is ours
+            check_event_keys(body, where)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
         self.journal.close_current()  # the journal's rows: an event ends the current run
@@ -485,6 +510,8 @@ class Accounting:
             if not isinstance(chain, list) or not all(
                     isinstance(e, dict) and is_retarget(e) for e in chain):
                 raise TypeError("not a list of retarget events")
+            for i, e in enumerate(chain):
+                check_event_keys(e, f"{where}, migrated retarget {i}")
             configs = [(_config.from_dict(e["old"]), _config.from_dict(e["new"])) for e in chain]
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise LedgerStateError(f"{where}: unreadable migrated retargets ({exc})") from None

@@ -72,6 +72,10 @@ MARGIN = 1e-3
 #: Largest t and smallest σ certified here (window sizes; σ₀ < 0.5 is refused).
 MAX_STEPS = 10_000
 MIN_SIGMA = 0.5
+#: Largest σ₀ (docs/theory.md §2b.3): the lattices' cell counts grow with σ₀ (σ₀ = 10³⁰
+#: ran out of memory, σ₀ = 10³⁰⁸ overflows z = (log w − μ)/s). Nothing is lost: the
+#: envelope of σ₀ = 10⁶ holds every epoch with a larger σ.
+MAX_SIGMA = 1e6
 #: T_A (epochs) is not searched beyond this.
 MAX_EPOCHS = 4096
 
@@ -409,6 +413,11 @@ def _check(sigma: Any, steps: Any, name: str = "steps") -> tuple[float, int]:
     if sigma < MIN_SIGMA:
         raise InvalidArgumentError("noise_multiplier", sigma,
                                    f"must be >= {MIN_SIGMA} for the allocation PLD envelope")
+    if sigma > MAX_SIGMA:  # docs/theory.md §2b.3: σ₀ ≤ 10⁶ (an envelope of 10⁶ holds it)
+        raise InvalidArgumentError("noise_multiplier", sigma,
+                                   f"must be <= {MAX_SIGMA:g} for the allocation PLD envelope "
+                                   f"(plan noise_multiplier={MAX_SIGMA:g}: its envelope holds "
+                                   "every epoch with a larger one)")
     steps = check.positive_int(name, steps, maximum=MAX_STEPS)
     if steps < 2:
         raise InvalidArgumentError(name, steps, "must be >= 2 (t = 1 is a Gaussian)")

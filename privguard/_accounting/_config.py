@@ -146,7 +146,8 @@ def _check_hybrid_plan(step: Any) -> None:
         if not allocation_covered(step):
             raise InvalidArgumentError(
                 "filter", "hybrid", f"has a certified PLD envelope for random allocation only "
-                f"for noise_multiplier >= {alloc.MIN_SIGMA:g} and 2 <= steps <= "
+                f"for noise_multiplier >= {alloc.MIN_SIGMA:g} and <= {alloc.MAX_SIGMA:g} (a plan "
+                f"of {alloc.MAX_SIGMA:g} holds every larger one) and 2 <= steps <= "
                 f"{alloc.MAX_STEPS} (docs/theory.md §2b.3), not for the plan's step {step!r}; "
                 "use filter='rdp' (the default: RandomAllocation's RDP curve is a proven "
                 "bound, §15)")
@@ -246,6 +247,13 @@ def _from_v2(data: dict[str, Any]) -> Config:
     return Config(grid, delta, eps, kind, shares, budget, mode, plan)
 
 
+#: privguard 0.1's filter configurations, by kind: DPFilter.config() and
+#: StrictFilter.config(), unchanged from cab3dc9 to the last 0.1 commit (580131f).
+_V1_FILTER_KEYS = {"dp": frozenset({"kind", "epsilon", "delta", "shares"}),
+                   "strict": frozenset({"kind", "budget"})}
+_V1_FILTER_KEYS_TEXT = "; ".join(f"{k}: {sorted(v)}" for k, v in _V1_FILTER_KEYS.items())
+
+
 def _from_v1(data: dict[str, Any]) -> Config:
     """privguard 0.1: ``filter`` was a dict or None, ``plan`` a bare mechanism."""
     grid, delta, mode = _common(data)
@@ -253,6 +261,12 @@ def _from_v1(data: dict[str, Any]) -> Config:
     budget = data["filter"]
     if budget is None:
         return Config(grid, delta, None, None, None, None, mode, plan)
+    kind = budget.get("kind") if isinstance(budget, dict) else None
+    if not isinstance(kind, str) or set(budget) != _V1_FILTER_KEYS.get(kind):
+        # an extra or missing key is an edit (review bi), as in the version-2 format
+        raise LedgerStateError(f"privguard 0.1's filter configuration is None or a dict with "
+                               f"the keys of one of {_V1_FILTER_KEYS_TEXT}, got "
+                               f"{check.short(budget)}")
     if budget.get("kind") == "dp" and budget.get("delta") == delta:
         return Config(grid, delta, check.positive_finite("epsilon", budget["epsilon"]), "rdp",
                       shares_from_dict(budget["shares"]), None, mode, plan)

@@ -186,7 +186,7 @@ def envelope_of(step: Any) -> Envelope | None:
     for m ≤ :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled
     Gaussian's envelope; ``aligned=False``, the default for m ≥ 2, has no proved
     PLD envelope: docs/theory.md §14, Lemma 14.5); ``RandomAllocation(σ, t, epochs=k)`` gives
-    the epoch envelope (σ, t) for σ ≥ 0.5 and 2 ≤ t ≤ 10⁴ (docs/theory.md §2b.3); any other
+    the epoch envelope (σ, t) for 0.5 ≤ σ ≤ 10⁶ and 2 ≤ t ≤ 10⁴ (docs/theory.md §2b.3); any other
     mechanism None (a declared plan of more micro-batches, or of random allocation outside
     that range, is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
@@ -213,7 +213,7 @@ def envelope_of(step: Any) -> Envelope | None:
 
 def allocation_covered(step: RandomAllocation) -> bool:
     """Whether the epoch envelope of docs/theory.md §2b.3 is built for ``step``'s (σ, t)."""
-    return (step.noise_multiplier >= _alloc.MIN_SIGMA
+    return (_alloc.MIN_SIGMA <= step.noise_multiplier <= _alloc.MAX_SIGMA
             and 2 <= step.steps <= _alloc.MAX_STEPS)
 
 
@@ -514,7 +514,12 @@ def envelope_steps(envelope: Envelope, epsilon: float, delta_a: float) -> int:
     epsilon = check.positive_finite("epsilon", epsilon)
     delta_a = check.delta("delta_a", delta_a, minimum=0.0)
     try:
-        return _envelope_steps(envelope, epsilon, delta_a)
+        # numpy's overflow, division by zero and invalid operations raise
+        # (FloatingPointError, an ArithmeticError: refused below) instead of warning: a σ or q
+        # the PLD cannot represent (σ = 1e-300, q = 1e-300) is refused, never a RuntimeWarning
+        # that `python -W error` lets escape, or an inf carried on silently (underflow stays quiet)
+        with np.errstate(over="raise", divide="raise", invalid="raise"):
+            return _envelope_steps(envelope, epsilon, delta_a)
     except (ValueError, ArithmeticError, MemoryError) as exc:
         # name what the user passed (the planned step's σ and q), not this internal argument
         what = (f"random-allocation epochs with noise_multiplier={envelope.noise_multiplier:g} "

@@ -64,7 +64,9 @@ class Plan:
             return self.every
         rate = getattr(self.step, "sample_rate", None)
         if type(self.step).__name__ == "SubsampledGaussian" and rate:
-            return max(1, math.ceil(1.0 / rate - 1e-9))
+            # at most MAX_STEPS: 1/q overflows to inf for a subnormal q (review bi: q = 5e-324
+            # made every charge raise OverflowError from math.ceil)
+            return max(1, math.ceil(min(1.0 / rate - 1e-9, float(check.MAX_STEPS))))
         return 1
 
     @classmethod

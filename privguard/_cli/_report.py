@@ -288,7 +288,13 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
             missing or not writable, or it is a directory), names a format
             matplotlib cannot write, or is the ledger's own file; checked
             before anything is computed.
+
+    Returns:
+        The path written: ``out``, or ``out + ".png"`` when ``out`` has no extension
+        (matplotlib would append its configured format's; we write a PNG there).
     """
+    _check_output(out)
+    out = _with_extension(out)
     _check_output(out)
     _check_not_the_ledger(out, ledger)
     matplotlib = require("matplotlib", "plot")
@@ -335,6 +341,14 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     finally:
         plt.close(fig)
     return out
+
+
+def _with_extension(out: Any) -> str:
+    """``out`` as a string, ``.png`` appended when it has no extension: the path the
+    image is written to, which the checks and the printed path must name (review bi:
+    ``-o out`` wrote out.png and printed ``out``)."""
+    path = os.fspath(out)
+    return path if os.path.splitext(path)[1] else path + ".png"
 
 
 def _check_output(out: Any) -> None:

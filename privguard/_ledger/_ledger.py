@@ -153,8 +153,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._broken: str | None = None
         self._held: str | None = None
         self._listeners: list[Callable[[LedgerEvent], None]] = []
-        if isinstance(listeners, (str, bytes)) or not hasattr(listeners, "__iter__"):
-            raise InvalidArgumentError("listeners", listeners, "must be an iterable of callables")
+        try:  # a 0-d numpy array has __iter__ and raises TypeError on it (review bi)
+            if isinstance(listeners, (str, bytes)):
+                raise TypeError
+            listeners = list(listeners)
+        except TypeError:
+            raise InvalidArgumentError("listeners", listeners,
+                                       "must be an iterable of callables") from None
         for fn in listeners:
             self.add_listener(fn)
         self._store = store

@@ -25,8 +25,10 @@ event records that it happened.
 Loading is strict (review bx: an unkeyed checksum is recomputed by anyone): exactly the
 keys state_dict writes at every level it owns (a state without "derivation" predates it),
 fix and event entries of two elements, runs of seven, each listed mechanism used by a
-run, once, in order of first use. Event bodies are checked by ``replay_event`` (a
-retarget's configurations strictly, as ``config``), not key by key here.
+run, once, in order of first use. Event bodies are checked by ``replay_event``: the
+keys of each kind privguard writes, in every version that wrote it (``EVENT_KEYS``), a
+retarget's configurations strictly, as ``config``; a version-1 state's filter
+configuration and filter state have the keys 0.1 wrote.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
         config = _config.from_dict(state["config"])
         acc = Accounting(config, fix_now=False)
         records = [_v1_record(i, r) for i, r in enumerate(state["records"])]
-        weights = state["filter_state"].get("weights")
+        weights = _v1_filter_state(state["filter_state"], config.filter)
         recorded = np.array(state["spent"], dtype=float)
     except LedgerStateError:
         raise
@@ -264,6 +266,22 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
                        f"version-1 record {acc.journal.charges}")
     _check_replay(acc, recorded, None if acc.filter is None else acc.filter.state())
     return acc, acc.journal.held_runs()
+
+
+def _v1_filter_state(filter_state: Any, kind: str | None) -> Any:
+    """The recorded weights of a version-1 filter state: 0.1 wrote ``{}`` without a filter
+    or for the strict one, ``{"weights": list | None}`` for its (ε, δ) filter; any other
+    key set is an edit (review bi)."""
+    expected = {"weights"} if kind == "rdp" else set()
+    if not isinstance(filter_state, dict) or set(filter_state) != expected:
+        raise LedgerStateError(f"the version-1 state's filter_state must be a dict with the "
+                               f"keys {sorted(expected)} for its filter, got "
+                               f"{check.short(filter_state)}")
+    weights = filter_state.get("weights")
+    if weights is not None and not isinstance(weights, list):
+        raise LedgerStateError(f"the version-1 state's filter weights must be a list or None, "
+                               f"got {check.short(weights)}")
+    return weights
 
 
 def _run_entry(entry: list[Any], n_mechanisms: int, where: str

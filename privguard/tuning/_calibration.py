@@ -23,17 +23,20 @@ from privguard._mechanisms._runs import RunsDistribution
 _LO, _HI = 1e-3, 1e4
 
 
-def smallest_sigma(fits: Callable[[float], bool], rtol: float = 1e-4) -> float:
+def smallest_sigma(fits: Callable[[float], bool], rtol: float = 1e-4,
+                   target: tuple[str, object] = ("target", None)) -> float:
     """The smallest σ (to relative ``rtol``) with ``fits(σ)``; ``fits`` must be monotone.
 
     The returned σ always satisfies ``fits``: it is the upper end of the
-    bisection bracket.
+    bisection bracket. ``target``: the caller's argument (name, value) an
+    unreachable target is refused as.
     """
     hi = 1.0
     while not fits(hi):
         hi *= 2
         if hi > _HI:
-            raise InvalidArgumentError("target", None, f"not reachable with σ <= {_HI:g}")
+            raise InvalidArgumentError(*target, f"is not reachable with a noise multiplier "
+                                       f"σ <= {_HI:g}")
     lo = hi / 2
     while fits(lo):
         hi, lo = lo, lo / 2
@@ -69,12 +72,15 @@ def calibrate_noise_multiplier(sample_rate: float, steps: int, epsilon: float | 
     t = check.positive_int("steps", steps)
     if rdp_slope is not None:
         c = check.positive_finite("rdp_slope", rdp_slope)
+        with np.errstate(over="ignore"):  # c·α beyond float range: +inf, above every curve
+            line = c * grid
         return smallest_sigma(lambda s: bool(np.all(
-            SubsampledGaussian(s, q, t)._rdp_checked(grid) <= c * grid)), rtol)
+            SubsampledGaussian(s, q, t)._rdp_checked(grid) <= line)), rtol, ("rdp_slope", c))
     e = check.positive_finite("epsilon", epsilon)
     d = check.delta("delta", delta)
     return smallest_sigma(lambda s: RDPCurve._trusted(
-        grid, SubsampledGaussian(s, q, t)._rdp_checked(grid)).epsilon(d) <= e, rtol)
+        grid, SubsampledGaussian(s, q, t)._rdp_checked(grid)).epsilon(d) <= e, rtol,
+        ("epsilon", e))
 
 
 def calibrate_tuning_noise(sample_rate: float, steps: int, runs: RunsDistribution,
@@ -88,7 +94,7 @@ def calibrate_tuning_noise(sample_rate: float, steps: int, runs: RunsDistributio
     d = check.delta("delta", delta)
     return smallest_sigma(lambda s: RDPCurve._trusted(
         grid, RepeatAndSelect(SubsampledGaussian(s, q, t), runs)._rdp_checked(grid)).epsilon(d) <= e,
-        rtol)
+        rtol, ("epsilon", e))
 
 
 def dpsgd_cost(epsilon: float, delta: float, *, orders=None, rate_key: str = "sample_rate",

@@ -206,9 +206,7 @@ class SubsetSearch:
         check_objective(final_objective, "final_objective")
         n = check.positive_int("n_examples", n_examples)
         grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
-        in_subset = make_rng(self.seed).random(n) < self.q
-        subset = np.flatnonzero(in_subset)
-        final_idx = np.flatnonzero(~in_subset) if self.variant == 1 else np.arange(n)
+        subset, final_idx = self._draw(n)
         tuned = rehearse_candidate(self.tuner, lambda p, c: tune_objective(p, c, subset),
                                    grid, self.seed)
         params = self.extrapolate(dict(tuned.params), self.scale)
@@ -247,18 +245,35 @@ class SubsetSearch:
         inner_label = f"{label}: tuning on the subset"
         mech = self.cost(ledger.orders)
         mech._rdp_checked(ledger.orders)
-        ledger.charge(mech, label=label)  # the whole plan, before anything runs
-        return sealed(lambda: self._search(tune_objective, final_objective, ledger, n, mech,
+        # The subset is drawn before the charge: a draw that cannot be made here
+        # (n_examples=10**12: no memory) is refused with nothing charged. It does not
+        # depend on the data, and a refused charge drops it before anything runs.
+        drawn = [self._draw(n)]
+        try:
+            ledger.charge(mech, label=label)  # the whole plan, before anything runs
+        except BaseException:
+            drawn.clear()  # not even in this frame's locals of the refusal's traceback
+            raise
+        return sealed(lambda: self._search(tune_objective, final_objective, ledger, drawn, mech,
                                            inner_label))
 
+    def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """X₁ by Poisson sampling with rate q, and the final indices (X ∖ X₁ or X)."""
+        try:
+            in_subset = make_rng(self.seed).random(n) < self.q  # Poisson sampling with rate q
+            subset = np.flatnonzero(in_subset)
+            final_idx = np.flatnonzero(~in_subset) if self.variant == 1 else np.arange(n)
+        except (MemoryError, ValueError, OverflowError) as exc:
+            raise InvalidArgumentError(
+                "n_examples", n, f"its Poisson subset cannot be drawn in this process "
+                f"({type(exc).__name__}: the draw holds about 17 bytes per example); "
+                "nothing was charged") from None
+        return subset, final_idx
+
     def _search(self, tune_objective: Callable, final_objective: Callable, ledger: Ledger,
-                n: int, mech: SubsetTuning, inner_label: str) -> SubsetResult:
+                drawn: list, mech: SubsetTuning, inner_label: str) -> SubsetResult:
         """Everything after the charge; the subset lives only in this frame."""
-        rng = make_rng(self.seed)
-        in_subset = rng.random(n) < self.q  # Poisson sampling with rate q
-        subset = np.flatnonzero(in_subset)
-        final_idx = np.flatnonzero(~in_subset) if self.variant == 1 else np.arange(n)
-        del in_subset
+        subset, final_idx = drawn.pop()
         tuning_ledger = ledger.child(mech.tuning)
         result: TuningResult = self.tuner.run(
             lambda p, child: tune_objective(p, child, subset), tuning_ledger, label=inner_label)

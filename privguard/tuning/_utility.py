@@ -11,6 +11,7 @@ from __future__ import annotations
 from scipy import integrate
 
 from privguard import _validation as check
+from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._runs import RunsDistribution
 
 
@@ -22,11 +23,19 @@ def expected_quantile(runs: RunsDistribution) -> float:
         >>> 0.8 < expected_quantile(Geometric(mean=10.0)) < 0.9
         True
     """
+    _check_runs(runs)
     value, _ = integrate.quad(runs.pgf, 0.0, 1.0, limit=200)
     return 1.0 - value
 
 
 def prob_top(runs: RunsDistribution, fraction: float) -> float:
     """P(the selected run is in the top ``fraction`` of runs) = 1 − E[(1 − fraction)^K]."""
+    _check_runs(runs)
     f = check.fraction("fraction", fraction)
     return 1.0 - runs.pgf(1.0 - f)
+
+
+def _check_runs(runs: object) -> None:
+    if not isinstance(runs, RunsDistribution):  # review bi: AttributeError escaped
+        raise InvalidArgumentError("runs", runs, "must be a distribution of K (Poisson, "
+                                   "Geometric, Logarithmic, TruncatedNegativeBinomial)")
