@@ -291,7 +291,8 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
 
     Returns:
         The path written: ``out``, or ``out + ".png"`` when ``out`` has no extension
-        (matplotlib would append its configured format's; we write a PNG there).
+        (matplotlib would append its configured format's; we write a PNG there), its trailing
+        dots dropped as matplotlib drops them (``out.`` is written as ``out.png``).
     """
     _check_output(out)
     out = _with_extension(out)
@@ -348,7 +349,10 @@ def _with_extension(out: Any) -> str:
     image is written to, which the checks and the printed path must name (review bi:
     ``-o out`` wrote out.png and printed ``out``)."""
     path = os.fspath(out)
-    return path if os.path.splitext(path)[1] else path + ".png"
+    # as matplotlib names it (backend_bases.print_figure): an empty extension, "out." or
+    # "out..", is stripped of its dots before the format is appended (review rbi: "budget."
+    # was written as budget.png, over a ledger stored there, and printed as "budget.")
+    return path if os.path.splitext(path)[1][1:] else path.rstrip(".") + ".png"
 
 
 def _check_output(out: Any) -> None:
