@@ -72,10 +72,13 @@ MARGIN = 1e-3
 #: Largest t and smallest σ certified here (window sizes; σ₀ < 0.5 is refused).
 MAX_STEPS = 10_000
 MIN_SIGMA = 0.5
-#: Largest σ₀ (docs/theory.md §2b.3): the lattices' cell counts grow with σ₀ (σ₀ = 10³⁰
-#: ran out of memory, σ₀ = 10³⁰⁸ overflows z = (log w − μ)/s). Nothing is lost: the
-#: envelope of σ₀ = 10⁶ holds every epoch with a larger σ.
-MAX_SIGMA = 1e6
+#: Largest σ₀ (docs/theory.md §2b.3): beyond about 10¹² the lattices grow (σ₀ = 10¹⁴ with
+#: t = 10⁴ ran for minutes, 10¹⁷ ran out of memory at t = 2, σ₀ = 10³⁰⁸ overflows
+#: z = (log w − μ)/s). Nothing is lost: the envelope of σ₀ = 10¹² holds every epoch with a
+#: larger σ. Review rbi: not 10⁶ (bi's first bound), which refused the plans of
+#: 10⁶ < σ₀ ≤ 10¹² that main certified in about 2 s (t = 2 to 10⁴), and so the ledgers
+#: main wrote with them (their stored fix entries no longer derived).
+MAX_SIGMA = 1e12
 #: T_A (epochs) is not searched beyond this.
 MAX_EPOCHS = 4096
 
@@ -413,7 +416,7 @@ def _check(sigma: Any, steps: Any, name: str = "steps") -> tuple[float, int]:
     if sigma < MIN_SIGMA:
         raise InvalidArgumentError("noise_multiplier", sigma,
                                    f"must be >= {MIN_SIGMA} for the allocation PLD envelope")
-    if sigma > MAX_SIGMA:  # docs/theory.md §2b.3: σ₀ ≤ 10⁶ (an envelope of 10⁶ holds it)
+    if sigma > MAX_SIGMA:  # docs/theory.md §2b.3: σ₀ ≤ 10¹² (an envelope of 10¹² holds it)
         raise InvalidArgumentError("noise_multiplier", sigma,
                                    f"must be <= {MAX_SIGMA:g} for the allocation PLD envelope "
                                    f"(plan noise_multiplier={MAX_SIGMA:g}: its envelope holds "

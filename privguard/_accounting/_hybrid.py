@@ -186,7 +186,7 @@ def envelope_of(step: Any) -> Envelope | None:
     for m ≤ :data:`MAX_ENVELOPE_MICRO_BATCHES` (m = 1: the subsampled
     Gaussian's envelope; ``aligned=False``, the default for m ≥ 2, has no proved
     PLD envelope: docs/theory.md §14, Lemma 14.5); ``RandomAllocation(σ, t, epochs=k)`` gives
-    the epoch envelope (σ, t) for 0.5 ≤ σ ≤ 10⁶ and 2 ≤ t ≤ 10⁴ (docs/theory.md §2b.3); any other
+    the epoch envelope (σ, t) for 0.5 ≤ σ ≤ 10¹² and 2 ≤ t ≤ 10⁴ (docs/theory.md §2b.3); any other
     mechanism None (a declared plan of more micro-batches, or of random allocation outside
     that range, is refused by ``Ledger``; one fixed by a first charge gets the RDP filter).
 
