@@ -42,7 +42,7 @@ def test_a_step_past_the_paths_change_is_spent_in_the_file_and_the_next_commit_r
     # written to either file.
     path = tmp_path / "f.db"
     kept = tmp_path / "kept.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=False)  # its lease read below
     for _ in range(40):
         ledger.charge(STEP)
     assert ledger._lease is not None and ledger._lease.left > 1

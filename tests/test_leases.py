@@ -54,7 +54,7 @@ def test_bad_lease_is_refused_naming_it_and_creates_nothing(tmp_path, bad):
 def test_leases_are_on_for_files_and_off_in_memory(tmp_path):
     mem = Ledger(3.0, 1e-5)
     off = Ledger(3.0, 1e-5, path=tmp_path / "off.db", lease=1)
-    on = Ledger(3.0, 1e-5, path=tmp_path / "on.db")
+    on = Ledger(3.0, 1e-5, path=tmp_path / "on.db", prefetch=False)  # lease sizes
     for i in range(40):
         for ledger in (mem, off, on):
             assert ledger.charge(STEP).index == i  # the released step's place in the journal
@@ -75,7 +75,8 @@ def _released_vs_spent(seed: int, tmp_path, cap: int | None) -> None:
     the live lease, each at most the documented bound."""
     rng = random.Random(seed)
     mechs = [M.SubsampledGaussian(1.0, 0.01), M.SubsampledGaussian(1.3, 0.02), M.Gaussian(30.0)]
-    leased = Ledger(4.0, 1e-5, path=tmp_path / f"p{seed}.db", lease=cap)
+    leased = Ledger(4.0, 1e-5, path=tmp_path / f"p{seed}.db", lease=cap,
+                    prefetch=False)  # the live lease read at each step
     released = Ledger(4.0, 1e-5)
     c = _lease.DEFAULT_CAP if cap is None else cap
     for _ in range(150):
@@ -137,7 +138,7 @@ def test_leases_shrink_to_the_budget_and_refuse_as_without(tmp_path):
 
 
 def test_meter_rule_shrinks_leases_near_the_end(fast_dir):
-    ledger = Ledger(3.0, 1e-5, path=fast_dir / "m.db", lease=1000)
+    ledger = Ledger(3.0, 1e-5, path=fast_dir / "m.db", lease=1000, prefetch=False)
     flt_sizes = []
     with pytest.raises(BudgetExhausted):
         while True:
@@ -215,7 +216,8 @@ def test_reload_replays_leases_and_edits_fail_closed(tmp_path):
 
 
 def test_a_forked_child_does_not_reuse_its_parents_lease(tmp_path):
-    ledger = Ledger(3.0, 1e-5, path=tmp_path / "f.db")
+    # the live lease is read below (with a prefetch: tests/test_lease_prefetch.py)
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "f.db", prefetch=False)
     for _ in range(20):
         ledger.charge(STEP)
     assert ledger._lease is not None and ledger._lease.left > 0
@@ -285,7 +287,7 @@ def test_report_shows_released_and_leased_but_unused_steps(tmp_path, capsys):
     from privguard._cli._report import print_report, report
 
     path = tmp_path / "rep.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=False)  # lease sizes
     for _ in range(40):
         ledger.charge(STEP, label="train")
     data = report(ledger)
@@ -333,7 +335,8 @@ def test_the_repeat_lane_hands_out_leased_steps_as_the_ordinary_path(fast_dir, m
     traces = []
     for lane in (True, False):
         monkeypatch.setattr(Ledger, "repeat_lane", lane)
-        ledger = Ledger(1.0, 1e-5, path=fast_dir / f"lane{lane}{seed}.db")
+        ledger = Ledger(1.0, 1e-5, path=fast_dir / f"lane{lane}{seed}.db",
+                        prefetch=False)  # journal indices compared exactly
         out: list = []
         for i, label, times, reps in seq:
             for _ in range(reps):

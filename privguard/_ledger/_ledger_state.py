@@ -50,7 +50,8 @@ class LedgerState:
         def _setup(self, listeners: Any, store: Any) -> None: ...
 
         @classmethod
-        def open(cls: type[L], path: Any, *, lease: int | None = None) -> L: ...
+        def open(cls: type[L], path: Any, *, lease: int | None = None,
+                 prefetch: bool | None = None) -> L: ...
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
@@ -148,12 +149,15 @@ class LedgerState:
             from privguard._accounting._lease import DEFAULT_CAP
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
+            prefetch = getattr(self, "_prefetch_arg", None)
             return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
-                                                         else {"lease": cap})
+                                                         else {"lease": cap}) \
+                | ({} if prefetch is None else {"prefetch": prefetch})
         return {"state": self.state_dict()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
-        other = (type(self).open(data["store"]["path"], lease=data.get("lease"))
+        other = (type(self).open(data["store"]["path"], lease=data.get("lease"),
+                                 prefetch=data.get("prefetch"))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
         if self._store is not None:
