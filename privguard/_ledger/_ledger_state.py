@@ -44,10 +44,13 @@ class LedgerState:
     _backend: Any
     _store: Any
     _broken: str | None
+    _lock: Any
+    _pending: Any
 
     if TYPE_CHECKING:  # provided by the Ledger
         def _synced(self, write: bool) -> AbstractContextManager[Any]: ...
         def _setup(self, listeners: Any, store: Any) -> None: ...
+        def _settle(self) -> None: ...
 
         @classmethod
         def open(cls: type[L], path: Any, *, lease: int | None = None,
@@ -147,6 +150,12 @@ class LedgerState:
         reference to its file, reopened and verified on load. Listeners are not pickled."""
         if self._store is not None:  # a lease cap set by the user travels (never the lease)
             from privguard._accounting._lease import DEFAULT_CAP
+
+            # A prefetch in flight commits first (one not begun never does): the file a
+            # copy reopens holds what this ledger's reads show (docs/theory.md §13).
+            with self._lock:
+                if self._pending is not None:
+                    self._settle()
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
             prefetch = getattr(self, "_prefetch_arg", None)
