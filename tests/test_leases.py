@@ -303,8 +303,10 @@ def test_report_shows_released_and_leased_but_unused_steps(tmp_path, capsys):
 def test_a_held_ledger_hands_out_no_leased_step(tmp_path):
     """Issue 26: a ledger held for a client (a tuner whose trials must not touch it)
     refused transactions but still handed out steps from its lease, and can_afford
-    answered True from it; both now refuse as every other read and charge does."""
-    ledger = Ledger(3.0, 1e-5, path=tmp_path / "h.db")
+    answered True from it; both now refuse as every other read and charge does.
+    (The live lease is read below: prefetch off; with a prefetched lease:
+    tests/test_review_rpf.py.)"""
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "h.db", prefetch=False)
     for _ in range(20):
         ledger.charge(STEP, label="s")
     assert ledger._lease is not None and ledger._lease.left > 0
