@@ -3,6 +3,7 @@ found by the review, each failing on the builder's head."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -108,3 +109,124 @@ def test_a_leased_step_does_not_wait_for_a_prefetch_commit(tmp_path, monkeypatch
         go.set()
         stepper.join(30)
         ledger.close()
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """A real prefetch thread that waits, before its transaction begins, until ``go``."""
+    entered, go = threading.Event(), threading.Event()
+    real = Ledger._prefetch_commit
+
+    def held(self, pending):
+        entered.set()
+        assert go.wait(30)
+        return real(self, pending)
+
+    monkeypatch.setattr(Ledger, "_prefetch_commit", held)
+    return entered, go
+
+
+@pytest.mark.parametrize("then", ["nothing", "another ledger put at the old path"])
+def test_a_prefetch_committing_after_the_path_changed_hands_out_nothing(tmp_path, gate, then):
+    # theory §13 "The leased step's check" (iii) with a prefetch in flight across the
+    # change: its transaction (the path's stat) refuses, the ledger breaks, and only the
+    # current lease's remainder (spent in the file opened) is handed out.
+    import sqlite3
+
+    entered, go = gate
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "f.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    released = 0
+    while ledger._pending is None:
+        ledger.charge(STEP)
+        released += 1
+    assert entered.wait(30)
+    left = ledger._lease.left
+    os.rename(run, tmp_path / "moved")
+    if then != "nothing":
+        run.mkdir()
+        Ledger(3.0, 1e-5, path=path).close()
+    go.set()
+    _wait(ledger)
+    before = released
+    with pytest.raises(LedgerStateError, match=r"replaced|gone|background"):
+        for _ in range(1000):
+            ledger.charge(STEP)
+            released += 1
+    assert released - before <= left
+    conn = sqlite3.connect(tmp_path / "moved" / "f.db")
+    try:
+        spent = conn.execute("SELECT coalesce(sum(count), 0) FROM entries "
+                             "WHERE kind = 'run'").fetchone()[0]
+    finally:
+        conn.close()
+    assert released <= spent
+    with pytest.raises(LedgerStateError):
+        ledger.charge(STEP)
+    ledger.close()
+
+
+_KILLED_IN_PREFETCH = r"""
+import os, signal, sys, threading
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard._ledger import _ledger
+
+path, log, point = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def in_prefetch():
+    return threading.current_thread().name == "privguard-lease-prefetch"
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+real_commit = Ledger._prefetch_commit
+def commit(self, pending):
+    if point == "begin":
+        die()
+    lease = real_commit(self, pending)
+    if point == "committed" and lease is not None:
+        die()  # committed, its lease not yet installed nor handed out
+    return lease
+Ledger._prefetch_commit = commit
+
+real_write = _ledger._GuardedTxn.write
+def write(self, acc, changes):
+    real_write(self, acc, changes)
+    if point == "written" and in_prefetch():
+        die()  # written, not committed
+_ledger._GuardedTxn.write = write
+
+ledger = Ledger(3.0, 1e-5, path=path)
+fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+step = M.SubsampledGaussian(1.0, 0.01)
+for _ in range(2000):
+    ledger.charge(step)
+    os.write(fd, b".")  # durable after the step was released
+    os.fsync(fd)
+sys.exit(3)  # never reached: a prefetch starts within the first steps
+"""
+
+
+@pytest.mark.parametrize("point", ["begin", "written", "committed"])
+def test_sigkill_inside_a_prefetch_commit_leaves_released_at_most_spent(tmp_path, point):
+    # Lemma 1 with prefetch: SIGKILL at the start of the background transaction, after its
+    # write and before its COMMIT, and after its COMMIT before its lease is installed.
+    import signal
+    import subprocess
+    import sys
+
+    path, log = tmp_path / "k.db", tmp_path / "k.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", _KILLED_IN_PREFETCH, str(path), str(log),
+                           point], env=env, timeout=120, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    released = os.path.getsize(log)
+    reopened = Ledger.open(path, lease=1)
+    spent = len(reopened.history)
+    reopened.close()
+    assert 0 < released <= spent
+    if point == "committed":
+        assert spent > released  # the prefetched lease is durable and was never handed out
