@@ -7,12 +7,14 @@ import os
 import threading
 
 import pytest
+import test_lease_prefetch
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._accounting import _lease
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
+gate = test_lease_prefetch.gate  # the fixture: a prefetch held in flight, deterministically
 
 
 def _wait(ledger):
@@ -86,16 +88,8 @@ def test_a_held_ledger_hands_out_no_step_of_its_prefetched_lease(tmp_path):
     "(the quick start's tight loop). Making leased steps lock-free against the commit "
     "needs its own lock design and the file check (fstat) to tolerate the commit's "
     "write: left to the lead."))
-def test_a_leased_step_does_not_wait_for_a_prefetch_commit(tmp_path, monkeypatch):
-    entered, go = threading.Event(), threading.Event()
-    real = Ledger._prefetch_commit
-
-    def held(self, pending):  # a commit in flight, deterministically
-        entered.set()
-        go.wait(30)
-        return real(self, pending)
-
-    monkeypatch.setattr(Ledger, "_prefetch_commit", held)
+def test_a_leased_step_does_not_wait_for_a_prefetch_commit(tmp_path, gate):
+    entered, go = gate
     ledger = Ledger(3.0, 1e-5, path=tmp_path / "w.db")
     while ledger._pending is None:
         ledger.charge(STEP)
@@ -109,21 +103,6 @@ def test_a_leased_step_does_not_wait_for_a_prefetch_commit(tmp_path, monkeypatch
         go.set()
         stepper.join(30)
         ledger.close()
-
-
-@pytest.fixture
-def gate(monkeypatch):
-    """A real prefetch thread that waits, before its transaction begins, until ``go``."""
-    entered, go = threading.Event(), threading.Event()
-    real = Ledger._prefetch_commit
-
-    def held(self, pending):
-        entered.set()
-        assert go.wait(30)
-        return real(self, pending)
-
-    monkeypatch.setattr(Ledger, "_prefetch_commit", held)
-    return entered, go
 
 
 @pytest.mark.parametrize("then", ["nothing", "another ledger put at the old path"])
