@@ -209,3 +209,33 @@ def test_sigkill_inside_a_prefetch_commit_leaves_released_at_most_spent(tmp_path
     assert 0 < released <= spent
     if point == "committed":
         assert spent > released  # the prefetched lease is durable and was never handed out
+
+
+def test_a_prefetch_that_always_commits_never_closes_part_a(tmp_path):
+    # tests/test_leases.py::test_a_lease_never_closes_part_a with every prefetch waited
+    # for (committed before the next step, never cancelled): the hybrid filter's part A
+    # is never taken past T_A by a prefetched lease, and the steps admitted and the
+    # refusal are those of the in-memory ledger (lease = 1).
+    from privguard import BudgetExhausted, Plan
+
+    step = M.Gaussian(40.0)  # T_A = 114 at (1, 1e-5)
+    plan = Plan(step, 30)
+    leased = Ledger(1.0, 1e-5, plan=plan, filter="hybrid", path=tmp_path / "h.db")
+    mem = Ledger(1.0, 1e-5, plan=plan, filter="hybrid")
+    flt = leased._acc.filter
+    released = prefetched = 0
+    while True:
+        try:
+            mem.charge(step)
+        except BudgetExhausted:
+            break
+        leased.charge(step)
+        released += 1
+        prefetched += leased._pending is not None
+        _wait(leased)
+        assert leased.leased_unused >= 0  # a read: the prefetched lease is installed
+        assert flt.a_alive and flt.a_count <= flt.steps_a
+    assert prefetched > 3 and released == flt.steps_a == flt.a_count
+    with pytest.raises(BudgetExhausted):
+        leased.charge(step)
+    leased.close()
