@@ -75,7 +75,8 @@ def make_step(variant: str, tmp: str):
     if variant != "plain Opacus":
         path = _path(variant, tmp)
         # "lease=1": a durable commit per step; otherwise a file takes leases (theory §13)
-        ledger = Ledger(delta=DELTA, path=path, lease=1 if "lease=1" in variant else None)
+        ledger = Ledger(delta=DELTA, path=path, lease=1 if "lease=1" in variant else None,
+                        prefetch=False if "prefetch off" in variant else None)
         if variant.endswith("fast path off"):
             ledger._acc.fast = False  # the grid arithmetic on every charge (before issue 26)
         attach(opt, ledger, data_loader=loader)
@@ -203,7 +204,7 @@ def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
 
 
 VARIANTS = ["plain Opacus", "attach, in memory", "attach, file, lease=1",
-            "attach, SQLite file, leases"]
+            "attach, SQLite file, leases", "attach, SQLite file, leases, prefetch off"]
 EXTRA = ["attach, in memory, fast path off"]
 
 

@@ -24,13 +24,14 @@ from privguard import BudgetExhausted, Ledger, Plan
 from privguard import mechanisms as M
 
 
-def quick_start(path: str | None, lease: int | None = None) -> tuple[float, int]:
+def quick_start(path: str | None, lease: int | None = None,
+                prefetch: bool | None = None) -> tuple[float, int]:
     """(seconds, charges released) for one run of the README's quick start."""
     t0 = time.perf_counter()
     q = 256 / 60_000
     step = M.SubsampledGaussian(noise_multiplier=1.1, sample_rate=q)
     ledger = Ledger(epsilon=3.0, delta=1e-5, plan=Plan(step, steps=234 * 100), path=path,
-                    lease=lease)
+                    lease=lease, prefetch=prefetch)
     charges = 0
     for epoch in range(100):
         sigma = 1.1 if epoch < 10 else 0.9
@@ -50,15 +51,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    variants = {"in memory": (False, None), "path=, lease=1": (True, 1),
-                "path= (leases, the default)": (True, None)}
+    variants = {"in memory": (False, None, None), "path=, lease=1": (True, 1, None),
+                "path= (leases, the default)": (True, None, None),
+                "path=, leases, prefetch=False": (True, None, False)}
     times: dict[str, list[float]] = {v: [] for v in variants}
     counts: dict[str, set[int]] = {v: set() for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for v, (durable, lease) in variants.items():
-                path = os.path.join(tmp, f"quick{r}{lease}.db") if durable else None
-                t, n = quick_start(path, lease)
+            for v, (durable, lease, prefetch) in variants.items():
+                path = os.path.join(tmp, f"quick{r}{lease}{prefetch}.db") if durable else None
+                t, n = quick_start(path, lease, prefetch)
                 times[v].append(t)
                 counts[v].add(n)
     mem = statistics.median(times["in memory"])

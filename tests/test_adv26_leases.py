@@ -57,7 +57,8 @@ def _race(tmp_path, released_before: int):
     before the store's lock (in the curve lookup charge() does outside the lock), while
     the main thread charges ``released_before`` steps and so takes a lease that still
     holds prepaid steps. T1 then decides with carry >= times (need <= 0)."""
-    ledger = Ledger(3.0, 1e-5, path=tmp_path / "race.db")
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "race.db",
+                    prefetch=False)  # lease sizes read per charge
     acc = ledger._acc
     original = acc.curve
     gate, entered = threading.Event(), threading.Event()
@@ -137,7 +138,7 @@ def test_a_step_is_never_released_after_the_file_went_backwards(tmp_path, monkey
         # the in-place rollback is a rollback-journal scenario.
         monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", "rollback")
     path = tmp_path / "swap.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=lease)
+    ledger = Ledger(3.0, 1e-5, path=path, lease=lease, prefetch=False)  # charges counted
     for _ in range(5):
         ledger.charge(STEP)
     older = path.read_bytes()  # a backup with 5 charges (lease=None: 5 spent, 0 left)
@@ -262,7 +263,7 @@ def test_unused_event_of_another_mechanism_is_refused(tmp_path):
 def test_tampered_lease_rows_fail_closed(tmp_path):
     # Held: an edited run count (fewer steps, negative, huge) or unused event is refused.
     path = tmp_path / "t.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=False)  # its remainder: 8 steps
     for _ in range(40):
         ledger.charge(STEP)
     ledger.close()
@@ -305,7 +306,7 @@ def test_hybrid_lease_takes_at_most_a_tenth_of_part_a_left(fast_dir):
     worst = 0.0
     for lease in (1, None):
         ledger = Ledger(1.0, 1e-5, plan=plan, filter="hybrid", path=fast_dir / f"h{lease}.db",
-                        lease=lease)
+                        lease=lease, prefetch=False)  # lease sizes read per charge
         flt = None
         n = 0
         with warnings.catch_warnings():
@@ -343,7 +344,7 @@ def test_no_step_is_released_from_a_lease_whose_commit_was_interrupted(tmp_path,
     # LedgerStateError) with the uncommitted lease in memory: a caller that goes on (a
     # notebook re-running its cell) is handed steps no journal holds. lease=1 refuses.
     path = tmp_path / "k.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=lease)
+    ledger = Ledger(3.0, 1e-5, path=path, lease=lease, prefetch=False)  # commits here
     for _ in range(20):
         ledger.charge(STEP)
     store = ledger._store
@@ -390,7 +391,7 @@ def test_no_step_is_released_after_an_interrupted_postgres_commit(pg):
 
     srv, db, name = pg
     url = srv.url(_pgserver.OWNER, db, name)
-    ledger = Ledger(3.0, 1e-5, path=url)
+    ledger = Ledger(3.0, 1e-5, path=url, prefetch=False)  # the commit in this thread
     for _ in range(20):
         ledger.charge(STEP)
     store = ledger._store
@@ -452,7 +453,8 @@ def test_strict_lease_takes_at_most_a_tenth_of_the_budget_left(fast_dir):
 
     curve = np.asarray(STEP.rdp(ORDERS))
     budget = curve * 200
-    ledger = Ledger(orders=ORDERS, rdp_budget=budget, path=fast_dir / "strict.db")
+    ledger = Ledger(orders=ORDERS, rdp_budget=budget, path=fast_dir / "strict.db",
+                    prefetch=False)  # lease sizes read per charge
     worst = 0.0
     with contextlib.suppress(BudgetExhausted):
         for _ in range(300):

@@ -72,7 +72,8 @@ def test_strict_lease_cap_holds_where_the_budget_is_infinite_at_an_order(tmp_pat
     inf = math.inf
     budget = RDPCurve(ORDERS, [1.0, 2.0, 4.0, 8.0, inf])
     step = RDPCurve(ORDERS, [0.001, 0.002, 0.004, 0.008, inf])
-    ledger = Ledger(rdp_budget=budget, orders=ORDERS, path=tmp_path / "strict.db")
+    ledger = Ledger(rdp_budget=budget, orders=ORDERS, path=tmp_path / "strict.db",
+                    prefetch=False)  # lease sizes read per charge
     finite, curve = np.asarray(budget.as_array()[:4]), np.asarray(step.as_array()[:4])
     worst = 0.0
     with contextlib.suppress(BudgetExhausted):

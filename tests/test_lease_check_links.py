@@ -42,7 +42,7 @@ def test_a_step_past_the_paths_change_is_spent_in_the_file_and_the_next_commit_r
     # written to either file.
     path = tmp_path / "f.db"
     kept = tmp_path / "kept.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=False)  # its lease read below
     for _ in range(40):
         ledger.charge(STEP)
     assert ledger._lease is not None and ledger._lease.left > 1
@@ -89,7 +89,11 @@ def test_a_parent_directory_renamed_hands_out_at_most_the_lease_then_refuses(tmp
     for _ in range(40):
         ledger.charge(STEP)
     assert ledger._lease is not None
-    left = ledger._lease.left
+    # the lease's remainder and, with prefetch (the default), the next lease if it
+    # committed before the change (a read settles it; review rpf: _lease.left alone
+    # failed at the pf head when the prefetch had committed; a prefetch committing after
+    # the change: tests/test_review_rpf.py)
+    left = ledger.leased_unused
     os.rename(run, tmp_path / "moved")
     if then != "nothing":
         run.mkdir()

@@ -113,14 +113,43 @@ def target_size(cap: int, released: int, times: int) -> int:
     least ``times``; ``times`` itself for ``cap`` = 1 (no leases)."""
     if cap <= 1:
         return times
-    return max(times, min(max(cap, released // RELATIVE), max(1, released)))
+    return max(times, bound(cap, released))
 
 
-def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
+#: A prefetch (``Ledger(prefetch=True)``) of a streak's next lease starts once the current
+#: lease has at most 1/PREFETCH_AT of the streak's bound left (at least 2 steps).
+PREFETCH_AT = 4
+
+
+def bound(cap: int, released: int) -> int:
+    """min(max(``cap``, released // RELATIVE), max(1, released)): what a streak that
+    released ``released`` steps may hold leased and unused, exclusive (Proposition 2 of
+    docs/theory.md §13: every abandoned remainder is fewer steps than this)."""
+    return min(max(cap, released // RELATIVE), max(1, released))
+
+
+def prefetch_size(cap: int, released: int, left: int) -> int:
+    """The size a prefetched next lease asks for (before the T_A rule, the meter and the
+    filter shrink it) while the current lease of the streak has ``left`` steps: what keeps
+    the current remainder plus the next lease fewer than :func:`bound` (so Proposition 2
+    holds as written: one abandonment leaves fewer than the bound unused); 0 or less:
+    no prefetch."""
+    return bound(cap, released) - 1 - left
+
+
+def prefetch_due(cap: int, released: int, left: int) -> bool:
+    """Whether a streak whose current lease has ``left`` steps starts its prefetch now."""
+    return 0 < left <= max(2, bound(cap, released) // PREFETCH_AT) \
+        and prefetch_size(cap, released, left) > 0
+
+
+def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int, held: int = 0) -> int:
     """``n`` capped so that a lease never closes the hybrid filter's part A: while A is
     alive and the mechanism is inside its envelope (k envelope steps a charge), at most
     (T_A − c) // k steps (docs/theory.md §2b, §13); never below ``times`` (a charge of
-    ``times`` closes A exactly as it would without leases)."""
+    ``times`` closes A exactly as it would without leases). ``held``: steps of this key
+    leased and unused (a prefetch, :func:`prefetch_size`): ``n`` and ``times`` count
+    them, and c is taken without them (they are sized as one lease with the new one)."""
     if getattr(flt, "kind", None) != "hybrid" or not flt.a_alive:
         return n
     from privguard._accounting._hybrid import envelope_steps_in
@@ -131,17 +160,22 @@ def hybrid_room(flt: Any, mechanism: Mechanism, times: int, n: int) -> int:
     # Part A's meter is its count c of envelope steps: a lease takes at most FRACTION of
     # what is left, (T_A − c), so it never closes A and its unused part is bounded as the
     # RDP meter's is (docs/theory.md §13).
-    return max(times, min(n, int(FRACTION * (flt.steps_a - flt.a_count)) // k))
+    return max(times, min(n, int(FRACTION * (flt.steps_a - flt.a_count + held * k)) // k))
 
 
-def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int) -> int:
+def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int,
+               held: int = 0) -> int:
     """``n`` capped so that the lease's cost in the RDP meter's currency (docs/theory.md
     §12: the filter's, or the hybrid's part B's once part A is closed) is ≤ FRACTION ×
     the meter's remaining budget; never below ``times``. The strict filter: ≤ FRACTION ×
     the remaining budget at every order. No filter, or part A alive (bounded by
-    :func:`hybrid_room`): ``n``."""
+    :func:`hybrid_room`): ``n``. ``held``: as for :func:`hybrid_room` (the spend is
+    taken without those ``held`` steps of ``curve``)."""
     from privguard._accounting._budget import rdp_meter
     from privguard._accounting._filters import DPFilter
+
+    if held:
+        spent = spent - held * curve
 
     if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
@@ -230,15 +264,27 @@ def track(ledger: Any) -> None:
     _HOLDERS.add(ledger)
 
 
+def _settle_before_fork() -> None:
+    # A prefetch in flight finishes its commit first (or is cancelled before it begins):
+    # the child never copies a ledger whose lock a background commit holds.
+    for ledger in list(_HOLDERS):
+        pending = getattr(ledger, "_pending", None)
+        if pending is not None:
+            pending.quiesce(ledger._lock)
+
+
 def _drop_in_child() -> None:
     for ledger in list(_HOLDERS):
         ledger._lease = None
+        ledger._next = None  # a prefetched lease is the parent's, as its lease is
+        ledger._pending = None
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_in_child)
+    os.register_at_fork(before=_settle_before_fork, after_in_child=_drop_in_child)
 
 
-__all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "RELATIVE", "UNUSED", "Lease",
-           "check_cap", "check_unused_event", "hybrid_room", "meter_room", "target_size",
-           "track", "unused_event", "unused_steps"]
+__all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "PREFETCH_AT", "RELATIVE", "UNUSED", "Lease",
+           "bound", "check_cap", "check_unused_event", "hybrid_room", "meter_room",
+           "prefetch_due", "prefetch_size", "target_size", "track", "unused_event",
+           "unused_steps"]

@@ -30,6 +30,7 @@ from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerState
 from privguard._ledger._ledger_queries import LedgerQueries
 from privguard._ledger._ledger_state import LedgerState
 from privguard._ledger._listeners import LedgerListeners
+from privguard._ledger._prefetch import Prefetch
 from privguard._mechanisms._base import Mechanism
 from privguard._stores import MemoryStore, open_store
 
@@ -107,6 +108,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             memory. A streak that released r steps takes leases of up to
             max(C, r // 64) steps. Unused leased steps stay spent (over-count,
             never under).
+        prefetch: with leases, commit a streak's next lease in a background
+            thread while the current one still has a few steps, so the
+            commit overlaps the caller's work (docs/theory.md §13,
+            "Prefetch"; README "Leases"). Default (None): on wherever leases
+            are on. ``False`` takes every lease when it is needed, as before.
 
     Raises:
         InvalidArgumentError: any argument out of its domain.
@@ -130,7 +136,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                  orders: Any = None, shares: Any = None, rdp_budget: Any = None,
                  odometer: str | None = None, listeners: Any = (),
                  path: str | os.PathLike[str] | None = None, retarget: str | None = None,
-                 lease: int | None = None) -> None:
+                 lease: int | None = None, prefetch: bool | None = None) -> None:
         config = _config.build(epsilon, delta, orders=orders, shares=shares, plan=plan,
                                rdp_budget=rdp_budget, odometer=odometer, filter=filter)
         if retarget is not None:
@@ -140,8 +146,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 raise InvalidArgumentError("retarget", retarget,
                                            "must be a non-empty reason (it is logged)")
         cap = leases.check_cap(lease, path is not None)
+        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
         self._setup(listeners, None if path is None else open_store(path))
-        self._lease_cap = cap
+        self._set_leases(cap, prefetch)
         if self._store is None:
             self._acc = Accounting(config)
         else:
@@ -166,27 +173,36 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._check_lease = getattr(store, "check_lease", None)  # a leased step's check
         self._backend = store or MemoryStore()
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        self._next: leases.Lease | None = None  # a committed prefetch following _lease
+        self._pending: Prefetch | None = None  # a prefetch in flight, or finished, unsettled
         if store is not None:
             leases.track(self)  # a forked child drops this ledger's lease
-        self._lease_cap = 1
+        self._set_leases(1, None)
+
+    def _set_leases(self, cap: int, prefetch: bool | None) -> None:
+        self._lease_cap = cap
+        self._prefetch_arg = prefetch  # as given (it travels with a pickled file ledger)
+        self._prefetch = cap > 1 and self._store is not None and prefetch is not False
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, listeners: Any = (),
-             read_only: bool = False, lease: int | None = None) -> Ledger:
+             read_only: bool = False, lease: int | None = None,
+             prefetch: bool | None = None) -> Ledger:
         """Open an existing ledger file with the configuration stored in it.
 
         With ``read_only=True`` the file is opened for reading only (for
-        inspecting a ledger you may not write); charging it raises. ``lease``:
-        as for :class:`Ledger`.
+        inspecting a ledger you may not write); charging it raises. ``lease``
+        and ``prefetch``: as for :class:`Ledger`.
 
         Raises:
             LedgerStateError: no such file, or it is unreadable, inconsistent or edited.
         """
         cap = leases.check_cap(lease, True)
         read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
+        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
-        self._lease_cap = cap
+        self._set_leases(cap, prefetch)
         self._acc = self._store.open(None, None, None)
         self._store.live = True
         return self
@@ -202,6 +218,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         with self._lock:
             if self._store is not None:
                 try:
+                    self._settle()  # a prefetch in flight finished (or never begins)
                     self._record_unused("close")
                 finally:
                     self._store.close()
@@ -221,8 +238,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             0
         """
         with self._synced(write=False):
-            lease = self._lease
-            live = lease.left if lease is not None and lease.pid == os.getpid() else 0
+            self._settle()
+            live = sum(lease.left for lease in (self._lease, self._next)
+                       if lease is not None and lease.pid == os.getpid())
             return leases.unused_steps(self._acc.events) + live
 
     def _logs_unused(self) -> bool:
@@ -232,15 +250,92 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return self._store is not None and getattr(self._store, "writes_events", True)
 
     def _record_unused(self, reason: str) -> None:
-        """Log this process's lease remainder (still spent) and drop the lease."""
-        lease, self._lease = self._lease, None
-        if (lease is None or not lease.left or lease.pid != os.getpid()
-                or self._broken is not None or not self._logs_unused()):
+        """Log this process's lease remainder and its prefetched next lease (still spent)
+        and drop them."""
+        held = [lease for lease in (self._lease, self._next) if lease is not None
+                and lease.left and lease.pid == os.getpid()]
+        self._lease = self._next = None
+        if not held or self._broken is not None or not self._logs_unused():
             return
         with self._synced(write=True) as txn:
-            body = leases.unused_event(lease, reason, time.time())
-            self._acc.replay_event(body)
-            txn.write(self._acc, [Change("event", body=body)])
+            changes = []
+            for lease in held:
+                body = leases.unused_event(lease, reason, time.time())
+                self._acc.replay_event(body)
+                changes.append(Change("event", body=body))
+            txn.write(self._acc, changes)
+
+    # ------------------------------------------------------------- prefetch
+    def _settle(self) -> None:
+        """Under the lock: a finished prefetch's lease becomes ``_next``; one not begun is
+        cancelled (it never begins); one that failed breaks the ledger and raises here
+        (fail closed: none of its steps is handed out). A refused one leaves nothing."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        if not pending.cancel():
+            return  # not begun, now never
+        # Begun, hence finished: its whole transaction ran under the lock this thread holds.
+        exc = pending.error
+        if exc is not None:
+            reason = f"a background lease commit failed ({type(exc).__name__}: {exc})"
+            self._break(reason)
+            if isinstance(exc, LedgerStateError):
+                raise exc
+            raise LedgerStateError(reason) from exc
+        if pending.lease is not None:
+            self._next = pending.lease
+
+    def _promote(self) -> None:
+        """Under the lock: the prefetched lease takes over once the current one is used up
+        (it continues the same streak)."""
+        nxt, cur = self._next, self._lease
+        if nxt is not None and (cur is None or cur.left == 0):
+            if cur is not None:
+                nxt.streak = cur.streak
+            self._lease, self._next = nxt, None
+
+    def _maybe_prefetch(self, lease: leases.Lease) -> None:
+        """Under the lock, after ``lease`` handed out steps: start the background commit
+        of the streak's next lease when due (one at a time)."""
+        if (self._prefetch and self._pending is None and self._next is None
+                and leases.prefetch_due(self._lease_cap, lease.streak, lease.left)):
+            self._pending = pending = Prefetch(lease)
+            pending.start(self._lock, self._prefetch_commit)
+
+    def _prefetch_commit(self, pending: Prefetch) -> leases.Lease | None:
+        """The background thread's transaction, under the ledger's lock: the next lease of
+        the current lease's key, through the decision and the sizing a lease taken when
+        needed goes through (:meth:`_grown`), sized with the current remainder as one
+        lease (Proposition 2 of docs/theory.md §13 unchanged). None: nothing committed
+        (refused, no room, or the state moved on); its steps are handed out only after
+        this returned (the commit)."""
+        cur: leases.Lease = pending.after
+        if (self._broken is not None or self._held is not None or self._lease is not cur
+                or self._next is not None or cur.pid != os.getpid()):
+            return None
+        # Sized when it was due: the remainder held now is at most pending.left, so the
+        # remainder plus this lease stays fewer than the bound at pending.released.
+        held = pending.left
+        n = leases.prefetch_size(self._lease_cap, pending.released, held)
+        if n < 1:
+            return None
+        mechanism, label, pid = cur.mechanism, cur.label, cur.pid
+        with self._synced(write=True) as txn:
+            verdict = self._acc.decide(mechanism, label, pid, 1)
+            if not verdict.admitted:
+                return None  # refused: the step that needs it takes today's path
+            verdict = self._grown(mechanism, label, pid, verdict, n, held, held)
+            if verdict is None or _deviation.closes_part_a(verdict):
+                return None  # part A closes in the foreground, with its warning
+            changes = self._acc.apply(verdict, label, time.time(), pid)
+            txn.write(self._acc, changes)
+            run = changes[-1].run
+            assert run is not None
+            lease = leases.Lease(run.mechanism, label, pid, verdict.times,
+                                 run.start + run.count - verdict.times, cur.streak)
+        return lease
 
     def __enter__(self) -> Ledger:
         return self
@@ -257,12 +352,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         body, which reads the store (a journal read back whole that fails its
         chain); the body's other errors (BudgetExhausted, InvalidArgumentError)
         do not.
+
+        A prefetch (docs/theory.md §13, "Prefetch") is settled first: under the lock it
+        has finished (its lease is then seen whole) or not begun (it is cancelled), so
+        two reads with no charge between them see the same state.
         """
         with self._lock:
             if self._broken is not None:
                 raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
             if self._held is not None:
                 raise LedgerStateError(f"ledger refuses reads and charges for now: {self._held}")
+            if self._pending is not None and not self._pending.mine():
+                self._settle()
             if write and self._store is not None and self._store.read_only:
                 # refused before the store is touched: the ledger stays readable
                 raise LedgerStateError(f"{self._store.path} was opened read-only: it cannot "
@@ -377,11 +478,17 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             # before taking the store's lock, which other processes are waiting for.
             self._acc.curve(mechanism)
         with self._lock:  # held across the transaction and the lease's installation
+            # A prefetch finished (or is cancelled: it never begins), and its lease takes
+            # over once the current one is used up.
+            self._settle()
+            self._promote()
             # A thread that found no lease above may find one now (another thread took it
             # meanwhile): steps it covers come from it, never from a lease on top of it.
             lease = self._lease
             leased = None if lease is None or not lease.covers(mechanism, label, pid, times) \
                 else self._from_lease(lease, mechanism, label, pid, times)
+            if leased is None and self._next is not None:
+                leased = self._from_both(mechanism, label, pid, times)
             refused = _Refused()
             if leased is None:
                 with refused, self._synced(write=True) as txn:
@@ -403,7 +510,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         body = leases.unused_event(abandon, "mechanism change", now)
                         self._acc.replay_event(body)
                         pre = [Change("event", body=body)]
-                    self._lease = None
+                    nxt = self._next  # a prefetched lease the current one did not reach:
+                    if nxt is not None and nxt.left and self._logs_unused():  # abandoned
+                        body = leases.unused_event(nxt, "prefetch unused" if abandon is None
+                                                   else "mechanism change", now)
+                        self._acc.replay_event(body)
+                        pre.append(Change("event", body=body))
+                    self._lease = self._next = None
                     changes = pre + self._acc.apply(verdict, label, now, pid)
                     txn.write(self._acc, changes)  # durable at commit, before the caller acts
                     if closing:  # committed: nothing here may raise into the transaction
@@ -421,6 +534,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 # before or during the COMMIT leaves no lease in memory (and breaks the ledger).
                 if refused.exc is None:
                     self._lease = new_lease
+                    if new_lease is not None:
+                        self._maybe_prefetch(new_lease)
         if refused.exc is not None:
             # Told once the refused transaction rolled back and the lock is free (review rl):
             # a listener that charges this ledger then commits its own transaction. Told
@@ -443,6 +558,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def can_afford(self, mechanism: Mechanism) -> bool:
         """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
         nothing). A step this process holds leased (already spent) is affordable."""
+        with self._lock:
+            if self._broken is None and self._held is None:
+                self._settle()
+                self._promote()
         lease = self._lease
         if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
                 and self._broken is None and self._held is None:
@@ -463,7 +582,34 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 return None
             if not self._lease_stands(lease):
                 return None
-            return ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+            record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+            if self._prefetch:
+                self._maybe_prefetch(lease)
+            return record
+
+    def _from_both(self, mechanism: Mechanism, label: str | None, pid: int, times: int
+                   ) -> ChargeRecord | None:
+        """Under the lock: ``times`` steps handed out from the rest of the current lease and
+        then the prefetched one (same key, both spent in the journal), when the current one
+        alone is too short (a charge of ``times`` > 1). Review rpf: the prefetched lease was
+        recorded unused at every such charge instead, up to B(r) − 1 steps each time, so a
+        loop of ``charge(times=5)`` over-counted 762 of 1,200 steps (Proposition 2 counts one
+        abandonment a streak). None: not applicable (the caller goes on as before)."""
+        cur, nxt = self._lease, self._next
+        if (cur is None or nxt is None or not 0 < cur.left < times
+                or cur.left + nxt.left < times or not cur.same_key(mechanism, label, pid)
+                or not nxt.same_key(mechanism, label, pid)
+                or self._broken is not None or self._held is not None):
+            return None
+        if not self._lease_stands(cur) or self._lease is not cur or self._next is not nxt:
+            return None
+        first = cur.left
+        cur.take(first)
+        self._promote()  # the prefetched lease continues the streak
+        record = ChargeRecord(nxt.take(times - first), label, nxt.mechanism, time.time(), pid)
+        if self._prefetch:
+            self._maybe_prefetch(nxt)
+        return record
 
     def _lease_stands(self, lease: leases.Lease) -> bool:
         """Whether ``lease`` is still this ledger's after the check a leased step makes.
@@ -503,11 +649,30 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         verdict = acc.decide(mechanism, label, pid, need)
         if cap <= 1 or not verdict.admitted or self._store is None:
             return verdict, carry, abandon, streak
-        n = leases.target_size(cap, streak, need)
+        grown = self._grown(mechanism, label, pid, verdict, leases.target_size(cap, streak, need),
+                            need)
+        assert grown is not None  # floor = need: never below it
+        return grown, carry, abandon, streak
+
+    def _grown(self, mechanism: Mechanism, label: str | None, pid: int, verdict: Any, n: int,
+               floor: int, held: int = 0) -> Any:
+        """``verdict`` (admitting ``verdict.times`` = need steps) grown to a lease of up to
+        ``n`` steps: capped by the T_A rule and the meter, then shrunk to the largest count
+        the filter admits (docs/theory.md §13). ``held``: steps of the key leased and
+        unused (a prefetch): the caps size ``held`` + ``n`` as one lease, never below
+        ``floor``. None when the caps leave fewer than need steps (a prefetch only: a
+        lease taken when needed has ``floor`` = need)."""
+        acc, need = self._acc, verdict.times
         flt = acc.filter
-        if flt is not None and n > need:
-            n = leases.hybrid_room(flt, mechanism, need, n)
-            n = leases.meter_room(flt, acc.spent(), acc.curve(mechanism), need, n)
+        if flt is not None and held + n > floor:
+            spent, curve = acc.spent(), acc.curve(mechanism)
+            m = leases.hybrid_room(flt, mechanism, floor, held + n, held)
+            n = leases.meter_room(flt, spent, curve, floor, m, held) - held
+            if held and n > 0:  # and, alone, at most FRACTION of what is left now (§13)
+                n = leases.meter_room(flt, spent, curve, 0,
+                                      leases.hybrid_room(flt, mechanism, 0, n))
+        if n < need:
+            return None
         if n > need:
             bigger = acc.decide(mechanism, label, pid, n)
             if not bigger.admitted:  # shrink to the largest admitted count (monotone in n)
@@ -518,7 +683,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         else (lo, mid)
                 bigger = verdict if lo == need else acc.decide(mechanism, label, pid, lo)
             verdict = bigger
-        return verdict, carry, abandon, streak
+        return verdict
 
     def child(self, budget: Any, *, delta: float | None = None) -> Ledger:
         """A strict, in-memory sub-ledger for one tuning candidate.

@@ -44,13 +44,17 @@ class LedgerState:
     _backend: Any
     _store: Any
     _broken: str | None
+    _lock: Any
+    _pending: Any
 
     if TYPE_CHECKING:  # provided by the Ledger
         def _synced(self, write: bool) -> AbstractContextManager[Any]: ...
         def _setup(self, listeners: Any, store: Any) -> None: ...
+        def _settle(self) -> None: ...
 
         @classmethod
-        def open(cls: type[L], path: Any, *, lease: int | None = None) -> L: ...
+        def open(cls: type[L], path: Any, *, lease: int | None = None,
+                 prefetch: bool | None = None) -> L: ...
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
@@ -147,13 +151,22 @@ class LedgerState:
         if self._store is not None:  # a lease cap set by the user travels (never the lease)
             from privguard._accounting._lease import DEFAULT_CAP
 
+            # A prefetch in flight commits first (one not begun never does): the file a
+            # copy reopens holds what this ledger's reads show (docs/theory.md §13).
+            with self._lock:
+                if self._pending is not None:
+                    self._settle()
+
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
+            prefetch = getattr(self, "_prefetch_arg", None)
             return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
-                                                         else {"lease": cap})
+                                                         else {"lease": cap}) \
+                | ({} if prefetch is None else {"prefetch": prefetch})
         return {"state": self.state_dict()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
-        other = (type(self).open(data["store"]["path"], lease=data.get("lease"))
+        other = (type(self).open(data["store"]["path"], lease=data.get("lease"),
+                                 prefetch=data.get("prefetch"))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
         if self._store is not None:

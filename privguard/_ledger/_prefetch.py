@@ -1,0 +1,85 @@
+"""A background commit of a streak's next lease (``Ledger(prefetch=True)``).
+
+A lease commit (an fsync, or a server round trip) stalls the training step that
+needs it. A prefetch takes the streak's next lease while the current one still
+has a few steps: in one background thread, through the ledger's own lease
+transaction (the ledger's lock held across it, as a charge from another thread
+would hold it), so the commit overlaps training (sqlite3 and psycopg release the
+GIL during I/O). Its steps are handed out only once the current lease is used
+up and only after its commit returned (docs/theory.md §13, "Prefetch").
+
+The state machine is this object's: a thread that holds the ledger's lock sees a
+prefetch either not begun (it cancels it: the thread then does nothing) or
+finished (its lease, its refusal or its error), never half-way, since the whole
+transaction runs under that lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class Prefetch:
+    """One background lease commit following ``after`` (the current lease)."""
+
+    def __init__(self, after: Any) -> None:
+        self.after = after  # the lease this one follows (same key)
+        # Its streak and remainder when the prefetch was due (sized from these, so the
+        # size does not depend on when the thread runs; the remainder only shrinks).
+        self.released, self.left = after.streak, after.left
+        self._mutex = threading.Lock()  # started/cancelled, with the at-fork hook
+        self.started = False
+        self.cancelled = False
+        self.done = threading.Event()
+        self.lease: Any = None  # the committed lease (None: refused or declined)
+        self.error: BaseException | None = None
+        self.ident: int | None = None  # the thread running it
+
+    def mine(self) -> bool:
+        """Whether the calling thread is the one running this prefetch."""
+        return self.ident == threading.get_ident()
+
+    def run(self, lock: Any, body: Callable[[Prefetch], Any]) -> None:
+        """The thread's body: ``body(self)`` under ``lock`` unless cancelled first."""
+        self.ident = threading.get_ident()
+        try:
+            with lock:
+                with self._mutex:
+                    if self.cancelled:
+                        return
+                    self.started = True
+                try:
+                    self.lease = body(self)
+                except BaseException as exc:  # kept for the thread that needs the lease
+                    self.error = exc
+        finally:
+            self.done.set()
+
+    def start(self, lock: Any, body: Callable[[Prefetch], Any]) -> None:
+        try:
+            threading.Thread(target=self.run, args=(lock, body), daemon=True,
+                             name="privguard-lease-prefetch").start()
+        except RuntimeError:  # no thread to be had: no prefetch (the lease is taken when
+            self.cancelled = True  # needed, as with prefetch=False)
+            self.done.set()
+
+    def cancel(self) -> bool:
+        """Cancel a prefetch not begun; False if it began (then it finishes)."""
+        with self._mutex:
+            if not self.started:
+                self.cancelled = True
+            return self.started
+
+    def quiesce(self, lock: Any) -> None:
+        """Before a fork: cancel it if not begun, and wait until its thread let go of
+        ``lock`` (a cancelled thread may hold it for an instant), else a child inherits a
+        lock held by a thread it does not have. Not when this thread holds ``lock``: the
+        prefetch then has not begun, and the child's lock is this thread's."""
+        self.cancel()
+        if not lock._is_owned():
+            self.done.wait()
+
+
+__all__ = ["Prefetch"]
