@@ -867,6 +867,7 @@ def attach(
         warnings.warn(_engine_warning(ledger, privacy_engine.accountant), AccountantWarning,
                       stacklevel=2)
     handle._install(privacy_engine)
+    ledger._prefetch_for_hook()  # a training step between charges: commits overlap it
     return handle
 
 

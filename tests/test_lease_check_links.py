@@ -85,11 +85,11 @@ def test_a_parent_directory_renamed_hands_out_at_most_the_lease_then_refuses(tmp
     run = tmp_path / "run"
     run.mkdir()
     path = run / "f.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
     for _ in range(40):
         ledger.charge(STEP)
     assert ledger._lease is not None
-    # the lease's remainder and, with prefetch (the default), the next lease if it
+    # the lease's remainder and, with prefetch, the next lease if it
     # committed before the change (a read settles it; review rpf: _lease.left alone
     # failed at the pf head when the prefetch had committed; a prefetch committing after
     # the change: tests/test_review_rpf.py)

@@ -101,7 +101,7 @@ def test_same_decisions_and_released_steps_as_without_prefetch(tmp_path, started
     # With a mechanism change the remainders abandoned differ (both within the bound of
     # docs/theory.md §13), so the refusal may come at another step: not compared there.
     counts = {}
-    for name, kw in (("off", {"prefetch": False}), ("on", {}), ("mem", None)):
+    for name, kw in (("off", {"prefetch": False}), ("on", {"prefetch": True}), ("mem", None)):
         ledger = Ledger(2.0, 1e-5) if kw is None else \
             Ledger(2.0, 1e-5, path=tmp_path / f"{name}.db", **kw)
         before = len(started)
@@ -130,7 +130,7 @@ def test_same_decisions_and_released_steps_as_without_prefetch(tmp_path, started
 def test_remainder_plus_prefetched_lease_stays_under_the_bound(tmp_path, started):
     # Proposition 2 unchanged: what the streak holds leased and unused (the current
     # remainder plus the prefetched lease) is always fewer than bound(C, r).
-    ledger = Ledger(5.0, 1e-5, path=tmp_path / "b.db")
+    ledger = Ledger(5.0, 1e-5, path=tmp_path / "b.db", prefetch=True)
     for _ in range(1500):
         ledger.charge(STEP)
         _wait(ledger)
@@ -144,7 +144,7 @@ def test_remainder_plus_prefetched_lease_stays_under_the_bound(tmp_path, started
 def test_a_refused_prefetch_falls_back_to_the_synchronous_path(tmp_path, deferred):
     kept, run_next = deferred
     path = tmp_path / "r.db"
-    ledger = Ledger(1.5, 1e-5, path=path)
+    ledger = Ledger(1.5, 1e-5, path=path, prefetch=True)
     while not kept:
         ledger.charge(STEP)
     left = ledger._lease.left
@@ -165,7 +165,7 @@ def test_a_failed_prefetch_surfaces_and_releases_nothing(tmp_path, deferred, mon
                                                          error):
     kept, run_next = deferred
     path = tmp_path / "e.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
     while not kept:
         ledger.charge(STEP)
     charges = ledger._acc.journal.charges  # (a read would settle the prefetch)
@@ -195,7 +195,7 @@ def _in_flight(path, gate, delay=None):
     """A file ledger charged until a prefetch starts and holds the lock (the gate), which
     opens after ``delay`` seconds if given: (ledger, steps released, go)."""
     entered, go = gate
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
     released = _until_in_flight(ledger, entered)
     if delay is not None:
         threading.Timer(delay, go.set).start()
@@ -284,7 +284,7 @@ def test_a_prefetched_lease_keeps_the_tenth_rule(tmp_path, deferred):
     kept, run_next = deferred
     orders = [2.0, 4.0, 8.0, 16.0, 32.0]
     curve = np.asarray(STEP.rdp(orders))
-    ledger = Ledger(orders=orders, rdp_budget=curve * 400, path=tmp_path / "s.db")
+    ledger = Ledger(orders=orders, rdp_budget=curve * 400, path=tmp_path / "s.db", prefetch=True)
     sizes = []
     with pytest.raises(BudgetExhausted):
         for _ in range(500):
@@ -299,3 +299,33 @@ def test_a_prefetched_lease_keeps_the_tenth_rule(tmp_path, deferred):
                     assert n <= 0.1 * (400 - spent) + 1e-9, (n, spent)
                     assert held + n <= 0.1 * (400 - spent + held) + 1e-9, (held, n, spent)
     assert len(sizes) > 5 and len(ledger.history) == 400
+
+
+def _dp_optimizer():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    from opacus.optimizers import DPOptimizer
+
+    model = torch.nn.Linear(3, 1)
+    return DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+                       max_grad_norm=1.0, expected_batch_size=8)
+
+
+@pytest.mark.parametrize("prefetch,on", [(None, True), (True, True), (False, False)])
+def test_prefetch_is_on_for_a_training_hook_and_off_for_direct_charges_by_default(
+        tmp_path, prefetch, on):
+    # The default (None) prefetches only once attach charges the ledger: a loop of direct
+    # charges has nothing for the commit to overlap (benchmarks/quickstart_cost.py), and
+    # prefetch there only adds commits and lock waits. An explicit choice is kept.
+    from privguard.integrations.opacus import attach
+
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "a.db", prefetch=prefetch)
+    assert ledger._prefetch is (prefetch is True)
+    handle = attach(_dp_optimizer(), ledger, sample_rate=0.01)
+    assert ledger._prefetch is on
+    handle.detach()
+    ledger.close()
+    memory = Ledger(3.0, 1e-5, prefetch=prefetch)  # in memory: no leases, nothing to prefetch
+    handle = attach(_dp_optimizer(), memory, sample_rate=0.01)
+    assert memory._prefetch is False
+    handle.detach()

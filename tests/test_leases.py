@@ -235,14 +235,15 @@ def test_a_forked_child_does_not_reuse_its_parents_lease(tmp_path):
     assert len(Ledger.open(tmp_path / "f.db", lease=1).history) > before
 
 
-@pytest.mark.parametrize("settled", [False, True], ids=["as-run", "every-prefetch-committed"])
-def test_overcount_mechanism_change_every_1000_steps(fast_dir, settled):
+@pytest.mark.parametrize("prefetch,settled", [(None, False), (True, False), (True, True)],
+                         ids=["default", "as-run", "every-prefetch-committed"])
+def test_overcount_mechanism_change_every_1000_steps(fast_dir, prefetch, settled):
     # Issue 26: a run whose mechanism changes every 1,000 steps over-counts ≤ 1% of the
     # target in the meter's currency, and at most the documented bound (theory §13).
     # settled (review rpf): every prefetch committed and installed before the next step,
     # the most a prefetch adds (as run, some are cancelled or still in flight at a change).
     eps, k = 4.0, 1000
-    leased = Ledger(eps, 1e-5, path=fast_dir / "c.db")
+    leased = Ledger(eps, 1e-5, path=fast_dir / "c.db", prefetch=prefetch)
     released = Ledger(eps, 1e-5)
     sigmas = [1.0, 1.1, 1.2, 1.3]
     segment = done = 0

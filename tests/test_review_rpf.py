@@ -30,7 +30,7 @@ def test_charges_of_several_steps_go_on_into_the_prefetched_lease(tmp_path, time
     # at every lease: 762 of 1,200 steps over-counted at k = 5 (64%), against 14 without
     # prefetch, far past Proposition 2 (one abandonment of fewer than B(r) steps a streak;
     # README "The bound"). It now takes the remainder and then the prefetched lease.
-    ledger = Ledger(8.0, 1e-5, path=tmp_path / "k.db")
+    ledger = Ledger(8.0, 1e-5, path=tmp_path / "k.db", prefetch=True)
     n = 1200 // times
     for i in range(n):
         record = ledger.charge(STEP, times=times)
@@ -48,7 +48,7 @@ def test_charges_of_several_steps_go_on_into_the_prefetched_lease(tmp_path, time
 def _with_prefetched_lease(path):
     """A file ledger whose current lease is used up and whose prefetched lease is
     committed and installed (``_next``)."""
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
     while ledger._pending is None:
         ledger.charge(STEP, label="s")
     _wait(ledger)
@@ -90,7 +90,7 @@ def test_a_held_ledger_hands_out_no_step_of_its_prefetched_lease(tmp_path):
     "write: left to the lead."))
 def test_a_leased_step_does_not_wait_for_a_prefetch_commit(tmp_path, gate):
     entered, go = gate
-    ledger = Ledger(3.0, 1e-5, path=tmp_path / "w.db")
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "w.db", prefetch=True)
     while ledger._pending is None:
         ledger.charge(STEP)
     assert entered.wait(30) and ledger._lease.left > 0  # a step of the lease is left
@@ -116,7 +116,7 @@ def test_a_prefetch_committing_after_the_path_changed_hands_out_nothing(tmp_path
     run = tmp_path / "run"
     run.mkdir()
     path = run / "f.db"
-    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
     released = 0
     while ledger._pending is None:
         ledger.charge(STEP)
@@ -178,7 +178,7 @@ def write(self, acc, changes):
         die()  # written, not committed
 _ledger._GuardedTxn.write = write
 
-ledger = Ledger(3.0, 1e-5, path=path)
+ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
 fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 step = M.SubsampledGaussian(1.0, 0.01)
 for _ in range(2000):
@@ -220,7 +220,7 @@ def test_a_prefetch_that_always_commits_never_closes_part_a(tmp_path):
 
     step = M.Gaussian(40.0)  # T_A = 114 at (1, 1e-5)
     plan = Plan(step, 30)
-    leased = Ledger(1.0, 1e-5, plan=plan, filter="hybrid", path=tmp_path / "h.db")
+    leased = Ledger(1.0, 1e-5, plan=plan, filter="hybrid", path=tmp_path / "h.db", prefetch=True)
     mem = Ledger(1.0, 1e-5, plan=plan, filter="hybrid")
     flt = leased._acc.filter
     released = prefetched = 0

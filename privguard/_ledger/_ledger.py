@@ -111,8 +111,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         prefetch: with leases, commit a streak's next lease in a background
             thread while the current one still has a few steps, so the
             commit overlaps the caller's work (docs/theory.md §13,
-            "Prefetch"; README "Leases"). Default (None): on wherever leases
-            are on. ``False`` takes every lease when it is needed, as before.
+            "Prefetch"; README "Leases"). Default (None): on once a training
+            hook charges the ledger (``attach``, the Lightning and Hugging Face
+            callbacks), where a training step runs between charges; off for
+            direct ``charge`` calls, where there is nothing to overlap. ``True``
+            always on; ``False`` takes every lease when it is needed.
 
     Raises:
         InvalidArgumentError: any argument out of its domain.
@@ -182,7 +185,20 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def _set_leases(self, cap: int, prefetch: bool | None) -> None:
         self._lease_cap = cap
         self._prefetch_arg = prefetch  # as given (it travels with a pickled file ledger)
-        self._prefetch = cap > 1 and self._store is not None and prefetch is not False
+        # None: off until a training hook charges this ledger (_prefetch_for_hook)
+        self._prefetch = cap > 1 and self._store is not None and prefetch is True
+
+    def _prefetch_for_hook(self) -> None:
+        """A training hook (``attach``) charges this ledger: with ``prefetch=None``, prefetch on.
+
+        Between two of a hook's charges a training step runs, for the background commit
+        to overlap; a loop of direct charges has nothing to overlap, and prefetch only
+        adds commits and lock waits there (docs/performance.md, "Prefetching the next
+        lease"). Whether it is on changes only where leases begin, never a decision.
+        """
+        with self._lock:
+            if self._prefetch_arg is None and self._lease_cap > 1 and self._store is not None:
+                self._prefetch = True
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, listeners: Any = (),
