@@ -92,15 +92,22 @@ def rdp_meter(flt: DPFilter, spent: np.ndarray) -> float:
     ``flt.admits(spent, w)`` is ``any((spent − a) + b ≤ ε)``, so (ε > 0)
     ``rdp_meter(flt, spent) ≤ ε`` exactly when ``flt.admits(spent, w)``.
     """
-    weights = flt.resolve_weights(None)
-    flt.admits(spent, weights)  # caches the terms for these weights (one code path)
-    a, b = flt._terms
+    a, b = flt.terms(flt.resolve_weights(None))  # the arrays DPFilter.admits compares with
     with np.errstate(invalid="ignore"):
-        eps = (spent - a) + b  # the expression of DPFilter.admits, operation for operation
+        return meter_from_terms(a, b, spent)
+
+
+def meter_from_terms(a: np.ndarray, b: np.ndarray, spent: np.ndarray) -> float:
+    """:func:`rdp_meter` from the filter's terms ``(a, b) = flt.terms(weights)``, for a
+    caller that evaluates the meter at many spent curves (a lease's sizing,
+    :func:`privguard._accounting._lease.meter_room`) under one
+    ``np.errstate(invalid="ignore")``, which the caller holds. A NaN order is skipped
+    (``fmin`` ignores it; all NaN: ∞); the rest is the minimum's exact selection."""
+    eps = (spent - a) + b  # the expression of DPFilter.admits, operation for operation
     if eps.size == 0:
         return math.inf
-    low = float(np.min(np.where(np.isnan(eps), np.inf, eps)))
-    return max(0.0, low)
+    low = float(np.fmin.reduce(eps))
+    return math.inf if low != low else max(0.0, low)
 
 
 # ---------------------------------------------------------------- hybrid part A

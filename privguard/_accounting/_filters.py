@@ -81,11 +81,16 @@ class DPFilter:
     def load_state(self, state: dict[str, Any]) -> None:
         pass
 
-    def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
-        if weights is not self._terms_for:  # cached once the weights are fixed
+    def terms(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The improved conversion's (a, b) at these weights, as :meth:`admits` compares
+        (cached once the weights are fixed; the budget meter reads the same arrays)."""
+        if weights is not self._terms_for:
             self._terms = conv.improved_terms(self.orders, weights * self.delta)
             self._terms_for = weights
-        a, b = self._terms
+        return self._terms
+
+    def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        a, b = self.terms(weights)
         # a is finite or -inf (zero share), so no inf - inf can arise here.
         return bool(((spent_after - a) + b <= self.epsilon).any())
 

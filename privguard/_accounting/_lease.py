@@ -171,7 +171,7 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
     the remaining budget at every order. No filter, or part A alive (bounded by
     :func:`hybrid_room`): ``n``. ``held``: as for :func:`hybrid_room` (the spend is
     taken without those ``held`` steps of ``curve``)."""
-    from privguard._accounting._budget import rdp_meter
+    from privguard._accounting._budget import meter_from_terms
     from privguard._accounting._filters import DPFilter
 
     if held:
@@ -192,19 +192,23 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
     dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
     if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
         return n
-    m0 = rdp_meter(dp, spent)
-    room = FRACTION * (dp.epsilon - m0)
+    # The filter's terms once, and one errstate for every evaluation: each is
+    # rdp_meter(dp, spent + m * curve) bit for bit (meter_from_terms).
+    a, b = dp.terms(dp.resolve_weights(None))
+    with np.errstate(invalid="ignore"):
+        m0 = meter_from_terms(a, b, spent)
+        room = FRACTION * (dp.epsilon - m0)
 
-    def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
-        return rdp_meter(dp, spent + m * curve) - m0 <= room
+        def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
+            return meter_from_terms(a, b, spent + m * curve) - m0 <= room
 
-    if fits(n):
-        return n
-    lo, hi = times, n  # bisection: lo is kept (never below times), hi refused
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+        if fits(n):
+            return n
+        lo, hi = times, n  # bisection: lo is kept (never below times), hi refused
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
 
 
 def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:

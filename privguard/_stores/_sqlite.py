@@ -112,6 +112,16 @@ def _atom(x: Any) -> str:
     return repr(float(x))
 
 
+#: What :meth:`SQLiteStore._sync` reads at every transaction, in one statement: the
+#: file_id, the head (its id: NULL when the row is missing), the largest row index, and
+#: the row at index ? (this ledger's last seen; NULLs when there is none).
+_SYNC_READ = (
+    "SELECT (SELECT value FROM meta WHERE key = 'file_id'), "
+    "h.id, h.entries, h.last_count, h.digest, h.prev, h.mac, (SELECT max(idx) FROM entries), "
+    "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest "
+    "FROM (SELECT 1) LEFT JOIN head AS h ON h.id = 1 LEFT JOIN entries AS e ON e.idx = ?")
+
+
 class _Txn:
     def __init__(self, store: SQLiteStore, conn: sqlite3.Connection) -> None:
         self.store, self.conn = store, conn
@@ -639,17 +649,37 @@ class SQLiteStore:
         return _rows.checked_head(self, row)
 
     def _sync(self, conn: sqlite3.Connection, acc: Accounting) -> None:
-        """Replay what other processes appended; fail closed on anything else."""
+        """Replay what other processes appended; fail closed on anything else.
+
+        One statement reads what every transaction checks (review lc: a lease commit ran
+        three): the ``file_id``, the head, and the row this ledger saw last with the
+        journal's largest index. The checks and their order are those of three separate
+        reads (file identity, ``-shm``, head, then :func:`_rows.sync`); the last row is
+        handed to ``_rows.sync`` only where it is exactly what its own read
+        (``idx >= entries − 1``) returns, that row alone (indices are the integer primary
+        key: unique), and read by that query otherwise."""
         self._check_identity()
-        fid = conn.execute("SELECT value FROM meta WHERE key = 'file_id'").fetchone()
-        if fid is None or fid[0] != self.file_id:
+        last = -1 if self._cursor is None else self._cursor.entries - 1
+        got = conn.execute(_SYNC_READ, (last,)).fetchone()
+        if got[0] != self.file_id:
             raise LedgerStateError(f"{self.path} is no longer the ledger file this ledger "
                                    "opened (its identity changed)")
         if self._wal:
             self._check_shm()
-        _rows.sync(self, conn, acc, self._read_head(conn), lambda start: conn.execute(
-            "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
-            "WHERE idx >= ? ORDER BY idx", (start,)).fetchall())
+        if got[1] is None:
+            raise LedgerStateError(f"{self.path}: the journal head is missing")
+        head = _rows.checked_head(self, got[2:7])
+        row = got[8:]
+        seen = [row] if last >= 0 and got[7] == last and row[0] == last else None
+
+        def rows_from(start: int) -> list[tuple]:
+            if seen is not None and start == last:
+                return seen
+            return conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
+                                "digest FROM entries WHERE idx >= ? ORDER BY idx",
+                                (start,)).fetchall()
+
+        _rows.sync(self, conn, acc, head, rows_from)
 
     def _mechanism(self, conn: sqlite3.Connection, mech_id: Any, where: str
                    ) -> tuple[Mechanism, str]:
