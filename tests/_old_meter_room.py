@@ -1,5 +1,7 @@
 """The lease sizing's meter cap as it was before branch lc (frozen, for comparison only):
-one ``rdp_meter`` per count, m0 recomputed, a plain bisection. The code in
+one ``rdp_meter`` per count (which computed ``DPFilter.admits``' comparison only to fill
+its cache), under its own ``errstate``, NaN orders dropped by ``np.where``. The branches
+lc did not touch (the strict filter, part A alive) are the current code's. The code in
 privguard/_accounting/_lease.py must give the same answer bit for bit."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from privguard._accounting._filters import DPFilter
-from privguard._accounting._lease import FRACTION
+from privguard._accounting._lease import FRACTION, meter_room
 
 
 def old_rdp_meter(flt: DPFilter, spent: np.ndarray) -> float:
@@ -27,19 +29,14 @@ def old_rdp_meter(flt: DPFilter, spent: np.ndarray) -> float:
 
 def old_meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: int,
                    held: int = 0) -> int:
+    dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
+    if (getattr(flt, "kind", None) == "strict" or (getattr(flt, "kind", None) == "hybrid"
+                                                   and flt.a_alive)
+            or not isinstance(dp, DPFilter) or dp.weights is None or n <= times):
+        # the strict filter, part A alive, no RDP meter: branches lc left as they were
+        return meter_room(flt, spent, curve, times, n, held)
     if held:
         spent = spent - held * curve
-    if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
-        return n
-    if getattr(flt, "kind", None) == "strict" and n > times:
-        charged = (curve > 0) & np.isfinite(flt.budget)
-        if not charged.any():
-            return n
-        most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))
-        return n if not np.isfinite(most) else max(times, min(n, int(max(most, 0.0))))
-    dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
-    if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
-        return n
     m0 = old_rdp_meter(dp, spent)
     room = FRACTION * (dp.epsilon - m0)
 
