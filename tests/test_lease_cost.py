@@ -180,3 +180,21 @@ def test_the_one_read_fails_closed_as_the_three_did(tmp_path, sql, says):
         ledger.charge(M.Gaussian(9.0))
     with pytest.raises(LedgerStateError):  # and stays refused
         ledger.charge(M.Gaussian(9.0))
+
+
+def test_the_one_read_refuses_a_second_row_at_the_last_index(tmp_path):
+    """Review rlc: another process rebuilds ``entries`` without its primary key and
+    duplicates the last row. The three reads' ``idx >= entries − 1`` returned both rows
+    (refused); lc's one read, which compared ``max(idx)`` with that index, handed the
+    last-row check one of them and the charge went on (both rows then extended)."""
+    ledger = _edited(tmp_path, "SELECT 1")
+    other = sqlite3.connect(tmp_path / "e.db", isolation_level=None)
+    other.executescript(
+        "BEGIN; CREATE TABLE e2 AS SELECT * FROM entries ORDER BY idx; DROP TABLE entries; "
+        "ALTER TABLE e2 RENAME TO entries; INSERT INTO entries SELECT * FROM entries "
+        "WHERE idx = (SELECT max(idx) FROM entries); COMMIT;")
+    other.close()
+    with pytest.raises(LedgerStateError, match="followed by rows"):
+        ledger.charge(M.Gaussian(9.0))
+    with pytest.raises(LedgerStateError):
+        ledger.charge(M.Gaussian(9.0))

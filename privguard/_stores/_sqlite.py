@@ -113,13 +113,18 @@ def _atom(x: Any) -> str:
 
 
 #: What :meth:`SQLiteStore._sync` reads at every transaction, in one statement: the
-#: file_id, the head (its id: NULL when the row is missing), the largest row index, and
-#: the row at index ? (this ledger's last seen; NULLs when there is none).
+#: file_id, the head (its id: NULL when the row is missing), how many rows have an index
+#: ``>= ?1`` (what the last-row check's own read ``idx >= ?1`` would return), and the row
+#: at index ?1 (this ledger's last seen; NULLs when there is none). The count, not
+#: ``max(idx)``: with the schema's primary key the two agree, but an ``entries`` table
+#: rebuilt without it (another process, while this ledger is open) can hold two rows at
+#: that index, which ``max`` does not show and the join returns one of (review rlc).
 _SYNC_READ = (
     "SELECT (SELECT value FROM meta WHERE key = 'file_id'), "
-    "h.id, h.entries, h.last_count, h.digest, h.prev, h.mac, (SELECT max(idx) FROM entries), "
+    "h.id, h.entries, h.last_count, h.digest, h.prev, h.mac, "
+    "(SELECT count(*) FROM entries WHERE idx >= ?1), "
     "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest "
-    "FROM (SELECT 1) LEFT JOIN head AS h ON h.id = 1 LEFT JOIN entries AS e ON e.idx = ?")
+    "FROM (SELECT 1) LEFT JOIN head AS h ON h.id = 1 LEFT JOIN entries AS e ON e.idx = ?1")
 
 
 class _Txn:
@@ -652,12 +657,13 @@ class SQLiteStore:
         """Replay what other processes appended; fail closed on anything else.
 
         One statement reads what every transaction checks (review lc: a lease commit ran
-        three): the ``file_id``, the head, and the row this ledger saw last with the
-        journal's largest index. The checks and their order are those of three separate
+        three): the ``file_id``, the head, and the row this ledger saw last with how
+        many rows lie from its index on. The checks and their order are those of three separate
         reads (file identity, ``-shm``, head, then :func:`_rows.sync`); the last row is
         handed to ``_rows.sync`` only where it is exactly what its own read
-        (``idx >= entries − 1``) returns, that row alone (indices are the integer primary
-        key: unique), and read by that query otherwise."""
+        (``idx >= entries − 1``) returns: one row counted from that index on, and that
+        row at the index (whatever the table's schema: review rlc), and read by that
+        query otherwise."""
         self._check_identity()
         last = -1 if self._cursor is None else self._cursor.entries - 1
         got = conn.execute(_SYNC_READ, (last,)).fetchone()
@@ -670,7 +676,9 @@ class SQLiteStore:
             raise LedgerStateError(f"{self.path}: the journal head is missing")
         head = _rows.checked_head(self, got[2:7])
         row = got[8:]
-        seen = [row] if last >= 0 and got[7] == last and row[0] == last else None
+        # One row from index `last` on, and the joined row is at `last`: that row is
+        # exactly what `idx >= last` returns (the join's row satisfies it, and no other).
+        seen = [row] if last >= 0 and got[7] == 1 and row[0] == last else None
 
         def rows_from(start: int) -> list[tuple]:
             if seen is not None and start == last:
