@@ -65,7 +65,7 @@ def main() -> None:
     print(f"privguard from {os.path.dirname(privguard.__file__)}; load average "
           f"{os.getloadavg()[0]:.2f}")
     out: dict[str, dict[str, list[float]]] = {
-        mode: {"commit": [], "step": [], "total": [], "n": [], "sql": []}
+        mode: {"commit": [], "step": [], "total": [], "n": [], "steps": [], "sql": []}
         for mode in ("FULL", "OFF")}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -75,14 +75,15 @@ def main() -> None:
                 acc["step"].append(statistics.median(steps))
                 acc["total"].append(sum(commits) + sum(steps))
                 acc["n"].append(len(commits))
+                acc["steps"].append(len(steps))
                 acc["sql"].append(sql / len(commits))
     print(f"Medians of {args.rounds} runs of the quick start with path= (leases)")
-    print("| synchronous | lease commits | SQL statements a commit | commit (median) | "
-          "leased step (median) | all charges |")
-    print("|---|---|---|---|---|---|")
+    print("| synchronous | lease commits | leased steps | SQL statements a commit | "
+          "commit (median) | leased step (median) | all charges |")
+    print("|---|---|---|---|---|---|---|")
     for mode, acc in out.items():
         med = {k: statistics.median(v) for k, v in acc.items()}
-        print(f"| {mode} | {med['n']:.0f} | {med['sql']:.2f} | {med['commit'] * 1e6:.0f} µs | "
+        print(f"| {mode} | {med['n']:.0f} | {med['steps']:.0f} | {med['sql']:.2f} | {med['commit'] * 1e6:.0f} µs | "
               f"{med['step'] * 1e6:.1f} µs | {med['total']:.3f} s |")
 
 
