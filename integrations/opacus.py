@@ -97,6 +97,7 @@ from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
     _allocation,
     _describe,
+    _ghost,
     _provenance,
     _samplers,
     _sampling,
@@ -191,6 +192,7 @@ class AttachHandle:
         self._last_mechanism: M.Mechanism | None = None
         self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
         self.skips: _skips.SkipCounter | None = None  # micro-batches of skipped steps (u27)
+        self.ghost: _ghost.BackwardCounter | None = None  # ghost clipping's backward passes
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
         self._last_micro_batches = 1
@@ -215,7 +217,10 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
-        self.skips = _skips.SkipCounter(optimizer)
+        if _describe.is_ghost(optimizer):  # it reports 1: count its backward passes (§14.5)
+            self.ghost = _ghost.BackwardCounter(optimizer)
+            self.ghost.install()
+        self.skips = _skips.SkipCounter(optimizer, self._reported)
         self.skips.install()
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
@@ -250,9 +255,16 @@ class AttachHandle:
             return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
         return self._mechanism(predict=True)
 
+    def _reported(self) -> int | None:
+        """The batches the optimizer holds: ``accumulated_iterations``, or under ghost
+        clipping the wrapped backward passes since the gradients were cleared (§14.5)."""
+        if self.ghost is not None:
+            return self.ghost.reported()
+        return _describe.reported_micro_batches(self.optimizer)
+
     def _micro_batches(self, predict: bool) -> int:
         counted = 0 if self.counter is None else self.counter.count
-        reported = _describe.reported_micro_batches(self.optimizer) or 1
+        reported = self._reported() or 1
         k = max(counted, reported, self.declared_micro_batches)
         if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
             k = max(k, self.skips.floor(reported))  # before attach is not counted above)
@@ -321,10 +333,13 @@ class AttachHandle:
             p.grad = None
         if hasattr(optimizer, "_is_last_step_skipped"):
             optimizer._is_last_step_skipped = False
-        if self.counter is not None:
-            self.counter.take()
-        if self.skips is not None:
-            self.skips.take()
+        self._restart_counts()
+
+    def _restart_counts(self) -> None:
+        """A real step was charged or dropped: every micro-batch count restarts."""
+        for count in (self.counter, self.skips, self.ghost):
+            if count is not None:
+                count.take()
 
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
@@ -376,10 +391,7 @@ class AttachHandle:
             self._charge_reserve()
         self.steps_charged += 1
         self._last_micro_batches = k
-        if self.counter is not None:
-            self.counter.take()
-        if self.skips is not None:
-            self.skips.take()
+        self._restart_counts()
         if refused is not None and self.witnesses is not None:  # charged, not applied
             self.witnesses.failure, self._refusal_charged = refused, True
             raise refused
@@ -462,6 +474,8 @@ class AttachHandle:
             self.counter.restore()
         if self.skips is not None:
             self.skips.restore()
+        if self.ghost is not None:
+            self.ghost.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,

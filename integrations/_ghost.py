@@ -1,0 +1,90 @@
+"""Ghost-clipping backward passes since the last real step, counted at the optimizer (private).
+
+Under ghost clipping (``grad_sample_mode="ghost"``) Opacus' optimizer reports
+one micro-batch per step whatever the loop ran (``accumulated_iterations`` is
+1), so several ``backward()`` before a ``step()`` were seen only by the loader
+counter of ``integrations/_describe.py``, which misses an iterator made before
+attach (docs/theory.md §14.5). Each backward of a loss from Opacus' wrapped
+criterion (``DPTensorFastGradientClipping.backward``) runs its two passes
+around one call of ``optimizer.zero_grad()`` on the optimizer it was wrapped
+for: that call, recognised by its caller's code object (as
+``integrations/_skips.py`` recognises ``BatchMemoryManager``'s signals), is
+one Poisson micro-batch clipped into ``p.grad``.
+
+:class:`BackwardCounter` counts those backward passes since the gradients were
+last cleared: a ``zero_grad()`` of the loop's own (which clears ``p.grad``; the
+clipped sum of skipped steps is counted by ``integrations/_skips.py``), a
+charged step (its ``p.grad`` is the noisy gradient, a release) or a refused one
+(privguard drops its gradients). It stands for ``accumulated_iterations``,
+which counts the same thing under the hooks mode. Opacus 1.6's wrapped
+backward clears ``p.grad`` itself, so the noise covers the last of them only:
+counting every one over-counts there, and stays a floor for an Opacus whose
+ghost backward accumulates.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+
+@functools.lru_cache(maxsize=1)
+def _ghost_backward_code() -> Any:
+    """The code object of Opacus' ``DPTensorFastGradientClipping.backward`` (None if absent)."""
+    try:
+        from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+    except ImportError:  # pragma: no cover - an Opacus without ghost clipping
+        return None
+    return getattr(DPTensorFastGradientClipping.backward, "__code__", None)
+
+
+class BackwardCounter:
+    """Counts the wrapped ghost-clipping backward passes whose gradients ``p.grad`` may hold.
+
+    Installed on the optimizer instance (``zero_grad``) by :meth:`install`;
+    :meth:`restore` gives the optimizer back what it had.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self.count = 0
+        self._saved: Any = None
+        self._zero_grad: Any = None
+        # a zero_grad of the loop's own restarts the count only where it is the class's own
+        # (it clears p.grad); an instance attribute set before attach may not: never restart
+        self._clears = True
+
+    def install(self) -> None:
+        """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
+        opt = self.optimizer
+        self._saved = vars(opt).get("zero_grad")
+        self._clears = self._saved is None
+        self._zero_grad = opt.zero_grad
+        opt.zero_grad = self._on_zero_grad
+
+    def restore(self) -> None:
+        """Give the optimizer back its own ``zero_grad`` (or the instance attribute it had)."""
+        opt = self.optimizer
+        if vars(opt).get("zero_grad") != self._on_zero_grad:
+            return  # replaced since: leave it
+        if self._saved is not None:
+            opt.zero_grad = self._saved
+        else:
+            del opt.zero_grad
+
+    def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
+        code = _ghost_backward_code()
+        if code is not None and sys._getframe(1).f_code is code:
+            self.count += 1  # between the two passes of one wrapped backward
+        elif self._clears:
+            self.count = 0  # the loop's own: p.grad is cleared below
+        return self._zero_grad(*args, **kwargs)
+
+    def reported(self) -> int | None:
+        """The backward passes counted (None for none: nothing to add to the other counts)."""
+        return self.count or None
+
+    def take(self) -> None:
+        """The real step was charged or refused (its gradients released or dropped)."""
+        self.count = 0
