@@ -32,7 +32,8 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
-  gradients (not under ghost clipping, whose optimizer reports 1),
+  gradients (under ghost clipping, whose optimizer reports 1, the backward
+  passes of Opacus' wrapped loss: ``integrations/_ghost.py``, §14.5),
   ``micro_batches=`` and the loop's own ``signal_skip_step`` skips (not
   ``BatchMemoryManager``'s; also with an iterator made before attach, which
   the loader count misses: ``integrations/_skips.py``, §14.4); see
@@ -242,7 +243,8 @@ class AttachHandle:
         k micro-batches accumulated into one step are charged as
         ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
         largest of: the batches ``data_loader`` delivered since the last
-        step, the optimizer's own count (not under ghost clipping), the
+        step, the optimizer's own count (under ghost clipping the backward
+        passes of Opacus' wrapped loss, ``integrations/_ghost.py``), the
         declared accumulation, the micro-batches of the loop's own skipped
         steps (``signal_skip_step``, not ``BatchMemoryManager``'s), and
         (between steps) the last step's k.
