@@ -141,3 +141,17 @@ def test_detach_restores_zero_grad():
     assert "zero_grad" not in vars(run.opt)
     run.backward()  # the wrapped loss still runs on the restored optimizer
     run.opt.step()
+
+
+def test_opacus_wrapped_backward_clears_the_gradient_before_it():
+    # what docs/theory.md §14.5 says of Opacus 1.6: each wrapped backward zero_grads the
+    # optimizer between its passes, so p.grad holds the last backward's clipped batch only,
+    # and counting every backward over-counts (if this changes, §14.5's remark does)
+    run = Run()
+    x, y = next(run.batches)
+    run.backward()
+    run.criterion(run.model(x), y).backward()
+    after_two = [p.grad.clone() for p in run.opt.params]
+    run.opt.zero_grad()
+    run.criterion(run.model(x), y).backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(after_two, run.opt.params))
