@@ -387,8 +387,8 @@ class AttachHandle:
             assert mechanism is not None
             self.ledger.charge(mechanism, label=self.label)
         else:
-            self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
-                                                   self.label)
+            # the ranks agree on σ, q and k before the charge; k: the largest rank's (rgc)
+            self._next_ok, k = self._coordinator.step(self._checked_mechanism, k, self.label)
         if self.witness_reserve is not None:  # once, after the first step fixed the plan
             self._charge_reserve()
         self.steps_charged += 1
