@@ -109,7 +109,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             when training begins otherwise, nothing charged). A mismatch
             raises :class:`privguard.PipelineMismatchError` out of
             ``trainer.train()`` with the step not applied, and every later
-            step is refused. Off by default.
+            step of the optimizer is refused until the next ``train()``,
+            which attaches afresh (its witnesses start over). Off by default.
 
     Example:
         >>> from privguard import Ledger

@@ -364,8 +364,8 @@ def aligned(rank: int, workdir: str, epsilon: float) -> dict:
     """Issue a27: the aligned opt-in's dropout re-check under DDP, inside the step's own
     collective. Dropout switched on on every rank: refused on every rank by name, nothing
     charged or updated. On rank 1 only: refused on both ranks (rank 0 as a rank
-    disagreement), nothing updated (rank 0 has charged its replica, as for any failure
-    of one rank in the step's collective: more, never less)."""
+    disagreement), nothing charged or updated (review rgc: the ranks agree on the step
+    before any charge; rank 0 had charged its replica before)."""
     import torch
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
