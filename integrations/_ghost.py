@@ -20,6 +20,12 @@ which counts the same thing under the hooks mode. Opacus 1.6's wrapped
 backward clears ``p.grad`` itself, so the noise covers the last of them only:
 counting every one over-counts there, and stays a floor for an Opacus whose
 ghost backward accumulates.
+
+It also refuses a real step whose clipped sum holds one batch twice (review
+rgc): Opacus' ghost ``pre_step`` adds ``p.grad`` at every ``step()``, so a
+``step()`` after a skipped one with no ``zero_grad`` between (none by a
+wrapped backward either) adds the same batch again, one draw at weight 2,
+which no count covers (docs/theory.md §14.5).
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ class BackwardCounter:
         # a zero_grad of the loop's own restarts the count only where it is the class's own
         # (it clears p.grad); an instance attribute set before attach may not: never restart
         self._clears = True
+        # review rgc: Opacus' ghost pre_step adds p.grad to the clipped sum (accumulate) at
+        # every step(), skipped or real, with no check that p.grad is new: a step() after a
+        # skipped one with no zero_grad between (none by a wrapped backward either) adds the
+        # same clipped batch twice, one draw at weight 2, which no count k covers
+        self.added = False  # p.grad was added to the sum and not cleared since
+        self.readded = False  # some step() since the last real one added it again
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -77,9 +89,31 @@ class BackwardCounter:
         code = _ghost_backward_code()
         if code is not None and sys._getframe(1).f_code is code:
             self.count += 1  # between the two passes of one wrapped backward
+            self.added = False  # p.grad cleared before the second pass writes the new batch
         elif self._clears:
             self.count = 0  # the loop's own: p.grad is cleared below
+            self.added = False
         return self._zero_grad(*args, **kwargs)
+
+    def pre_step(self) -> None:
+        """A ``step()`` (skipped or real) has added ``p.grad`` to the clipped sum."""
+        if self.added:
+            self.readded = True
+        self.added = True
+
+    def check(self) -> None:
+        """Refuse the real step whose clipped sum holds one batch twice (review rgc)."""
+        if self.readded:
+            from privguard._errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                "optimizer", type(self.optimizer).__name__,
+                "under ghost clipping, a step() after a skipped step() with neither "
+                "backward() of the wrapped loss nor zero_grad() between adds the same clipped "
+                "batch to the sum again (Opacus' accumulate): its records would be in one "
+                "draw at weight 2, which no micro-batch count covers. The step is refused, "
+                "nothing charged or applied; run backward() on a new batch (or zero_grad()) "
+                "before every step()")
 
     def reported(self) -> int | None:
         """The backward passes counted (None for none: nothing to add to the other counts)."""
@@ -88,3 +122,4 @@ class BackwardCounter:
     def take(self) -> None:
         """The real step was charged or refused (its gradients released or dropped)."""
         self.count = 0
+        self.added = self.readded = False

@@ -125,8 +125,11 @@ class SkipCounter:
     """
 
     def __init__(self, optimizer: Any,
-                 reported: Callable[[], int | None] | None = None) -> None:
+                 reported: Callable[[], int | None] | None = None,
+                 pre_step: Callable[[], None] | None = None) -> None:
         self.optimizer = optimizer
+        # told of every step()'s pre_step (ghost clipping: integrations/_ghost.py, review rgc)
+        self._pre_step = pre_step
         # the batches a step clips (``accumulated_iterations``; under ghost clipping the
         # backward passes integrations/_ghost.py counts), None where unknown
         self._reported = reported or (lambda: _describe.reported_micro_batches(optimizer))
@@ -170,6 +173,8 @@ class SkipCounter:
         return self._signal(do_skip)
 
     def _on_check(self, pop_next: bool = True) -> Any:
+        if pop_next and self._pre_step is not None:  # once per pre_step, after accumulate()
+            self._pre_step()
         queue = getattr(self.optimizer, "_step_skip_queue", None)
         popping = bool(pop_next) and bool(queue)
         origin_bmm = paired = False

@@ -221,7 +221,8 @@ class AttachHandle:
         if _describe.is_ghost(optimizer):  # it reports 1: count its backward passes (§14.5)
             self.ghost = _ghost.BackwardCounter(optimizer)
             self.ghost.install()
-        self.skips = _skips.SkipCounter(optimizer, self._reported)
+        self.skips = _skips.SkipCounter(
+            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step)
         self.skips.install()
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
@@ -346,6 +347,8 @@ class AttachHandle:
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
         k = self._micro_batches(predict=False)
+        if self.ghost is not None and self._coordinator is None:
+            self.ghost.check()  # a batch added twice (under DDP: in _checked_mechanism)
         if self.dropout_guard is not None and self._coordinator is None:
             self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
         # the step's mechanism, built once: the witnesses check what the ledger charges
@@ -423,6 +426,8 @@ class AttachHandle:
         rank stops every rank before any charge, at no extra collective."""
         if self.dropout_guard is not None:
             self.dropout_guard.check()
+        if self.ghost is not None:
+            self.ghost.check()
         return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:

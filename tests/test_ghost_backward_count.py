@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privguard import Ledger
+from privguard import InvalidArgumentError, Ledger
 from privguard import mechanisms as M
 from privguard.integrations.opacus import attach
 
@@ -155,3 +155,51 @@ def test_opacus_wrapped_backward_clears_the_gradient_before_it():
     run.opt.zero_grad()
     run.criterion(run.model(x), y).backward()
     assert all(torch.equal(a, p.grad) for a, p in zip(after_two, run.opt.params))
+
+
+def test_a_step_after_a_skipped_one_without_backward_between_is_refused():
+    # review rgc: Opacus' ghost pre_step adds p.grad to the sum at every step(); a step()
+    # after a skipped one with no backward (or zero_grad) between added the same clipped batch
+    # twice: one draw at weight 2 (sum = 2·g), charged AccumulatedSubsampledGaussian(σ, q, 2)
+    # as two independent draws (ε about twice too small at σ = 1). Now refused: nothing
+    # charged or applied, and the loop goes on from a new batch
+    run = Run()
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.signal_skip_step(do_skip=True)
+    run.opt.step()
+    before = [p.detach().clone() for p in run.model.parameters()]
+    with pytest.raises(InvalidArgumentError) as info:
+        run.opt.step()
+    assert info.value.argument == "optimizer" and "weight 2" in str(info.value)
+    assert run.charged() == []
+    assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1)]
+
+
+def test_a_new_wrapped_backward_after_a_skipped_step_is_not_a_second_add():
+    # the wrapped backward's own zero_grad clears p.grad: a skip, a backward, a real step is
+    # two batches, charged as such (no zero_grad of the loop's between)
+    run = Run()
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.signal_skip_step(do_skip=True)
+    run.opt.step()
+    run.backward()
+    run.opt.step()
+    assert len(run.charged()) == 1 and run.charged()[0].micro_batches >= 2
+
+
+def test_one_draw_at_weight_two_is_not_covered_by_two_draws():
+    # the numbers of docs/theory.md §14.5 "A batch added twice": 100 steps, σ = 1, q = 1/16
+    def eps(mechanism):
+        ledger = Ledger(delta=1e-5)
+        ledger.charge(mechanism, times=100)
+        return float(ledger.epsilon(1e-5))
+
+    doubled = eps(M.SubsampledGaussian(SIGMA / 2, 1 / 16))  # sensitivity 2C at rate q
+    two_draws = eps(M.AccumulatedSubsampledGaussian(SIGMA, 1 / 16, 2))
+    assert round(doubled, 1) == 29.3 and round(two_draws, 1) == 14.3
