@@ -7,7 +7,8 @@ counter of ``integrations/_describe.py``, which misses an iterator made before
 attach (docs/theory.md §14.5). Each backward of a loss from Opacus' wrapped
 criterion (``DPTensorFastGradientClipping.backward``) runs its two passes
 around one call of ``optimizer.zero_grad()`` on the optimizer it was wrapped
-for: that call, recognised by its caller's code object (as
+for: that call, recognised by its caller's code object (through up to four
+wrappers set over privguard's; as
 ``integrations/_skips.py`` recognises ``BatchMemoryManager``'s signals), is
 one Poisson micro-batch clipped into ``p.grad``.
 
@@ -43,6 +44,22 @@ def _ghost_backward_code() -> Any:
     except ImportError:  # pragma: no cover - an Opacus without ghost clipping
         return None
     return getattr(DPTensorFastGradientClipping.backward, "__code__", None)
+
+
+_WRAPPERS = 4  # frames above the caller searched: wrappers set over privguard's (rgc)
+
+
+def _from_ghost_backward(frame: Any) -> bool:
+    """Whether ``zero_grad`` was called by ``DPTensorFastGradientClipping.backward``, directly
+    or through up to ``_WRAPPERS`` wrappers set on the optimizer over privguard's."""
+    code = _ghost_backward_code()
+    for _ in range(_WRAPPERS + 1):
+        if frame is None or code is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class BackwardCounter:
@@ -86,8 +103,7 @@ class BackwardCounter:
             del opt.zero_grad
 
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
-        code = _ghost_backward_code()
-        if code is not None and sys._getframe(1).f_code is code:
+        if _from_ghost_backward(sys._getframe(1)):
             self.count += 1  # between the two passes of one wrapped backward
             self.added = False  # p.grad cleared before the second pass writes the new batch
         elif self._clears:

@@ -203,3 +203,18 @@ def test_one_draw_at_weight_two_is_not_covered_by_two_draws():
     doubled = eps(M.SubsampledGaussian(SIGMA / 2, 1 / 16))  # sensitivity 2C at rate q
     two_draws = eps(M.AccumulatedSubsampledGaussian(SIGMA, 1 / 16, 2))
     assert round(doubled, 1) == 29.3 and round(two_draws, 1) == 14.3
+
+
+def test_a_zero_grad_wrapper_set_after_attach_still_counts_the_backward_passes():
+    # review rgc: a wrapper over privguard's zero_grad (set after attach) made every wrapped
+    # backward's call look like the loop's own: the count restarted, k = 1
+    run = Run()
+    inner = run.opt.zero_grad
+    run.opt.zero_grad = lambda *args, **kwargs: inner(*args, **kwargs)
+    run.opt.zero_grad()
+    run.backward(2)
+    run.opt.step()
+    run.opt.zero_grad()  # the loop's own, through the wrapper: restarts the count
+    run.backward(1)
+    run.opt.step()
+    assert run.charged() == [run.step(2), run.step(1)]
