@@ -56,6 +56,13 @@ class Run:
             x, y = next(self.batches)
             self.criterion(self.model(x), y).backward()
 
+    def skipped_step(self):
+        """zero_grad, one wrapped backward, a step() skipped with signal_skip_step."""
+        self.opt.zero_grad()
+        self.backward()
+        self.opt.signal_skip_step(do_skip=True)
+        self.opt.step()
+
     def charged(self):
         return [r.mechanism for r in self.ledger.history]
 
@@ -164,10 +171,7 @@ def test_a_step_after_a_skipped_one_without_backward_between_is_refused():
     # as two independent draws (ε about twice too small at σ = 1). Now refused: nothing
     # charged or applied, and the loop goes on from a new batch
     run = Run()
-    run.opt.zero_grad()
-    run.backward()
-    run.opt.signal_skip_step(do_skip=True)
-    run.opt.step()
+    run.skipped_step()
     before = [p.detach().clone() for p in run.model.parameters()]
     with pytest.raises(InvalidArgumentError) as info:
         run.opt.step()
@@ -184,10 +188,7 @@ def test_a_new_wrapped_backward_after_a_skipped_step_is_not_a_second_add():
     # the wrapped backward's own zero_grad clears p.grad: a skip, a backward, a real step is
     # two batches, charged as such (no zero_grad of the loop's between)
     run = Run()
-    run.opt.zero_grad()
-    run.backward()
-    run.opt.signal_skip_step(do_skip=True)
-    run.opt.step()
+    run.skipped_step()
     run.backward()
     run.opt.step()
     assert len(run.charged()) == 1 and run.charged()[0].micro_batches >= 2
