@@ -24,10 +24,10 @@ refuses it where it can see that it is false:
   re-read (the training flag and the rate of each: a few attribute reads per
   dropout module, no walk over the model), so a ``model.train()`` or a rate
   raised after attach is refused before the step updates anything, and
-  nothing is charged. Under DDP the re-check runs inside the step's own
-  collective (no extra one): a refusal stops every rank before any update;
-  when only some ranks refuse, the others may already have charged their
-  ledger for that step (more, never less; tests/test_ddp.py).
+  nothing is charged. Under DDP the re-check runs inside the step's first
+  collective (no extra one): a refusal on any rank stops every rank before
+  anything is charged or updated (review rgc: the ranks agree on the step
+  before the charge; tests/test_ddp.py).
 
 What it cannot see: dropout called functionally
 (``torch.nn.functional.dropout`` in a ``forward``), the ``dropout_p`` of

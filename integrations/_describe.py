@@ -15,7 +15,9 @@ can be seen, never from one source alone:
   since it counts batches handed to the loop);
 * what the optimizer reports (``accumulated_iterations``: the per-sample
   gradients it holds), except under ghost clipping, whose optimizer always
-  reports 1 (:func:`reported_micro_batches` returns None there);
+  reports 1 (:func:`reported_micro_batches` returns None there; attach
+  counts the backward passes of Opacus' wrapped loss instead:
+  ``integrations/_ghost.py``);
 * what the loop declares (Hugging Face's ``gradient_accumulation_steps``,
   Lightning's ``accumulate_grad_batches``);
 * the micro-batches clipped by the steps the loop skipped with

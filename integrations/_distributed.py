@@ -19,20 +19,26 @@ The protocol (every rank runs it, at the same point):
    All chargers' ledgers must be replicas: the same configuration, journal
    length and spent curve. Otherwise every rank raises
    :class:`RankDisagreementError`.
-2. **Each step.** Each charger charges its ledger (one atomic
-   check-and-charge) and asks whether the next step of the same σ and q
-   would fit. Every rank then all-gathers ``(operation, status, σ, q, next fits)`` and
-   decides from the same table: all chargers admitted → every rank updates;
-   all refused → every rank raises :class:`privguard.BudgetExhausted` before
-   any update; anything else (mixed verdicts, an error on some rank, ranks
-   charging different σ or q) → every rank raises
+2. **Each step.** Every rank all-gathers ``(operation, status, σ, q, k)``,
+   k the micro-batches it accumulated into the step: an error on some rank
+   or ranks with different σ or q → every rank raises before anything is
+   charged. Each charger then charges its ledger (one atomic
+   check-and-charge) with the largest k of any rank (review rgc: every
+   rank's draws are in the global sum; docs/theory.md §14.6) and asks
+   whether the next step of the same mechanism would fit. Every rank then
+   all-gathers ``(operation, status, -, k, next fits)`` and decides from the
+   same table: all chargers admitted → every rank updates; all refused →
+   every rank raises :class:`privguard.BudgetExhausted` before any update;
+   anything else (mixed verdicts, an error on some rank) → every rank raises
    :class:`RankDisagreementError` before any update (fail closed; a charger
-   that had admitted keeps the charge, an over-count).
+   that had admitted keeps the charge, an over-count). Steps Opacus recorded
+   before attach are replayed only where every rank recorded the same
+   (:meth:`Coordinator.agree`).
 
 So each distinct ledger is charged exactly once per global step (a shared
 file once in all), ledger replicas stay equal, and no rank enters the
-gradient ``all_reduce`` alone. The cost is one ``all_gather`` of five numbers
-per step. Loading a checkpoint through the engine is collective too (every
+gradient ``all_reduce`` alone. The cost is two ``all_gather``\ s of five
+numbers per step. Loading a checkpoint through the engine is collective too (every
 rank loads, as every rank attached); ranks found in different operations
 raise :class:`RankDisagreementError` instead of pairing the wrong rows. A
 server ledger (PostgreSQL) is one ledger for every rank that opens it, on any
@@ -58,9 +64,10 @@ __all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
 NOT_CHARGER, ADMITTED, REFUSED, ERROR = 0.0, 1.0, 2.0, 3.0
 # Which collective a row belongs to: ranks at different points (one loading a checkpoint,
 # another stepping) meet in the same all_gather; the tag turns that into an error on both.
-_STEP, _RUN, _FIT, _CHECK = 1.0, 2.0, 3.0, 4.0
+_STEP, _RUN, _FIT, _CHECK, _CHARGE, _AGREE = 1.0, 2.0, 3.0, 4.0, 5.0, 6.0
 _OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach",
-        _CHECK: "a step's witness check"}
+        _CHECK: "a step's witness check", _CHARGE: "a training step's charge",
+        _AGREE: "attach or a checkpoint load"}
 _WITNESSES = ("noise", "clipping", "sampling")  # their codes in the check's row: 1, 2, 3
 
 
@@ -149,17 +156,47 @@ class Coordinator:
         self.shared = len(self.chargers) < self.world
 
     # ----------------------------------------------------------------- steps
-    def step(self, make_mechanism: Callable[[], Any], label: str | None) -> bool:
+    def step(self, make_mechanism: Callable[[int], Any], micro_batches: int,
+             label: str | None) -> tuple[bool, int]:
         """Charge one global step on every distinct ledger once; same outcome on every rank.
 
-        Returns whether the next step of the same σ and q fits (as decided
-        together). Raises BudgetExhausted or RankDisagreementError on every
-        rank alike.
+        ``make_mechanism(k)`` builds the step's mechanism for k micro-batches;
+        ``micro_batches`` is this rank's k (the Poisson draws it accumulated
+        into the step). Two all-gathers: the first agrees on the mechanism
+        (every rank's σ, q and k, before anything is charged: errors and
+        different σ or q raise on every rank, nothing charged); every charger
+        then charges the step with the largest k of any rank (review rgc: a
+        rank that accumulated more micro-batches than the charger adds more
+        draws to the global sum than the charger's own k counts), and the
+        second all-gather takes the verdicts. Returns whether the next step of
+        the same mechanism fits (as decided together) and the k charged.
+        Raises BudgetExhausted or RankDisagreementError on every rank alike.
         """
-        status, sigma, q, next_ok, err, mech = NOT_CHARGER, math.nan, math.nan, 1.0, None, None
+        sigma, q, err, mine = math.nan, math.nan, None, None
+        status = NOT_CHARGER
         try:
-            mech = make_mechanism()
+            k = int(micro_batches)
+            mech = mine = make_mechanism(k)
             sigma, q = float(mech.noise_multiplier), float(mech.sample_rate)
+        except Exception as exc:  # reported to every rank below
+            status, err, k = ERROR, exc, 0
+        table = self._gather(_STEP, [status, sigma, q, float(k)])
+        self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
+                            for r, row in enumerate(table)], err, "while describing a step")
+        for r, row in enumerate(table):
+            if (row[1], row[2]) != (table[0][1], table[0][2]):
+                raise RankDisagreementError(
+                    f"ranks would charge different steps: rank 0 has σ={table[0][1]:g}, "
+                    f"q={table[0][2]:g}, rank {r} has σ={row[1]:g}, q={row[2]:g}; every rank "
+                    "stops before the update, nothing charged")
+        # every rank's draws are in the global sum: the step holds up to the largest k
+        widest = max(int(row[3]) for row in table)
+        status, next_ok = NOT_CHARGER, 1.0
+        try:
+            if widest != k:
+                mech, k = make_mechanism(widest), widest
+            else:
+                mech = mine
             if self.is_charger:
                 try:
                     self.ledger.charge(mech, label=label)
@@ -168,19 +205,13 @@ class Coordinator:
                 except BudgetExhausted as exc:
                     status, err = REFUSED, exc
         except Exception as exc:  # reported to every rank below
-            status, err = ERROR, exc  # type: ignore[assignment]
-        table = self._gather(_STEP, [status, sigma, q, next_ok])
+            status, err = ERROR, exc
+        table = self._gather(_CHARGE, [status, 0.0, float(k), next_ok])
         self._raise_errors([f"rank {r} failed" if row[0] == ERROR else None
                             for r, row in enumerate(table)],
                            err if status == ERROR else None, "while charging a step")
-        for r, row in enumerate(table):
-            if (row[1], row[2]) != (table[0][1], table[0][2]):
-                raise RankDisagreementError(
-                    f"ranks would charge different steps: rank 0 has σ={table[0][1]:g}, "
-                    f"q={table[0][2]:g}, rank {r} has σ={row[1]:g}, q={row[2]:g}; every rank "
-                    "stops before the update")
         self._decide([table[r][0] for r in self.chargers], err, mech, label)
-        return all(table[r][3] > 0.5 for r in self.chargers)
+        return all(table[r][3] > 0.5 for r in self.chargers), k
 
     def run(self, attempt: Callable[[], bool], what: str, refusal: Callable[[], BudgetExhausted]
             ) -> None:
@@ -200,6 +231,28 @@ class Coordinator:
         if verdicts != {ADMITTED}:
             raise RankDisagreementError(f"ranks disagree {what}: some ledgers admitted and "
                                         "others refused; the ledgers are not replicas")
+
+    def agree(self, charges: list[Any], what: str, error: BaseException | None = None) -> None:
+        """Every rank is about to charge ``charges`` (a list of JSON-able descriptions): raise
+        on every rank unless all ranks hold the same list (review rgc: each charger charged
+        the steps its own Opacus accountant recorded, and a rank whose recorded steps held
+        more micro-batches than the charger's were charged as the charger's). ``error``: a
+        failure found before on this rank, raised here as :meth:`run` would (collective)."""
+        digest = hashlib.sha256(json.dumps(charges, sort_keys=True).encode()).digest()
+        # two 48-bit pieces of the digest: exact in float64
+        row = [ERROR if error is not None else NOT_CHARGER,
+               float(int.from_bytes(digest[:6], "big")), float(int.from_bytes(digest[6:12], "big")),
+               float(len(charges))]
+        table = self._gather(_AGREE, row)
+        self._raise_errors([f"rank {r} failed" if t[0] == ERROR else None
+                            for r, t in enumerate(table)], error, what)
+        differ = [r for r, t in enumerate(table) if t[1:] != table[0][1:]]
+        if differ:
+            raise RankDisagreementError(
+                f"ranks disagree {what}: rank 0 and rank {differ[0]} would charge different "
+                "steps (their Opacus accountants recorded different steps: e.g. ranks that "
+                "accumulated different numbers of micro-batches per step); nothing charged, "
+                "every rank stops")
 
     def charge_once(self, ledger: Ledger, mechanism: Any, label: Any, what: str,
                     refused: str) -> None:

@@ -149,7 +149,12 @@ def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = Non
     The whole sequence is first tried on a separate in-memory copy of the
     ledger, so a refusal charges nothing. Returns the number of steps charged.
     """
-    segments = [(recorded_step(s, q, base_rate, aligned), k) for s, q, k in todo]
+    try:
+        segments = [(recorded_step(s, q, base_rate, aligned), k) for s, q, k in todo]
+    except Exception as exc:
+        if coordinator is None:
+            raise
+        segments, error = [], error or exc  # raised on this rank inside the collective
     total = sum(k for _, k in segments)
     refused: list[M.Mechanism] = []
 
@@ -188,6 +193,10 @@ def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = Non
             requested=step, label=label, remaining=ledger.remaining(step))
 
     if coordinator is not None:
+        # every rank's recorded steps are in the global sums: the chargers charge their own,
+        # so the ranks must have recorded the same steps (review rgc)
+        coordinator.agree([[step.to_dict(), k] for step, k in segments],
+                          f"on the steps Opacus recorded ({label!r})", error)
         coordinator.run(attempt, f"while charging the steps Opacus recorded ({label!r})", refusal)
     elif not attempt():
         raise refusal()

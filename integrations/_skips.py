@@ -12,8 +12,8 @@ real step: a loop that made its iterator before attach (u27) was charged one
 ``SubsampledGaussian(σ, q)`` for two draws.
 
 :class:`SkipCounter` counts, between two real steps, the micro-batches the
-skipped steps clipped (``accumulated_iterations`` at the skip; 1 under ghost
-clipping), and which skips Opacus' ``BatchMemoryManager`` queued: its virtual
+skipped steps clipped (``accumulated_iterations`` at the skip; under ghost
+clipping the backward passes of ``integrations/_ghost.py``), and which skips Opacus' ``BatchMemoryManager`` queued: its virtual
 steps split ONE Poisson draw into physical batches and stay one
 ``SubsampledGaussian`` per logical batch. A skip is taken as
 ``BatchMemoryManager``'s only when the signal came straight from Opacus' own
@@ -52,6 +52,7 @@ import functools
 import sys
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from privguard.integrations import _describe
@@ -123,8 +124,15 @@ class SkipCounter:
     optimizer back what it had.
     """
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self, optimizer: Any,
+                 reported: Callable[[], int | None] | None = None,
+                 pre_step: Callable[[], None] | None = None) -> None:
         self.optimizer = optimizer
+        # told of every step()'s pre_step (ghost clipping: integrations/_ghost.py, review rgc)
+        self._pre_step = pre_step
+        # the batches a step clips (``accumulated_iterations``; under ghost clipping the
+        # backward passes integrations/_ghost.py counts), None where unknown
+        self._reported = reported or (lambda: _describe.reported_micro_batches(optimizer))
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         self.own = False  # one of those skips was not BatchMemoryManager's
         # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
@@ -165,6 +173,8 @@ class SkipCounter:
         return self._signal(do_skip)
 
     def _on_check(self, pop_next: bool = True) -> Any:
+        if pop_next and self._pre_step is not None:  # once per pre_step, after accumulate()
+            self._pre_step()
         queue = getattr(self.optimizer, "_step_skip_queue", None)
         popping = bool(pop_next) and bool(queue)
         origin_bmm = paired = False
@@ -188,7 +198,7 @@ class SkipCounter:
                 self.misaligned = True
         skip = self._check(pop_next)
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
-            held = _describe.reported_micro_batches(self.optimizer) or 1
+            held = self._reported() or 1
             self.skipped += held
             # BatchMemoryManager's contract is one step() per physical batch: a skip of it
             # that clipped several batches breaks it, and its skips no longer mark splits

@@ -102,6 +102,15 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             rate > 0 is refused in either mode (the Trainer trains in
             training mode), and again before every step's charge. Off by
             default.
+        witnesses: check every step against its charge before charging it, as
+            :func:`~privguard.integrations.opacus.attach` does with
+            ``witnesses=True`` (noise, clipping, and sampling against the
+            training loader; needs a ledger with an (ε, δ) target, refused
+            when training begins otherwise, nothing charged). A mismatch
+            raises :class:`privguard.PipelineMismatchError` out of
+            ``trainer.train()`` with the step not applied, and every later
+            step of the optimizer is refused until the next ``train()``,
+            which attaches afresh (its witnesses start over). Off by default.
 
     Example:
         >>> from privguard import Ledger
@@ -109,11 +118,15 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         'privacy_epsilon'
     """
 
+    witnesses = False  # (a callback pickled before the option: off)
+
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
-                 check_poisson: bool = True, aligned_micro_batches: bool = False) -> None:
+                 check_poisson: bool = True, aligned_micro_batches: bool = False,
+                 witnesses: bool = False) -> None:
         check_callback_arguments(ledger, log_name, label, check_poisson)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
+        self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger
         self.sample_rate = sample_rate
         self.log_name = log_name
@@ -138,7 +151,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                              on_exhausted="stop", check_poisson=self.check_poisson,
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
-                             model=model if self.aligned_micro_batches else None)
+                             model=model if self.aligned_micro_batches else None,
+                             witnesses=self.witnesses)
 
     def _resume(self, args: Any, state: Any) -> None:
         """Bring the ledger to the entry saved with the checkpoint resumed from."""

@@ -32,7 +32,8 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``backward()`` per ``step()``) are charged as
   ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k counted
   from the batches ``data_loader`` delivered, the optimizer's per-sample
-  gradients (not under ghost clipping, whose optimizer reports 1),
+  gradients (under ghost clipping, whose optimizer reports 1, the backward
+  passes of Opacus' wrapped loss: ``integrations/_ghost.py``, §14.5),
   ``micro_batches=`` and the loop's own ``signal_skip_step`` skips (not
   ``BatchMemoryManager``'s; also with an iterator made before attach, which
   the loader count misses: ``integrations/_skips.py``, §14.4); see
@@ -97,6 +98,7 @@ from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
     _allocation,
     _describe,
+    _ghost,
     _provenance,
     _samplers,
     _sampling,
@@ -191,6 +193,7 @@ class AttachHandle:
         self._last_mechanism: M.Mechanism | None = None
         self.counter: _describe.MicroBatchCounter | None = None  # micro-batches drawn
         self.skips: _skips.SkipCounter | None = None  # micro-batches of skipped steps (u27)
+        self.ghost: _ghost.BackwardCounter | None = None  # ghost clipping's backward passes
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
         self._last_micro_batches = 1
@@ -215,7 +218,11 @@ class AttachHandle:
         self._previous_hook = optimizer.step_hook
         self._own_step_attr = vars(optimizer).get("step")  # e.g. an LR scheduler's wrapper
         optimizer.attach_step_hook(self._hook)
-        self.skips = _skips.SkipCounter(optimizer)
+        if _describe.is_ghost(optimizer):  # it reports 1: count its backward passes (§14.5)
+            self.ghost = _ghost.BackwardCounter(optimizer)
+            self.ghost.install()
+        self.skips = _skips.SkipCounter(
+            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step)
         self.skips.install()
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
@@ -237,7 +244,8 @@ class AttachHandle:
         k micro-batches accumulated into one step are charged as
         ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), k the
         largest of: the batches ``data_loader`` delivered since the last
-        step, the optimizer's own count (not under ghost clipping), the
+        step, the optimizer's own count (under ghost clipping the backward
+        passes of Opacus' wrapped loss, ``integrations/_ghost.py``), the
         declared accumulation, the micro-batches of the loop's own skipped
         steps (``signal_skip_step``, not ``BatchMemoryManager``'s), and
         (between steps) the last step's k.
@@ -250,9 +258,16 @@ class AttachHandle:
             return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
         return self._mechanism(predict=True)
 
+    def _reported(self) -> int | None:
+        """The batches the optimizer holds: ``accumulated_iterations``, or under ghost
+        clipping the wrapped backward passes since the gradients were cleared (§14.5)."""
+        if self.ghost is not None:
+            return self.ghost.reported()
+        return _describe.reported_micro_batches(self.optimizer)
+
     def _micro_batches(self, predict: bool) -> int:
         counted = 0 if self.counter is None else self.counter.count
-        reported = _describe.reported_micro_batches(self.optimizer) or 1
+        reported = self._reported() or 1
         k = max(counted, reported, self.declared_micro_batches)
         if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
             k = max(k, self.skips.floor(reported))  # before attach is not counted above)
@@ -321,14 +336,19 @@ class AttachHandle:
             p.grad = None
         if hasattr(optimizer, "_is_last_step_skipped"):
             optimizer._is_last_step_skipped = False
-        if self.counter is not None:
-            self.counter.take()
-        if self.skips is not None:
-            self.skips.take()
+        self._restart_counts()
+
+    def _restart_counts(self) -> None:
+        """A real step was charged or dropped: every micro-batch count restarts."""
+        for count in (self.counter, self.skips, self.ghost):
+            if count is not None:
+                count.take()
 
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
         k = self._micro_batches(predict=False)
+        if self.ghost is not None and self._coordinator is None:
+            self.ghost.check()  # a batch added twice (under DDP: in _checked_mechanism)
         if self.dropout_guard is not None and self._coordinator is None:
             self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
         # the step's mechanism, built once: the witnesses check what the ledger charges
@@ -370,16 +390,13 @@ class AttachHandle:
             assert mechanism is not None
             self.ledger.charge(mechanism, label=self.label)
         else:
-            self._next_ok = self._coordinator.step(lambda: self._checked_mechanism(k),
-                                                   self.label)
+            # the ranks agree on σ, q and k before the charge; k: the largest rank's (rgc)
+            self._next_ok, k = self._coordinator.step(self._checked_mechanism, k, self.label)
         if self.witness_reserve is not None:  # once, after the first step fixed the plan
             self._charge_reserve()
         self.steps_charged += 1
         self._last_micro_batches = k
-        if self.counter is not None:
-            self.counter.take()
-        if self.skips is not None:
-            self.skips.take()
+        self._restart_counts()
         if refused is not None and self.witnesses is not None:  # charged, not applied
             self.witnesses.failure, self._refusal_charged = refused, True
             raise refused
@@ -409,6 +426,8 @@ class AttachHandle:
         rank stops every rank before any charge, at no extra collective."""
         if self.dropout_guard is not None:
             self.dropout_guard.check()
+        if self.ghost is not None:
+            self.ghost.check()
         return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:
@@ -462,6 +481,8 @@ class AttachHandle:
             self.counter.restore()
         if self.skips is not None:
             self.skips.restore()
+        if self.ghost is not None:
+            self.ghost.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,

@@ -364,8 +364,8 @@ def aligned(rank: int, workdir: str, epsilon: float) -> dict:
     """Issue a27: the aligned opt-in's dropout re-check under DDP, inside the step's own
     collective. Dropout switched on on every rank: refused on every rank by name, nothing
     charged or updated. On rank 1 only: refused on both ranks (rank 0 as a rank
-    disagreement), nothing updated (rank 0 has charged its replica, as for any failure
-    of one rank in the step's collective: more, never less)."""
+    disagreement), nothing charged or updated (review rgc: the ranks agree on the step
+    before any charge; rank 0 had charged its replica before)."""
     import torch
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -402,5 +402,56 @@ def aligned(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 
+def _accumulated_step(model, opt, batches, micro_batches: int) -> None:
+    """One real step over ``micro_batches`` Poisson batches (backward() each, one step())."""
+    from torch import nn
+
+    opt.zero_grad()
+    for _ in range(micro_batches):
+        x, y = next(batches)
+        nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def uneven(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review rgc: ranks accumulating different numbers of micro-batches into one global
+    step. On one shared file (rank 0 charges it) rank 1 accumulates 2 batches per step and
+    rank 0 one: each global step holds the draws of every rank and is charged with the
+    largest k of any rank (rank 0 charged its own k = 1). A ledger attached then to the same
+    engine would replay the steps each rank's Opacus accountant recorded, which differ
+    (q on rank 0, 2q on rank 1): refused on every rank, nothing charged. On a fresh engine,
+    an in-memory ledger per rank, rank 0 accumulating 3 and rank 1 one: k = 3 on both."""
+    from privguard import Ledger
+    from privguard.integrations.opacus import RankDisagreementError, attach
+
+    _engine, model, opt, loader = _setup()
+    model.allow_grad_accumulation()  # make_private's Poisson loader forbids it otherwise
+    batches = _batches(loader)
+    shared = Ledger(epsilon, DELTA, path=f"{workdir}/uneven.db", lease=1)  # exact counts
+    handle = attach(opt, shared, data_loader=loader)
+    for _ in range(3):
+        _accumulated_step(model, opt, batches, 2 if rank == 1 else 1)
+    out: dict = {"shared": [r.mechanism.to_dict() for r in shared.history],
+                 "shared_next": handle.next_mechanism().to_dict()}
+    handle.detach()
+    late = Ledger(epsilon, DELTA)
+    try:
+        attach(opt, late, data_loader=loader)
+        out["replayed"] = "attached"
+    except RankDisagreementError as exc:
+        out["replayed"] = str(exc)[:300]
+    out["late"] = len(late.history)
+    _engine, model, opt, loader = _setup()
+    model.allow_grad_accumulation()
+    batches = _batches(loader)
+    replica = Ledger(epsilon, DELTA)
+    handle = attach(opt, replica, data_loader=loader)
+    for _ in range(2):
+        _accumulated_step(model, opt, batches, 3 if rank == 0 else 1)
+    out.update(replica=[r.mechanism.to_dict() for r in replica.history],
+               spent=replica.spent.tolist(), params=_params(model),
+               charged=handle.steps_charged)
+    return out
+
 SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
-             "checkpoint": checkpoint, "allocation": allocation}
+             "checkpoint": checkpoint, "allocation": allocation, "uneven": uneven}

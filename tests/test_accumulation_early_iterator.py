@@ -120,19 +120,22 @@ def test_several_backward_in_a_skipped_micro_batch_are_all_counted():
     assert [r.mechanism for r in ledger.history] == [M.AccumulatedSubsampledGaussian(SIGMA, q, 3)]
 
 
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
 @pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("with_loader", [False, True])
-def test_batch_memory_manager_stays_one_draw_per_logical_batch(early, with_loader):
+def test_batch_memory_manager_stays_one_draw_per_logical_batch(early, with_loader, mode):
     # BatchMemoryManager's virtual steps split ONE Poisson batch: one SubsampledGaussian per
-    # logical batch, also when its iterator was made before attach or attach has no loader
-    engine, model, opt, loader, criterion = _private(n=256, batch_size=64)
+    # logical batch, also when its iterator was made before attach or attach has no loader;
+    # under ghost clipping also with the backward passes counted at the optimizer (task gc:
+    # one per step(), so the splits stay one draw; without a loader ghost needs micro_batches)
+    engine, model, opt, loader, criterion = _private(mode, n=256, batch_size=64)
     q = loader.batch_sampler.sample_rate
     ledger = Ledger(delta=1e-5)
     physical = 0
     with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=opt) as mem:
         batches = iter(mem) if early else None
         attach(opt, ledger, **(dict(data_loader=loader) if with_loader else
-                                dict(check_poisson=False)))
+                                dict(check_poisson=False, micro_batches=1)))
         for x, y in (batches if early else mem):
             opt.zero_grad()
             criterion(model(x), y).backward()

@@ -232,4 +232,23 @@ def test_the_aligned_opt_in_refuses_dropout_switched_on_on_every_rank_together(t
     one = r1[(1,)], r0[(1,)]
     assert one[0]["refused"][0] == "InvalidArgumentError" and one[0]["journal"] == 2
     assert one[1]["refused"][0] == "RankDisagreementError" and "rank 1" in one[1]["refused"][1]
-    assert one[0]["unchanged"] and one[1]["unchanged"] and one[1]["journal"] in (2, 3)
+    assert one[0]["unchanged"] and one[1]["unchanged"] and one[1]["journal"] == 2
+
+
+def test_ranks_accumulating_different_micro_batches_are_charged_the_largest_k(tmp_path):
+    """Review rgc: the charging rank charged its own k; a rank that accumulated more
+    micro-batches put more draws into the global sum than charged. Each global step is now
+    charged with the largest k of any rank, the same on every ledger."""
+    Ledger(50.0, _ddp_worker.DELTA, path=str(tmp_path / "uneven.db")).close()
+    r0, r1 = launch("uneven", str(tmp_path), 50.0)
+    q = _ddp_worker.BATCH / _ddp_worker.N
+    two = M.AccumulatedSubsampledGaussian(_ddp_worker.SIGMA, q, 2).to_dict()
+    three = M.AccumulatedSubsampledGaussian(_ddp_worker.SIGMA, q, 3).to_dict()
+    journal = [r.mechanism.to_dict() for r in Ledger.open(str(tmp_path / "uneven.db")).history]
+    assert journal == r0["shared"] == [two] * 3  # rank 0 charges the shared file, with k = 2
+    assert r0["shared_next"] == r1["shared_next"] == two  # the next step predicted alike
+    for r in (r0, r1):  # the steps each rank's Opacus accountant recorded differ: refused
+        assert "recorded different steps" in r["replayed"] and r["late"] == 0, r["replayed"]
+    for r in (r0, r1):
+        assert r["replica"] == [three] * 2 and r["charged"] == 2  # each replica, k = 3
+    assert r0["spent"] == r1["spent"] and r0["params"] == r1["params"]

@@ -13,7 +13,7 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from privguard import InvalidArgumentError, Ledger, LedgerStateError
+from privguard import InvalidArgumentError, Ledger, LedgerStateError, PipelineMismatchError
 from privguard import mechanisms as M
 from privguard.integrations.huggingface import LEDGER_FILE, LedgerTrainerCallback
 from privguard.integrations.opacus import NonPoissonSamplingError, attach
@@ -157,7 +157,7 @@ def test_the_callback_pickles_without_its_live_attachment():
 
 def test_bad_arguments():
     for kwargs, name in [({"check_poisson": "no"}, "check_poisson"), ({"label": 1}, "label"),
-                         ({"log_name": None}, "log_name")]:
+                         ({"log_name": None}, "log_name"), ({"witnesses": "yes"}, "witnesses")]:
         with pytest.raises(InvalidArgumentError) as info:
             LedgerTrainerCallback(Ledger(delta=1e-5), **kwargs)
         assert info.value.argument == name
@@ -213,3 +213,64 @@ def test_the_logged_epsilon_after_a_retarget_is_at_the_delta_fixed_first(tmp_pat
         assert not logged
     assert len(ledger.history) == 13
     ledger.close()
+
+
+# ------------------------------------------------------------------ witnesses (task gc)
+WITNESS_LABEL = "witnesses: δ set aside for false alarms"
+
+
+def test_witnesses_check_every_step_and_set_their_delta_aside_once(tmp_path, monkeypatch):
+    # the option LedgerCallback has: attach(..., witnesses=True) under the Trainer
+    import privguard.integrations.huggingface as hf
+
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    trainer, cb = make_trainer(tmp_path, ledger, cb_kwargs={"witnesses": True}, max_steps=4,
+                               save_strategy="no")
+    checked = []
+
+    def spy(*args, **kwargs):  # keeps the handle, which on_train_end detaches and drops
+        checked.append(attach(*args, **kwargs))
+        return checked[-1]
+
+    monkeypatch.setattr(hf, "attach", spy)
+    trainer.train()
+    (handle,) = checked
+    assert handle.witnesses is not None and handle.witnesses.steps == 4
+    labels = [r.label for r in ledger.history]
+    assert labels.count(WITNESS_LABEL) == 1 and labels.count("step") == 4
+    assert cb.witnesses is True
+
+
+def test_witnesses_refuse_a_step_without_noise_before_it_is_charged_or_applied(tmp_path):
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    trainer, _cb = make_trainer(tmp_path, ledger, cb_kwargs={"witnesses": True}, max_steps=4,
+                                save_strategy="no")
+    opt = trainer.optimizer
+
+    def add_noise():  # a pipeline bug: the noise is never added
+        for p in opt.params:
+            p.grad = p.summed_grad.clone().view_as(p)
+
+    opt.add_noise = add_noise
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    with pytest.raises(PipelineMismatchError) as info:
+        trainer.train()
+    assert info.value.witness == "noise"
+    assert len(ledger.history) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_witnesses_need_a_target_and_the_run_charges_nothing(tmp_path):
+    ledger = Ledger(delta=1e-5)
+    trainer, _cb = make_trainer(tmp_path, ledger, cb_kwargs={"witnesses": True}, max_steps=2,
+                                save_strategy="no")
+    with pytest.raises(InvalidArgumentError) as info:
+        trainer.train()
+    assert info.value.argument == "witnesses" and len(ledger.history) == 0
+
+
+def test_a_callback_pickled_before_the_witnesses_option_has_them_off():
+    cb = LedgerTrainerCallback(Ledger(delta=1e-5))
+    del cb.__dict__["witnesses"]  # as unpickled from a version without the option
+    copy = pickle.loads(pickle.dumps(cb))
+    assert copy.witnesses is False
