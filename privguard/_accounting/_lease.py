@@ -270,7 +270,7 @@ def _settle_before_fork() -> None:
     for ledger in list(_HOLDERS):
         pending = getattr(ledger, "_pending", None)
         if pending is not None:
-            pending.quiesce(ledger._lock)
+            pending.quiesce(ledger._txn)
 
 
 def _drop_in_child() -> None:
