@@ -220,3 +220,21 @@ def test_can_afford_while_the_prefetch_is_in_flight(tmp_path, gate):
     assert ledger._next is not None  # settled: the prefetched lease is installed
     ledger.close()
 
+
+
+def test_can_afford_after_the_lease_ran_out_in_flight_answers_from_the_prefetched_lease(
+        tmp_path, gate):
+    # The current lease used up while the prefetch is in flight: can_afford waits for the
+    # commit and answers from the prefetched lease, which then takes over (as the charge
+    # that follows would), instead of a decision that ignores steps already spent.
+    entered, go = gate
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "n.db", prefetch=True)
+    _in_flight(ledger, entered)
+    for _ in range(ledger._lease.left):
+        ledger.charge(STEP)
+    asker, out, _ = _in_thread(lambda: ledger.can_afford(STEP))
+    go.set()
+    asker.join(30)
+    assert out == [("ok", True)]
+    assert ledger._next is None and ledger._lease.left > 0  # the prefetched lease
+    ledger.close()
