@@ -189,6 +189,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
         self._next: leases.Lease | None = None  # a committed prefetch following _lease
         self._pending: Prefetch | None = None  # a prefetch in flight, or finished, unsettled
+        # Every prefetch whose thread may still take _txn, _pending's and those cancelled
+        # before they began (each takes _txn for an instant to see it): the at-fork hook
+        # waits for all of them (review rpl)
+        self._prefetches: list[Prefetch] = []
         if store is not None:
             leases.track(self)  # a forked child drops this ledger's lease
         self._set_leases(1, None)
@@ -338,6 +342,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         if (self._prefetch and self._pending is None and self._next is None
                 and leases.prefetch_due(self._lease_cap, lease.streak, lease.left)):
             self._pending = pending = Prefetch(lease)
+            self._prefetches = [p for p in self._prefetches if not p.done.is_set()]
+            self._prefetches.append(pending)
             pending.start(self._txn, self._prefetch_commit)
 
     def _prefetch_commit(self, pending: Prefetch) -> leases.Lease | None:

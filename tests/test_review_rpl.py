@@ -1,0 +1,85 @@
+"""Review rpl of task pl (two locks: ``_txn`` before ``_lock``; docs/theory.md §13
+"Locks"). Each test holds a thread at a chosen point with events (no sleeps)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard._ledger import _prefetch
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+
+class _GatedMutex:
+    """A Prefetch's ``_mutex`` whose acquisition by ``thread_name`` signals ``entered``
+    and waits for ``go`` (that thread then holds the ledger's ``_txn``)."""
+
+    def __init__(self, thread_name, entered, go):
+        self._real = threading.Lock()
+        self._name, self._entered, self._go = thread_name, entered, go
+
+    def __enter__(self):
+        if threading.current_thread().name == self._name:
+            self._entered.set()
+            assert self._go.wait(30)
+        return self._real.__enter__()
+
+    def __exit__(self, *exc):
+        return self._real.__exit__(*exc)
+
+
+def test_fork_while_a_cancelled_prefetch_holds_the_transaction_lock(tmp_path, monkeypatch):
+    # A prefetch cancelled before it began (a read took _txn first and settled it) still
+    # has a thread: it takes _txn to find it was cancelled. A fork in that instant copied
+    # _txn held by a thread the child does not have: the at-fork hook waited only for
+    # ledger._pending, which the settle had already dropped, and the child's first
+    # transaction then waited forever (here: killed by its alarm).
+    kept = []
+    monkeypatch.setattr(_prefetch.Prefetch, "start",
+                        lambda self, lock, body: kept.append((self, lock, body)))
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "k.db", prefetch=True)
+    while not kept:
+        ledger.charge(STEP)
+    pending, lock, body = kept[0]
+    ledger.epsilon()  # a read: _txn, settles the prefetch not begun (cancelled)
+    assert ledger._pending is None and pending.cancelled
+    entered, go = threading.Event(), threading.Event()
+    pending._mutex = _GatedMutex("cancelled-prefetch", entered, go)
+    thread = threading.Thread(target=pending.run, args=(lock, body),
+                              name="cancelled-prefetch")
+    thread.start()  # as Prefetch.start would have started it
+    assert entered.wait(30)  # it holds _txn, about to see it was cancelled
+    waited = pending.done
+
+    class Done(threading.Event):  # a fork hook that waits for the thread lets it go on
+        def wait(self, timeout=None):
+            go.set()
+            return waited.wait(timeout)
+
+        def is_set(self):
+            return waited.is_set()
+
+        def set(self):
+            waited.set()
+
+    pending.done = Done()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            signal.alarm(20)
+            with ledger._txn:  # what every transaction of the child takes first
+                code = 0
+        finally:
+            os._exit(code)
+    go.set()
+    thread.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pending.done.is_set() and pending.lease is None  # it committed nothing
+    ledger.charge(STEP)
+    ledger.close()
