@@ -83,3 +83,71 @@ def test_fork_while_a_cancelled_prefetch_holds_the_transaction_lock(tmp_path, mo
     assert pending.done.is_set() and pending.lease is None  # it committed nothing
     ledger.charge(STEP)
     ledger.close()
+
+
+def _in_thread(fn, name=None):
+    out, finished = [], threading.Event()
+
+    def body():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as exc:  # handed to the test
+            out.append(("raised", exc))
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=body, name=name)
+    thread.start()
+    return thread, out, finished
+
+
+def test_a_leased_step_during_a_rollback_journal_commit_waits_for_it(tmp_path, monkeypatch):
+    # The docs said a leased step "never waits" for a prefetch's commit. In rollback-journal
+    # mode the commit writes the main file, and until the prefetch's thread recorded the
+    # file as it left it, a step sees the file changed: it cannot tell that write from
+    # another writer's, so it syncs, i.e. waits for the commit (theory §13, "The leased
+    # step's check while a prefetch is in flight"). Held here between the COMMIT and that
+    # record: the step is handed out only once the prefetch let _txn go.
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", "rollback")
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "j.db", prefetch=True)
+    store = ledger._store
+    real = store._stat_key
+    committed, go = threading.Event(), threading.Event()
+
+    def held():
+        if threading.current_thread().name == "privguard-lease-prefetch":
+            committed.set()
+            assert go.wait(30)
+        return real()
+
+    monkeypatch.setattr(store, "_stat_key", held)
+    while ledger._pending is None:
+        ledger.charge(STEP)
+    assert committed.wait(30) and ledger._lease.left > 0
+    pending = ledger._pending
+    asked = threading.Event()
+
+    class Spy:  # the ledger's _txn, telling when the stepping thread asks for it
+        def __init__(self, lock):
+            self._real = lock
+
+        def __enter__(self):
+            if threading.current_thread().name == "stepper":
+                asked.set()
+            return self._real.__enter__()
+
+        def __exit__(self, *exc):
+            return self._real.__exit__(*exc)
+
+        def _is_owned(self):
+            return self._real._is_owned()
+
+    monkeypatch.setattr(ledger, "_txn", Spy(ledger._txn))
+    stepper, out, finished = _in_thread(lambda: ledger.charge(STEP), "stepper")
+    assert asked.wait(30)  # it saw the file changed and waits for the prefetch's _txn
+    assert not finished.is_set() and not pending.done.is_set()
+    go.set()
+    stepper.join(30)
+    assert out and out[0][0] == "ok", out
+    assert pending.done.is_set() and pending.lease is not None
+    ledger.close()

@@ -15,7 +15,9 @@ an in-memory ledger's repeat lane, which has no store and no prefetch). Order: `
 before ``_lock``, never the other way: a thread that holds ``_lock`` without ``_txn``
 never waits for ``_txn`` (it lets ``_lock`` go first). A transaction of the caller's
 thread holds both; a prefetch's transaction holds ``_txn`` and takes ``_lock`` only for
-an instant, so a leased step (``_lock`` alone) never waits for its commit.
+an instant, so a leased step (``_lock`` alone) waits for its commit only when it finds
+the file changed (the commit's own write in rollback-journal mode, or a checkpoint): it
+then syncs (``_from_lease``).
 """
 
 from __future__ import annotations
