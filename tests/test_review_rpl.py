@@ -7,6 +7,8 @@ import os
 import signal
 import threading
 
+import pytest
+
 from privguard import Ledger
 from privguard import mechanisms as M
 from privguard._ledger import _prefetch
@@ -151,3 +153,78 @@ def test_a_leased_step_during_a_rollback_journal_commit_waits_for_it(tmp_path, m
     assert out and out[0][0] == "ok", out
     assert pending.done.is_set() and pending.lease is not None
     ledger.close()
+
+
+OTHER = M.SubsampledGaussian(1.1, 0.01)
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+def test_threads_charging_one_ledger_with_prefetch_on(tmp_path, monkeypatch, mode):
+    # Several threads charge one file ledger (prefetch on): single steps, charge(times=3),
+    # a mechanism change now and then, can_afford, reads, a listener that charges, and
+    # another ledger of the same file writing meanwhile. Every step is handed out once
+    # (the indices each record covers are disjoint), the journal balances (every step this
+    # ledger spent is released or recorded unused) and the running ε never goes back.
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = tmp_path / "t.db"
+    ledger = Ledger(80.0, 1e-5, path=path, prefetch=True)
+    covered, errors, eps = [], [], []
+    mutex, inner, stop = threading.Lock(), threading.local(), threading.Event()
+
+    def keep(record, times):
+        with mutex:
+            covered.extend(range(record.index - times + 1, record.index + 1))
+
+    def listener(event):
+        if event.kind == "charge" and event.record.index % 41 == 0 \
+                and not getattr(inner, "on", False):
+            inner.on = True
+            try:
+                keep(ledger.charge(STEP), 1)
+            finally:
+                inner.on = False
+
+    ledger.add_listener(listener)
+    barrier = threading.Barrier(5)
+
+    def worker(k):
+        try:
+            barrier.wait(30)
+            for i in range(120):
+                mech = OTHER if k == 3 and i % 40 == 39 else STEP
+                times = 3 if k == 2 and i % 5 == 0 else 1
+                keep(ledger.charge(mech, times=times), times)
+                if k == 1 and i % 4 == 0:
+                    ledger.can_afford(mech)
+                if k == 0 and i % 10 == 0:
+                    eps.append(ledger.epsilon())
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    def foreign():
+        other = Ledger.open(path, lease=1)
+        try:
+            barrier.wait(30)
+            while not stop.is_set():
+                other.charge(M.SubsampledGaussian(2.0, 0.01), "foreign")
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+        finally:
+            other.close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    side = threading.Thread(target=foreign)
+    for t in [*threads, side]:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    side.join(60)
+    assert not errors, errors
+    assert len(covered) == len(set(covered))
+    assert eps == sorted(eps)
+    ledger.close()
+    reopened = Ledger.open(path, lease=1)
+    mine = sum(r.count for r in reopened.runs if r.label != "foreign")
+    assert mine == len(covered) + reopened.leased_unused
+    reopened.close()
