@@ -34,8 +34,8 @@ def _in_flight(ledger, entered):
     return released
 
 
-def _in_thread(fn):
-    """Run ``fn`` in a thread: (thread, result list, finished event)."""
+def _in_thread(fn, name=None):
+    """Run ``fn`` in a thread (named ``name``): (thread, result list, finished event)."""
     out, finished = [], threading.Event()
 
     def body():
@@ -46,7 +46,7 @@ def _in_thread(fn):
         finally:
             finished.set()
 
-    thread = threading.Thread(target=body)
+    thread = threading.Thread(target=body, name=name)
     thread.start()
     return thread, out, finished
 

@@ -8,6 +8,7 @@ import signal
 import threading
 
 import pytest
+from test_prefetch_locks import _in_thread
 
 from privguard import Ledger
 from privguard import mechanisms as M
@@ -85,22 +86,6 @@ def test_fork_while_a_cancelled_prefetch_holds_the_transaction_lock(tmp_path, mo
     assert pending.done.is_set() and pending.lease is None  # it committed nothing
     ledger.charge(STEP)
     ledger.close()
-
-
-def _in_thread(fn, name=None):
-    out, finished = [], threading.Event()
-
-    def body():
-        try:
-            out.append(("ok", fn()))
-        except BaseException as exc:  # handed to the test
-            out.append(("raised", exc))
-        finally:
-            finished.set()
-
-    thread = threading.Thread(target=body, name=name)
-    thread.start()
-    return thread, out, finished
 
 
 def test_a_leased_step_during_a_rollback_journal_commit_waits_for_it(tmp_path, monkeypatch):
