@@ -151,7 +151,19 @@ def test_threads_charging_one_ledger_with_prefetch_on(tmp_path, monkeypatch, mod
     # (the indices each record covers are disjoint), the journal balances (every step this
     # ledger spent is released or recorded unused) and the running ε never goes back.
     monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
-    path = tmp_path / "t.db"
+    _threads_charging(tmp_path / "t.db")
+
+
+def test_threads_charging_one_server_ledger_with_prefetch_on(pg):
+    # The same on the PostgreSQL store (no file check; the connection is the
+    # prefetch's and the caller's in turn, under _txn).
+    import _pgserver
+
+    srv, db, name = pg
+    _threads_charging(srv.url(_pgserver.OWNER, db, name))
+
+
+def _threads_charging(path):
     ledger = Ledger(80.0, 1e-5, path=path, prefetch=True)
     covered, errors, eps = [], [], []
     mutex, inner, stop = threading.Lock(), threading.local(), threading.Event()
