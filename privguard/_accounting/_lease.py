@@ -271,10 +271,11 @@ def track(ledger: Any) -> None:
 def _settle_before_fork() -> None:
     # A prefetch in flight finishes its commit first (or is cancelled before it begins):
     # the child never copies a ledger whose lock a background commit holds.
+    # Every one whose thread may still take the lock: one cancelled before it began (no
+    # longer the ledger's _pending) takes it for an instant to see so (review rpl).
     for ledger in list(_HOLDERS):
-        pending = getattr(ledger, "_pending", None)
-        if pending is not None:
-            pending.quiesce(ledger._lock)
+        for pending in list(getattr(ledger, "_prefetches", ())):
+            pending.quiesce(ledger._txn)
 
 
 def _drop_in_child() -> None:
@@ -282,6 +283,7 @@ def _drop_in_child() -> None:
         ledger._lease = None
         ledger._next = None  # a prefetched lease is the parent's, as its lease is
         ledger._pending = None
+        ledger._prefetches = []
 
 
 if hasattr(os, "register_at_fork"):

@@ -2,10 +2,22 @@
 
 A thin façade. :mod:`privguard._accounting._accounting` decides and applies (pure),
 :mod:`privguard._stores` persist and share the journal, :mod:`privguard._stores._state`
-serialises. The ledger adds one lock around decide-and-apply; its queries
+serialises. The ledger adds two locks (below) around decide-and-apply; its queries
 (:mod:`privguard._ledger._ledger_queries`), listeners (:mod:`privguard._ledger._listeners`) and
 state (:mod:`privguard._ledger._ledger_state`) are mixins. A ledger whose state proved
 unusable refuses everything (fail closed).
+
+Locks (docs/theory.md §13, "Prefetch"). ``_txn``, the transaction lock, is held across
+every store transaction (``_synced``), hence every change of a file or server
+ledger's journal and accounting; ``_lock``, the state lock, guards the in-memory state (the leases
+``_lease``/``_next``, the prefetch ``_pending``, ``_broken``, ``_held``; the accounting of
+an in-memory ledger's repeat lane, which has no store and no prefetch). Order: ``_txn``
+before ``_lock``, never the other way: a thread that holds ``_lock`` without ``_txn``
+never waits for ``_txn`` (it lets ``_lock`` go first). A transaction of the caller's
+thread holds both; a prefetch's transaction holds ``_txn`` and takes ``_lock`` only for
+an instant, so a leased step (``_lock`` alone) waits for its commit only when it finds
+the file changed (the commit's own write in rollback-journal mode, or a checkpoint): it
+then syncs (``_from_lease``).
 """
 
 from __future__ import annotations
@@ -159,7 +171,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._store.live = True
 
     def _setup(self, listeners: Any, store: Any) -> None:
-        self._lock = threading.RLock()
+        self._txn = threading.RLock()  # the transaction lock: taken before _lock
+        self._lock = threading.RLock()  # the state lock (the module docstring)
         self._broken: str | None = None
         self._held: str | None = None
         self._listeners: list[Callable[[LedgerEvent], None]] = []
@@ -178,6 +191,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
         self._next: leases.Lease | None = None  # a committed prefetch following _lease
         self._pending: Prefetch | None = None  # a prefetch in flight, or finished, unsettled
+        # Every prefetch whose thread may still take _txn, _pending's and those cancelled
+        # before they began (each takes _txn for an instant to see it): the at-fork hook
+        # waits for all of them (review rpl)
+        self._prefetches: list[Prefetch] = []
         if store is not None:
             leases.track(self)  # a forked child drops this ledger's lease
         self._set_leases(1, None)
@@ -231,7 +248,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         The unused remainder of a lease is recorded in the journal as a
         ``lease-unused`` event first (it stays spent).
         """
-        with self._lock:
+        with self._txn, self._lock:  # a prefetch in flight commits first
             if self._store is not None:
                 try:
                     self._settle()  # a prefetch in flight finished (or never begins)
@@ -283,16 +300,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
 
     # ------------------------------------------------------------- prefetch
     def _settle(self) -> None:
-        """Under the lock: a finished prefetch's lease becomes ``_next``; one not begun is
-        cancelled (it never begins); one that failed breaks the ledger and raises here
-        (fail closed: none of its steps is handed out). A refused one leaves nothing."""
+        """Under both locks (or ``_lock`` alone once ``_pending.done`` is set): a finished
+        prefetch's lease becomes ``_next``; one not begun is cancelled (it never begins);
+        one that failed breaks the ledger and raises here (fail closed: none of its steps
+        is handed out). A refused one leaves nothing."""
         pending = self._pending
         if pending is None:
             return
         self._pending = None
         if not pending.cancel():
             return  # not begun, now never
-        # Begun, hence finished: its whole transaction ran under the lock this thread holds.
+        # Begun, hence finished: its whole transaction ran under _txn, which this thread
+        # holds (or done was set: its result was set before it let _txn go).
         exc = pending.error
         if exc is not None:
             reason = f"a background lease commit failed ({type(exc).__name__}: {exc})"
@@ -312,25 +331,39 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 nxt.streak = cur.streak
             self._lease, self._next = nxt, None
 
+    def _settle_finished(self) -> None:
+        """Under ``_lock`` alone: :meth:`_settle` a prefetch that finished; one in flight
+        (or not begun) is left alone, as waiting for it would need ``_txn``."""
+        pending = self._pending
+        if pending is not None and pending.done.is_set():
+            self._settle()
+
     def _maybe_prefetch(self, lease: leases.Lease) -> None:
         """Under the lock, after ``lease`` handed out steps: start the background commit
         of the streak's next lease when due (one at a time)."""
         if (self._prefetch and self._pending is None and self._next is None
                 and leases.prefetch_due(self._lease_cap, lease.streak, lease.left)):
             self._pending = pending = Prefetch(lease)
-            pending.start(self._lock, self._prefetch_commit)
+            self._prefetches = [p for p in self._prefetches if not p.done.is_set()]
+            self._prefetches.append(pending)
+            pending.start(self._txn, self._prefetch_commit)
 
     def _prefetch_commit(self, pending: Prefetch) -> leases.Lease | None:
-        """The background thread's transaction, under the ledger's lock: the next lease of
+        """The background thread's transaction, under ``_txn`` (the state lock ``_lock``
+        only for the look at the state before it, so leased steps go on meanwhile;
+        docs/theory.md §13 "Prefetch"): the next lease of
         the current lease's key, through the decision and the sizing a lease taken when
         needed goes through (:meth:`_grown`), sized with the current remainder as one
         lease (Proposition 2 of docs/theory.md §13 unchanged). None: nothing committed
         (refused, no room, or the state moved on); its steps are handed out only after
         this returned (the commit)."""
         cur: leases.Lease = pending.after
-        if (self._broken is not None or self._held is not None or self._lease is not cur
-                or self._next is not None or cur.pid != os.getpid()):
-            return None
+        # While it is in flight _next stays None (one prefetch at a time, begun with none),
+        # and whatever else changes _lease or _held takes _txn, which this thread holds.
+        with self._lock:
+            if (self._broken is not None or self._held is not None or self._lease is not cur
+                    or self._next is not None or cur.pid != os.getpid()):
+                return None
         # Sized when it was due: the remainder held now is at most pending.left, so the
         # remainder plus this lease stays fewer than the bound at pending.released.
         held = pending.left
@@ -338,7 +371,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         if n < 1:
             return None
         mechanism, label, pid = cur.mechanism, cur.label, cur.pid
-        with self._synced(write=True) as txn:
+        with self._synced(write=True, background=True) as txn:
             verdict = self._acc.decide(mechanism, label, pid, 1)
             if not verdict.admitted:
                 return None  # refused: the step that needs it takes today's path
@@ -360,8 +393,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self.close()
 
     @contextlib.contextmanager
-    def _synced(self, write: bool) -> Iterator[Any]:
-        """The lock, and a store transaction in which the accounting is up to date.
+    def _synced(self, write: bool, background: bool = False) -> Iterator[Any]:
+        """Both locks, and a store transaction in which the accounting is up to date.
+        ``background`` (a prefetch's transaction): ``_txn`` only, and ``_lock`` for the
+        checks before it.
 
         A failure of the store (sync, write or commit) breaks the ledger: it
         then refuses everything (fail closed). So does a LedgerStateError of the
@@ -369,21 +404,24 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         chain); the body's other errors (BudgetExhausted, InvalidArgumentError)
         do not.
 
-        A prefetch (docs/theory.md §13, "Prefetch") is settled first: under the lock it
+        A prefetch (docs/theory.md §13, "Prefetch") is settled first: under ``_txn`` it
         has finished (its lease is then seen whole) or not begun (it is cancelled), so
         two reads with no charge between them see the same state.
         """
-        with self._lock:
-            if self._broken is not None:
-                raise LedgerStateError(f"ledger is unusable and refuses charges: {self._broken}")
-            if self._held is not None:
-                raise LedgerStateError(f"ledger refuses reads and charges for now: {self._held}")
-            if self._pending is not None and not self._pending.mine():
-                self._settle()
-            if write and self._store is not None and self._store.read_only:
-                # refused before the store is touched: the ledger stays readable
-                raise LedgerStateError(f"{self._store.path} was opened read-only: it cannot "
-                                       "be charged")
+        with self._txn, (contextlib.nullcontext() if background else self._lock):
+            with self._lock:
+                if self._broken is not None:
+                    raise LedgerStateError("ledger is unusable and refuses charges: "
+                                           f"{self._broken}")
+                if self._held is not None:
+                    raise LedgerStateError("ledger refuses reads and charges for now: "
+                                           f"{self._held}")
+                if self._pending is not None and not self._pending.mine():
+                    self._settle()
+                if write and self._store is not None and self._store.read_only:
+                    # refused before the store is touched: the ledger stays readable
+                    raise LedgerStateError(f"{self._store.path} was opened read-only: it "
+                                           "cannot be charged")
             transaction = self._backend.transaction(self._acc, write)
             txn = self._guard(transaction.__enter__)
             guarded = _GuardedTxn(self, txn)
@@ -423,8 +461,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def _hold(self, reason: str) -> bool:
         """Refuse every read and charge until :meth:`_unhold` (for a client such as a tuner
         whose trials must not touch this ledger); ``False`` if it is already held or broken.
+        A prefetch in flight commits first (``_txn``); one not begun then commits nothing.
         """
-        with self._lock:
+        with self._txn, self._lock:
             if self._broken is not None or self._held is not None:
                 return False
             self._held = reason
@@ -437,8 +476,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
 
     def _break(self, reason: str) -> None:
         """Refuse everything from now on (fail closed); the first cause is the one reported."""
-        if self._broken is None:
-            self._broken = reason
+        with self._lock:  # a prefetch's thread breaks it too (it holds _txn: lock order kept)
+            if self._broken is None:
+                self._broken = reason
 
     # ------------------------------------------------------------- charging
     def charge(self, mechanism: Mechanism, label: str | None = None, *,
@@ -493,7 +533,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             # A new mechanism's curve can take milliseconds: compute it (pure, cached)
             # before taking the store's lock, which other processes are waiting for.
             self._acc.curve(mechanism)
-        with self._lock:  # held across the transaction and the lease's installation
+        with self._txn, self._lock:  # across the transaction and the lease's installation
             # A prefetch finished (or is cancelled: it never begins), and its lease takes
             # over once the current one is used up.
             self._settle()
@@ -574,38 +614,59 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def can_afford(self, mechanism: Mechanism) -> bool:
         """Whether :meth:`charge` would admit ``mechanism`` now (same code path; records
         nothing). A step this process holds leased (already spent) is affordable."""
-        with self._lock:
+        pid = os.getpid()
+        with self._lock:  # a prefetch in flight is left to finish (it needs no answer here)
             if self._broken is None and self._held is None:
-                self._settle()
+                self._settle_finished()
                 self._promote()
-        lease = self._lease
-        if lease is not None and lease.covers(mechanism, lease.label, os.getpid(), 1) \
-                and self._broken is None and self._held is None:
-            if self._lease_stands(lease):  # the check a leased step makes (_from_lease)
+                lease = self._lease
+                if lease is not None and lease.covers(mechanism, lease.label, pid, 1) \
+                        and self._file_unchanged():  # the check a leased step makes
+                    return True
+        with self._synced(write=False):  # (the file changed: the sync verifies it)
+            self._promote()  # a prefetch that was in flight above is settled now
+            lease = self._lease
+            if lease is not None and lease.covers(mechanism, lease.label, pid, 1):
                 return True
-        with self._synced(write=False):
-            return self._acc.decide(mechanism, None, os.getpid()).admitted
+            return self._acc.decide(mechanism, None, pid).admitted
 
     def _from_lease(self, lease: leases.Lease, mechanism: Mechanism, label: str | None,
                     pid: int, times: int) -> ChargeRecord | None:
         """``times`` steps handed out from this process's lease (already admitted and
-        spent in the journal: no I/O, no grid arithmetic); None if the lease is gone."""
+        spent in the journal: no I/O, no grid arithmetic); None if the lease is gone.
+
+        Under ``_lock`` alone, so a prefetch's transaction in flight (``_txn``) never
+        delays it; only when the file changed since the store's last transaction (another
+        writer, a checkpoint, or the prefetch's own commit not yet recorded as seen) does
+        it let ``_lock`` go and sync in a read transaction (both locks, in order: it waits
+        for a prefetch in flight), which verifies the journal, before the step."""
         with self._lock:
-            # A held ledger refuses (the ordinary path raises), as a broken one; the lease's
-            # key never changes, and both callers checked it (covers) for this charge.
-            if self._broken is not None or self._held is not None or self._lease is not lease \
-                    or lease.left < times:
+            if not self._lease_open(lease, times):
                 return None
-            if not self._lease_stands(lease):
-                return None
-            record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
-            if self._prefetch:
-                self._maybe_prefetch(lease)
-            return record
+            if self._file_unchanged():
+                return self._take(lease, label, pid, times)
+        with self._synced(write=False):
+            return self._take(lease, label, pid, times) if self._lease_open(lease, times) \
+                else None
+
+    def _lease_open(self, lease: leases.Lease, times: int) -> bool:
+        """Under ``_lock``: whether ``lease`` is the current lease and hands out ``times``
+        steps. A held ledger refuses (the ordinary path raises), as a broken one; the
+        lease's key never changes, and every caller checked it (covers) for this charge."""
+        return (self._broken is None and self._held is None and self._lease is lease
+                and lease.left >= times)
+
+    def _take(self, lease: leases.Lease, label: str | None, pid: int, times: int
+              ) -> ChargeRecord:
+        """Under ``_lock``, the lease checked: ``times`` steps of it handed out."""
+        record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+        if self._prefetch:
+            self._maybe_prefetch(lease)
+        return record
 
     def _from_both(self, mechanism: Mechanism, label: str | None, pid: int, times: int
                    ) -> ChargeRecord | None:
-        """Under the lock: ``times`` steps handed out from the rest of the current lease and
+        """Under both locks: ``times`` steps handed out from the rest of the current lease and
         then the prefetched one (same key, both spent in the journal), when the current one
         alone is too short (a charge of ``times`` > 1). Review rpf: the prefetched lease was
         recorded unused at every such charge instead, up to B(r) − 1 steps each time, so a
@@ -627,16 +688,19 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._maybe_prefetch(nxt)
         return record
 
-    def _lease_stands(self, lease: leases.Lease) -> bool:
-        """Whether ``lease`` is still this ledger's after the check a leased step makes.
-
-        The file's identity at every leased step, as at every transaction: replaced or
-        deleted breaks the ledger (LedgerStateError); changed since the last transaction
-        (another writer, or rolled back in place) syncs first, which verifies the journal
-        and may drop the lease.
-        """
+    def _file_unchanged(self) -> bool:
+        """The check a leased step makes, with no transaction: the file's identity at
+        every leased step, as at every transaction: replaced or deleted breaks the ledger
+        (LedgerStateError); False when it changed since the store's last transaction
+        (another writer, a checkpoint, or rolled back in place): the caller syncs."""
         check = self._check_lease
-        if check is not None and not self._guard(check):
+        return check is None or bool(self._guard(check))
+
+    def _lease_stands(self, lease: leases.Lease) -> bool:
+        """Under both locks: whether ``lease`` is still this ledger's after the check a
+        leased step makes (:meth:`_file_unchanged`; changed: a sync first, which
+        verifies the journal)."""
+        if not self._file_unchanged():
             with self._synced(write=False):
                 pass
         return self._lease is lease

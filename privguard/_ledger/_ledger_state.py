@@ -45,6 +45,7 @@ class LedgerState:
     _store: Any
     _broken: str | None
     _lock: Any
+    _txn: Any
     _pending: Any
 
     if TYPE_CHECKING:  # provided by the Ledger
@@ -153,7 +154,7 @@ class LedgerState:
 
             # A prefetch in flight commits first (one not begun never does): the file a
             # copy reopens holds what this ledger's reads show (docs/theory.md §13).
-            with self._lock:
+            with self._txn, self._lock:
                 if self._pending is not None:
                     self._settle()
 

@@ -3,15 +3,19 @@
 A lease commit (an fsync, or a server round trip) stalls the training step that
 needs it. A prefetch takes the streak's next lease while the current one still
 has a few steps: in one background thread, through the ledger's own lease
-transaction (the ledger's lock held across it, as a charge from another thread
-would hold it), so the commit overlaps training (sqlite3 and psycopg release the
-GIL during I/O). Its steps are handed out only once the current lease is used
-up and only after its commit returned (docs/theory.md §13, "Prefetch").
+transaction, so the commit overlaps training and the leased steps themselves
+(sqlite3 and psycopg release the GIL during I/O). Its steps are handed out only
+once the current lease is used up and only after its commit returned
+(docs/theory.md §13, "Prefetch").
 
-The state machine is this object's: a thread that holds the ledger's lock sees a
-prefetch either not begun (it cancels it: the thread then does nothing) or
-finished (its lease, its refusal or its error), never half-way, since the whole
-transaction runs under that lock.
+The thread holds the ledger's *transaction* lock (``Ledger._txn``) across its whole
+transaction, and the ledger's state lock (``Ledger._lock``, which a leased step
+takes) only for an instant, to look at the state before it (lock order: the
+transaction lock first). The state machine is this object's: a thread that holds
+the transaction lock sees a prefetch either not begun (it cancels it: the thread
+then does nothing) or finished (its lease, its refusal or its error), never
+half-way; a thread that holds only the state lock may find it in flight, and then
+leaves it alone (``done`` says when it finished).
 """
 
 from __future__ import annotations
@@ -42,7 +46,10 @@ class Prefetch:
         return self.ident == threading.get_ident()
 
     def run(self, lock: Any, body: Callable[[Prefetch], Any]) -> None:
-        """The thread's body: ``body(self)`` under ``lock`` unless cancelled first."""
+        """The thread's body: ``body(self)`` under ``lock`` (the ledger's transaction
+        lock) unless cancelled first. Its result is set before ``lock`` is let go, and
+        ``done`` after (a fork waits for ``done``: the child never inherits ``lock``
+        held by this thread)."""
         self.ident = threading.get_ident()
         try:
             with lock:
@@ -74,9 +81,10 @@ class Prefetch:
 
     def quiesce(self, lock: Any) -> None:
         """Before a fork: cancel it if not begun, and wait until its thread let go of
-        ``lock`` (a cancelled thread may hold it for an instant), else a child inherits a
-        lock held by a thread it does not have. Not when this thread holds ``lock``: the
-        prefetch then has not begun, and the child's lock is this thread's."""
+        ``lock``, the ledger's transaction lock (a cancelled thread may hold it for an
+        instant), else a child inherits a lock held by a thread it does not have. Not
+        when this thread holds ``lock``: the prefetch then has not begun or has
+        finished, and the child's lock is this thread's."""
         self.cancel()
         if not lock._is_owned():
             self.done.wait()
