@@ -1,0 +1,150 @@
+"""Review bd: bad input and fail-closed leftovers.
+
+Unknown journal event kinds refuse to load; huge curves charged again stay warning-free
+and refused; messages name the argument the user passed; arguments are checked before a
+store is touched.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from privguard import InvalidArgumentError, Ledger, LedgerStateError, Plan, mechanism_from_dict
+from privguard import mechanisms as M
+from privguard._accounting._accounting import Change
+from privguard._stores._integrity import Integrity
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+NOTE = {"event": "note", "time": 0.0, "pid": 1}  # as a newer version might write one
+
+
+def _log_event(ledger, body):
+    """What the ledger does for an event it logs (a lease's remainder), with ``body``:
+    a journal that a newer version, writing an event this one does not know, left."""
+    with ledger._synced(write=True) as txn:
+        ledger._acc.replay_event(body)
+        txn.write(ledger._acc, [Change("event", body=body)])
+
+
+# -- 1. an unknown event kind fails closed ---------------------------------------------------
+def test_a_sqlite_journal_with_an_unknown_event_kind_never_opens(tmp_path):
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(STEP)
+    _log_event(ledger, NOTE)
+    ledger.close()
+    with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
+        Ledger.open(path)
+
+
+def test_an_unknown_event_kind_appended_by_another_process_is_refused(tmp_path):
+    path = tmp_path / "l.db"
+    reader = Ledger(3.0, 1e-5, path=path)
+    reader.charge(STEP)
+    writer = Ledger.open(path)
+    _log_event(writer, NOTE)
+    writer.close()
+    with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
+        reader.charge(STEP)
+
+
+def test_a_postgres_journal_with_an_unknown_event_kind_never_opens(pg):
+    srv, db, name = pg
+    url = srv.url("budget_owner", db, name)
+    ledger = Ledger(3.0, 1e-5, path=url)
+    ledger.charge(STEP)
+    _log_event(ledger, NOTE)
+    ledger.close()
+    with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
+        Ledger.open(url)
+
+
+@pytest.mark.parametrize("body", [NOTE, {"event": 3}, {"time": 0.0}, {"event": None}])
+def test_a_state_with_an_unknown_event_kind_never_loads(body):
+    ledger = Ledger(3.0, 1e-5)
+    ledger.charge(STEP)
+    state = ledger.state_dict()
+    state["journal"].append(["event", body])
+    state["checksum"] = Integrity(None).digest(
+        "state", {k: v for k, v in state.items() if k != "checksum"})
+    for load in (Ledger.load_state_dict, Ledger(3.0, 1e-5).load_state_dict):
+        with pytest.raises(LedgerStateError, match="unknown to this privguard"):
+            load(state)
+
+
+# -- 2. a huge curve charged again: +inf, refused, no warning ----------------------------------
+@pytest.mark.parametrize("make", [lambda: M.PureDP(1e308), lambda: M.ZCDP(1e308)],
+                         ids=["pure", "zcdp"])
+def test_a_huge_curve_charged_again_is_inf_without_a_warning(make):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        unbudgeted = Ledger(delta=1e-5)
+        unbudgeted.charge(make(), times=3)
+        unbudgeted.charge(make())
+        assert (unbudgeted.spent == float("inf")).any()
+        budgeted = Ledger(epsilon=1e308, delta=1e-5)
+        with pytest.raises(Exception, match="refused"):
+            for _ in range(3):
+                budgeted.charge(make())
+        assert len(budgeted.history) <= 1
+
+
+def test_the_repeated_charge_search_past_the_float_range_is_warning_free():
+    # the streak's limit search (privguard/_accounting/_fastpath.py) probes base + n × curve
+    # past 1.8e308 for a curve of 1e307 under a budget of 1.7e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ledger = Ledger(epsilon=1.7e308, delta=1e-5)
+        for _ in range(3):
+            ledger.charge(M.PureDP(1e307))
+        assert len(ledger.history) == 3
+
+
+# -- 4. every argument is checked before the store is touched ----------------------------------
+@pytest.mark.parametrize("bad", [5, "print", [print, 1], [None]])
+def test_bad_listeners_are_refused_before_the_ledger_file_is_created(tmp_path, bad):
+    path = tmp_path / "l.db"
+    with pytest.raises(InvalidArgumentError) as info:
+        Ledger(3.0, 1e-5, path=path, listeners=bad)
+    assert info.value.argument == "listeners" and "listeners=" in str(info.value)
+    assert not path.exists()
+
+
+def test_bad_listeners_are_refused_before_a_ledger_file_is_opened(tmp_path, monkeypatch):
+    path = tmp_path / "l.db"
+    Ledger(3.0, 1e-5, path=path).close()
+    import privguard._ledger._ledger as _ledger
+
+    monkeypatch.setattr(_ledger, "open_store", lambda *a, **k: pytest.fail("store opened"))
+    with pytest.raises(InvalidArgumentError) as info:
+        Ledger.open(path, listeners=[1])
+    assert info.value.argument == "listeners"
+
+
+# -- 3. a refusal names the argument the caller passed ---------------------------------------
+def _parent():
+    return Ledger(3.0, 1e-5)
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: mechanism_from_dict(5), "data"),
+    (lambda: mechanism_from_dict({"type": "Gaussian"}), "data"),
+    (lambda: Plan.from_dict(5), "data"),
+    (lambda: _parent().child(5), "budget"),
+    (lambda: _parent().child([1.0, -1.0]), "budget"),
+    (lambda: _parent().child(float("nan")), "budget"),
+    (lambda: _parent().add_listener(5), "fn"),
+    (lambda: _parent().remove_listener(print), "fn"),
+])
+def test_a_refusal_names_the_public_argument(call, name):
+    with pytest.raises(InvalidArgumentError) as info:
+        call()
+    assert info.value.argument == name and str(info.value).startswith(f"{name}=")
+
+
+def test_a_child_still_names_delta():
+    with pytest.raises(InvalidArgumentError) as info:
+        _parent().child(M.PureDP(1.0), delta=2.0)
+    assert info.value.argument == "delta"
