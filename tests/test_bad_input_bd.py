@@ -148,3 +148,46 @@ def test_a_child_still_names_delta():
     with pytest.raises(InvalidArgumentError) as info:
         _parent().child(M.PureDP(1.0), delta=2.0)
     assert info.value.argument == "delta"
+
+
+# -- 5. plot -o DIRECTORY: refused (as cc -o, curl -o), naming it and a file inside it -----------
+def test_plot_to_a_directory_is_refused_naming_it_and_a_file_to_write(tmp_path, capsys):
+    from privguard._cli._cli import main
+
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / "l.db")
+    ledger.charge(STEP)
+    ledger.close()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["plot", str(tmp_path / "l.db"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and str(out / "eps.png") in err
+    assert list(out.iterdir()) == [] and not (tmp_path / "out.png").exists()
+
+
+# -- 6. an absurd hybrid target is refused before any PLD search ------------------------------
+@pytest.mark.parametrize("epsilon", [100.5, 1e3, 1e6, 1e300])
+@pytest.mark.parametrize("plan", [None, STEP, M.Gaussian(1e-3)], ids=["none", "sgm", "gauss"])
+def test_a_hybrid_target_beyond_its_range_is_refused_before_any_pld_search(
+        monkeypatch, epsilon, plan):
+    from privguard._accounting import _hybrid
+
+    monkeypatch.setattr(_hybrid, "_envelope_steps", lambda *a: pytest.fail("PLD search"))
+    with pytest.raises(InvalidArgumentError) as info:
+        Ledger(epsilon, 1e-5, filter="hybrid", plan=plan)
+    assert info.value.argument == "epsilon" and "filter='rdp'" in str(info.value)
+
+
+def test_the_hybrid_range_refuses_no_rdp_ledger_and_keeps_its_end():
+    assert Ledger(1e6, 1e-5, plan=STEP).target == (1e6, 1e-5)
+    assert Ledger(100.0, 1e-5, filter="hybrid").target == (100.0, 1e-5)
+
+
+def test_a_stored_hybrid_ledger_beyond_the_range_still_opens(tmp_path, monkeypatch):
+    from privguard._accounting import _hybrid
+
+    path = tmp_path / "l.db"
+    with monkeypatch.context() as mp:  # as a version before the range wrote it
+        mp.setattr(_hybrid, "MAX_EPSILON", 1e9, raising=False)
+        Ledger(150.0, 1e-5, filter="hybrid", path=path).close()
+    assert Ledger.open(path).target == (150.0, 1e-5)

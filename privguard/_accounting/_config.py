@@ -113,6 +113,18 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _check_hybrid_epsilon(epsilon: float) -> None:
+    """Refuse a new hybrid target ε beyond ``MAX_EPSILON`` (docs/theory.md §2b, "The range
+    of ε"), at once: its PLD search would take minutes."""
+    from privguard._accounting._hybrid import MAX_EPSILON
+
+    if epsilon > MAX_EPSILON:
+        raise InvalidArgumentError(
+            "epsilon", epsilon, f"must be <= {MAX_EPSILON:g} with filter='hybrid' (docs/"
+            "theory.md §2b, 'The range of ε': beyond it e^ε protects nothing and part A's "
+            "PLD search takes minutes); use filter='rdp' for such a target")
+
+
 def _check_hybrid_plan(step: Any) -> None:
     """Refuse ``filter="hybrid"`` for a plan step privguard has no certified PLD envelope for.
 
@@ -178,6 +190,8 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
                                    "give either (epsilon, delta) or rdp_budget, not both")
     if epsilon is not None:
         eps = check.positive_finite("epsilon", epsilon)
+        if filter == "hybrid":
+            _check_hybrid_epsilon(eps)
         if d is None:
             raise InvalidArgumentError("delta", delta, "an (ε, δ) budget needs delta in (0, 1)")
         if shares is not None and not shares.needs_plan:

@@ -362,8 +362,10 @@ def _check_output(out: Any) -> None:
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise InvalidArgumentError("output", out, f"directory {directory} does not exist")
-    if os.path.isdir(out):
-        raise InvalidArgumentError("output", out, "is a directory")
+    if os.path.isdir(out):  # as cc -o, curl -o, sort -o: an output option names a file
+        raise InvalidArgumentError("output", out, f"is a directory ({os.path.abspath(out)}): "
+                                   "name the image file, e.g. "
+                                   f"{os.path.join(os.fspath(out), 'eps.png')}")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise InvalidArgumentError("output", out, f"directory {directory} is not writable")
 
