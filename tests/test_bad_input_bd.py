@@ -29,12 +29,17 @@ def _log_event(ledger, body):
 
 
 # -- 1. an unknown event kind fails closed ---------------------------------------------------
-def test_a_sqlite_journal_with_an_unknown_event_kind_never_opens(tmp_path):
-    path = tmp_path / "l.db"
+def _with_a_note(path):
+    """``path``'s ledger, charged once and then given a "note" event; returns ``path``."""
     ledger = Ledger(3.0, 1e-5, path=path)
     ledger.charge(STEP)
     _log_event(ledger, NOTE)
     ledger.close()
+    return path
+
+
+def test_a_sqlite_journal_with_an_unknown_event_kind_never_opens(tmp_path):
+    path = _with_a_note(tmp_path / "l.db")
     with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
         Ledger.open(path)
 
@@ -52,11 +57,7 @@ def test_an_unknown_event_kind_appended_by_another_process_is_refused(tmp_path):
 
 def test_a_postgres_journal_with_an_unknown_event_kind_never_opens(pg):
     srv, db, name = pg
-    url = srv.url("budget_owner", db, name)
-    ledger = Ledger(3.0, 1e-5, path=url)
-    ledger.charge(STEP)
-    _log_event(ledger, NOTE)
-    ledger.close()
+    url = _with_a_note(srv.url("budget_owner", db, name))
     with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
         Ledger.open(url)
 
