@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
-from privguard import InvalidArgumentError, Ledger, LedgerStateError, Plan, mechanism_from_dict
+from privguard import (
+    InvalidArgumentError,
+    Ledger,
+    LedgerStateError,
+    Odometer,
+    Plan,
+    mechanism_from_dict,
+)
 from privguard import mechanisms as M
 from privguard._accounting._accounting import Change
 from privguard._stores._integrity import Integrity
+from privguard.audit import guess_and_count
+from privguard.tuning import (
+    dpsgd_cost,
+    paper_extrapolation,
+    project_bounded_simplex,
+    project_density,
+)
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
 NOTE = {"event": "note", "time": 0.0, "pid": 1}  # as a newer version might write one
@@ -192,3 +207,93 @@ def test_a_stored_hybrid_ledger_beyond_the_range_still_opens(tmp_path, monkeypat
         mp.setattr(_hybrid, "MAX_EPSILON", 1e9, raising=False)
         Ledger(150.0, 1e-5, filter="hybrid", path=path).close()
     assert Ledger.open(path).target == (150.0, 1e-5)
+
+
+# -- the sweep -------------------------------------------------------------------------------
+ARRAY = np.array([1.0, 2.0])
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: Ledger(3.0, 1e-5, odometer=ARRAY), "odometer"),
+    (lambda: Ledger(3.0, 1e-5, odometer=np.array("tight")), "odometer"),
+    (lambda: Ledger(3.0, 1e-5, filter=ARRAY), "filter"),
+    (lambda: Odometer([2.0, 3.0], mode=ARRAY), "mode"),
+    (lambda: Odometer([2.0, 3.0], mode="fast"), "mode"),
+    (lambda: paper_extrapolation(optimizer=ARRAY), "optimizer"),
+])
+def test_an_array_where_a_name_goes_is_refused_naming_it(call, name):
+    with pytest.raises(InvalidArgumentError) as info:
+        call()
+    assert info.value.argument == name
+
+
+@pytest.mark.parametrize("params,name", [
+    (None, "params"), ({}, "params"), ({"sample_rate": 0.01}, "params"),
+    ({"sample_rate": "0.01", "steps": 10}, "sample_rate"),
+    ({"sample_rate": 10**400, "steps": 10}, "sample_rate"),
+    ({"sample_rate": ARRAY, "steps": 10}, "sample_rate"),
+    ({"sample_rate": 0.01, "steps": float("nan")}, "steps"),
+    ({"sample_rate": 0.01, "steps": float("inf")}, "steps"),
+    ({"sample_rate": 0.01, "steps": 10.7}, "steps"),
+    ({"sample_rate": 0.01, "steps": True}, "steps"),
+    ({"sample_rate": 0.01, "steps": ARRAY}, "steps"),
+])
+def test_dpsgd_cost_checks_each_candidate(params, name):
+    with pytest.raises(InvalidArgumentError) as info:
+        dpsgd_cost(3.0, 1e-5)(params)
+    assert info.value.argument == name
+
+
+def test_dpsgd_cost_takes_a_whole_float_step_count():
+    cost = dpsgd_cost(3.0, 1e-5)
+    assert cost({"sample_rate": 0.01, "steps": 100.0}) == cost({"sample_rate": 0.01, "steps": 100})
+
+
+P = np.array([0.5, 0.5])
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda: project_bounded_simplex({}, P * 0, P * 2), "p"),
+    (lambda: project_bounded_simplex(["a", "b"], P * 0, P * 2), "p"),
+    (lambda: project_bounded_simplex(P, [10**400, 0], P * 2), "lower"),
+    (lambda: project_bounded_simplex(P, P * 0, [1j, 1j]), "upper"),
+    (lambda: project_density(P, P, None, 0.5), "C"),
+    (lambda: project_density(P, P, "2", 0.5), "C"),
+    (lambda: project_density(P, P, 2.0, 10**400), "c"),
+    (lambda: project_density(P, [1e308, 1e308], 2.0, 0.5), "upper"),
+    (lambda: project_density(P, "", 2.0, 0.5), "prior"),
+])
+def test_the_projections_check_their_arguments(call, name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+    assert info.value.argument == name
+
+
+SCORES, INCLUDED = np.array([3.0, 2.0, 1.0, 0.0]), np.array([True, False, True, False])
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(scores=float("nan")), "scores"),
+    (dict(included=float("nan")), "included"),
+    (dict(included=INCLUDED[:3]), "included"),
+    (dict(included=INCLUDED.astype(float)), "included"),
+    (dict(k_in=float("nan")), "k_in"),
+    (dict(k_in=ARRAY), "k_in"),
+    (dict(k_in=np.uint64(2**64 - 1)), "k_in"),
+    (dict(k_out=-1), "k_out"),
+    (dict(k_in=3, k_out=2), "k_out"),
+])
+def test_guess_and_count_checks_its_arguments(kw, name):
+    args = dict(scores=SCORES, included=INCLUDED, k_in=1, k_out=1) | kw
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InvalidArgumentError) as info:
+            guess_and_count(**args)
+    assert info.value.argument == name
+
+
+def test_guess_and_count_still_counts():
+    assert guess_and_count(SCORES, INCLUDED, 1, 1) == (2, 2)
+    assert guess_and_count(SCORES, INCLUDED, 2, 2) == (4, 2)

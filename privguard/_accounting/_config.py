@@ -171,9 +171,10 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
     """Validate the arguments of ``Ledger(...)`` into a :class:`Config`."""
     grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
     mode = DEFAULT_ODOMETER if odometer is None else odometer
-    if mode not in NEW_ODOMETER_MODES:
+    if not isinstance(mode, str) or mode not in NEW_ODOMETER_MODES:  # an array's `in` raised
         hint = ("is retired: the mixture odometer reports less and is never above it; files "
-                "and states written with it still open" if mode == "tight" else "")
+                "and states written with it still open" if isinstance(mode, str) and mode == "tight"
+                else "")
         raise InvalidArgumentError("odometer", odometer, hint or f"must be one of "
                                    f"{NEW_ODOMETER_MODES}")
     d = None if delta is None else check.delta("delta", delta)
@@ -181,7 +182,7 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
     if shares is not None and not isinstance(shares, DeltaShares):
         raise InvalidArgumentError("shares", shares,
                                    "must be Uniform(), Concentrated(...) or Explicit(...)")
-    if filter is not None and filter not in FILTERS:
+    if filter is not None and (not isinstance(filter, str) or filter not in FILTERS):
         raise InvalidArgumentError("filter", filter, f"must be one of {FILTERS}")
     if filter == "hybrid" and the_plan is not None:
         _check_hybrid_plan(the_plan.step)
