@@ -297,3 +297,13 @@ def test_guess_and_count_checks_its_arguments(kw, name):
 def test_guess_and_count_still_counts():
     assert guess_and_count(SCORES, INCLUDED, 1, 1) == (2, 2)
     assert guess_and_count(SCORES, INCLUDED, 2, 2) == (4, 2)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "a&sslmode=disable", "a#b", 5])
+def test_server_init_names_a_bad_ledger_name_as_ledger(name):
+    pytest.importorskip("psycopg")
+    from privguard._stores._pgadmin import server_init
+
+    with pytest.raises(InvalidArgumentError) as info:  # before any connection is tried
+        server_init("postgresql://x@127.0.0.1:1/db", name, 1.0, 1e-5)
+    assert info.value.argument == "ledger"
