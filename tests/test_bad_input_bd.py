@@ -307,3 +307,22 @@ def test_server_init_names_a_bad_ledger_name_as_ledger(name):
     with pytest.raises(InvalidArgumentError) as info:  # before any connection is tried
         server_init("postgresql://x@127.0.0.1:1/db", name, 1.0, 1e-5)
     assert info.value.argument == "ledger"
+
+
+@pytest.mark.parametrize("bad", ["no", 1, None, np.array([True, False])])
+def test_ledger_accountant_charge_is_a_flag(bad):
+    pytest.importorskip("opacus")
+    from privguard.integrations.opacus import LedgerAccountant
+
+    with pytest.raises(InvalidArgumentError) as info:
+        LedgerAccountant(Ledger(delta=1e-5), charge=bad)
+    assert info.value.argument == "charge"
+
+
+def test_a_dp_hypo_prior_beyond_the_float_range_is_refused_naming_it():
+    from privguard.tuning import Choice, DPHyPOSearch, TruncatedNegativeBinomial
+
+    with pytest.raises(InvalidArgumentError) as info:
+        DPHyPOSearch({"a": Choice([1, 2])}, TruncatedNegativeBinomial(0.5, gamma=0.5),
+                     cost=STEP, prior=10**400, update=lambda h, p: p, progress=False)
+    assert info.value.argument == "prior"
