@@ -326,3 +326,14 @@ def test_a_dp_hypo_prior_beyond_the_float_range_is_refused_naming_it():
         DPHyPOSearch({"a": Choice([1, 2])}, TruncatedNegativeBinomial(0.5, gamma=0.5),
                      cost=STEP, prior=10**400, update=lambda h, p: p, progress=False)
     assert info.value.argument == "prior"
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 10**9, 1.0, "1", True, np.array([1, 2]), None])
+def test_a_runs_record_outside_the_run_is_refused(bad):
+    ledger = Ledger(3.0, 1e-5)
+    ledger.charge(STEP, times=3)
+    run = ledger.runs[0]
+    with pytest.raises(InvalidArgumentError) as info:
+        run.record(bad)
+    assert info.value.argument == "i"
+    assert [run.record(i) for i in range(3)] == list(ledger.history)

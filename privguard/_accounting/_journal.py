@@ -90,7 +90,23 @@ class Run(NamedTuple):
     pid: int
 
     def record(self, i: int) -> ChargeRecord:
-        """The i-th charge of the run (0 ≤ i < count) as a :class:`ChargeRecord`."""
+        """The i-th charge of the run (0 ≤ i < count) as a :class:`ChargeRecord`.
+
+        Raises:
+            InvalidArgumentError: ``i`` is not an integer in [0, count) (review bd: -1 or
+                10⁹ gave a record of a charge the run does not hold).
+        """
+        from privguard import _validation as check
+        from privguard._errors import InvalidArgumentError
+
+        n = check._as_int("i", i)
+        if not 0 <= n < self.count:
+            raise InvalidArgumentError("i", i, f"must lie in [0, {self.count}) (the run's "
+                                       "charges)")
+        return self._record(n)
+
+    def _record(self, i: int) -> ChargeRecord:
+        """:meth:`record` for an ``i`` known to be in range (the journal's own reads)."""
         t = self.first_time if i == 0 else self.last_time if i == self.count - 1 else None
         return ChargeRecord(self.start + i, self.label, self.mechanism, t, self.pid)
 
@@ -123,12 +139,12 @@ class History(Sequence[ChargeRecord]):
         if not 0 <= i < self._len:
             raise IndexError("history index out of range")
         run = self._runs[bisect.bisect_right(self._starts, i) - 1]
-        return run.record(i - run.start)
+        return run._record(i - run.start)
 
     def __iter__(self) -> Iterator[ChargeRecord]:
         for run in self._runs:
             for i in range(run.count):
-                yield run.record(i)
+                yield run._record(i)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, History):

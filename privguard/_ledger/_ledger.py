@@ -552,7 +552,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                     run = changes[-1].run
                     assert run is not None
                     spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
-                    record = run.record(run.count - 1 - spare)
+                    record = run._record(run.count - 1 - spare)
                     new_lease = None if self._lease_cap <= 1 else leases.Lease(
                         run.mechanism, label, pid, spare, run.start + run.count - spare,
                         streak + times)
