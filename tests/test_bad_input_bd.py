@@ -337,3 +337,45 @@ def test_a_runs_record_outside_the_run_is_refused(bad):
         run.record(bad)
     assert info.value.argument == "i"
     assert [run.record(i) for i in range(3)] == list(ledger.history)
+
+
+def _opacus_step(sample_rate):
+    """An Opacus optimizer (PRV accountant hooked) attached with ``sample_rate``; one step."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations.opacus import attach
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+    ledger = Ledger(3.0, 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the designed AccountantWarning (PRV engine)
+        attach(opt, ledger, sample_rate=sample_rate, check_poisson=False)
+    x, y = next(iter(loader))
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    try:
+        opt.step()
+    finally:
+        assert len(ledger.history) <= 1
+    return ledger
+
+
+@pytest.mark.parametrize("bad", ["0.1", None, True, 10**400, [0.1, 0.2], float("nan")],
+                         ids=["str", "none", "bool", "huge-int", "list", "nan"])
+def test_a_sample_rate_callable_returning_a_bad_value_is_refused_uncharged(bad):
+    with pytest.raises(InvalidArgumentError) as info:
+        _opacus_step(lambda: bad)
+    assert info.value.argument == "sample_rate"
+
+
+def test_a_subnormal_sample_rate_attaches_under_a_prv_engine():
+    # the PRV warning's epoch of 1/q steps was inf: OverflowError escaped attach
+    assert len(_opacus_step(1e-320).history) == 1
