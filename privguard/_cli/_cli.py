@@ -20,7 +20,8 @@ and shows the target the file claims and the command that confirms it.
 
 ``report``, ``plot`` and ``verify`` open the file read-only. A path that is
 not a regular file (a FIFO, a directory, a device) is refused before it is
-opened, and ``plot`` checks its output path before computing. Exit status: 0
+opened, and ``plot`` checks its output path before computing (``-o`` names the image
+file; a directory is refused, naming a file inside it). Exit status: 0
 on success, 2 when the ledger cannot be read or fails verification (it fails
 closed: an inconsistent file is reported, never repaired), 1 on other errors.
 """
