@@ -379,3 +379,13 @@ def test_a_sample_rate_callable_returning_a_bad_value_is_refused_uncharged(bad):
 def test_a_subnormal_sample_rate_attaches_under_a_prv_engine():
     # the PRV warning's epoch of 1/q steps was inf: OverflowError escaped attach
     assert len(_opacus_step(1e-320).history) == 1
+
+
+@pytest.mark.parametrize("name", ["num_cpus", "num_gpus"])
+@pytest.mark.parametrize("bad", [10**400, -1, float("nan"), True, "1"], ids=str)
+def test_ray_resources_beyond_the_float_range_are_refused_naming_them(name, bad):
+    from privguard.integrations.ray import RayExecutor
+
+    with pytest.raises(InvalidArgumentError) as info:
+        RayExecutor(**{name: bad})
+    assert info.value.argument == name
