@@ -389,3 +389,15 @@ def test_ray_resources_beyond_the_float_range_are_refused_naming_them(name, bad)
     with pytest.raises(InvalidArgumentError) as info:
         RayExecutor(**{name: bad})
     assert info.value.argument == name
+
+
+def test_a_checkpoint_listing_an_unknown_event_kind_is_unreadable():
+    # a store opened from a checkpoint takes the events before it from the checkpoint's list
+    from privguard._accounting._accounting import Accounting
+
+    ledger = Ledger(3.0, 1e-5)
+    ledger.charge(STEP)
+    ledger._acc.replay_event(NOTE)  # fresh: a newer version's own event
+    snap = ledger._acc.snapshot()
+    with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
+        Accounting.from_snapshot(snap)

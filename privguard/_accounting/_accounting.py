@@ -632,6 +632,10 @@ class Accounting:
             if acc.filter is not None:
                 acc.filter.load_state(snap["filter_state"] or {})
             acc.events = list(snap["events"])
+            for i, body in enumerate(acc.events):  # the events before it (review bd)
+                if not isinstance(body, dict):
+                    raise LedgerStateError(f"checkpoint event {i} is not a dict")
+                check_event_kind(body, f"checkpoint event {i}")
         except LedgerStateError:
             raise
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,
