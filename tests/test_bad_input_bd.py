@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from privguard import (
+    BudgetExhausted,
     InvalidArgumentError,
     Ledger,
     LedgerStateError,
@@ -101,7 +102,7 @@ def test_a_huge_curve_charged_again_is_inf_without_a_warning(make):
         unbudgeted.charge(make())
         assert (unbudgeted.spent == float("inf")).any()
         budgeted = Ledger(epsilon=1e308, delta=1e-5)
-        with pytest.raises(Exception, match="refused"):
+        with pytest.raises(BudgetExhausted, match="refused"):
             for _ in range(3):
                 budgeted.charge(make())
         assert len(budgeted.history) <= 1
