@@ -402,3 +402,32 @@ def test_a_checkpoint_listing_an_unknown_event_kind_is_unreadable():
     snap = ledger._acc.snapshot()
     with pytest.raises(LedgerStateError, match="'note', unknown to this privguard"):
         Accounting.from_snapshot(snap)
+
+
+@pytest.fixture()
+def infinite_ledger(tmp_path):
+    path = tmp_path / "inf.db"
+    ledger = Ledger(delta=1e-5, path=path)
+    ledger.charge(M.PureDP(1e308), times=3)  # spent +inf at every order
+    ledger.close()
+    return path
+
+
+def test_report_json_of_an_infinite_epsilon_is_strict_json(infinite_ledger, capsys):
+    import json
+
+    from privguard._cli._cli import main
+
+    assert main(["report", str(infinite_ledger), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["running_epsilon"] == "inf" and data["naive_epsilon_not_a_guarantee"] == "inf"
+
+
+def test_plot_of_an_infinite_epsilon_draws_without_a_warning(infinite_ledger, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from privguard._cli._cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["plot", str(infinite_ledger), "-o", str(tmp_path / "e.png")]) == 0
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({result['rows_per_second']:,.0f} rows/s)"
                   f"{'; keyed' if result['keyed'] else ''}")
         else:
-            from privguard._cli._report import plot, print_report, report
+            from privguard._cli._report import json_ready, plot, print_report, report
             from privguard._stores._snapshot import snapshot
 
             with snapshot(args.path):  # read still, nothing written beside it (_snapshot.py)
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "report":
                 print(drawn)
             elif args.json:
-                json.dump(data, sys.stdout, indent=2, default=str, allow_nan=False)
+                json.dump(json_ready(data), sys.stdout, indent=2, default=str, allow_nan=False)
                 print()
             else:
                 print_report(data)
