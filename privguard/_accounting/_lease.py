@@ -174,8 +174,10 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
     from privguard._accounting._budget import rdp_meter
     from privguard._accounting._filters import DPFilter
 
-    if held:
-        spent = spent - held * curve
+    if held:  # past the float range (a huge curve; review rbd): +inf, or NaN where
+        # inf − inf, which rdp_meter reads as +inf (a smaller lease, never a larger charge)
+        with np.errstate(over="ignore", invalid="ignore"):
+            spent = spent - held * curve
 
     if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
@@ -196,7 +198,9 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
     room = FRACTION * (dp.epsilon - m0)
 
     def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
-        return rdp_meter(dp, spent + m * curve) - m0 <= room
+        with np.errstate(over="ignore"):  # +inf past the float range: refused (review rbd)
+            probe = spent + m * curve
+        return rdp_meter(dp, probe) - m0 <= room
 
     if fits(n):
         return n

@@ -1,0 +1,28 @@
+"""Review rbd (adversarial review of branch bd): findings, each with its test."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from privguard import Ledger
+from privguard import mechanisms as M
+
+ORDERS = [1.5, 2.0, 4.0, 8.0, 64.0]
+
+
+def test_a_lease_sized_past_the_float_range_is_warning_free(tmp_path):
+    # bd made base + n × curve warning-free in the journal and the fast path, but the
+    # lease's meter search (privguard/_accounting/_lease.py, meter_room) probed
+    # spent + m × curve past 1.8e308: under -W error the third charge, which the ε filter
+    # admits at α = 1.5, raised RuntimeWarning out of charge instead of being recorded.
+    ledger = Ledger(1e308, 1e-5, orders=ORDERS, path=tmp_path / "l.db", lease=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            ledger.charge(M.ZCDP(1e306))
+    held = len(ledger.history)  # the three, and the lease's steps taken with them
+    assert held >= 3
+    ledger.close()
+    assert len(Ledger.open(tmp_path / "l.db", read_only=True).history) == held
