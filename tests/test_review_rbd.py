@@ -26,3 +26,17 @@ def test_a_lease_sized_past_the_float_range_is_warning_free(tmp_path):
     assert held >= 3
     ledger.close()
     assert len(Ledger.open(tmp_path / "l.db", read_only=True).history) == held
+
+
+@pytest.mark.parametrize("budget,q", [(10.0, 1e-310), (1e308, 0.01)], ids=["subnormal-q", "huge"])
+def test_a_strict_lease_whose_room_passes_the_float_range_is_warning_free(tmp_path, budget, q):
+    # the strict filter's lease cap FRACTION × (b(α) − S(α)) / c(α) overflowed in the
+    # divide for a subnormal c(α) (a sample rate of 1e-310, budget 10) or a budget of
+    # 1e308: under -W error RuntimeWarning escaped charge (found by review rbd's fuzz)
+    ledger = Ledger(orders=ORDERS, rdp_budget=[budget] * len(ORDERS), delta=1e-5,
+                    path=tmp_path / "l.db", lease=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            ledger.charge(M.SubsampledGaussian(1.0, q))
+    assert len(ledger.history) >= 3

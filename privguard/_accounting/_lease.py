@@ -189,7 +189,9 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
         charged = (curve > 0) & np.isfinite(flt.budget)
         if not charged.any():
             return n
-        most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))
+        with np.errstate(over="ignore"):  # a subnormal c(α) (q = 1e-310): +inf, no cap
+            most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged])
+                                / curve[charged]))
         return n if not np.isfinite(most) else max(times, min(n, int(max(most, 0.0))))
     dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
     if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
