@@ -40,3 +40,20 @@ def test_a_strict_lease_whose_room_passes_the_float_range_is_warning_free(tmp_pa
         for _ in range(3):
             ledger.charge(M.SubsampledGaussian(1.0, q))
     assert len(ledger.history) >= 3
+
+
+def test_a_stored_hybrid_target_beyond_the_range_is_named_and_ledger_open_suggested(
+        tmp_path, monkeypatch):
+    # Ledger(150, δ, filter="hybrid", path=...) for a file written with that target before
+    # the bound is refused (a new configuration is built from the arguments); the message
+    # said only "use filter='rdp'", which that file refuses without a retarget (review rbd)
+    from privguard import InvalidArgumentError
+    from privguard._accounting import _hybrid
+
+    path = tmp_path / "l.db"
+    with monkeypatch.context() as mp:
+        mp.setattr(_hybrid, "MAX_EPSILON", 1e9)
+        Ledger(150.0, 1e-5, filter="hybrid", path=path).close()
+    with pytest.raises(InvalidArgumentError, match=r"Ledger\.open\(path\)"):
+        Ledger(150.0, 1e-5, filter="hybrid", path=path)
+    assert Ledger.open(path).target == (150.0, 1e-5)

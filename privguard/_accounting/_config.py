@@ -122,7 +122,8 @@ def _check_hybrid_epsilon(epsilon: float) -> None:
         raise InvalidArgumentError(
             "epsilon", epsilon, f"must be <= {MAX_EPSILON:g} with filter='hybrid' (docs/"
             "theory.md §2b, 'The range of ε': beyond it e^ε protects nothing and part A's "
-            "PLD search takes minutes); use filter='rdp' for such a target")
+            "PLD search takes minutes); use filter='rdp' for such a target (a ledger file "
+            "written with one before the bound opens with Ledger.open(path))")
 
 
 def _check_hybrid_plan(step: Any) -> None:
