@@ -535,7 +535,10 @@ def _called_rate(fn: Callable[[], Any]) -> float:
     float() took "0.1" and True, and let None, a huge int or a tensor of several values
     raise built-ins). A 0-d tensor or numpy scalar stands for its number."""
     value = fn()
-    if value is None or isinstance(value, (str, bytes, bool)):
+    # a numpy or torch bool (np.True_, torch.tensor(True)) is a bool too: float() made it
+    # q = 1, where sample_rate=np.True_ is refused (review rbd)
+    if value is None or isinstance(value, (str, bytes, bool)) or str(
+            getattr(value, "dtype", "")) in ("bool", "torch.bool"):
         raise InvalidArgumentError("sample_rate", value, "the callable must return a real "
                                    "number in (0, 1]")
     try:

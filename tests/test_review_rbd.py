@@ -57,3 +57,37 @@ def test_a_stored_hybrid_target_beyond_the_range_is_named_and_ledger_open_sugges
     with pytest.raises(InvalidArgumentError, match=r"Ledger\.open\(path\)"):
         Ledger(150.0, 1e-5, filter="hybrid", path=path)
     assert Ledger.open(path).target == (150.0, 1e-5)
+
+
+def _bool_values():
+    import numpy as np
+
+    values = [np.True_, np.array(True)]
+    try:
+        import torch
+    except ImportError:
+        return values
+    return values + [torch.tensor(True)]
+
+
+@pytest.mark.parametrize("bad", _bool_values(), ids=repr)
+def test_a_sample_rate_callable_returning_a_numpy_or_torch_bool_is_refused(bad):
+    # bd checks the callable's value "as sample_rate= is", which refuses np.True_; float()
+    # took a numpy or torch bool as q = 1 (review rbd)
+    from privguard import InvalidArgumentError
+    from tests.test_bad_input_bd import _opacus_step
+
+    with pytest.raises(InvalidArgumentError) as info:
+        _opacus_step(lambda: bad)
+    assert info.value.argument == "sample_rate"
+
+
+def test_a_sample_rate_callable_returning_a_tensor_or_numpy_rate_charges_that_rate():
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from tests.test_bad_input_bd import _opacus_step
+
+    for value in (torch.tensor(2.0**-6), np.float32(2.0**-6), np.array(2.0**-6)):
+        (record,) = _opacus_step(lambda v=value: v).history
+        assert record.mechanism.sample_rate == 2.0**-6
