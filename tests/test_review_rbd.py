@@ -67,7 +67,7 @@ def _bool_values():
         import torch
     except ImportError:
         return values
-    return values + [torch.tensor(True)]
+    return [*values, torch.tensor(True)]
 
 
 @pytest.mark.parametrize("bad", _bool_values(), ids=repr)
