@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from privguard import _validation as check
 from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
@@ -72,7 +73,7 @@ class LedgerAccountant(IAccountant):
             raise InvalidArgumentError("label", label, "must be a string or None")
         self.ledger = ledger
         self.label = label
-        self._charge = bool(charge)
+        self._charge = check.flag("charge", charge)  # bool() took "no" and raised on arrays
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         if self._charge:

@@ -551,11 +551,31 @@ def _entry_from(resume: Any) -> dict:
         "accountant recorded")
 
 
+def _called_rate(fn: Callable[[], Any]) -> float:
+    """What a ``sample_rate=`` callable returns, checked as ``sample_rate`` is (review bd:
+    float() took "0.1" and True, and let None, a huge int or a tensor of several values
+    raise built-ins). A 0-d tensor or numpy scalar stands for its number."""
+    value = fn()
+    # a numpy or torch bool (np.True_, torch.tensor(True)) is a bool too: float() made it
+    # q = 1, where sample_rate=np.True_ is refused (review rbd)
+    if value is None or isinstance(value, (str, bytes, bool)) or str(
+            getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        raise InvalidArgumentError("sample_rate", value, "the callable must return a real "
+                                   "number in (0, 1]")
+    try:
+        q = float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # RuntimeError: torch's
+        raise InvalidArgumentError("sample_rate", check.short(value), "the callable must "
+                                   "return a real number in (0, 1]") from None
+    return check.sample_rate("sample_rate", q)
+
+
 def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
                  planned_steps: int | None) -> str:
     """The PRV/GDP warning text, with what the plan costs by RDP."""
     q = mech.sample_rate
-    steps = planned_steps or max(1, math.ceil(1.0 / q - 1e-9))
+    # an epoch's steps, at most 2⁵³ (a subnormal q made 1/q inf: OverflowError, review bd)
+    steps = planned_steps or max(1, math.ceil(min(1.0 / q, check.MAX_STEPS) - 1e-9))
     name = kind.upper() + (" (Opacus' default)" if kind == "prv" else "")
     text = (f"the engine's accountant is {name}, but privguard's ledger accounts in RDP, "
             "which gives a larger ε for the same noise and sampling: the ledger's ε and its "
@@ -796,7 +816,8 @@ def attach(
         _sampling.check_poisson(data_loader)
         _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
     if callable(sample_rate):
-        rate: Callable[[], float] = sample_rate
+        given = sample_rate
+        rate: Callable[[], float] = lambda: _called_rate(given)
     elif sample_rate is not None:
         fixed = check.sample_rate("sample_rate", sample_rate)
         if data_loader is not None and check_poisson:  # issue 27: q checked against the loader

@@ -39,13 +39,13 @@ the data.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import sys
 import sysconfig
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard.integrations._frameworks import require
 from privguard.tuning._executors import Outcome, Reduce, Task, register_executor, run_candidate
@@ -68,10 +68,10 @@ def _remote_candidate(objective, params, orders, budget) -> Outcome:
 
 
 def _resource(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-            math.isfinite(float(value)) and float(value) >= 0):
-        raise InvalidArgumentError(name, value, "must be a finite number >= 0")
-    return float(value)
+    x = check._real(value)  # None for a bool or a non-number; inf for an int past floats
+    if x is None or not (math.isfinite(x) and x >= 0):  # float(10**400) raised (review bd)
+        raise InvalidArgumentError(name, check.short(value), "must be a finite number >= 0")
+    return x
 
 
 class RayExecutor:

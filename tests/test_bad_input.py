@@ -510,7 +510,7 @@ def test_subset_integer_curve_needs_an_integer_order_count(n):
 @pytest.mark.parametrize("kwargs,name", [
     (dict(listeners=5), "listeners"),
     (dict(listeners="abc"), "listeners"),
-    (dict(listeners=[5]), "listener"),
+    (dict(listeners=[5]), "listeners"),
     (dict(path=123), "path"),
     (dict(path=b"x.db"), "path"),
     (dict(path=""), "path"),

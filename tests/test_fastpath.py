@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from privguard import BudgetExhausted, Ledger, LedgerStateError, Plan
 from privguard import mechanisms as M
 from privguard._accounting import _config
-from privguard._accounting._accounting import Accounting
+from privguard._accounting._accounting import EVENT_KEYS, Accounting
 from privguard._cli._report import report
 from privguard._ledger import _ledger
 
@@ -154,6 +154,9 @@ def _lane_trace(config: dict, seq: list, fast: bool, lane: bool, mp) -> list:
     op the spent curve, history, odometer, report and state (the repeat lane on or off)."""
     mp.setattr(Accounting, "fast", fast)
     mp.setattr(Ledger, "repeat_lane", lane)
+    # the script's neutral "note" event, a kind this privguard knows for the test only: a
+    # stored event of an unknown kind never loads (review bd), and the script reloads
+    mp.setitem(EVENT_KEYS, "note", (frozenset({"event", "n"}),))
     clock = iter(range(1, 10**6))
     mp.setattr(_ledger, "time", SimpleNamespace(time=lambda: float(next(clock))))
     pid = [os.getpid()]

@@ -453,7 +453,7 @@ def test_issue_15_targets(run):
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    (dict(mode="fast"), "odometer"),
+    (dict(mode="fast"), "mode"),  # Odometer(mode=); Ledger(odometer=) names odometer
     (dict(weights=np.full(N, 1.0 / N) * 1.01), "weights"),
     (dict(weights=np.r_[-0.1, np.full(N - 1, 0.001)]), "weights"),
     (dict(weights=np.r_[np.nan, np.full(N - 1, 0.001)]), "weights"),

@@ -28,7 +28,7 @@ from privguard._accounting._odometer import MIXTURE, Odometer, _checked_weights,
 from privguard._accounting._plan import Plan
 from privguard._curves import _conversion as conv
 from privguard._curves import _legacy
-from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
+from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError, _shown
 from privguard._mechanisms._base import Mechanism
 
 _CACHE_LIMIT = 4096
@@ -106,6 +106,18 @@ def check_event_keys(body: dict[str, Any], where: str) -> None:
     if isinstance(kind, str) and kind in EVENT_KEYS and frozenset(body) not in EVENT_KEYS[kind]:
         raise LedgerStateError(f"{where}: a {kind} event with the keys "
                                f"{sorted(map(str, body))}, not the ones privguard writes")
+
+
+def check_event_kind(body: dict[str, Any], where: str) -> None:
+    """Refuse a stored event of a kind this version does not write (review bd): a newer
+    version's event may carry an accounting effect (a charge, a retarget, a reset) that
+    this one would skip, under-counting; loading fails closed instead."""
+    kind = body.get("event")
+    if not (isinstance(kind, str) and kind in EVENT_KEYS):
+        raise LedgerStateError(f"{where}: an event of kind {_shown(kind)}, unknown to this "
+                               f"privguard (it knows {sorted(EVENT_KEYS)}); a newer version's "
+                               "event may change the accounting, so the journal is not "
+                               "loaded: open it with the version that wrote it")
 
 
 def is_retarget(body: Any) -> bool:
@@ -487,6 +499,7 @@ class Accounting:
                 body, journal.charges, where,
                 None if journal.runs_before or not stored else journal.held_runs(), self.events)
         if stored:  # after the checks above, whose messages say more; a fresh one is ours
+            check_event_kind(body, where)
             check_event_keys(body, where)
         self.events.append(body)
         self.marks.append((self.journal.run_count, ["event", body]))
@@ -619,6 +632,10 @@ class Accounting:
             if acc.filter is not None:
                 acc.filter.load_state(snap["filter_state"] or {})
             acc.events = list(snap["events"])
+            for i, body in enumerate(acc.events):  # the events before it (review bd)
+                if not isinstance(body, dict):
+                    raise LedgerStateError(f"checkpoint event {i} is not a dict")
+                check_event_kind(body, f"checkpoint event {i}")
         except LedgerStateError:
             raise
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,

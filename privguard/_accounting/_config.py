@@ -113,6 +113,19 @@ def _brief(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _check_hybrid_epsilon(epsilon: float) -> None:
+    """Refuse a new hybrid target ε beyond ``MAX_EPSILON`` (docs/theory.md §2b, "The range
+    of ε"), at once: its PLD search would take minutes."""
+    from privguard._accounting._hybrid import MAX_EPSILON
+
+    if epsilon > MAX_EPSILON:
+        raise InvalidArgumentError(
+            "epsilon", epsilon, f"must be <= {MAX_EPSILON:g} with filter='hybrid' (docs/"
+            "theory.md §2b, 'The range of ε': beyond it e^ε protects nothing and part A's "
+            "PLD search takes minutes); use filter='rdp' for such a target (a ledger file "
+            "written with one before the bound opens with Ledger.open(path))")
+
+
 def _check_hybrid_plan(step: Any) -> None:
     """Refuse ``filter="hybrid"`` for a plan step privguard has no certified PLD envelope for.
 
@@ -159,9 +172,10 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
     """Validate the arguments of ``Ledger(...)`` into a :class:`Config`."""
     grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
     mode = DEFAULT_ODOMETER if odometer is None else odometer
-    if mode not in NEW_ODOMETER_MODES:
+    if not isinstance(mode, str) or mode not in NEW_ODOMETER_MODES:  # an array's `in` raised
         hint = ("is retired: the mixture odometer reports less and is never above it; files "
-                "and states written with it still open" if mode == "tight" else "")
+                "and states written with it still open" if isinstance(mode, str) and mode == "tight"
+                else "")
         raise InvalidArgumentError("odometer", odometer, hint or f"must be one of "
                                    f"{NEW_ODOMETER_MODES}")
     d = None if delta is None else check.delta("delta", delta)
@@ -169,7 +183,7 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
     if shares is not None and not isinstance(shares, DeltaShares):
         raise InvalidArgumentError("shares", shares,
                                    "must be Uniform(), Concentrated(...) or Explicit(...)")
-    if filter is not None and filter not in FILTERS:
+    if filter is not None and (not isinstance(filter, str) or filter not in FILTERS):
         raise InvalidArgumentError("filter", filter, f"must be one of {FILTERS}")
     if filter == "hybrid" and the_plan is not None:
         _check_hybrid_plan(the_plan.step)
@@ -178,6 +192,8 @@ def build(epsilon: Any = None, delta: Any = None, *, orders: Any = None,
                                    "give either (epsilon, delta) or rdp_budget, not both")
     if epsilon is not None:
         eps = check.positive_finite("epsilon", epsilon)
+        if filter == "hybrid":
+            _check_hybrid_epsilon(eps)
         if d is None:
             raise InvalidArgumentError("delta", delta, "an (ε, δ) budget needs delta in (0, 1)")
         if shares is not None and not shares.needs_plan:

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from privguard._accounting._filters import DPFilter, StrictFilter
+from privguard._accounting._journal import scaled_sum
 
 # The galloping search stops at this many steps beyond the current one; a later charge
 # past it searches again (the limit is then not known to be the boundary).
@@ -91,13 +92,15 @@ def search(journal: Any, flt: Any, config: Any, n: int) -> Limit | None:
     if test is None:
         return None
     base, curve = journal._base, journal._streak_curve
+    base_bound, curve_bound = journal._base_bound, journal._streak_bound
 
     def limit(value: int, exact: bool) -> Limit:
         return Limit(value, exact, journal, base, journal._streak, curve, flt, flt.weights,
                      config)
 
     def fits(m: int) -> bool:
-        return bool(test(base + m * curve))  # Journal.spent_after's expression
+        # Journal.spent_after's expression (the same floats; no warning past the float range)
+        return bool(test(scaled_sum(base, base_bound, m, curve, curve_bound)))
 
     if not fits(n):  # refused from n on (monotone): nothing more is admitted
         return limit(-1, True)

@@ -75,6 +75,12 @@ MARGIN = 1e-3
 ROUNDOFF_FACTOR = 10.0
 #: T_A is capped here (a certified count, just not searched beyond).
 MAX_STEPS = 10**7
+#: The largest target ε a new hybrid ledger takes (docs/theory.md §2b, "The range of ε"):
+#: above it a likelihood ratio of e^ε protects nothing, and part A's PLD search (a
+#: self-composition per probe over a loss range that grows with ε) took from seconds to
+#: minutes before refusing or admitting (review bd). Checked at creation only: a stored
+#: configuration beyond it still opens.
+MAX_EPSILON = 100.0
 #: Most micro-batches an accumulated envelope may have (docs/theory.md §2b.1): its
 #: one-step PLD is a mixture of k₀ + 1 Gaussians, built by dp-accounting's binary
 #: search, whose cost grows with k₀.

@@ -22,6 +22,28 @@ import numpy as np
 
 from privguard._mechanisms._base import Mechanism
 
+#: Below this, ``base + n × curve`` cannot overflow: a bound on each term under it keeps
+#: their sum finite (and far from the float range's end, 1.8e308).
+_SAFE = 1e300
+
+
+def _bound(curve: np.ndarray) -> float:
+    """An upper bound on a curve's entries (inf if any is inf; curves are ≥ 0, not NaN)."""
+    return float(curve.max()) if curve.size else 0.0
+
+
+def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
+               curve_bound: float) -> np.ndarray:
+    """``base + n × curve`` for curves ≥ 0 with these upper bounds: the same floats as the
+    plain expression, without numpy's overflow warning (an error under ``-W error``) where
+    a huge curve (``PureDP(1e308)`` charged twice) sends an order past the float range. It
+    rounds to +inf there, above every budget: refused, the safe side (review bd). The
+    bounds are Python floats, whose products and sums go to inf without a warning."""
+    if base_bound + n * curve_bound < _SAFE:
+        return base + n * curve
+    with np.errstate(over="ignore"):
+        return base + n * curve
+
 
 @dataclasses.dataclass(frozen=True)
 class ChargeRecord:
@@ -68,7 +90,23 @@ class Run(NamedTuple):
     pid: int
 
     def record(self, i: int) -> ChargeRecord:
-        """The i-th charge of the run (0 ≤ i < count) as a :class:`ChargeRecord`."""
+        """The i-th charge of the run (0 ≤ i < count) as a :class:`ChargeRecord`.
+
+        Raises:
+            InvalidArgumentError: ``i`` is not an integer in [0, count) (review bd: -1 or
+                10⁹ gave a record of a charge the run does not hold).
+        """
+        from privguard import _validation as check
+        from privguard._errors import InvalidArgumentError
+
+        n = check._as_int("i", i)
+        if not 0 <= n < self.count:
+            raise InvalidArgumentError("i", i, f"must lie in [0, {self.count}) (the run's "
+                                       "charges)")
+        return self._record(n)
+
+    def _record(self, i: int) -> ChargeRecord:
+        """:meth:`record` for an ``i`` known to be in range (the journal's own reads)."""
         t = self.first_time if i == 0 else self.last_time if i == self.count - 1 else None
         return ChargeRecord(self.start + i, self.label, self.mechanism, t, self.pid)
 
@@ -101,12 +139,12 @@ class History(Sequence[ChargeRecord]):
         if not 0 <= i < self._len:
             raise IndexError("history index out of range")
         run = self._runs[bisect.bisect_right(self._starts, i) - 1]
-        return run.record(i - run.start)
+        return run._record(i - run.start)
 
     def __iter__(self) -> Iterator[ChargeRecord]:
         for run in self._runs:
             for i in range(run.count):
-                yield run.record(i)
+                yield run._record(i)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, History):
@@ -149,6 +187,8 @@ class Journal:
         self._streak: Mechanism | None = None
         self._streak_curve = np.zeros(size)
         self._streak_count = 0
+        # upper bounds on the entries of ``_base`` and ``_streak_curve`` (see scaled_sum)
+        self._base_bound = self._streak_bound = 0.0
         self.load_prefix: Callable[[], list[Run]] | None = None
 
     # -- state ---------------------------------------------------------------
@@ -169,7 +209,9 @@ class Journal:
             return self._base
         cached = self._spent_cache
         if cached is None:
-            cached = self._spent_cache = self._base + self._streak_count * self._streak_curve
+            cached = self._spent_cache = scaled_sum(self._base, self._base_bound,
+                                                    self._streak_count, self._streak_curve,
+                                                    self._streak_bound)
         return cached
 
     _spent_cache: np.ndarray | None = None
@@ -177,8 +219,13 @@ class Journal:
     def spent_after(self, mechanism: Mechanism, curve: np.ndarray, times: int) -> np.ndarray:
         """The spent curve after ``times`` more charges of ``mechanism``."""
         if mechanism is self._streak or mechanism == self._streak:
-            return self._base + (self._streak_count + times) * self._streak_curve
-        return self.spent() + times * curve
+            return scaled_sum(self._base, self._base_bound, self._streak_count + times,
+                              self._streak_curve, self._streak_bound)
+        return scaled_sum(self.spent(), self._spent_bound(), times, curve, _bound(curve))
+
+    def _spent_bound(self) -> float:
+        """An upper bound on the entries of :meth:`spent`."""
+        return self._base_bound + self._streak_count * self._streak_bound
 
     # -- changes -------------------------------------------------------------
     def append(self, mechanism: Mechanism, label: str | None, pid: int, curve: np.ndarray,
@@ -257,8 +304,9 @@ class Journal:
         if mechanism is self._streak or mechanism == self._streak:
             self._streak_count += times
         else:
-            self._base = self.spent()
+            self._base, self._base_bound = self.spent(), self._spent_bound()
             self._streak, self._streak_curve, self._streak_count = mechanism, curve, times
+            self._streak_bound = _bound(curve)
         self._spent_cache = spent_after
 
     def close_current(self) -> None:
@@ -318,7 +366,7 @@ class Journal:
         base = np.array(snap["base"], dtype=float)
         if base.shape != (size,) or np.isnan(base).any() or (base < 0).any():
             raise LedgerStateError("checkpoint: spent curve is not a valid curve on the grid")
-        journal._base = base
+        journal._base, journal._base_bound = base, _bound(base)
         runs, charges = int(snap["runs"]), int(snap["charges"])
         if snap["streak"] is not None:
             mech, count = snap["streak"]
@@ -327,6 +375,7 @@ class Journal:
                                        f"{charges} in all")
             journal._streak = mechanism_from_dict(mech)
             journal._streak_curve = curve_of(journal._streak)
+            journal._streak_bound = _bound(journal._streak_curve)
             journal._streak_count = count
         if snap["last"] is None:
             journal._runs_before, journal._charges_closed = runs, charges

@@ -174,8 +174,10 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
     from privguard._accounting._budget import meter_from_terms
     from privguard._accounting._filters import DPFilter
 
-    if held:
-        spent = spent - held * curve
+    if held:  # past the float range (a huge curve; review rbd): +inf, or NaN where
+        # inf − inf, which rdp_meter reads as +inf (a smaller lease, never a larger charge)
+        with np.errstate(over="ignore", invalid="ignore"):
+            spent = spent - held * curve
 
     if getattr(flt, "kind", None) == "hybrid" and flt.a_alive:
         return n  # part A's meter is a PLD count: the T_A rule (hybrid_room) bounds it
@@ -187,7 +189,9 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
         charged = (curve > 0) & np.isfinite(flt.budget)
         if not charged.any():
             return n
-        most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged]) / curve[charged]))
+        with np.errstate(over="ignore"):  # a subnormal c(α) (q = 1e-310): +inf, no cap
+            most = float(np.min(FRACTION * (flt.budget[charged] - spent[charged])
+                                / curve[charged]))
         return n if not np.isfinite(most) else max(times, min(n, int(max(most, 0.0))))
     dp = flt if isinstance(flt, DPFilter) else getattr(flt, "fallback", None)
     if not isinstance(dp, DPFilter) or dp.weights is None or n <= times:
@@ -200,7 +204,9 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
         room = FRACTION * (dp.epsilon - m0)
 
         def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
-            return meter_from_terms(a, b, spent + m * curve) - m0 <= room
+            with np.errstate(over="ignore"):  # +inf past the float range: refused (review rbd)
+                probe = spent + m * curve
+            return meter_from_terms(a, b, probe) - m0 <= room
 
         if fits(n):
             return n

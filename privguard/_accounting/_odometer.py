@@ -446,8 +446,8 @@ class Odometer:
     """
 
     def __init__(self, orders: Any, mode: str = MIXTURE, weights: Any = None) -> None:
-        if mode not in MODES:
-            raise InvalidArgumentError("odometer", mode, f"must be one of {MODES}")
+        if not isinstance(mode, str) or mode not in MODES:  # an array's `in` raised (bd)
+            raise InvalidArgumentError("mode", mode, f"must be one of {MODES}")
         self.orders = check.orders("orders", orders)
         self.mode = mode
         self.weights: np.ndarray | None = None

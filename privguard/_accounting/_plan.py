@@ -128,7 +128,7 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any) -> Plan:
         if not isinstance(data, dict) or set(data) != {"step", "steps", "every"}:
-            raise InvalidArgumentError("plan", data, "must be a dict with keys step, steps, every")
+            raise InvalidArgumentError("data", data, "must be a dict with keys step, steps, every")
         return cls(mechanism_from_dict(data["step"]), data["steps"], data["every"])
 
 

@@ -103,6 +103,20 @@ def guess_and_count(scores: np.ndarray, included: np.ndarray, k_in: int,
         >>> guess_and_count(np.array([3., 2., 1., 0.]), np.array([1, 0, 1, 0], bool), 1, 1)
         (2, 2)
     """
+    # checked (review bd: a scalar, a float count or a numpy uint64 raised built-ins)
+    scores = check._real_vector("scores", scores)
+    if not (isinstance(included, np.ndarray) and included.dtype == bool
+            and included.shape == scores.shape):
+        raise InvalidArgumentError("included", check.short(included),
+                                   f"must be a boolean array of the scores' length "
+                                   f"({scores.size})")
+    k_in, k_out = check._as_int("k_in", k_in), check._as_int("k_out", k_out)
+    for name, k in (("k_in", k_in), ("k_out", k_out)):
+        if not 0 <= k <= scores.size:
+            raise InvalidArgumentError(name, k, f"must lie in [0, {scores.size}]")
+    if k_in + k_out > scores.size:
+        raise InvalidArgumentError("k_out", k_out, f"with k_in={k_in} guesses more than the "
+                                   f"{scores.size} scores (a score guessed twice)")
     order = np.argsort(scores, kind="stable")
     top = order[len(order) - k_in:] if k_in else order[:0]
     bottom = order[:k_out]

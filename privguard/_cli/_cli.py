@@ -20,7 +20,8 @@ and shows the target the file claims and the command that confirms it.
 
 ``report``, ``plot`` and ``verify`` open the file read-only. A path that is
 not a regular file (a FIFO, a directory, a device) is refused before it is
-opened, and ``plot`` checks its output path before computing. Exit status: 0
+opened, and ``plot`` checks its output path before computing (``-o`` names the image
+file; a directory is refused, naming a file inside it). Exit status: 0
 on success, 2 when the ledger cannot be read or fails verification (it fails
 closed: an inconsistent file is reported, never repaired), 1 on other errors.
 """
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({result['rows_per_second']:,.0f} rows/s)"
                   f"{'; keyed' if result['keyed'] else ''}")
         else:
-            from privguard._cli._report import plot, print_report, report
+            from privguard._cli._report import json_ready, plot, print_report, report
             from privguard._stores._snapshot import snapshot
 
             with snapshot(args.path):  # read still, nothing written beside it (_snapshot.py)
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command != "report":
                 print(drawn)
             elif args.json:
-                json.dump(data, sys.stdout, indent=2, default=str, allow_nan=False)
+                json.dump(json_ready(data), sys.stdout, indent=2, default=str, allow_nan=False)
                 print()
             else:
                 print_report(data)

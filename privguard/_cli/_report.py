@@ -74,7 +74,8 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
     for run in runs:
         curve = acc.curve(run.mechanism)
         while i < marks.size and marks[i] <= run.start + run.count:
-            spent = base + (marks[i] - run.start) * curve
+            with np.errstate(over="ignore"):  # past the float range: +inf, as the journal
+                spent = base + (marks[i] - run.start) * curve
             out["charges"].append(int(marks[i]))
             out["running_epsilon"].append(odometer.epsilon(spent, delta))
             out["naive_epsilon"].append(nonadaptive_epsilon(acc.orders, spent, delta))
@@ -82,7 +83,8 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
                 out["meter_charges"].append(int(marks[i]))
                 out["meter"].append(_meter_at(flt, spent, run, marks[i] - run.start))
             i += 1
-        base = base + run.count * curve
+        with np.errstate(over="ignore"):  # (review bd: PureDP(1e308) charged 3 times)
+            base = base + run.count * curve
         if flt is not None and flt.kind == "hybrid":  # part A's state after the run
             from privguard._accounting._hybrid import envelope_steps_in
 
@@ -137,6 +139,18 @@ def _finite(x: float | None) -> float | str | None:
     if x is None:
         return None
     return "unlimited" if math.isinf(x) else x
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float as a string ("inf", "-inf", "nan"): strict JSON
+    has none, and an ε can be infinite (review bd: ``report --json`` raised ValueError)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
@@ -317,8 +331,11 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
         top.set_ylabel("budget spent (ε units)")
         top.legend(fontsize=8, loc="lower right")
     ax = axes[-1][0]
-    ax.plot(tr["charges"], tr["running_epsilon"], label="any-time ε (odometer; valid at any stop)")
-    ax.plot(tr["charges"], tr["naive_epsilon"], linestyle=":",
+    running, naive = _drawable(tr["running_epsilon"]), _drawable(tr["naive_epsilon"])
+    if any(math.isnan(v) for v in running + naive):  # an ε past the axis: named, not drawn
+        ax.set_title(f"ε above {PLOT_MAX:g} (or infinite) is not drawn", fontsize=8)
+    ax.plot(tr["charges"], running, label="any-time ε (odometer; valid at any stop)")
+    ax.plot(tr["charges"], naive, linestyle=":",
             label="non-adaptive RDP (NOT a guarantee under adaptivity)")
     runs = ledger.runs
     delta = stated_delta(ledger)
@@ -344,6 +361,16 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     return out
 
 
+#: The largest ε drawn: matplotlib cannot place ticks up to 1e308 (ValueError, review bd:
+#: PureDP(1e308) charged 3 times), and no ε near it says more than "no protection".
+PLOT_MAX = 1e12
+
+
+def _drawable(values: list[float]) -> list[float]:
+    """``values`` with every ε above ``PLOT_MAX`` or infinite as NaN, which matplotlib skips."""
+    return [v if math.isfinite(v) and v <= PLOT_MAX else math.nan for v in values]
+
+
 def _with_extension(out: Any) -> str:
     """``out`` as a string, ``.png`` appended when it has no extension: the path the
     image is written to, which the checks and the printed path must name (review bi:
@@ -362,8 +389,10 @@ def _check_output(out: Any) -> None:
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise InvalidArgumentError("output", out, f"directory {directory} does not exist")
-    if os.path.isdir(out):
-        raise InvalidArgumentError("output", out, "is a directory")
+    if os.path.isdir(out):  # as cc -o, curl -o, sort -o: an output option names a file
+        raise InvalidArgumentError("output", out, f"is a directory ({os.path.abspath(out)}): "
+                                   "name the image file, e.g. "
+                                   f"{os.path.join(os.fspath(out), 'eps.png')}")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise InvalidArgumentError("output", out, f"directory {directory} is not writable")
 

@@ -66,6 +66,23 @@ class _GuardedTxn:
             raise
 
 
+def _listener_list(listeners: Any) -> list[Callable[[LedgerEvent], None]]:
+    """``listeners=`` as a new list, checked before any store is opened (review bd: a bad
+    one refused after ``path=``'s file was created or its server reached)."""
+    try:  # a 0-d numpy array has __iter__ and raises TypeError on it (review bi)
+        if isinstance(listeners, (str, bytes)):
+            raise TypeError
+        checked = list(listeners)
+    except Exception:  # by design: a caller's iterable whose __iter__ or __next__ fails
+        raise InvalidArgumentError("listeners", listeners,
+                                   "must be an iterable of callables") from None
+    for i, fn in enumerate(checked):
+        if not callable(fn):
+            raise InvalidArgumentError("listeners", listeners,
+                                       f"must be an iterable of callables (item {i} is not)")
+    return checked
+
+
 class _Refused:
     """Catches the one refusal a charge raises inside its write transaction (which then
     rolls back), so that listeners are told after it, outside the transaction."""
@@ -162,6 +179,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                                            "must be a non-empty reason (it is logged)")
         cap = leases.check_cap(lease, path is not None)
         prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        listeners = _listener_list(listeners)  # every argument before the store (review bd)
         self._setup(listeners, None if path is None else open_store(path))
         self._set_leases(cap, prefetch)
         if self._store is None:
@@ -170,21 +188,12 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._acc = self._store.open(config, Accounting(config), retarget)
             self._store.live = True
 
-    def _setup(self, listeners: Any, store: Any) -> None:
+    def _setup(self, listeners: list[Callable[[LedgerEvent], None]], store: Any) -> None:
         self._txn = threading.RLock()  # the transaction lock: taken before _lock
         self._lock = threading.RLock()  # the state lock (the module docstring)
         self._broken: str | None = None
         self._held: str | None = None
-        self._listeners: list[Callable[[LedgerEvent], None]] = []
-        try:  # a 0-d numpy array has __iter__ and raises TypeError on it (review bi)
-            if isinstance(listeners, (str, bytes)):
-                raise TypeError
-            listeners = list(listeners)
-        except TypeError:
-            raise InvalidArgumentError("listeners", listeners,
-                                       "must be an iterable of callables") from None
-        for fn in listeners:
-            self.add_listener(fn)
+        self._listeners = listeners  # checked by _listener_list
         self._store = store
         self._check_lease = getattr(store, "check_lease", None)  # a leased step's check
         self._backend = store or MemoryStore()
@@ -233,6 +242,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         cap = leases.check_cap(lease, True)
         read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
         prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        listeners = _listener_list(listeners)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
         self._set_leases(cap, prefetch)
@@ -582,7 +592,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                     run = changes[-1].run
                     assert run is not None
                     spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
-                    record = run.record(run.count - 1 - spare)
+                    record = run._record(run.count - 1 - spare)
                     new_lease = None if self._lease_cap <= 1 else leases.Lease(
                         run.mechanism, label, pid, spare, run.start + run.count - spare,
                         streak + times)
@@ -788,7 +798,12 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                                        "per-order values (a child is strict; review bx)")
         cfg = self._acc.config
         mode = cfg.odometer if cfg.odometer in _config.NEW_ODOMETER_MODES else None
-        return Ledger(orders=self.orders, rdp_budget=budget, delta=delta, odometer=mode)
+        try:
+            return Ledger(orders=self.orders, rdp_budget=budget, delta=delta, odometer=mode)
+        except InvalidArgumentError as exc:  # named as the caller passed it (review bd)
+            if exc.argument != "rdp_budget":
+                raise
+            raise InvalidArgumentError("budget", exc.value, exc.requirement) from None
 
     def __repr__(self) -> str:
         cfg = self._acc.config

@@ -71,7 +71,7 @@ class LedgerState:
         """A new in-memory ledger from :meth:`state_dict` output, validated and replayed."""
         acc, _ = state_io.load(state)
         self = cls.__new__(cls)
-        self._setup((), None)
+        self._setup([], None)
         self._acc = acc
         return self
 

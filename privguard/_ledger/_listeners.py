@@ -24,7 +24,7 @@ class LedgerListeners:
         an exception raised by ``fn`` propagates to the caller of ``charge``.
         """
         if not callable(fn):
-            raise InvalidArgumentError("listener", fn, "must be callable")
+            raise InvalidArgumentError("fn", fn, "must be callable")
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[LedgerEvent], None]) -> None:
@@ -34,7 +34,7 @@ class LedgerListeners:
             InvalidArgumentError: ``fn`` is not a listener of this ledger.
         """
         if fn not in self._listeners:
-            raise InvalidArgumentError("listener", fn, "is not a listener of this ledger")
+            raise InvalidArgumentError("fn", fn, "is not a listener of this ledger")
         self._listeners.remove(fn)
 
     def _notify(self, event: LedgerEvent) -> None:

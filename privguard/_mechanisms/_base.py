@@ -125,7 +125,7 @@ def mechanism_from_dict(data: Any) -> Mechanism:
         Gaussian(noise_multiplier=2.0)
     """
     if not isinstance(data, dict) or set(data) != {"type", "params"}:
-        raise InvalidArgumentError("mechanism", check.short(data),
+        raise InvalidArgumentError("data", check.short(data),
                                    "must be a dict with keys 'type' and 'params'")
     name = data["type"]
     cls = _REGISTRY.get(name) if isinstance(name, str) else None

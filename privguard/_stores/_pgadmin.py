@@ -43,7 +43,15 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
     conninfo, in_url, shown = _pgurl.parse(url)
     if "ledger=" in url and in_url != ledger:
         raise InvalidArgumentError("ledger", ledger, f"must match the URL's ledger={in_url}")
-    _pgurl.parse(f"postgresql://x/y?ledger={ledger}")  # validates the name
+    # validates the name, named as the caller passed it (review bd: it said path=, and
+    # "a&sslmode=disable" or "a#b" passed as the URL's ledger "a", a name no URL reaches)
+    try:
+        named = _pgurl.parse(f"postgresql://x/y?ledger={ledger}")[1]
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError("ledger", ledger, exc.requirement) from None
+    if named != ledger:
+        raise InvalidArgumentError("ledger", ledger, "must be a ledger name alone (letters, "
+                                   "digits, '_', '.' and '-'), which a URL's ledger= can name")
     for arg, role in (("charger", charger), ("owner", owner)):
         if not isinstance(role, str) or not role or len(role) > 63 or role.startswith("pg_"):
             raise InvalidArgumentError(arg, role, "must be a role name (1-63 characters, not "

@@ -8,7 +8,7 @@ privacy loss), and returns a σ at which the target was checked to hold.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -113,7 +113,16 @@ def dpsgd_cost(epsilon: float, delta: float, *, orders=None, rate_key: str = "sa
         return calibrate_noise_multiplier(q, t, epsilon, delta, orders=grid)
 
     def cost(params: dict) -> SubsampledGaussian:
-        q, t = float(params[rate_key]), int(params[steps_key])
+        # checked, named by their keys (review bd: float()/int() let strings in, truncated
+        # 10.7 steps to 10 and raised KeyError, TypeError or OverflowError)
+        if not isinstance(params, Mapping) or rate_key not in params or steps_key not in params:
+            raise InvalidArgumentError("params", check.short(params), f"must be a dict with the "
+                                       f"keys {rate_key!r} and {steps_key!r}")
+        q = check.sample_rate(rate_key, params[rate_key])
+        steps = params[steps_key]
+        if isinstance(steps, (float, np.floating)) and float(steps).is_integer():
+            steps = int(steps)  # a whole float (a LogUniform's draw, rounded by the caller)
+        t = check.positive_int(steps_key, steps, maximum=check.MAX_STEPS)
         return SubsampledGaussian(sigma(q, t), q, t)
 
     return cost

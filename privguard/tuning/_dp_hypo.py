@@ -182,7 +182,7 @@ class DPHyPOSearch(RehearseOne, Tuner):
         else:
             try:
                 p = np.array(prior, dtype=float)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an int past floats
                 p = np.full(1, np.nan)
             if (p.shape != (n,) or not np.all(np.isfinite(p)) or np.any(p < 0)
                     or not np.isclose(p.sum(), 1.0)):

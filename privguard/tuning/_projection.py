@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 
 
@@ -22,11 +23,15 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
         InvalidArgumentError: shapes differ, lower > upper somewhere, or the
             set is empty (Σ lower > 1 or Σ upper < 1).
     """
-    p, lo, hi = (np.asarray(a, dtype=float) for a in (p, lower, upper))
-    if not (p.shape == lo.shape == hi.shape) or p.ndim != 1 or p.size == 0:
+    # 1-D sequences of real numbers, each checked by name (review bd: np.asarray let
+    # strings, dicts, huge ints and complex numbers raise built-ins or warn)
+    p, lo, hi = (check._real_vector(name, a) for name, a in
+                 (("p", p), ("lower", lower), ("upper", upper)))
+    if not (p.shape == lo.shape == hi.shape) or p.size == 0:
         raise InvalidArgumentError("p", p.shape, "p, lower and upper need one common 1-D shape")
-    if not (np.all(np.isfinite(p)) and np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
-        raise InvalidArgumentError("p", p, "values must be finite")
+    for name, a in (("p", p), ("lower", lo), ("upper", hi)):
+        if not np.all(np.isfinite(a)):
+            raise InvalidArgumentError(name, check.short(a), "values must be finite")
     if np.any(lo > hi):
         raise InvalidArgumentError("lower", lo, "must not exceed upper")
     if lo.sum() > 1 + 1e-12 or hi.sum() < 1 - 1e-12:
@@ -55,5 +60,10 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
 
 def project_density(p, prior, C: float, c: float) -> np.ndarray:
     """Project a density ``p`` on a finite grid onto S_{C,c}(prior)."""
-    prior = np.asarray(prior, dtype=float)
-    return project_bounded_simplex(p, c * prior, C * prior)
+    prior = check._real_vector("prior", prior)
+    C, c = check.non_negative_finite("C", C), check.non_negative_finite("c", c)
+    if not np.all(np.isfinite(prior)):
+        raise InvalidArgumentError("prior", check.short(prior), "values must be finite")
+    with np.errstate(over="ignore"):  # a bound past the float range: inf, refused as such
+        lower, upper = c * prior, C * prior
+    return project_bounded_simplex(p, lower, upper)

@@ -52,7 +52,7 @@ def paper_extrapolation(optimizer: str = "sgd", lr_key: str = "lr") -> Callable[
     2), which does not depend on the private data; the actual subset sizes
     would leak the dataset size into the final model.
     """
-    if optimizer not in ("sgd", "adam"):
+    if not isinstance(optimizer, str) or optimizer not in ("sgd", "adam"):
         raise InvalidArgumentError("optimizer", optimizer, "must be 'sgd' or 'adam'")
 
     def rule(params: dict, scale: float) -> dict:
