@@ -44,3 +44,78 @@ def test_ddp_ghost_uneven_shared_file_leases_prefetch_fork_and_a_refusal(tmp_pat
     ledger = Ledger.open(db)
     assert {r.mechanism for r in ledger.history} == {two}  # every step at the largest k
     assert len(ledger.history) - ledger.leased_unused == 45  # released: each step once
+
+
+def _charging_process(path, seed, n, queue):
+    """Two threads charging one ledger of ``path`` (leases, prefetch on): single steps,
+    charge(times=3), a mechanism change now and then, reads and can_afford."""
+    import random
+    import threading
+
+    from privguard import BudgetExhausted, Ledger
+    from privguard import mechanisms as M
+
+    ledger = Ledger.open(path, lease=16, prefetch=True)
+    results = []
+
+    def body(rnd):
+        done = 0
+        try:
+            for _ in range(n):
+                mech = M.SubsampledGaussian(1.0, 0.01 if rnd.random() < 0.9 else 0.02)
+                times = 1 if rnd.random() < 0.8 else 3
+                try:
+                    ledger.charge(mech, times=times)
+                except BudgetExhausted:
+                    break
+                done += times
+                if rnd.random() < 0.05:
+                    ledger.epsilon()
+                    ledger.can_afford(mech)
+            results.append(("ok", done))
+        except BaseException as exc:  # reported to the test
+            results.append(("error", f"{type(exc).__name__}: {exc}"))
+
+    threads = [threading.Thread(target=body, args=(random.Random(seed * 10 + j),))
+               for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        ledger.close()
+    except BaseException as exc:
+        results.append(("error", f"close: {type(exc).__name__}: {exc}"))
+    errors = [r for r in results if r[0] != "ok"]
+    queue.put(errors[0] if errors else ("ok", sum(d for _, d in results)))
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+def test_processes_and_threads_charging_one_file_with_prefetch(tmp_path, monkeypatch, mode):
+    # lc's one-read sync, pl's two locks and the prefetch together: two processes, two
+    # threads each, charging one file (leases, prefetch on). Every step released is in the
+    # journal once: the journal's steps are those released plus the remainders recorded
+    # unused, and the file reopens verified.
+    import multiprocessing
+
+    from privguard import Ledger
+
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = str(tmp_path / "mp.db")
+    Ledger(epsilon=200.0, delta=1e-5, path=path).close()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_charging_process, args=(path, s, 300, queue)) for s in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert all(status == "ok" for status, _ in results), results
+    released = sum(n for _, n in results)
+    ledger = Ledger.open(path)
+    assert released > 0 and len(ledger.history) - ledger.leased_unused == released
