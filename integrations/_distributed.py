@@ -37,7 +37,7 @@ The protocol (every rank runs it, at the same point):
 
 So each distinct ledger is charged exactly once per global step (a shared
 file once in all), ledger replicas stay equal, and no rank enters the
-gradient ``all_reduce`` alone. The cost is two ``all_gather``\ s of five
+gradient ``all_reduce`` alone. The cost is two all-gathers of five
 numbers per step. Loading a checkpoint through the engine is collective too (every
 rank loads, as every rank attached); ranks found in different operations
 raise :class:`RankDisagreementError` instead of pairing the wrong rows. A

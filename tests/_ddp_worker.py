@@ -455,3 +455,81 @@ def uneven(rank: int, workdir: str, epsilon: float) -> dict:
 
 SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation, "uneven": uneven}
+
+
+def interplay(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review ir: the merged branches together under DDP. Ghost clipping (gc: backward
+    passes counted at the optimizer), an iterator made before attach (only that count sees
+    k), rank 1 accumulating two backward() a step and rank 0 one (rgc: the largest k), one
+    shared SQLite file with the default leases and prefetch (on under attach; pl: the
+    prefetch thread holds _txn across its commit), a DataLoader worker forked between
+    steps (the at-fork hook waits for a prefetch in flight), then a step() on rank 1 after
+    a skipped one with no backward between (rgc: refused on every rank, nothing charged),
+    then training on."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    model = DPDDP(nn.Linear(8, 2))
+    model, opt, criterion, loader = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
+        grad_sample_mode="ghost")
+    torch.manual_seed(1000 + rank)
+    batches = _batches(loader)
+    next(batches)  # the iterator is made before attach: the loader counter never sees it
+    ledger = Ledger(epsilon, DELTA, path=f"{workdir}/interplay.db")  # default leases
+    handle = attach(opt, ledger, data_loader=loader)
+    side = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2, num_workers=1,
+                      multiprocessing_context="fork")
+
+    def backward(times):
+        for _ in range(times):
+            xb, yb = next(batches)
+            criterion(model(xb), yb).backward()
+
+    def step(times):
+        before = _params(model)
+        opt.zero_grad()
+        backward(times)
+        opt.step()
+        return _params(model) != before
+
+    out: dict = {"applied": 0, "forks": 0}
+    for i in range(40):
+        out["applied"] += step(2 if rank == 1 else 1)
+        if i % 3 == 0:  # a worker forked while the charger's prefetch may hold _txn
+            out["forks"] += len(list(side))
+    out["charged_before"] = handle.steps_charged
+    opt.zero_grad()
+    backward(1)
+    opt.signal_skip_step(do_skip=True)
+    opt.step()  # skipped on every rank
+    if rank == 0:
+        backward(1)
+    before = _params(model)
+    try:
+        opt.step()  # rank 1: the skipped step's batch would be added again
+        out["refused"] = None
+    except PrivguardError as exc:
+        out["refused"] = type(exc).__name__
+    out["unchanged"] = _params(model) == before
+    out["charged_after_refusal"] = handle.steps_charged
+    for _ in range(5):
+        out["applied"] += step(2 if rank == 1 else 1)
+    out["charged"] = handle.steps_charged
+    out["prefetch"] = ledger._prefetch
+    handle.detach()
+    ledger.close()
+    return out
+
+
+SCENARIOS["interplay"] = interplay
