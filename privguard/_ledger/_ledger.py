@@ -161,7 +161,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 raise InvalidArgumentError("retarget", retarget,
                                            "must be a non-empty reason (it is logged)")
         cap = leases.check_cap(lease, path is not None)
-        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        prefetch = check.optional_flag("prefetch", prefetch)
         self._setup(listeners, None if path is None else open_store(path))
         self._set_leases(cap, prefetch)
         if self._store is None:
@@ -232,7 +232,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """
         cap = leases.check_cap(lease, True)
         read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
-        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        prefetch = check.optional_flag("prefetch", prefetch)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
         self._set_leases(cap, prefetch)
