@@ -411,8 +411,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         with self._txn, (contextlib.nullcontext() if background else self._lock):
             with self._lock:
                 if self._broken is not None:
-                    raise LedgerStateError("ledger is unusable and refuses charges: "
-                                           f"{self._broken}")
+                    raise LedgerStateError("ledger is unusable and refuses charges and "
+                                           f"reads: {self._broken}")
                 if self._held is not None:
                     raise LedgerStateError("ledger refuses reads and charges for now: "
                                            f"{self._held}")
