@@ -36,6 +36,20 @@ def test_the_quick_start_runs_and_prints_the_meter_the_readme_quotes():
     assert lines[-2].startswith("(ε = 3, δ = 1e-05)-DP for the whole interaction")
 
 
+def test_more_of_the_api_runs_as_written():
+    # README "More of the API", given the two names it leaves to the reader: `mech`, and a
+    # `later_state` that extends the (empty) journal of the block's first ledger.
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    mech = M.SubsampledGaussian(1.1, 256 / 60_000)
+    later = Ledger(delta=1e-5)
+    later.charge(mech, times=3)
+    names = {"Ledger": Ledger, "M": M, "mech": mech, "later_state": later.state_dict()}
+    exec(compile(_first_python_block_after("More of the API:"), "README API", "exec"), names)
+    assert len(names["ledger"].history) == 3 and names["kid"].budget() is None
+
+
 def test_the_default_grid_size_the_docs_quote_is_the_grid_s():
     # "6 of the 160 default orders" stood in README and theory.md for a grid of 157.
     quoted = [(name, int(n)) for name, text in DOCS.items()
