@@ -120,6 +120,13 @@ def flag(name: str, value: Any) -> bool:
     return value
 
 
+def optional_flag(name: str, value: Any) -> bool | None:
+    """``value`` if it is None (a default decided later), True or False."""
+    if value is not None and not isinstance(value, bool):
+        raise InvalidArgumentError(name, value, "must be None (the default), True or False")
+    return value
+
+
 def positive_finite(name: str, value: Any) -> float:
     """A real number in (0, inf)."""
     x = _as_float(name, value)

@@ -54,6 +54,19 @@ def test_ledger_constructor(kwargs, name):
     assert name in str(info.value)
 
 
+@pytest.mark.parametrize("bad", [1, 0, "yes", "off"])
+def test_prefetch_names_every_value_it_takes(bad, tmp_path):
+    # prefetch=None is the default (on under attach, off for direct charges): the message
+    # named True or False only, as if None were refused too
+    for make in (lambda: Ledger(epsilon=1.0, delta=1e-5, prefetch=bad),
+                 lambda: Ledger.open(str(tmp_path / "missing.db"), prefetch=bad)):
+        with pytest.raises(InvalidArgumentError) as info:
+            make()
+        assert info.value.argument == "prefetch"
+        assert "None" in str(info.value) and repr(bad) in str(info.value)
+    assert not (tmp_path / "missing.db").exists()
+
+
 @pytest.mark.parametrize("make,name", [
     (lambda: M.Gaussian(0.0), "noise_multiplier"),
     (lambda: M.Gaussian(-1.0), "noise_multiplier"),

@@ -348,6 +348,16 @@ def test_a_file_replaced_under_an_open_ledger_fails_it_closed(tmp_path):
         ledger.can_afford(STEP)
 
 
+def test_a_closed_file_ledger_says_that_it_refuses_reads_too(tmp_path):
+    # A closed file ledger refuses reads as well as charges (fail closed: its file may
+    # have moved on); the message said "refuses charges" to a read.
+    ledger = filled(tmp_path / "b.db", n=3)
+    ledger.close()
+    for read in (ledger.budget, ledger.epsilon, ledger.guarantee, lambda: ledger.history):
+        with pytest.raises(LedgerStateError, match="refuses charges and reads: closed"):
+            read()
+
+
 def test_committed_charges_live_in_the_main_file_after_close(tmp_path):
     # WAL (issue 26): while a ledger is open its charges may live in budget.db-wal; closing
     # checkpoints them into the main file, so deleting the side files after every close

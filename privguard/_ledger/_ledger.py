@@ -178,7 +178,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 raise InvalidArgumentError("retarget", retarget,
                                            "must be a non-empty reason (it is logged)")
         cap = leases.check_cap(lease, path is not None)
-        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        prefetch = check.optional_flag("prefetch", prefetch)
         listeners = _listener_list(listeners)  # every argument before the store (review bd)
         self._setup(listeners, None if path is None else open_store(path))
         self._set_leases(cap, prefetch)
@@ -241,7 +241,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """
         cap = leases.check_cap(lease, True)
         read_only = check.flag("read_only", read_only)  # "yes", 1, None were taken (review bx)
-        prefetch = None if prefetch is None else check.flag("prefetch", prefetch)
+        prefetch = check.optional_flag("prefetch", prefetch)
         listeners = _listener_list(listeners)
         self = cls.__new__(cls)
         self._setup(listeners, open_store(path, read_only=read_only))
@@ -421,8 +421,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         with self._txn, (contextlib.nullcontext() if background else self._lock):
             with self._lock:
                 if self._broken is not None:
-                    raise LedgerStateError("ledger is unusable and refuses charges: "
-                                           f"{self._broken}")
+                    raise LedgerStateError("ledger is unusable and refuses charges and "
+                                           f"reads: {self._broken}")
                 if self._held is not None:
                     raise LedgerStateError("ledger refuses reads and charges for now: "
                                            f"{self._held}")

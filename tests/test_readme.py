@@ -1,0 +1,79 @@
+"""The README says what the code does: its quick start runs and prints the meter the
+README quotes, and the commands and numbers it cites point at what exists."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+from privguard import DEFAULT_ORDERS
+
+SOURCE = Path(__file__).resolve().parents[1]
+README = (SOURCE / "README.md").read_text(encoding="utf-8")
+DOCS = {"README.md": README} | {
+    f"docs/{p.name}": p.read_text(encoding="utf-8") for p in (SOURCE / "docs").glob("*.md")}
+
+
+def _first_python_block_after(heading: str) -> str:
+    """The first ```python block after the line ``heading``."""
+    after = README.split(f"\n{heading}\n", 1)[1]
+    return after.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_quick_start_runs_and_prints_the_meter_the_readme_quotes():
+    # README "Quick start": the block as written, and the meter it says it stops at
+    # (`budget 3 of ε = 3 spent (RDP filter) — 0.000384% left`, benchmarks/meter_end.py).
+    quoted = re.search(r"\(`(budget [^`]*)` where the quick\s+start stops", README)
+    assert quoted is not None, "the README no longer quotes where the quick start stops"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_first_python_block_after("## Quick start"), "README quick start", "exec"),
+             {"__name__": "readme"})
+    lines = out.getvalue().splitlines()
+    assert f"out of budget: {quoted.group(1)}" in lines
+    assert lines[-2].startswith("(ε = 3, δ = 1e-05)-DP for the whole interaction")
+
+
+def test_more_of_the_api_runs_as_written():
+    # README "More of the API", given the two names it leaves to the reader: `mech`, and a
+    # `later_state` that extends the (empty) journal of the block's first ledger.
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    mech = M.SubsampledGaussian(1.1, 256 / 60_000)
+    later = Ledger(delta=1e-5)
+    later.charge(mech, times=3)
+    names = {"Ledger": Ledger, "M": M, "mech": mech, "later_state": later.state_dict()}
+    exec(compile(_first_python_block_after("More of the API:"), "README API", "exec"), names)
+    assert len(names["ledger"].history) == 3 and names["kid"].budget() is None
+
+
+def test_the_default_grid_size_the_docs_quote_is_the_grid_s():
+    # "6 of the 160 default orders" stood in README and theory.md for a grid of 157.
+    quoted = [(name, int(n)) for name, text in DOCS.items()
+              for n in re.findall(r"of the (\d+)\s+default\s+orders", text)]
+    assert quoted, "no page quotes the default grid's size any more: drop this test"
+    assert all(n == len(DEFAULT_ORDERS) for _, n in quoted), quoted
+
+
+def test_the_files_and_options_the_readme_cites_exist():
+    # Every path the README names, and every option of a `python benchmarks/...` or
+    # `python examples/...` command it gives, exists in the script it names.
+    paths = {p.rstrip(".,)") for p in re.findall(
+        r"\b(?:benchmarks|tests|examples|scripts|docs|privguard|integrations)/[\w./-]+", README)}
+    missing = sorted(p for p in paths
+                     if "NAME" not in p and not p.startswith("examples/out")
+                     and not (SOURCE / p).exists())
+    assert not missing, missing
+    unknown = []
+    flat = re.sub(r"\s+", " ", README)
+    for script, args in re.findall(r"python ((?:benchmarks|examples)/\w+\.py)((?: --?[\w-]+"
+                                   r"(?: [^ `\-][^ `]*)*)*)", flat):
+        if "NAME" in script:  # `examples/NAME.py`, a placeholder
+            continue
+        text = (SOURCE / script).read_text(encoding="utf-8")
+        unknown += [(script, o) for o in re.findall(r"--[\w-]+", args)
+                    if f'"{o}"' not in text and f"'{o}'" not in text]
+    assert not unknown, unknown
