@@ -130,7 +130,10 @@ def test_leases_replay_exactly_and_never_under_count(kind):
     ledger = kind.make(3.0, 1e-5)
     records = [ledger.charge(STEP, label="train") for _ in range(100)]
     assert [r.index for r in records] == list(range(100))
-    ledger.charge(M.Gaussian(30.0), label="eval")  # the lease's remainder is recorded
+    # one evaluation is charged beside the live lease (task sl, docs/theory.md §13); the
+    # second in a row ends the lease: its remainder is recorded
+    ledger.charge(M.Gaussian(30.0), label="eval")
+    ledger.charge(M.Gaussian(30.0), label="eval")
     unused = ledger.leased_unused
     # the PostgreSQL charging role appends charges only: its remainders stay spent, unlogged
     logged = not isinstance(kind, (MemoryKind, PostgresChargerKind))
@@ -138,12 +141,32 @@ def test_leases_replay_exactly_and_never_under_count(kind):
     spent = ledger.spent
     again = kind.reopen(ledger)
     assert again.leased_unused == unused
-    assert len(again.history) == 101 + unused if logged else len(again.history) >= 101
+    assert len(again.history) == 102 + unused if logged else len(again.history) >= 102
     np.testing.assert_array_equal(again.spent, spent)
     released = Ledger(3.0, 1e-5)
     released.charge(STEP, times=100)
-    released.charge(M.Gaussian(30.0))
+    released.charge(M.Gaussian(30.0), times=2)
     assert (spent >= released.spent).all()
+
+
+def test_an_evaluation_beside_a_lease_keeps_it_and_replays_exactly(kind):
+    # task sl: one charge of another label between identical steps leaves the lease live;
+    # the steps after it come from the same lease, and the journal replays exactly
+    ledger = kind.make(3.0, 1e-5)
+    for _ in range(100):
+        ledger.charge(STEP, label="train")
+    before = len(ledger.history)
+    ledger.charge(M.Gaussian(30.0), label="eval")
+    assert len(ledger.history) == before + 1  # the evaluation alone, no lease, nothing ended
+    for _ in range(5):
+        ledger.charge(STEP, label="train")
+    spent = ledger.spent
+    again = kind.reopen(ledger)
+    np.testing.assert_array_equal(again.spent, spent)  # the live lease's rows included
+    released = Ledger(3.0, 1e-5)
+    released.charge(STEP, times=105)
+    released.charge(M.Gaussian(30.0))
+    assert (spent >= released.spent * (1 - 1e-12)).all()  # Lemma 1, to rounding
 
 
 def test_history_expands_runs_with_their_first_and_last_times(kind):

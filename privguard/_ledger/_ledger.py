@@ -198,6 +198,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._check_lease = getattr(store, "check_lease", None)  # a leased step's check
         self._backend = store or MemoryStore()
         self._lease: leases.Lease | None = None  # never pickled: reopening starts afresh
+        # The (label, mechanism) of the last charge made beside the live lease (task sl):
+        # one charge of another label leaves the lease live; its second in a row ends it.
+        self._side: tuple[Any, Any] | None = None
         self._next: leases.Lease | None = None  # a committed prefetch following _lease
         self._pending: Prefetch | None = None  # a prefetch in flight, or finished, unsettled
         # Every prefetch whose thread may still take _txn, _pending's and those cancelled
@@ -555,7 +558,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 else self._from_lease(lease, mechanism, label, pid, times)
             if leased is None and self._next is not None:
                 leased = self._from_both(mechanism, label, pid, times)
-            refused = _Refused()
+            refused, beside = _Refused(), False
             if leased is None:
                 with refused, self._synced(write=True) as txn:
                     verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid,
@@ -572,17 +575,19 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         step = _deviation.plan_step(self._acc, verdict)
                         before = self._acc.repeats(step, None, pid)
                     now, pre = time.time(), []
+                    beside = streak < 0  # charged beside the live lease, which stays (task sl)
                     if abandon is not None and self._logs_unused():  # it stays spent either way
                         body = leases.unused_event(abandon, "mechanism change", now)
                         self._acc.replay_event(body)
                         pre = [Change("event", body=body)]
-                    nxt = self._next  # a prefetched lease the current one did not reach:
+                    nxt = None if beside else self._next  # a prefetch the lease did not reach:
                     if nxt is not None and nxt.left and self._logs_unused():  # abandoned
                         body = leases.unused_event(nxt, "prefetch unused" if abandon is None
                                                    else "mechanism change", now)
                         self._acc.replay_event(body)
                         pre.append(Change("event", body=body))
-                    self._lease = self._next = None
+                    if not beside:
+                        self._lease = self._next = None
                     changes = pre + self._acc.apply(verdict, label, now, pid)
                     txn.write(self._acc, changes)  # durable at commit, before the caller acts
                     if closing:  # committed: nothing here may raise into the transaction
@@ -593,13 +598,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                     assert run is not None
                     spare = verdict.times - (times - carry)  # admitted beyond this charge: leased
                     record = run._record(run.count - 1 - spare)
-                    new_lease = None if self._lease_cap <= 1 else leases.Lease(
+                    new_lease = None if self._lease_cap <= 1 or beside else leases.Lease(
                         run.mechanism, label, pid, spare, run.start + run.count - spare,
                         streak + times)
                 # Installed only after the commit returned (theory §13 Lemma 1): an interrupt
                 # before or during the COMMIT leaves no lease in memory (and breaks the ledger).
-                if refused.exc is None:
-                    self._lease = new_lease
+                if refused.exc is None and beside:
+                    self._side = (label, mechanism)  # the lease stays live
+                elif refused.exc is None:
+                    self._lease, self._side = new_lease, None
                     if new_lease is not None:
                         self._maybe_prefetch(new_lease)
         if refused.exc is not None:
@@ -670,6 +677,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
               ) -> ChargeRecord:
         """Under ``_lock``, the lease checked: ``times`` steps of it handed out."""
         record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+        self._side = None  # the lease's key charged again: a later side charge is the first
         if self._prefetch:
             self._maybe_prefetch(lease)
         return record
@@ -731,6 +739,12 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         acc, cap, old = self._acc, self._lease_cap, self._lease
         if old is not None and old.pid != pid:
             old = self._lease = None  # a forked child: the parent's lease is not ours
+        if self._beside(old, mechanism, label, pid):
+            # One charge of another label (a noisy evaluation between training steps):
+            # charged alone, exactly `times` steps and no lease, beside the live lease,
+            # which stays live and spent (task sl; docs/theory.md §13, "Charges beside a
+            # lease"). The same charge again next ends the lease below, as before.
+            return acc.decide(mechanism, label, pid, times), 0, None, -1
         same = old is not None and old.same_key(mechanism, label, pid)
         carry = old.left if same and old is not None else 0
         abandon = old if old is not None and not same and old.left else None
@@ -743,6 +757,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                             need)
         assert grown is not None  # floor = need: never below it
         return grown, carry, abandon, streak
+
+    def _beside(self, old: leases.Lease | None, mechanism: Mechanism, label: str | None,
+                pid: int) -> bool:
+        """Under both locks: whether this charge is made beside the live lease ``old``
+        (of this process, with steps left) rather than ending it: it has another label, and
+        the last charge made beside the lease was not this same one (a second charge in a
+        row of another label's mechanism starts that label's own streak, as before)."""
+        return (old is not None and old.pid == pid and old.left > 0 and label != old.label
+                and self._side != (label, mechanism))
 
     def _grown(self, mechanism: Mechanism, label: str | None, pid: int, verdict: Any, n: int,
                floor: int, held: int = 0) -> Any:
