@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privguard import BudgetExhausted, Ledger
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger
 from privguard import mechanisms as M
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -130,3 +130,19 @@ def test_a_prefetched_lease_survives_an_evaluation(tmp_path):
     assert len([r for r in again.history if r.label == "train"]) == 400 + sum(
         e["steps"] for e in events)
     again.close()
+
+
+@pytest.mark.parametrize("bad", [np.array([1.0, 2.0]), "x"])
+def test_an_invalid_mechanism_after_a_beside_charge_is_refused_as_invalid(tmp_path, bad):
+    # review rsl: the second-in-a-row test compared (label, mechanism) with the last beside
+    # charge's by ==; an array's == is elementwise, and its truth value raised a built-in
+    # ValueError out of charge() instead of InvalidArgumentError (the lease untouched)
+    ledger, lease = _leased(tmp_path / "i.db")
+    left = lease.left
+    ledger.charge(EVAL, label="eval")
+    with pytest.raises(InvalidArgumentError):
+        ledger.charge(bad, label="eval")
+    assert ledger._lease is lease and lease.left == left
+    ledger.charge(STEP, label="train")
+    assert lease.left == left - 1
+    ledger.close()

@@ -763,9 +763,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """Under both locks: whether this charge is made beside the live lease ``old``
         (of this process, with steps left) rather than ending it: it has another label, and
         the last charge made beside the lease was not this same one (a second charge in a
-        row of another label's mechanism starts that label's own streak, as before)."""
-        return (old is not None and old.pid == pid and old.left > 0 and label != old.label
-                and self._side != (label, mechanism))
+        row of another label's mechanism starts that label's own streak, as before).
+        Not a mechanism: False (review rsl: the ordinary path refuses it as invalid; an
+        array compared with ``_side`` by == raised the truth value's ValueError)."""
+        return (isinstance(mechanism, Mechanism) and old is not None and old.pid == pid
+                and old.left > 0 and label != old.label and self._side != (label, mechanism))
 
     def _grown(self, mechanism: Mechanism, label: str | None, pid: int, verdict: Any, n: int,
                floor: int, held: int = 0) -> Any:
