@@ -146,3 +146,19 @@ def test_an_invalid_mechanism_after_a_beside_charge_is_refused_as_invalid(tmp_pa
     ledger.charge(STEP, label="train")
     assert lease.left == left - 1
     ledger.close()
+
+
+def test_steps_from_the_lease_and_its_prefetch_end_a_run_of_beside_charges(tmp_path):
+    # review rsl: a charge(times=k) handed out from the rest of the lease and then the
+    # prefetched one (_from_both) is a leased step of the lease's key, which ends the run
+    # of beside charges (theory §13); it left _side set, so the next evaluation ended the
+    # lease as a second charge in a row ("mechanism change", its remainder unused)
+    ledger = Ledger(8.0, 1e-5, path=tmp_path / "b.db", prefetch=True)
+    for e in range(60):
+        for _ in range(1 + e % 4):
+            ledger.charge(STEP, label="train", times=1 + e % 3)
+        ledger.charge(EVAL, label="eval")
+        ledger.charge(STEP, label="train", times=5)
+        ledger.charge(EVAL, label="eval")
+    assert _unused_events(ledger) == []
+    ledger.close()

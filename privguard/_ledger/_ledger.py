@@ -702,6 +702,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         cur.take(first)
         self._promote()  # the prefetched lease continues the streak
         record = ChargeRecord(nxt.take(times - first), label, nxt.mechanism, time.time(), pid)
+        self._side = None  # the lease's key charged again, as in _take (review rsl)
         if self._prefetch:
             self._maybe_prefetch(nxt)
         return record
