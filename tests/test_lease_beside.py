@@ -162,3 +162,34 @@ def test_steps_from_the_lease_and_its_prefetch_end_a_run_of_beside_charges(tmp_p
         ledger.charge(EVAL, label="eval")
     assert _unused_events(ledger) == []
     ledger.close()
+
+
+def test_a_beside_charge_that_closes_part_a_keeps_the_lease_and_replays(tmp_path):
+    # review rsl (theory §13, "Charges beside a lease"): an outside evaluation beside a
+    # lease part A admitted closes A; the lease's tail is released after, from the journal
+    # (spent unchanged), and a reopened ledger replays to the same hybrid state
+    import warnings
+
+    from privguard import Plan
+
+    path = tmp_path / "h.db"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ledger = Ledger(3.0, 1e-5, path=path, plan=Plan(STEP, steps=3000), filter="hybrid",
+                        prefetch=False)
+        for _ in range(40):
+            ledger.charge(STEP, label="train")
+        lease = ledger._lease
+        assert lease is not None and lease.left > 0 and ledger._acc.filter.state()["a_alive"]
+        ledger.charge(EVAL, label="eval")
+    state = ledger._acc.filter.state()
+    assert not state["a_alive"] and ledger._lease is lease and lease.left > 0
+    spent = ledger.spent.copy()
+    for _ in range(lease.left):
+        ledger.charge(STEP, label="train")
+    np.testing.assert_array_equal(ledger.spent, spent)  # released from the lease
+    ledger.close()
+    again = Ledger.open(path)
+    assert again._acc.filter.state() == state
+    np.testing.assert_array_equal(again.spent, spent)
+    again.close()
