@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privguard import BudgetExhausted, InvalidArgumentError, Ledger
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -192,4 +192,27 @@ def test_a_beside_charge_that_closes_part_a_keeps_the_lease_and_replays(tmp_path
     again = Ledger.open(path)
     assert again._acc.filter.state() == state
     np.testing.assert_array_equal(again.spent, spent)
+    again.close()
+
+
+def test_an_interrupt_before_the_beside_charge_is_written_breaks_the_ledger(tmp_path):
+    # review rsl: KeyboardInterrupt after the accounting applied the evaluation and before
+    # the store's write: memory held a charge the store rolled back (history and spent read
+    # it back, the lease went on handing out steps), and only the next write refused, as
+    # "edited in place". Now the ledger breaks at once, as for an interrupt in the write
+    ledger, _ = _leased(tmp_path / "k.db")
+    apply = ledger._acc.apply
+
+    def interrupted(*args, **kwargs):
+        apply(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    ledger._acc.apply = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        ledger.charge(EVAL, label="eval")
+    ledger._acc.apply = apply
+    with pytest.raises(LedgerStateError, match="interrupted"):
+        ledger.charge(STEP, label="train")
+    again = Ledger.open(tmp_path / "k.db")
+    assert [r.label for r in again.history].count("eval") == 0  # nothing was committed
     again.close()

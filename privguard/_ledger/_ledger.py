@@ -576,6 +576,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         before = self._acc.repeats(step, None, pid)
                     now, pre = time.time(), []
                     beside = streak < 0  # charged beside the live lease, which stays (task sl)
+                    # Memory changes from here on (replay_event, apply) before the store's
+                    # write: an interrupt between them breaks the ledger as one during the
+                    # write does (review rsl: it left memory one charge ahead of the store,
+                    # read back as spent and history, and the lease live)
+                    txn.wrote = True
                     if abandon is not None and self._logs_unused():  # it stays spent either way
                         body = leases.unused_event(abandon, "mechanism change", now)
                         self._acc.replay_event(body)
