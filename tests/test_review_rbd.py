@@ -74,8 +74,9 @@ def _bool_values():
 def test_a_sample_rate_callable_returning_a_numpy_or_torch_bool_is_refused(bad):
     # bd checks the callable's value "as sample_rate= is", which refuses np.True_; float()
     # took a numpy or torch bool as q = 1 (review rbd)
-    from privguard import InvalidArgumentError
     from test_bad_input_bd import _opacus_step
+
+    from privguard import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError) as info:
         _opacus_step(lambda: bad)
@@ -85,7 +86,6 @@ def test_a_sample_rate_callable_returning_a_numpy_or_torch_bool_is_refused(bad):
 def test_a_sample_rate_callable_returning_a_tensor_or_numpy_rate_charges_that_rate():
     torch = pytest.importorskip("torch")
     import numpy as np
-
     from test_bad_input_bd import _opacus_step
 
     for value in (torch.tensor(2.0**-6), np.float32(2.0**-6), np.array(2.0**-6)):
