@@ -8,6 +8,7 @@ import signal
 import threading
 
 import pytest
+from test_fork_locks import AskedLock
 from test_prefetch_locks import _in_thread
 
 from privguard import Ledger
@@ -56,20 +57,9 @@ def test_fork_while_a_cancelled_prefetch_holds_the_transaction_lock(tmp_path, mo
                               name="cancelled-prefetch")
     thread.start()  # as Prefetch.start would have started it
     assert entered.wait(30)  # it holds _txn, about to see it was cancelled
-    waited = pending.done
-
-    class Done(threading.Event):  # a fork hook that waits for the thread lets it go on
-        def wait(self, timeout=None):
-            go.set()
-            return waited.wait(timeout)
-
-        def is_set(self):
-            return waited.is_set()
-
-        def set(self):
-            waited.set()
-
-    pending.done = Done()
+    # The at-fork hook asking for _txn lets the thread go on (task hl: the hook takes every
+    # ledger's locks, so it waits for the thread, as it waited for its `done` before)
+    ledger._txn = AskedLock(ledger._txn, go)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 1

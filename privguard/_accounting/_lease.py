@@ -34,8 +34,6 @@ The rules (docs/theory.md §13; README "Leases"):
 from __future__ import annotations
 
 import dataclasses
-import os
-import weakref
 from typing import Any
 
 import numpy as np
@@ -264,39 +262,7 @@ def unused_steps(events: Any) -> int:
                if isinstance(e, dict) and e.get("event") == UNUSED)
 
 
-#: Ledgers that may hold a lease: a forked child drops theirs (docs/theory.md §13, Lemma 1:
-#: a lease lives in one process; comparing pids alone fails when a pid is reused).
-_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def track(ledger: Any) -> None:
-    """Drop ``ledger``'s lease in any child this process forks."""
-    _HOLDERS.add(ledger)
-
-
-def _settle_before_fork() -> None:
-    # A prefetch in flight finishes its commit first (or is cancelled before it begins):
-    # the child never copies a ledger whose lock a background commit holds.
-    # Every one whose thread may still take the lock: one cancelled before it began (no
-    # longer the ledger's _pending) takes it for an instant to see so (review rpl).
-    for ledger in list(_HOLDERS):
-        for pending in list(getattr(ledger, "_prefetches", ())):
-            pending.quiesce(ledger._txn)
-
-
-def _drop_in_child() -> None:
-    for ledger in list(_HOLDERS):
-        ledger._lease = None
-        ledger._next = None  # a prefetched lease is the parent's, as its lease is
-        ledger._pending = None
-        ledger._prefetches = []
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_settle_before_fork, after_in_child=_drop_in_child)
-
-
 __all__ = ["DEFAULT_CAP", "FRACTION", "MAX_CAP", "PREFETCH_AT", "RELATIVE", "UNUSED", "Lease",
            "bound", "check_cap", "check_unused_event", "hybrid_room", "meter_room",
-           "prefetch_due", "prefetch_size", "target_size", "track", "unused_event",
+           "prefetch_due", "prefetch_size", "target_size", "unused_event",
            "unused_steps"]

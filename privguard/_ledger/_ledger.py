@@ -39,6 +39,7 @@ from privguard._accounting._journal import ChargeRecord
 from privguard._accounting._plan import Plan
 from privguard._accounting._results import LedgerEvent
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
+from privguard._ledger import _fork
 from privguard._ledger._ledger_queries import LedgerQueries
 from privguard._ledger._ledger_state import LedgerState
 from privguard._ledger._listeners import LedgerListeners
@@ -203,12 +204,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._side: tuple[Any, Any] | None = None
         self._next: leases.Lease | None = None  # a committed prefetch following _lease
         self._pending: Prefetch | None = None  # a prefetch in flight, or finished, unsettled
-        # Every prefetch whose thread may still take _txn, _pending's and those cancelled
-        # before they began (each takes _txn for an instant to see it): the at-fork hook
-        # waits for all of them (review rpl)
-        self._prefetches: list[Prefetch] = []
-        if store is not None:
-            leases.track(self)  # a forked child drops this ledger's lease
+        # A fork takes both locks, and the child drops the lease (docs/theory.md §13,
+        # "Forks"): the at-fork hook's _txn waits for a prefetch in flight
+        _fork.track(self)
         self._set_leases(1, None)
 
     def _set_leases(self, cap: int, prefetch: bool | None) -> None:
@@ -356,9 +354,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         of the streak's next lease when due (one at a time)."""
         if (self._prefetch and self._pending is None and self._next is None
                 and leases.prefetch_due(self._lease_cap, lease.streak, lease.left)):
+            # An interrupt before its thread starts leaves a prefetch that never begins
+            # nor finishes: nothing waits for it (a transaction cancels it; a fork takes
+            # _txn, which waits only for a thread that holds it: task hl)
             self._pending = pending = Prefetch(lease)
-            self._prefetches = [p for p in self._prefetches if not p.done.is_set()]
-            self._prefetches.append(pending)
             pending.start(self._txn, self._prefetch_commit)
 
     def _prefetch_commit(self, pending: Prefetch) -> leases.Lease | None:
@@ -391,6 +390,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             verdict = self._grown(mechanism, label, pid, verdict, n, held, held)
             if verdict is None or _deviation.closes_part_a(verdict):
                 return None  # part A closes in the foreground, with its warning
+            # Memory changes (apply) before the store's write: any exception between them
+            # breaks the ledger at once, as on the caller's path (review rsl; task hl: here
+            # the store rolled back and memory stayed one lease ahead, the ledger unbroken
+            # and the current lease handing out steps until the prefetch was settled)
+            txn.wrote = True
             changes = self._acc.apply(verdict, label, time.time(), pid)
             txn.write(self._acc, changes)
             run = changes[-1].run

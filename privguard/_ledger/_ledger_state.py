@@ -12,11 +12,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from privguard._accounting import _lease
 from privguard._accounting._accounting import is_retarget
 from privguard._accounting._derivation import first_difference
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
+from privguard._ledger import _fork
 from privguard._stores import _state as state_io
 
 if TYPE_CHECKING:
@@ -170,10 +170,9 @@ class LedgerState:
                                  prefetch=data.get("prefetch"))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
-        if self._store is not None:
-            # ``other`` registered itself for the at-fork lease drop (docs/theory.md §13
-            # Lemma 1); ``self`` is the ledger that lives on and holds leases from now on
-            _lease.track(self)
+        # ``other`` registered itself for the at-fork hook (its locks, the lease drop:
+        # docs/theory.md §13 "Forks"); ``self`` is the ledger that lives on from now on
+        _fork.track(self)
 
 
 def _differing_fix(mine: list[Any], theirs: list[Any]) -> str | None:

@@ -15,7 +15,8 @@ transaction lock first). The state machine is this object's: a thread that holds
 the transaction lock sees a prefetch either not begun (it cancels it: the thread
 then does nothing) or finished (its lease, its refusal or its error), never
 half-way; a thread that holds only the state lock may find it in flight, and then
-leaves it alone (``done`` says when it finished).
+leaves it alone (``done`` says when it finished). Nothing waits for ``done``: a prefetch
+whose thread never started (an interrupt before it) never sets it (task hl).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Prefetch:
         # Its streak and remainder when the prefetch was due (sized from these, so the
         # size does not depend on when the thread runs; the remainder only shrinks).
         self.released, self.left = after.streak, after.left
-        self._mutex = threading.Lock()  # started/cancelled, with the at-fork hook
+        self._mutex = threading.Lock()  # started/cancelled
         self.started = False
         self.cancelled = False
         self.done = threading.Event()
@@ -48,8 +49,7 @@ class Prefetch:
     def run(self, lock: Any, body: Callable[[Prefetch], Any]) -> None:
         """The thread's body: ``body(self)`` under ``lock`` (the ledger's transaction
         lock) unless cancelled first. Its result is set before ``lock`` is let go, and
-        ``done`` after (a fork waits for ``done``: the child never inherits ``lock``
-        held by this thread)."""
+        ``done`` after."""
         self.ident = threading.get_ident()
         try:
             with lock:
@@ -71,6 +71,9 @@ class Prefetch:
         except RuntimeError:  # no thread to be had: no prefetch (the lease is taken when
             self.cancelled = True  # needed, as with prefetch=False)
             self.done.set()
+        except BaseException:  # an interrupt: its thread may or may not have started;
+            self.cancel()  # if it has, it does nothing (or it began: it finishes)
+            raise
 
     def cancel(self) -> bool:
         """Cancel a prefetch not begun; False if it began (then it finishes)."""
@@ -78,16 +81,6 @@ class Prefetch:
             if not self.started:
                 self.cancelled = True
             return self.started
-
-    def quiesce(self, lock: Any) -> None:
-        """Before a fork: cancel it if not begun, and wait until its thread let go of
-        ``lock``, the ledger's transaction lock (a cancelled thread may hold it for an
-        instant), else a child inherits a lock held by a thread it does not have. Not
-        when this thread holds ``lock``: the prefetch then has not begun or has
-        finished, and the child's lock is this thread's."""
-        self.cancel()
-        if not lock._is_owned():
-            self.done.wait()
 
 
 __all__ = ["Prefetch"]
