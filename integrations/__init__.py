@@ -12,6 +12,8 @@
 * ``RandomAllocationSampler`` — batches in which each example is used once
   per epoch, privately (random allocation; charge
   :class:`privguard.mechanisms.RandomAllocation`). It does not import torch.
+* ``EmptyBatchCollate`` — a DataLoader ``collate_fn`` that also collates the
+  empty batches such a sampler draws (PyTorch's default collate cannot).
 
 Each integration lives in its own module; optional frameworks are imported
 lazily with an install hint.
@@ -21,5 +23,6 @@ from privguard.integrations._allocation import (
     DistributedRandomAllocationSampler,
     RandomAllocationSampler,
 )
+from privguard.integrations._empty_batches import EmptyBatchCollate
 
-__all__ = ["DistributedRandomAllocationSampler", "RandomAllocationSampler"]
+__all__ = ["DistributedRandomAllocationSampler", "EmptyBatchCollate", "RandomAllocationSampler"]

@@ -30,9 +30,10 @@ class RandomAllocationSampler:
     the other indices. A batch can be empty (probability about
     t·exp(−n/t) that some is, for n samples and t steps): such a step must
     still run and add its noise, as the accounting assumes; PyTorch's
-    default collate function fails on an empty batch, so with small
-    expected batches use a collate function that handles one (e.g. Opacus'
-    ``wrap_collate_with_empty``).
+    default collate function fails on an empty batch (``IndexError``), so
+    pass ``collate_fn=EmptyBatchCollate(dataset)``
+    (:class:`privguard.integrations.EmptyBatchCollate`), which collates one
+    with zero rows.
 
     Epochs run one after another (docs/theory.md §15.3): once an iterator
     of the next epoch has drawn its first batch, an iterator of an earlier
@@ -47,7 +48,8 @@ class RandomAllocationSampler:
     predict carry no privacy amplification.
 
     Use it with any DataLoader, ``DataLoader(dataset,
-    batch_sampler=RandomAllocationSampler(len(dataset), t))``, and with
+    batch_sampler=RandomAllocationSampler(len(dataset), t),
+    collate_fn=EmptyBatchCollate(dataset))``, and with
     Opacus through ``make_private(..., data_loader=loader,
     poisson_sampling=False)`` (Opacus then sets its sample rate to 1/t;
     ``secure_mode=True`` does not accept a batch sampler other than its own

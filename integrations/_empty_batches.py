@@ -1,0 +1,88 @@
+"""A DataLoader ``collate_fn`` for batches that may be empty (random allocation).
+
+A :class:`~privguard.integrations.RandomAllocationSampler` batch is empty with
+probability (1 − 1/t)^n for n examples and t steps (docs/theory.md §15): such a step
+must still run and add its noise, as the accounting assumes. PyTorch's default
+collate function cannot stack an empty batch (``IndexError``); Opacus'
+``DPDataLoader`` wraps its collate for Poisson batches, but a loader built with a
+batch sampler of one's own is not wrapped (``make_private(..., poisson_sampling=False)``
+keeps the loader's collate). :class:`EmptyBatchCollate` collates an empty batch as
+the dataset's first example collated alone, cut to zero rows: every tensor keeps its
+dtype and its shape past the batch dimension, so the model's forward pass, Opacus'
+per-example gradients (none) and the noise run as for any batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from privguard._errors import InvalidArgumentError
+
+__all__ = ["EmptyBatchCollate"]
+
+
+class EmptyBatchCollate:
+    """A ``collate_fn`` that also collates an empty batch (a DataLoader's ``collate_fn``).
+
+    Args:
+        dataset: the loader's dataset (its first example gives the empty batch's
+            shapes and dtypes; it is read only for an empty batch).
+        collate_fn: the collate function of non-empty batches (default: PyTorch's
+            ``default_collate``).
+
+    A non-empty batch is ``collate_fn(batch)``; an empty one is
+    ``collate_fn([dataset[0]])`` with every tensor and array cut to its first zero
+    rows (in tuples, lists and mappings; a list of plain values, e.g. strings,
+    becomes empty). It can be pickled with its dataset (loader workers).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> from privguard.integrations import EmptyBatchCollate, RandomAllocationSampler
+        >>> data = TensorDataset(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+        >>> loader = DataLoader(data, collate_fn=EmptyBatchCollate(data),
+        ...                     batch_sampler=RandomAllocationSampler(2, steps_per_epoch=4))
+        >>> [tuple(x.shape) for x, _ in loader].count((0, 3)) >= 2  # 2 examples, 4 steps
+        True
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None = None
+                 ) -> None:
+        if not hasattr(dataset, "__getitem__"):
+            raise InvalidArgumentError("dataset", dataset,
+                                       "must be indexable (the loader's dataset)")
+        if collate_fn is not None and not callable(collate_fn):
+            raise InvalidArgumentError("collate_fn", collate_fn, "must be callable or None")
+        self.dataset, self.collate_fn = dataset, collate_fn
+
+    def __call__(self, batch: list[Any]) -> Any:
+        collate = self.collate_fn
+        if collate is None:
+            from torch.utils.data import default_collate
+
+            collate = default_collate
+        if len(batch):
+            return collate(batch)
+        return _no_rows(collate([self.dataset[0]]))
+
+
+def _no_rows(value: Any) -> Any:
+    """``value`` (a collated batch of one example) with zero rows."""
+    if hasattr(value, "shape") and hasattr(value, "__getitem__"):  # a tensor, an array
+        return value[:0]
+    if isinstance(value, Mapping):
+        rows = {key: _no_rows(item) for key, item in value.items()}
+        return rows if type(value) is dict else type(value)(rows)  # type: ignore[call-arg]
+    if isinstance(value, list) and not any(_has_rows(item) for item in value):
+        return []  # one plain value per example (e.g. strings)
+    if isinstance(value, (list, tuple)):
+        items = [_no_rows(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    raise InvalidArgumentError("collate_fn", value, "collated the dataset's first example "
+                               "into a value with no rows to remove (expected tensors, "
+                               "arrays, or tuples, lists and mappings of them)")
+
+
+def _has_rows(value: Any) -> bool:
+    return hasattr(value, "shape") or isinstance(value, (list, tuple, Mapping))

@@ -1,0 +1,103 @@
+"""Empty batches of random allocation (task hl): a plain ``DataLoader(ds,
+batch_sampler=RandomAllocationSampler(...))`` with PyTorch's default collate raised
+IndexError at an empty batch (probability (1 − 1/t)^n a batch); ``EmptyBatchCollate``
+collates it with zero rows, and the step runs, adds its noise and is charged."""
+
+from __future__ import annotations
+
+import pickle
+from typing import NamedTuple
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import InvalidArgumentError  # noqa: E402
+from privguard.integrations import EmptyBatchCollate, RandomAllocationSampler  # noqa: E402
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+              pytest.mark.filterwarnings("ignore:Secure RNG turned off")]
+# 2 examples in 4 steps: at least 2 batches of every epoch are empty
+N, T = 2, 4
+
+
+def _data():
+    return TensorDataset(torch.randn(N, 3), torch.arange(N))
+
+
+def _sampler(seed=0):
+    return RandomAllocationSampler(N, T, generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_default_collate_fails_on_an_empty_batch():
+    # What a user of a plain DataLoader met (the reason for the helper)
+    with pytest.raises(IndexError):
+        list(DataLoader(_data(), batch_sampler=_sampler()))
+
+
+def test_every_batch_of_an_epoch_is_collated_and_an_empty_one_has_zero_rows():
+    data = _data()
+    loader = DataLoader(data, batch_sampler=_sampler(), collate_fn=EmptyBatchCollate(data))
+    batches = list(loader)
+    assert len(batches) == T and sum(len(x) == 0 for x, _ in batches) >= T - N
+    for x, y in batches:
+        assert x.shape[1:] == (3,) and x.dtype == torch.float32 and y.dtype == torch.int64
+        assert len(x) == len(y)
+    assert sorted(int(i) for _, y in batches for i in y) == list(range(N))
+
+
+class Row(NamedTuple):
+    x: object
+    y: object
+
+
+def test_structures_keep_their_types_and_plain_values_become_empty():
+    data = [{"x": torch.ones(2), "name": "a", "row": Row(torch.zeros(1), 3)}]
+    empty = EmptyBatchCollate(data)([])
+    assert empty["x"].shape == (0, 2) and empty["name"] == []
+    assert type(empty["row"]) is Row and empty["row"].x.shape == (0, 1)
+    assert empty["row"].y.shape == (0,)
+    again = pickle.loads(pickle.dumps(EmptyBatchCollate(data)))  # loader workers
+    assert type(again([])["row"]) is Row
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(InvalidArgumentError, match="dataset"):
+        EmptyBatchCollate(3)
+    with pytest.raises(InvalidArgumentError, match="collate_fn"):
+        EmptyBatchCollate([1], collate_fn=3)
+    with pytest.raises(InvalidArgumentError, match="collate_fn"):
+        EmptyBatchCollate([1], collate_fn=lambda rows: 7)([])
+
+
+def test_an_empty_step_runs_adds_noise_and_is_charged_under_attach():
+    opacus = pytest.importorskip("opacus")
+    from torch import nn
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    data = _data()
+    loader = DataLoader(data, batch_sampler=_sampler(), collate_fn=EmptyBatchCollate(data))
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = opacus.PrivacyEngine().make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0,
+        max_grad_norm=1.0, poisson_sampling=False)
+    ledger = Ledger(epsilon=50.0, delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    empty_steps = 0
+    for x, y in loader:
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+        opt.step()
+        moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+        assert moved  # the noise of every step, an empty one's included
+        empty_steps += len(x) == 0
+    assert empty_steps >= T - N
+    assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(1.0, T)]
