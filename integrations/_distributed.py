@@ -35,6 +35,14 @@ The protocol (every rank runs it, at the same point):
    before attach are replayed only where every rank recorded the same
    (:meth:`Coordinator.agree`).
 
+Under random allocation (``DistributedRandomAllocationSampler``) an epoch is charged
+at its first step (:meth:`Coordinator.charge_once`) and whether the next one fits is
+decided at its last (:meth:`Coordinator.all_fit`); every step's own refusals (k > 1
+micro-batches, σ changed inside the epoch, more steps than batches) are taken together
+first (:meth:`Coordinator.together`, one all-gather per step; task hl: a rank that
+refused alone left the others waiting in the gradient ``all_reduce`` until the process
+group's timeout).
+
 So each distinct ledger is charged exactly once per global step (a shared
 file once in all), ledger replicas stay equal, and no rank enters the
 gradient ``all_reduce`` alone. The cost is two all-gathers of five
@@ -64,10 +72,10 @@ __all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
 NOT_CHARGER, ADMITTED, REFUSED, ERROR = 0.0, 1.0, 2.0, 3.0
 # Which collective a row belongs to: ranks at different points (one loading a checkpoint,
 # another stepping) meet in the same all_gather; the tag turns that into an error on both.
-_STEP, _RUN, _FIT, _CHECK, _CHARGE, _AGREE = 1.0, 2.0, 3.0, 4.0, 5.0, 6.0
+_STEP, _RUN, _FIT, _CHECK, _CHARGE, _AGREE, _TOGETHER = 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0
 _OPS = {_STEP: "a training step", _RUN: "attach or a checkpoint load", _FIT: "attach",
         _CHECK: "a step's witness check", _CHARGE: "a training step's charge",
-        _AGREE: "attach or a checkpoint load"}
+        _AGREE: "attach or a checkpoint load", _TOGETHER: "a random-allocation step's check"}
 _WITNESSES = ("noise", "clipping", "sampling")  # their codes in the check's row: 1, 2, 3
 
 
@@ -320,6 +328,21 @@ class Coordinator:
                 step=int(step))
             error.step_charged = charge
             raise error
+
+    def together(self, fn: Callable[[], Any], what: str) -> Any:
+        """``fn()`` on every rank (a collective call): its result where it raised on no
+        rank; else every rank raises before the update, its own error where ``fn`` raised,
+        :class:`RankDisagreementError` naming that rank elsewhere (as a charge's refusal:
+        no rank enters the gradient ``all_reduce`` alone)."""
+        out, err, status = None, None, NOT_CHARGER
+        try:
+            out = fn()
+        except Exception as exc:  # reported to every rank below
+            err, status = exc, ERROR
+        table = self._gather(_TOGETHER, [status, 0.0, 0.0, 0.0])
+        self._raise_errors([f"rank {r} refused the step" if row[0] == ERROR else None
+                            for r, row in enumerate(table)], err, what)
+        return out
 
     def all_fit(self, fits: Callable[[], bool]) -> bool:
         """Whether ``fits()`` holds on every charger (a collective call)."""

@@ -371,10 +371,14 @@ class AttachHandle:
                 # the refusal is not kept for the next step then
                 self.witnesses.failure = None
         if self._epochs is not None:  # random allocation: the whole epoch at its first step
-            if k > 1:
-                raise _accumulated_allocation(k)
             sigma = float(optimizer.noise_multiplier)
-            due = self._epochs.pending(sigma)
+            if self._coordinator is None:
+                due = self._allocation_due(k, sigma)
+            else:  # a refusal on one rank is every rank's (task hl: the others waited in the
+                # gradient all_reduce until the process group's timeout)
+                due = self._coordinator.together(
+                    lambda: self._allocation_due(k, sigma),
+                    "while checking a random-allocation step")
             if due is not None and self._coordinator is not None:  # DDP: once, together
                 _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
             elif due is not None:
@@ -400,6 +404,15 @@ class AttachHandle:
         if refused is not None and self.witnesses is not None:  # charged, not applied
             self.witnesses.failure, self._refusal_charged = refused, True
             raise refused
+
+    def _allocation_due(self, k: int, sigma: float) -> M.Mechanism | None:
+        """The epoch a random-allocation step must charge first (None: its epoch is charged);
+        raises if the step is refused (k > 1 micro-batches, σ changed inside the epoch, more
+        steps than batches, a batch not of the loader)."""
+        assert self._epochs is not None
+        if k > 1:
+            raise _accumulated_allocation(k)
+        return self._epochs.pending(sigma)
 
     def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.

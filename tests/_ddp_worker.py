@@ -186,26 +186,10 @@ def allocation(rank: int, workdir: str, epsilon: float) -> dict:
     """Issue 27: one global random allocation (DistributedRandomAllocationSampler), each rank
     its share of every step's batch; each epoch charged once, before its first step, on a
     ledger per rank; the epoch the filter refuses changes nothing on any rank."""
-    import torch
-    from opacus import PrivacyEngine
-    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
     from privguard import Ledger
-    from privguard.integrations import DistributedRandomAllocationSampler
     from privguard.integrations.opacus import attach
 
-    torch.manual_seed(0)
-    x = torch.randn(N, 8)
-    sampler = DistributedRandomAllocationSampler(
-        N, ALLOCATION_STEPS, generator=torch.Generator().manual_seed(7))
-    model = DPDDP(nn.Linear(8, 2))
-    engine = PrivacyEngine(accountant="rdp")
-    model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_sampler=sampler),
-        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
+    x, model, opt, loader = _allocation_setup()
     ledger = Ledger(epsilon, DELTA)
     handle = attach(opt, ledger, data_loader=loader, on_exhausted="stop")
     shares, changed, should_stop = [], [], []
@@ -224,6 +208,61 @@ def allocation(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 ALLOCATION_STEPS = 4
+
+
+def _allocation_setup():
+    """DPDDP over a DistributedRandomAllocationSampler loader: (x, model, opt, loader)."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations import DistributedRandomAllocationSampler, EmptyBatchCollate
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    sampler = DistributedRandomAllocationSampler(
+        N, ALLOCATION_STEPS, generator=torch.Generator().manual_seed(7))
+    model = DPDDP(nn.Linear(8, 2))
+    engine = PrivacyEngine(accountant="rdp")
+    data = TensorDataset(x, (x[:, 0] > 0).long())
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_sampler=sampler, collate_fn=EmptyBatchCollate(data)),
+        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
+    return x, model, opt, loader
+
+
+def allocation_uneven(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task hl: random allocation under DDP, rank 1 accumulating two micro-batches into the
+    second step and rank 0 one. Rank 1's refusal (k > 1) is every rank's, before any update:
+    before, rank 1 refused alone and rank 0 waited in the gradient all_reduce until the
+    process group's timeout."""
+    from torch import nn
+
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    _x, model, opt, loader = _allocation_setup()
+    ledger = Ledger(epsilon, DELTA)
+    attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    out: dict = {"first": _one_step(model, opt, next(batches))}
+    before = _params(model)
+    opt.zero_grad()
+    for _ in range(1 + rank):
+        x, y = next(batches)
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+    try:
+        opt.step()
+        out["second"] = "applied"
+    except PrivguardError as exc:
+        out["second"] = type(exc).__name__
+    except RuntimeError as exc:  # gloo's timeout
+        out["second"] = f"RuntimeError: {str(exc)[:100]}"
+    out.update(unchanged=_params(model) == before, journal=len(ledger.history))
+    return out
 def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
     """attach(..., witnesses=True) on one shared file: 10 clean steps pass (the δ reserve
     charged once in all); then rank 0 adds no noise (as the other ranks do by design): its
@@ -454,7 +493,8 @@ def uneven(rank: int, workdir: str, epsilon: float) -> dict:
     return out
 
 SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
-             "checkpoint": checkpoint, "allocation": allocation, "uneven": uneven}
+             "checkpoint": checkpoint, "allocation": allocation, "uneven": uneven,
+             "allocation_uneven": allocation_uneven}
 
 
 def interplay(rank: int, workdir: str, epsilon: float) -> dict:

@@ -35,6 +35,9 @@ class _Peers:
 
     charge_once = Coordinator.charge_once  # the real one, through run() above
 
+    def together(self, fn, what):  # a step's own checks: no peer refuses (task hl)
+        return fn()
+
     def all_fit(self, fits):
         self.asked += 1
         fits()  # this rank's answer (True here) ...

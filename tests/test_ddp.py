@@ -152,6 +152,17 @@ def test_one_global_random_allocation_each_rank_its_share_each_epoch_charged_onc
             assert not set(ranks[0]["shares"][e * t + i]) & set(ranks[1]["shares"][e * t + i])
 
 
+def test_random_allocation_refused_on_one_rank_is_refused_on_every_rank(tmp_path):
+    """Task hl: k > 1 micro-batches on rank 1 only (a random-allocation step is refused
+    there): every rank raises before the update (rank 1 its NonPoissonSamplingError, rank 0
+    RankDisagreementError naming it); before, rank 0 waited in the gradient all_reduce until
+    gloo's 30 s timeout, then failed with gloo's RuntimeError."""
+    r0, r1 = launch("allocation_uneven", str(tmp_path), 50.0)
+    assert r0["second"] == "RankDisagreementError" and r1["second"] == "NonPoissonSamplingError"
+    for r in (r0, r1):
+        assert r["first"] and r["unchanged"] and r["journal"] == 1  # the epoch, once
+
+
 def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_path):
     """Issue 28: the noise witness runs on rank 0 (the only rank that adds noise); a clean
     run passes, and noise turned off on rank 0 refuses the step on both ranks, with the
