@@ -17,7 +17,8 @@ never waits for ``_txn`` (it lets ``_lock`` go first). A transaction of the call
 thread holds both; a prefetch's transaction holds ``_txn`` and takes ``_lock`` only for
 an instant, so a leased step (``_lock`` alone) waits for its commit only when it finds
 the file changed (the commit's own write in rollback-journal mode, or a checkpoint): it
-then syncs (``_from_lease``).
+then syncs (``_from_lease``). A fork takes both, in order, around ``os.fork``
+(:mod:`privguard._ledger._fork`; docs/theory.md §13 "Forks").
 """
 
 from __future__ import annotations
