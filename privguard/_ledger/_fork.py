@@ -32,9 +32,10 @@ _LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
 _TAKEN: list[Any] = []
 _MISSED: list[Any] = []
 
-BROKEN_BY_FORK = ("this process was forked while another thread of its parent held the "
-                  "ledger's transaction lock (the copy may be half-way through that "
-                  "thread's transaction); reopen the ledger in the child")
+BROKEN_BY_FORK = ("this process was forked without the ledger's locks (another thread of "
+                  "its parent held its transaction lock, or the at-fork hook was "
+                  "interrupted): the copy may be half-way through a transaction; reopen "
+                  "the ledger in the child")
 
 
 def track(ledger: Any) -> None:
@@ -45,9 +46,10 @@ def track(ledger: Any) -> None:
 
 def _before() -> None:
     _TAKEN.clear()
-    _MISSED.clear()
-    for ledger in list(_LEDGERS):
-        _MISSED.append(ledger)  # until both of its locks are this thread's
+    # Each ledger is missed until both of its locks are this thread's (an exception here,
+    # an interrupt, leaves the rest missed: CPython reports it and forks all the same)
+    _MISSED[:] = list(_LEDGERS)
+    for i, ledger in enumerate(_MISSED):
         txn, lock = ledger._txn, ledger._lock
         if lock._is_owned() and not txn._is_owned():
             # Waiting for _txn while holding _lock would take them out of order (a
@@ -59,7 +61,7 @@ def _before() -> None:
         _TAKEN.append(txn)
         lock.acquire()
         _TAKEN.append(lock)
-        _MISSED.pop()
+        _MISSED[i] = None
 
 
 def _release() -> None:
@@ -75,8 +77,9 @@ def _after_in_parent() -> None:
 def _after_in_child() -> None:
     _release()  # this thread owns them here as in the parent
     for ledger in _MISSED:
-        ledger._txn, ledger._lock = threading.RLock(), threading.RLock()
-        ledger._break(BROKEN_BY_FORK)
+        if ledger is not None:
+            ledger._txn, ledger._lock = threading.RLock(), threading.RLock()
+            ledger._break(BROKEN_BY_FORK)
     _MISSED.clear()
     for ledger in list(_LEDGERS):
         ledger._lease = None
