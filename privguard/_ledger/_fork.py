@@ -8,10 +8,14 @@ lock ``_txn`` and then its state lock ``_lock`` (the ledgers' lock order, docs/t
 §13 "Locks") before the fork, so the fork falls between two transactions of every other
 thread, and lets them go after it, in the parent and in the child (where it is the
 owner). Both are re-entrant: a fork by a thread that holds them (in a transaction) takes
-them at once. A thread that holds ``_lock`` alone never waits for ``_txn`` (lock order):
-if another thread holds that ledger's ``_txn``, the fork goes on without it and the
-child's copy of that ledger, perhaps half-way through that thread's transaction, is
-broken (it refuses everything: fail closed) with fresh locks.
+them at once. A thread that holds a ledger lock at the fork only *tries* the others' (a
+thread that holds ``_lock`` alone never waits for ``_txn``, the lock order; waiting while
+holding one could close a cycle with another thread, its hook included): a ledger it
+could not take, and any ledger whose two locks the forking thread did not take (the hook
+failed or was interrupted, the ledger was made meanwhile), is broken in the child (it
+refuses everything: fail closed) with fresh locks, as its copy may be half-way through
+another thread's transaction. Each forking thread keeps its own record, and every hook
+takes the ledgers in one order (review rhl: two threads forking at once deadlocked).
 
 The child also drops the parent's leases (Lemma 1: a lease lives in one process;
 comparing pids alone fails when a pid is reused) and its prefetch, whose thread it does
@@ -27,10 +31,12 @@ from typing import Any
 
 #: Every ledger of this process (in memory or not: each has both locks).
 _LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
-#: During a fork: the locks the forking thread took, in order, and the ledgers whose
-#: locks it could not all take (another thread may hold them in the child's copy).
-_TAKEN: list[Any] = []
-_MISSED: list[Any] = []
+#: During a fork, the forking thread's own record (review rhl: two threads forking at once
+#: shared one list, the second cleared the first's, and the first's locks were never let
+#: go: the second thread, and every later charge, waited forever): ``taken``, the locks it
+#: took, in order; ``whole``, the ledgers whose two locks it took (the child breaks every
+#: other ledger it has).
+_FORKING = threading.local()
 
 BROKEN_BY_FORK = ("this process was forked without the ledger's locks (another thread of "
                   "its parent held its transaction lock, or the at-fork hook was "
@@ -44,44 +50,64 @@ def track(ledger: Any) -> None:
     _LEDGERS.add(ledger)
 
 
+def _ledgers() -> list[Any]:
+    """The ledgers, in one order for every forking thread (two hooks taking them in two
+    orders would deadlock); ledgers that share their locks (a pickled copy and the ledger
+    it was loaded into) side by side."""
+    for _ in range(100):
+        try:
+            ledgers = list(_LEDGERS)
+        except RuntimeError:  # another thread tracked a ledger meanwhile: again
+            continue
+        return sorted(ledgers, key=lambda ledger: id(ledger._txn))
+    return []  # (none taken: the child breaks every ledger it has)
+
+
 def _before() -> None:
-    _TAKEN.clear()
-    # Each ledger is missed until both of its locks are this thread's (an exception here,
-    # an interrupt, leaves the rest missed: CPython reports it and forks all the same)
-    _MISSED[:] = list(_LEDGERS)
-    for i, ledger in enumerate(_MISSED):
+    taken: list[Any] = []
+    whole: dict[int, Any] = {}
+    _FORKING.taken, _FORKING.whole = taken, whole
+    ledgers = _ledgers()
+    # A thread that holds a ledger lock (a fork inside a transaction, or with _lock alone)
+    # only tries the others: waiting for one while holding another could close a cycle
+    # (with a thread inside a transaction waiting for that _lock, or with another
+    # thread's hook). Missed, a ledger is broken in the child.
+    holds = any(ledger._txn._is_owned() or ledger._lock._is_owned() for ledger in ledgers)
+    for ledger in ledgers:
         txn, lock = ledger._txn, ledger._lock
-        if lock._is_owned() and not txn._is_owned():
-            # Waiting for _txn while holding _lock would take them out of order (a
-            # thread inside a transaction may be waiting for this _lock): try only.
+        if holds and not txn._is_owned():
             if not txn.acquire(blocking=False):
                 continue
         else:
             txn.acquire()
-        _TAKEN.append(txn)
-        lock.acquire()
-        _TAKEN.append(lock)
-        _MISSED[i] = None
+        taken.append(txn)
+        if not lock.acquire(blocking=not holds):
+            continue
+        taken.append(lock)
+        whole[id(ledger)] = ledger
 
 
 def _release() -> None:
-    while _TAKEN:
-        _TAKEN.pop().release()
+    taken = getattr(_FORKING, "taken", [])
+    while taken:
+        taken.pop().release()
 
 
 def _after_in_parent() -> None:
     _release()
-    _MISSED.clear()
+    _FORKING.whole = {}
 
 
 def _after_in_child() -> None:
     _release()  # this thread owns them here as in the parent
-    for ledger in _MISSED:
-        if ledger is not None:
+    whole = getattr(_FORKING, "whole", {})
+    _FORKING.whole = {}
+    for ledger in list(_LEDGERS):
+        if whole.get(id(ledger)) is not ledger:
+            # Its locks were not this thread's at the fork (another thread may hold them
+            # here, for ever): fresh locks, and it refuses everything (fail closed)
             ledger._txn, ledger._lock = threading.RLock(), threading.RLock()
             ledger._break(BROKEN_BY_FORK)
-    _MISSED.clear()
-    for ledger in list(_LEDGERS):
         ledger._lease = None
         ledger._next = None  # a prefetched lease is the parent's, as its lease is
         ledger._pending = None  # its thread is the parent's

@@ -1,0 +1,117 @@
+"""Review rhl of task hl (the at-fork hook, privguard/_ledger/_fork.py; docs/theory.md
+§13 "Forks"). Real threads and ``os.fork``, held at chosen points with events (no
+sleeps); a process that would wait forever is killed by its alarm and fails the test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs os.fork")
+
+_PRELUDE = textwrap.dedent("""
+    import os, signal, sys, threading
+    signal.alarm(60)  # a process that waits forever fails the test
+    from privguard import Ledger, LedgerStateError
+    from privguard import mechanisms as M
+    from privguard._ledger import _fork
+
+    STEP = M.SubsampledGaussian(1.0, 0.01)
+
+    class Asked:
+        # A ledger's _txn that logs who asks for it and sets the event kept for (thread,
+        # ledger name), then behaves as the lock it wraps.
+        def __init__(self, real, name, log, events):
+            self._real, self._name, self._log, self._events = real, name, log, events
+        def acquire(self, blocking=True, timeout=-1):
+            who = threading.current_thread().name
+            self._log.append((who, self._name))
+            event = self._events.get((who, self._name))
+            if event is not None:
+                event.set()
+            return self._real.acquire(blocking, timeout)
+        def release(self):
+            self._real.release()
+        def _is_owned(self):
+            return self._real._is_owned()
+        def __enter__(self):
+            self.acquire()
+            return self
+        def __exit__(self, *exc):
+            self.release()
+
+    def forker(body=lambda: 0):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = body()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        codes.append(os.waitstatus_to_exitcode(status))
+
+    codes = []
+""")
+
+
+def _run(script, *args):
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(script), *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        (done.stdout[-2000:], done.stderr[-2000:])
+
+
+_TWO_FORKS = """
+    log, events = [], {}
+    ledgers = {"a": Ledger(3.0, 1e-5), "b": Ledger(3.0, 1e-5)}
+    for name, ledger in ledgers.items():
+        ledger._txn = Asked(ledger._txn, name, log, events)
+    probe = threading.Thread(target=forker, name="probe")
+    probe.start()
+    probe.join(30)
+    first, second = [name for who, name in log if who == "probe"]  # the hook's order
+    events[("t1", second)] = t1_waits = threading.Event()
+    events[("t2", first)] = t2_waits = threading.Event()
+    held, release = threading.Event(), threading.Event()
+
+    def user():  # a user's thread inside a transaction of the second ledger
+        with ledgers[second]._txn:
+            held.set()
+            release.wait(30)
+
+    threads = [threading.Thread(target=user, name="user")]
+    threads[0].start()
+    assert held.wait(30)
+    threads.append(threading.Thread(target=forker, name="t1"))
+    threads[1].start()
+    assert t1_waits.wait(30)  # t1's hook took the first ledger's locks, waits for the second
+    threads.append(threading.Thread(target=forker, name="t2"))
+    threads[2].start()
+    assert t2_waits.wait(30)  # t2's hook waits for the first ledger's
+    release.set()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), thread.name
+    assert codes == [0, 0, 0], codes
+    for ledger in ledgers.values():  # free for any thread
+        reader = threading.Thread(target=ledger.charge, args=(STEP,))
+        reader.start()
+        reader.join(30)
+        assert not reader.is_alive()
+    print("ok")
+"""
+
+
+@needs_fork
+def test_two_threads_forking_at_once_both_let_every_lock_go():
+    # Before review rhl the hook kept the locks it took in one module-level list: the
+    # second forking thread cleared the first's, the first let none of the first ledger's
+    # locks go after its fork, and the second thread (and every later charge of that
+    # ledger, from any thread) waited for them forever: two threads creating DataLoader
+    # iterators with workers (optuna's n_jobs > 1, say) while a third was in a charge.
+    _run(_TWO_FORKS)
