@@ -41,7 +41,8 @@ decided at its last (:meth:`Coordinator.all_fit`); every step's own refusals (k 
 micro-batches, σ changed inside the epoch, more steps than batches) are taken together
 first (:meth:`Coordinator.together`, one all-gather per step; task hl: a rank that
 refused alone left the others waiting in the gradient ``all_reduce`` until the process
-group's timeout).
+group's timeout), and every rank's σ and epochs to charge must be alike (review rhl:
+rank 0 adds the noise, and each charger charged the epoch at its own σ).
 
 So each distinct ledger is charged exactly once per global step (a shared
 file once in all), ledger replicas stay equal, and no rank enters the
@@ -329,19 +330,33 @@ class Coordinator:
             error.step_charged = charge
             raise error
 
-    def together(self, fn: Callable[[], Any], what: str) -> Any:
+    def together(self, fn: Callable[[], Any], what: str,
+                 agree: Callable[[Any], tuple[float, float]] | None = None) -> Any:
         """``fn()`` on every rank (a collective call): its result where it raised on no
         rank; else every rank raises before the update, its own error where ``fn`` raised,
         :class:`RankDisagreementError` naming that rank elsewhere (as a charge's refusal:
-        no rank enters the gradient ``all_reduce`` alone)."""
-        out, err, status = None, None, NOT_CHARGER
+        no rank enters the gradient ``all_reduce`` alone). ``agree(result)``: two numbers
+        every rank must hold alike (else every rank raises RankDisagreementError; review
+        rhl: a random-allocation step's σ, which rank 0's noise has and each charger
+        charged its own, and the epochs it charges, a collective each rank enters or not)."""
+        out, err, status, mine = None, None, NOT_CHARGER, (0.0, 0.0)
         try:
             out = fn()
+            if agree is not None:
+                first, second = agree(out)
+                mine = (float(first), float(second))
         except Exception as exc:  # reported to every rank below
             err, status = exc, ERROR
-        table = self._gather(_TOGETHER, [status, 0.0, 0.0, 0.0])
+        table = self._gather(_TOGETHER, [status, *mine, 0.0])
         self._raise_errors([f"rank {r} refused the step" if row[0] == ERROR else None
                             for r, row in enumerate(table)], err, what)
+        differ = [r for r, row in enumerate(table) if row[1:3] != table[0][1:3]]
+        if differ:
+            raise RankDisagreementError(
+                f"ranks disagree {what}: rank 0 has (σ, epochs to charge) = "
+                f"{tuple(table[0][1:3])} and rank {differ[0]} {tuple(table[differ[0]][1:3])} "
+                "(every rank must step with the same noise multiplier and data loader "
+                "epochs); every rank stops before the update")
         return out
 
     def all_fit(self, fits: Callable[[], bool]) -> bool:

@@ -376,9 +376,12 @@ class AttachHandle:
                 due = self._allocation_due(k, sigma)
             else:  # a refusal on one rank is every rank's (task hl: the others waited in the
                 # gradient all_reduce until the process group's timeout)
+                # (and every rank's σ and epochs to charge are alike: review rhl, rank 0
+                # adds the noise and each charger charged its own σ)
                 due = self._coordinator.together(
                     lambda: self._allocation_due(k, sigma),
-                    "while checking a random-allocation step")
+                    "while checking a random-allocation step",
+                    lambda due: (sigma, 0 if due is None else due.epochs))
             if due is not None and self._coordinator is not None:  # DDP: once, together
                 _allocation.charge_together(self._coordinator, self.ledger, due, self.label)
             elif due is not None:

@@ -263,6 +263,35 @@ def allocation_uneven(rank: int, workdir: str, epsilon: float) -> dict:
         out["second"] = f"RuntimeError: {str(exc)[:100]}"
     out.update(unchanged=_params(model) == before, journal=len(ledger.history))
     return out
+
+
+def allocation_sigma(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review rhl: random allocation under DDP with σ = 2·SIGMA on rank 1 (rank 0 adds the
+    noise, at SIGMA). Every rank refuses before anything is charged, as a Poisson step with
+    different σ is (Coordinator.step); before, rank 1's ledger charged the epoch at its own
+    σ, twice the noise that was added: an under-count."""
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    _x, model, opt, loader = _allocation_setup()
+    if rank == 1:
+        opt.noise_multiplier = 2 * SIGMA
+    ledger = Ledger(epsilon, DELTA)
+    attach(opt, ledger, data_loader=loader)
+    before = _params(model)
+    out: dict = {}
+    try:
+        _one_step(model, opt, next(iter(loader)))
+        out["first"] = "applied"
+    except PrivguardError as exc:
+        out["first"] = type(exc).__name__
+    except RuntimeError as exc:  # gloo's timeout
+        out["first"] = f"RuntimeError: {str(exc)[:100]}"
+    out.update(unchanged=_params(model) == before,
+               charged=[r.mechanism.noise_multiplier for r in ledger.history])
+    return out
+
+
 def witnesses(rank: int, workdir: str, epsilon: float) -> dict:
     """attach(..., witnesses=True) on one shared file: 10 clean steps pass (the δ reserve
     charged once in all); then rank 0 adds no noise (as the other ranks do by design): its
@@ -494,7 +523,7 @@ def uneven(rank: int, workdir: str, epsilon: float) -> dict:
 
 SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witness_clipping": witness_clipping, "witness_sampling": witness_sampling, "witnesses": witnesses, "replicas": replicas, "shared_file": shared_file, "shared_server": shared_server,
              "checkpoint": checkpoint, "allocation": allocation, "uneven": uneven,
-             "allocation_uneven": allocation_uneven}
+             "allocation_uneven": allocation_uneven, "allocation_sigma": allocation_sigma}
 
 
 def interplay(rank: int, workdir: str, epsilon: float) -> dict:

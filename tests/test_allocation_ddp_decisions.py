@@ -35,7 +35,7 @@ class _Peers:
 
     charge_once = Coordinator.charge_once  # the real one, through run() above
 
-    def together(self, fn, what):  # a step's own checks: no peer refuses (task hl)
+    def together(self, fn, what, agree=None):  # a step's own checks: no peer refuses (task hl)
         return fn()
 
     def all_fit(self, fits):

@@ -163,6 +163,16 @@ def test_random_allocation_refused_on_one_rank_is_refused_on_every_rank(tmp_path
         assert r["first"] and r["unchanged"] and r["journal"] == 1  # the epoch, once
 
 
+def test_random_allocation_with_another_sigma_on_one_rank_is_refused_on_every_rank(tmp_path):
+    """Review rhl: rank 1's σ is twice rank 0's, which adds the noise. Every rank refuses the
+    first step before anything is charged (as Coordinator.step refuses a Poisson step with
+    different σ); before, each rank charged its own ledger at its own σ, rank 1's at twice
+    the noise that was added (an under-count)."""
+    r0, r1 = launch("allocation_sigma", str(tmp_path), 50.0)
+    for r in (r0, r1):
+        assert r["first"] == "RankDisagreementError" and r["unchanged"] and r["charged"] == []
+
+
 def test_witnesses_under_ddp_noise_on_rank_0_and_a_refusal_taken_together(tmp_path):
     """Issue 28: the noise witness runs on rank 0 (the only rank that adds noise); a clean
     run passes, and noise turned off on rank 0 refuses the step on both ranks, with the
