@@ -33,8 +33,10 @@ class EmptyBatchCollate:
 
     A non-empty batch is ``collate_fn(batch)``; an empty one is
     ``collate_fn([dataset[0]])`` with every tensor and array cut to its first zero
-    rows (in tuples, lists and mappings; a list of plain values, e.g. strings,
-    becomes empty). It can be pickled with its dataset (loader workers).
+    rows (in tuples, lists and mappings; a list or tuple of plain values, e.g.
+    strings, becomes empty). The batch dimension must be the first (a
+    sequence-first collate, ``pad_sequence(batch_first=False)``, would give one
+    example of length zero). It can be pickled with its dataset (loader workers).
 
     Example:
         >>> import torch
@@ -70,12 +72,18 @@ class EmptyBatchCollate:
 def _no_rows(value: Any) -> Any:
     """``value`` (a collated batch of one example) with zero rows."""
     if hasattr(value, "shape") and hasattr(value, "__getitem__"):  # a tensor, an array
+        if not len(value.shape):  # (review rhl: a 0-d tensor raised IndexError)
+            raise InvalidArgumentError("collate_fn", value, "collated the dataset's first "
+                                       "example into a value with no batch dimension (0-d)")
         return value[:0]
     if isinstance(value, Mapping):
         rows = {key: _no_rows(item) for key, item in value.items()}
         return rows if type(value) is dict else type(value)(rows)  # type: ignore[call-arg]
-    if isinstance(value, list) and not any(_has_rows(item) for item in value):
-        return []  # one plain value per example (e.g. strings)
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields") \
+            and not any(_has_rows(item) for item in value):
+        # one plain value per example (e.g. strings: PyTorch's default collate gives a
+        # tuple of them for (text, label) examples, review rhl: it raised here)
+        return type(value)()
     if isinstance(value, (list, tuple)):
         items = [_no_rows(item) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)

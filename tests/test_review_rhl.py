@@ -169,3 +169,27 @@ def test_a_ledger_made_while_the_hook_lists_them_leaves_no_lock_held_in_the_chil
     # which CPython reports and forks all the same: no ledger taken, none missed, and the
     # child's charge of a ledger another thread was inside waited for ever (the alarm).
     _run(_MADE_DURING_THE_HOOK)
+
+
+def test_an_empty_batch_of_text_and_label_examples():
+    # Review rhl: PyTorch's default collate gives a (text, label) dataset's text column as a
+    # tuple of strings; an empty batch raised InvalidArgumentError (a list was expected)
+    torch = pytest.importorskip("torch")
+    from privguard.integrations import EmptyBatchCollate
+
+    text, label = EmptyBatchCollate([("a review", 3), ("another", 1)])([])
+    assert text == () and label.shape == (0,) and label.dtype == torch.int64
+    pair = EmptyBatchCollate([(b"raw", "x", torch.ones(2))])([])
+    assert pair[0] == () and pair[1] == () and pair[2].shape == (0, 2)
+
+
+def test_a_collate_with_no_batch_dimension_is_named():
+    # Review rhl: a 0-d tensor (a collate_fn returning a count, say) raised IndexError
+    torch = pytest.importorskip("torch")
+    from privguard import InvalidArgumentError
+    from privguard.integrations import EmptyBatchCollate
+
+    collate = EmptyBatchCollate([torch.ones(2)],
+                                lambda rows: (torch.stack(rows), torch.tensor(len(rows))))
+    with pytest.raises(InvalidArgumentError, match="collate_fn"):
+        collate([])
