@@ -85,9 +85,13 @@ def test_an_empty_step_runs_adds_noise_and_is_charged_under_attach():
     loader = DataLoader(data, batch_sampler=_sampler(), collate_fn=EmptyBatchCollate(data))
     model = nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # loss_reduction="sum" (review rhl): with Opacus' "mean", N < t examples give an
+    # expected batch size of int(N / t) = 0, every gradient was divided by it, the
+    # parameters were ±inf and NaN from the first step, and "moved" held for any step,
+    # noised or not
     model, opt, loader = opacus.PrivacyEngine().make_private(
         module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0,
-        max_grad_norm=1.0, poisson_sampling=False)
+        max_grad_norm=1.0, poisson_sampling=False, loss_reduction="sum")
     ledger = Ledger(epsilon=50.0, delta=1e-5)
     attach(opt, ledger, data_loader=loader)
     empty_steps = 0
@@ -96,6 +100,7 @@ def test_an_empty_step_runs_adds_noise_and_is_charged_under_attach():
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
         opt.step()
+        assert all(bool(p.isfinite().all()) for p in model.parameters())
         moved = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
         assert moved  # the noise of every step, an empty one's included
         empty_steps += len(x) == 0
