@@ -22,27 +22,23 @@ _PRELUDE = textwrap.dedent("""
 
     STEP = M.SubsampledGaussian(1.0, 0.01)
 
-    class Asked:
+    sys.path.insert(0, sys.argv[1])  # the tests' folder
+    from test_fork_locks import AskedLock
+
+    class Asked(AskedLock):
         # A ledger's _txn that logs who asks for it and sets the event kept for (thread,
         # ledger name), then behaves as the lock it wraps.
         def __init__(self, real, name, log, events):
-            self._real, self._name, self._log, self._events = real, name, log, events
+            super().__init__(real, threading.Event())
+            self._name, self._log, self._events = name, log, events
+
         def acquire(self, blocking=True, timeout=-1):
             who = threading.current_thread().name
             self._log.append((who, self._name))
             event = self._events.get((who, self._name))
             if event is not None:
                 event.set()
-            return self._real.acquire(blocking, timeout)
-        def release(self):
-            self._real.release()
-        def _is_owned(self):
-            return self._real._is_owned()
-        def __enter__(self):
-            self.acquire()
-            return self
-        def __exit__(self, *exc):
-            self.release()
+            return super().acquire(blocking, timeout)
 
     def forker(body=lambda: 0):
         pid = os.fork()
@@ -60,7 +56,8 @@ _PRELUDE = textwrap.dedent("""
 
 
 def _run(script, *args):
-    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(script), *args],
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(script),
+                           os.path.dirname(os.path.abspath(__file__)), *args],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
         (done.stdout[-2000:], done.stderr[-2000:])
