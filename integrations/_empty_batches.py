@@ -78,7 +78,12 @@ def _no_rows(value: Any) -> Any:
         return value[:0]
     if isinstance(value, Mapping):
         rows = {key: _no_rows(item) for key, item in value.items()}
-        return rows if type(value) is dict else type(value)(rows)  # type: ignore[call-arg]
+        if type(value) is dict:
+            return rows
+        try:  # as PyTorch's default collate keeps a mapping's type (review rhl: a
+            return type(value)(rows)  # type: ignore[call-arg]  # defaultdict raised)
+        except TypeError:
+            return rows
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields") \
             and not any(_has_rows(item) for item in value):
         # one plain value per example (e.g. strings: PyTorch's default collate gives a

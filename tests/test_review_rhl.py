@@ -231,3 +231,16 @@ def test_a_fork_by_a_thread_holding_a_ledger_lock_only_tries_the_others():
     # waiting for the first's, the parent deadlocked (the alarm). Now it only tries, and
     # the child's copy of a ledger it could not take refuses everything.
     _run(_HOLDING)
+
+
+def test_an_empty_batch_of_a_mapping_that_cannot_be_built_from_a_dict():
+    # Review rhl: a defaultdict example (PyTorch's default collate falls back to a dict when
+    # the mapping's type cannot be built from one) raised TypeError at an empty batch
+    torch = pytest.importorskip("torch")
+    import collections
+
+    from privguard.integrations import EmptyBatchCollate
+
+    example = collections.defaultdict(list, x=torch.ones(2), y=1)
+    empty = EmptyBatchCollate([example])([])
+    assert empty["x"].shape == (0, 2) and empty["y"].shape == (0,)
