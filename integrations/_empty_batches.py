@@ -80,8 +80,10 @@ def _no_rows(value: Any) -> Any:
         rows = {key: _no_rows(item) for key, item in value.items()}
         if type(value) is dict:
             return rows
-        try:  # as PyTorch's default collate keeps a mapping's type (review rhl: a
-            return type(value)(rows)  # type: ignore[call-arg]  # defaultdict raised)
+        # The mapping's type, as PyTorch's default collate keeps it, or a dict where it
+        # cannot be built from one (review rhl: a defaultdict raised TypeError)
+        try:
+            return type(value)(rows)  # type: ignore[call-arg]
         except TypeError:
             return rows
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields") \
