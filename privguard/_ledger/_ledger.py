@@ -566,8 +566,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             refused, beside = _Refused(), False
             if leased is None:
                 with refused, self._synced(write=True) as txn:
-                    verdict, carry, abandon, streak = self._decide_leased(mechanism, label, pid,
-                                                                          times)
+                    verdict, carry, abandon, streak, beside = self._decide_leased(
+                        mechanism, label, pid, times)
                     if not verdict.admitted:
                         remaining = self._remaining(mechanism)
                         raise refused.hold(BudgetExhausted(
@@ -580,7 +580,6 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                         step = _deviation.plan_step(self._acc, verdict)
                         before = self._acc.repeats(step, None, pid)
                     now, pre = time.time(), []
-                    beside = streak < 0  # charged beside the live lease, which stays (task sl)
                     # Memory changes from here on (replay_event, apply) before the store's
                     # write: an interrupt between them breaks the ledger as one during the
                     # write does (review rsl: it left memory one charge ahead of the store,
@@ -687,10 +686,16 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
               ) -> ChargeRecord:
         """Under ``_lock``, the lease checked: ``times`` steps of it handed out."""
         record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
-        self._side = None  # the lease's key charged again: a later side charge is the first
+        self._handed_out(lease)
+        return record
+
+    def _handed_out(self, lease: leases.Lease) -> None:
+        """Under ``_lock``, after ``lease`` handed out steps: the lease's key charged again,
+        so a later charge of another label is the first beside it (task sl; review rsl), and
+        the streak's next lease is prefetched when due."""
+        self._side = None
         if self._prefetch:
             self._maybe_prefetch(lease)
-        return record
 
     def _from_both(self, mechanism: Mechanism, label: str | None, pid: int, times: int
                    ) -> ChargeRecord | None:
@@ -712,9 +717,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         cur.take(first)
         self._promote()  # the prefetched lease continues the streak
         record = ChargeRecord(nxt.take(times - first), label, nxt.mechanism, time.time(), pid)
-        self._side = None  # the lease's key charged again, as in _take (review rsl)
-        if self._prefetch:
-            self._maybe_prefetch(nxt)
+        self._handed_out(nxt)
         return record
 
     def _file_unchanged(self) -> bool:
@@ -735,14 +738,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return self._lease is lease
 
     def _decide_leased(self, mechanism: Mechanism, label: str | None, pid: int, times: int
-                       ) -> tuple[Any, int, leases.Lease | None, int]:
+                       ) -> tuple[Any, int, leases.Lease | None, int, bool]:
         """The verdict for ``times`` steps, with a lease when this ledger takes leases.
 
-        Returns (verdict, carry, abandon, streak): ``carry`` steps come from this process's
-        lease of the same key (fewer than ``times``), the verdict admits the rest plus a
+        Returns (verdict, carry, abandon, streak, beside): ``carry`` steps come from this
+        process's lease of the same key (fewer than ``times``), the verdict admits the rest plus a
         lease, through the decision ``charge(times=n)`` takes (the filter admits the whole
         lease before its first step); ``abandon`` is a lease of another key whose
-        remainder is to be recorded as unused; ``streak`` the steps the key released so far.
+        remainder is to be recorded as unused; ``streak`` the steps the key released so far;
+        ``beside``: the charge is made beside the live lease, which stays (task sl).
         When the lease cannot be admitted whole it
         shrinks to the largest count admitted; when the steps needed are refused, the
         verdict is that refusal, exactly as without leases (docs/theory.md §13).
@@ -755,7 +759,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             # charged alone, exactly `times` steps and no lease, beside the live lease,
             # which stays live and spent (task sl; docs/theory.md §13, "Charges beside a
             # lease"). The same charge again next ends the lease below, as before.
-            return acc.decide(mechanism, label, pid, times), 0, None, -1
+            return acc.decide(mechanism, label, pid, times), 0, None, 0, True
         same = old is not None and old.same_key(mechanism, label, pid)
         carry = old.left if same and old is not None else 0
         abandon = old if old is not None and not same and old.left else None
@@ -763,11 +767,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         need = times - carry
         verdict = acc.decide(mechanism, label, pid, need)
         if cap <= 1 or not verdict.admitted or self._store is None:
-            return verdict, carry, abandon, streak
+            return verdict, carry, abandon, streak, False
         grown = self._grown(mechanism, label, pid, verdict, leases.target_size(cap, streak, need),
                             need)
         assert grown is not None  # floor = need: never below it
-        return grown, carry, abandon, streak
+        return grown, carry, abandon, streak, False
 
     def _beside(self, old: leases.Lease | None, mechanism: Mechanism, label: str | None,
                 pid: int) -> bool:
