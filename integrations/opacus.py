@@ -408,7 +408,7 @@ class AttachHandle:
             self.witnesses.failure, self._refusal_charged = refused, True
             raise refused
 
-    def _allocation_due(self, k: int, sigma: float) -> M.Mechanism | None:
+    def _allocation_due(self, k: int, sigma: float) -> M.RandomAllocation | None:
         """The epoch a random-allocation step must charge first (None: its epoch is charged);
         raises if the step is refused (k > 1 micro-batches, σ changed inside the epoch, more
         steps than batches, a batch not of the loader)."""
