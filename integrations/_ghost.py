@@ -27,6 +27,15 @@ rgc): Opacus' ghost ``pre_step`` adds ``p.grad`` at every ``step()``, so a
 ``step()`` after a skipped one with no ``zero_grad`` between (none by a
 wrapped backward either) adds the same batch again, one draw at weight 2,
 which no count covers (docs/theory.md §14.5).
+
+And it refuses a real step whose sum holds a gradient that came through no
+wrapped backward (task gz): a ``backward()`` of the user's own criterion (or
+of ``loss_per_sample.mean()``) puts the unclipped batch gradient into
+``p.grad``, which ``pre_step`` adds as if clipped. Every gradient accumulated
+into a parameter is seen by a post-accumulate hook; of those since the last
+wrapped backward's ``zero_grad`` only its second pass is clipped (the first
+pass is cleared by that ``zero_grad``). The check reads only which backward
+passes ran, never a value (docs/theory.md §14.5).
 """
 
 from __future__ import annotations
@@ -62,6 +71,20 @@ def _from_ghost_backward(frame: Any) -> bool:
     return False
 
 
+def check_torch(optimizer: Any) -> None:
+    """Refuse ghost clipping where torch cannot tell which backward passes ran (< 2.1)."""
+    import torch
+
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        from privguard._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            f"is a ghost-clipping optimizer, and torch {torch.__version__} has no "
+            "Tensor.register_post_accumulate_grad_hook (torch >= 2.1), which privguard needs "
+            "to refuse a step whose gradient did not come through the wrapped loss")
+
+
 class BackwardCounter:
     """Counts the wrapped ghost-clipping backward passes whose gradients ``p.grad`` may hold.
 
@@ -83,6 +106,14 @@ class BackwardCounter:
         # same clipped batch twice, one draw at weight 2, which no count k covers
         self.added = False  # p.grad was added to the sum and not cleared since
         self.readded = False  # some step() since the last real one added it again
+        # task gz: per parameter, whether the next gradient accumulated is a wrapped
+        # backward's second pass (its clipped sum), and how many accumulated since p.grad
+        # was last cleared came through no wrapped backward (unclipped)
+        self._params: list[Any] = list(getattr(optimizer, "params", ()))
+        self._awaiting = [False] * len(self._params)
+        self._raw = [0] * len(self._params)
+        self.unclipped = 0  # such backward passes added to the clipped sum since the last step
+        self._handles: list[Any] = []
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -91,10 +122,16 @@ class BackwardCounter:
         self._clears = self._saved is None
         self._zero_grad = opt.zero_grad
         opt.zero_grad = self._on_zero_grad
+        for i, p in enumerate(self._params):  # torch >= 2.1 (checked at attach: check_torch)
+            self._handles.append(p.register_post_accumulate_grad_hook(
+                functools.partial(self._on_accumulate, i)))
 
     def restore(self) -> None:
         """Give the optimizer back its own ``zero_grad`` (or the instance attribute it had)."""
         opt = self.optimizer
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         if vars(opt).get("zero_grad") != self._on_zero_grad:
             return  # replaced since: leave it
         if self._saved is not None:
@@ -102,23 +139,53 @@ class BackwardCounter:
         else:
             del opt.zero_grad
 
+    def _on_accumulate(self, index: int, param: Any) -> None:
+        """A backward pass accumulated a gradient into ``p.grad`` (task gz)."""
+        if self._awaiting[index]:
+            self._awaiting[index] = False  # the wrapped backward's second pass: clipped
+        else:
+            self._raw[index] += 1  # a pass of no wrapped backward (or its first, cleared next)
+
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
-        if _from_ghost_backward(sys._getframe(1)):
+        wrapped = _from_ghost_backward(sys._getframe(1))
+        if wrapped:
             self.count += 1  # between the two passes of one wrapped backward
             self.added = False  # p.grad cleared before the second pass writes the new batch
         elif self._clears:
             self.count = 0  # the loop's own: p.grad is cleared below
             self.added = False
-        return self._zero_grad(*args, **kwargs)
+        result = self._zero_grad(*args, **kwargs)
+        for i, p in enumerate(self._params):
+            if self._clears or p.grad is None:  # p.grad cleared: what it held is gone
+                self._raw[i] = 0
+            self._awaiting[i] = wrapped  # the second pass comes next
+        return result
 
     def pre_step(self) -> None:
         """A ``step()`` (skipped or real) has added ``p.grad`` to the clipped sum."""
         if self.added:
             self.readded = True
         self.added = True
+        self.unclipped += max(
+            (n for n, p in zip(self._raw, self._params) if p.grad is not None), default=0)
 
-    def check(self) -> None:
-        """Refuse the real step whose clipped sum holds one batch twice (review rgc)."""
+    def check(self, step: int) -> None:
+        """Refuse the real step (the ``step``-th of the handle) whose clipped sum holds a
+        gradient of no wrapped backward (task gz) or one batch twice (review rgc)."""
+        if self.unclipped:
+            from privguard._errors import PipelineMismatchError
+
+            raise PipelineMismatchError(
+                f"under ghost clipping, step {step}'s gradient holds {self.unclipped} "
+                f"backward pass(es) of a loss that is not from the criterion make_private "
+                f"returned (a plain criterion, F.cross_entropy, loss.loss_per_sample.mean() "
+                f"...): such a gradient is not clipped, while the step would be charged "
+                f"for the {self.count} clipped backward pass(es) of the wrapped loss. "
+                f"The step is refused, nothing charged or applied, its gradients dropped; "
+                f"backpropagate the loss of the criterion make_private returned "
+                f"(criterion(output, target).backward())",
+                witness="ghost_clipping", charged=float(self.count),
+                measured=float(self.unclipped), interval=None, step=step)
         if self.readded:
             from privguard._errors import InvalidArgumentError
 
@@ -139,3 +206,6 @@ class BackwardCounter:
         """The real step was charged or refused (its gradients released or dropped)."""
         self.count = 0
         self.added = self.readded = False
+        self.unclipped = 0
+        self._awaiting = [False] * len(self._params)
+        self._raw = [0] * len(self._params)

@@ -1,0 +1,136 @@
+"""Ghost clipping fed by a loss that is not Opacus' wrapped loss (task gz).
+
+Under ``grad_sample_mode="ghost"`` only a backward of the criterion ``make_private``
+returned clips: a ``backward()`` of the user's own criterion, of ``F.cross_entropy`` or of
+the wrapped loss's ``loss_per_sample.mean()`` puts the UNCLIPPED batch gradient into
+``p.grad``, Opacus' ``pre_step`` adds it to the sum as if clipped and noises it for C, and
+main charged the step as the clipped mechanism (sensitivity unbounded, ε finite). attach now
+sees every gradient accumulated into a parameter and refuses the real step whose sum holds
+one that came through no wrapped backward (``integrations/_ghost.py``, docs/theory.md §14.5):
+``PipelineMismatchError``, nothing charged or applied.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_ghost_backward_count import Run
+from torch import nn
+
+from privguard import PipelineMismatchError
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Opacus' hook and RNG notes
+
+
+def _plain(run, how):
+    """One backward of a loss that is not from the wrapped criterion."""
+    x, y = next(run.batches)
+    out = run.model(x)
+    if how == "criterion":
+        nn.CrossEntropyLoss()(out, y).backward()
+    elif how == "functional":
+        F.cross_entropy(out, y, reduction="sum").backward()
+    else:  # the wrapped loss's own per-sample losses, reduced by hand
+        run.criterion(out, y).loss_per_sample.mean().backward()
+
+
+def _params(run):
+    return [p.detach().clone() for p in run.model.parameters()]
+
+
+def _unchanged(run, before):
+    return all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
+def _refused(run, count=0, unclipped=1):
+    """The next step() is refused as unclipped: nothing charged, the parameters untouched;
+    then the loop goes on with the wrapped loss and the next step is charged."""
+    before = _params(run)
+    with pytest.raises(PipelineMismatchError) as info:
+        run.opt.step()
+    exc = info.value
+    assert exc.witness == "ghost_clipping" and exc.interval is None and exc.step == 1
+    assert (exc.charged, exc.measured) == (count, unclipped)
+    assert "criterion make_private returned" in str(exc)
+    assert run.charged() == [] and _unchanged(run, before)
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1)] and not _unchanged(run, before)
+
+
+@pytest.mark.parametrize("how", ["criterion", "functional", "loss_per_sample"])
+def test_a_step_of_a_plain_loss_is_refused(how):
+    # main: charged SubsampledGaussian(σ, q) for a sum never clipped
+    run = Run()
+    run.opt.zero_grad()
+    _plain(run, how)
+    _refused(run)
+
+
+def test_a_plain_backward_after_the_wrapped_one_is_refused():
+    # the wrapped backward's clipped batch plus an unclipped gradient on top of it
+    run = Run()
+    run.backward()
+    _plain(run, "criterion")
+    _refused(run, count=1)
+
+
+def test_a_plain_backward_in_a_skipped_step_is_refused_at_the_real_step():
+    # the skipped step added the unclipped gradient to the sum, which the loop's zero_grad
+    # keeps: the real step after it, of the wrapped loss only, is refused
+    run = Run()
+    _plain(run, "criterion")
+    run.opt.signal_skip_step(do_skip=True)
+    run.opt.step()
+    run.opt.zero_grad()
+    run.backward()
+    _refused(run, count=1)
+
+
+def test_a_plain_backward_cleared_by_the_wrapped_one_is_admitted():
+    # the wrapped backward zero_grads between its passes: the plain gradient before it is
+    # gone, p.grad holds the clipped batch only
+    run = Run()
+    _plain(run, "criterion")
+    run.backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1)]
+
+
+def test_correct_ghost_loops_are_admitted():
+    # the wrapped loss, two accumulated, a skipped step then a real one, no zero_grad at all
+    run = Run()
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.step()
+    run.opt.zero_grad()
+    run.backward(2)
+    run.opt.step()
+    run.skipped_step()
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.step()
+    run.backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1), run.step(2), run.step(2), run.step(1)]
+
+
+def test_a_wrapped_loss_scaled_or_summed_is_admitted():
+    # Opacus' own arithmetic on the wrapped loss stays a wrapped loss (one clipped backward)
+    run = Run()
+    x, y = next(run.batches)
+    out = run.model(x)
+    (0.5 * run.criterion(out, y) + run.criterion(out, y) / 2).backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1)]
+
+
+def test_detach_removes_the_gradient_hooks():
+    run = Run()
+    run.handle.detach()
+    assert all(not p._post_accumulate_grad_hooks for p in run.opt.params)
+    _plain(run, "criterion")
+    run.opt.step()  # privguard no longer watches (nor charges) this optimizer
+    assert run.charged() == []
