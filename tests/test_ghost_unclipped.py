@@ -12,6 +12,8 @@ one that came through no wrapped backward (``integrations/_ghost.py``, docs/theo
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -134,3 +136,19 @@ def test_detach_removes_the_gradient_hooks():
     _plain(run, "criterion")
     run.opt.step()  # privguard no longer watches (nor charges) this optimizer
     assert run.charged() == []
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="a 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 (always in CI)")
+def test_under_ddp_the_refusal_is_taken_by_every_rank(tmp_path):
+    # rank 1's unclipped step is refused inside the step's first all-gather: rank 0 (whose
+    # own gradient is clipped) refuses it too, nothing charged or applied on either rank
+    pytest.importorskip("torch.distributed")
+    import test_ddp
+
+    r0, r1 = test_ddp.launch("ghost_unclipped", str(tmp_path), 50.0)
+    assert r1["refused"] == [None, "PipelineMismatchError", None, None]
+    assert r0["refused"][1] is not None and r0["refused"][::2] == [None, None]
+    for r in (r0, r1):
+        assert r["unchanged"] == [False, True, False, False]
+        assert r["charged"] == r["history"] == 3
