@@ -113,6 +113,7 @@ class BackwardCounter:
         self._awaiting = [False] * len(self._params)
         self._raw = [0] * len(self._params)
         self.unclipped = 0  # such backward passes added to the clipped sum since the last step
+        self.unwatched = False  # the optimizer's parameters changed since attach (fail closed)
         self._handles: list[Any] = []
 
     def install(self) -> None:
@@ -166,15 +167,28 @@ class BackwardCounter:
         if self.added:
             self.readded = True
         self.added = True
+        params = getattr(self.optimizer, "params", ())
+        if len(params) != len(self._params) or any(
+                a is not b for a, b in zip(params, self._params)):
+            self.unwatched = True  # e.g. add_param_group, a layer unfrozen: no hook on it
         self.unclipped += max(
             (n for n, p in zip(self._raw, self._params) if p.grad is not None), default=0)
 
     def check(self, step: int) -> None:
         """Refuse the real step (the ``step``-th of the handle) whose clipped sum holds a
         gradient of no wrapped backward (task gz) or one batch twice (review rgc)."""
-        if self.unclipped:
-            from privguard._errors import PipelineMismatchError
+        from privguard._errors import PipelineMismatchError
 
+        if self.unwatched:
+            raise PipelineMismatchError(
+                f"under ghost clipping, the optimizer's parameters changed since attach "
+                f"({len(self._params)} then): privguard cannot tell whether the gradients "
+                f"of the others came through the wrapped loss. Step {step} is refused, "
+                f"nothing charged or applied; detach and attach again after changing them",
+                witness="ghost_clipping", charged=float(len(self._params)),
+                measured=float(len(getattr(self.optimizer, "params", ()))), interval=None,
+                step=step)
+        if self.unclipped:
             raise PipelineMismatchError(
                 f"under ghost clipping, step {step}'s gradient holds {self.unclipped} "
                 f"backward pass(es) of a loss that is not from the criterion make_private "

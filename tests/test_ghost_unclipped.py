@@ -152,3 +152,18 @@ def test_under_ddp_the_refusal_is_taken_by_every_rank(tmp_path):
     for r in (r0, r1):
         assert r["unchanged"] == [False, True, False, False]
         assert r["charged"] == r["history"] == 3
+
+
+def test_parameters_added_after_attach_are_refused():
+    # a parameter group added after attach has no hook: whether its gradient came through
+    # the wrapped loss is unknown, so every later step is refused (fail closed)
+    run = Run()
+    extra = nn.Parameter(torch.zeros(2))
+    run.opt.add_param_group({"params": [extra]})
+    run.backward()
+    extra.grad = torch.ones(2)  # e.g. the gradient of a loss of its own
+    before = _params(run)
+    with pytest.raises(PipelineMismatchError) as info:
+        run.opt.step()
+    assert "changed since attach" in str(info.value) and run.charged() == []
+    assert _unchanged(run, before)
