@@ -115,6 +115,7 @@ class BackwardCounter:
         self.unclipped = 0  # such backward passes added to the clipped sum since the last step
         self.unwatched = False  # the optimizer's parameters changed since attach (fail closed)
         self._handles: list[Any] = []
+        self._in_second_pass = False  # a callback ends it with its backward (rgz)
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -144,8 +145,22 @@ class BackwardCounter:
         """A backward pass accumulated a gradient into ``p.grad`` (task gz)."""
         if self._awaiting[index]:
             self._awaiting[index] = False  # the wrapped backward's second pass: clipped
+            if not self._in_second_pass:
+                # review rgz: the second pass ends with this backward; a parameter it did not
+                # reach (its _norm_sample left from an earlier batch) must not take the next
+                # backward's gradient (a plain loss on another head) for a clipped one
+                import torch
+
+                self._in_second_pass = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_second_pass)
         else:
             self._raw[index] += 1  # a pass of no wrapped backward (or its first, cleared next)
+
+    def _end_second_pass(self) -> None:
+        """The backward pass that was a wrapped backward's second pass has ended (review rgz):
+        no later accumulation is clipped until the next wrapped backward's ``zero_grad``."""
+        self._in_second_pass = False
+        self._awaiting = [False] * len(self._params)
 
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
         wrapped = _from_ghost_backward(sys._getframe(1))
@@ -156,6 +171,7 @@ class BackwardCounter:
             self.count = 0  # the loop's own: p.grad is cleared below
             self.added = False
         result = self._zero_grad(*args, **kwargs)
+        self._in_second_pass = False  # a backward that raised never ran its callback
         for i, p in enumerate(self._params):
             if self._clears or p.grad is None:  # p.grad cleared: what it held is gone
                 self._raw[i] = 0
@@ -223,3 +239,4 @@ class BackwardCounter:
         self.unclipped = 0
         self._awaiting = [False] * len(self._params)
         self._raw = [0] * len(self._params)
+        self._in_second_pass = False

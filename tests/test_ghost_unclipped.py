@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 
+import opacus
 import pytest
 import torch
 import torch.nn.functional as F
 from test_ghost_backward_count import Run
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from privguard import PipelineMismatchError
+from privguard import Ledger, PipelineMismatchError
+from privguard.integrations.opacus import attach
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # Opacus' hook and RNG notes
 
@@ -167,3 +170,49 @@ def test_parameters_added_after_attach_are_refused():
         run.opt.step()
     assert "changed since attach" in str(info.value) and run.charged() == []
     assert _unchanged(run, before)
+
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 2), nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.a(x), self.b(x)
+
+
+def test_a_plain_loss_on_a_head_the_wrapped_backward_did_not_reach_is_refused():
+    # review rgz: step 2's wrapped loss reaches head a only (head b's per-sample norms are
+    # left from step 1's batch, of the same size), a plain loss (x1000) reaches head b only.
+    # gz's head left b "awaiting the second pass" after the wrapped backward, took the plain
+    # gradient for the clipped one and charged the step as clipped
+    torch.manual_seed(0)
+    x = torch.randn(128, 6)
+    y = (x[:, 0] > 0).long()
+    module = _TwoHeads()
+    model, opt, criterion, loader = opacus.PrivacyEngine(accountant="rdp").make_private(
+        module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
+        grad_sample_mode="ghost")
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    xb, yb = next(batches)
+    out_a, out_b = model(xb)
+    (criterion(out_a, yb) + criterion(out_b, yb)).backward()
+    opt.step()
+    size = len(xb)
+    xb, yb = next(xb_yb for xb_yb in batches if len(xb_yb[0]) == size)
+    opt.zero_grad()
+    out_a, out_b = model(xb)
+    criterion(out_a, yb).backward()
+    (1000 * nn.CrossEntropyLoss()(out_b, yb)).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(PipelineMismatchError) as info:
+        opt.step()
+    assert info.value.witness == "ghost_clipping" and (info.value.charged, info.value.measured) \
+        == (1, 1)
+    assert len(ledger.history) == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
