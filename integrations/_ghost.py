@@ -213,7 +213,13 @@ class BackwardCounter:
                 f"for the {self.count} clipped backward pass(es) of the wrapped loss. "
                 f"The step is refused, nothing charged or applied, its gradients dropped; "
                 f"backpropagate the loss of the criterion make_private returned "
-                f"(criterion(output, target).backward())",
+                f"(criterion(output, target).backward())"
+                + ("" if self._clears else
+                   "; or, the optimizer's zero_grad was replaced before attach (an instance "
+                   "attribute), and privguard cannot tell that it clears p.grad when Opacus' "
+                   "wrapped backward calls it between its two passes, so the first, "
+                   "unclipped pass is counted at every step: replace zero_grad after attach "
+                   "instead (privguard's is then the one it calls)"),
                 witness="ghost_clipping", charged=float(self.count),
                 measured=float(self.unclipped), interval=None, step=step)
         if self.readded:

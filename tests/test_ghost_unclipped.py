@@ -216,3 +216,30 @@ def test_a_plain_loss_on_a_head_the_wrapped_backward_did_not_reach_is_refused():
         == (1, 1)
     assert len(ledger.history) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_a_zero_grad_replaced_before_attach_is_named_in_the_refusal():
+    # review rgz: an instance zero_grad set before attach (even one that only delegates) may
+    # not clear p.grad, so the wrapped backward's first, unclipped pass is counted and every
+    # step is refused (fail closed); gz's head blamed a plain loss the loop never ran. Set
+    # after attach, the same wrapper calls privguard's and the step is charged
+    from test_ghost_backward_count import _ghost
+
+    _, model, opt, loader, criterion = _ghost()
+    inner = opt.zero_grad
+    opt.zero_grad = lambda *args, **kwargs: inner(*args, **kwargs)
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    with pytest.raises(PipelineMismatchError, match="replaced before attach"):
+        opt.step()
+    assert ledger.history == []
+    run = Run()
+    inner = run.opt.zero_grad
+    run.opt.zero_grad = lambda *args, **kwargs: inner(*args, **kwargs)
+    run.opt.zero_grad()
+    run.backward()
+    run.opt.step()
+    assert run.charged() == [run.step(1)]
