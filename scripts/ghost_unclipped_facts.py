@@ -3,7 +3,8 @@
 Prints, for one parameter of an ``nn.Linear`` made private with ``grad_sample_mode="ghost"``
 and attached to a ledger: ‖p.grad‖, ‖p.summed_grad‖, the shape of ``_norm_sample`` and the
 wrapped backward passes counted, after (a) a wrapped backward, (b) a plain criterion's,
-(c) both in either order, (d) a weight penalty added to the wrapped loss and the wrapped
+(c) both in either order, (d) a weight penalty or a plain criterion's loss added to the
+wrapped loss (one sample scaled x1e4: the clipped sum is at most B * C) and the wrapped
 loss's ``loss_per_sample.mean()``, (f) a skipped step then a real one.
 
     python scripts/ghost_unclipped_facts.py
@@ -78,6 +79,15 @@ def main() -> None:
     (crit(model(x), y) + penalty).backward()
     state("(d) wrapped + weight penalty", model, h)
     step("(d)", opt)
+    for extra in (False, True):  # review rgz: one sample x 1e4; the clipped sum is <= B * C
+        model, opt, crit, it, h = setup()
+        x, y = next(it)
+        x = x.clone()
+        x[0] *= 1e4
+        out = model(x)
+        (crit(out, y) + plain(out, y) if extra else crit(out, y)).backward()
+        state(f"(d) B={len(x)}, C=1, outlier, wrapped{' + plain CE' if extra else ''}", model, h)
+        step("(d)", opt)
     model, opt, crit, it, h = setup()
     x, y = next(it)
     crit(model(x), y).loss_per_sample.mean().backward()
