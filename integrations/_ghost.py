@@ -58,17 +58,23 @@ def _ghost_backward_code() -> Any:
 _WRAPPERS = 4  # frames above the caller searched: wrappers set over privguard's (rgc)
 
 
-def _from_ghost_backward(frame: Any) -> bool:
-    """Whether ``zero_grad`` was called by ``DPTensorFastGradientClipping.backward``, directly
-    or through up to ``_WRAPPERS`` wrappers set on the optimizer over privguard's."""
+def _ghost_backward_frame(frame: Any) -> Any:
+    """The frame of ``DPTensorFastGradientClipping.backward`` that called ``zero_grad``,
+    directly or through up to ``_WRAPPERS`` wrappers set on the optimizer over privguard's
+    (None if it was not called by one)."""
     code = _ghost_backward_code()
     for _ in range(_WRAPPERS + 1):
         if frame is None or code is None:
-            return False
+            return None
         if frame.f_code is code:
-            return True
+            return frame
         frame = frame.f_back
-    return False
+    return None
+
+
+def _from_ghost_backward(frame: Any) -> bool:
+    """Whether ``zero_grad`` was called by ``DPTensorFastGradientClipping.backward``."""
+    return _ghost_backward_frame(frame) is not None
 
 
 def check_torch(optimizer: Any) -> None:
@@ -115,7 +121,11 @@ class BackwardCounter:
         self.unclipped = 0  # such backward passes added to the clipped sum since the last step
         self.unwatched = False  # the optimizer's parameters changed since attach (fail closed)
         self._handles: list[Any] = []
-        self._in_second_pass = False  # a callback ends it with its backward (rgz)
+        # review rgz: the second pass is the backward pass through the wrapped loss's
+        # per-sample losses after its zero_grad (a pre-hook on their grad_fn opens it, a
+        # callback queued on that backward ends it); only accumulations inside it are clipped
+        self._in_second_pass = False
+        self._second_pass_hook: Any = None  # the pre-hook set at the wrapped zero_grad
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -134,6 +144,7 @@ class BackwardCounter:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._disarm()
         if vars(opt).get("zero_grad") != self._on_zero_grad:
             return  # replaced since: leave it
         if self._saved is not None:
@@ -143,27 +154,46 @@ class BackwardCounter:
 
     def _on_accumulate(self, index: int, param: Any) -> None:
         """A backward pass accumulated a gradient into ``p.grad`` (task gz)."""
-        if self._awaiting[index]:
+        if self._in_second_pass and self._awaiting[index]:
             self._awaiting[index] = False  # the wrapped backward's second pass: clipped
-            if not self._in_second_pass:
-                # review rgz: the second pass ends with this backward; a parameter it did not
-                # reach (its _norm_sample left from an earlier batch) must not take the next
-                # backward's gradient (a plain loss on another head) for a clipped one
-                import torch
-
-                self._in_second_pass = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_second_pass)
         else:
             self._raw[index] += 1  # a pass of no wrapped backward (or its first, cleared next)
 
+    def _arm_second_pass(self, frame: Any) -> None:
+        """At the wrapped backward's ``zero_grad``: its second pass, the next backward through
+        its per-sample losses, is the one whose accumulations are clipped (review rgz)."""
+        self._disarm()
+        loss = getattr(frame.f_locals.get("self"), "loss_per_sample", None)
+        node = getattr(loss, "grad_fn", None)
+        if node is not None:  # else the second pass reaches no parameter
+            self._second_pass_hook = node.register_prehook(self._on_second_pass)
+
+    def _on_second_pass(self, grad_outputs: Any) -> None:
+        """The second pass reached the per-sample losses: every accumulation until it ends
+        (a callback on this backward, the outermost one under reentrant checkpointing) is
+        clipped, one per parameter; a parameter it does not reach keeps none (review rgz:
+        gz's head kept it awaiting, and the next backward's gradient on it, a plain loss on
+        a head the wrapped loss did not reach, passed for a clipped one)."""
+        import torch
+
+        self._disarm()
+        self._in_second_pass = True
+        self._awaiting = [True] * len(self._params)
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_second_pass)
+
     def _end_second_pass(self) -> None:
-        """The backward pass that was a wrapped backward's second pass has ended (review rgz):
-        no later accumulation is clipped until the next wrapped backward's ``zero_grad``."""
+        """The wrapped backward's second pass has ended (review rgz)."""
         self._in_second_pass = False
         self._awaiting = [False] * len(self._params)
 
+    def _disarm(self) -> None:
+        if self._second_pass_hook is not None:
+            self._second_pass_hook.remove()
+            self._second_pass_hook = None
+
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
-        wrapped = _from_ghost_backward(sys._getframe(1))
+        frame = _ghost_backward_frame(sys._getframe(1))
+        wrapped = frame is not None
         if wrapped:
             self.count += 1  # between the two passes of one wrapped backward
             self.added = False  # p.grad cleared before the second pass writes the new batch
@@ -171,15 +201,19 @@ class BackwardCounter:
             self.count = 0  # the loop's own: p.grad is cleared below
             self.added = False
         result = self._zero_grad(*args, **kwargs)
-        self._in_second_pass = False  # a backward that raised never ran its callback
+        self._end_second_pass()  # a backward that raised never ran its callback
         for i, p in enumerate(self._params):
             if self._clears or p.grad is None:  # p.grad cleared: what it held is gone
                 self._raw[i] = 0
-            self._awaiting[i] = wrapped  # the second pass comes next
+        if frame is not None:
+            self._arm_second_pass(frame)  # the second pass comes next
+        else:
+            self._disarm()
         return result
 
     def pre_step(self) -> None:
         """A ``step()`` (skipped or real) has added ``p.grad`` to the clipped sum."""
+        self._disarm()  # a wrapped backward whose second pass never ran (it raised)
         if self.added:
             self.readded = True
         self.added = True
@@ -246,3 +280,4 @@ class BackwardCounter:
         self._awaiting = [False] * len(self._params)
         self._raw = [0] * len(self._params)
         self._in_second_pass = False
+        self._disarm()
