@@ -72,11 +72,6 @@ def _ghost_backward_frame(frame: Any) -> Any:
     return None
 
 
-def _from_ghost_backward(frame: Any) -> bool:
-    """Whether ``zero_grad`` was called by ``DPTensorFastGradientClipping.backward``."""
-    return _ghost_backward_frame(frame) is not None
-
-
 def check_torch(optimizer: Any) -> None:
     """Refuse ghost clipping where torch cannot tell which backward passes ran (< 2.1)."""
     import torch
