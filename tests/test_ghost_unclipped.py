@@ -173,6 +173,21 @@ def test_parameters_added_after_attach_are_refused():
 
 
 
+def _private(module):
+    """make_private with ghost clipping of ``module``, attached to a fresh ledger."""
+    torch.manual_seed(0)
+    x = torch.randn(128, 6)
+    y = (x[:, 0] > 0).long()
+    model, opt, criterion, loader = opacus.PrivacyEngine(accountant="rdp").make_private(
+        module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
+        grad_sample_mode="ghost")
+    ledger = Ledger(delta=1e-5)
+    attach(opt, ledger, data_loader=loader)
+    return model, opt, criterion, loader, ledger
+
+
 class _TwoHeads(nn.Module):
     def __init__(self):
         super().__init__()
@@ -187,24 +202,14 @@ def test_a_plain_loss_on_a_head_the_wrapped_backward_did_not_reach_is_refused():
     # left from step 1's batch, of the same size), a plain loss (x1000) reaches head b only.
     # gz's head left b "awaiting the second pass" after the wrapped backward, took the plain
     # gradient for the clipped one and charged the step as clipped
-    torch.manual_seed(0)
-    x = torch.randn(128, 6)
-    y = (x[:, 0] > 0).long()
-    module = _TwoHeads()
-    model, opt, criterion, loader = opacus.PrivacyEngine(accountant="rdp").make_private(
-        module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
-        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
-        grad_sample_mode="ghost")
-    ledger = Ledger(delta=1e-5)
-    attach(opt, ledger, data_loader=loader)
-    batches = iter(loader)
-    xb, yb = next(batches)
+    model, opt, criterion, loader, ledger = _private(_TwoHeads())
+    xb, yb = next(iter(loader))
     out_a, out_b = model(xb)
     (criterion(out_a, yb) + criterion(out_b, yb)).backward()
     opt.step()
     size = len(xb)
-    xb, yb = next(xb_yb for xb_yb in batches if len(xb_yb[0]) == size)
+    epochs = (batch for _ in range(20) for batch in loader)  # Poisson sizes: find one
+    xb, yb = next(batch for batch in epochs if len(batch[0]) == size)
     opt.zero_grad()
     out_a, out_b = model(xb)
     criterion(out_a, yb).backward()
@@ -260,17 +265,7 @@ def test_a_reentrant_checkpoint_in_the_wrapped_loss_is_admitted():
     # review rgz: the last layer under a reentrant checkpoint accumulates in a nested
     # backward; the second pass is still one (its end queued on the outer backward), so the
     # step is charged (a first fix ending it with the nested backward refused it)
-    torch.manual_seed(0)
-    x = torch.randn(128, 6)
-    y = (x[:, 0] > 0).long()
-    module = _CheckpointedHead()
-    model, opt, criterion, loader = opacus.PrivacyEngine(accountant="rdp").make_private(
-        module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
-        criterion=nn.CrossEntropyLoss(), noise_multiplier=1.0, max_grad_norm=1.0,
-        grad_sample_mode="ghost")
-    ledger = Ledger(delta=1e-5)
-    attach(opt, ledger, data_loader=loader)
+    model, opt, criterion, loader, ledger = _private(_CheckpointedHead())
     for xb, yb in list(loader)[:2]:
         opt.zero_grad()
         criterion(model(xb), yb).backward()
