@@ -27,6 +27,15 @@ rgc): Opacus' ghost ``pre_step`` adds ``p.grad`` at every ``step()``, so a
 ``step()`` after a skipped one with no ``zero_grad`` between (none by a
 wrapped backward either) adds the same batch again, one draw at weight 2,
 which no count covers (docs/theory.md §14.5).
+
+And it refuses a real step whose sum holds a gradient that came through no
+wrapped backward (task gz): a ``backward()`` of the user's own criterion (or
+of ``loss_per_sample.mean()``) puts the unclipped batch gradient into
+``p.grad``, which ``pre_step`` adds as if clipped. Every gradient accumulated
+into a parameter is seen by a post-accumulate hook; of those since the last
+wrapped backward's ``zero_grad`` only its second pass is clipped (the first
+pass is cleared by that ``zero_grad``). The check reads only which backward
+passes ran, never a value (docs/theory.md §14.5).
 """
 
 from __future__ import annotations
@@ -49,17 +58,32 @@ def _ghost_backward_code() -> Any:
 _WRAPPERS = 4  # frames above the caller searched: wrappers set over privguard's (rgc)
 
 
-def _from_ghost_backward(frame: Any) -> bool:
-    """Whether ``zero_grad`` was called by ``DPTensorFastGradientClipping.backward``, directly
-    or through up to ``_WRAPPERS`` wrappers set on the optimizer over privguard's."""
+def _ghost_backward_frame(frame: Any) -> Any:
+    """The frame of ``DPTensorFastGradientClipping.backward`` that called ``zero_grad``,
+    directly or through up to ``_WRAPPERS`` wrappers set on the optimizer over privguard's
+    (None if it was not called by one)."""
     code = _ghost_backward_code()
     for _ in range(_WRAPPERS + 1):
         if frame is None or code is None:
-            return False
+            return None
         if frame.f_code is code:
-            return True
+            return frame
         frame = frame.f_back
-    return False
+    return None
+
+
+def check_torch(optimizer: Any) -> None:
+    """Refuse ghost clipping where torch cannot tell which backward passes ran (< 2.1)."""
+    import torch
+
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        from privguard._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            f"is a ghost-clipping optimizer, and torch {torch.__version__} has no "
+            "Tensor.register_post_accumulate_grad_hook (torch >= 2.1), which privguard needs "
+            "to refuse a step whose gradient did not come through the wrapped loss")
 
 
 class BackwardCounter:
@@ -83,6 +107,20 @@ class BackwardCounter:
         # same clipped batch twice, one draw at weight 2, which no count k covers
         self.added = False  # p.grad was added to the sum and not cleared since
         self.readded = False  # some step() since the last real one added it again
+        # task gz: per parameter, whether the next gradient accumulated is a wrapped
+        # backward's second pass (its clipped sum), and how many accumulated since p.grad
+        # was last cleared came through no wrapped backward (unclipped)
+        self._params: list[Any] = list(getattr(optimizer, "params", ()))
+        self._awaiting = [False] * len(self._params)
+        self._raw = [0] * len(self._params)
+        self.unclipped = 0  # such backward passes added to the clipped sum since the last step
+        self.unwatched = False  # the optimizer's parameters changed since attach (fail closed)
+        self._handles: list[Any] = []
+        # review rgz: the second pass is the backward pass through the wrapped loss's
+        # per-sample losses after its zero_grad (a pre-hook on their grad_fn opens it, a
+        # callback queued on that backward ends it); only accumulations inside it are clipped
+        self._in_second_pass = False
+        self._second_pass_hook: Any = None  # the pre-hook set at the wrapped zero_grad
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -91,10 +129,17 @@ class BackwardCounter:
         self._clears = self._saved is None
         self._zero_grad = opt.zero_grad
         opt.zero_grad = self._on_zero_grad
+        for i, p in enumerate(self._params):  # torch >= 2.1 (checked at attach: check_torch)
+            self._handles.append(p.register_post_accumulate_grad_hook(
+                functools.partial(self._on_accumulate, i)))
 
     def restore(self) -> None:
         """Give the optimizer back its own ``zero_grad`` (or the instance attribute it had)."""
         opt = self.optimizer
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._disarm()
         if vars(opt).get("zero_grad") != self._on_zero_grad:
             return  # replaced since: leave it
         if self._saved is not None:
@@ -102,23 +147,110 @@ class BackwardCounter:
         else:
             del opt.zero_grad
 
+    def _on_accumulate(self, index: int, param: Any) -> None:
+        """A backward pass accumulated a gradient into ``p.grad`` (task gz)."""
+        if self._in_second_pass and self._awaiting[index]:
+            self._awaiting[index] = False  # the wrapped backward's second pass: clipped
+        else:
+            self._raw[index] += 1  # a pass of no wrapped backward (or its first, cleared next)
+
+    def _arm_second_pass(self, frame: Any) -> None:
+        """At the wrapped backward's ``zero_grad``: its second pass, the next backward through
+        its per-sample losses, is the one whose accumulations are clipped (review rgz)."""
+        self._disarm()
+        loss = getattr(frame.f_locals.get("self"), "loss_per_sample", None)
+        node = getattr(loss, "grad_fn", None)
+        if node is not None:  # else the second pass reaches no parameter
+            self._second_pass_hook = node.register_prehook(self._on_second_pass)
+
+    def _on_second_pass(self, grad_outputs: Any) -> None:
+        """The second pass reached the per-sample losses: every accumulation until it ends
+        (a callback on this backward, the outermost one under reentrant checkpointing) is
+        clipped, one per parameter; a parameter it does not reach keeps none (review rgz:
+        gz's head kept it awaiting, and the next backward's gradient on it, a plain loss on
+        a head the wrapped loss did not reach, passed for a clipped one)."""
+        import torch
+
+        self._disarm()
+        self._in_second_pass = True
+        self._awaiting = [True] * len(self._params)
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_second_pass)
+
+    def _end_second_pass(self) -> None:
+        """The wrapped backward's second pass has ended (review rgz)."""
+        self._in_second_pass = False
+        self._awaiting = [False] * len(self._params)
+
+    def _disarm(self) -> None:
+        if self._second_pass_hook is not None:
+            self._second_pass_hook.remove()
+            self._second_pass_hook = None
+
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
-        if _from_ghost_backward(sys._getframe(1)):
+        frame = _ghost_backward_frame(sys._getframe(1))
+        wrapped = frame is not None
+        if wrapped:
             self.count += 1  # between the two passes of one wrapped backward
             self.added = False  # p.grad cleared before the second pass writes the new batch
         elif self._clears:
             self.count = 0  # the loop's own: p.grad is cleared below
             self.added = False
-        return self._zero_grad(*args, **kwargs)
+        result = self._zero_grad(*args, **kwargs)
+        self._end_second_pass()  # a backward that raised never ran its callback
+        for i, p in enumerate(self._params):
+            if self._clears or p.grad is None:  # p.grad cleared: what it held is gone
+                self._raw[i] = 0
+        if frame is not None:
+            self._arm_second_pass(frame)  # the second pass comes next
+        else:
+            self._disarm()
+        return result
 
     def pre_step(self) -> None:
         """A ``step()`` (skipped or real) has added ``p.grad`` to the clipped sum."""
+        self._disarm()  # a wrapped backward whose second pass never ran (it raised)
         if self.added:
             self.readded = True
         self.added = True
+        params = getattr(self.optimizer, "params", ())
+        if len(params) != len(self._params) or any(
+                a is not b for a, b in zip(params, self._params)):
+            self.unwatched = True  # e.g. add_param_group, a layer unfrozen: no hook on it
+        self.unclipped += max(
+            (n for n, p in zip(self._raw, self._params) if p.grad is not None), default=0)
 
-    def check(self) -> None:
-        """Refuse the real step whose clipped sum holds one batch twice (review rgc)."""
+    def check(self, step: int) -> None:
+        """Refuse the real step (the ``step``-th of the handle) whose clipped sum holds a
+        gradient of no wrapped backward (task gz) or one batch twice (review rgc)."""
+        from privguard._errors import PipelineMismatchError
+
+        if self.unwatched:
+            raise PipelineMismatchError(
+                f"under ghost clipping, the optimizer's parameters changed since attach "
+                f"({len(self._params)} then): privguard cannot tell whether the gradients "
+                f"of the others came through the wrapped loss. Step {step} is refused, "
+                f"nothing charged or applied; detach and attach again after changing them",
+                witness="ghost_clipping", charged=float(len(self._params)),
+                measured=float(len(getattr(self.optimizer, "params", ()))), interval=None,
+                step=step)
+        if self.unclipped:
+            raise PipelineMismatchError(
+                f"under ghost clipping, step {step}'s gradient holds {self.unclipped} "
+                f"backward pass(es) of a loss that is not from the criterion make_private "
+                f"returned (a plain criterion, F.cross_entropy, loss.loss_per_sample.mean() "
+                f"...): such a gradient is not clipped, while the step would be charged "
+                f"for the {self.count} clipped backward pass(es) of the wrapped loss. "
+                f"The step is refused, nothing charged or applied, its gradients dropped; "
+                f"backpropagate the loss of the criterion make_private returned "
+                f"(criterion(output, target).backward())"
+                + ("" if self._clears else
+                   "; or, the optimizer's zero_grad was replaced before attach (an instance "
+                   "attribute), and privguard cannot tell that it clears p.grad when Opacus' "
+                   "wrapped backward calls it between its two passes, so the first, "
+                   "unclipped pass is counted at every step: replace zero_grad after attach "
+                   "instead (privguard's is then the one it calls)"),
+                witness="ghost_clipping", charged=float(self.count),
+                measured=float(self.unclipped), interval=None, step=step)
         if self.readded:
             from privguard._errors import InvalidArgumentError
 
@@ -139,3 +271,8 @@ class BackwardCounter:
         """The real step was charged or refused (its gradients released or dropped)."""
         self.count = 0
         self.added = self.readded = False
+        self.unclipped = 0
+        self._awaiting = [False] * len(self._params)
+        self._raw = [0] * len(self._params)
+        self._in_second_pass = False
+        self._disarm()

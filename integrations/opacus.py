@@ -348,7 +348,8 @@ class AttachHandle:
         """Charge the real step about to update the parameters; raises if refused."""
         k = self._micro_batches(predict=False)
         if self.ghost is not None and self._coordinator is None:
-            self.ghost.check()  # a batch added twice (under DDP: in _checked_mechanism)
+            # an unclipped gradient or a batch added twice (under DDP: in _checked_mechanism)
+            self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None and self._coordinator is None:
             self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
         # the step's mechanism, built once: the witnesses check what the ledger charges
@@ -443,7 +444,7 @@ class AttachHandle:
         if self.dropout_guard is not None:
             self.dropout_guard.check()
         if self.ghost is not None:
-            self.ghost.check()
+            self.ghost.check(self.steps_charged + 1)
         return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:
@@ -782,6 +783,8 @@ def attach(
             "one micro-batch per step whatever the loop accumulated, so privguard counts the "
             "micro-batches the loader delivers between steps; pass data_loader= (or "
             "micro_batches= if the loop accumulates a fixed number)")
+    if _describe.is_ghost(optimizer):
+        _ghost.check_torch(optimizer)  # task gz: its per-gradient check needs torch >= 2.1
     check.flag("witnesses", witnesses)
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target

@@ -73,7 +73,12 @@ class PipelineMismatchError(PrivguardError):
     Raised before the step is charged or released: the parameters are left
     untouched, nothing is charged, and the attach handle refuses every later
     step too. ``witness`` names the check (``"noise"``, ``"clipping"``,
-    ``"sampling"``), ``charged`` what the ledger was told, ``measured`` the
+    ``"sampling"``; ``"ghost_clipping"``: under ghost clipping a gradient that
+    came through no backward of the wrapped loss, ``charged`` the wrapped
+    backward passes and ``measured`` the others, which refuses that step only;
+    or the optimizer's parameters changed since attach, ``charged`` and
+    ``measured`` their numbers then and now, which refuses every later step,
+    docs/theory.md §14.5), ``charged`` what the ledger was told, ``measured`` the
     point estimate and ``interval`` its confidence interval (``None`` for a
     deterministic check), ``step`` the 1-based real step of the handle.
 

@@ -526,6 +526,27 @@ SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witnes
              "allocation_uneven": allocation_uneven, "allocation_sigma": allocation_sigma}
 
 
+def _ghost_ddp(rank: int):
+    """make_private with ghost clipping of a DPDDP linear model (the same data on every
+    rank; each rank's Poisson draws seeded by its rank)."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    model = DPDDP(nn.Linear(8, 2))
+    made = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
+        grad_sample_mode="ghost")
+    torch.manual_seed(1000 + rank)
+    return made
+
+
 def interplay(rank: int, workdir: str, epsilon: float) -> dict:
     """Review ir: the merged branches together under DDP. Ghost clipping (gc: backward
     passes counted at the optimizer), an iterator made before attach (only that count sees
@@ -536,23 +557,12 @@ def interplay(rank: int, workdir: str, epsilon: float) -> dict:
     a skipped one with no backward between (rgc: refused on every rank, nothing charged),
     then training on."""
     import torch
-    from opacus import PrivacyEngine
-    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     from privguard import Ledger, PrivguardError
     from privguard.integrations.opacus import attach
 
-    torch.manual_seed(0)
-    x = torch.randn(N, 8)
-    model = DPDDP(nn.Linear(8, 2))
-    model, opt, criterion, loader = PrivacyEngine(accountant="rdp").make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
-        criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
-        grad_sample_mode="ghost")
-    torch.manual_seed(1000 + rank)
+    model, opt, criterion, loader = _ghost_ddp(rank)
     batches = _batches(loader)
     next(batches)  # the iterator is made before attach: the loader counter never sees it
     ledger = Ledger(epsilon, DELTA, path=f"{workdir}/interplay.db")  # default leases
@@ -602,3 +612,38 @@ def interplay(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 SCENARIOS["interplay"] = interplay
+
+
+def ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task gz: under DDP ghost clipping, rank 1 backpropagates a plain criterion's loss at
+    one step (its gradient unclipped): that step is refused on every rank, inside the step's
+    first collective, nothing charged nor applied anywhere; then training goes on."""
+    from torch import nn
+
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    model, opt, criterion, loader = _ghost_ddp(rank)
+    batches = _batches(loader)
+    ledger = Ledger(epsilon, DELTA)  # a replica per rank
+    handle = attach(opt, ledger, data_loader=loader)
+    out: dict = {"refused": []}
+    for i in range(4):
+        opt.zero_grad()
+        xb, yb = next(batches)
+        plain = i == 1 and rank == 1  # rank 1's second step: not the wrapped loss
+        (nn.CrossEntropyLoss() if plain else criterion)(model(xb), yb).backward()
+        before = _params(model)
+        try:
+            opt.step()
+            out["refused"].append(None)
+        except PrivguardError as exc:
+            out["refused"].append(type(exc).__name__)
+        out.setdefault("unchanged", []).append(_params(model) == before)
+    out["charged"] = handle.steps_charged
+    out["history"] = len(ledger.history)
+    handle.detach()
+    return out
+
+
+SCENARIOS["ghost_unclipped"] = ghost_unclipped
