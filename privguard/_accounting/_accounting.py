@@ -120,6 +120,17 @@ def check_event_kind(body: dict[str, Any], where: str) -> None:
                                "loaded: open it with the version that wrote it")
 
 
+def _check_stored_event(body: dict[str, Any], where: str, charges: int) -> None:
+    """A checkpoint's event as a journal row's is checked (``replay_event``, stored): its
+    kind, its keys, and a lease-unused event's step count within the journal's charges
+    (task bs: a checkpoint's events were checked for their kind only, so an edited
+    remainder of -100 or 10**9 steps opened, and one of "x" steps raised ValueError)."""
+    check_event_kind(body, where)
+    check_event_keys(body, where)
+    if body.get("event") == _lease.UNUSED:
+        _lease.check_unused_event(body, charges, where)
+
+
 def is_retarget(body: Any) -> bool:
     """Whether a journal event's body records a change of target (a retarget)."""
     return isinstance(body, dict) and body.get("event") == "retarget"
@@ -635,7 +646,11 @@ class Accounting:
             for i, body in enumerate(acc.events):  # the events before it (review bd)
                 if not isinstance(body, dict):
                     raise LedgerStateError(f"checkpoint event {i} is not a dict")
-                check_event_kind(body, f"checkpoint event {i}")
+                _check_stored_event(body, f"checkpoint event {i}", acc.journal.charges)
+            unused = _lease.unused_steps(acc.events)  # each checked above: ints in range
+            if unused > acc.journal.charges:  # remainders are charges (theory §13): task bs
+                raise LedgerStateError(f"checkpoint events record {unused} leased steps unused "
+                                       f"of {acc.journal.charges} charges")
         except LedgerStateError:
             raise
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,

@@ -239,13 +239,13 @@ def check_unused_event(body: dict[str, Any], charges: int, where: str,
     if type(steps) is not int or not 0 < steps <= charges:
         raise LedgerStateError(f"{where}: a lease-unused event of {steps!r} steps, of "
                                f"{charges} charges in the journal")
-    if runs is None:
-        return  # resumed from a checkpoint: `privguard verify` replays every run
-    try:
+    try:  # readable even where its key is not checked (task bs: a checkpoint's events)
         mechanism = mechanism_from_dict(body.get("mechanism"))
     except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LedgerStateError(f"{where}: a lease-unused event of an unreadable mechanism "
                                f"({exc})") from None
+    if runs is None:
+        return  # resumed from a checkpoint: `privguard verify` replays every run
     key = (body.get("label"), body.get("pid"))
     charged = sum(r.count for r in runs if (r.label, r.pid) == key and r.mechanism == mechanism)
     recorded = steps + sum(e["steps"] for e in events

@@ -1,0 +1,96 @@
+"""Bad input and forged state, sweep bs: each test fails on the code before its fix.
+
+A forger here recomputes the unkeyed SHA-256 digests (what anyone with privguard can do):
+digests are consistent, so what must refuse is the forged content itself, with a
+LedgerStateError (fail closed), never a built-in exception and never a ledger that opens.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard._stores import _sqlite
+from privguard._stores._integrity import Integrity
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+
+def _checkpointed(path, monkeypatch):
+    """A file ledger with a lease-unused event, then a checkpoint that lists it."""
+    ledger = Ledger(8.0, 1e-5, path=path, prefetch=False)
+    for _ in range(20):
+        ledger.charge(STEP, label="train")
+    ledger.close()  # the lease's remainder: a lease-unused event
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)  # as at 512 rows, sooner
+    ledger = Ledger.open(path, lease=1)
+    for i in range(6):
+        ledger.charge(STEP, label=f"l{i}")
+    ledger.close()
+
+
+def _forge_checkpoint(path, edit) -> None:
+    """``edit`` the newest checkpoint's snapshot (a dict), then recompute its MAC."""
+    conn = sqlite3.connect(path)
+    file_id = conn.execute("SELECT value FROM meta WHERE key = 'file_id'").fetchone()[0]
+    row = conn.execute("SELECT entries, last_count, head, prev, snapshot FROM checkpoints "
+                       "ORDER BY entries DESC LIMIT 1").fetchone()
+    snapshot = json.loads(row[4])
+    edit(snapshot)
+    text = json.dumps(snapshot)
+    mac = Integrity(None).digest("checkpoint", file_id, *row[:4], text)
+    conn.execute("UPDATE checkpoints SET snapshot = ?, mac = ? WHERE entries = ?",
+                 (text, mac, row[0]))
+    conn.commit()
+    conn.close()
+
+
+def _unused_event(snapshot):
+    return next(e for e in snapshot["accounting"]["events"] if e["event"] == "lease-unused")
+
+
+@pytest.mark.parametrize("change", [
+    {"steps": -100}, {"steps": 10**9}, {"steps": "x"}, {"steps": None}, {"steps": 2.0},
+    {"extra": 1}, {"mechanism": 5}, {"mechanism": {"type": "Gaussian", "noise_multiplier": -1}},
+], ids=repr)
+def test_a_checkpoint_event_is_checked_as_a_journal_event_is(tmp_path, monkeypatch, change):
+    # On the code before: a checkpoint's events were checked for their kind only, so a
+    # remainder of -100 or 10**9 steps opened (leased_unused -100: released steps beyond
+    # the charges), one of "x" or None steps raised ValueError/TypeError from
+    # leased_unused, and an event with other keys or an unreadable mechanism opened.
+    path = tmp_path / "c.db"
+    _checkpointed(path, monkeypatch)
+    _forge_checkpoint(path, lambda snap: _unused_event(snap).update(change))
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        Ledger.open(path)
+
+
+def test_checkpoint_remainders_beyond_the_charges_are_refused(tmp_path, monkeypatch):
+    # Each event within the charges, together more than them: the released steps would be
+    # negative (recorded remainders are charges, docs/theory.md §13).
+    path = tmp_path / "s.db"
+    _checkpointed(path, monkeypatch)
+
+    charges = len(Ledger.open(path, read_only=True).history)
+
+    def double(snap):
+        event = dict(_unused_event(snap), steps=charges)  # within the charges, alone
+        snap["accounting"]["events"].append(event)
+
+    _forge_checkpoint(path, double)
+    with pytest.raises(LedgerStateError, match="checkpoint"):
+        Ledger.open(path)
+
+
+def test_an_honest_checkpoint_with_a_remainder_still_opens(tmp_path, monkeypatch):
+    path = tmp_path / "h.db"
+    _checkpointed(path, monkeypatch)
+    _forge_checkpoint(path, lambda snap: None)  # the MAC recomputed, nothing changed
+    ledger = Ledger.open(path)
+    assert 0 < ledger.leased_unused < 20
+    ledger.charge(STEP, label="train")
+    ledger.close()
