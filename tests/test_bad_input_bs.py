@@ -94,3 +94,26 @@ def test_an_honest_checkpoint_with_a_remainder_still_opens(tmp_path, monkeypatch
     assert 0 < ledger.leased_unused < 20
     ledger.charge(STEP, label="train")
     ledger.close()
+
+
+@pytest.mark.parametrize("column,value", [("count", "count + 0.9"), ("pid", "pid + 0.5")])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_keyed_run_row_edited_to_a_fraction_is_refused(tmp_path, monkeypatch, column,
+                                                         value, read_only):
+    # A keyed ledger: the editor cannot recompute the HMAC chain. On the code before, a
+    # run row (not the last one) whose count 5 was edited to 5.9, or whose pid gained
+    # .5, was read back truncated to the value its digest covers: the edit went unseen.
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "s3cret")
+    monkeypatch.delenv("PRIVGUARD_LEDGER_KEY_FILE", raising=False)
+    path = tmp_path / "k.db"
+    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(M.Gaussian(40.0), label="a")
+    ledger.charge(M.Gaussian(40.0), label="b")
+    ledger.close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"UPDATE entries SET {column} = {value} WHERE label = 'a'")  # noqa: S608
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerStateError, match="not an integer"):
+        Ledger.open(path, read_only=read_only)
