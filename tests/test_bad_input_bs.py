@@ -112,7 +112,7 @@ def test_a_keyed_run_row_edited_to_a_fraction_is_refused(tmp_path, monkeypatch, 
     ledger.charge(M.Gaussian(40.0), label="b")
     ledger.close()
     conn = sqlite3.connect(path)
-    conn.execute(f"UPDATE entries SET {column} = {value} WHERE label = 'a'")  # noqa: S608
+    conn.execute(f"UPDATE entries SET {column} = {value} WHERE label = 'a'")
     conn.commit()
     conn.close()
     with pytest.raises(LedgerStateError, match="not an integer"):
