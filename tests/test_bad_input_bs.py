@@ -117,3 +117,17 @@ def test_a_keyed_run_row_edited_to_a_fraction_is_refused(tmp_path, monkeypatch, 
     conn.close()
     with pytest.raises(LedgerStateError, match="not an integer"):
         Ledger.open(path, read_only=read_only)
+
+
+@pytest.mark.parametrize("keyed", ["yes", "2", "", "true"])
+def test_an_ambiguous_keyed_flag_is_refused(tmp_path, keyed):
+    # On the code before, any value but "1" read as unkeyed: a file whose flag was edited
+    # from "0" to "yes" opened and charged as if nothing were edited.
+    path = tmp_path / "f.db"
+    Ledger(8.0, 1e-5, path=path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'keyed'", (keyed,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerStateError, match="keyed"):
+        Ledger.open(path)
