@@ -12,10 +12,16 @@ import sqlite3
 
 import pytest
 
-from privguard import Ledger, LedgerStateError
+from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._stores import _sqlite
 from privguard._stores._integrity import Integrity
+from privguard.tuning import (
+    Poisson,
+    _calibration,
+    calibrate_noise_multiplier,
+    calibrate_tuning_noise,
+)
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
 
@@ -131,3 +137,40 @@ def test_an_ambiguous_keyed_flag_is_refused(tmp_path, keyed):
     conn.close()
     with pytest.raises(LedgerStateError, match="keyed"):
         Ledger.open(path)
+
+
+class _Bounded:
+    """A ``fits`` for the calibration's search that fails the test past ``limit`` calls
+    (a search that never ends, on the code before, fails instead of hanging)."""
+
+    def __init__(self, fits, limit: int = 400) -> None:
+        self.fits, self.limit, self.calls = fits, limit, 0
+
+    def __call__(self, sigma: float) -> bool:
+        self.calls += 1
+        assert self.calls <= self.limit, "the search does not end"
+        return self.fits(sigma)
+
+
+@pytest.mark.parametrize("rtol", [0, -1, -0.0, float("nan"), float("inf"), "1", True, 10**400,
+                                  None], ids=repr)
+@pytest.mark.parametrize("calibrate", ["noise", "tuning"])
+def test_calibration_rtol_is_checked(monkeypatch, rtol, calibrate):
+    # On the code before, rtol was used unchecked: 0 or a negative one bisected forever,
+    # "1" raised TypeError, 10**400 OverflowError, NaN stopped the search at once.
+    search = _calibration.smallest_sigma
+    monkeypatch.setattr(_calibration, "smallest_sigma",
+                        lambda fits, *a, **k: search(_Bounded(fits), *a, **k))
+    with pytest.raises(InvalidArgumentError, match="rtol"):
+        if calibrate == "noise":
+            calibrate_noise_multiplier(0.01, 10, 3.0, 1e-5, rtol=rtol)
+        else:
+            calibrate_tuning_noise(0.01, 10, Poisson(2.0), 3.0, 1e-5, rtol=rtol)
+
+
+def test_an_rtol_below_float_precision_ends_at_a_sigma_that_fits():
+    # On the code before, the bracket stopped shrinking at adjacent floats, above such an
+    # rtol, and the bisection went on forever.
+    fits = _Bounded(lambda sigma: sigma >= 1.2345)
+    sigma = _calibration.smallest_sigma(fits, rtol=1e-300)
+    assert sigma >= 1.2345 and sigma - 1.2345 < 1e-12
