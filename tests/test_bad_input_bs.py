@@ -174,3 +174,16 @@ def test_an_rtol_below_float_precision_ends_at_a_sigma_that_fits():
     fits = _Bounded(lambda sigma: sigma >= 1.2345)
     sigma = _calibration.smallest_sigma(fits, rtol=1e-300)
     assert sigma >= 1.2345 and sigma - 1.2345 < 1e-12
+
+
+@pytest.mark.parametrize("spent", [[10**400, 0.0, 0.0], [0.1, 0.2, 10**400], ["0.1"] * 3,
+                                   [True, False, True], [b"1"] * 3], ids=repr)
+@pytest.mark.parametrize("batch", [False, True])
+def test_odometer_spent_must_be_numbers(spent, batch):
+    # On the code before, a spent curve holding 10**400 raised OverflowError, and strings
+    # or bools were read as numbers ("0.1" as 0.1).
+    from privguard import Odometer
+
+    odometer = Odometer([2.0, 4.0, 8.0])
+    with pytest.raises(InvalidArgumentError, match="spent"):
+        (odometer.epsilon_batch if batch else odometer.epsilon)(spent, 1e-5)

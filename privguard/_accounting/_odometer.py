@@ -459,10 +459,14 @@ class Odometer:
             self._am1 = self.orders - 1.0
 
     def _spent(self, spent: Any) -> np.ndarray:
-        try:
-            arr = np.asarray(spent, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InvalidArgumentError("spent", spent, "must be an array of numbers") from None
+        try:  # strings and bools are not numbers; 10**400 overflows a float (task bs)
+            raw = np.asarray(spent)
+            if raw.dtype.kind not in "iufO":
+                raise TypeError(raw.dtype)
+            arr = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidArgumentError("spent", check.short(spent),
+                                       "must be an array of numbers") from None
         if arr.ndim == 0 or arr.shape[-1] != self.orders.size:
             raise InvalidArgumentError("spent", spent,
                                        f"must have one value per order ({self.orders.size}) "
