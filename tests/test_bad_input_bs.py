@@ -187,3 +187,35 @@ def test_odometer_spent_must_be_numbers(spent, batch):
     odometer = Odometer([2.0, 4.0, 8.0])
     with pytest.raises(InvalidArgumentError, match="spent"):
         (odometer.epsilon_batch if batch else odometer.epsilon)(spent, 1e-5)
+
+
+@pytest.mark.parametrize("held", [5, "ab", [[1.0, 0.01]], [[1.0, 0.01, "3"]], [None],
+                                  [[float("nan"), 0.01, 1]], [[1.0, 0.01, -3]],
+                                  [[True, 0.01, 1]]], ids=repr)
+def test_an_edited_accountant_history_in_a_checkpoint_entry_is_refused(held):
+    # On the code before, attach(resume=entry) read the entry's accountant_history as
+    # (σ, q, steps) triples unchecked: 5 raised TypeError, [[1.0, 0.01]] ValueError,
+    # [[1.0, 0.01, "3"]] TypeError; NaN or negative steps were taken.
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    import warnings
+
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations._checkpoint import ledger_entry
+    from privguard.integrations.opacus import attach
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+    entry = ledger_entry(Ledger(3.0, 1e-5), [])
+    entry["accountant_history"] = held
+    ledger = Ledger(3.0, 1e-5)
+    with pytest.raises(LedgerStateError, match="accountant_history"):
+        attach(opt, ledger, resume=entry, check_poisson=False)
+    assert len(ledger.history) == 0
