@@ -11,6 +11,7 @@ import json
 import sqlite3
 
 import pytest
+from _tiny_opacus import private_linear
 
 from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -196,23 +197,10 @@ def test_an_edited_accountant_history_in_a_checkpoint_entry_is_refused(held):
     # On the code before, attach(resume=entry) read the entry's accountant_history as
     # (σ, q, steps) triples unchecked: 5 raised TypeError, [[1.0, 0.01]] ValueError,
     # [[1.0, 0.01, "3"]] TypeError; NaN or negative steps were taken.
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("opacus")
-    import warnings
-
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
+    _, opt, _ = private_linear("rdp")  # (skips without torch or Opacus)
     from privguard.integrations._checkpoint import ledger_entry
     from privguard.integrations.opacus import attach
 
-    model = torch.nn.Linear(2, 1)
-    loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
     entry = ledger_entry(Ledger(3.0, 1e-5), [])
     entry["accountant_history"] = held
     ledger = Ledger(3.0, 1e-5)
