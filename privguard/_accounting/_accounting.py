@@ -508,7 +508,8 @@ class Accounting:
             journal = self.journal  # a stored event: checked against its key's charges
             _lease.check_unused_event(
                 body, journal.charges, where,
-                None if journal.runs_before or not stored else journal.held_runs(), self.events)
+                None if journal.runs_before or not stored else journal.held_runs(), self.events,
+                unused_before=self._unused_so_far())
         if stored:  # after the checks above, whose messages say more; a fresh one is ours
             check_event_kind(body, where)
             check_event_keys(body, where)
@@ -517,6 +518,16 @@ class Accounting:
         self.journal.close_current()  # the journal's rows: an event ends the current run
         if config is not None:
             self.retarget(config)
+
+    def _unused_so_far(self) -> int:
+        """Steps the events so far record as leased and unused (:func:`_lease.unused_steps`),
+        summed once: ``events`` only grows, so each call adds the events since the last."""
+        seen, total = getattr(self, "_unused_seen", (0, 0))
+        if seen > len(self.events):  # not this list's (never: events are only appended)
+            seen, total = 0, 0
+        total += _lease.unused_steps(self.events[seen:])
+        self._unused_seen = (len(self.events), total)
+        return total
 
     def _check_migrated_retargets(self, body: dict[str, Any], where: str) -> None:
         """A 0.1 file's retargets, listed in the migrate event ``privguard upgrade`` writes

@@ -1,0 +1,66 @@
+"""Review rbs of sweep bs (bad input, fail closed): each test fails on bs's code (5c43a2e)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard._accounting import _lease
+from privguard._accounting._accounting import Change
+from privguard._stores import _sqlite
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+
+def _write_unused(ledger: Ledger, steps: int, label: str | None) -> None:
+    """A lease-unused row written to the file as privguard's writer writes it (what a bug,
+    or a forger recomputing the unkeyed chain, produces), without the in-memory checks."""
+    body = {"event": _lease.UNUSED, "steps": steps, "mechanism": STEP.to_dict(),
+            "label": label, "pid": os.getpid(), "reason": "close", "time": 0.0}
+    with ledger._synced(write=True) as txn:
+        txn.write(ledger._acc, [Change("event", body=body)])
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_remainders_after_a_checkpoint_beyond_the_charges_are_refused(tmp_path, monkeypatch,
+                                                                       read_only):
+    # On bs's code a journal resumed from a checkpoint checked each lease-unused row after
+    # it alone (steps <= charges): three rows of 10 steps on 10 charges opened, with
+    # leased_unused 30 (released steps -20), though bs refuses the same rows inside the
+    # checkpoint, and `privguard verify` refuses the file.
+    path = tmp_path / "t.db"
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
+    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
+    for i in range(10):
+        ledger.charge(STEP, label=f"l{i % 3}")
+    ledger.close()
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 10**6)  # the rows stay after it
+    ledger = Ledger.open(path, lease=1)
+    assert ledger._acc.journal.runs_before > 0  # resumed from the checkpoint
+    for _ in range(3):
+        _write_unused(ledger, 10, "l0")
+    ledger.close()
+    with pytest.raises(LedgerStateError, match="lease-unused"):
+        Ledger.open(path, read_only=read_only)
+
+
+def test_honest_remainders_after_a_checkpoint_still_open(tmp_path, monkeypatch):
+    path = tmp_path / "h.db"
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
+    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
+    for i in range(10):
+        ledger.charge(STEP, label=f"l{i % 3}")
+    ledger.close()
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 10**6)
+    for label in ("b", "c", "a"):
+        ledger = Ledger.open(path, prefetch=False)
+        for _ in range(3):
+            ledger.charge(STEP, label=label)
+        ledger.close()  # a lease-unused row after the checkpoint
+    ledger = Ledger.open(path)
+    assert ledger._acc.journal.runs_before > 0
+    assert 0 < ledger.leased_unused <= len(ledger.history)
+    ledger.close()
