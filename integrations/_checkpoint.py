@@ -104,12 +104,26 @@ def _check_entry(entry: Any, where: str) -> None:
 
 
 def _is_step(row: Any) -> bool:
-    """Whether ``row`` is an accountant history row as :func:`ledger_entry` writes it."""
+    """Whether ``row`` is an accountant history row (σ, q, steps) as :func:`ledger_entry`
+    writes it, or with numpy or torch numbers in place of Python's (the resume reads them
+    as they are, as it did before bs refused them: review rbs)."""
     if not isinstance(row, (list, tuple)) or len(row) != 3:
         return False
-    sigma, q, k = row
-    return all(type(x) in (float, int) and math.isfinite(x) and x >= 0 for x in (sigma, q)) \
+    sigma, q, k = (_item(x) for x in row)
+    reals = [check._real(x) for x in (sigma, q)]
+    return all(x is not None and math.isfinite(x) and x >= 0 for x in reals) \
         and type(k) is int and k >= 0
+
+
+def _item(x: Any) -> Any:
+    """The number of a 0-d tensor, array or numpy scalar (``tensor(0.01).item()``);
+    anything else as it is."""
+    if getattr(x, "ndim", None) == 0 and callable(getattr(x, "item", None)):
+        try:
+            return x.item()
+        except Exception:  # not a number after all: refused as it is
+            return x
+    return x
 
 
 def restore(ledger: Ledger, entry: Any, *, where: str) -> Ledger:

@@ -64,3 +64,44 @@ def test_honest_remainders_after_a_checkpoint_still_open(tmp_path, monkeypatch):
     assert ledger._acc.journal.runs_before > 0
     assert 0 < ledger.leased_unused <= len(ledger.history)
     ledger.close()
+
+
+def _held_cases():
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    return {"numpy": [(np.float64(1.0), np.float32(0.25), np.int64(1))],
+            "numpy 0-d": [(np.array(1.0), np.array(0.25), np.array(1))],
+            "torch": [(torch.tensor(1.0), torch.tensor(0.25), torch.tensor(1))],
+            "integer σ": [(1, 0.25, 1)], "tuple": ((1.0, 0.25, 1),), "empty": []}
+
+
+@pytest.mark.parametrize("case", ["numpy", "numpy 0-d", "torch", "integer σ", "tuple",
+                                  "empty"])
+def test_an_accountant_history_of_numpy_or_torch_numbers_still_resumes(case):
+    # On bs's code a checkpoint entry's accountant_history had to hold Python floats and
+    # ints exactly: numpy or torch numbers, which the resume read (and main accepted),
+    # were refused as a malformed entry.
+    from _tiny_opacus import private_linear
+
+    _, opt, _ = private_linear("rdp")  # (skips without torch or Opacus)
+    from privguard.integrations._checkpoint import ledger_entry
+    from privguard.integrations.opacus import attach
+
+    saved = Ledger(100.0, 1e-5)
+    saved.charge(M.SubsampledGaussian(1.0, 0.25), label="step")
+    entry = ledger_entry(saved, [])
+    entry["accountant_history"] = _held_cases()[case]
+    ledger = Ledger(100.0, 1e-5)
+    attach(opt, ledger, resume=entry, check_poisson=False)
+    assert len(ledger.history) == 1
+
+
+@pytest.mark.parametrize("held", [[(1.0, 0.25, True)], [("1.0", 0.25, 1)],
+                                  [(1.0, 0.25, 1.5)], [(1.0, float("inf"), 1)]], ids=repr)
+def test_an_accountant_history_of_other_values_is_still_refused(held):
+    from privguard.integrations._checkpoint import ledger_entry, restore
+
+    entry = ledger_entry(Ledger(100.0, 1e-5), [])
+    entry["accountant_history"] = held
+    with pytest.raises(LedgerStateError, match="accountant_history"):
+        restore(Ledger(100.0, 1e-5), entry, where="resume")
