@@ -105,3 +105,59 @@ def test_an_accountant_history_of_other_values_is_still_refused(held):
     entry["accountant_history"] = held
     with pytest.raises(LedgerStateError, match="accountant_history"):
         restore(Ledger(100.0, 1e-5), entry, where="resume")
+
+
+def _spent_cases():
+    from fractions import Fraction
+
+    np = pytest.importorskip("numpy")
+    return {"a string among Fractions": [Fraction(1, 10), "0.1", 0.1],
+            "bytes among Fractions": [Fraction(1, 10), b"0.1", 0.1],
+            "an object array with a string": np.array([Fraction(1, 10), "0.1", 0.1],
+                                                      dtype=object),
+            "a bool among floats": [True, 0.2, 0.3],
+            "a numpy bool among floats": [np.bool_(True), 0.2, 0.3],
+            "a bool row": [[0.1, 0.2, 0.3], [True, False, True]]}
+
+
+@pytest.mark.parametrize("case", ["a string among Fractions", "bytes among Fractions",
+                                  "an object array with a string", "a bool among floats",
+                                  "a numpy bool among floats", "a bool row"])
+@pytest.mark.parametrize("batch", [False, True])
+def test_odometer_spent_with_a_string_or_bool_among_numbers_is_refused(case, batch):
+    # On bs's code an array of strings or bools alone was refused, but numpy read one
+    # beside numbers ("0.1" as 0.1, True as 1.0) and the bound was computed.
+    from privguard import InvalidArgumentError, Odometer
+
+    if case == "a bool row" and not batch:
+        pytest.skip("two rows are not one curve: refused for their shape before")
+    odometer = Odometer([2.0, 4.0, 8.0])
+    with pytest.raises(InvalidArgumentError, match="spent"):
+        (odometer.epsilon_batch if batch else odometer.epsilon)(_spent_cases()[case], 1e-5)
+
+
+def test_odometer_spent_a_tensor_that_requires_grad_is_refused_not_runtimeerror():
+    # On bs's code: RuntimeError ("Can't call numpy() on Tensor that requires grad").
+    torch = pytest.importorskip("torch")
+    from privguard import InvalidArgumentError, Odometer
+
+    spent = torch.tensor([0.1, 0.2, 0.3], requires_grad=True)
+    with pytest.raises(InvalidArgumentError, match="spent"):
+        Odometer([2.0, 4.0, 8.0]).epsilon(spent, 1e-5)
+
+
+def test_odometer_spent_numbers_of_every_kind_are_still_read():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from privguard import Odometer
+
+    odometer = Odometer([2.0, 4.0, 8.0])
+    want = odometer.epsilon([0.25, 0.5, 0.75], 1e-5)
+    for spent in ([Fraction(1, 4), Decimal("0.5"), 0.75], torch.tensor([0.25, 0.5, 0.75]),
+                  [torch.tensor(0.25), np.float32(0.5), np.float64(0.75)],
+                  np.array([0.25, 0.5, 0.75], dtype=object), (0.25, 0.5, 0.75)):
+        assert odometer.epsilon(spent, 1e-5) == pytest.approx(want, rel=1e-6)
+    assert odometer.epsilon([0, 1, 2], 1e-5) == odometer.epsilon([0.0, 1.0, 2.0], 1e-5)
