@@ -509,7 +509,7 @@ class Accounting:
             _lease.check_unused_event(
                 body, journal.charges, where,
                 None if journal.runs_before or not stored else journal.held_runs(), self.events,
-                unused_before=self._unused_so_far())
+                unused_before=self._unused_so_far() if stored else None)
         if stored:  # after the checks above, whose messages say more; a fresh one is ours
             check_event_kind(body, where)
             check_event_keys(body, where)

@@ -225,7 +225,7 @@ def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:
 
 def check_unused_event(body: dict[str, Any], charges: int, where: str,
                        runs: list[Any] | None = None, events: Any = (),
-                       unused_before: int = 0) -> None:
+                       unused_before: int | None = None) -> None:
     """A recorded remainder is a positive step count within the journal's charges (it
     lowers nothing: the steps stay in the spent curve; checked so an edit shows). With
     ``runs`` (every run of the journal so far, i.e. not resumed from a checkpoint), the
@@ -234,7 +234,8 @@ def check_unused_event(body: dict[str, Any], charges: int, where: str,
     key, so an event naming a key never charged, or more steps than it charged, is
     inconsistent (it would make the released steps negative). Without ``runs`` (a journal
     resumed from a checkpoint), the remainders of every key together, ``unused_before``
-    (those recorded before this one) included, are at most the charges (review rbs: each
+    (those recorded before this one, given for a stored event) included, are at most the
+    charges (review rbs: each
     event was checked alone there, so three of 10 steps each opened on 10 charges)."""
     from privguard._errors import LedgerStateError, PrivguardError
     from privguard._mechanisms._base import mechanism_from_dict
@@ -249,7 +250,7 @@ def check_unused_event(body: dict[str, Any], charges: int, where: str,
         raise LedgerStateError(f"{where}: a lease-unused event of an unreadable mechanism "
                                f"({exc})") from None
     if runs is None:  # resumed from a checkpoint: `privguard verify` replays every run
-        if steps + unused_before > charges:  # remainders are charges, of any key
+        if unused_before is not None and steps + unused_before > charges:  # of any key
             raise LedgerStateError(f"{where}: lease-unused events of {steps + unused_before} "
                                    f"steps in all, of {charges} charges in the journal")
         return
