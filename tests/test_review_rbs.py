@@ -24,6 +24,15 @@ def _write_unused(ledger: Ledger, steps: int, label: str | None) -> None:
         txn.write(ledger._acc, [Change("event", body=body)])
 
 
+def _checkpointed(path, monkeypatch) -> None:
+    """A file ledger of 10 charges in 10 runs with checkpoints, the last one near its end."""
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
+    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
+    for i in range(10):
+        ledger.charge(STEP, label=f"l{i % 3}")
+    ledger.close()
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 def test_remainders_after_a_checkpoint_beyond_the_charges_are_refused(tmp_path, monkeypatch,
                                                                        read_only):
@@ -32,11 +41,7 @@ def test_remainders_after_a_checkpoint_beyond_the_charges_are_refused(tmp_path, 
     # leased_unused 30 (released steps -20), though bs refuses the same rows inside the
     # checkpoint, and `privguard verify` refuses the file.
     path = tmp_path / "t.db"
-    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
-    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
-    for i in range(10):
-        ledger.charge(STEP, label=f"l{i % 3}")
-    ledger.close()
+    _checkpointed(path, monkeypatch)
     monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 10**6)  # the rows stay after it
     ledger = Ledger.open(path, lease=1)
     assert ledger._acc.journal.runs_before > 0  # resumed from the checkpoint
@@ -49,11 +54,7 @@ def test_remainders_after_a_checkpoint_beyond_the_charges_are_refused(tmp_path, 
 
 def test_honest_remainders_after_a_checkpoint_still_open(tmp_path, monkeypatch):
     path = tmp_path / "h.db"
-    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 4)
-    ledger = Ledger(8.0, 1e-5, path=path, lease=1)
-    for i in range(10):
-        ledger.charge(STEP, label=f"l{i % 3}")
-    ledger.close()
+    _checkpointed(path, monkeypatch)
     monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 10**6)
     for label in ("b", "c", "a"):
         ledger = Ledger.open(path, prefetch=False)
