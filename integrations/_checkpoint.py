@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._ledger._ledger import Ledger
 
@@ -92,6 +94,36 @@ def _check_entry(entry: Any, where: str) -> None:
     if not isinstance(entry.get("charges"), int) or entry["charges"] < 0 \
             or not isinstance(entry.get("fingerprint"), str):
         raise LedgerStateError(f"{where}: checkpoint entry is malformed")
+    held = entry.get("accountant_history")
+    if held is not None and not (isinstance(held, (list, tuple)) and all(map(_is_step, held))):
+        # read as (σ, q, steps) triples at resume: 5 raised TypeError there, [[1.0, 0.01]]
+        # ValueError (task bs)
+        raise LedgerStateError(f"{where}: checkpoint entry is malformed (accountant_history "
+                               f"{check.short(held)} is not a list of [σ, q, steps] as "
+                               "privguard writes it)")
+
+
+def _is_step(row: Any) -> bool:
+    """Whether ``row`` is an accountant history row (σ, q, steps) as :func:`ledger_entry`
+    writes it, or with numpy or torch numbers in place of Python's (the resume reads them
+    as they are, as it did before bs refused them: review rbs)."""
+    if not isinstance(row, (list, tuple)) or len(row) != 3:
+        return False
+    sigma, q, k = (_item(x) for x in row)
+    reals = [check._real(x) for x in (sigma, q)]
+    return all(x is not None and math.isfinite(x) and x >= 0 for x in reals) \
+        and type(k) is int and k >= 0
+
+
+def _item(x: Any) -> Any:
+    """The number of a 0-d tensor, array or numpy scalar (``tensor(0.01).item()``);
+    anything else as it is."""
+    if getattr(x, "ndim", None) == 0 and callable(getattr(x, "item", None)):
+        try:
+            return x.item()
+        except Exception:  # not a number after all: refused as it is
+            return x
+    return x
 
 
 def restore(ledger: Ledger, entry: Any, *, where: str) -> Ledger:

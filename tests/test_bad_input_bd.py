@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from _tiny_opacus import private_linear
 
 from privguard import (
     BudgetExhausted,
@@ -343,19 +344,9 @@ def test_a_runs_record_outside_the_run_is_refused(bad):
 def _opacus_step(sample_rate):
     """An Opacus optimizer (PRV accountant hooked) attached with ``sample_rate``; one step."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("opacus")
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
+    model, opt, loader = private_linear()  # (skips without Opacus)
     from privguard.integrations.opacus import attach
 
-    model = torch.nn.Linear(2, 1)
-    loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
     ledger = Ledger(3.0, 1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the designed AccountantWarning (PRV engine)

@@ -120,6 +120,17 @@ def check_event_kind(body: dict[str, Any], where: str) -> None:
                                "loaded: open it with the version that wrote it")
 
 
+def _check_stored_event(body: dict[str, Any], where: str, charges: int) -> None:
+    """A checkpoint's event as a journal row's is checked (``replay_event``, stored): its
+    kind, its keys, and a lease-unused event's step count within the journal's charges
+    (task bs: a checkpoint's events were checked for their kind only, so an edited
+    remainder of -100 or 10**9 steps opened, and one of "x" steps raised ValueError)."""
+    check_event_kind(body, where)
+    check_event_keys(body, where)
+    if body.get("event") == _lease.UNUSED:
+        _lease.check_unused_event(body, charges, where)
+
+
 def is_retarget(body: Any) -> bool:
     """Whether a journal event's body records a change of target (a retarget)."""
     return isinstance(body, dict) and body.get("event") == "retarget"
@@ -497,7 +508,8 @@ class Accounting:
             journal = self.journal  # a stored event: checked against its key's charges
             _lease.check_unused_event(
                 body, journal.charges, where,
-                None if journal.runs_before or not stored else journal.held_runs(), self.events)
+                None if journal.runs_before or not stored else journal.held_runs(), self.events,
+                unused_before=self._unused_so_far() if stored else None)
         if stored:  # after the checks above, whose messages say more; a fresh one is ours
             check_event_kind(body, where)
             check_event_keys(body, where)
@@ -506,6 +518,16 @@ class Accounting:
         self.journal.close_current()  # the journal's rows: an event ends the current run
         if config is not None:
             self.retarget(config)
+
+    def _unused_so_far(self) -> int:
+        """Steps the events so far record as leased and unused (:func:`_lease.unused_steps`),
+        summed once: ``events`` only grows, so each call adds the events since the last."""
+        seen, total = getattr(self, "_unused_seen", (0, 0))
+        if seen > len(self.events):  # not this list's (never: events are only appended)
+            seen, total = 0, 0
+        total += _lease.unused_steps(self.events[seen:])
+        self._unused_seen = (len(self.events), total)
+        return total
 
     def _check_migrated_retargets(self, body: dict[str, Any], where: str) -> None:
         """A 0.1 file's retargets, listed in the migrate event ``privguard upgrade`` writes
@@ -635,7 +657,11 @@ class Accounting:
             for i, body in enumerate(acc.events):  # the events before it (review bd)
                 if not isinstance(body, dict):
                     raise LedgerStateError(f"checkpoint event {i} is not a dict")
-                check_event_kind(body, f"checkpoint event {i}")
+                _check_stored_event(body, f"checkpoint event {i}", acc.journal.charges)
+            unused = _lease.unused_steps(acc.events)  # each checked above: ints in range
+            if unused > acc.journal.charges:  # remainders are charges (theory §13): task bs
+                raise LedgerStateError(f"checkpoint events record {unused} leased steps unused "
+                                       f"of {acc.journal.charges} charges")
         except LedgerStateError:
             raise
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,

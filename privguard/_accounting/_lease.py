@@ -222,14 +222,19 @@ def unused_event(lease: Lease, reason: str, t: float) -> dict[str, Any]:
 
 
 def check_unused_event(body: dict[str, Any], charges: int, where: str,
-                       runs: list[Any] | None = None, events: Any = ()) -> None:
+                       runs: list[Any] | None = None, events: Any = (),
+                       unused_before: int | None = None) -> None:
     """A recorded remainder is a positive step count within the journal's charges (it
     lowers nothing: the steps stay in the spent curve; checked so an edit shows). With
     ``runs`` (every run of the journal so far, i.e. not resumed from a checkpoint), the
     remainders recorded for one key (mechanism, label, pid), ``events`` earlier ones
     included, are at most that key's charges: a lease's unused steps are charges of its
     key, so an event naming a key never charged, or more steps than it charged, is
-    inconsistent (it would make the released steps negative)."""
+    inconsistent (it would make the released steps negative). Without ``runs`` (a journal
+    resumed from a checkpoint), the remainders of every key together, ``unused_before``
+    (those recorded before this one, given for a stored event) included, are at most the
+    charges (review rbs: each
+    event was checked alone there, so three of 10 steps each opened on 10 charges)."""
     from privguard._errors import LedgerStateError, PrivguardError
     from privguard._mechanisms._base import mechanism_from_dict
 
@@ -237,13 +242,16 @@ def check_unused_event(body: dict[str, Any], charges: int, where: str,
     if type(steps) is not int or not 0 < steps <= charges:
         raise LedgerStateError(f"{where}: a lease-unused event of {steps!r} steps, of "
                                f"{charges} charges in the journal")
-    if runs is None:
-        return  # resumed from a checkpoint: `privguard verify` replays every run
-    try:
+    try:  # readable even where its key is not checked (task bs: a checkpoint's events)
         mechanism = mechanism_from_dict(body.get("mechanism"))
     except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise LedgerStateError(f"{where}: a lease-unused event of an unreadable mechanism "
                                f"({exc})") from None
+    if runs is None:  # resumed from a checkpoint: `privguard verify` replays every run
+        if unused_before is not None and steps + unused_before > charges:  # of any key
+            raise LedgerStateError(f"{where}: lease-unused events of {steps + unused_before} "
+                                   f"steps in all, of {charges} charges in the journal")
+        return
     key = (body.get("label"), body.get("pid"))
     charged = sum(r.count for r in runs if (r.label, r.pid) == key and r.mechanism == mechanism)
     recorded = steps + sum(e["steps"] for e in events

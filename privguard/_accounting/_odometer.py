@@ -409,6 +409,16 @@ def _checked_weights(weights: Any, n: int) -> np.ndarray:
     return w
 
 
+def _holds_non_numbers(value: Any) -> bool:
+    """Whether a string, bytes or bool is among the elements of ``value`` (a list, a tuple
+    or an object array: numpy reads ``[Fraction(1, 10), "0.1"]`` or ``[True, 0.2]`` as
+    numbers, where an array of strings or bools alone is refused; review rbs)."""
+    leaves = value if isinstance(value, np.ndarray) else np.asarray(value, dtype=object)
+    if leaves.dtype.kind != "O":
+        return leaves.dtype.kind in "bSU"
+    return any(issubclass(t, (str, bytes, bool, np.bool_)) for t in set(map(type, leaves.flat)))
+
+
 class Odometer:
     """A running (ε, δ) tail bound for adaptive sequences; pure, no state of its own.
 
@@ -459,10 +469,16 @@ class Odometer:
             self._am1 = self.orders - 1.0
 
     def _spent(self, spent: Any) -> np.ndarray:
-        try:
-            arr = np.asarray(spent, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise InvalidArgumentError("spent", spent, "must be an array of numbers") from None
+        try:  # strings and bools are not numbers; 10**400 overflows a float (task bs)
+            raw = np.asarray(spent)
+            exact = isinstance(spent, np.ndarray) and raw.dtype.kind != "O"  # nothing to read
+            if raw.dtype.kind not in "iufO" or (not exact and _holds_non_numbers(spent)):
+                raise TypeError(raw.dtype)
+            arr = np.asarray(raw, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError, RecursionError, RuntimeError):
+            # RuntimeError: a torch tensor that requires grad (review rbs)
+            raise InvalidArgumentError("spent", check.short(spent),
+                                       "must be an array of numbers") from None
         if arr.ndim == 0 or arr.shape[-1] != self.orders.size:
             raise InvalidArgumentError("spent", spent,
                                        f"must have one value per order ({self.orders.size}) "

@@ -99,9 +99,15 @@ def run_numbers(label: Any, count: Any, first: Any, last: Any, pid: Any, where: 
             and type(last) is float:  # as SQLite and psycopg give them back
         return count, first, last, pid
     try:
-        return int(count), float(first), float(last), int(pid)
+        read = int(count), float(first), float(last), int(pid)
     except (TypeError, ValueError, OverflowError) as exc:
         raise LedgerStateError(f"{where} is unreadable ({exc})") from None
+    # A keyed row's count edited from 5 to 5.9 was read as 5, which its digest covers: the
+    # edit went unseen (task bs). An integer that is not an int must be one exactly.
+    if read[0] != count or read[3] != pid:
+        raise LedgerStateError(f"{where} is unreadable (a count {count!r} or pid {pid!r} "
+                               "that is not an integer)")
+    return read
 
 
 def text_body(body: Any, where: str) -> Any:

@@ -542,6 +542,9 @@ class SQLiteStore:
                 f"(it reads {SCHEMA_VERSION}); refusing to open")
         self.file_id = self._get(conn, "file_id", self.path)
         keyed = self._get(conn, "keyed", self.path)
+        if keyed not in ("0", "1"):  # "yes" was read as unkeyed (task bs): ambiguous, refused
+            raise LedgerStateError(f"{self.path}: ledger metadata 'keyed' is {keyed!r}, "
+                                   "neither '0' nor '1' (edited)")
         check = conn.execute("SELECT value FROM meta WHERE key='key_check'").fetchone()
         self.integrity.require_matches(keyed == "1", None if check is None else check[0],
                                        self.path)

@@ -29,8 +29,10 @@ def smallest_sigma(fits: Callable[[float], bool], rtol: float = 1e-4,
 
     The returned σ always satisfies ``fits``: it is the upper end of the
     bisection bracket. ``target``: the caller's argument (name, value) an
-    unreachable target is refused as.
+    unreachable target is refused as. ``rtol`` is checked here, before any
+    search (task bs: 0 or a negative one searched forever, "1" raised TypeError).
     """
+    rtol = check.positive_finite("rtol", rtol)
     hi = 1.0
     while not fits(hi):
         hi *= 2
@@ -44,6 +46,8 @@ def smallest_sigma(fits: Callable[[float], bool], rtol: float = 1e-4,
             return hi
     while (hi - lo) > rtol * hi:
         mid = (lo + hi) / 2
+        if not lo < mid < hi:  # adjacent floats: an rtol below float precision is met
+            break
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     assert fits(hi)
     return hi
