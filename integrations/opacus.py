@@ -379,8 +379,11 @@ class AttachHandle:
                 # gradient all_reduce until the process group's timeout)
                 # (and every rank's σ and epochs to charge are alike: review rhl, rank 0
                 # adds the noise and each charger charged its own σ)
+                # (review ir2: the ghost and dropout checks, which a Poisson step runs in
+                # its own collective, _checked_mechanism, ran on no path here: an unclipped
+                # ghost step was applied and its epoch charged as clipped)
                 due = self._coordinator.together(
-                    lambda: self._allocation_due(k, sigma),
+                    lambda: self._allocation_due(k, sigma, checked=True),
                     "while checking a random-allocation step",
                     lambda due: (sigma, 0 if due is None else due.epochs))
             if due is not None and self._coordinator is not None:  # DDP: once, together
@@ -409,11 +412,16 @@ class AttachHandle:
             self.witnesses.failure, self._refusal_charged = refused, True
             raise refused
 
-    def _allocation_due(self, k: int, sigma: float) -> M.RandomAllocation | None:
+    def _allocation_due(self, k: int, sigma: float, checked: bool = False
+                        ) -> M.RandomAllocation | None:
         """The epoch a random-allocation step must charge first (None: its epoch is charged);
         raises if the step is refused (k > 1 micro-batches, σ changed inside the epoch, more
-        steps than batches, a batch not of the loader)."""
+        steps than batches, a batch not of the loader). ``checked`` (under DDP, inside the
+        step's collective): the aligned opt-in's dropout and the ghost checks first, as
+        :meth:`_checked_mechanism` runs them for a Poisson step (review ir2)."""
         assert self._epochs is not None
+        if checked:
+            self._rank_checks()
         if k > 1:
             raise _accumulated_allocation(k)
         return self._epochs.pending(sigma)
@@ -441,11 +449,17 @@ class AttachHandle:
         """Under DDP, the step's mechanism after the aligned opt-in's dropout re-check
         (integrations/_aligned.py), inside the step's own collective: a refusal on one
         rank stops every rank before any charge, at no extra collective."""
+        self._rank_checks()
+        return self._mechanism_for(micro_batches)
+
+    def _rank_checks(self) -> None:
+        """Under DDP, this rank's refusals of the step, run inside a collective: the aligned
+        opt-in's dropout re-check and the ghost-clipping check (an unclipped gradient, a
+        batch added twice)."""
         if self.dropout_guard is not None:
             self.dropout_guard.check()
         if self.ghost is not None:
             self.ghost.check(self.steps_charged + 1)
-        return self._mechanism_for(micro_batches)
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""

@@ -210,8 +210,9 @@ def allocation(rank: int, workdir: str, epsilon: float) -> dict:
 ALLOCATION_STEPS = 4
 
 
-def _allocation_setup():
-    """DPDDP over a DistributedRandomAllocationSampler loader: (x, model, opt, loader)."""
+def _allocation_setup(ghost: bool = False):
+    """DPDDP over a DistributedRandomAllocationSampler loader: (x, model, opt, loader), and
+    with ``ghost`` under ghost clipping: (x, model, opt, criterion, loader)."""
     import torch
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -227,11 +228,13 @@ def _allocation_setup():
     model = DPDDP(nn.Linear(8, 2))
     engine = PrivacyEngine(accountant="rdp")
     data = TensorDataset(x, (x[:, 0] > 0).long())
-    model, opt, loader = engine.make_private(
+    ghostly = {"criterion": nn.CrossEntropyLoss(reduction="sum"), "loss_reduction": "sum",
+               "grad_sample_mode": "ghost"} if ghost else {}
+    made = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(data, batch_sampler=sampler, collate_fn=EmptyBatchCollate(data)),
-        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False)
-    return x, model, opt, loader
+        noise_multiplier=SIGMA, max_grad_norm=1.0, poisson_sampling=False, **ghostly)
+    return (x, *made)
 
 
 def allocation_uneven(rank: int, workdir: str, epsilon: float) -> dict:
@@ -647,3 +650,37 @@ def ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 SCENARIOS["ghost_unclipped"] = ghost_unclipped
+
+
+def allocation_ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review ir2: random allocation under DDP ghost clipping, rank 1 backpropagating a plain
+    criterion's loss (its gradient unclipped) at the second step. That step is refused on
+    every rank before anything is charged or applied, as a Poisson step's is
+    (ghost_unclipped); before, the allocation path never ran the ghost check under DDP, and
+    the unclipped step was applied (the epoch charged as if clipped)."""
+    from torch import nn
+
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    _x, model, opt, criterion, loader = _allocation_setup(ghost=True)
+    ledger = Ledger(epsilon, DELTA)  # a replica per rank
+    handle = attach(opt, ledger, data_loader=loader)
+    out: dict = {"refused": [], "unchanged": []}
+    for i, (xb, yb) in enumerate(loader):
+        opt.zero_grad()
+        plain = i == 1 and rank == 1  # rank 1's second step: not the wrapped loss
+        (nn.CrossEntropyLoss(reduction="sum") if plain else criterion)(model(xb), yb).backward()
+        before = _params(model)
+        try:
+            opt.step()
+            out["refused"].append(None)
+        except PrivguardError as exc:
+            out["refused"].append(type(exc).__name__)
+        out["unchanged"].append(_params(model) == before)
+    out["charged"] = handle.steps_charged
+    handle.detach()
+    return out
+
+
+SCENARIOS["allocation_ghost_unclipped"] = allocation_ghost_unclipped

@@ -157,6 +157,23 @@ def test_under_ddp_the_refusal_is_taken_by_every_rank(tmp_path):
         assert r["charged"] == r["history"] == 3
 
 
+@pytest.mark.skipif(os.environ.get("CI") != "true" and os.environ.get("PRIVGUARD_SLOW") != "1",
+                    reason="a 2-rank launch: run with CI=true or PRIVGUARD_SLOW=1 (always in CI)")
+def test_under_ddp_random_allocation_the_refusal_is_taken_by_every_rank(tmp_path):
+    # review ir2: the random-allocation path under DDP ran no ghost check (it is in the
+    # Poisson step's collective only): rank 1's unclipped step was applied, the epoch charged
+    # as clipped. Now refused on every rank inside the step's check, nothing applied
+    pytest.importorskip("torch.distributed")
+    import test_ddp
+
+    r0, r1 = test_ddp.launch("allocation_ghost_unclipped", str(tmp_path), 50.0)
+    assert r1["refused"][1] == "PipelineMismatchError" and r0["refused"][1] is not None
+    for r in (r0, r1):
+        assert r["refused"][0] is None and r["refused"][2:] == [None] * (len(r["refused"]) - 2)
+        assert r["unchanged"][1] and not r["unchanged"][0]
+        assert r["charged"] == len(r["refused"]) - 1
+
+
 def test_parameters_added_after_attach_are_refused():
     # a parameter group added after attach has no hook: whether its gradient came through
     # the wrapped loss is unknown, so every later step is refused (fail closed)
