@@ -623,26 +623,32 @@ def ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
     first collective, nothing charged nor applied anywhere; then training goes on."""
     from torch import nn
 
+    model, opt, criterion, loader = _ghost_ddp(rank)
+    batches = _batches(loader)
+    return _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion,
+                                nn.CrossEntropyLoss(), (next(batches) for _ in range(4)))
+
+
+def _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion, plain, batches) -> dict:
+    """Attach a ledger replica and step on ``batches``, rank 1 backpropagating ``plain``'s
+    loss (not the wrapped one) at the second step: what each step raised, whether it
+    left the parameters unchanged, and the steps charged."""
     from privguard import Ledger, PrivguardError
     from privguard.integrations.opacus import attach
 
-    model, opt, criterion, loader = _ghost_ddp(rank)
-    batches = _batches(loader)
     ledger = Ledger(epsilon, DELTA)  # a replica per rank
     handle = attach(opt, ledger, data_loader=loader)
-    out: dict = {"refused": []}
-    for i in range(4):
+    out: dict = {"refused": [], "unchanged": []}
+    for i, (xb, yb) in enumerate(batches):
         opt.zero_grad()
-        xb, yb = next(batches)
-        plain = i == 1 and rank == 1  # rank 1's second step: not the wrapped loss
-        (nn.CrossEntropyLoss() if plain else criterion)(model(xb), yb).backward()
+        (plain if i == 1 and rank == 1 else criterion)(model(xb), yb).backward()
         before = _params(model)
         try:
             opt.step()
             out["refused"].append(None)
         except PrivguardError as exc:
             out["refused"].append(type(exc).__name__)
-        out.setdefault("unchanged", []).append(_params(model) == before)
+        out["unchanged"].append(_params(model) == before)
     out["charged"] = handle.steps_charged
     out["history"] = len(ledger.history)
     handle.detach()
@@ -660,27 +666,9 @@ def allocation_ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
     the unclipped step was applied (the epoch charged as if clipped)."""
     from torch import nn
 
-    from privguard import Ledger, PrivguardError
-    from privguard.integrations.opacus import attach
-
     _x, model, opt, criterion, loader = _allocation_setup(ghost=True)
-    ledger = Ledger(epsilon, DELTA)  # a replica per rank
-    handle = attach(opt, ledger, data_loader=loader)
-    out: dict = {"refused": [], "unchanged": []}
-    for i, (xb, yb) in enumerate(loader):
-        opt.zero_grad()
-        plain = i == 1 and rank == 1  # rank 1's second step: not the wrapped loss
-        (nn.CrossEntropyLoss(reduction="sum") if plain else criterion)(model(xb), yb).backward()
-        before = _params(model)
-        try:
-            opt.step()
-            out["refused"].append(None)
-        except PrivguardError as exc:
-            out["refused"].append(type(exc).__name__)
-        out["unchanged"].append(_params(model) == before)
-    out["charged"] = handle.steps_charged
-    handle.detach()
-    return out
+    return _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion,
+                                nn.CrossEntropyLoss(reduction="sum"), iter(loader))
 
 
 SCENARIOS["allocation_ghost_unclipped"] = allocation_ghost_unclipped
