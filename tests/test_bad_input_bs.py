@@ -85,8 +85,11 @@ def test_checkpoint_remainders_beyond_the_charges_are_refused(tmp_path, monkeypa
     charges = len(Ledger.open(path, read_only=True).history)
 
     def double(snap):
-        event = dict(_unused_event(snap), steps=charges)  # within the charges, alone
-        snap["accounting"]["events"].append(event)
+        # copies of the checkpoint's own remainder, each within the charges alone (the
+        # journal's at the checkpoint are at most ``charges``), together beyond them
+        event = _unused_event(snap)
+        copies = charges // event["steps"] + 1
+        snap["accounting"]["events"].extend(dict(event) for _ in range(copies))
 
     _forge_checkpoint(path, double)
     with pytest.raises(LedgerStateError, match="checkpoint"):
