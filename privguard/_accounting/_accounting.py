@@ -120,15 +120,17 @@ def check_event_kind(body: dict[str, Any], where: str) -> None:
                                "loaded: open it with the version that wrote it")
 
 
-def _check_stored_event(body: dict[str, Any], where: str, charges: int) -> None:
+def _check_stored_event(body: dict[str, Any], where: str, charges: int,
+                        unused_before: int) -> None:
     """A checkpoint's event as a journal row's is checked (``replay_event``, stored): its
-    kind, its keys, and a lease-unused event's step count within the journal's charges
-    (task bs: a checkpoint's events were checked for their kind only, so an edited
+    kind, its keys, and a lease-unused event's step count within the journal's charges,
+    with ``unused_before``, the steps the events before it record as unused, all of them
+    together (task bs: a checkpoint's events were checked for their kind only, so an edited
     remainder of -100 or 10**9 steps opened, and one of "x" steps raised ValueError)."""
     check_event_kind(body, where)
     check_event_keys(body, where)
     if body.get("event") == _lease.UNUSED:
-        _lease.check_unused_event(body, charges, where)
+        _lease.check_unused_event(body, charges, where, unused_before=unused_before)
 
 
 def is_retarget(body: Any) -> bool:
@@ -654,14 +656,12 @@ class Accounting:
             if acc.filter is not None:
                 acc.filter.load_state(snap["filter_state"] or {})
             acc.events = list(snap["events"])
+            unused = 0  # remainders are charges (theory §13): together at most the charges
             for i, body in enumerate(acc.events):  # the events before it (review bd)
                 if not isinstance(body, dict):
                     raise LedgerStateError(f"checkpoint event {i} is not a dict")
-                _check_stored_event(body, f"checkpoint event {i}", acc.journal.charges)
-            unused = _lease.unused_steps(acc.events)  # each checked above: ints in range
-            if unused > acc.journal.charges:  # remainders are charges (theory §13): task bs
-                raise LedgerStateError(f"checkpoint events record {unused} leased steps unused "
-                                       f"of {acc.journal.charges} charges")
+                _check_stored_event(body, f"checkpoint event {i}", acc.journal.charges, unused)
+                unused += _lease.unused_steps([body])  # checked above: an int in range
         except LedgerStateError:
             raise
         except (PrivguardError, KeyError, TypeError, ValueError, AttributeError, IndexError,
