@@ -347,11 +347,8 @@ class AttachHandle:
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
         k = self._micro_batches(predict=False)
-        if self.ghost is not None and self._coordinator is None:
-            # an unclipped gradient or a batch added twice (under DDP: in _checked_mechanism)
-            self.ghost.check(self.steps_charged + 1)
-        if self.dropout_guard is not None and self._coordinator is None:
-            self.dropout_guard.check()  # aligned opt-in: dropout switched on since attach?
+        if self._coordinator is None:  # under DDP inside the step's collective
+            self._rank_checks()
         # the step's mechanism, built once: the witnesses check what the ledger charges
         # (under DDP it is built inside the step's collective, _checked_mechanism)
         single = self._epochs is None and self._coordinator is None
@@ -453,13 +450,15 @@ class AttachHandle:
         return self._mechanism_for(micro_batches)
 
     def _rank_checks(self) -> None:
-        """Under DDP, this rank's refusals of the step, run inside a collective: the aligned
-        opt-in's dropout re-check and the ghost-clipping check (an unclipped gradient, a
-        batch added twice)."""
-        if self.dropout_guard is not None:
-            self.dropout_guard.check()
+        """This process's refusals of the step, before anything is charged: the
+        ghost-clipping check (an unclipped gradient, a batch added twice) and the aligned
+        opt-in's dropout re-check (dropout switched on since attach). Under DDP they run
+        inside the step's collective (:meth:`_checked_mechanism`, and the random-allocation
+        step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's."""
         if self.ghost is not None:
             self.ghost.check(self.steps_charged + 1)
+        if self.dropout_guard is not None:
+            self.dropout_guard.check()
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
