@@ -563,7 +563,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 else self._from_lease(lease, mechanism, label, pid, times)
             if leased is None and self._next is not None:
                 leased = self._from_both(mechanism, label, pid, times)
-            refused, beside = _Refused(), False
+            refused = _Refused()
             if leased is None:
                 with refused, self._synced(write=True) as txn:
                     verdict, carry, abandon, streak, beside = self._decide_leased(
