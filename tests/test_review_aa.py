@@ -47,3 +47,34 @@ def test_the_bound_over_the_pre_registered_pairs_covers_randomized_response_exac
     total = sum(_miscoverage(k_in + k_out, epsilon, delta, level) for k_in, k_out in pairs)
     assert total <= 1.0 - CONF, total
     assert total >= 0.4 * (1.0 - CONF), total  # tight: the test has room to fail
+
+
+# ------------------------------------------------------------------ privguard report
+def test_report_compares_the_three_numbers_at_one_delta_after_a_retarget(tmp_path, capsys):
+    """After a retarget the running ε is stated at the δ fixed before the first output; the
+    non-adaptive RDP ε and Opacus' PRV ε beside it were computed at the retargeted δ, with
+    no δ printed, so "what validity costs" compared numbers at δs 100× apart."""
+    from opacus.accountants import PRVAccountant
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard._cli._report import print_report, report
+
+    path = str(tmp_path / "l.db")
+    ledger = Ledger(3.0, 1e-5, path=path)
+    for _ in range(5):
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01, steps=100))
+    ledger.close()
+    ledger = Ledger(3.0, 1e-3, path=path, retarget="a larger δ, after outputs")
+    data = report(ledger, compare_prv=True)
+    assert data["running_delta"] == 1e-5
+    assert data["naive_epsilon_not_a_guarantee"] == ledger.nonadaptive_epsilon(1e-5)
+    prv = PRVAccountant()
+    prv.history = [(1.0, 0.01, 500)]
+    assert data["opacus_prv_epsilon_not_a_guarantee"] == pytest.approx(prv.get_epsilon(1e-5))
+    print_report(data)
+    lines = capsys.readouterr().out.splitlines()
+    for head in ("any-time ε", "Opacus PRV", "naive ε"):
+        line = next(s for s in lines if s.startswith(head))
+        assert "at δ = 1e-05" in line, line
+    ledger.close()

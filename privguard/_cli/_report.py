@@ -179,6 +179,9 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     # chosen after outputs it is not valid under adaptivity.
     retargeted = ledger._acc.retargeted
     running_delta = stated_delta(ledger)
+    # the numbers shown beside the running ε are computed at its δ, so that the three compare
+    # (review aa: after a retarget they were at the new δ, the running ε at the first one)
+    compare_delta = delta if running_delta is None else running_delta
     return {
         "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
                                               "left": meter.left, "part": meter.part},
@@ -211,9 +214,12 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
                               "stopping time" + (", at the δ fixed before the first output "
                                                  "(the target was changed afterwards)"
                                                  if retargeted else "")),
-        "naive_epsilon_not_a_guarantee": None if delta is None else ledger.nonadaptive_epsilon(),
-        "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, delta)
-                                               if compare_prv and delta is not None else None),
+        "naive_epsilon_not_a_guarantee": (None if compare_delta is None else
+                                          ledger.nonadaptive_epsilon(compare_delta)),
+        "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, compare_delta)
+                                               if compare_prv and compare_delta is not None
+                                               else None),
+        "not_a_guarantee_delta": compare_delta,
         "remaining_repeats_of_last_mechanism": _finite(remaining.repeats),
         "last_mechanism": None if last is None else describe(last.to_dict()),
         "by_label": list(groups.values()),
@@ -255,12 +261,13 @@ def print_report(data: dict[str, Any]) -> None:
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         naive = data["naive_epsilon_not_a_guarantee"]
         fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"
+        at = f"at δ = {data['running_delta']:g}"
         if prv is not None:
-            print(f"Opacus PRV  {prv:.4f} (Opacus' default accountant on the same sequence; "
-                  f"{fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
+            print(f"Opacus PRV  {prv:.4f} {at} (Opacus' default accountant on the same "
+                  f"sequence; {fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
         if naive is not None:  # None: retargeted to no δ
-            print(f"naive ε     {naive:.4f} (RDP conversion of the spent curve, as Opacus' "
-                  f"RDP accountant; {fixed})"
+            print(f"naive ε     {naive:.4f} {at} (RDP conversion of the spent curve on the "
+                  f"ledger's {data['orders']} orders, as Opacus' RDP accountant on them; {fixed})"
                   f"{_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")
     filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
