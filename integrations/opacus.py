@@ -959,7 +959,9 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
     text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
             f"({ledger.epsilon(delta):.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
             "now): the ledger's number stays valid under adaptive choices and early stopping, "
-            "so it is larger, and it may exceed the target while the filter's guarantee holds.")
+            "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
+            "convert better), and it may exceed the target while the filter's guarantee "
+            "holds.")
     meter = ledger.budget()
     if meter is not None:
         text += (f" Log ledger.budget() ({meter}) for how much of the target is used, and "

@@ -68,9 +68,12 @@ class AuditResult:
     Attributes:
         epsilon_lower: with probability ≥ ``confidence``, the true ε of the
             run at ``delta`` is at least this (docs/theory.md §16).
-        epsilon_charged: the ε the ledger charged for the same run at
-            ``delta`` (the nonadaptive conversion: the audited run's sequence
-            of steps is fixed in advance).
+        epsilon_charged: the run's (ε, δ)-DP at ``delta`` from the curve
+            the ledger charged for it, by the non-adaptive conversion
+            (:meth:`privguard.Ledger.nonadaptive_epsilon`), valid here because
+            the audited run's steps are fixed in advance. It is the hockey-stick
+            form ``epsilon_lower`` refutes; the ledger's any-time ε
+            (:meth:`privguard.Ledger.epsilon`) is a tail bound and larger.
         delta: the δ of both numbers.
         confidence: the confidence of ``epsilon_lower``.
         canaries: m, the number of canaries.

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"in advance, the confidence split between them)\n"
                   f"  epsilon_lower   = {res.epsilon_lower:.3f}  (true ε at δ = {res.delta:g} is "
                   f"at least this with {res.confidence:.0%} confidence)\n"
-                  f"  epsilon_charged = {res.epsilon_charged:.3f}  (the ledger's ε for the run)\n"
+                  f"  epsilon_charged = {res.epsilon_charged:.3f}  (the run is (ε, δ)-DP at this ε: "
+                  f"the ledger's charges, steps fixed in advance)\n"
                   f"  ratio           = {res.ratio:.3f}")
         elif args.command == "demo":
             from privguard._cli._demo import run

@@ -7,7 +7,7 @@ neither. Every ε shown names the statement it is and the δ it holds at:
   under adaptive choices — the number to report for an adaptive run;
 * the filter's target, when there is one: the whole interaction is
   (ε_target, δ)-DP (a hockey-stick statement, not a tail bound);
-* the non-adaptive RDP ε (what Opacus' RDP accountant prints) and, on
+* the non-adaptive RDP ε (what Opacus' RDP accountant prints, on the ledger's orders) and, on
   request, Opacus' PRV ε for the same sequence: NOT guarantees when anything
   was chosen adaptively, shown so you can see what validity costs.
 """
