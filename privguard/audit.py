@@ -117,7 +117,13 @@ class _Canaries:
             self.coords = torch.from_numpy(rng.choice(d, size=m, replace=False))
         else:  # more canaries than coordinates: random unit directions (with cross-talk)
             gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-            u = torch.randn(m, d, generator=gen, dtype=torch.float32)
+            try:
+                u = torch.randn(m, d, generator=gen, dtype=torch.float32)
+            except (RuntimeError, MemoryError):  # review aa: torch's allocation error escaped
+                raise InvalidArgumentError(
+                    "canaries", m, f"is more than the model's d = {d} parameters, so each "
+                    f"canary is a random direction: m×d = {m * d:,} float32 that could not be "
+                    f"allocated; use at most {d} canaries (distinct coordinates)") from None
             self.u = u / u.norm(dim=1, keepdim=True)
         self.d = d
         self.included = rng.random(m) < 0.5
@@ -268,7 +274,11 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     ledger = Ledger(delta=delta)
     handle = attach(opt, ledger, data_loader=loader)
     rng = np.random.default_rng(seed)
-    probe = _Canaries(opt, m, float(rate), rng)
+    try:  # detached also when the canaries cannot be made (review aa: it stayed attached)
+        probe = _Canaries(opt, m, float(rate), rng)
+    except BaseException:
+        handle.detach()
+        raise
     try:
         _train(model, opt, loader, steps, loss)
     finally:

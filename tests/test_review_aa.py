@@ -110,3 +110,30 @@ def test_nonadaptive_epsilon_is_opacus_rdp_number_unless_its_best_order_is_its_l
         assert ledger.nonadaptive_epsilon() < theirs
         if sigma == 20.0:
             assert ledger.epsilon() < theirs
+
+
+# ------------------------------------------------------------------ audit_opacus's input
+def test_more_canaries_than_can_be_allocated_are_refused_naming_canaries_and_detached():
+    """m > d canaries are random directions, m×d floats: with 10¹¹ canaries on a 10-weight
+    model torch's RuntimeError ("can't allocate memory") escaped audit_opacus, and the
+    optimizer stayed attached to the audit's private ledger (a second attach raised)."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard import InvalidArgumentError, Ledger
+    from privguard.audit import audit_opacus
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = (x[:, 0] > 0).long()
+    model = torch.nn.Linear(4, 2)
+    built = PrivacyEngine(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=8),
+        noise_multiplier=1.0, max_grad_norm=1.0)
+    with pytest.raises(InvalidArgumentError) as info:
+        audit_opacus(lambda: built, steps=1, canaries=10**11, seed=0)
+    assert info.value.argument == "canaries"
+    attach(built[1], Ledger(delta=1e-5), data_loader=built[2]).detach()  # was left attached
