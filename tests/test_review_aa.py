@@ -137,3 +137,23 @@ def test_more_canaries_than_can_be_allocated_are_refused_naming_canaries_and_det
         audit_opacus(lambda: built, steps=1, canaries=10**11, seed=0)
     assert info.value.argument == "canaries"
     attach(built[1], Ledger(delta=1e-5), data_loader=built[2]).detach()  # was left attached
+
+
+def test_report_of_a_ledger_retargeted_from_no_delta_says_there_is_no_guarantee(
+        tmp_path, capsys):
+    """A ledger created without δ and retargeted to one has no guarantee (docs/theory.md
+    §4); `privguard report` failed on it (guarantee()'s refusal, "delta=1e-05 is invalid",
+    exit 2) instead of showing the journal and saying so."""
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard._cli._cli import main
+
+    path = str(tmp_path / "l.db")
+    ledger = Ledger(path=path)
+    for _ in range(5):
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01, steps=100))
+    ledger.close()
+    Ledger(3.0, 1e-5, path=path, retarget="a δ chosen after outputs").close()
+    assert main(["report", path]) == 0
+    out = capsys.readouterr().out
+    assert "no guarantee to state" in out and "any-time ε" not in out

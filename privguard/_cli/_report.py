@@ -173,19 +173,24 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     delta = ledger.delta
     charges = runs[-1].start + runs[-1].count if runs else 0
     meter = ledger.budget()
-    claim = None if delta is None else ledger.guarantee()
     # After a retarget the running ε is stated at the δ the ledger was created with, fixed
     # before the first output, as guarantee() states it (docs/theory.md §4): at a δ
     # chosen after outputs it is not valid under adaptivity.
     retargeted = ledger._acc.retargeted
     running_delta = stated_delta(ledger)
+    # a ledger created without δ and retargeted to one has no guarantee to state: the
+    # report says so rather than failing (review aa: guarantee()'s refusal stopped it)
+    claim = None if delta is None or running_delta is None else ledger.guarantee()
     # the numbers shown beside the running ε are computed at its δ, so that the three compare
     # (review aa: after a retarget they were at the new δ, the running ε at the first one)
     compare_delta = delta if running_delta is None else running_delta
     return {
         "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
                                               "left": meter.left, "part": meter.part},
-        "statement": None if claim is None else claim.statement,
+        "statement": (claim.statement if claim is not None else None if delta is None else
+                      f"no guarantee to state: this ledger's δ = {delta:g} was set by a "
+                      "retarget of a ledger created without δ, after outputs, so it is not "
+                      "covered (docs/theory.md §4)"),
         "statement_kind": None if claim is None else claim.kind,
         # only beside a filter's statement (docs/theory.md §12): not the odometer's tail bound
         "risk": (risk_sentence(claim.epsilon, claim.delta)
