@@ -157,3 +157,21 @@ def test_report_of_a_ledger_retargeted_from_no_delta_says_there_is_no_guarantee(
     assert main(["report", path]) == 0
     out = capsys.readouterr().out
     assert "no guarantee to state" in out and "any-time ε" not in out
+
+
+def test_report_does_not_state_a_retargeted_filter_s_target_as_holding(tmp_path):
+    """The filter's theorem needs its target fixed before the first charge; after a retarget
+    the report's filter line still read "the whole interaction is (3, 0.001)-DP — but the
+    target was changed ...": a statement that does not hold, printed as one."""
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard._cli._report import report
+
+    path = str(tmp_path / "l.db")
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01, steps=100))
+    ledger.close()
+    ledger = Ledger(3.0, 1e-3, path=path, retarget="a larger δ, after outputs")
+    text = report(ledger)["target_statement"]
+    assert "not fixed in advance" in text and "the whole interaction is (" not in text
+    ledger.close()

@@ -201,11 +201,14 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "delta": delta,
         "filter": cfg.filter,
         "target_epsilon": cfg.epsilon,
+        # after a retarget the filter's theorem (a target fixed in advance) does not apply,
+        # so its (ε, δ) is not stated as holding (review aa: it was, with a "but" after it)
         "target_statement": (None if cfg.epsilon is None else
                              f"the whole interaction is ({cfg.epsilon:g}, {delta:g})-DP"
-                             + (" — but the target was changed after charges were made "
-                                "(retarget), so it was not fixed in advance"
-                                if ledger._acc.retargeted else "")),
+                             if not ledger._acc.retargeted else
+                             f"target ({cfg.epsilon:g}, {delta:g}) set by a retarget after "
+                             "charges were made, so it was not fixed in advance and no "
+                             "(ε, δ)-DP statement for the whole interaction follows from it"),
         "strict_budget": cfg.filter == "strict",
         "charges": charges,
         # leases (docs/theory.md §13): spent in the journal, never released (still spent)
