@@ -175,3 +175,26 @@ def test_report_does_not_state_a_retargeted_filter_s_target_as_holding(tmp_path)
     text = report(ledger)["target_statement"]
     assert "not fixed in advance" in text and "the whole interaction is (" not in text
     ledger.close()
+
+
+def test_p_value_is_theorem_5_2_written_out_with_i_over_all_of_1_to_m():
+    """SNJ 2023 Thm 5.2 as stated: f(v) + 2mδ·max_{1≤i≤m} (f(v−i) − f(v))/i with
+    f(w) = P[Binomial(r, e^ε/(1+e^ε)) ≥ w]; the code's max runs over i ≤ v only (beyond v,
+    f(v−i) = 1 and the ratio decreases in i), computed here the long way."""
+    from privguard._audit._one_run import p_value
+
+    def f(w, r, q):
+        return 1.0 if w <= 0 else float(stats.binom.sf(w - 1, r, q))
+
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        m = int(rng.integers(1, 60))
+        r = int(rng.integers(0, m + 1))
+        v = int(rng.integers(0, r + 1))
+        eps, delta = float(rng.uniform(0, 4)), float(rng.choice([0.0, 1e-5, 1e-2]))
+        q = math.exp(eps) / (1 + math.exp(eps))
+        tail = f(v, r, q)
+        extra = max((f(v - i, r, q) - tail) / i for i in range(1, m + 1))
+        want = min(1.0, tail + 2 * m * delta * extra) if v > 0 else 1.0
+        assert math.isclose(p_value(m, r, v, eps, delta), want, rel_tol=1e-9, abs_tol=1e-15), \
+            (m, r, v, eps, delta)
