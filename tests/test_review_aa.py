@@ -198,3 +198,28 @@ def test_p_value_is_theorem_5_2_written_out_with_i_over_all_of_1_to_m():
         want = min(1.0, tail + 2 * m * delta * extra) if v > 0 else 1.0
         assert math.isclose(p_value(m, r, v, eps, delta), want, rel_tol=1e-9, abs_tol=1e-15), \
             (m, r, v, eps, delta)
+
+
+# ------------------------------------------------------------------ bounds printed rounded up
+def test_printed_upper_bounds_are_rounded_up_not_to_nearest():
+    """guarantee()'s odometer statement, remaining()'s any-time ε and the risk sentence print
+    upper bounds; to nearest at 4 (3) digits, about half of them read below the bound they
+    state (an ε of 2.50241 printed as "privacy loss ≤ 2.502")."""
+    import re
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard._cli._risk import membership_tpr_bound, risk_sentence
+
+    for k in range(1, 25):
+        ledger = Ledger(delta=1e-5)
+        ledger.charge(M.SubsampledGaussian(0.8 + 0.037 * k, 0.01, steps=100 * k))
+        g = ledger.guarantee()
+        stated = float(re.search(r"privacy loss ≤ ([0-9.e+-]+)", g.statement).group(1))
+        assert stated >= g.epsilon, (g.statement, g.epsilon)
+        remaining = str(ledger.remaining())
+        shown = float(re.search(r"any-time ε = ([0-9.e+-]+)", remaining).group(1))
+        assert shown >= ledger.epsilon(), (remaining, ledger.epsilon())
+        eps = 0.5 + 0.11 * k
+        tpr = float(re.search(r"at most ([0-9.]+)%", risk_sentence(eps, 1e-5)).group(1))
+        assert tpr >= 100 * membership_tpr_bound(eps, 1e-5), (eps, tpr)

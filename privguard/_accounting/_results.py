@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,6 +15,26 @@ from privguard._mechanisms._base import Mechanism
 if TYPE_CHECKING:
     from privguard._accounting._budget import Budget
     from privguard._ledger._ledger import Ledger
+
+
+def upper(x: float, spec: str) -> str:
+    """``format(x, spec)`` rounded up instead of to nearest (``spec`` is ``".Ng"`` or
+    ``".Nf"``): a bound printed with fewer digits must still be a bound (review aa: a
+    statement "privacy loss ≤ 2.502" was printed for an ε of 2.50241).
+
+    Example:
+        >>> upper(2.50241, ".4g"), upper(2.50289, ".4g"), upper(0.20049, ".3f"), upper(3.0, ".4g")
+        ('2.503', '2.503', '0.201', '3')
+    """
+    text = format(x, spec)
+    if not math.isfinite(x) or decimal.Decimal(text) >= decimal.Decimal(x):
+        return text
+    exact = decimal.Decimal(x)  # the float's exact value, not its shortest repr
+    places = int(spec[1:-1])
+    step = (-places if spec.endswith("f")
+            else exact.adjusted() - (places - 1))
+    return format(exact.quantize(decimal.Decimal(1).scaleb(step), rounding=decimal.ROUND_CEILING),
+                  spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +75,8 @@ class Remaining:
         if self.epsilon_spent is not None:
             note = ("; another statement, not capped by the target"
                     if self.epsilon_target is not None else "")
-            parts.append(f"any-time ε = {self.epsilon_spent:.4g} at δ = {self.delta:g}{note}")
+            parts.append(f"any-time ε = {upper(self.epsilon_spent, '.4g')} at δ = "
+                         f"{self.delta:g}{note}")
         if self.epsilon_target is not None and self.budget is None:
             parts.append(f"target ε = {self.epsilon_target:g}")
         if self.repeats is not None:
@@ -122,7 +145,7 @@ def guarantee_of(acc: Any) -> Guarantee:
                          "interaction (a privacy filter checked every charge before it ran)")
     eps = acc.epsilon(cfg.delta)
     return Guarantee("odometer", eps, cfg.delta,
-                     f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {cfg.delta:g}, valid "
+                     f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {cfg.delta:g}, valid "
                      "at the adaptively chosen stopping time (privacy odometer)")
 
 
@@ -155,7 +178,7 @@ def _retargeted_guarantee(acc: Any) -> Guarantee:
                           "fixed before the first output, and one chosen after it is not "
                           "covered (docs/theory.md §4), so there is no guarantee to state")
     eps = acc.epsilon(delta)
-    statement = (f"privacy loss ≤ {eps:.4g} with probability ≥ 1 − {delta:g}, valid at the "
+    statement = (f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {delta:g}, valid at the "
                  "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
                  "the first output (the target was changed afterwards")
     if now is not None and now > delta:

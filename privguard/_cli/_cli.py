@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "audit":
+            from privguard._accounting._results import upper
             from privguard.audit import demo_audit
 
             res = demo_audit(quick=args.quick, seed=args.seed, steps=args.steps,
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"in advance, the confidence split between them)\n"
                   f"  epsilon_lower   = {res.epsilon_lower:.3f}  (true ε at δ = {res.delta:g} is "
                   f"at least this with {res.confidence:.0%} confidence)\n"
-                  f"  epsilon_charged = {res.epsilon_charged:.3f}  (the run is (ε, δ)-DP at this ε: "
+                  f"  epsilon_charged = {upper(res.epsilon_charged, '.3f')}  (the run is (ε, δ)-DP at this ε: "
                   f"the ledger's charges, steps fixed in advance)\n"
                   f"  ratio           = {res.ratio:.3f}")
         elif args.command == "demo":

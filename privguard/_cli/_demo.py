@@ -23,6 +23,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard import mechanisms as M
+from privguard._accounting._results import upper
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard._optional import require
@@ -202,7 +203,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
           "decided when to stop — although the learning rate and the stopping time were chosen "
           "from earlier results: the filter checked every charge before it ran. For an attacker: "
           f"{risk_sentence(claim.epsilon, claim.delta)}. The any-time ε "
-          f"(odometer) is {eps:.3f}: with probability ≥ 1 − {DELTA:g} the privacy loss is below "
+          f"(odometer) is {upper(eps, '.3f')}: with probability ≥ 1 − {DELTA:g} the privacy loss is below "
           "it, at the moment the run stopped, without relying on the filter; it can exceed the "
           "target while the filter's guarantee holds, because it is a different statement (a "
           "tail bound for any stopping time), and reporting the smaller of the two after "

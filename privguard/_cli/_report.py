@@ -26,7 +26,7 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run
-from privguard._accounting._results import describe
+from privguard._accounting._results import describe, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
@@ -264,7 +264,7 @@ def print_report(data: dict[str, Any]) -> None:
         why = ("" if target is None else f" — {above}a different statement: it must hold at "
                "any stopping time without the filter, so it is usually larger than the meter "
                "and may exceed the target while the filter's guarantee holds")
-        print(f"any-time ε  {run:.4f} at δ = {data['running_delta']:g} "
+        print(f"any-time ε  {upper(run, '.4f')} at δ = {data['running_delta']:g} "
               f"({data['running_statement']}; valid under adaptivity){why}")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         naive = data["naive_epsilon_not_a_guarantee"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from privguard import _validation as check
+from privguard._accounting._results import upper
 
 #: The false positive rate the report quotes.
 REPORT_FPR = 0.01
@@ -52,4 +53,4 @@ def risk_sentence(epsilon: float, delta: float, fpr: float = REPORT_FPR) -> str:
         return (f"at ε = {epsilon:g} this statement does not limit a membership test wrong "
                 f"on {100 * fpr:g}% of non-members (Kairouz–Oh–Viswanath 2015)")
     return (f"a membership test wrong on {100 * fpr:g}% of non-members catches at most "
-            f"{100 * tpr:.3g}% of members (Kairouz–Oh–Viswanath 2015)")
+            f"{upper(100 * tpr, '.3g')}% of members (Kairouz–Oh–Viswanath 2015)")
