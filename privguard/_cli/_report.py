@@ -10,6 +10,9 @@ neither. Every ε shown names the statement it is and the δ it holds at:
 * the non-adaptive RDP ε (what Opacus' RDP accountant prints, on the ledger's orders) and, on
   request, Opacus' PRV ε for the same sequence: NOT guarantees when anything
   was chosen adaptively, shown so you can see what validity costs.
+
+Upper bounds (the running ε, the risk sentence's TPR) are printed rounded up
+(:func:`privguard._accounting._results.upper`), so a printed bound is still a bound.
 """
 
 from __future__ import annotations
