@@ -2,7 +2,7 @@
 
 The audit's coverage tests in tests/test_audit.py simulate mechanisms whose ε the one-run
 bound reaches only a fraction of (mean 0.12–0.37×, max 0.17–0.56× of the truth), so a
-bound 2× too large still covers every one of their 200 audits: they cannot catch an
+bound 2× too large still passes them (196–200 of 200 covered): they cannot catch an
 inversion that is too large by less than that. The exact test below can: for randomized
 response (the mechanism Theorem 5.2 is tight for) the law of V is known exactly, so the
 probability that the bound exceeds the truth is a finite sum, with no simulation.
