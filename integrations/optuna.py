@@ -302,7 +302,7 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         (1, ['artifact', 'best_params', 'best_user_attrs', 'best_value', 'cost', 'seeded', 'selected'])
     """
     _refuse(refused)
-    check_objective(objective)
+    check_objective(objective, call=("trial", "child_ledger"))
     check_ledger(ledger)
     mode = _direction(direction)
     dp_hypo = _sampler(sampler)
@@ -391,7 +391,7 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
         ...
         privguard._errors.InvalidArgumentError: cost=... does not cover one trial: ...
     """
-    check_objective(objective)
+    check_objective(objective, call=("trial", "child_ledger"))
     dp_hypo = _sampler(sampler)
     own_pruner = _pruner(pruner)
     tuner = _tuner(dp_hypo, _rehearsal_runs(dp_hypo), cost, "max", None, False)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import logging
 import math
 import numbers
@@ -318,9 +319,29 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def check_objective(objective: Any, name: str = "objective") -> Callable:
+def check_objective(objective: Any, name: str = "objective",
+                    call: tuple[str, ...] | None = None) -> Callable:
+    """``objective``, callable and (when ``call`` names its arguments) able to take them.
+
+    A tuner calls the objective with ``len(call)`` positional arguments, each call
+    inside a candidate, where a ``TypeError`` is ⊥ like any failure: an objective of
+    the wrong shape (Optuna's one-argument ``objective(trial)``) made every candidate
+    ⊥ and spent the whole bound for "no winner" (review at). Its signature is
+    checked here, before anything is charged; one Python cannot inspect passes.
+    """
     if not callable(objective):
         raise InvalidArgumentError(name, objective, "must be callable")
+    if call is not None:
+        try:
+            signature = inspect.signature(objective)
+        except (TypeError, ValueError):  # a builtin or an extension type: not inspectable
+            return objective
+        try:
+            signature.bind(*call)
+        except TypeError:
+            raise InvalidArgumentError(
+                name, objective, f"must accept {len(call)} positional arguments "
+                f"({', '.join(call)}); its signature is {signature}") from None
     return objective
 
 

@@ -27,7 +27,7 @@ def charged_run(tuner: Any, objective: Any, ledger: Any, label: Any, backend: An
     (DP-HyPO checks its update rule there). ``title`` names the progress bar when
     ``label`` is ``None``.
     """
-    check_objective(objective)
+    check_objective(objective, call=("params", "child_ledger"))
     check_ledger(ledger)
     tuner.runs.check_sampleable("runs")  # the number of runs drawn exactly, before the charge
     label = check_label(label)

@@ -177,7 +177,7 @@ class ProposeTest:
         ``indices`` and returns a validation accuracy in [0, 1]. These
         utilities are NOT private: :meth:`run` never releases them.
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
         rng = make_rng(self.seed) if rng is None else rng
         return self.aggregate(objective, partitions(n, self.k, rng))
@@ -198,7 +198,7 @@ class ProposeTest:
             InvalidArgumentError: ``objective`` or ``parts`` is malformed
                 (checked before the objective runs).
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence):
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
@@ -270,7 +270,7 @@ class ProposeTest:
         re-raised as it is; an accuracy that is not a number in [0, 1] raises
         :class:`privguard.InvalidArgumentError` with its value (a run withholds it).
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
         params = dict(self.candidates[0])
         part = partitions(n, self.k, make_rng(self.seed))[0]
@@ -304,7 +304,7 @@ class ProposeTest:
             TuningAborted: anything else escaped (cause withheld), e.g. the
                 ledger failing mid-loop; rounds already charged stay charged.
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         check_ledger(ledger)
         n = self._examples(n_examples)
         # an unusable ledger raises here (LedgerStateError), before the objective runs;

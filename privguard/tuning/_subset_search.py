@@ -202,8 +202,9 @@ class SubsetSearch:
             cost and the remedy) when a child refused; InvalidArgumentError for a
             tuning objective that returned no finite score.
         """
-        check_objective(tune_objective, "tune_objective")
-        check_objective(final_objective, "final_objective")
+        check_objective(tune_objective, "tune_objective", ("params", "child_ledger", "indices"))
+        check_objective(final_objective, "final_objective",
+                        ("params", "child_ledger", "indices", "tuned_artifact"))
         n = check.positive_int("n_examples", n_examples)
         grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
         subset, final_idx = self._draw(n)
@@ -237,8 +238,9 @@ class SubsetSearch:
                 nothing of the run; the subset is not released either).
             TuningAborted: anything else escaped mid-run (cause withheld).
         """
-        check_objective(tune_objective, "tune_objective")
-        check_objective(final_objective, "final_objective")
+        check_objective(tune_objective, "tune_objective", ("params", "child_ledger", "indices"))
+        check_objective(final_objective, "final_objective",
+                        ("params", "child_ledger", "indices", "tuned_artifact"))
         check_ledger(ledger)
         n = check.positive_int("n_examples", n_examples)
         label = check_label(label)
