@@ -22,3 +22,79 @@ def test_subset_search_refuses_an_unsampleable_runs_law_before_its_charge():
         search.run(lambda p, c, i: 1.0, lambda p, c, i, a: None, ledger, 100)
     assert err.value.argument == "tuner"
     assert len(ledger.history) == 0
+
+
+def test_an_optuna_style_one_argument_objective_is_refused_before_the_charge():
+    # Optuna's objective(trial): called as objective(trial, child) every trial raised
+    # TypeError, was ⊥, and the whole bound was spent for "no winner"
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import private_optimize
+
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    with pytest.raises(InvalidArgumentError) as err:
+        private_optimize(lambda trial: trial.suggest_float("x", 0.0, 1.0), ledger,
+                         runs=Geometric(mean=3.0), cost=RUN, progress=False)
+    assert err.value.argument == "objective" and "(trial, child_ledger)" in str(err.value)
+    assert len(ledger.history) == 0
+
+
+@pytest.mark.parametrize("objective", [lambda params: 1.0, lambda params, child, extra: 1.0])
+def test_a_tuner_refuses_an_objective_of_the_wrong_shape_before_the_charge(objective):
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    tuner = RandomSearch({"lr": [0.1, 0.5]}, Geometric(mean=3.0), cost=RUN, progress=False)
+    with pytest.raises(InvalidArgumentError) as err:
+        tuner.run(objective, ledger)
+    assert err.value.argument == "objective"
+    assert len(ledger.history) == 0
+
+
+def test_objectives_of_the_right_shape_in_any_form_still_run():
+    import functools
+
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    tuner = RandomSearch({"lr": [0.1, 0.5]}, Geometric(mean=3.0), cost=RUN, progress=False)
+
+    class Objective:
+        def __call__(self, params, child, scale=1.0):
+            return scale * params["lr"]
+
+    for objective in (Objective(), functools.partial(lambda s, p, c: s * p["lr"], 2.0),
+                      lambda *args: args[0]["lr"]):
+        assert tuner.run(objective, ledger).selected
+
+
+def test_a_private_trial_offers_optuna_s_own_trial_api():
+    # trial.params, trial.user_attrs and Optuna 5's deprecated suggest_* raised a built-in
+    # AttributeError: every trial using them was ⊥ in a real run, the bound spent
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import private_optimize, rehearse
+
+    def objective(trial, child):
+        x = trial.suggest_uniform("x", 0.0, 1.0)
+        y = trial.suggest_loguniform("y", 1e-3, 1.0)
+        z = trial.suggest_discrete_uniform("z", 0.0, 1.0, 0.25)
+        trial.set_user_attr("note", "mine")
+        assert trial.params == {"x": x, "y": y, "z": z}
+        assert trial.user_attrs == {"note": "mine"}
+        trial.params["x"] = -1.0  # a copy, as Optuna's
+        assert trial.params["x"] == x and z in (0.0, 0.25, 0.5, 0.75, 1.0)
+        return x + y + z
+
+    shown = rehearse(objective, cost=RUN)
+    assert set(shown.best_params) == {"x", "y", "z"}
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    result = private_optimize(objective, ledger, runs=Geometric(mean=3.0), cost=RUN,
+                              progress=False)
+    assert result.selected and result.best_user_attrs == {"note": "mine"}
+
+
+def test_a_private_trial_withholds_constraints_with_a_reason():
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import rehearse
+
+    def objective(trial, child):
+        trial.set_constraint("c", 0.0)
+        return 1.0
+
+    with pytest.raises(AttributeError, match="withheld by privguard: constraints"):
+        rehearse(objective, cost=RUN)
