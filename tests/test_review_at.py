@@ -98,3 +98,30 @@ def test_a_private_trial_withholds_constraints_with_a_reason():
 
     with pytest.raises(AttributeError, match="withheld by privguard: constraints"):
         rehearse(objective, cost=RUN)
+
+
+@pytest.mark.parametrize("inner_kind", ["random", "propose"])
+def test_a_nested_tuner_shows_and_logs_nothing_per_candidate(inner_kind, capsys, caplog):
+    # a candidate that runs a tuner (progress=True, the default) drew that tuner's
+    # progress bar and logged "charged the tuning bound" once per candidate: privguard's
+    # own output counted K
+    import logging
+
+    from privguard.tuning import ProposeTest
+
+    inner = RandomSearch({"lr": [0.1, 0.5]}, Geometric(mean=2.0), cost=M.Gaussian(100.0))
+    propose = ProposeTest([{"lr": 0.1}, {"lr": 0.5}], epsilon0=0.01, partitions=2)
+
+    def objective(params, child):
+        if inner_kind == "random":
+            return inner.run(lambda q, c: q["lr"], child).score
+        return propose.select([0.2, 0.9], child).rounds
+
+    outer = RandomSearch({"arch": [1, 2]}, Geometric(mean=20.0),
+                         cost=M.PureDP(5.0) if inner_kind == "propose" else inner.cost(),
+                         progress=False)
+    with caplog.at_level(logging.INFO, logger="privguard"):
+        outer.run(objective, Ledger(epsilon=1e6, delta=1e-5))
+    assert len([r for r in caplog.records if "charged the tuning bound" in r.message]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
