@@ -218,6 +218,15 @@ def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
     return value
 
 
+def optuna_value(value: Any) -> Any:
+    """A one-element list or tuple as its element, as Optuna's single-objective study takes
+    it (``return [loss]``); anything else unchanged. Returned as is it was no score, and
+    every such trial ⊥ (review at). A two-element tuple stays ``(value, artifact)``."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return value[0]
+    return value
+
+
 class Winner:
     """What a trial hands back besides its score: released only if it wins."""
 
@@ -245,7 +254,7 @@ class TrialObjective:
 
         trial = PrivateTrial(params, fixed=self.fixed, pruner=self.pruner)
         with silenced():  # also on a Ray worker: no log line or warning of a trial leaves
-            outcome = accept(self.objective(trial, child))
+            outcome = accept(optuna_value(self.objective(trial, child)))
         if outcome is None:
             return None
         return outcome[0], Winner(dict(trial._params), dict(trial._user_attrs), outcome[1])

@@ -125,3 +125,65 @@ def test_a_nested_tuner_shows_and_logs_nothing_per_candidate(inner_kind, capsys,
     assert len([r for r in caplog.records if "charged the tuning bound" in r.message]) == 1
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+def test_a_candidate_cannot_charge_the_ledger_the_tuner_charged():
+    # Only the Optuna integration held the parent: a RandomSearch, DP-HyPO or subset
+    # candidate that charged the ledger it captured added one journal entry per candidate,
+    # so len(ledger.history) - 1 was K
+    from privguard.tuning import DPHyPOSearch
+
+    def charging(ledger):
+        def objective(params, child, *rest):
+            ledger.charge(M.Gaussian(1000.0), label="inside a candidate")
+            return 1.0
+        return objective
+
+    random_ledger, hypo_ledger, subset_ledger = (Ledger(epsilon=1e3, delta=1e-5)
+                                                 for _ in range(3))
+    tuner = RandomSearch({"lr": [0.1, 0.5]}, Geometric(mean=5.0), cost=RUN, progress=False)
+    assert not tuner.run(charging(random_ledger), random_ledger).selected
+    hypo = DPHyPOSearch({"lr": [0.1, 0.5]}, Geometric(mean=5.0), cost=RUN,
+                        update=lambda h, x: [1.0, 1.0], progress=False)
+    assert not hypo.run(charging(hypo_ledger), hypo_ledger).selected
+    search = SubsetSearch(tuner, q=0.5, final_cost=RUN)
+    assert not search.run(charging(subset_ledger), charging(subset_ledger), subset_ledger,
+                          10).selected
+    for ledger in (random_ledger, hypo_ledger, subset_ledger):
+        assert len(ledger.history) == 1
+        ledger.charge(RUN)  # released when the run returns
+
+
+@pytest.mark.parametrize("wrap", [lambda v: [v], lambda v: (v,)])
+def test_a_one_element_value_is_the_trial_s_value_as_in_optuna(wrap):
+    # Optuna's single-objective study takes return [loss]; privguard made it no score, so
+    # every trial was ⊥ and the bound spent for no winner
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import private_optimize, rehearse
+
+    def objective(trial, child):
+        return wrap(trial.suggest_float("x", 0.0, 1.0))
+
+    assert rehearse(objective, cost=RUN).best_value is not None
+    result = private_optimize(objective, Ledger(epsilon=10.0, delta=1e-5),
+                              runs=Geometric(mean=3.0), cost=RUN, progress=False)
+    assert result.selected and 0.0 <= result.best_value <= 1.0
+
+
+def test_optuna_s_study_direction_is_taken_as_create_study_takes_it():
+    optuna = pytest.importorskip("optuna")
+    from privguard.integrations.optuna import private_optimize
+
+    def objective(trial, child):
+        return trial.suggest_categorical("x", [1.0, 2.0])
+
+    for direction, best in ((optuna.study.StudyDirection.MAXIMIZE, 2.0),
+                            (optuna.study.StudyDirection.MINIMIZE, 1.0)):
+        result = private_optimize(objective, Ledger(epsilon=100.0, delta=1e-5),
+                                  runs=Geometric(mean=30.0), cost=RUN, direction=direction,
+                                  seed=1, progress=False)
+        assert result.best_value == best
+    with pytest.raises(InvalidArgumentError) as err:
+        private_optimize(objective, Ledger(epsilon=100.0, delta=1e-5), runs=Geometric(mean=3.0),
+                         cost=RUN, direction=optuna.study.StudyDirection.NOT_SET)
+    assert err.value.argument == "direction"

@@ -56,13 +56,14 @@ for tests only.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import inspect
 import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -254,6 +255,30 @@ def sealed(search: Callable[[], T]) -> T:
     except BaseException:  # by design: every escape is replaced
         pass
     raise failure() from None
+
+
+#: Why a ledger refuses everything while a tuner's candidates run (:func:`held`).
+HELD = ("held by a privguard tuner while its candidates run: a candidate charges its child "
+        "ledger only (a charge here per candidate would count the hidden number of runs)")
+
+
+@contextlib.contextmanager
+def held(ledger: Ledger) -> Iterator[None]:
+    """The ledger refuses every read and charge for the duration (after the tuning charge).
+
+    A candidate that charged the ledger it captured in a closure added one journal entry
+    per candidate, and the journal counted K (review at: only the Optuna integration held
+    it). Held, such a candidate raises ``LedgerStateError`` and is ⊥. A ledger already
+    held or broken is left as it is. On Ray an in-memory ledger is a copy in the worker,
+    and one backed by a file or server is refused before the charge
+    (:mod:`privguard.integrations.ray`).
+    """
+    holding = ledger._hold(HELD)
+    try:
+        yield
+    finally:
+        if holding:
+            ledger._unhold()
 
 
 class Elapsed:

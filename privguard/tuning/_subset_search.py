@@ -37,6 +37,7 @@ from privguard.tuning._base import (
     check_ledger,
     check_objective,
     check_seed,
+    held,
     make_rng,
     sealed,
 )
@@ -260,8 +261,9 @@ class SubsetSearch:
         except BaseException:
             drawn.clear()  # not even in this frame's locals of the refusal's traceback
             raise
-        return sealed(lambda: self._search(tune_objective, final_objective, ledger, drawn, mech,
-                                           inner_label))
+        with held(ledger):  # the candidates and the final training charge their children
+            return sealed(lambda: self._search(tune_objective, final_objective, ledger, drawn,
+                                               mech, inner_label))
 
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """X₁ by Poisson sampling with rate q, and the final indices (X ∖ X₁ or X)."""
