@@ -9,7 +9,8 @@ A tuner has a search space, a per-candidate privacy cost, and
 2. charges the whole tuning bound to ``ledger`` (a refused charge raises
    :class:`privguard.BudgetExhausted` and nothing runs);
 3. runs the candidates, each under a child ledger that strictly enforces the
-   per-candidate curve the bound assumed (refuse if any order would exceed);
+   per-candidate curve the bound assumed (refuse if any order would exceed),
+   while ``ledger`` itself refuses every read and charge (:func:`held`);
 4. releases the winner and nothing else.
 
 What is released. The tuning theorems (seed 002 Theorems 2 and 6, seed 003
