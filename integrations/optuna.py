@@ -198,8 +198,26 @@ def _pruner(pruner: Any) -> Any:
         "other; only ThresholdPruner (the trial's own values) or None is covered")
 
 
+#: Optuna's own defaults for refused arguments that ask for nothing (no count, no time
+#: limit, no callback, no storage, one process...): taken as given, as Optuna takes them
+#: (review at: ``n_jobs=1`` or ``timeout=None`` ported from a study.optimize call was
+#: refused). ``catch=()`` is not among them: Optuna then re-raises a trial's exception.
+_NO_OP: dict[str, tuple[Any, ...]] = {
+    "n_trials": (None,), "timeout": (None,), "callbacks": (None, [], ()), "storage": (None,),
+    "study_name": (None,), "load_if_exists": (False,), "n_jobs": (1,),
+    "gc_after_trial": (False,), "show_progress_bar": (False,), "directions": (None,),
+}
+
+
+def _is_no_op(name: str, value: Any) -> bool:
+    return any(value is default or (type(value) is type(default) and value == default)
+               for default in _NO_OP.get(name, ()))
+
+
 def _refuse(kwargs: dict[str, Any]) -> None:
     for name, value in kwargs.items():
+        if _is_no_op(name, value):
+            continue
         why = _REFUSED.get(name, "is not an argument of private_optimize")
         raise InvalidArgumentError(name, value, f"refused: {why}")
 
@@ -260,7 +278,9 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         seed: ONLY for tests: makes K and the draws predictable, which breaks
             the guarantee. Default: OS entropy.
         **refused: ``n_trials``, ``timeout``, ``callbacks``, ``storage``,
-            ``n_jobs``, ``catch``... are refused, each with the reason.
+            ``n_jobs``, ``catch``... are refused, each with the reason; at
+            Optuna's no-op defaults (``n_trials=None``, ``timeout=None``,
+            ``n_jobs=1``, ``callbacks=None``, ``storage=None``, ...) they are taken.
 
     Returns:
         PrivateStudyResult: the winner's params, value, user attributes and

@@ -187,3 +187,27 @@ def test_optuna_s_study_direction_is_taken_as_create_study_takes_it():
         private_optimize(objective, Ledger(epsilon=100.0, delta=1e-5), runs=Geometric(mean=3.0),
                          cost=RUN, direction=optuna.study.StudyDirection.NOT_SET)
     assert err.value.argument == "direction"
+
+
+def test_optuna_s_no_op_defaults_are_taken_and_the_rest_still_refused():
+    # n_jobs=1, timeout=None, callbacks=None... ported from a study.optimize call ask for
+    # nothing, and were refused as if they asked for a count or a storage
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import private_optimize
+
+    def objective(trial, child):
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    no_ops = {"n_trials": None, "timeout": None, "callbacks": None, "storage": None,
+              "study_name": None, "load_if_exists": False, "n_jobs": 1,
+              "gc_after_trial": False, "show_progress_bar": False, "directions": None}
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    assert private_optimize(objective, ledger, runs=Geometric(mean=3.0), cost=RUN,
+                            progress=False, **no_ops).selected
+    for name, value in (("n_jobs", True), ("n_jobs", 1.0), ("catch", ()), ("n_trials", 0),
+                        ("load_if_exists", 0), ("callbacks", [print])):
+        ledger = Ledger(epsilon=10.0, delta=1e-5)
+        with pytest.raises(InvalidArgumentError) as err:
+            private_optimize(objective, ledger, runs=Geometric(mean=3.0), cost=RUN,
+                             progress=False, **{name: value})
+        assert err.value.argument == name and not ledger.history
