@@ -20,7 +20,7 @@ def test_subset_search_refuses_an_unsampleable_runs_law_before_its_charge():
     ledger = Ledger(epsilon=1e6, delta=1e-5)
     with pytest.raises(InvalidArgumentError) as err:
         search.run(lambda p, c, i: 1.0, lambda p, c, i, a: None, ledger, 100)
-    assert err.value.argument == "tuner"
+    assert err.value.argument == "tuner.runs"
     assert len(ledger.history) == 0
 
 

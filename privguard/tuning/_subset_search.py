@@ -249,7 +249,7 @@ class SubsetSearch:
         # the inner tuner checks its runs only inside its own run(), after this plan is
         # charged: a law it cannot sample exactly ended the run there as TuningAborted with
         # the whole plan spent and nothing run (review at); refused here, before the charge
-        self.tuner.runs.check_sampleable("tuner")
+        self.tuner.runs.check_sampleable("tuner.runs")
         mech = self.cost(ledger.orders)
         mech._rdp_checked(ledger.orders)
         # The subset is drawn before the charge: a draw that cannot be made here
