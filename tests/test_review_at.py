@@ -211,3 +211,16 @@ def test_optuna_s_no_op_defaults_are_taken_and_the_rest_still_refused():
             private_optimize(objective, ledger, runs=Geometric(mean=3.0), cost=RUN,
                              progress=False, **{name: value})
         assert err.value.argument == name and not ledger.history
+
+
+def test_an_executor_class_instead_of_an_instance_is_refused_naming_it():
+    # backend=SerialExecutor (the class): its unbound prepare(objective) raised a built-in
+    # TypeError from run()
+    from privguard.tuning._executors import SerialExecutor
+
+    ledger = Ledger(epsilon=10.0, delta=1e-5)
+    tuner = RandomSearch({"lr": [0.1, 0.5]}, Geometric(mean=3.0), cost=RUN, progress=False)
+    with pytest.raises(InvalidArgumentError) as err:
+        tuner.run(lambda p, c: 1.0, ledger, backend=SerialExecutor)
+    assert err.value.argument == "backend" and "instance" in str(err.value)
+    assert not ledger.history

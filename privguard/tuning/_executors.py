@@ -115,6 +115,9 @@ def resolve(backend: Any):
             raise InvalidArgumentError("backend", backend, "needs `import privguard.integrations"
                                        f".{backend}` first (pip install 'privguard[{backend}]')")
         return factory()
+    if isinstance(backend, type):  # its methods unbound: prepare(objective) raised TypeError
+        raise InvalidArgumentError("backend", backend.__name__,
+                                   "is a class: pass an instance, e.g. RayExecutor(num_cpus=1)")
     if not isinstance(backend, str) and callable(getattr(backend, "run", None)):
         return backend
     raise InvalidArgumentError("backend", backend,
