@@ -1,7 +1,9 @@
 """The restricted trial an objective sees under :func:`privguard.integrations.optuna.private_optimize`.
 
 A :class:`PrivateTrial` offers Optuna's ``suggest_float``, ``suggest_int``,
-``suggest_categorical``, ``set_user_attr``, ``report`` and ``should_prune``,
+``suggest_categorical`` (and Optuna 5's deprecated ``suggest_uniform``,
+``suggest_loguniform``, ``suggest_discrete_uniform``), ``params``, ``user_attrs``,
+``set_user_attr``, ``report`` and ``should_prune``, all of this trial alone,
 and nothing that reaches another trial: no ``study`` (Optuna's exposes every
 trial's value and ``stop()``), no ``number`` (the winner's number is a lower
 bound on K), no system attributes, no ``datetime_start``. Its values come
@@ -46,6 +48,10 @@ _WITHHELD = {
     "datetime_start": "timing across trials is not released",
     "relative_params": "they belong to the study's sampler",
     "distributions": "use the values suggest_* returned",
+    "set_constraint": "constraints decide feasibility for the study's best trial and its "
+                      "samplers; a private tuning selects by value alone (not covered)",
+    "constraints": "constraints decide feasibility for the study's best trial and its "
+                   "samplers; a private tuning selects by value alone (not covered)",
 }
 
 
@@ -122,6 +128,29 @@ class PrivateTrial:
         return self._suggest(name, _distribution(
             "choices", optuna.distributions.CategoricalDistribution, choices=choices))
 
+    def suggest_uniform(self, name: str, low: float, high: float) -> float:
+        """As Optuna's (deprecated, still in Optuna 5) ``Trial.suggest_uniform``:
+        ``suggest_float(name, low, high)``."""
+        return self.suggest_float(name, low, high)
+
+    def suggest_loguniform(self, name: str, low: float, high: float) -> float:
+        """As Optuna's ``Trial.suggest_loguniform``: ``suggest_float(..., log=True)``."""
+        return self.suggest_float(name, low, high, log=True)
+
+    def suggest_discrete_uniform(self, name: str, low: float, high: float, q: float) -> float:
+        """As Optuna's ``Trial.suggest_discrete_uniform``: ``suggest_float(..., step=q)``."""
+        return self.suggest_float(name, low, high, step=q)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """As Optuna's ``Trial.params``: this trial's own suggested values (a copy)."""
+        return dict(self._params)
+
+    @property
+    def user_attrs(self) -> dict[str, Any]:
+        """As Optuna's ``Trial.user_attrs``: this trial's own attributes (a copy)."""
+        return dict(self._user_attrs)
+
     def set_user_attr(self, key: str, value: Any) -> None:
         """As Optuna's ``Trial.set_user_attr``: released only if this trial wins."""
         if not isinstance(key, str):
@@ -149,7 +178,9 @@ class PrivateTrial:
         reason = _WITHHELD.get(name)
         if reason is None:
             raise AttributeError(f"a privguard trial offers suggest_float, suggest_int, "
-                                 f"suggest_categorical, set_user_attr, report and should_prune; "
+                                 f"suggest_categorical (and the deprecated suggest_uniform, "
+                                 f"suggest_loguniform, suggest_discrete_uniform), params, "
+                                 f"user_attrs, set_user_attr, report and should_prune; "
                                  f"not {name!r}")
         raise AttributeError(f"trial.{name} is withheld by privguard: {reason}")
 
@@ -187,6 +218,15 @@ def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:
     return value
 
 
+def optuna_value(value: Any) -> Any:
+    """A one-element list or tuple as its element, as Optuna's single-objective study takes
+    it (``return [loss]``); anything else unchanged. Returned as is it was no score, and
+    every such trial ⊥ (review at). A two-element tuple stays ``(value, artifact)``."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return value[0]
+    return value
+
+
 class Winner:
     """What a trial hands back besides its score: released only if it wins."""
 
@@ -214,7 +254,7 @@ class TrialObjective:
 
         trial = PrivateTrial(params, fixed=self.fixed, pruner=self.pruner)
         with silenced():  # also on a Ray worker: no log line or warning of a trial leaves
-            outcome = accept(self.objective(trial, child))
+            outcome = accept(optuna_value(self.objective(trial, child)))
         if outcome is None:
             return None
         return outcome[0], Winner(dict(trial._params), dict(trial._user_attrs), outcome[1])

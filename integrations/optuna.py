@@ -33,8 +33,9 @@ What a call does, in Optuna's vocabulary (docs/theory.md §17):
   ``study``, no ``number``); storages, ``n_trials``, ``timeout``,
   ``callbacks`` and pruners that read other trials are refused; Optuna's
   logger is silenced and every warning discarded for the duration, and
-  (serial backend) ``ledger`` refuses every read and charge while the
-  trials run, so a trial cannot charge it. The result is the winner's
+  ``ledger`` refuses every read and charge while the trials run, so a trial
+  cannot charge it (on Ray, a file- or server-backed one in the objective is
+  refused before the charge). The result is the winner's
   parameters, value, user attributes and artifact, or "no winner": not K,
   not how many trials failed or were pruned.
 * **A trial that raises, returns NaN, overspends its child or is pruned is
@@ -62,10 +63,16 @@ from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard.integrations._optuna_sampler import DPHyPOSampler, TPERule, silenced
-from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial, TrialObjective, Winner
+from privguard.integrations._optuna_trial import (
+    SEED_KEY,
+    PrivateTrial,
+    TrialObjective,
+    Winner,
+    optuna_value,
+)
 from privguard.tuning._base import TuningPlan, accept, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch
-from privguard.tuning._executors import SerialExecutor, resolve
+from privguard.tuning._executors import resolve
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import IntUniform
 
@@ -138,6 +145,10 @@ class PrivateStudyResult:
 
 # ------------------------------------------------------------------ checks
 def _direction(direction: Any) -> str:
+    """``"minimize"``/``"maximize"``, or Optuna's ``StudyDirection`` for them, as a mode."""
+    given = optuna.study.StudyDirection
+    if isinstance(direction, given) and direction != given.NOT_SET:  # as create_study takes
+        direction = "maximize" if direction == given.MAXIMIZE else "minimize"
     if not isinstance(direction, str) or direction not in ("minimize", "maximize"):
         raise InvalidArgumentError("direction", direction, "must be 'minimize' or 'maximize'")
     return "max" if direction == "maximize" else "min"
@@ -187,8 +198,26 @@ def _pruner(pruner: Any) -> Any:
         "other; only ThresholdPruner (the trial's own values) or None is covered")
 
 
+#: Optuna's own defaults for refused arguments that ask for nothing (no count, no time
+#: limit, no callback, no storage, one process...): taken as given, as Optuna takes them
+#: (review at: ``n_jobs=1`` or ``timeout=None`` ported from a study.optimize call was
+#: refused). ``catch=()`` is not among them: Optuna then re-raises a trial's exception.
+_NO_OP: dict[str, tuple[Any, ...]] = {
+    "n_trials": (None,), "timeout": (None,), "callbacks": (None, [], ()), "storage": (None,),
+    "study_name": (None,), "load_if_exists": (False,), "n_jobs": (1,),
+    "gc_after_trial": (False,), "show_progress_bar": (False,), "directions": (None,),
+}
+
+
+def _is_no_op(name: str, value: Any) -> bool:
+    return any(value is default or (type(value) is type(default) and value == default)
+               for default in _NO_OP.get(name, ()))
+
+
 def _refuse(kwargs: dict[str, Any]) -> None:
     for name, value in kwargs.items():
+        if _is_no_op(name, value):
+            continue
         why = _REFUSED.get(name, "is not an argument of private_optimize")
         raise InvalidArgumentError(name, value, f"refused: {why}")
 
@@ -207,34 +236,6 @@ def _tuner(sampler: DPHyPOSampler | None, runs: Any, cost: Any, mode: str, seed:
                         progress=progress)
 
 
-_HELD = ("held by privguard.integrations.optuna.private_optimize while its trials run: a "
-         "trial charges its child ledger only (a charge here per trial would count K)")
-
-
-class _ParentHeld:
-    """The trials, run with the parent ledger refusing everything (serial backend).
-
-    A trial that charged the parent it captured in a closure would add one
-    journal entry per trial, and the journal would tell K. From the first
-    trial (after the tuning bound is charged) until :meth:`release`, every
-    read or charge of the parent raises ``LedgerStateError`` (the ledger's hold,
-    set and cleared here; it never clears a broken ledger), so such a trial is ⊥.
-    """
-
-    def __init__(self, trials: TrialObjective, ledger: Ledger) -> None:
-        self.trials, self.ledger, self.holding = trials, ledger, False
-
-    def __call__(self, params: dict[str, Any], child: Ledger) -> Any:
-        if not self.holding:
-            self.holding = self.ledger._hold(_HELD)
-        return self.trials(params, child)
-
-    def release(self) -> None:
-        if self.holding:
-            self.ledger._unhold()
-        self.holding = False
-
-
 # ------------------------------------------------------------------ the two calls
 def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: Ledger, *,
                      runs: Any = None, cost: Any = None, sampler: Any = None, direction: str = "minimize",
@@ -248,15 +249,16 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         objective: ``objective(trial, child_ledger)``: suggests with
             ``trial.suggest_*``, trains, charges its private work to
             ``child_ledger`` (e.g. ``privguard.integrations.opacus.attach``)
-            and returns a value, or ``(value, artifact)``. It must charge no
+            and returns a value (also as Optuna's one-element ``[value]``),
+            or ``(value, artifact)``. It must charge no
             other ledger, print nothing and keep nothing outside the call
             (each reveals losing trials and K; privguard cannot prevent it).
             Return a fresh artifact per trial: it is released by reference,
             and one shared between trials is released as the last trial
             left it. Its warnings are discarded.
         ledger: the privguard ledger the whole tuning bound is charged to.
-            While the trials run (serial backend) it refuses every read and
-            charge with ``LedgerStateError``: a trial that uses it is ⊥.
+            While the trials run it refuses every read and charge with
+            ``LedgerStateError``: a trial that uses it is ⊥.
         runs: the law of the number of trials: ``Poisson(mean)`` or
             ``TruncatedNegativeBinomial`` (``Geometric``, ``Logarithmic``);
             DP-HyPO takes only the latter.
@@ -265,7 +267,8 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         sampler: ``None`` or ``optuna.samplers.RandomSampler()`` (each trial
             gets its own generator; the sampler's own is not used), or a
             :class:`DPHyPOSampler`. Anything else is refused.
-        direction: ``"minimize"`` (Optuna's default) or ``"maximize"``.
+        direction: ``"minimize"`` (Optuna's default) or ``"maximize"``, or
+            Optuna's ``StudyDirection`` for either.
         pruner: ``None`` or ``optuna.pruners.ThresholdPruner`` (it reads the
             trial's own reports only). Report only values the trial
             privatised and charged to its child ledger.
@@ -275,7 +278,9 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         seed: ONLY for tests: makes K and the draws predictable, which breaks
             the guarantee. Default: OS entropy.
         **refused: ``n_trials``, ``timeout``, ``callbacks``, ``storage``,
-            ``n_jobs``, ``catch``... are refused, each with the reason.
+            ``n_jobs``, ``catch``... are refused, each with the reason; at
+            Optuna's no-op defaults (``n_trials=None``, ``timeout=None``,
+            ``n_jobs=1``, ``callbacks=None``, ``storage=None``, ...) they are taken.
 
     Returns:
         PrivateStudyResult: the winner's params, value, user attributes and
@@ -302,7 +307,7 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
         (1, ['artifact', 'best_params', 'best_user_attrs', 'best_value', 'cost', 'seeded', 'selected'])
     """
     _refuse(refused)
-    check_objective(objective)
+    check_objective(objective, call=("trial", "child_ledger"))
     check_ledger(ledger)
     mode = _direction(direction)
     dp_hypo = _sampler(sampler)
@@ -313,15 +318,9 @@ def private_optimize(objective: Callable[[PrivateTrial, Ledger], Any], ledger: L
     ship = getattr(executor, "_ship_by_value", None)
     if callable(ship):  # the user's module, for Ray workers that cannot import it
         ship(objective)
-    trials: Any = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
-    if isinstance(executor, SerialExecutor):  # in this process: the trials could reach ledger
-        trials = _ParentHeld(trials, ledger)
-    try:
-        with silenced():
-            out = tuner.run(trials, ledger, label=label, backend=executor)
-    finally:
-        if isinstance(trials, _ParentHeld):
-            trials.release()
+    trials = TrialObjective(objective, fixed=dp_hypo is not None, pruner=own_pruner)
+    with silenced():  # tuner.run holds ledger while the trials run (tuning._base.held)
+        out = tuner.run(trials, ledger, label=label, backend=executor)
     winner = out.artifact
     if not out.selected or not isinstance(winner, Winner):
         return PrivateStudyResult(False, None, None, None, None, out.cost, out.seeded)
@@ -391,7 +390,7 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
         ...
         privguard._errors.InvalidArgumentError: cost=... does not cover one trial: ...
     """
-    check_objective(objective)
+    check_objective(objective, call=("trial", "child_ledger"))
     dp_hypo = _sampler(sampler)
     own_pruner = _pruner(pruner)
     tuner = _tuner(dp_hypo, _rehearsal_runs(dp_hypo), cost, "max", None, False)
@@ -422,7 +421,7 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
             "everything one trial charges (its whole training, e.g. SubsampledGaussian(sigma, "
             "q, steps=epochs * len(loader)), composed with its scoring) and rehearse "
             "again") from exc
-    outcome = accept(value)
+    outcome = accept(optuna_value(value))
     if outcome is None:
         raise InvalidArgumentError("objective", value,
                                    "returned no finite value: in a real run this trial is ⊥")

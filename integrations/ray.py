@@ -26,18 +26,24 @@ Ray instance without the dashboard and without forwarding worker output. A
 task's return value crosses Ray's in-memory object store on its way back and
 is not persisted by privguard. What your own objective prints or logs is
 yours to control. If the tuning run is interrupted, the tasks still pending
-are cancelled.
+are cancelled. An objective whose pickle carries a file- or server-backed
+ledger is refused before the charge: every worker would reopen it, and a
+candidate that charged it would write to your journal once per candidate.
 
 What Ray itself records: its task table and logs (``ray.util.state``, the
 session's log files, the dashboard if you enable it) hold one task per
 candidate, so they show K and which workers died — not the hyperparameters'
-outcomes, scores or exceptions. K is not part of what a tuning run releases
+outcomes, scores or exceptions. Ray's driver also prints a "(raylet) A worker
+died ..." line on the console for every candidate whose worker dies (a
+candidate that crashes its process), whatever ``log_to_driver`` says: it comes
+from Ray's error channel, which privguard cannot turn off. K is not part of what a tuning run releases
 (see :mod:`privguard.tuning`), so keep the Ray cluster's logs as private as
 the data.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import sys
@@ -47,6 +53,7 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
+from privguard._ledger._ledger import Ledger
 from privguard.integrations._frameworks import require
 from privguard.tuning._executors import Outcome, Reduce, Task, register_executor, run_candidate
 
@@ -65,6 +72,42 @@ def _remote_candidate(objective, params, orders, budget) -> Outcome:
         except Exception:
             return None
     return outcome
+
+
+class _StoredLedger(Exception):
+    """Raised by :class:`_LedgerProbe` at the first file- or server-backed ledger it meets."""
+
+
+_CloudPickler: Any = ray.cloudpickle.CloudPickler
+
+
+class _LedgerProbe(_CloudPickler):
+    """Pickles like Ray and stops at a file- or server-backed :class:`Ledger` it would ship.
+
+    Such a ledger pickles as a reference to its store and every worker reopens it
+    (``Ledger.__getstate__``): a candidate that charges the ledger it captured would write
+    one journal entry per candidate to the caller's file, which counts K (review at). An
+    in-memory ledger pickles as a copy, which the caller never sees.
+    """
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, Ledger) and obj._store is not None:
+            raise _StoredLedger
+        return None
+
+
+def _refuse_stored_ledgers(objective: Callable) -> None:
+    """Refuse an objective whose pickle would carry a file- or server-backed ledger."""
+    try:
+        _LedgerProbe(io.BytesIO()).dump(objective)
+    except _StoredLedger:
+        raise InvalidArgumentError(
+            "objective", objective, "carries a file- or server-backed Ledger (a closure, a "
+            "global or an attribute): every Ray worker would reopen it, and a candidate "
+            "that charges it writes one journal entry per candidate, which counts the "
+            "hidden number of runs; give candidates only their child ledger") from None
+    except Exception:  # not picklable: ray.put says so, as before
+        pass
 
 
 def _resource(name: str, value: Any) -> float:
@@ -152,11 +195,14 @@ class RayExecutor:
         """Start or join Ray and put ``objective`` in the object store (before the charge).
 
         Raises:
-            InvalidArgumentError: Ray cannot start, or ``objective`` cannot be
-                pickled by Ray.
+            InvalidArgumentError: Ray cannot start, ``objective`` cannot be
+                pickled by Ray, or it carries a file- or server-backed ledger
+                (every worker would reopen it: a candidate charging it would
+                write to the caller's journal once per candidate).
         """
         self._ensure()
         self._ship_by_value(objective)
+        _refuse_stored_ledgers(objective)
         try:
             ref = ray.put(objective)
         except Exception as exc:

@@ -143,8 +143,9 @@ def test_the_objective_sees_no_study_and_no_number():
     result = private_optimize(objective, fresh(), runs=Poisson(5.0), cost=COST, seed=3,
                               progress=False)
     assert seen and not result.selected
-    assert seen[0] == ["report", "set_user_attr", "should_prune", "suggest_categorical",
-                       "suggest_float", "suggest_int"]
+    assert seen[0] == ["params", "report", "set_user_attr", "should_prune",
+                       "suggest_categorical", "suggest_discrete_uniform", "suggest_float",
+                       "suggest_int", "suggest_loguniform", "suggest_uniform", "user_attrs"]
     with pytest.raises(AttributeError, match="withheld"):
         rehearse(objective, cost=COST)
 

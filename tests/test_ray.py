@@ -214,3 +214,28 @@ def test_an_artifact_that_fails_to_load_at_the_driver_is_bottom(ray_dir):
     t = RandomSearch({"lr": list(SCORES)}, Poisson(12.0), cost=RUN, seed=4, progress=False)
     result = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend="ray")
     assert result.selected and result.params == {"lr": 0.1} and result.artifact == "model"
+
+
+def test_an_objective_carrying_a_file_ledger_is_refused_before_the_charge(ray_dir, tmp_path):
+    # a file ledger pickles as a reference that every worker reopens: a candidate charging
+    # the ledger it captured wrote one journal entry per candidate to the caller's file,
+    # which counts K (review at)
+    ledger = Ledger(epsilon=30.0, delta=1e-5, path=str(tmp_path / "parent.db"))
+
+    def charges_the_parent(params, child):
+        ledger.charge(STEP, label="candidate")
+        return SCORES[params["lr"]]
+
+    with pytest.raises(InvalidArgumentError) as err:
+        tuner(0).run(charges_the_parent, ledger, backend=RayExecutor(num_cpus=1))
+    assert err.value.argument == "objective" and "file- or server-backed" in str(err.value)
+    assert len(Ledger.open(str(tmp_path / "parent.db")).history) == 0
+    # an in-memory ledger in the closure is a copy in each worker, which the caller never sees
+    memory = Ledger(epsilon=30.0, delta=1e-5)
+
+    def charges_a_copy(params, child):
+        memory.charge(STEP, label="candidate")
+        return SCORES[params["lr"]]
+
+    assert tuner(0).run(charges_a_copy, memory, backend=RayExecutor(num_cpus=1)).selected
+    assert len(memory.history) == 1

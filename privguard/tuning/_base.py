@@ -9,7 +9,8 @@ A tuner has a search space, a per-candidate privacy cost, and
 2. charges the whole tuning bound to ``ledger`` (a refused charge raises
    :class:`privguard.BudgetExhausted` and nothing runs);
 3. runs the candidates, each under a child ledger that strictly enforces the
-   per-candidate curve the bound assumed (refuse if any order would exceed);
+   per-candidate curve the bound assumed (refuse if any order would exceed),
+   while ``ledger`` itself refuses every read and charge (:func:`held`);
 4. releases the winner and nothing else.
 
 What is released. The tuning theorems (seed 002 Theorems 2 and 6, seed 003
@@ -56,12 +57,14 @@ for tests only.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import inspect
 import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -72,6 +75,7 @@ from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._base import Mechanism
 from privguard._mechanisms._curve import RDPCurve
+from privguard.tuning._quiet import inside_candidate
 
 log = logging.getLogger("privguard.tuning")
 
@@ -254,6 +258,30 @@ def sealed(search: Callable[[], T]) -> T:
     raise failure() from None
 
 
+#: Why a ledger refuses everything while a tuner's candidates run (:func:`held`).
+HELD = ("held by a privguard tuner while its candidates run: a candidate charges its child "
+        "ledger only (a charge here per candidate would count the hidden number of runs)")
+
+
+@contextlib.contextmanager
+def held(ledger: Ledger) -> Iterator[None]:
+    """The ledger refuses every read and charge for the duration (after the tuning charge).
+
+    A candidate that charged the ledger it captured in a closure added one journal entry
+    per candidate, and the journal counted K (review at: only the Optuna integration held
+    it). Held, such a candidate raises ``LedgerStateError`` and is ⊥. A ledger already
+    held or broken is left as it is. On Ray an in-memory ledger is a copy in the worker,
+    and one backed by a file or server is refused before the charge
+    (:mod:`privguard.integrations.ray`).
+    """
+    holding = ledger._hold(HELD)
+    try:
+        yield
+    finally:
+        if holding:
+            ledger._unhold()
+
+
 class Elapsed:
     """A progress indicator that shows the elapsed time and nothing else.
 
@@ -269,7 +297,7 @@ class Elapsed:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Elapsed:
-        if self.enabled:
+        if self.enabled and not inside_candidate():  # a nested tuner's bar would count K
             from tqdm.auto import tqdm
 
             self._bar = tqdm(desc=self.label, bar_format="{desc}: running for {elapsed}",
@@ -318,9 +346,29 @@ def check_mode(mode: Any) -> str:
     return mode
 
 
-def check_objective(objective: Any, name: str = "objective") -> Callable:
+def check_objective(objective: Any, name: str = "objective",
+                    call: tuple[str, ...] | None = None) -> Callable:
+    """``objective``, callable and (when ``call`` names its arguments) able to take them.
+
+    A tuner calls the objective with ``len(call)`` positional arguments, each call
+    inside a candidate, where a ``TypeError`` is ⊥ like any failure: an objective of
+    the wrong shape (Optuna's one-argument ``objective(trial)``) made every candidate
+    ⊥ and spent the whole bound for "no winner" (review at). Its signature is
+    checked here, before anything is charged; one Python cannot inspect passes.
+    """
     if not callable(objective):
         raise InvalidArgumentError(name, objective, "must be callable")
+    if call is not None:
+        try:
+            signature = inspect.signature(objective)
+        except (TypeError, ValueError):  # a builtin or an extension type: not inspectable
+            return objective
+        try:
+            signature.bind(*call)
+        except TypeError:
+            raise InvalidArgumentError(
+                name, objective, f"must accept {len(call)} positional arguments "
+                f"({', '.join(call)}); its signature is {signature}") from None
     return objective
 
 
@@ -425,4 +473,5 @@ class Tuner(abc.ABC):
 
     def _charge(self, ledger: Ledger, mech: Mechanism, label: str | None) -> None:
         ledger.charge(mech, label=label)  # raises BudgetExhausted: nothing runs
-        log.info("charged the tuning bound (%s) as %r", label, type(mech).__name__)
+        if not inside_candidate():  # a nested tuner's line, once per candidate, would count K
+            log.info("charged the tuning bound (%s) as %r", label, type(mech).__name__)

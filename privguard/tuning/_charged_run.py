@@ -15,7 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard._accounting._accounting import check_label
-from privguard.tuning._base import Elapsed, TuningResult, check_ledger, check_objective, sealed
+from privguard.tuning._base import (
+    Elapsed,
+    TuningResult,
+    check_ledger,
+    check_objective,
+    held,
+    sealed,
+)
 from privguard.tuning._executors import prepare, resolve
 
 
@@ -27,7 +34,7 @@ def charged_run(tuner: Any, objective: Any, ledger: Any, label: Any, backend: An
     (DP-HyPO checks its update rule there). ``title`` names the progress bar when
     ``label`` is ``None``.
     """
-    check_objective(objective)
+    check_objective(objective, call=("params", "child_ledger"))
     check_ledger(ledger)
     tuner.runs.check_sampleable("runs")  # the number of runs drawn exactly, before the charge
     label = check_label(label)
@@ -42,4 +49,5 @@ def charged_run(tuner: Any, objective: Any, ledger: Any, label: Any, backend: An
     with Elapsed(label or title, tuner.progress) as bar:
         tuner._charge(ledger, mech, label)  # raises BudgetExhausted: nothing runs
         bar.show_budget(ledger)
-        return sealed(lambda: tuner._search(objective, grid, budgets, executor, mech))
+        with held(ledger):  # a candidate charging this ledger would count K (review at)
+            return sealed(lambda: tuner._search(objective, grid, budgets, executor, mech))

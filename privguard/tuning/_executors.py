@@ -35,7 +35,7 @@ import numpy as np
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard.tuning._base import accept
-from privguard.tuning._quiet import quiet_warnings
+from privguard.tuning._quiet import candidate_scope
 
 Task = tuple  # (objective, params, orders, budget)
 Outcome = Any  # (score: float, artifact) or None (⊥)
@@ -57,7 +57,9 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
     """
     child = Ledger(orders=orders, rdp_budget=budget)
     try:
-        with quiet_warnings():  # a candidate's warnings are about it, and count K (review bx)
+        # a candidate's warnings are about it, and count K (review bx); so would a nested
+        # tuner's progress bar and log line (review at)
+        with candidate_scope():
             return accept(objective(dict(params), child))
     except KeyboardInterrupt:
         raise  # the user's interrupt, not a candidate's output
@@ -113,6 +115,9 @@ def resolve(backend: Any):
             raise InvalidArgumentError("backend", backend, "needs `import privguard.integrations"
                                        f".{backend}` first (pip install 'privguard[{backend}]')")
         return factory()
+    if isinstance(backend, type):  # its methods unbound: prepare(objective) raised TypeError
+        raise InvalidArgumentError("backend", backend.__name__,
+                                   "is a class: pass an instance, e.g. RayExecutor(num_cpus=1)")
     if not isinstance(backend, str) and callable(getattr(backend, "run", None)):
         return backend
     raise InvalidArgumentError("backend", backend,

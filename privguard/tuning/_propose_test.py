@@ -76,7 +76,7 @@ from privguard.tuning._base import (
     make_rng,
     sealed,
 )
-from privguard.tuning._quiet import quiet_warnings
+from privguard.tuning._quiet import candidate_scope, inside_candidate
 from privguard.tuning._rehearse import Rehearsal
 from privguard.tuning._space import SearchSpace
 
@@ -177,7 +177,7 @@ class ProposeTest:
         ``indices`` and returns a validation accuracy in [0, 1]. These
         utilities are NOT private: :meth:`run` never releases them.
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
         rng = make_rng(self.seed) if rng is None else rng
         return self.aggregate(objective, partitions(n, self.k, rng))
@@ -198,7 +198,7 @@ class ProposeTest:
             InvalidArgumentError: ``objective`` or ``parts`` is malformed
                 (checked before the objective runs).
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence):
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
@@ -233,7 +233,8 @@ class ProposeTest:
         u, step, chosen, rounds, refused = self.u0, 1, None, 0, False
         from tqdm.auto import tqdm
 
-        with tqdm(desc="propose-test", unit="round", disable=not self.progress, leave=False) as bar:
+        shown = self.progress and not inside_candidate()  # nested in a candidate: nothing shown
+        with tqdm(desc="propose-test", unit="round", disable=not shown, leave=False) as bar:
             while step != 0 and u < 1:
                 try:
                     ledger.charge(mech, label=label)  # before the round's noise is drawn
@@ -241,7 +242,7 @@ class ProposeTest:
                     refused = True
                     break
                 rounds += 1
-                meter = ledger.budget() if self.progress else None
+                meter = ledger.budget() if shown else None
                 if meter is not None:  # a round's charge is public (the bar counts rounds)
                     bar.set_postfix_str(f"budget {meter.spent:.3g} of ε = {meter.epsilon:g}")
                 proposal = u + step * self.g + rng.laplace(0.0, self.threshold_scale)
@@ -270,7 +271,7 @@ class ProposeTest:
         re-raised as it is; an accuracy that is not a number in [0, 1] raises
         :class:`privguard.InvalidArgumentError` with its value (a run withholds it).
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
         params = dict(self.candidates[0])
         part = partitions(n, self.k, make_rng(self.seed))[0]
@@ -304,7 +305,7 @@ class ProposeTest:
             TuningAborted: anything else escaped (cause withheld), e.g. the
                 ledger failing mid-loop; rounds already charged stay charged.
         """
-        check_objective(objective)
+        check_objective(objective, call=("params", "indices"))
         check_ledger(ledger)
         n = self._examples(n_examples)
         # an unusable ledger raises here (LedgerStateError), before the objective runs;
@@ -367,7 +368,7 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     with one partition would not have sensitivity 1/k (docs/theory.md §8).
     """
     try:
-        with quiet_warnings():  # about a candidate that may not be selected (review bx)
+        with candidate_scope():  # about a candidate that may not be selected (review bx, at)
             value = as_score(objective(dict(params), np.asarray(part)))
     except KeyboardInterrupt:
         raise  # the user's; sealed() replaces it with a fresh one

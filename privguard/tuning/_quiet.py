@@ -1,4 +1,5 @@
-"""Every warning discarded while a tuning candidate runs: one process-wide scope.
+"""Every warning discarded while a tuning candidate runs: one process-wide scope; and the
+candidate's scope, inside which privguard's own progress bars and log lines are off.
 
 A warning a candidate raises (its own code's, or privguard's from ``attach`` on its
 child ledger, naming its σ, q or steps) is output about a candidate that may not win,
@@ -16,6 +17,7 @@ about a candidate); with context-aware warnings (Python 3.14+) the filters are p
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import threading
 import warnings
@@ -62,3 +64,38 @@ def quiet_warnings() -> Iterator[None]:
             if _state["depth"] == 0:
                 catcher, _state["catcher"] = _state["catcher"], None
                 catcher.__exit__(None, None, None)
+
+
+#: How many candidates this context is inside (a candidate may run a nested tuner).
+_candidates: contextvars.ContextVar[int] = contextvars.ContextVar("privguard_candidates",
+                                                                  default=0)
+
+
+@contextlib.contextmanager
+def candidate_scope() -> Iterator[None]:
+    """The scope of one candidate (one partition's call, for propose-test): every warning
+    discarded, and privguard's own output turned off (:func:`inside_candidate`).
+
+    A candidate that runs a nested tuner drew that tuner's progress bar and logged its
+    "charged the tuning bound" line once per candidate: output of privguard's own that
+    counts K (review at). The scope is per context (a thread or a Ray worker that runs
+    the candidate enters its own).
+
+    Example:
+        >>> with candidate_scope():
+        ...     inside_candidate()
+        True
+        >>> inside_candidate()
+        False
+    """
+    token = _candidates.set(_candidates.get() + 1)
+    try:
+        with quiet_warnings():
+            yield
+    finally:
+        _candidates.reset(token)
+
+
+def inside_candidate() -> bool:
+    """True while a tuning candidate runs in this context: privguard shows and logs nothing."""
+    return _candidates.get() > 0

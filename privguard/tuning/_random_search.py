@@ -109,7 +109,8 @@ class RandomSearch(RehearseOne, Tuner):
 
         ``objective(params, child_ledger)`` trains and scores one candidate,
         charging its private work to ``child_ledger`` (e.g. through
-        :func:`privguard.integrations.opacus.attach`); it returns a score,
+        :func:`privguard.integrations.opacus.attach`; ``ledger`` refuses every
+        read and charge while the candidates run); it returns a score,
         ``(score, artifact)`` or ``{"score": ..., "artifact": ...}``. A
         candidate that raises (its child ledger refusing a charge included)
         or whose score is not a finite real number is ⊥: never selected, and

@@ -80,7 +80,7 @@ def rehearse_candidate(tuner: Any, objective: Callable, orders: Any, seed: int |
     from privguard import _validation as check
     from privguard._curves._orders import DEFAULT_ORDERS
 
-    check_objective(objective)
+    check_objective(objective, call=("params", "child_ledger"))
     grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
     index, params = tuner.space.draw(make_rng(seed))
     costs = tuner.costs

@@ -37,6 +37,7 @@ from privguard.tuning._base import (
     check_ledger,
     check_objective,
     check_seed,
+    held,
     make_rng,
     sealed,
 )
@@ -202,8 +203,9 @@ class SubsetSearch:
             cost and the remedy) when a child refused; InvalidArgumentError for a
             tuning objective that returned no finite score.
         """
-        check_objective(tune_objective, "tune_objective")
-        check_objective(final_objective, "final_objective")
+        check_objective(tune_objective, "tune_objective", ("params", "child_ledger", "indices"))
+        check_objective(final_objective, "final_objective",
+                        ("params", "child_ledger", "indices", "tuned_artifact"))
         n = check.positive_int("n_examples", n_examples)
         grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
         subset, final_idx = self._draw(n)
@@ -237,12 +239,17 @@ class SubsetSearch:
                 nothing of the run; the subset is not released either).
             TuningAborted: anything else escaped mid-run (cause withheld).
         """
-        check_objective(tune_objective, "tune_objective")
-        check_objective(final_objective, "final_objective")
+        check_objective(tune_objective, "tune_objective", ("params", "child_ledger", "indices"))
+        check_objective(final_objective, "final_objective",
+                        ("params", "child_ledger", "indices", "tuned_artifact"))
         check_ledger(ledger)
         n = check.positive_int("n_examples", n_examples)
         label = check_label(label)
         inner_label = f"{label}: tuning on the subset"
+        # the inner tuner checks its runs only inside its own run(), after this plan is
+        # charged: a law it cannot sample exactly ended the run there as TuningAborted with
+        # the whole plan spent and nothing run (review at); refused here, before the charge
+        self.tuner.runs.check_sampleable("tuner.runs")
         mech = self.cost(ledger.orders)
         mech._rdp_checked(ledger.orders)
         # The subset is drawn before the charge: a draw that cannot be made here
@@ -254,8 +261,9 @@ class SubsetSearch:
         except BaseException:
             drawn.clear()  # not even in this frame's locals of the refusal's traceback
             raise
-        return sealed(lambda: self._search(tune_objective, final_objective, ledger, drawn, mech,
-                                           inner_label))
+        with held(ledger):  # the candidates and the final training charge their children
+            return sealed(lambda: self._search(tune_objective, final_objective, ledger, drawn,
+                                               mech, inner_label))
 
     def _draw(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """X₁ by Poisson sampling with rate q, and the final indices (X ∖ X₁ or X)."""
