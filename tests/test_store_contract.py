@@ -233,6 +233,22 @@ def test_pickling_round_trips(kind):
 
 
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "memory"], indirect=True)
+def test_a_read_only_ledger_stays_read_only_once_pickled(kind):
+    """A copy of a ledger opened read_only=True reopened the file for writing (review at)."""
+    import pickle
+
+    ledger = kind.make(3.0, 1e-5)
+    ledger.charge(STEP)
+    ledger.close()
+    reader = Ledger.open(ledger.path, read_only=True)
+    again = pickle.loads(pickle.dumps(reader))
+    assert again.runs == reader.runs
+    with pytest.raises(LedgerStateError, match="read"):
+        again.charge(STEP)
+    assert Ledger.open(ledger.path, read_only=True).runs == reader.runs  # nothing written
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "memory"], indirect=True)
 def test_a_write_that_fails_breaks_the_ledger_and_records_nothing(kind, monkeypatch):
     ledger = kind.make(3.0, 1e-5, lease=1)  # every charge writes
     for _ in range(3):

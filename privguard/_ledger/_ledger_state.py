@@ -160,14 +160,17 @@ class LedgerState:
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
             prefetch = getattr(self, "_prefetch_arg", None)
+            # a read-only ledger reopens read-only: its copy was writable (review at)
             return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
                                                          else {"lease": cap}) \
-                | ({} if prefetch is None else {"prefetch": prefetch})
+                | ({} if prefetch is None else {"prefetch": prefetch}) \
+                | ({"read_only": True} if self._store.read_only else {})
         return {"state": self.state_dict()}
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         other = (type(self).open(data["store"]["path"], lease=data.get("lease"),
-                                 prefetch=data.get("prefetch"))
+                                 prefetch=data.get("prefetch"),
+                                 read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         self.__dict__.update(other.__dict__)
         # ``other`` registered itself for the at-fork hook (its locks, the lease drop:
