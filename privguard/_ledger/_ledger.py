@@ -258,12 +258,17 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         An in-memory ledger has nothing to close: it stays as it was, and usable.
 
         The unused remainder of a lease is recorded in the journal as a
-        ``lease-unused`` event first (it stays spent).
+        ``lease-unused`` event first (it stays spent), also while the ledger is
+        held (``private_optimize``'s trials run): a hold refuses reads and
+        charges, and a close is neither; it ends the hold, and the ledger is closed.
         """
         with self._txn, self._lock:  # a prefetch in flight commits first
             if self._store is not None:
                 try:
                     self._settle()  # a prefetch in flight finished (or never begins)
+                    # A held ledger's close raised the hold's refusal at this write (after
+                    # closing the file) and left the remainder unrecorded (task lo)
+                    self._held = None
                     self._record_unused("close")
                 finally:
                     self._store.close()
