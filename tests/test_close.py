@@ -57,3 +57,85 @@ def test_a_held_ledger_closes_and_records_the_remainder(tmp_path):
     with pytest.raises(LedgerStateError, match="closed"):
         ledger.charge(STEP)
     assert [(e["steps"], e["reason"]) for e in _recorded(path)] == [(6, "close")]
+
+
+_CHARGE_THEN_DIE = r"""
+import os, signal, sys
+from privguard import Ledger
+from privguard import mechanisms as M
+
+ledger = Ledger(3.0, 1e-5, path=sys.argv[1], prefetch=False)
+for _ in range(int(sys.argv[2])):
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="child")
+os.kill(os.getpid(), signal.SIGKILL)  # no close: its charges stay in the -wal
+"""
+
+
+def _charge_and_sigkill(path, steps: int) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", _CHARGE_THEN_DIE, str(path), str(steps)],
+                          env=env, timeout=120, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+
+
+def test_close_checkpoints_what_a_sigkilled_process_committed(tmp_path):
+    # Issue 26, "checkpoint on close": a process sharing the file is SIGKILLed with its
+    # charges in the -wal; the parent's close folds them into budget.db, so a copy of
+    # budget.db alone (no -wal, no -shm) holds every committed charge.
+    import os
+    import shutil
+
+    path = tmp_path / "budget.db"
+    parent = _leased(path)  # open before the child, and after it
+    _charge_and_sigkill(path, 40)
+    assert os.path.getsize(str(path) + "-wal") > 0
+    parent.charge(STEP)  # from the lease: no transaction
+    parent.charge(STEP, label="parent")  # a transaction that reads the child's rows
+    journal = len(parent.history)
+    other = Ledger.open(path)  # open, idle: SQLite's last close is not the parent's
+    parent.close()
+    assert os.path.getsize(str(path) + "-wal") == 0  # checkpointed and truncated
+    copy = tmp_path / "copy" / "budget.db"
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)  # the main file only
+    again = Ledger.open(copy, read_only=True)
+    try:
+        assert len(again.history) == journal
+        assert sum(1 for r in again.history if r.label == "child") >= 40
+    finally:
+        again.close()
+        other.close()
+
+
+def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(tmp_path):
+    # A connection holding a read transaction (a snapshot older than the last charges)
+    # blocks the checkpoint: the close waits the busy timeout, then leaves those charges in
+    # the -wal (safe there) and warns that budget.db alone is no copy of the ledger. It
+    # returned silently, and a copy of budget.db alone then lacked charges or was unreadable.
+    import os
+    import sqlite3
+
+    path = tmp_path / "budget.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP)
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()  # its snapshot: 1 charge
+    for _ in range(5):
+        ledger.charge(STEP, label="after the reader's snapshot")
+    journal = len(ledger.history)
+    ledger._store._conn.execute("PRAGMA busy_timeout = 100")  # not the default 60 s
+    with pytest.warns(RuntimeWarning, match="stay in its -wal"):
+        ledger.close()
+    assert os.path.getsize(str(path) + "-wal") > 0
+    reader.execute("COMMIT")
+    reader.close()
+    again = Ledger.open(path)  # the -wal beside it: every charge
+    assert len(again.history) == journal
+    again.close()  # the last close: folded in, no warning
+    assert not os.path.exists(str(path) + "-wal") or os.path.getsize(str(path) + "-wal") == 0

@@ -49,6 +49,7 @@ import sqlite3
 import stat
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -276,6 +277,7 @@ class SQLiteStore:
         committed charges (README, "On disk"), one taken after every close cannot.
         """
         assert self._conn is not None and self._lock_fd is not None
+        busy = 0
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -289,9 +291,18 @@ class SQLiteStore:
             except LedgerStateError:
                 return  # the charges stay in the -wal (its next opener folds them in)
             with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        if busy:
+            # Another connection held a read transaction past the busy timeout: SQLite
+            # copies what it can and leaves the rest in the -wal, where the charges are
+            # safe (that reader's, or the last, close folds them in), but budget.db alone
+            # is then no copy of the ledger (task lo; README "On disk").
+            warnings.warn(f"{self.path}: closed, but another connection was reading it, so "
+                          "committed charges stay in its -wal: copy budget.db only after "
+                          "every process closed it, or all three files at once",
+                          RuntimeWarning, stacklevel=4)
 
     def _check_identity(self) -> os.stat_result:
         """Fail closed if the path now names another file than the one opened; the path's
