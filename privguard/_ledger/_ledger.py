@@ -511,7 +511,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         With ``times`` = k, charge k identical runs at once, all or nothing,
         in one transaction: exactly what k single charges would record (one
         run of the journal, the same spent curve, the same filter decision as
-        the k-th single charge).
+        the k-th single charge). Beside a lease of another label, k ≥ 2 ends
+        the lease, as the second of k single charges does (its remainder is
+        recorded unused; README "Leases"). With leases, k single charges may
+        lease a different number of steps ahead (spent, not released) than
+        one charge of k.
 
         Returns:
             The :class:`ChargeRecord` appended to the journal (the last one).
@@ -759,7 +763,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         acc, cap, old = self._acc, self._lease_cap, self._lease
         if old is not None and old.pid != pid:
             old = self._lease = None  # a forked child: the parent's lease is not ours
-        if self._beside(old, mechanism, label, pid):
+        if self._beside(old, mechanism, label, pid, times):
             # One charge of another label (a noisy evaluation between training steps):
             # charged alone, exactly `times` steps and no lease, beside the live lease,
             # which stays live and spent (task sl; docs/theory.md §13, "Charges beside a
@@ -779,15 +783,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return grown, carry, abandon, streak, False
 
     def _beside(self, old: leases.Lease | None, mechanism: Mechanism, label: str | None,
-                pid: int) -> bool:
+                pid: int, times: int) -> bool:
         """Under both locks: whether this charge is made beside the live lease ``old``
         (of this process, with steps left) rather than ending it: it has another label, and
         the last charge made beside the lease was not this same one (a second charge in a
         row of another label's mechanism starts that label's own streak, as before).
+        ``times`` > 1 is never beside: it records what ``times`` single charges would, and
+        the second of those ends the lease (task lo: ``times=2`` kept the lease live).
         Not a mechanism: False (review rsl: the ordinary path refuses it as invalid; an
         array compared with ``_side`` by == raised the truth value's ValueError)."""
-        return (isinstance(mechanism, Mechanism) and old is not None and old.pid == pid
-                and old.left > 0 and label != old.label and self._side != (label, mechanism))
+        return (times == 1 and isinstance(mechanism, Mechanism) and old is not None
+                and old.pid == pid and old.left > 0 and label != old.label
+                and self._side != (label, mechanism))
 
     def _grown(self, mechanism: Mechanism, label: str | None, pid: int, verdict: Any, n: int,
                floor: int, held: int = 0) -> Any:
