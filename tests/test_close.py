@@ -139,3 +139,21 @@ def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(
     assert len(again.history) == journal
     again.close()  # the last close: folded in, no warning
     assert not os.path.exists(str(path) + "-wal") or os.path.getsize(str(path) + "-wal") == 0
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+def test_a_closed_ledger_refuses_reads_and_charges_in_memory_as_on_file(tmp_path, where):
+    # Task lo: a closed file ledger refused reads and charges while a closed in-memory one
+    # went on answering and charging. Both now refuse, as a closed sqlite3 connection does.
+    ledger = Ledger(3.0, 1e-5, path=None if where == "memory" else tmp_path / "c.db")
+    ledger.charge(STEP)
+    ledger.close()
+    ledger.close()  # again: nothing
+    for call in (lambda: ledger.charge(STEP), lambda: ledger.charge(STEP, times=2),
+                 lambda: ledger.can_afford(STEP), ledger.epsilon, ledger.budget,
+                 ledger.remaining, ledger.guarantee, ledger.state_dict,
+                 lambda: ledger.spent, lambda: ledger.history, lambda: ledger.events,
+                 lambda: ledger.leased_unused):
+        with pytest.raises(LedgerStateError, match="refuses charges and reads: closed"):
+            call()
+    assert ledger.target == (3.0, 1e-5) and len(ledger.orders) > 0  # its configuration

@@ -255,7 +255,12 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def close(self) -> None:
         """Close the ledger's file or server connection; it can then no longer be charged.
 
-        An in-memory ledger has nothing to close: it stays as it was, and usable.
+        A closed ledger, in memory too, refuses charges and reads of its
+        journal and budget (``LedgerStateError``), as a closed ``sqlite3`` or
+        psycopg connection refuses queries; its configuration (``orders``,
+        ``target``, ``delta``, ``path``) stays readable. Closing again does
+        nothing. Open a file or server ledger again to read it; keep an
+        in-memory ledger open (or its ``state_dict()``) to read it later.
 
         The unused remainder of a lease is recorded in the journal as a
         ``lease-unused`` event first (it stays spent), also while the ledger is
@@ -263,7 +268,10 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         charges, and a close is neither; it ends the hold, and the ledger is closed.
         """
         with self._txn, self._lock:  # a prefetch in flight commits first
-            if self._store is not None:
+            if self._store is None:  # (task lo: an in-memory ledger went on answering)
+                if self._broken is None:
+                    self._broken = "closed"
+            else:
                 try:
                     self._settle()  # a prefetch in flight finished (or never begins)
                     # A held ledger's close raised the hold's refusal at this write (after
