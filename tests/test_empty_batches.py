@@ -125,7 +125,7 @@ class _Unsized:
                          ids=["list", "tensors", "unsized"])
 def test_an_empty_dataset_is_refused_naming_it(data):
     # Task lo: dataset[0] of an empty dataset raised IndexError at the first empty batch.
-    with pytest.raises(InvalidArgumentError, match="dataset.*first example"):
+    with pytest.raises(InvalidArgumentError, match=r"dataset.*first example"):
         EmptyBatchCollate(data)([])
 
 
@@ -133,5 +133,5 @@ def test_a_dataset_emptied_after_the_collate_was_built_is_refused_naming_it():
     data = [torch.ones(2)]
     collate = EmptyBatchCollate(data)
     data.clear()
-    with pytest.raises(InvalidArgumentError, match="dataset.*first example"):
+    with pytest.raises(InvalidArgumentError, match=r"dataset.*first example"):
         collate([])
