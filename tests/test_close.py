@@ -112,7 +112,9 @@ def test_close_checkpoints_what_a_sigkilled_process_committed(tmp_path):
         other.close()
 
 
-def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(tmp_path):
+@pytest.mark.parametrize("warnings_as", ["warnings", "errors"])
+def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(tmp_path,
+                                                                                 warnings_as):
     # A connection holding a read transaction (a snapshot older than the last charges)
     # blocks the checkpoint: the close waits the busy timeout, then leaves those charges in
     # the -wal (safe there) and warns that budget.db alone is no copy of the ledger. It
@@ -130,8 +132,19 @@ def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(
         ledger.charge(STEP, label="after the reader's snapshot")
     journal = len(ledger.history)
     ledger._store._conn.execute("PRAGMA busy_timeout = 100")  # not the default 60 s
-    with pytest.warns(RuntimeWarning, match="stay in its -wal"):
-        ledger.close()
+    if warnings_as == "errors":  # raised once the ledger and its file are closed
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(RuntimeWarning, match="stay in its -wal"):
+                ledger.close()
+        assert ledger._store._conn is None
+        with pytest.raises(LedgerStateError, match="closed"):
+            ledger.charge(STEP)
+    else:
+        with pytest.warns(RuntimeWarning, match="stay in its -wal"):
+            ledger.close()
     assert os.path.getsize(str(path) + "-wal") > 0
     reader.execute("COMMIT")
     reader.close()

@@ -279,8 +279,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                     self._held = None
                     self._record_unused("close")
                 finally:
-                    self._store.close()
-                    self._broken = "closed"
+                    self._broken = "closed"  # first: a warning the store's close raises as
+                    self._store.close()  # an error (a filter) leaves the ledger closed
 
     @property
     def leased_unused(self) -> int:

@@ -257,9 +257,10 @@ class SQLiteStore:
                                isolation_level=None, check_same_thread=False)
 
     def close(self) -> None:
+        held_back = False
         if self._conn is not None:
             if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
-                self._checkpoint_wal()  # never through a stale -shm index (_check_shm)
+                held_back = self._checkpoint_wal()  # never through a stale -shm index
             self._conn.close()
             self._conn = None
             self._shm, self._stale = None, False  # a new connection opens the index anew
@@ -267,10 +268,20 @@ class SQLiteStore:
             # not os.close: that would drop this process's other connections' SQLite locks
             _lockfds.release(self._identity, self._lock_fd)
             self._lock_fd = None
+        if held_back:  # once closed: a warnings filter "error" raises after the close
+            # Another connection held a read transaction past the busy timeout: SQLite
+            # copies what it can and leaves the rest in the -wal, where the charges are
+            # safe (that reader's, or the last, close folds them in), but budget.db alone
+            # is then no copy of the ledger (task lo; README "On disk").
+            warnings.warn(f"{self.path}: closed, but another connection was reading it, so "
+                          "committed charges stay in its -wal: copy budget.db only after "
+                          "every process closed it, or all three files at once",
+                          RuntimeWarning, stacklevel=3)
 
-    def _checkpoint_wal(self) -> None:
+    def _checkpoint_wal(self) -> bool:
         """Fold the ``-wal`` into the main file and empty it, unless a process is inside a
         transaction (it checkpoints at its own close; SQLite's last close does too).
+        True: a reader's transaction held the checkpoint back past the busy timeout.
 
         After a normal close, then, the main file alone holds every charge: a copy of
         ``budget.db`` without its ``-wal`` taken while the ledger is open can miss
@@ -281,7 +292,7 @@ class SQLiteStore:
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return  # a charge is being written: its process closes later
+            return False  # a charge is being written: its process closes later
         try:
             try:
                 # review sa: the index may have been deleted or replaced since this store's
@@ -289,20 +300,12 @@ class SQLiteStore:
                 # empties the -wal another open process committed its charges to
                 self._check_shm()
             except LedgerStateError:
-                return  # the charges stay in the -wal (its next opener folds them in)
+                return False  # the charges stay in the -wal (its next opener folds them in)
             with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
                 busy = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        if busy:
-            # Another connection held a read transaction past the busy timeout: SQLite
-            # copies what it can and leaves the rest in the -wal, where the charges are
-            # safe (that reader's, or the last, close folds them in), but budget.db alone
-            # is then no copy of the ledger (task lo; README "On disk").
-            warnings.warn(f"{self.path}: closed, but another connection was reading it, so "
-                          "committed charges stay in its -wal: copy budget.db only after "
-                          "every process closed it, or all three files at once",
-                          RuntimeWarning, stacklevel=4)
+        return bool(busy)
 
     def _check_identity(self) -> os.stat_result:
         """Fail closed if the path now names another file than the one opened; the path's
