@@ -170,3 +170,35 @@ def test_a_closed_ledger_refuses_reads_and_charges_in_memory_as_on_file(tmp_path
         with pytest.raises(LedgerStateError, match="refuses charges and reads: closed"):
             call()
     assert ledger.target == (3.0, 1e-5) and len(ledger.orders) > 0  # its configuration
+
+
+def test_a_reader_whose_snapshot_holds_every_charge_gives_no_warning(tmp_path, recwarn):
+    # Review rlo: a reader that began after the last charge holds the -wal's reset back
+    # (the TRUNCATE checkpoint reports busy) but not the copy of any charge: budget.db
+    # alone holds every charge, and the close warned that charges stayed in the -wal.
+    import os
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "budget.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(STEP)
+    journal = len(ledger.history)
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM entries").fetchone()[0] > 0  # every charge
+    ledger._store._conn.execute("PRAGMA busy_timeout = 100")  # not the default 60 s
+    ledger.close()
+    assert not [w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    copy = tmp_path / "copy" / "budget.db"
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)  # the main file only, the -wal not yet emptied
+    assert os.path.getsize(str(path) + "-wal") > 0
+    reader.execute("COMMIT")
+    reader.close()
+    again = Ledger.open(copy, read_only=True)
+    try:
+        assert len(again.history) == journal
+    finally:
+        again.close()
