@@ -202,3 +202,25 @@ def test_a_reader_whose_snapshot_holds_every_charge_gives_no_warning(tmp_path, r
         assert len(again.history) == journal
     finally:
         again.close()
+
+
+def test_a_held_ledger_closes_records_its_remainder_and_refuses_on_every_store(leased_store):
+    # Review rlo: task lo's held close on PostgreSQL (owner, charging role) as on SQLite
+    ledger = leased_store.make(8.0, 1e-5, prefetch=False)
+    for _ in range(10):
+        ledger.charge(STEP, label="train")
+    left, spent = ledger._lease.left, len(ledger.history)
+    assert left > 0 and ledger._hold("held for a test")
+    ledger.close()  # it raised the hold's refusal on the code before task lo
+    ledger._unhold()
+    for call in (lambda: ledger.charge(STEP, label="train"), ledger.epsilon):
+        with pytest.raises(LedgerStateError, match="closed"):
+            call()
+    again = leased_store.reopen(ledger)
+    try:
+        assert len(again.history) == spent  # the remainder stays spent
+        unused = [e["steps"] for e in again.events if e.get("event") == _lease.UNUSED]
+        # a charging role appends charges only: its remainder stays spent, unrecorded
+        assert unused == ([] if leased_store.name == "postgres-charger" else [left])
+    finally:
+        again.close()
