@@ -224,3 +224,33 @@ def test_a_held_ledger_closes_records_its_remainder_and_refuses_on_every_store(l
         assert unused == ([] if leased_store.name == "postgres-charger" else [left])
     finally:
         again.close()
+
+
+def test_a_refused_open_beside_a_reader_raises_its_own_error_under_a_warnings_filter(
+        tmp_path, monkeypatch):
+    # Review rlo: an open that fails closes its store, which checkpoints; a reader holding
+    # charges back made that close warn "closed, but ..." of a ledger never opened, and a
+    # warnings filter "error" raised that RuntimeWarning instead of the LedgerStateError.
+    import sqlite3
+    import warnings
+
+    from privguard._stores._sqlite import SQLiteStore
+
+    monkeypatch.setitem(SQLiteStore.__init__.__kwdefaults__, "timeout", 0.1)  # not 60 s
+    path = tmp_path / "budget.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP)
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()  # its snapshot: 1 charge
+    for _ in range(3):
+        ledger.charge(STEP)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(LedgerStateError, match="another configuration"):
+                Ledger(5.0, 1e-5, path=path)
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+        ledger.close()

@@ -256,7 +256,11 @@ class SQLiteStore:
         return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout,
                                isolation_level=None, check_same_thread=False)
 
-    def close(self) -> None:
+    def close(self, *, warn: bool = True) -> None:
+        """Checkpoint (:meth:`_checkpoint_wal`) and close. ``warn``: say so (RuntimeWarning)
+        when a reader held committed charges back in the ``-wal``; not for an open that
+        failed (review rlo: its close warned of a ledger never opened, and a warnings filter
+        "error" raised that RuntimeWarning instead of the open's LedgerStateError)."""
         held_back = False
         if self._conn is not None:
             if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
@@ -268,7 +272,7 @@ class SQLiteStore:
             # not os.close: that would drop this process's other connections' SQLite locks
             _lockfds.release(self._identity, self._lock_fd)
             self._lock_fd = None
-        if held_back:  # once closed: a warnings filter "error" raises after the close
+        if held_back and warn:  # once closed: a warnings filter "error" raises after it
             # Another connection held a read transaction past the busy timeout: SQLite
             # copies what it can and leaves the rest in the -wal, where the charges are
             # safe (that reader's, or the last, close folds them in), but budget.db alone
@@ -585,7 +589,7 @@ class SQLiteStore:
             return self._open(config, acc, retarget)
         except BaseException:
             # A failed open leaves nothing behind: no connection, no flock fd (issue 26).
-            self.close()
+            self.close(warn=False)
             raise
 
     def _open(self, config: Config | None, acc: Accounting | None,
