@@ -254,3 +254,36 @@ def test_a_refused_open_beside_a_reader_raises_its_own_error_under_a_warnings_fi
         reader.execute("COMMIT")
         reader.close()
         ledger.close()
+
+
+def test_a_trial_that_closes_the_tuned_ledger_records_its_remainder_once(tmp_path):
+    # Task lo through the public path: private_optimize holds the ledger while its trials
+    # run; a trial's close raised the hold's refusal after closing the file, and the
+    # lease's remainder was never recorded. Now it closes, records it once, and the
+    # ledger stays closed after the hold ends.
+    from privguard.integrations.optuna import private_optimize
+    from privguard.tuning import Poisson
+
+    path = tmp_path / "t.db"
+    ledger = _leased(path)
+    closes = []
+
+    def objective(trial, child):
+        child.charge(M.Gaussian(10.0))
+        if not closes:
+            ledger.close()
+            closes.append(1)
+        return trial.suggest_float("x", -1.0, 1.0) ** 2
+
+    private_optimize(objective, ledger, runs=Poisson(3.0), cost=M.Gaussian(10.0),
+                     progress=False, seed=1)
+    assert closes
+    with pytest.raises(LedgerStateError, match="closed"):
+        ledger.charge(STEP)
+    again = Ledger.open(path, read_only=True)
+    try:
+        unused = [(e["steps"], e["reason"]) for e in again.events if e["event"] == _lease.UNUSED]
+        assert unused == [(6, "close")]
+        assert len(again.history) == 16 + 1  # the training lease and the tuning bound
+    finally:
+        again.close()
