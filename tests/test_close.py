@@ -112,6 +112,21 @@ def test_close_checkpoints_what_a_sigkilled_process_committed(tmp_path):
         other.close()
 
 
+def _behind_a_reader(path, after: int):
+    """A file ledger (no leases) charged once, a ``sqlite3`` connection holding a read
+    transaction (its snapshot: that charge), then ``after`` charges past its snapshot."""
+    import sqlite3
+
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP)
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()  # its snapshot: 1 charge
+    for _ in range(after):
+        ledger.charge(STEP, label="after the reader's snapshot")
+    return ledger, reader
+
+
 @pytest.mark.parametrize("warnings_as", ["warnings", "errors"])
 def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(tmp_path,
                                                                                  warnings_as):
@@ -120,16 +135,9 @@ def test_a_close_that_cannot_checkpoint_past_a_reader_says_so_and_loses_nothing(
     # the -wal (safe there) and warns that budget.db alone is no copy of the ledger. It
     # returned silently, and a copy of budget.db alone then lacked charges or was unreadable.
     import os
-    import sqlite3
 
     path = tmp_path / "budget.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
-    ledger.charge(STEP)
-    reader = sqlite3.connect(path, isolation_level=None)
-    reader.execute("BEGIN")
-    reader.execute("SELECT count(*) FROM entries").fetchone()  # its snapshot: 1 charge
-    for _ in range(5):
-        ledger.charge(STEP, label="after the reader's snapshot")
+    ledger, reader = _behind_a_reader(path, 5)
     journal = len(ledger.history)
     ledger._store._conn.execute("PRAGMA busy_timeout = 100")  # not the default 60 s
     if warnings_as == "errors":  # raised once the ledger and its file are closed
@@ -231,20 +239,13 @@ def test_a_refused_open_beside_a_reader_raises_its_own_error_under_a_warnings_fi
     # Review rlo: an open that fails closes its store, which checkpoints; a reader holding
     # charges back made that close warn "closed, but ..." of a ledger never opened, and a
     # warnings filter "error" raised that RuntimeWarning instead of the LedgerStateError.
-    import sqlite3
     import warnings
 
     from privguard._stores._sqlite import SQLiteStore
 
     monkeypatch.setitem(SQLiteStore.__init__.__kwdefaults__, "timeout", 0.1)  # not 60 s
     path = tmp_path / "budget.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
-    ledger.charge(STEP)
-    reader = sqlite3.connect(path, isolation_level=None)
-    reader.execute("BEGIN")
-    reader.execute("SELECT count(*) FROM entries").fetchone()  # its snapshot: 1 charge
-    for _ in range(3):
-        ledger.charge(STEP)
+    ledger, reader = _behind_a_reader(path, 3)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
