@@ -1,9 +1,10 @@
 """Put a privguard ledger under an existing Opacus training loop: two added lines,
 a checkpoint and a resumed run that keeps the spent budget.
 
-Run: python examples/wrap_opacus_loop.py
+Run: python examples/wrap_opacus_loop.py [--quick]
 """
 
+import argparse
 import os
 import tempfile
 
@@ -16,12 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from privguard import BudgetExhausted, Ledger
 from privguard.integrations.opacus import attach
 
-torch.manual_seed(0)
-x = torch.randn(2048, 20)
-data = TensorDataset(x, (x[:, :2].sum(1) > 0).long())
 
-
-def make_private():
+def make_private(data):
     """The user's Opacus setup. accountant="rdp": Opacus then counts as the ledger does."""
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 2))
     engine = PrivacyEngine(accountant="rdp")
@@ -41,31 +38,46 @@ def train(model, optimizer, loader, epochs, engine):
         print(f"epoch {epoch}: ε = {eps:.3f} (the ledger's running ε)")
 
 
-# ---- first run: two epochs, then a checkpoint
-engine, model, optimizer, loader = make_private()
-ledger = Ledger(epsilon=3.0, delta=1e-5)                               # added line 1
-attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)   # added line 2
-train(model, optimizer, loader, 2, engine)
-checkpoint = os.path.join(tempfile.mkdtemp(), "checkpoint.pt")
-engine.save_checkpoint(path=checkpoint, module=model, optimizer=optimizer)  # ledger included
-print(f"checkpoint after {len(ledger.history)} steps")
+def main(argv=None) -> Ledger:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="CI: 1024 examples instead of 2048 (sample rate 1/8, not 1/16: "
+                             "the same budget is spent in fewer, larger steps)")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    x = torch.randn(1024 if args.quick else 2048, 20)
+    data = TensorDataset(x, (x[:, :2].sum(1) > 0).long())
 
-# ---- resumed run (a new process would start here): Opacus' usual order
-engine, model, optimizer, loader = make_private()
-ckpt = engine.load_checkpoint(path=checkpoint, module=model, optimizer=optimizer)
-ledger = Ledger(epsilon=3.0, delta=1e-5)  # in memory: its state comes from the checkpoint
-attach(optimizer, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
-print(f"resumed with {len(ledger.history)} steps already charged")
-try:
-    train(model, optimizer, loader, 100, engine)
-except BudgetExhausted as exc:
-    print(f"stopped: {exc.remaining}")
+    # ---- first run: two epochs, then a checkpoint
+    engine, model, optimizer, loader = make_private(data)
+    ledger = Ledger(epsilon=3.0, delta=1e-5)                               # added line 1
+    attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)   # added line 2
+    train(model, optimizer, loader, 2, engine)
+    checkpoint = os.path.join(tempfile.mkdtemp(), "checkpoint.pt")
+    engine.save_checkpoint(path=checkpoint, module=model, optimizer=optimizer)  # ledger included
+    print(f"checkpoint after {len(ledger.history)} steps")
 
-steps = sum(n for _, _, n in engine.accountant.history)  # Opacus' own record, kept too
-prv = PRVAccountant()
-prv.history = list(engine.accountant.history)
-print(f"{len(ledger.history)} steps charged ({steps} recorded by Opacus); "
-      f"report: {ledger.guarantee()}; running ε (odometer) {ledger.epsilon():.3f}")
-print(f"the same steps by Opacus' RDP accountant: ε = {ledger.nonadaptive_epsilon():.3f} "
-      "(valid only for a run fixed in advance); by Opacus' default PRV accountant: "
-      f"ε = {prv.get_epsilon(1e-5):.3f}")
+    # ---- resumed run (a new process would start here): Opacus' usual order
+    engine, model, optimizer, loader = make_private(data)
+    ckpt = engine.load_checkpoint(path=checkpoint, module=model, optimizer=optimizer)
+    ledger = Ledger(epsilon=3.0, delta=1e-5)  # in memory: its state comes from the checkpoint
+    attach(optimizer, ledger, data_loader=loader, privacy_engine=engine, resume=ckpt)
+    print(f"resumed with {len(ledger.history)} steps already charged")
+    try:
+        train(model, optimizer, loader, 100, engine)
+    except BudgetExhausted as exc:
+        print(f"stopped: {exc.remaining}")
+
+    steps = sum(n for _, _, n in engine.accountant.history)  # Opacus' own record, kept too
+    prv = PRVAccountant()
+    prv.history = list(engine.accountant.history)
+    print(f"{len(ledger.history)} steps charged ({steps} recorded by Opacus); "
+          f"report: {ledger.guarantee()}; running ε (odometer) {ledger.epsilon():.3f}")
+    print(f"the same steps by Opacus' RDP accountant: ε = {ledger.nonadaptive_epsilon():.3f} "
+          "(valid only for a run fixed in advance); by Opacus' default PRV accountant: "
+          f"ε = {prv.get_epsilon(1e-5):.3f}")
+    return ledger
+
+
+if __name__ == "__main__":
+    main()

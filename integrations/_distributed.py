@@ -65,7 +65,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from privguard._errors import BudgetExhausted, LedgerStateError
+from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._ledger._ledger import Ledger
 
 __all__ = ["Coordinator", "RankDisagreementError", "is_distributed"]
@@ -246,12 +246,24 @@ class Coordinator:
         on every rank unless all ranks hold the same list (review rgc: each charger charged
         the steps its own Opacus accountant recorded, and a rank whose recorded steps held
         more micro-batches than the charger's were charged as the charger's). ``error``: a
-        failure found before on this rank, raised here as :meth:`run` would (collective)."""
-        digest = hashlib.sha256(json.dumps(charges, sort_keys=True).encode()).digest()
+        failure found before on this rank, raised here as :meth:`run` would (collective).
+        A list that is not strict JSON (a numpy scalar, NaN or ±inf, an object) is such a
+        failure: InvalidArgumentError on its rank, RankDisagreementError on the others."""
+        digest, count = bytes(12), 0
+        if error is None:
+            try:  # inside the collective (task lo: a TypeError here left before the gather,
+                # and the other ranks' gathers met this rank's next collective call)
+                if not isinstance(charges, list):
+                    raise TypeError(f"a list, not {type(charges).__name__}")
+                text = json.dumps(charges, sort_keys=True, allow_nan=False)
+                digest, count = hashlib.sha256(text.encode()).digest(), len(charges)
+            except (TypeError, ValueError) as exc:  # not JSON; NaN or inf (equal to nothing)
+                error = InvalidArgumentError("charges", charges, "must be a JSON-able list "
+                                             f"of finite values ({exc})")
         # two 48-bit pieces of the digest: exact in float64
         row = [ERROR if error is not None else NOT_CHARGER,
                float(int.from_bytes(digest[:6], "big")), float(int.from_bytes(digest[6:12], "big")),
-               float(len(charges))]
+               float(count)]
         table = self._gather(_AGREE, row)
         self._raise_errors([f"rank {r} failed" if t[0] == ERROR else None
                             for r, t in enumerate(table)], error, what)

@@ -27,7 +27,9 @@ class EmptyBatchCollate:
 
     Args:
         dataset: the loader's dataset (its first example gives the empty batch's
-            shapes and dtypes; it is read only for an empty batch).
+            shapes and dtypes; it is read only for an empty batch). An empty
+            dataset is refused (``InvalidArgumentError``), here, or at the first
+            empty batch where it has no ``len``.
         collate_fn: the collate function of non-empty batches (default: PyTorch's
             ``default_collate``).
 
@@ -54,6 +56,8 @@ class EmptyBatchCollate:
         if not hasattr(dataset, "__getitem__"):
             raise InvalidArgumentError("dataset", dataset,
                                        "must be indexable (the loader's dataset)")
+        if _empty(dataset):  # no first example to take an empty batch's shapes from
+            raise InvalidArgumentError("dataset", dataset, _NO_FIRST)
         if collate_fn is not None and not callable(collate_fn):
             raise InvalidArgumentError("collate_fn", collate_fn, "must be callable or None")
         self.dataset, self.collate_fn = dataset, collate_fn
@@ -66,7 +70,24 @@ class EmptyBatchCollate:
             collate = default_collate
         if len(batch):
             return collate(batch)
-        return _no_rows(collate([self.dataset[0]]))
+        try:  # (task lo: an empty dataset raised IndexError here)
+            first = self.dataset[0]
+        except LookupError:  # IndexError, KeyError: emptied since, or not indexed from 0
+            raise InvalidArgumentError("dataset", self.dataset, _NO_FIRST) from None
+        return _no_rows(collate([first]))
+
+
+_NO_FIRST = ("must have a first example, dataset[0] (an empty batch is collated from it: "
+             "its shapes and dtypes)")
+
+
+def _empty(dataset: Any) -> bool:
+    """Whether ``dataset`` says it has no examples (one without a usable ``len`` is
+    checked at its first empty batch instead)."""
+    try:
+        return len(dataset) == 0
+    except Exception:  # by design: a dataset of the caller's whose __len__ fails or is absent
+        return False
 
 
 def _no_rows(value: Any) -> Any:

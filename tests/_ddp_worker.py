@@ -672,3 +672,32 @@ def allocation_ghost_unclipped(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 SCENARIOS["allocation_ghost_unclipped"] = allocation_ghost_unclipped
+
+
+def agree_unserialisable(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task lo: ``Coordinator.agree`` with descriptions that are not JSON (a numpy scalar on
+    one rank, NaN on both, an object on the other rank): every rank raises a privguard
+    error in the same collective (the rank that could not digest its list had raised
+    TypeError before the all-gather, the other waited there), then the ranks still agree."""
+    import numpy as np
+
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations._distributed import Coordinator
+
+    coordinator = Coordinator(Ledger(epsilon, DELTA))
+    cases = {"numpy scalar on rank 1": [np.float32(1.0)] if rank == 1 else [1.0],
+             "nan on every rank": [float("nan")],
+             "object on rank 0": [object()] if rank == 0 else [1]}
+    raised = {}
+    for case, charges in cases.items():
+        try:
+            coordinator.agree(charges, f"in case {case}")
+            raised[case] = None
+        except Exception as exc:
+            raised[case] = (type(exc).__name__, isinstance(exc, PrivguardError), str(exc))
+    coordinator.agree([[STEP_DICT, 2]], "after the refusals")  # still in step
+    return {"raised": raised}
+
+
+STEP_DICT = {"type": "subsampled_gaussian", "params": {"noise_multiplier": SIGMA}}
+SCENARIOS["agree_unserialisable"] = agree_unserialisable

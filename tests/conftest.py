@@ -27,3 +27,17 @@ def pg(pg_server):
     import _pgserver
 
     return pg_server, _pgserver.initialised_database(), "t" + uuid.uuid4().hex[:12]
+
+
+LEASED_STORES = ["sqlite", "postgres", "postgres-charger"]
+
+
+@pytest.fixture(params=LEASED_STORES, ids=LEASED_STORES)
+def leased_store(request, tmp_path):
+    """A store kind that takes leases (tests/test_store_contract.py's KINDS): ``make(...)``
+    a ledger, ``reopen(ledger)``; PostgreSQL as the owner and as a charging role."""
+    from test_store_contract import KINDS
+
+    if request.param.startswith("postgres"):
+        request.getfixturevalue("pg_server")
+    return KINDS[request.param](tmp_path)

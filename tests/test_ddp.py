@@ -273,3 +273,19 @@ def test_ranks_accumulating_different_micro_batches_are_charged_the_largest_k(tm
     for r in (r0, r1):
         assert r["replica"] == [three] * 2 and r["charged"] == 2  # each replica, k = 3
     assert r0["spent"] == r1["spent"] and r0["params"] == r1["params"]
+
+
+def test_agree_on_descriptions_that_are_not_json_fails_closed_on_every_rank(tmp_path):
+    # Task lo: json.dumps ran before agree's all-gather, outside any try: a rank whose list
+    # held a numpy scalar raised TypeError there and the other rank waited in the gather.
+    r0, r1 = launch("agree_unserialisable", str(tmp_path), 3.0)
+    for case in ("numpy scalar on rank 1", "nan on every rank", "object on rank 0"):
+        for rank in (r0, r1):
+            assert rank["raised"][case] is not None, case
+            name, privguard_error, message = rank["raised"][case]
+            assert privguard_error, (case, name, message)
+    assert r1["raised"]["numpy scalar on rank 1"][0] == "InvalidArgumentError"
+    assert r0["raised"]["numpy scalar on rank 1"][0] == "RankDisagreementError"
+    assert "rank 1" in r0["raised"]["numpy scalar on rank 1"][2]
+    assert r0["raised"]["object on rank 0"][0] == "InvalidArgumentError"
+    assert r1["raised"]["object on rank 0"][0] == "RankDisagreementError"

@@ -112,3 +112,26 @@ def test_an_empty_step_runs_adds_noise_and_is_charged_under_attach(mode):
         empty_steps += len(x) == 0
     assert empty_steps >= T - N
     assert [r.mechanism for r in ledger.history] == [M.RandomAllocation(1.0, T)]
+
+
+class _Unsized:
+    """A map-style dataset with no ``__len__`` and no examples."""
+
+    def __getitem__(self, i):
+        raise IndexError(i)
+
+
+@pytest.mark.parametrize("data", [[], TensorDataset(torch.zeros(0, 3)), _Unsized()],
+                         ids=["list", "tensors", "unsized"])
+def test_an_empty_dataset_is_refused_naming_it(data):
+    # Task lo: dataset[0] of an empty dataset raised IndexError at the first empty batch.
+    with pytest.raises(InvalidArgumentError, match=r"dataset.*first example"):
+        EmptyBatchCollate(data)([])
+
+
+def test_a_dataset_emptied_after_the_collate_was_built_is_refused_naming_it():
+    data = [torch.ones(2)]
+    collate = EmptyBatchCollate(data)
+    data.clear()
+    with pytest.raises(InvalidArgumentError, match=r"dataset.*first example"):
+        collate([])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import os
-import runpy
 import sys
 
 import pytest
@@ -91,11 +90,16 @@ def test_early_stopping_reports_the_odometer_at_the_stop():
 
 
 def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
-    env = runpy.run_path(os.path.join(EXAMPLES, "wrap_opacus_loop.py"), run_name="__main__")
-    ledger = env["ledger"]
+    import wrap_opacus_loop
+
+    ledger = wrap_opacus_loop.main(["--quick"])
     assert ledger.guarantee().epsilon == 3.0 and len(ledger.history) > 0
     assert not ledger.can_afford(ledger.history[-1].mechanism)
-    assert "stopped:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stopped:" in out
+    resumed = int(out.split("resumed with ")[1].split()[0])
+    assert resumed == int(out.split("checkpoint after ")[1].split()[0]) > 0  # kept the spend
+    assert ledger.history[-1].mechanism.sample_rate == 128 / 1024  # --quick's data
 
 
 def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():

@@ -345,3 +345,33 @@ def test_certified_epoch_delta_refuses_more_epochs_than_the_search_reaches():
     with pytest.raises(InvalidArgumentError, match=rf"^epochs=1000000000 is invalid: .*<= "
                                                    rf"{AE.MAX_EPOCHS}"):
         AE.certified_epoch_delta(SIGMA, T, EPS, 10**9)
+
+
+def _prototype():
+    """benchmarks/allocation_pld_prototype.py, the checks docs/theory.md §2b.3 cites."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                        "allocation_pld_prototype.py")
+    spec = importlib.util.spec_from_file_location("allocation_pld_prototype", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("argv", [[], ["--bogus"], ["--validate", "--sigmas", "0"],
+                                  ["--validate", "--mc-epochs", "-1"]])
+def test_the_prototype_refuses_arguments_it_cannot_honour(argv, capsys):
+    # Task lo: the script ignored its arguments (none, --validate, or anything: the same run)
+    with pytest.raises(SystemExit) as exc:
+        _prototype().main(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_the_prototype_runs_the_checks_it_is_given(capsys):
+    _prototype().main(["--validate", "--sigmas", "2", "--mc-epochs", "1000"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("sigma=")]
+    assert [row.split(":")[0] for row in rows] == ["sigma=2.0", "sigma=2.0"]  # t = 2, t = 10
+    assert "(1e+03 epochs)" in out
+    assert all(row.count("violations 0") == 2 for row in rows)

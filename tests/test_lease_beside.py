@@ -216,3 +216,42 @@ def test_an_interrupt_before_the_beside_charge_is_written_breaks_the_ledger(tmp_
     again = Ledger.open(tmp_path / "k.db")
     assert [r.label for r in again.history].count("eval") == 0  # nothing was committed
     again.close()
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_times_k_beside_a_lease_records_what_k_single_charges_record(leased_store, k):
+    # Task lo: charge(EVAL, times=k) was one charge beside the lease, which stayed live,
+    # while k single charges end it at the second (its remainder recorded unused), so
+    # "exactly what k single charges would record" (charge's docstring) did not hold.
+    # Review rlo: on PostgreSQL (owner and charging role) as on SQLite.
+    def run(times):
+        ledger = leased_store.make(8.0, 1e-5, prefetch=False)
+        for _ in range(40):
+            ledger.charge(STEP, label="train")
+        assert ledger._lease is not None and ledger._lease.left > 0
+        if times:
+            ledger.charge(EVAL, label="eval", times=k)
+        else:
+            for _ in range(k):
+                ledger.charge(EVAL, label="eval")
+        for _ in range(5):
+            ledger.charge(STEP, label="train")
+        decisions = [ledger.can_afford(m) for m in (STEP, EVAL, M.Gaussian(0.5))]
+        ledger.close()
+        again = leased_store.reopen(ledger)
+        try:
+            return ([{key: v for key, v in e.items() if key not in ("time", "pid")}
+                     for e in again.events],
+                    [(r.index, r.label, r.mechanism) for r in again.history],
+                    again.spent, decisions)
+        finally:
+            again.close()
+
+    k_at_once, singles = run(True), run(False)
+    assert k_at_once[0] == singles[0]  # the same lease-unused events (and nothing else)
+    unused = [e["reason"] for e in singles[0] if e["event"] == "lease-unused"]
+    # a charging role appends charges only: its remainders stay spent, unrecorded
+    assert unused == ([] if leased_store.name == "postgres-charger" else ["mechanism change",
+                                                                       "close"])
+    assert k_at_once[1] == singles[1]  # the same spent steps, in the same places
+    assert np.array_equal(k_at_once[2], singles[2]) and k_at_once[3] == singles[3]

@@ -255,19 +255,32 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def close(self) -> None:
         """Close the ledger's file or server connection; it can then no longer be charged.
 
-        An in-memory ledger has nothing to close: it stays as it was, and usable.
+        A closed ledger, in memory too, refuses charges and reads of its
+        journal and budget (``LedgerStateError``), as a closed ``sqlite3`` or
+        psycopg connection refuses queries; its configuration (``orders``,
+        ``target``, ``delta``, ``path``) stays readable. Closing again does
+        nothing. Open a file or server ledger again to read it; keep an
+        in-memory ledger open (or its ``state_dict()``) to read it later.
 
         The unused remainder of a lease is recorded in the journal as a
-        ``lease-unused`` event first (it stays spent).
+        ``lease-unused`` event first (it stays spent), also while the ledger is
+        held (``private_optimize``'s trials run): a hold refuses reads and
+        charges, and a close is neither; it ends the hold, and the ledger is closed.
         """
         with self._txn, self._lock:  # a prefetch in flight commits first
-            if self._store is not None:
+            if self._store is None:  # (task lo: an in-memory ledger went on answering)
+                if self._broken is None:
+                    self._broken = "closed"
+            else:
                 try:
                     self._settle()  # a prefetch in flight finished (or never begins)
+                    # A held ledger's close raised the hold's refusal at this write (after
+                    # closing the file) and left the remainder unrecorded (task lo)
+                    self._held = None
                     self._record_unused("close")
                 finally:
-                    self._store.close()
-                    self._broken = "closed"
+                    self._broken = "closed"  # first: a warning the store's close raises as
+                    self._store.close()  # an error (a filter) leaves the ledger closed
 
     @property
     def leased_unused(self) -> int:
@@ -506,7 +519,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         With ``times`` = k, charge k identical runs at once, all or nothing,
         in one transaction: exactly what k single charges would record (one
         run of the journal, the same spent curve, the same filter decision as
-        the k-th single charge).
+        the k-th single charge). Beside a lease of another label, k ≥ 2 ends
+        the lease, as the second of k single charges does (its remainder is
+        recorded unused; README "Leases"). With leases, k single charges may
+        lease a different number of steps ahead (spent, not released) than
+        one charge of k.
 
         Returns:
             The :class:`ChargeRecord` appended to the journal (the last one).
@@ -754,7 +771,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         acc, cap, old = self._acc, self._lease_cap, self._lease
         if old is not None and old.pid != pid:
             old = self._lease = None  # a forked child: the parent's lease is not ours
-        if self._beside(old, mechanism, label, pid):
+        if self._beside(old, mechanism, label, pid, times):
             # One charge of another label (a noisy evaluation between training steps):
             # charged alone, exactly `times` steps and no lease, beside the live lease,
             # which stays live and spent (task sl; docs/theory.md §13, "Charges beside a
@@ -774,15 +791,18 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         return grown, carry, abandon, streak, False
 
     def _beside(self, old: leases.Lease | None, mechanism: Mechanism, label: str | None,
-                pid: int) -> bool:
+                pid: int, times: int) -> bool:
         """Under both locks: whether this charge is made beside the live lease ``old``
         (of this process, with steps left) rather than ending it: it has another label, and
         the last charge made beside the lease was not this same one (a second charge in a
         row of another label's mechanism starts that label's own streak, as before).
+        ``times`` > 1 is never beside: it records what ``times`` single charges would, and
+        the second of those ends the lease (task lo: ``times=2`` kept the lease live).
         Not a mechanism: False (review rsl: the ordinary path refuses it as invalid; an
         array compared with ``_side`` by == raised the truth value's ValueError)."""
-        return (isinstance(mechanism, Mechanism) and old is not None and old.pid == pid
-                and old.left > 0 and label != old.label and self._side != (label, mechanism))
+        return (times == 1 and isinstance(mechanism, Mechanism) and old is not None
+                and old.pid == pid and old.left > 0 and label != old.label
+                and self._side != (label, mechanism))
 
     def _grown(self, mechanism: Mechanism, label: str | None, pid: int, verdict: Any, n: int,
                floor: int, held: int = 0) -> Any:
