@@ -55,7 +55,7 @@ class LedgerState:
 
         @classmethod
         def open(cls: type[L], path: Any, *, lease: int | None = None,
-                 prefetch: bool | None = None) -> L: ...
+                 prefetch: bool | None = None, read_only: bool = False) -> L: ...
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot: configuration, journal (as runs) and a checksum.
