@@ -49,7 +49,10 @@ fingerprint). Resuming (``trainer.fit(..., ckpt_path=...)``) brings the
 ledger to it: a fresh in-memory ledger loads it, a file-backed ledger must be
 the same file, and a ledger is never rewound (one that already holds the
 checkpoint's journal and more keeps everything; one that holds something
-else raises :class:`privguard.LedgerStateError`). Pickling the callback (as
+else raises :class:`privguard.LedgerStateError`). A resume from a checkpoint
+that holds no state under this callback's ``state_key`` (written with another
+``label``, or without the callback) raises :class:`privguard.LedgerStateError`
+rather than start a fresh budget. Pickling the callback (as
 spawn-based strategies do) pickles the ledger, not the live attachment; a
 copy of an in-memory ledger is a separate ledger, so prefer a file-backed
 ledger when the trainer runs in other processes.
@@ -61,7 +64,7 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard import _validation as check
-from privguard._errors import InvalidArgumentError, PrivguardError
+from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe, _sampling
 from privguard.integrations._aligned import guard_for
@@ -193,6 +196,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     """
 
     witnesses = False  # (a callback pickled before the option: off)
+    _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -217,11 +221,32 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         return f"privguard.LedgerCallback[{self.label}]"
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":  # Lightning restores a checkpoint's states after setup
+            self._restored = False
         if stage == "fit" and self.check_poisson:
             _check_sampler_injection(trainer)
 
+    def _check_resumed(self, trainer: Any) -> None:
+        """Refuse a fit resumed from a checkpoint that holds no state of this callback.
+
+        Review cbk: Lightning calls ``load_state_dict`` only with a state saved under this
+        callback's ``state_key`` (its label). A checkpoint written with another label, or
+        without the callback, left the ledger as it was: a fresh ledger charged only the
+        steps after the resume, and its ε left out the ones the resumed model holds.
+        """
+        if self._restored or getattr(trainer, "ckpt_path", None) is None or \
+                not getattr(trainer, "global_step", 0):
+            return
+        raise LedgerStateError(
+            f"training resumes at step {trainer.global_step} from {trainer.ckpt_path}, which "
+            f"holds no {self.state_key!r} state: the ledger would not hold the steps the "
+            "resumed model took. Resume with a LedgerCallback of the label that wrote the "
+            "checkpoint; to train privately from weights trained elsewhere, load them "
+            "(LightningModule.load_from_checkpoint) and fit without ckpt_path=")
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception
+        self._check_resumed(trainer)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -394,8 +419,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and "privguard" in state_dict:
             restore(self.ledger, state_dict["privguard"], where="LedgerCallback state")
+            self._restored = True
         elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
             self.ledger.load_state_dict(state_dict["ledger"])
+            self._restored = True
         else:
             raise InvalidArgumentError("state_dict", type(state_dict).__name__,
                                        "is not a LedgerCallback state")

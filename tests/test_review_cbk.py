@@ -1,0 +1,92 @@
+"""Review cbk: the Lightning and Hugging Face callbacks run as a user runs them (resume from a
+checkpoint, the logged ε)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+from _lightning_quiet import QUIET  # noqa: E402
+from opacus import GradSampleModule  # noqa: E402
+from opacus.data_loader import DPDataLoader  # noqa: E402
+from opacus.optimizers import DPOptimizer  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import Ledger, LedgerStateError  # noqa: E402
+from privguard.integrations.lightning import LedgerCallback  # noqa: E402
+
+pytestmark = [QUIET, pytest.mark.filterwarnings("ignore:.*callbacks used to create the checkpoint.*",
+                                                "ignore::UserWarning")]
+N, BATCH = 128, 16
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = GradSampleModule(nn.Linear(4, 2))
+        x = torch.randn(N, 4, generator=torch.Generator().manual_seed(0))
+        self.data = TensorDataset(x, (x[:, 0] > 0).long())
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1), noise_multiplier=1.0,
+                           max_grad_norm=1.0, expected_batch_size=BATCH)
+
+    def train_dataloader(self):
+        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH))
+
+
+def _trainer(callbacks, **kw):
+    return pl.Trainer(callbacks=callbacks, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, limit_val_batches=0, **kw)
+
+
+def _checkpoint_at(tmp_path, callbacks, steps=4):
+    trainer = _trainer(callbacks, max_steps=steps)
+    trainer.fit(_Tiny())
+    path = tmp_path / "at.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+@pytest.mark.parametrize("written_by", ["another label", "no callback"])
+def test_a_lightning_resume_from_a_checkpoint_without_the_callbacks_state_is_refused(
+        tmp_path, written_by):
+    # The checkpoint's model took 4 noisy steps; its callback state is under another state_key
+    # (LedgerCallback(label=...) names it) or absent. Lightning then never calls
+    # load_state_dict, and the fresh ledger charged only the steps after the resume: the
+    # reported ε left out the 4 steps the resumed model holds (Hugging Face's callback refuses
+    # the same resume with LedgerStateError).
+    written = [LedgerCallback(Ledger(delta=1e-5), label="pretrain")] \
+        if written_by == "another label" else []
+    path = _checkpoint_at(tmp_path, written)
+    fresh = Ledger(delta=1e-5)
+    trainer = _trainer([LedgerCallback(fresh)], max_steps=8)
+    with pytest.raises(LedgerStateError, match=re.escape("privguard.LedgerCallback[step]")):
+        trainer.fit(_Tiny(), ckpt_path=path)
+    assert len(fresh.history) == 0
+    assert trainer.global_step == 4  # refused before any step after the resume
+
+
+def test_a_lightning_resume_with_the_callbacks_state_and_fits_without_a_checkpoint_go_on(
+        tmp_path):
+    ledger = Ledger(delta=1e-5)
+    path = _checkpoint_at(tmp_path, [LedgerCallback(ledger)])
+    fresh = Ledger(delta=1e-5)
+    callback = LedgerCallback(fresh)
+    trainer = _trainer([callback], max_steps=6)
+    trainer.fit(_Tiny(), ckpt_path=path)
+    assert len(fresh.history) == 6  # 4 restored + 2
+    trainer.fit_loop.epoch_loop.max_steps = 7  # the same trainer again: no checkpoint
+    trainer.fit(_Tiny())
+    assert len(fresh.history) == 7
