@@ -15,6 +15,7 @@ attaches the ledger to the optimizer
 (:func:`privguard.integrations.opacus.attach`, in "stop" mode): each real
 noisy step is charged before its update; steps Opacus does not account are
 not charged. After every batch it logs the running ε with ``pl_module.log``
+(rounded up to a float32, the type Lightning keeps it in)
 and sets ``trainer.should_stop`` when the ledger would refuse the next step
 (under DDP the same flag on every rank).
 
@@ -60,6 +61,7 @@ ledger when the trainer runs in other processes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -125,6 +127,17 @@ def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
         return find_opacus_hook(optimizer.step_hook)[1]
     return check.sample_rate("sample_rate", sample_rate() if callable(sample_rate)
                              else sample_rate)
+
+
+def _float32_up(value: float) -> float:
+    """``value`` rounded up to a float32: Lightning keeps a logged float as a float32 tensor,
+    rounded to nearest, which logged about every other ε below the ledger's (review cbk)."""
+    import torch
+
+    logged = torch.tensor(value, dtype=torch.float32)
+    if float(logged) < value:
+        logged = torch.nextafter(logged, torch.tensor(math.inf, dtype=torch.float32))
+    return float(logged)
 
 
 def _check_sampler_injection(trainer: Any) -> None:
@@ -402,7 +415,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             return
         eps = running_epsilon(self.ledger)
         if eps is not None:
-            pl_module.log(self.log_name, eps, on_step=True, on_epoch=False,
+            pl_module.log(self.log_name, _float32_up(eps), on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar, logger=True)
         if self.handle.should_stop:
             trainer.should_stop = True

@@ -90,3 +90,26 @@ def test_a_lightning_resume_with_the_callbacks_state_and_fits_without_a_checkpoi
     trainer.fit_loop.epoch_loop.max_steps = 7  # the same trainer again: no checkpoint
     trainer.fit(_Tiny())
     assert len(fresh.history) == 7
+
+
+class _LoggedEpsilon(pl.Callback):
+    """Records, after every batch, the ε the LedgerCallback logged and the ledger's ε."""
+
+    def __init__(self, ledger):
+        self.ledger, self.seen = ledger, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        logged = trainer.callback_metrics["privacy/epsilon"]
+        self.seen.append((logged.dtype, float(logged), self.ledger.epsilon()))
+
+
+def test_the_epsilon_lightning_logs_is_never_below_the_ledgers():
+    # Lightning stores a logged float as a float32 tensor, rounded to nearest: ε = 4.97676677
+    # after 7 steps was logged as 4.97676659, below the ledger's ε. It is rounded up now.
+    ledger = Ledger(delta=1e-5)
+    probe = _LoggedEpsilon(ledger)
+    _trainer([LedgerCallback(ledger), probe], max_steps=8).fit(_Tiny())
+    assert len(probe.seen) == 8
+    for dtype, logged, epsilon in probe.seen:
+        assert dtype == torch.float32
+        assert epsilon <= logged <= epsilon * (1 + 2e-7)
