@@ -38,7 +38,9 @@ Checkpoints: at each save it writes the ledger's checkpoint entry as
 whole state, a file-backed ledger's path and journal fingerprint). When
 training resumes (``state.global_step > 0``) it brings the ledger to the
 entry of the checkpoint resumed from, looked up in
-``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``:
+``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``
+(a folder whose ``trainer_state.json`` is at another step is not the one
+resumed from, and is passed over):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
 file, and a ledger is never rewound. A resume without an entry raises
 :class:`privguard.LedgerStateError` rather than start a fresh budget.
@@ -76,6 +78,26 @@ _tf = require("transformers", "huggingface")
 __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 
 LEDGER_FILE = "privguard_ledger.json"
+
+
+def _at_step(folder: str, step: int) -> bool:
+    """Whether the checkpoint in ``folder`` was written at ``step`` (its trainer_state.json;
+    a folder without one is taken as it was before the check).
+
+    Review cbk: the Trainer resumes from ``train(resume_from_checkpoint=...)``, which the
+    callback does not see; a stale ``TrainingArguments(resume_from_checkpoint=...)`` naming
+    an earlier checkpoint brought the ledger to that checkpoint's charges, fewer than the
+    resumed model's steps. A checkpoint of another step is not the one resumed from.
+    """
+    path = os.path.join(folder, "trainer_state.json")  # transformers' TRAINER_STATE_NAME
+    if not os.path.exists(path):
+        return True
+    try:
+        with open(path) as fh:
+            written = json.load(fh).get("global_step")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+    return written == step
 
 
 class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ignore[name-defined]
@@ -162,7 +184,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
         for folder in folders:
             path = os.path.join(folder, LEDGER_FILE)
-            if os.path.exists(path):
+            if os.path.exists(path) and _at_step(folder, state.global_step):
                 try:
                     with open(path) as fh:
                         saved = json.load(fh)

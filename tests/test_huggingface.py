@@ -274,3 +274,24 @@ def test_a_callback_pickled_before_the_witnesses_option_has_them_off():
     del cb.__dict__["witnesses"]  # as unpickled from a version without the option
     copy = pickle.loads(pickle.dumps(cb))
     assert copy.witnesses is False
+
+
+def test_a_resume_reads_the_ledger_of_the_checkpoint_at_the_resumed_step(tmp_path):
+    # Review cbk: TrainingArguments(resume_from_checkpoint=...) is read first, but the Trainer
+    # resumes from train(resume_from_checkpoint=...): a stale argument naming checkpoint-3
+    # while training resumed from checkpoint-6 loaded 3 charges into the fresh ledger, and the
+    # 8-step model was charged 5 steps. An entry is taken only from a folder whose
+    # trainer_state.json is at the resumed step.
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_steps=3)
+    trainer.train()
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=8, save_strategy="no",
+                              resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    assert trainer.state.global_step == 8
+    assert len(fresh.history) == 8  # 6 restored + 2
+    (tmp_path / "checkpoint-6" / LEDGER_FILE).unlink()  # and no entry at step 6: refused
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=8, save_strategy="no",
+                              resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    with pytest.raises(LedgerStateError, match="fresh budget"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
