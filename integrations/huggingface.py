@@ -20,6 +20,16 @@ attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
 step it sets ``control.should_training_stop`` when the ledger would refuse
 the next one; at each log it adds the running ε to the Trainer's logs.
 
+Logs. The Trainer calls the ``report_to`` integrations (TensorBoard, W&B, ...)
+before the callbacks passed to it, so they receive each log without the ε
+(``state.log_history``, the printed logs and later callbacks have it). To send
+it to them, move the callback first:
+``trainer.callback_handler.callbacks.insert(0, trainer.pop_callback(LedgerTrainerCallback))``.
+The Trainer's own entries ``loss`` and ``grad_norm`` (the norm of the batch's
+gradient before Opacus clips and noises it, logged even for a refused step)
+are computed from the training data without noise: the ledger's ε does not
+cover them, so do not publish those logs as part of the private release.
+
 Random allocation: ``get_train_dataloader`` may instead return a loader
 whose batch sampler is :class:`~privguard.integrations.RandomAllocationSampler`
 (each example once per epoch); each epoch is then charged whole,

@@ -295,3 +295,25 @@ def test_a_resume_reads_the_ledger_of_the_checkpoint_at_the_resumed_step(tmp_pat
                               resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     with pytest.raises(LedgerStateError, match="fresh budget"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+
+
+def test_the_epsilon_reaches_a_callback_before_it_only_once_the_callback_is_moved_first(
+        tmp_path):
+    # The module docstring's advice for report_to trackers, which the Trainer calls before
+    # the callbacks passed to it
+    class Seen(transformers.TrainerCallback):
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append(dict(logs))
+
+    seen = Seen()
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=2, save_strategy="no")
+    trainer.callback_handler.callbacks.insert(0, seen)  # where report_to's callbacks sit
+    trainer.train()
+    assert seen.logs and all("privacy_epsilon" not in logs for logs in seen.logs)
+    seen.logs.clear()
+    trainer.callback_handler.callbacks.insert(0, trainer.pop_callback(LedgerTrainerCallback))
+    trainer.train()
+    assert seen.logs and all("privacy_epsilon" in logs for logs in seen.logs)
