@@ -49,8 +49,8 @@ whole state, a file-backed ledger's path and journal fingerprint). When
 training resumes (``state.global_step > 0``) it brings the ledger to the
 entry of the checkpoint resumed from, looked up in
 ``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``
-(a folder whose ``trainer_state.json`` is at another step is not the one
-resumed from, and is passed over):
+(a folder whose ``trainer_state.json`` is at another step, or has another
+log history, is not the one resumed from, and is passed over):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
 file, and a ledger is never rewound. A resume without an entry raises
 :class:`privguard.LedgerStateError` rather than start a fresh budget.
@@ -90,24 +90,29 @@ __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 LEDGER_FILE = "privguard_ledger.json"
 
 
-def _at_step(folder: str, step: int) -> bool:
-    """Whether the checkpoint in ``folder`` was written at ``step`` (its trainer_state.json;
-    a folder without one is taken as it was before the check).
+def _resumed_from(folder: str, state: Any) -> bool:
+    """Whether ``folder`` holds the checkpoint training resumed from: its trainer_state.json
+    is at the resumed step, with the same log history (a folder without one is taken as it
+    was before the check).
 
     Review cbk: the Trainer resumes from ``train(resume_from_checkpoint=...)``, which the
-    callback does not see; a stale ``TrainingArguments(resume_from_checkpoint=...)`` naming
+    callback does not see. A stale ``TrainingArguments(resume_from_checkpoint=...)`` naming
     an earlier checkpoint brought the ledger to that checkpoint's charges, fewer than the
-    resumed model's steps. A checkpoint of another step is not the one resumed from.
+    resumed model's steps; ``<output_dir>/checkpoint-<step>`` written by another run at the
+    same step (resuming from a copy elsewhere) brought it to that run's charges.
     """
     path = os.path.join(folder, "trainer_state.json")  # transformers' TRAINER_STATE_NAME
     if not os.path.exists(path):
         return True
     try:
         with open(path) as fh:
-            written = json.load(fh).get("global_step")
+            written = json.load(fh)
+        step, history = written.get("global_step"), written.get("log_history")
     except (OSError, ValueError, AttributeError) as exc:
         raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
-    return written == step
+    # compared as JSON text: a NaN loss is equal to itself there
+    return step == state.global_step and \
+        json.dumps(history, sort_keys=True) == json.dumps(state.log_history, sort_keys=True)
 
 
 class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ignore[name-defined]
@@ -194,7 +199,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
         for folder in folders:
             path = os.path.join(folder, LEDGER_FILE)
-            if os.path.exists(path) and _at_step(folder, state.global_step):
+            if os.path.exists(path) and _resumed_from(folder, state):
                 try:
                     with open(path) as fh:
                         saved = json.load(fh)
