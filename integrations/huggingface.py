@@ -49,8 +49,10 @@ whole state, a file-backed ledger's path and journal fingerprint). When
 training resumes (``state.global_step > 0``) it brings the ledger to the
 entry of the checkpoint resumed from, looked up in
 ``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``
-(a folder whose ``trainer_state.json`` is at another step, or has another
-log history, is not the one resumed from, and is passed over):
+(a folder without a ``trainer_state.json`` at the resumed step and log
+history is not the one resumed from, and is passed over; under
+``hyperparameter_search`` the entry is not written next to the trial's
+checkpoint, so such a resume is refused):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
 file, and a ledger is never rewound. A resume without an entry raises
 :class:`privguard.LedgerStateError` rather than start a fresh budget.
@@ -92,8 +94,10 @@ LEDGER_FILE = "privguard_ledger.json"
 
 def _resumed_from(folder: str, state: Any) -> bool:
     """Whether ``folder`` holds the checkpoint training resumed from: its trainer_state.json
-    is at the resumed step, with the same log history (a folder without one is taken as it
-    was before the check).
+    is at the resumed step, with the same log history. A folder without one is not: the
+    Trainer resumes at a step > 0 only from a folder with one, and writes one into every
+    checkpoint (the entry alone in ``<output_dir>/checkpoint-<step>`` is one written under
+    ``hyperparameter_search``, whose checkpoints go to a folder per trial).
 
     Review cbk: the Trainer resumes from ``train(resume_from_checkpoint=...)``, which the
     callback does not see. A stale ``TrainingArguments(resume_from_checkpoint=...)`` naming
@@ -103,7 +107,7 @@ def _resumed_from(folder: str, state: Any) -> bool:
     """
     path = os.path.join(folder, "trainer_state.json")  # transformers' TRAINER_STATE_NAME
     if not os.path.exists(path):
-        return True
+        return False
     try:
         with open(path) as fh:
             written = json.load(fh)

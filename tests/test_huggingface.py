@@ -342,3 +342,27 @@ def test_a_resume_does_not_take_the_entry_of_another_run_at_the_same_step(tmp_pa
                               resume_from_checkpoint=str(tmp_path / "copy"))
     trainer.train(resume_from_checkpoint=str(tmp_path / "copy"))
     assert [r.mechanism for r in fresh.history] == [M.SubsampledGaussian(1.0, BATCH / N)] * 5
+
+
+def test_a_resume_does_not_take_an_entry_without_the_checkpoints_trainer_state(tmp_path):
+    # Review cbk: under hyperparameter_search the Trainer writes each trial's checkpoints to
+    # <output_dir>/run-<trial>/checkpoint-<step>, while on_save writes the entry to
+    # <output_dir>/checkpoint-<step>, the same folder for every trial: an entry found there
+    # without the checkpoint's trainer_state.json may be any trial's (here one at σ = 4,
+    # which the resumed trial's fresh ledger took), and is not taken.
+    import shutil
+
+    out = tmp_path / "out"
+    trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3)
+    trainer.train()
+    shutil.move(out / "checkpoint-3", tmp_path / "run-0")
+    other, _ = make_trainer(tmp_path / "other", Ledger(delta=1e-5), max_steps=3, save_steps=3)
+    other.optimizer.noise_multiplier = 4.0
+    other.train()
+    (out / "checkpoint-3").mkdir()
+    shutil.copy(tmp_path / "other" / "checkpoint-3" / LEDGER_FILE, out / "checkpoint-3")
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no")
+    with pytest.raises(LedgerStateError, match="fresh budget"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "run-0"))
+    assert len(fresh.history) == 0
