@@ -222,7 +222,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self.sample_rate = sample_rate
         self.log_name = log_name
         self.label = label
-        self.prog_bar = prog_bar
+        self.prog_bar = check.flag("prog_bar", prog_bar)  # review cbk: "no" was taken as on
         self.check_poisson = check_poisson
         self.handle: AttachHandle | None = None
         self._steps_seen, self._batches = -1, 0  # batches since the last real step

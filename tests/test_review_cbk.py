@@ -113,3 +113,12 @@ def test_the_epsilon_lightning_logs_is_never_below_the_ledgers():
     for dtype, logged, epsilon in probe.seen:
         assert dtype == torch.float32
         assert epsilon <= logged <= epsilon * (1 + 2e-7)
+
+
+def test_prog_bar_must_be_a_flag():
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as info:
+        LedgerCallback(Ledger(delta=1e-5), prog_bar="no")  # was taken, and meant "on"
+    assert info.value.argument == "prog_bar"
+    assert LedgerCallback(Ledger(delta=1e-5), prog_bar=False).prog_bar is False
