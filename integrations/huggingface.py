@@ -49,8 +49,12 @@ whole state, a file-backed ledger's path and journal fingerprint). When
 training resumes (``state.global_step > 0``) it brings the ledger to the
 entry of the checkpoint resumed from, looked up in
 ``args.resume_from_checkpoint`` and then ``<output_dir>/checkpoint-<step>``
-(a folder without a ``trainer_state.json`` at the resumed step and log
-history is not the one resumed from, and is passed over; under
+(each ``train()`` puts a random run id into ``TrainerState.stateful_callbacks``,
+saved in every checkpoint's ``trainer_state.json``, and into each entry with its
+step; an entry is taken only if it names the run and step of the state the
+Trainer loaded, so an entry of another run or step is passed over; an entry
+written before run ids is taken from a folder whose ``trainer_state.json`` is
+at the resumed step with the same log history; under
 ``hyperparameter_search`` the entry is not written next to the trial's
 checkpoint, so such a resume is refused):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
@@ -66,6 +70,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +95,16 @@ _tf = require("transformers", "huggingface")
 __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 
 LEDGER_FILE = "privguard_ledger.json"
+_RUN_KEY = "privguard"  # in TrainerState.stateful_callbacks, saved in every trainer_state.json
+
+
+def _run_of(state: Any) -> str | None:
+    """The run id the callback put into ``state`` (loaded from the checkpoint resumed from),
+    or None for a checkpoint written before it did (or a transformers without the field)."""
+    stored = getattr(state, "stateful_callbacks", None)
+    stored = stored.get(_RUN_KEY) if isinstance(stored, dict) else None
+    run = stored.get("attributes", {}).get("run") if isinstance(stored, dict) else None
+    return run if isinstance(run, str) else None
 
 
 def _resumed_from(folder: str, state: Any) -> bool:
@@ -160,6 +175,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
     """
 
     witnesses = False  # (a callback pickled before the option: off)
+    _run: str | None = None  # id of the running train(), in its checkpoints (review rcb)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
@@ -186,6 +202,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
             self._resume(args, state)
+        self._run = secrets.token_hex(16)  # names this train()'s checkpoints (_resume)
+        if isinstance(getattr(state, "stateful_callbacks", None), dict):
+            state.stateful_callbacks[_RUN_KEY] = {"args": {}, "attributes": {"run": self._run}}
         accumulation = getattr(args, "gradient_accumulation_steps", 1)  # theory §14
         self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
                              data_loader=train_dataloader, label=self.label,
@@ -201,22 +220,29 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         if isinstance(getattr(args, "resume_from_checkpoint", None), str):
             folders.append(args.resume_from_checkpoint)
         folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        run = _run_of(state)
         for folder in folders:
             path = os.path.join(folder, LEDGER_FILE)
-            if os.path.exists(path) and _resumed_from(folder, state):
-                try:
-                    with open(path) as fh:
-                        saved = json.load(fh)
-                except (OSError, ValueError) as exc:
-                    raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+            if not os.path.exists(path) or (run is None and not _resumed_from(folder, state)):
+                continue
+            try:
+                with open(path) as fh:
+                    saved = json.load(fh)
+            except (OSError, ValueError) as exc:
+                raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+            # Review rcb: the checkpoint's trainer_state.json names the run that wrote it; the
+            # entry must be the one that run wrote at the resumed step (another run's folder at
+            # the same step has the same log history when nothing was logged before the save)
+            if run is None or (isinstance(saved, dict) and saved.get("checkpoint")
+                               == {"run": run, "step": state.global_step}):
                 if is_entry(saved):
                     restore(self.ledger, saved, where=path)
                 else:  # a bare ledger state, written by privguard 0.1
                     self.ledger.load_state_dict(saved)
                 return
         raise LedgerStateError(
-            f"training resumes at step {state.global_step} but no {LEDGER_FILE} was found in "
-            f"{folders}: the ledger would start a fresh budget. Resume from a checkpoint "
+            f"training resumes at step {state.global_step} but no {LEDGER_FILE} written with "
+            f"the checkpoint resumed from was found in {folders}: the ledger would start a fresh budget. Resume from a checkpoint "
             "written with this callback (set TrainingArguments(resume_from_checkpoint=<folder>) "
             "when it is outside output_dir)")
 
@@ -241,8 +267,11 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             return  # one writer per checkpoint
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
+        entry = ledger_entry(self.ledger)
+        if self._run is not None and _run_of(state) == self._run:
+            entry["checkpoint"] = {"run": self._run, "step": state.global_step}
         with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
-            json.dump(ledger_entry(self.ledger), fh)
+            json.dump(entry, fh)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._detach()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -54,7 +55,7 @@ class PoissonTrainer(transformers.Trainer):
         return DPDataLoader.from_data_loader(base)
 
 
-def make_trainer(tmp_path, ledger, trainer_cls=None, cb_kwargs=None, **kw):
+def make_trainer(tmp_path, ledger, trainer_cls=None, cb_kwargs=None, eval_dataset=None, **kw):
     torch.manual_seed(0)
     model = GradSampleModule(Tiny())
     opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
@@ -64,7 +65,8 @@ def make_trainer(tmp_path, ledger, trainer_cls=None, cb_kwargs=None, **kw):
         report_to=[], use_cpu=True, remove_unused_columns=False, disable_tqdm=True, **kw)
     cb = LedgerTrainerCallback(ledger, **(cb_kwargs or {}))  # the rate: from the loader
     return (trainer_cls or PoissonTrainer)(model=model, args=args, train_dataset=Pairs(),
-                                           optimizers=(opt, None), callbacks=[cb]), cb
+                                           eval_dataset=eval_dataset, optimizers=(opt, None),
+                                           callbacks=[cb]), cb
 
 
 def test_charges_logs_and_stops_at_exhaustion(tmp_path):
@@ -366,3 +368,72 @@ def test_a_resume_does_not_take_an_entry_without_the_checkpoints_trainer_state(t
     with pytest.raises(LedgerStateError, match="fresh budget"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "run-0"))
     assert len(fresh.history) == 0
+
+
+def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_history(tmp_path):
+    # Review rcb: without logs (logging_strategy="no", or logging_steps past the save) every
+    # run's trainer_state.json at a step has the same (empty) log history. Run A's
+    # checkpoint-3 is copied aside; run B (σ = 4) writes its own checkpoint-3 into output_dir;
+    # resuming A from the copy took B's entry from <output_dir>/checkpoint-3, and A's fresh
+    # ledger held B's weaker charges. The entry names the run and step it was written for, and
+    # the Trainer's state loaded from the checkpoint resumed from names the same run.
+    import shutil
+
+    out = tmp_path / "out"
+    trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3,
+                              logging_strategy="no")
+    trainer.train()
+    shutil.copytree(out / "checkpoint-3", tmp_path / "copy")
+    trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3, seed=1,
+                              logging_strategy="no")
+    trainer.optimizer.noise_multiplier = 4.0
+    trainer.train()
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no", logging_strategy="no")
+    with pytest.raises(LedgerStateError, match="fresh budget"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "copy"))
+    assert len(fresh.history) == 0
+    trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no", logging_strategy="no",
+                              resume_from_checkpoint=str(tmp_path / "copy"))
+    trainer.train(resume_from_checkpoint=str(tmp_path / "copy"))
+    assert [r.mechanism for r in fresh.history] == [M.SubsampledGaussian(1.0, BATCH / N)] * 5
+
+
+@pytest.mark.parametrize("how", ["latest", "rotated", "best model", "evaluated", "copied",
+                                 "legacy entry"])
+def test_every_ordinary_resume_takes_the_checkpoints_entry(tmp_path, how):
+    # Review rcb: the checks that pass over other runs' entries must not refuse a resume a user
+    # does: the latest checkpoint (resume_from_checkpoint=True), after save_total_limit rotated
+    # the older ones away, with load_best_model_at_end, after trainer.evaluate(), from a copy
+    # named in TrainingArguments, and from an entry written before entries named their run.
+    import shutil
+
+    out = tmp_path / "out"
+    kw = {"max_steps": 6, "save_steps": 3}
+    if how == "rotated":
+        kw["save_total_limit"] = 1
+    if how == "best model":
+        kw.update(load_best_model_at_end=True, eval_strategy="steps", eval_steps=3,
+                  save_total_limit=1, metric_for_best_model="runtime")
+    trainer, _ = make_trainer(out, Ledger(delta=1e-5), eval_dataset=Pairs(), **kw)
+    trainer.train()
+    if how == "evaluated":
+        trainer.evaluate()
+    folder = out / "checkpoint-6"
+    if how == "copied":
+        folder = tmp_path / "elsewhere"
+        shutil.move(out / "checkpoint-6", folder)
+    if how == "legacy entry":  # as written by the callback before review rcb
+        entry = json.loads((folder / LEDGER_FILE).read_text())
+        del entry["checkpoint"]
+        (folder / LEDGER_FILE).write_text(json.dumps(entry))
+        written = json.loads((folder / "trainer_state.json").read_text())
+        del written["stateful_callbacks"]["privguard"]
+        (folder / "trainer_state.json").write_text(json.dumps(written))
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(out, fresh, max_steps=8, save_strategy="no",
+                              resume_from_checkpoint=str(folder) if how == "copied" else None)
+    latest = how in ("latest", "rotated", "best model")  # (the best one may be checkpoint-3)
+    trainer.train(resume_from_checkpoint=True if latest else str(folder))
+    assert trainer.state.global_step == 8
+    assert len(fresh.history) == 8  # the checkpoint's steps restored, and the rest charged
