@@ -129,11 +129,19 @@ def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
                              else sample_rate)
 
 
+_FLOAT32_TINY = 2.0 ** -126  # the least positive normal float32
+
+
 def _float32_up(value: float) -> float:
     """``value`` rounded up to a float32: Lightning keeps a logged float as a float32 tensor,
-    rounded to nearest, which logged about every other ε below the ledger's (review cbk)."""
+    rounded to nearest, which logged about every other ε below the ledger's (review cbk).
+
+    A positive value up to the least normal float32 becomes that one (review rcb): under
+    ``torch.set_flush_denormal(True)`` a subnormal float32 reads as 0, below the ε."""
     import torch
 
+    if 0 < value <= _FLOAT32_TINY:
+        return _FLOAT32_TINY
     logged = torch.tensor(value, dtype=torch.float32)
     if float(logged) < value:
         logged = torch.nextafter(logged, torch.tensor(math.inf, dtype=torch.float32))

@@ -122,3 +122,27 @@ def test_prog_bar_must_be_a_flag():
         LedgerCallback(Ledger(delta=1e-5), prog_bar="no")  # was taken, and meant "on"
     assert info.value.argument == "prog_bar"
     assert LedgerCallback(Ledger(delta=1e-5), prog_bar=False).prog_bar is False
+
+
+@pytest.mark.parametrize("flush_denormal", [False, True])
+def test_the_float32_rounding_is_up_for_every_float(flush_denormal):
+    # Review rcb: under torch.set_flush_denormal(True) a tiny ε (a subnormal float32) was
+    # rounded to 0, below the ε; what a float32 tensor of the result holds is never below it
+    import math
+    import random
+
+    from privguard.integrations.lightning import _float32_up
+
+    rng = random.Random(0)
+    values = [0.0, 1.0, 4.97676677, 0.1, 2.0 ** -149, 1e-45, 1e-40, 2.0 ** -126, 1e-50,
+              5e-324, 3.4028234663852886e38, 3.5e38, 1e300, math.inf]
+    values += [rng.uniform(1, 10) * 10.0 ** rng.uniform(-50, 39) for _ in range(2000)]
+    if flush_denormal and not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        for value in values:
+            up = _float32_up(value)
+            held = float(torch.tensor(up, dtype=torch.float32))
+            assert held == up >= value, value
+    finally:
+        torch.set_flush_denormal(False)
