@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from privguard import _validation as check
@@ -55,6 +56,26 @@ def running_epsilon(ledger: Any) -> float | None:
 
     delta = stated_delta(ledger._acc)
     return None if delta is None else float(ledger.epsilon(delta))
+
+
+_FLOAT32_TINY = 2.0 ** -126  # the least positive normal float32
+
+
+def float32_up(value: float) -> float:
+    """``value`` rounded up to a float32, the ε the callbacks log: Lightning keeps a logged
+    float as a float32 tensor, and TensorBoard stores one, rounded to nearest, which logged
+    about every other ε below the ledger's (review cbk; Hugging Face: review rcb).
+
+    A positive value up to the least normal float32 becomes that one (review rcb): under
+    ``torch.set_flush_denormal(True)`` a subnormal float32 reads as 0, below the ε."""
+    import torch
+
+    if 0 < value <= _FLOAT32_TINY:
+        return _FLOAT32_TINY
+    logged = torch.tensor(value, dtype=torch.float32)
+    if float(logged) < value:
+        logged = torch.nextafter(logged, torch.tensor(math.inf, dtype=torch.float32))
+    return float(logged)
 
 
 class AttachedCallback:

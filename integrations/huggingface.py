@@ -18,7 +18,8 @@ from the loader's Poisson sampler unless ``sample_rate`` is given. It then
 attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
 "stop" mode): each real noisy step is charged before its update. After each
 step it sets ``control.should_training_stop`` when the ledger would refuse
-the next one; at each log it adds the running ε to the Trainer's logs.
+the next one; at each log it adds the running ε to the Trainer's logs (rounded up to a float32,
+which trackers such as TensorBoard keep).
 
 Logs. The Trainer calls the ``report_to`` integrations (TensorBoard, W&B, ...)
 before the callbacks passed to it, so they receive each log without the ε
@@ -85,6 +86,7 @@ from privguard.integrations._frameworks import (
     AttachedCallback,
     check_callback_arguments,
     find_dp_optimizer,
+    float32_up,
     require,
     running_epsilon,
 )
@@ -258,6 +260,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         eps = None if logs is None else running_epsilon(self.ledger)
         if eps is None or logs is None:
             return
+        eps = float32_up(eps)  # trackers such as TensorBoard keep a float32 (review rcb)
         logs[self.log_name] = eps
         if state.log_history:
             state.log_history[-1][self.log_name] = eps

@@ -61,7 +61,6 @@ ledger when the trainer runs in other processes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +76,7 @@ from privguard.integrations._frameworks import (
     AttachedCallback,
     check_callback_arguments,
     find_dp_optimizer,
+    float32_up,
     require,
     running_epsilon,
 )
@@ -127,25 +127,6 @@ def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
         return find_opacus_hook(optimizer.step_hook)[1]
     return check.sample_rate("sample_rate", sample_rate() if callable(sample_rate)
                              else sample_rate)
-
-
-_FLOAT32_TINY = 2.0 ** -126  # the least positive normal float32
-
-
-def _float32_up(value: float) -> float:
-    """``value`` rounded up to a float32: Lightning keeps a logged float as a float32 tensor,
-    rounded to nearest, which logged about every other ε below the ledger's (review cbk).
-
-    A positive value up to the least normal float32 becomes that one (review rcb): under
-    ``torch.set_flush_denormal(True)`` a subnormal float32 reads as 0, below the ε."""
-    import torch
-
-    if 0 < value <= _FLOAT32_TINY:
-        return _FLOAT32_TINY
-    logged = torch.tensor(value, dtype=torch.float32)
-    if float(logged) < value:
-        logged = torch.nextafter(logged, torch.tensor(math.inf, dtype=torch.float32))
-    return float(logged)
 
 
 def _check_sampler_injection(trainer: Any) -> None:
@@ -423,7 +404,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             return
         eps = running_epsilon(self.ledger)
         if eps is not None:
-            pl_module.log(self.log_name, _float32_up(eps), on_step=True, on_epoch=False,
+            pl_module.log(self.log_name, float32_up(eps), on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar, logger=True)
         if self.handle.should_stop:
             trainer.should_stop = True

@@ -437,3 +437,27 @@ def test_every_ordinary_resume_takes_the_checkpoints_entry(tmp_path, how):
     trainer.train(resume_from_checkpoint=True if latest else str(folder))
     assert trainer.state.global_step == 8
     assert len(fresh.history) == 8  # the checkpoint's steps restored, and the rest charged
+
+
+def test_the_epsilon_a_float32_tracker_records_is_never_below_the_ledgers(tmp_path):
+    # Review rcb: the docstring sends ε to report_to trackers (callback moved first); the
+    # TensorBoard one stores a float32 rounded to nearest, about every other ε below the
+    # ledger's. The callback logs ε rounded up to a float32, as the Lightning one does.
+    ledger = Ledger(delta=1e-5)
+
+    class Tracker(transformers.TrainerCallback):
+        def __init__(self):
+            self.seen = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            stored = float(torch.tensor(logs["privacy_epsilon"], dtype=torch.float32))
+            self.seen.append((stored, ledger.epsilon()))
+
+    tracker = Tracker()
+    trainer, _ = make_trainer(tmp_path, ledger, max_steps=8, save_strategy="no")
+    trainer.callback_handler.callbacks.insert(0, trainer.pop_callback(LedgerTrainerCallback))
+    trainer.callback_handler.callbacks.insert(1, tracker)
+    trainer.train()
+    assert len(tracker.seen) >= 8
+    for stored, epsilon in tracker.seen:
+        assert epsilon <= stored <= epsilon * (1 + 2e-7)

@@ -131,7 +131,7 @@ def test_the_float32_rounding_is_up_for_every_float(flush_denormal):
     import math
     import random
 
-    from privguard.integrations.lightning import _float32_up
+    from privguard.integrations._frameworks import float32_up as _float32_up
 
     rng = random.Random(0)
     values = [0.0, 1.0, 4.97676677, 0.1, 2.0 ** -149, 1e-45, 1e-40, 2.0 ** -126, 1e-50,
@@ -146,3 +146,27 @@ def test_the_float32_rounding_is_up_for_every_float(flush_denormal):
             assert held == up >= value, value
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_a_lightning_resume_from_the_last_checkpoint_goes_on(tmp_path):
+    # Review rcb: the refusal of a resume without the callback's state must not refuse
+    # ModelCheckpoint(save_last=True) with fit(ckpt_path="last"), nor a user-managed
+    # trainer.ckpt_path, which Lightning loads again at the next fit
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def trainer(ledger, steps):
+        return pl.Trainer(callbacks=[LedgerCallback(ledger),
+                                     ModelCheckpoint(dirpath=tmp_path, save_last=True)],
+                          accelerator="cpu", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, limit_val_batches=0, max_steps=steps)
+
+    trainer(Ledger(delta=1e-5), 4).fit(_Tiny())
+    fresh = Ledger(delta=1e-5)
+    resumed = trainer(fresh, 6)
+    resumed.fit(_Tiny(), ckpt_path="last")
+    assert resumed.global_step == 6 and len(fresh.history) == 6  # 4 restored + 2
+    again = Ledger(delta=1e-5)
+    managed = trainer(again, 7)
+    managed.ckpt_path = tmp_path / "last.ckpt"
+    managed.fit(_Tiny())
+    assert managed.global_step == 7 and len(again.history) == 7  # 6 restored + 1
