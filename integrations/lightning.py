@@ -243,8 +243,9 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             f"training resumes at step {trainer.global_step} from {trainer.ckpt_path}, which "
             f"holds no {self.state_key!r} state: the ledger would not hold the steps the "
             "resumed model took. Resume with a LedgerCallback of the label that wrote the "
-            "checkpoint; to train privately from weights trained elsewhere, load them "
-            "(LightningModule.load_from_checkpoint) and fit without ckpt_path=")
+            "checkpoint. (Loading the weights, LightningModule.load_from_checkpoint, and "
+            "fitting without ckpt_path= starts a ledger that holds only the new steps: the "
+            "privacy loss of the steps that trained the weights is not in its ε.)")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception
