@@ -400,12 +400,13 @@ def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_histo
 
 
 @pytest.mark.parametrize("how", ["latest", "rotated", "best model", "evaluated", "copied",
-                                 "legacy entry"])
+                                 "legacy entry", "callback states"])
 def test_every_ordinary_resume_takes_the_checkpoints_entry(tmp_path, how):
     # Review rcb: the checks that pass over other runs' entries must not refuse a resume a user
     # does: the latest checkpoint (resume_from_checkpoint=True), after save_total_limit rotated
     # the older ones away, with load_best_model_at_end, after trainer.evaluate(), from a copy
-    # named in TrainingArguments, and from an entry written before entries named their run.
+    # named in TrainingArguments, from an entry written before entries named their run, and
+    # with restore_callback_states_from_checkpoint (which reads stateful_callbacks).
     import shutil
 
     out = tmp_path / "out"
@@ -431,8 +432,10 @@ def test_every_ordinary_resume_takes_the_checkpoints_entry(tmp_path, how):
         del written["stateful_callbacks"]["privguard"]
         (folder / "trainer_state.json").write_text(json.dumps(written))
     fresh = Ledger(delta=1e-5)
+    more = {"restore_callback_states_from_checkpoint": True} if how == "callback states" else {}
     trainer, _ = make_trainer(out, fresh, max_steps=8, save_strategy="no",
-                              resume_from_checkpoint=str(folder) if how == "copied" else None)
+                              resume_from_checkpoint=str(folder) if how == "copied" else None,
+                              **more)
     latest = how in ("latest", "rotated", "best model")  # (the best one may be checkpoint-3)
     trainer.train(resume_from_checkpoint=True if latest else str(folder))
     assert trainer.state.global_step == 8
