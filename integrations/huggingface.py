@@ -102,11 +102,18 @@ _RUN_KEY = "privguard"  # in TrainerState.stateful_callbacks, saved in every tra
 
 def _run_of(state: Any) -> str | None:
     """The run id the callback put into ``state`` (loaded from the checkpoint resumed from),
-    or None for a checkpoint written before it did (or a transformers without the field)."""
+    or None for a checkpoint written before it did (or a transformers without the field).
+    A malformed one (an edited trainer_state.json) raises LedgerStateError."""
     stored = getattr(state, "stateful_callbacks", None)
-    stored = stored.get(_RUN_KEY) if isinstance(stored, dict) else None
-    run = stored.get("attributes", {}).get("run") if isinstance(stored, dict) else None
-    return run if isinstance(run, str) else None
+    if not isinstance(stored, dict) or _RUN_KEY not in stored:
+        return None
+    run = stored[_RUN_KEY]
+    for key in ("attributes", "run"):
+        run = run.get(key) if isinstance(run, dict) else None
+    if not isinstance(run, str):
+        raise LedgerStateError(f"the resumed trainer_state.json's stateful_callbacks"
+                               f"[{_RUN_KEY!r}] is malformed: {stored[_RUN_KEY]!r}")
+    return run
 
 
 def _resumed_from(folder: str, state: Any) -> bool:

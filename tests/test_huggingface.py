@@ -464,3 +464,20 @@ def test_the_epsilon_a_float32_tracker_records_is_never_below_the_ledgers(tmp_pa
     assert len(tracker.seen) >= 8
     for stored, epsilon in tracker.seen:
         assert epsilon <= stored <= epsilon * (1 + 2e-7)
+
+
+@pytest.mark.parametrize("stored", [{"attributes": []}, {"attributes": {"run": 7}}, "run"])
+def test_a_malformed_run_id_in_the_resumed_trainer_state_is_refused(tmp_path, stored):
+    # Review rcb: an edited run id raised AttributeError, or fell back to the weaker check of
+    # entries written before run ids; it raises LedgerStateError, nothing charged
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=3, save_steps=3)
+    trainer.train()
+    path = tmp_path / "checkpoint-3" / "trainer_state.json"
+    written = json.loads(path.read_text())
+    written["stateful_callbacks"]["privguard"] = stored
+    path.write_text(json.dumps(written))
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=5, save_strategy="no")
+    with pytest.raises(LedgerStateError, match="malformed"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert len(fresh.history) == 0
