@@ -241,9 +241,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
             # Review rcb: the checkpoint's trainer_state.json names the run that wrote it; the
             # entry must be the one that run wrote at the resumed step (another run's folder at
-            # the same step has the same log history when nothing was logged before the save)
-            if run is None or (isinstance(saved, dict) and saved.get("checkpoint")
-                               == {"run": run, "step": state.global_step}):
+            # the same step has the same log history when nothing was logged before the save);
+            # an entry that names a run is not taken for a state without one (the id removed)
+            named = saved.get("checkpoint") if isinstance(saved, dict) else None
+            if named == ({"run": run, "step": state.global_step} if run is not None else None):
                 if is_entry(saved):
                     restore(self.ledger, saved, where=path)
                 else:  # a bare ledger state, written by privguard 0.1

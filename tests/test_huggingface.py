@@ -370,7 +370,9 @@ def test_a_resume_does_not_take_an_entry_without_the_checkpoints_trainer_state(t
     assert len(fresh.history) == 0
 
 
-def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_history(tmp_path):
+@pytest.mark.parametrize("run_id_removed", [False, True])
+def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_history(
+        tmp_path, run_id_removed):
     # Review rcb: without logs (logging_strategy="no", or logging_steps past the save) every
     # run's trainer_state.json at a step has the same (empty) log history. Run A's
     # checkpoint-3 is copied aside; run B (σ = 4) writes its own checkpoint-3 into output_dir;
@@ -384,6 +386,10 @@ def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_histo
                               logging_strategy="no")
     trainer.train()
     shutil.copytree(out / "checkpoint-3", tmp_path / "copy")
+    if run_id_removed:  # (the entry names it: not taken as one written before run ids)
+        written = json.loads((tmp_path / "copy" / "trainer_state.json").read_text())
+        del written["stateful_callbacks"]["privguard"]
+        (tmp_path / "copy" / "trainer_state.json").write_text(json.dumps(written))
     trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3, seed=1,
                               logging_strategy="no")
     trainer.optimizer.noise_multiplier = 4.0
@@ -395,6 +401,11 @@ def test_a_resume_does_not_take_the_entry_of_another_run_with_the_same_log_histo
     assert len(fresh.history) == 0
     trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no", logging_strategy="no",
                               resume_from_checkpoint=str(tmp_path / "copy"))
+    if run_id_removed:  # an edited state: refused even with its own folder named
+        with pytest.raises(LedgerStateError, match="fresh budget"):
+            trainer.train(resume_from_checkpoint=str(tmp_path / "copy"))
+        assert len(fresh.history) == 0
+        return
     trainer.train(resume_from_checkpoint=str(tmp_path / "copy"))
     assert [r.mechanism for r in fresh.history] == [M.SubsampledGaussian(1.0, BATCH / N)] * 5
 
