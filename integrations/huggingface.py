@@ -53,9 +53,11 @@ entry of the checkpoint resumed from, looked up in
 (each ``train()`` puts a random run id into ``TrainerState.stateful_callbacks``,
 saved in every checkpoint's ``trainer_state.json``, and into each entry with its
 step; an entry is taken only if it names the run and step of the state the
-Trainer loaded, so an entry of another run or step is passed over; an entry
-written before run ids is taken from a folder whose ``trainer_state.json`` is
-at the resumed step with the same log history; under
+Trainer loaded, so an entry of another run or step is passed over; a
+malformed run id raises :class:`privguard.LedgerStateError`; an entry written
+before run ids, naming none, is taken only for a state without one, from a
+folder whose ``trainer_state.json`` is at the resumed step with the same log
+history; under
 ``hyperparameter_search`` the entry is not written next to the trial's
 checkpoint, so such a resume is refused):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
