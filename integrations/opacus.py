@@ -600,6 +600,14 @@ def _called_rate(fn: Callable[[], Any]) -> float:
     return check.sample_rate("sample_rate", q)
 
 
+def _against_loader(q: float, loader: Any) -> float:
+    """``q``, set by hand, after :func:`_samplers.check_hand_rate` against the Poisson rate
+    ``loader`` samples at now (none: ``loader`` is None or not Poisson)."""
+    if loader is not None:
+        _samplers.check_hand_rate("sample_rate", q, _sampling.poisson_rate(loader))
+    return q
+
+
 def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
                  planned_steps: int | None) -> str:
     """The PRV/GDP warning text, with what the plan costs by RDP."""
@@ -674,7 +682,10 @@ def attach(
         sample_rate: the Poisson sampling rate, or a callable returning the
             rate in force (for a policy that changes the batch size). Default:
             the rate of ``data_loader`` if given, else the rate Opacus' own
-            accountant hook on this optimizer was created with.
+            accountant hook on this optimizer was created with. With a
+            Poisson ``data_loader`` (and ``check_poisson``), a rate given here
+            that differs from the loader's own at any step (read live) is
+            refused with :class:`InvalidArgumentError` before the step updates.
         data_loader: the training data loader; checked for Poisson sampling
             and used for the sample rate (read live each step).
         label: label of each charge in the ledger's journal.
@@ -847,14 +858,17 @@ def attach(
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
         _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
+    # review smp: a q given by hand (a number or a callable) is checked against the Poisson
+    # loader's own rate at every step, not only at attach: a callable returning less than
+    # the loader's q, or a loader whose sample_rate was raised after attach, was charged the
+    # smaller q (check_hand_rate: InvalidArgumentError before the step updates anything)
+    live = data_loader if data_loader is not None and check_poisson else None
     if callable(sample_rate):
         given = sample_rate
-        rate: Callable[[], float] = lambda: _called_rate(given)
+        rate: Callable[[], float] = lambda: _against_loader(_called_rate(given), live)
     elif sample_rate is not None:
-        fixed = check.sample_rate("sample_rate", sample_rate)
-        if data_loader is not None and check_poisson:  # issue 27: q checked against the loader
-            _samplers.check_hand_rate("sample_rate", fixed, _sampling.poisson_rate(data_loader))
-        rate = lambda: fixed
+        fixed = _against_loader(check.sample_rate("sample_rate", sample_rate), live)
+        rate = lambda: _against_loader(fixed, live)
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:
             rate = lambda: float(data_loader.batch_sampler.sample_rate)

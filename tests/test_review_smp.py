@@ -1,0 +1,91 @@
+"""Review smp (adversarial pass over the samplers and attach's charge, as an Opacus user)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import InvalidArgumentError, Ledger  # noqa: E402
+from privguard.integrations.opacus import attach  # noqa: E402
+
+
+def _private(batch_size: int = 8):
+    """(model, optimizer, Poisson loader) of make_private: 64 rows, q = batch_size / 64."""
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=batch_size), noise_multiplier=1.0,
+            max_grad_norm=1.0)
+
+
+def _step(model, opt, loader) -> None:
+    """One real step on the loader's next non-empty batch."""
+    for x, y in loader:
+        if len(x):
+            break
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _attach(opt, ledger, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attach(opt, ledger, **kwargs)
+
+
+def _refused_untouched(model, opt, loader, ledger) -> InvalidArgumentError:
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidArgumentError) as info:
+        _step(model, opt, loader)
+    assert info.value.argument == "sample_rate"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
+    return info.value
+
+
+def test_a_sample_rate_callable_below_the_loaders_rate_is_refused_before_the_update():
+    # A fixed sample_rate= is checked against the Poisson loader's q (issue 27); a callable
+    # was not: q/100 was charged for steps drawn at q, the update released
+    model, opt, loader = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader, sample_rate=lambda: q / 100)
+    _refused_untouched(model, opt, loader, ledger)
+
+
+def test_a_loader_rate_raised_after_attach_refuses_the_hand_set_rate():
+    # sample_rate= equal to the loader's q at attach; the loader's sampler was then set to
+    # draw at 4q (Opacus' sampler reads sample_rate at each epoch): q was still charged
+    model, opt, loader = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader, sample_rate=q)
+    loader.batch_sampler.sample_rate = 4 * q
+    exc = _refused_untouched(model, opt, loader, ledger)
+    assert exc.value == q
+
+
+def test_a_sample_rate_callable_that_follows_the_loader_charges_the_rate_in_force():
+    # the callable's use (a policy that changes the batch size) still works
+    model, opt, loader = _private()
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader,
+            sample_rate=lambda: loader.batch_sampler.sample_rate)
+    _step(model, opt, loader)
+    loader.batch_sampler.sample_rate = 0.25
+    _step(model, opt, loader)
+    assert [r.mechanism.sample_rate for r in ledger.history] == [0.125, 0.25]
