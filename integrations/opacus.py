@@ -196,6 +196,7 @@ class AttachHandle:
         self.ghost: _ghost.BackwardCounter | None = None  # ghost clipping's backward passes
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
+        self.hook_rate: float | None = None  # the rate of Opacus' own accountant hook, if any
         self._last_micro_batches = 1
         self._active = False
         self._engine: Any = None
@@ -546,8 +547,15 @@ class AttachHandle:
                 "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
                 AccountantWarning, stacklevel=stacklevel + 1)
         self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL,
-                                     base_rate=self.loader_rate,
+                                     base_rate=self._recorded_base_rate(),
                                      aligned=self.aligned_micro_batches)
+
+    def _recorded_base_rate(self) -> float | None:
+        """The q Opacus' records multiply by the micro-batches of an accumulated step: the
+        loader's, else the rate Opacus' own hook on the optimizer was created with (review
+        smp: without data_loader, a step of k draws recorded at k·q was charged as one
+        SubsampledGaussian(σ, k·q), an under-count, docs/theory.md §14)."""
+        return self.loader_rate if self.loader_rate is not None else self.hook_rate
 
     def __getstate__(self) -> dict:
         raise InvalidArgumentError(
@@ -905,6 +913,7 @@ def attach(
     handle.aligned_micro_batches = aligned
     handle.dropout_guard = guard if sampler is None else None  # no accumulation there
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
+    handle.hook_rate = hook_rate
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)
     if witnesses:  # ---- witnesses (issue 28): the check stage of the hook

@@ -89,3 +89,85 @@ def test_a_sample_rate_callable_that_follows_the_loader_charges_the_rate_in_forc
     loader.batch_sampler.sample_rate = 0.25
     _step(model, opt, loader)
     assert [r.mechanism.sample_rate for r in ledger.history] == [0.125, 0.25]
+
+
+def _ledger_accountant_run(**kwargs):
+    """make_private with a LedgerAccountant standing in for Opacus' accountant."""
+    from opacus import PrivacyEngine
+
+    from privguard.integrations.opacus import LedgerAccountant
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ledger = Ledger(delta=1e-5)
+    engine = PrivacyEngine()
+    engine.accountant = LedgerAccountant(ledger)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        private = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
+            max_grad_norm=1.0, **kwargs)
+    return (ledger, *private)
+
+
+def test_a_ledger_accountant_charges_accumulated_micro_batches_as_accumulated():
+    # Opacus' hook steps the accountant at q·k for k backward passes per step; the
+    # LedgerAccountant charged SubsampledGaussian(σ, k·q), which under-counts k Poisson
+    # draws noised once (docs/theory.md §14; attach charges the accumulated mechanism)
+    from privguard import mechanisms as M
+
+    ledger, model, opt, loader = _ledger_accountant_run()
+    model.allow_grad_accumulation()
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)
+    opt.zero_grad()
+    for _ in range(3):
+        x, y = next(batches)
+        nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    (record,) = ledger.history
+    assert record.mechanism == M.AccumulatedSubsampledGaussian(1.0, q, 3)
+    assert M.AccumulatedSubsampledGaussian(1.0, q, 3).rdp([8.0])[0] > \
+        M.SubsampledGaussian(1.0, 3 * q).rdp([8.0])[0]  # what was charged before: less
+
+
+def test_a_ledger_accountant_refuses_a_ghost_clipping_optimizer_before_the_update():
+    # a ghost-clipping optimizer reports one micro-batch whatever ran: the accountant
+    # cannot count them (attach counts the wrapped loss' backward passes)
+    ledger, model, opt, criterion, loader = _ledger_accountant_run(
+        grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    with pytest.raises(InvalidArgumentError, match="ghost clipping") as info:
+        opt.step()
+    assert info.value.argument == "optimizer"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
+
+
+def test_accumulated_steps_recorded_before_an_attach_without_loader_are_charged_accumulated():
+    # Opacus records a step of k backward passes at q·k; attach recognised that as k
+    # accumulated draws only against data_loader's rate: without data_loader (the rate
+    # then comes from Opacus' own hook, the q it multiplied by k) the steps before attach
+    # were charged SubsampledGaussian(σ, k·q), an under-count (docs/theory.md §14)
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private()
+    model.allow_grad_accumulation()
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)
+    for _ in range(2):
+        opt.zero_grad()
+        for _ in range(3):
+            x, y = next(batches)
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger)
+    assert handle.steps_replayed == 2
+    assert [r.mechanism for r in ledger.history] == \
+        [M.AccumulatedSubsampledGaussian(1.0, q, 3)] * 2
