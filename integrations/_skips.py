@@ -126,8 +126,11 @@ class SkipCounter:
 
     def __init__(self, optimizer: Any,
                  reported: Callable[[], int | None] | None = None,
-                 pre_step: Callable[[], None] | None = None) -> None:
+                 pre_step: Callable[[], None] | None = None,
+                 real_step: Callable[[], None] | None = None) -> None:
         self.optimizer = optimizer
+        # told of every real step, before its noise (attach's release gate, review smp)
+        self._real_step = real_step
         # told of every step()'s pre_step (ghost clipping: integrations/_ghost.py, review rgc)
         self._pre_step = pre_step
         # the batches a step clips (``accumulated_iterations``; under ghost clipping the
@@ -197,6 +200,8 @@ class SkipCounter:
             if origin_bmm and not paired:
                 self.misaligned = True
         skip = self._check(pop_next)
+        if pop_next and not skip and self._real_step is not None:
+            self._real_step()
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
             held = self._reported() or 1
             self.skipped += held

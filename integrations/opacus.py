@@ -208,6 +208,8 @@ class AttachHandle:
         self._refusal_charged = False  # a step_charged refusal's step was charged (review rwl)
         self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
+        self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
+        self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
 
     @property
     def distributed(self) -> bool:
@@ -223,8 +225,10 @@ class AttachHandle:
             self.ghost = _ghost.BackwardCounter(optimizer)
             self.ghost.install()
         self.skips = _skips.SkipCounter(
-            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step)
+            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step,
+            real_step=self._expect_charge)
         self.skips.install()
+        self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
@@ -305,8 +309,36 @@ class AttachHandle:
             return self._next_ok
         return self.ledger.can_afford(self.next_mechanism())
 
+    def _expect_charge(self) -> None:
+        """A real step is about to be noised: its charge must run before its update."""
+        self._awaiting_charge = True
+
+    def _unhooked_release(self, *_: Any) -> None:
+        """The wrapped torch optimizer's step pre-hook (:func:`_release_gate`): it is about to
+        update after a real step that :meth:`_hook` never saw (review smp: an
+        ``optimizer.attach_step_hook(fn)`` after attach replaced the step hook, and every
+        later step was released uncharged), which is refused before the update. The hook
+        that replaced ours has seen the step's noisy gradient: the step is charged first
+        (not under DDP, whose charge is a collective the other ranks may not be in), so
+        whatever that hook kept of it is post-processing of a charged step."""
+        if not (self._active and self._awaiting_charge):
+            return
+        self._awaiting_charge = False
+        try:
+            if self._coordinator is None:
+                self._charge_step(self.optimizer)
+        finally:
+            self._discard_step(self.optimizer)
+        raise InvalidArgumentError(
+            "optimizer.step_hook", check.short(self.optimizer.step_hook),
+            "replaced privguard's step hook after attach (optimizer.attach_step_hook sets "
+            "the one hook Opacus calls), so this step was noised and handed to that hook "
+            "before its charge; it is charged now and refused before the update. Call the "
+            "hook you replaced from your own (chain them), or attach your hook before attach()")
+
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
+            self._awaiting_charge = False  # reached: charged below, or refused
             try:
                 self._charge_step(optimizer)
             except BaseException:
@@ -512,6 +544,9 @@ class AttachHandle:
             self.counter.restore()
         if self.skips is not None:
             self.skips.restore()
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
         if self.ghost is not None:
             self.ghost.restore()
 
@@ -571,6 +606,17 @@ class AttachHandle:
     def __repr__(self) -> str:
         state = "attached" if self._active else "detached"
         return f"AttachHandle({state}, {self.steps_charged} steps charged, {self.ledger!r})"
+
+
+def _release_gate(optimizer: DPOptimizer, check_release: Callable[..., None]) -> Any:
+    """``check_release`` as a step pre-hook of the wrapped torch optimizer (run before it
+    updates anything); its removable handle, or None where the wrapped optimizer has no
+    ``register_step_pre_hook`` (not a torch Optimizer)."""
+    register = getattr(getattr(optimizer, "original_optimizer", None),
+                       "register_step_pre_hook", None)
+    if not callable(register):
+        return None
+    return register(check_release)
 
 
 def _entry_from(resume: Any) -> dict:

@@ -171,3 +171,48 @@ def test_accumulated_steps_recorded_before_an_attach_without_loader_are_charged_
     assert handle.steps_replayed == 2
     assert [r.mechanism for r in ledger.history] == \
         [M.AccumulatedSubsampledGaussian(1.0, q, 3)] * 2
+
+
+def test_a_step_hook_replaced_after_attach_refuses_the_uncharged_step_before_the_update():
+    # Opacus calls one step hook: optimizer.attach_step_hook(fn) after attach replaced
+    # privguard's, and every later step was noised and applied with nothing charged
+    model, opt, loader = _private()
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger, data_loader=loader)
+    logged = []
+    opt.attach_step_hook(logged.append)  # e.g. a logging hook, replacing privguard's
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidArgumentError, match="step hook") as info:
+        _step(model, opt, loader)
+    assert info.value.argument == "optimizer.step_hook"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # the replacing hook saw the step's noisy gradient: the step is charged, not applied
+    assert len(logged) == 1 and len(ledger.history) == 1 == handle.steps_charged
+    # a hook that calls privguard's (chained) is charged as before, once per step
+    previous = handle._hook
+
+    def chained(optimizer):
+        previous(optimizer)
+        logged.append(optimizer)
+
+    opt.attach_step_hook(chained)
+    _step(model, opt, loader)
+    assert len(ledger.history) == 2 == handle.steps_charged
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    handle.detach()  # the gate goes with the handle: a detached optimizer steps freely
+    _step(model, opt, loader)
+    assert len(ledger.history) == 2
+
+
+def test_a_step_hook_replaced_after_attach_on_an_exhausted_ledger_raises_budget_exhausted():
+    from privguard import BudgetExhausted
+
+    model, opt, loader = _private()
+    ledger = Ledger(0.01, 1e-5)  # not even one step fits
+    _attach(opt, ledger, data_loader=loader)
+    opt.attach_step_hook(lambda optimizer: None)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(BudgetExhausted):
+        _step(model, opt, loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
