@@ -656,9 +656,23 @@ def _called_rate(fn: Callable[[], Any]) -> float:
 
 def _against_loader(q: float, loader: Any) -> float:
     """``q``, set by hand, after :func:`_samplers.check_hand_rate` against the Poisson rate
-    ``loader`` samples at now (none: ``loader`` is None or not Poisson)."""
-    if loader is not None:
-        _samplers.check_hand_rate("sample_rate", q, _sampling.poisson_rate(loader))
+    ``loader`` samples at now (none: ``loader`` is None or its sampler not Poisson). A
+    Poisson sampler whose ``sample_rate`` is no longer a rate in (0, 1] (or not a plain
+    float: numpy's float32, a tensor, which the sampler still draws at) is read as the
+    number it stands for, and refused where there is none."""
+    sampler = None if loader is None else getattr(loader, "batch_sampler", None)
+    if type(sampler).__name__ not in _samplers.ACCOUNTED:
+        return q
+    value = getattr(sampler, "sample_rate", None)
+    try:
+        live = float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        live = math.nan
+    if not 0 < live <= 1:
+        raise InvalidArgumentError(
+            "data_loader", f"{type(sampler).__name__}(sample_rate={check.short(value)})",
+            "samples at no rate in (0, 1] that the charge could be checked against")
+    _samplers.check_hand_rate("sample_rate", q, live)
     return q
 
 

@@ -67,14 +67,19 @@ def test_a_sample_rate_callable_below_the_loaders_rate_is_refused_before_the_upd
     _refused_untouched(model, opt, loader, ledger)
 
 
-def test_a_loader_rate_raised_after_attach_refuses_the_hand_set_rate():
+@pytest.mark.parametrize("kind", [float, "float32", "tensor"])
+def test_a_loader_rate_raised_after_attach_refuses_the_hand_set_rate(kind):
     # sample_rate= equal to the loader's q at attach; the loader's sampler was then set to
     # draw at 4q (Opacus' sampler reads sample_rate at each epoch): q was still charged
+    # (also a 4q that is not a plain float, which the sampler draws at all the same)
+    import numpy as np
+
     model, opt, loader = _private()
     q = loader.batch_sampler.sample_rate
     ledger = Ledger(delta=1e-5)
     _attach(opt, ledger, data_loader=loader, sample_rate=q)
-    loader.batch_sampler.sample_rate = 4 * q
+    raised = {float: float, "float32": np.float32, "tensor": torch.tensor}[kind](4 * q)
+    loader.batch_sampler.sample_rate = raised
     exc = _refused_untouched(model, opt, loader, ledger)
     assert exc.value == q
 
