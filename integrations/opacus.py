@@ -663,7 +663,7 @@ def _against_loader(q: float, loader: Any) -> float:
     sampler = None if loader is None else getattr(loader, "batch_sampler", None)
     if type(sampler).__name__ not in _samplers.ACCOUNTED:
         return q
-    value = getattr(sampler, "sample_rate", None)
+    value: Any = getattr(sampler, "sample_rate", None)
     try:
         live = float(value)
     except (TypeError, ValueError, OverflowError, RuntimeError):
