@@ -50,7 +50,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   nothing.
 * **Once per optimizer.** A second ``attach`` on an attached optimizer raises;
   ``handle.detach()`` restores exactly what was there (step hook, ``step``,
-  the engine's accountant).
+  the engine's accountant). Opacus calls one step hook: one set after attach
+  (``optimizer.attach_step_hook(fn)``) that does not call privguard's is
+  caught by a step pre-hook on the wrapped optimizer, before the update: the
+  step, whose noisy gradient that hook saw, is charged and not applied.
 * **Opacus' accountant.** Opacus' default accountant is PRV; the ledger
   accounts in RDP, which gives a larger ε for the same σ and q. Attach warns
   (:class:`AccountantWarning`) with what the run costs by RDP.
