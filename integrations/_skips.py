@@ -137,6 +137,9 @@ class SkipCounter:
         # backward passes integrations/_ghost.py counts), None where unknown
         self._reported = reported or (lambda: _describe.reported_micro_batches(optimizer))
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
+        # the largest clipping bound (max_grad_norm) any step() clipped at since the last
+        # real step: the noise is σ·C at the real step only (review smp), None: none seen
+        self.clip_bound: float | None = None
         self.own = False  # one of those skips was not BatchMemoryManager's
         # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
         # the queue has not been empty after a real step since: Opacus' FIFO may pair
@@ -178,6 +181,9 @@ class SkipCounter:
     def _on_check(self, pop_next: bool = True) -> Any:
         if pop_next and self._pre_step is not None:  # once per pre_step, after accumulate()
             self._pre_step()
+        if pop_next:  # pre_step clipped at the bound in force now (clip_and_accumulate)
+            bound = _bound(self.optimizer)
+            self.clip_bound = bound if self.clip_bound is None else max(self.clip_bound, bound)
         queue = getattr(self.optimizer, "_step_skip_queue", None)
         popping = bool(pop_next) and bool(queue)
         origin_bmm = paired = False
@@ -236,5 +242,15 @@ class SkipCounter:
 
     def take(self) -> None:
         """The real step was charged: restart the count."""
-        self.skipped, self.own = 0, False
+        self.skipped, self.own, self.clip_bound = 0, False, None
+
+
+def _bound(optimizer: Any) -> float:
+    """The optimizer's clipping bound ``max_grad_norm`` now (a 0-d tensor after an adaptive
+    update); inf where it is not a number, so that the step is refused (fail closed)."""
+    try:
+        value = float(optimizer.max_grad_norm)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return float("inf")
+    return value if value == value else float("inf")  # NaN: inf
 

@@ -263,8 +263,25 @@ class AttachHandle:
         step only.
         """
         if self._epochs is not None:
-            return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
+            return self._epochs.mechanism(self._sigma())
         return self._mechanism(predict=True)
+
+    def _sigma(self) -> float:
+        """The noise multiplier the step is charged at: ``noise_multiplier``, relative to
+        the largest clipping bound the step's micro-batches were clipped at.
+
+        Opacus adds noise σ·C with the ``max_grad_norm`` C in force at the real step, but a
+        skipped step (``BatchMemoryManager``'s virtual steps, the loop's own
+        ``signal_skip_step``) clipped its batch at the C in force then: a C lowered inside
+        an accumulation leaves records clipped at C' > C under noise σ·C, which is a
+        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ).
+        """
+        sigma = float(self.optimizer.noise_multiplier)
+        clipped = None if self.skips is None else self.skips.clip_bound
+        if clipped is None:
+            return sigma
+        now = _skips._bound(self.optimizer)
+        return sigma * now / clipped if clipped > now else sigma
 
     def _reported(self) -> int | None:
         """The batches the optimizer holds: ``accumulated_iterations``, or under ghost
@@ -285,7 +302,7 @@ class AttachHandle:
         return self._mechanism_for(self._micro_batches(predict))
 
     def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
-        key = (float(self.optimizer.noise_multiplier), float(self._rate()), micro_batches)
+        key = (self._sigma(), float(self._rate()), micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(
                 *key, aligned=self.aligned_micro_batches)
@@ -302,7 +319,7 @@ class AttachHandle:
         """
         if self._epochs is not None:  # random allocation: only an epoch's first step charges
             try:
-                due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
+                due = self._epochs.next_due(self._sigma())
             except PrivguardError:
                 return False
             if due is not None and self._coordinator is not None:
@@ -405,7 +422,7 @@ class AttachHandle:
                 # the refusal is not kept for the next step then
                 self.witnesses.failure = None
         if self._epochs is not None:  # random allocation: the whole epoch at its first step
-            sigma = float(optimizer.noise_multiplier)
+            sigma = self._sigma()
             if self._coordinator is None:
                 due = self._allocation_due(k, sigma)
             else:  # a refusal on one rank is every rank's (task hl: the others waited in the

@@ -221,3 +221,34 @@ def test_a_step_hook_replaced_after_attach_on_an_exhausted_ledger_raises_budget_
         _step(model, opt, loader)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert len(ledger.history) == 0
+
+
+def test_a_clipping_bound_lowered_inside_an_accumulation_is_charged_at_the_effective_sigma():
+    # BatchMemoryManager's virtual steps clip each physical batch at the max_grad_norm in
+    # force then; the real step adds noise σ·C at the C in force at the real step. A C
+    # lowered at the last physical batch (a per-iteration clipping schedule) left records
+    # clipped at 10 under noise σ·0.1, an effective σ/100, and was charged as σ
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private(batch_size=16)
+    opt.max_grad_norm = 10.0
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=2,
+                            optimizer=opt) as batches:
+        virtual = 0
+        for x, y in batches:
+            real = opt._step_skip_queue[0] is False  # the logical batch's last piece
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            if real:
+                opt.max_grad_norm = 0.1
+            opt.step()
+            if real:
+                break
+            virtual += 1
+    assert virtual >= 1  # (seeded: the first draw is split into several pieces)
+    (record,) = ledger.history
+    assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.25)
