@@ -274,12 +274,16 @@ class AttachHandle:
         skipped step (``BatchMemoryManager``'s virtual steps, the loop's own
         ``signal_skip_step``) clipped its batch at the C in force then: a C lowered inside
         an accumulation leaves records clipped at C' > C under noise σ·C, which is a
-        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ).
+        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ). Under ghost
+        clipping the batches are clipped in the wrapped loss's backward at the module's own
+        ``max_grad_norm``, which a C set on the optimizer alone does not change.
         """
         sigma = float(self.optimizer.noise_multiplier)
-        clipped = None if self.skips is None else self.skips.clip_bound
-        if clipped is None:
+        bounds = [count.clip_bound for count in (self.skips, self.ghost)
+                  if count is not None and count.clip_bound is not None]
+        if not bounds:
             return sigma
+        clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
         now = _skips._bound(self.optimizer)
         return sigma * now / clipped if clipped > now else sigma
 

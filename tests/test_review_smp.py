@@ -252,3 +252,31 @@ def test_a_clipping_bound_lowered_inside_an_accumulation_is_charged_at_the_effec
     assert virtual >= 1  # (seeded: the first draw is split into several pieces)
     (record,) = ledger.history
     assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.25)
+
+
+def test_under_ghost_clipping_a_bound_set_on_the_optimizer_alone_is_charged_at_the_effective_sigma():
+    # ghost clipping clips in the wrapped loss's backward at the module's max_grad_norm;
+    # the optimizer's noise is σ·C with its own max_grad_norm. An adaptive schedule that
+    # lowers the optimizer's C alone left records clipped at 10 under noise σ·0.1
+    from opacus import PrivacyEngine
+
+    from privguard import mechanisms as M
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, criterion, loader = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
+            max_grad_norm=10.0, grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    opt.max_grad_norm = 0.1
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    opt.step()
+    (record,) = ledger.history
+    assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.125)
