@@ -78,7 +78,7 @@ def _module_bound(frame: Any) -> float:
     where it cannot be read, so that the step is refused (fail closed)."""
     module = getattr(frame.f_locals.get("self"), "module", None)
     try:
-        value = float(module.max_grad_norm)
+        value = float(module.max_grad_norm)  # type: ignore[union-attr]
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return float("inf")
     return value if value == value else float("inf")  # NaN: inf
