@@ -246,11 +246,30 @@ class SkipCounter:
 
 
 def _bound(optimizer: Any) -> float:
-    """The optimizer's clipping bound ``max_grad_norm`` now (a 0-d tensor after an adaptive
-    update); inf where it is not a number, so that the step is refused (fail closed)."""
+    """The bound the optimizer clips each record's gradient to now: ``max_grad_norm`` (a 0-d
+    tensor after an adaptive update), and under per-layer clipping the norm of the layers'
+    ``max_grad_norms`` (which Opacus clips with, and which its noise bound ``max_grad_norm``
+    does not follow when the list is changed), computed as Opacus computes that noise bound
+    from the list (a float32 norm: an unchanged list gives the noise bound exactly); inf
+    where it is not a number, so that the step is refused (fail closed)."""
+    try:
+        value = float(optimizer.max_grad_norm)
+        layers = getattr(optimizer, "max_grad_norms", None)
+        if layers is not None:
+            import torch  # per-layer clipping: an Opacus optimizer, torch is there
+
+            value = max(value, float(torch.norm(torch.Tensor(list(layers)), p=2).item()))
+    except (AttributeError, TypeError, ValueError, RuntimeError, OverflowError):
+        return float("inf")
+    return value if value == value else float("inf")  # NaN: inf
+
+
+def noise_bound(optimizer: Any) -> float:
+    """The ``max_grad_norm`` Opacus' noise σ·C uses; 0 where it is not a number (the step's
+    noise multiplier is then 0, which the charge refuses)."""
     try:
         value = float(optimizer.max_grad_norm)
     except (AttributeError, TypeError, ValueError, RuntimeError):
-        return float("inf")
-    return value if value == value else float("inf")  # NaN: inf
+        return 0.0
+    return value if value == value else 0.0
 

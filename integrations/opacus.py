@@ -284,7 +284,7 @@ class AttachHandle:
         if not bounds:
             return sigma
         clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
-        now = _skips._bound(self.optimizer)
+        now = _skips.noise_bound(self.optimizer)
         return sigma * now / clipped if clipped > now else sigma
 
     def _reported(self) -> int | None:

@@ -280,3 +280,30 @@ def test_under_ghost_clipping_a_bound_set_on_the_optimizer_alone_is_charged_at_t
     opt.step()
     (record,) = ledger.history
     assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.125)
+
+
+def test_per_layer_bounds_raised_on_the_optimizer_are_charged_at_the_effective_sigma():
+    # per-layer clipping clips with max_grad_norms; the noise is σ·max_grad_norm, the norm
+    # of the list when the optimizer was built. A schedule that raised the layers' bounds
+    # left records clipped at ‖(10, 10, 10, 10)‖ = 20 under noise σ·0.1
+    from opacus import PrivacyEngine
+
+    from privguard import mechanisms as M
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
+            max_grad_norm=[0.05] * 4, clipping="per_layer")
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    _step(model, opt, loader)  # the list as built: charged at σ exactly
+    opt.max_grad_norms = [10.0] * 4
+    _step(model, opt, loader)
+    first, second = (r.mechanism for r in ledger.history)
+    assert first == M.SubsampledGaussian(1.0, 0.125)
+    assert second.noise_multiplier == pytest.approx(opt.max_grad_norm / 20.0, rel=1e-6)
