@@ -16,19 +16,21 @@ from privguard import InvalidArgumentError, Ledger  # noqa: E402
 from privguard.integrations.opacus import attach  # noqa: E402
 
 
-def _private(batch_size: int = 8):
-    """(model, optimizer, Poisson loader) of make_private: 64 rows, q = batch_size / 64."""
+def _private(batch_size: int = 8, **kwargs):
+    """(model, optimizer, Poisson loader) of make_private: 64 rows, q = batch_size / 64
+    (with a criterion before the loader under ghost clipping); ``kwargs`` to make_private."""
     from opacus import PrivacyEngine
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    kwargs.setdefault("max_grad_norm", 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return PrivacyEngine(accountant="rdp").make_private(
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=DataLoader(data, batch_size=batch_size), noise_multiplier=1.0,
-            max_grad_norm=1.0)
+            **kwargs)
 
 
 def _step(model, opt, loader) -> None:
@@ -258,19 +260,10 @@ def test_under_ghost_clipping_a_bound_set_on_the_optimizer_alone_is_charged_at_t
     # ghost clipping clips in the wrapped loss's backward at the module's max_grad_norm;
     # the optimizer's noise is σ·C with its own max_grad_norm. An adaptive schedule that
     # lowers the optimizer's C alone left records clipped at 10 under noise σ·0.1
-    from opacus import PrivacyEngine
-
     from privguard import mechanisms as M
 
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, criterion, loader = PrivacyEngine(accountant="rdp").make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
-            max_grad_norm=10.0, grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())
+    model, opt, criterion, loader = _private(max_grad_norm=10.0, grad_sample_mode="ghost",
+                                             criterion=nn.CrossEntropyLoss())
     ledger = Ledger(delta=1e-5)
     _attach(opt, ledger, data_loader=loader)
     opt.max_grad_norm = 0.1
@@ -286,19 +279,9 @@ def test_per_layer_bounds_raised_on_the_optimizer_are_charged_at_the_effective_s
     # per-layer clipping clips with max_grad_norms; the noise is σ·max_grad_norm, the norm
     # of the list when the optimizer was built. A schedule that raised the layers' bounds
     # left records clipped at ‖(10, 10, 10, 10)‖ = 20 under noise σ·0.1
-    from opacus import PrivacyEngine
-
     from privguard import mechanisms as M
 
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
-            max_grad_norm=[0.05] * 4, clipping="per_layer")
+    model, opt, loader = _private(max_grad_norm=[0.05] * 4, clipping="per_layer")
     ledger = Ledger(delta=1e-5)
     _attach(opt, ledger, data_loader=loader)
     _step(model, opt, loader)  # the list as built: charged at σ exactly
