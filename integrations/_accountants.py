@@ -54,8 +54,9 @@ class LedgerAccountant(IAccountant):
     ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), not as
     the ``SubsampledGaussian(σ, k·q)`` Opacus records; a ghost-clipping
     optimizer (it reports one) is refused before its first update. It sees
-    neither the loader's sampling nor micro-batches accumulated through the
-    loop's own ``signal_skip_step``: :func:`attach` with ``data_loader=``
+    neither the loader's sampling, nor micro-batches accumulated through the
+    loop's own ``signal_skip_step``, nor a clipping bound lowered between
+    the virtual steps of one real step: :func:`attach` with ``data_loader=``
     checks and counts those.
 
     ``make_private_with_epsilon`` calibrates σ through Opacus' accountants
