@@ -111,6 +111,7 @@ from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._drawn_rates import DrawnRates
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -213,6 +214,7 @@ class AttachHandle:
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
         self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
         self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
+        self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
 
     @property
     def distributed(self) -> bool:
@@ -306,7 +308,10 @@ class AttachHandle:
         return self._mechanism_for(self._micro_batches(predict))
 
     def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
-        key = (self._sigma(), float(self._rate()), micro_batches)
+        rate = float(self._rate())
+        if self.drawn is not None:  # a batch drawn at a larger rate than the one in force
+            rate = self.drawn.rate(rate)
+        key = (self._sigma(), rate, micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(
                 *key, aligned=self.aligned_micro_batches)
@@ -397,7 +402,7 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost):
+        for count in (self.counter, self.skips, self.ghost, self.drawn):
             if count is not None:
                 count.take()
 
@@ -566,6 +571,8 @@ class AttachHandle:
             del _ATTACHED[self.optimizer]
         if self.counter is not None:
             self.counter.restore()
+        if self.drawn is not None:
+            self.drawn.restore()
         if self.skips is not None:
             self.skips.restore()
         if self._gate is not None:
@@ -1044,6 +1051,8 @@ def attach(
     if coordinator is not None:
         handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
     handle.counter = _describe.counter_for(data_loader)
+    if handle.loader_rate is not None and sampler is None:  # review smp: rates at each draw
+        handle.drawn = DrawnRates(data_loader, handle.loader_rate)
     if privacy_engine is not None:
         warnings.warn(_engine_warning(ledger, privacy_engine.accountant), AccountantWarning,
                       stacklevel=2)

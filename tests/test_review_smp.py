@@ -290,3 +290,28 @@ def test_per_layer_bounds_raised_on_the_optimizer_are_charged_at_the_effective_s
     first, second = (r.mechanism for r in ledger.history)
     assert first == M.SubsampledGaussian(1.0, 0.125)
     assert second.noise_multiplier == pytest.approx(opt.max_grad_norm / 20.0, rel=1e-6)
+
+
+def test_a_batch_drawn_before_the_rate_was_lowered_is_charged_at_its_draw_rate():
+    # Opacus' sampler reads sample_rate at each draw; a schedule that lowers the rate at the
+    # top of the loop (for the next batches) left the step on a batch drawn at q = 0.5
+    # charged at 0.01
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private(batch_size=32)  # q = 0.5
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    for _ in range(2):
+        x, y = next(batches)
+        loader.batch_sampler.sample_rate = 0.01
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+        opt.step()
+    first, second = (r.mechanism for r in ledger.history)
+    assert first == M.SubsampledGaussian(1.0, 0.5)  # drawn at 0.5
+    assert second == M.SubsampledGaussian(1.0, 0.01)  # drawn at 0.01: the window moved on
+    handle.detach()  # the batch sampler gets its own class back
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    assert type(loader.batch_sampler) is UniformWithReplacementSampler
