@@ -18,6 +18,7 @@ from privguard import _validation as check
 from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
+from privguard.integrations import _describe
 from privguard.integrations._checkpoint import ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
@@ -47,6 +48,16 @@ class LedgerAccountant(IAccountant):
         engine = PrivacyEngine()
         engine.accountant = LedgerAccountant(ledger)
         model, optimizer, loader = engine.make_private(...)
+
+    A step of k micro-batches (several ``backward()`` before ``step()``,
+    which the optimizer reports as ``accumulated_iterations``) is charged as
+    ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), not as
+    the ``SubsampledGaussian(σ, k·q)`` Opacus records; a ghost-clipping
+    optimizer (it reports one) is refused before its first update. It sees
+    neither the loader's sampling, nor micro-batches accumulated through the
+    loop's own ``signal_skip_step``, nor a clipping bound lowered between
+    the virtual steps of one real step: :func:`attach` with ``data_loader=``
+    checks and counts those.
 
     ``make_private_with_epsilon`` calibrates σ through Opacus' accountants
     by name and cannot use this one; keep Opacus' accountant there and
@@ -100,9 +111,32 @@ class LedgerAccountant(IAccountant):
                     "optimizer", type(optim).__name__,
                     "is distributed: a LedgerAccountant would charge once per rank; call "
                     "attach(optimizer, ledger) on every rank instead")
-            opacus_hook(optim)
+            k = self._micro_batches(optim) if self._charge else 1
+            if k == 1:
+                opacus_hook(optim)
+                return
+            # Review smp: Opacus' hook steps q·k for k micro-batches, which this accountant
+            # charged as SubsampledGaussian(σ, k·q): an under-count (docs/theory.md §14).
+            # k Poisson draws noised once are AccumulatedSubsampledGaussian(σ, q, k), as
+            # attach charges them; Opacus' record keeps its own (σ, q·k).
+            sigma = optim.noise_multiplier
+            self.ledger.charge(_describe.step_mechanism(sigma, sample_rate, k), label=self.label)
+            _record(self.history, sigma, sample_rate * k)
 
         return hook_fn
+
+    @staticmethod
+    def _micro_batches(optim: DPOptimizer) -> int:
+        """The Poisson draws the real step about to be noised clipped, as far as this hook
+        can see them (``accumulated_iterations``); a ghost-clipping optimizer, which reports
+        one whatever ran, is refused before the update (``attach`` counts its passes)."""
+        if _describe.is_ghost(optim):
+            raise InvalidArgumentError(
+                "optimizer", type(optim).__name__,
+                "uses ghost clipping, which reports one micro-batch per step whatever the loop "
+                "accumulated, so a LedgerAccountant cannot know what to charge; keep Opacus' "
+                "accountant and attach(optimizer, ledger, data_loader=loader) instead")
+        return _describe.reported_micro_batches(optim) or 1
 
     def state_dict(self, destination: Any = None) -> Any:
         destination = OrderedDict() if destination is None else destination

@@ -72,6 +72,18 @@ def _ghost_backward_frame(frame: Any) -> Any:
     return None
 
 
+def _module_bound(frame: Any) -> float:
+    """The clipping bound of the wrapped backward in ``frame``: its module's
+    ``max_grad_norm`` (Opacus clips the per-sample gradients there, with that bound); inf
+    where it cannot be read, so that the step is refused (fail closed)."""
+    module = getattr(frame.f_locals.get("self"), "module", None)
+    try:
+        value = float(module.max_grad_norm)  # type: ignore[union-attr]
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return float("inf")
+    return value if value == value else float("inf")  # NaN: inf
+
+
 def check_torch(optimizer: Any) -> None:
     """Refuse ghost clipping where torch cannot tell which backward passes ran (< 2.1)."""
     import torch
@@ -121,6 +133,10 @@ class BackwardCounter:
         # callback queued on that backward ends it); only accumulations inside it are clipped
         self._in_second_pass = False
         self._second_pass_hook: Any = None  # the pre-hook set at the wrapped zero_grad
+        # review smp: the largest clipping bound a wrapped backward clipped at since the last
+        # real step (the wrapped module's max_grad_norm, which the optimizer's noise σ·C does
+        # not follow), None: none seen
+        self.clip_bound: float | None = None
 
     def install(self) -> None:
         """Wrap the optimizer's ``zero_grad`` (an instance attribute)."""
@@ -191,6 +207,8 @@ class BackwardCounter:
         wrapped = frame is not None
         if wrapped:
             self.count += 1  # between the two passes of one wrapped backward
+            bound = _module_bound(frame)
+            self.clip_bound = bound if self.clip_bound is None else max(self.clip_bound, bound)
             self.added = False  # p.grad cleared before the second pass writes the new batch
         elif self._clears:
             self.count = 0  # the loop's own: p.grad is cleared below
@@ -270,6 +288,7 @@ class BackwardCounter:
     def take(self) -> None:
         """The real step was charged or refused (its gradients released or dropped)."""
         self.count = 0
+        self.clip_bound = None
         self.added = self.readded = False
         self.unclipped = 0
         self._awaiting = [False] * len(self._params)

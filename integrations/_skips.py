@@ -126,14 +126,20 @@ class SkipCounter:
 
     def __init__(self, optimizer: Any,
                  reported: Callable[[], int | None] | None = None,
-                 pre_step: Callable[[], None] | None = None) -> None:
+                 pre_step: Callable[[], None] | None = None,
+                 real_step: Callable[[], None] | None = None) -> None:
         self.optimizer = optimizer
+        # told of every real step, before its noise (attach's release gate, review smp)
+        self._real_step = real_step
         # told of every step()'s pre_step (ghost clipping: integrations/_ghost.py, review rgc)
         self._pre_step = pre_step
         # the batches a step clips (``accumulated_iterations``; under ghost clipping the
         # backward passes integrations/_ghost.py counts), None where unknown
         self._reported = reported or (lambda: _describe.reported_micro_batches(optimizer))
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
+        # the largest clipping bound (max_grad_norm) any step() clipped at since the last
+        # real step: the noise is σ·C at the real step only (review smp), None: none seen
+        self.clip_bound: float | None = None
         self.own = False  # one of those skips was not BatchMemoryManager's
         # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
         # the queue has not been empty after a real step since: Opacus' FIFO may pair
@@ -175,6 +181,9 @@ class SkipCounter:
     def _on_check(self, pop_next: bool = True) -> Any:
         if pop_next and self._pre_step is not None:  # once per pre_step, after accumulate()
             self._pre_step()
+        if pop_next:  # pre_step clipped at the bound in force now (clip_and_accumulate)
+            bound = _bound(self.optimizer)
+            self.clip_bound = bound if self.clip_bound is None else max(self.clip_bound, bound)
         queue = getattr(self.optimizer, "_step_skip_queue", None)
         popping = bool(pop_next) and bool(queue)
         origin_bmm = paired = False
@@ -197,6 +206,8 @@ class SkipCounter:
             if origin_bmm and not paired:
                 self.misaligned = True
         skip = self._check(pop_next)
+        if pop_next and not skip and self._real_step is not None:
+            self._real_step()
         if popping and skip:  # a skipped step: its clipped batches stay in the sum
             held = self._reported() or 1
             self.skipped += held
@@ -231,5 +242,34 @@ class SkipCounter:
 
     def take(self) -> None:
         """The real step was charged: restart the count."""
-        self.skipped, self.own = 0, False
+        self.skipped, self.own, self.clip_bound = 0, False, None
+
+
+def _bound(optimizer: Any) -> float:
+    """The bound the optimizer clips each record's gradient to now: ``max_grad_norm`` (a 0-d
+    tensor after an adaptive update), and under per-layer clipping the norm of the layers'
+    ``max_grad_norms`` (which Opacus clips with, and which its noise bound ``max_grad_norm``
+    does not follow when the list is changed), computed as Opacus computes that noise bound
+    from the list (a float32 norm: an unchanged list gives the noise bound exactly); inf
+    where it is not a number, so that the step is refused (fail closed)."""
+    try:
+        value = float(optimizer.max_grad_norm)
+        layers = getattr(optimizer, "max_grad_norms", None)
+        if layers is not None:
+            import torch  # per-layer clipping: an Opacus optimizer, torch is there
+
+            value = max(value, float(torch.norm(torch.Tensor(list(layers)), p=2).item()))
+    except (AttributeError, TypeError, ValueError, RuntimeError, OverflowError):
+        return float("inf")
+    return value if value == value else float("inf")  # NaN: inf
+
+
+def noise_bound(optimizer: Any) -> float:
+    """The ``max_grad_norm`` Opacus' noise σ·C uses; 0 where it is not a number (the step's
+    noise multiplier is then 0, which the charge refuses)."""
+    try:
+        value = float(optimizer.max_grad_norm)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return 0.0
+    return value if value == value else 0.0
 

@@ -50,7 +50,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   nothing.
 * **Once per optimizer.** A second ``attach`` on an attached optimizer raises;
   ``handle.detach()`` restores exactly what was there (step hook, ``step``,
-  the engine's accountant).
+  the engine's accountant). Opacus calls one step hook: one set after attach
+  (``optimizer.attach_step_hook(fn)``) that does not call privguard's is
+  caught by a step pre-hook on the wrapped optimizer, before the update: the
+  step, whose noisy gradient that hook saw, is charged and not applied.
 * **Opacus' accountant.** Opacus' default accountant is PRV; the ledger
   accounts in RDP, which gives a larger ε for the same σ and q. Attach warns
   (:class:`AccountantWarning`) with what the run costs by RDP.
@@ -108,6 +111,7 @@ from privguard.integrations._accountants import EngineView, LedgerAccountant
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
+from privguard.integrations._drawn_rates import DrawnRates
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -196,6 +200,7 @@ class AttachHandle:
         self.ghost: _ghost.BackwardCounter | None = None  # ghost clipping's backward passes
         self.declared_micro_batches = 1  # what the loop declares (HF, Lightning)
         self.loader_rate: float | None = None  # the data loader's Poisson rate, if known
+        self.hook_rate: float | None = None  # the rate of Opacus' own accountant hook, if any
         self._last_micro_batches = 1
         self._active = False
         self._engine: Any = None
@@ -207,6 +212,9 @@ class AttachHandle:
         self._refusal_charged = False  # a step_charged refusal's step was charged (review rwl)
         self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
+        self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
+        self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
+        self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
 
     @property
     def distributed(self) -> bool:
@@ -222,8 +230,10 @@ class AttachHandle:
             self.ghost = _ghost.BackwardCounter(optimizer)
             self.ghost.install()
         self.skips = _skips.SkipCounter(
-            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step)
+            optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step,
+            real_step=self._expect_charge)
         self.skips.install()
+        self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
         if self.on_exhausted == "stop":
@@ -255,8 +265,29 @@ class AttachHandle:
         step only.
         """
         if self._epochs is not None:
-            return self._epochs.mechanism(float(self.optimizer.noise_multiplier))
+            return self._epochs.mechanism(self._sigma())
         return self._mechanism(predict=True)
+
+    def _sigma(self) -> float:
+        """The noise multiplier the step is charged at: ``noise_multiplier``, relative to
+        the largest clipping bound the step's micro-batches were clipped at.
+
+        Opacus adds noise σ·C with the ``max_grad_norm`` C in force at the real step, but a
+        skipped step (``BatchMemoryManager``'s virtual steps, the loop's own
+        ``signal_skip_step``) clipped its batch at the C in force then: a C lowered inside
+        an accumulation leaves records clipped at C' > C under noise σ·C, which is a
+        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ). Under ghost
+        clipping the batches are clipped in the wrapped loss's backward at the module's own
+        ``max_grad_norm``, which a C set on the optimizer alone does not change.
+        """
+        sigma = float(self.optimizer.noise_multiplier)
+        bounds = [count.clip_bound for count in (self.skips, self.ghost)
+                  if count is not None and count.clip_bound is not None]
+        if not bounds:
+            return sigma
+        clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
+        now = _skips.noise_bound(self.optimizer)
+        return sigma * now / clipped if clipped > now else sigma
 
     def _reported(self) -> int | None:
         """The batches the optimizer holds: ``accumulated_iterations``, or under ghost
@@ -277,7 +308,10 @@ class AttachHandle:
         return self._mechanism_for(self._micro_batches(predict))
 
     def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
-        key = (float(self.optimizer.noise_multiplier), float(self._rate()), micro_batches)
+        rate = float(self._rate())
+        if self.drawn is not None:  # a batch drawn at a larger rate than the one in force
+            rate = self.drawn.rate(rate)
+        key = (self._sigma(), rate, micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(
                 *key, aligned=self.aligned_micro_batches)
@@ -294,7 +328,7 @@ class AttachHandle:
         """
         if self._epochs is not None:  # random allocation: only an epoch's first step charges
             try:
-                due = self._epochs.next_due(float(self.optimizer.noise_multiplier))
+                due = self._epochs.next_due(self._sigma())
             except PrivguardError:
                 return False
             if due is not None and self._coordinator is not None:
@@ -304,8 +338,36 @@ class AttachHandle:
             return self._next_ok
         return self.ledger.can_afford(self.next_mechanism())
 
+    def _expect_charge(self) -> None:
+        """A real step is about to be noised: its charge must run before its update."""
+        self._awaiting_charge = True
+
+    def _unhooked_release(self, *_: Any) -> None:
+        """The wrapped torch optimizer's step pre-hook (:func:`_release_gate`): it is about to
+        update after a real step that :meth:`_hook` never saw (review smp: an
+        ``optimizer.attach_step_hook(fn)`` after attach replaced the step hook, and every
+        later step was released uncharged), which is refused before the update. The hook
+        that replaced ours has seen the step's noisy gradient: the step is charged first
+        (not under DDP, whose charge is a collective the other ranks may not be in), so
+        whatever that hook kept of it is post-processing of a charged step."""
+        if not (self._active and self._awaiting_charge):
+            return
+        self._awaiting_charge = False
+        try:
+            if self._coordinator is None:
+                self._charge_step(self.optimizer)
+        finally:
+            self._discard_step(self.optimizer)
+        raise InvalidArgumentError(
+            "optimizer.step_hook", check.short(self.optimizer.step_hook),
+            "replaced privguard's step hook after attach (optimizer.attach_step_hook sets "
+            "the one hook Opacus calls), so this step was noised and handed to that hook "
+            "before its charge; it is charged now and refused before the update. Call the "
+            "hook you replaced from your own (chain them), or attach your hook before attach()")
+
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._active:
+            self._awaiting_charge = False  # reached: charged below, or refused
             try:
                 self._charge_step(optimizer)
             except BaseException:
@@ -340,7 +402,7 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost):
+        for count in (self.counter, self.skips, self.ghost, self.drawn):
             if count is not None:
                 count.take()
 
@@ -369,7 +431,7 @@ class AttachHandle:
                 # the refusal is not kept for the next step then
                 self.witnesses.failure = None
         if self._epochs is not None:  # random allocation: the whole epoch at its first step
-            sigma = float(optimizer.noise_multiplier)
+            sigma = self._sigma()
             if self._coordinator is None:
                 due = self._allocation_due(k, sigma)
             else:  # a refusal on one rank is every rank's (task hl: the others waited in the
@@ -509,8 +571,13 @@ class AttachHandle:
             del _ATTACHED[self.optimizer]
         if self.counter is not None:
             self.counter.restore()
+        if self.drawn is not None:
+            self.drawn.restore()
         if self.skips is not None:
             self.skips.restore()
+        if self._gate is not None:
+            self._gate.remove()
+            self._gate = None
         if self.ghost is not None:
             self.ghost.restore()
 
@@ -546,8 +613,15 @@ class AttachHandle:
                 "checkpoints carry the ledger, and resume with attach(..., resume=checkpoint)",
                 AccountantWarning, stacklevel=stacklevel + 1)
         self.steps_replayed += replay(self.ledger, todo, label, self._coordinator, error, attach_label=REPLAY_LABEL,
-                                     base_rate=self.loader_rate,
+                                     base_rate=self._recorded_base_rate(),
                                      aligned=self.aligned_micro_batches)
+
+    def _recorded_base_rate(self) -> float | None:
+        """The q Opacus' records multiply by the micro-batches of an accumulated step: the
+        loader's, else the rate Opacus' own hook on the optimizer was created with (review
+        smp: without data_loader, a step of k draws recorded at k·q was charged as one
+        SubsampledGaussian(σ, k·q), an under-count, docs/theory.md §14)."""
+        return self.loader_rate if self.loader_rate is not None else self.hook_rate
 
     def __getstate__(self) -> dict:
         raise InvalidArgumentError(
@@ -563,6 +637,17 @@ class AttachHandle:
     def __repr__(self) -> str:
         state = "attached" if self._active else "detached"
         return f"AttachHandle({state}, {self.steps_charged} steps charged, {self.ledger!r})"
+
+
+def _release_gate(optimizer: DPOptimizer, check_release: Callable[..., None]) -> Any:
+    """``check_release`` as a step pre-hook of the wrapped torch optimizer (run before it
+    updates anything); its removable handle, or None where the wrapped optimizer has no
+    ``register_step_pre_hook`` (not a torch Optimizer)."""
+    register = getattr(getattr(optimizer, "original_optimizer", None),
+                       "register_step_pre_hook", None)
+    if not callable(register):
+        return None
+    return register(check_release)
 
 
 def _entry_from(resume: Any) -> dict:
@@ -598,6 +683,28 @@ def _called_rate(fn: Callable[[], Any]) -> float:
         raise InvalidArgumentError("sample_rate", check.short(value), "the callable must "
                                    "return a real number in (0, 1]") from None
     return check.sample_rate("sample_rate", q)
+
+
+def _against_loader(q: float, loader: Any) -> float:
+    """``q``, set by hand, after :func:`_samplers.check_hand_rate` against the Poisson rate
+    ``loader`` samples at now (none: ``loader`` is None or its sampler not Poisson). A
+    Poisson sampler whose ``sample_rate`` is no longer a rate in (0, 1] (or not a plain
+    float: numpy's float32, a tensor, which the sampler still draws at) is read as the
+    number it stands for, and refused where there is none."""
+    sampler = None if loader is None else getattr(loader, "batch_sampler", None)
+    if type(sampler).__name__ not in _samplers.ACCOUNTED:
+        return q
+    value: Any = getattr(sampler, "sample_rate", None)
+    try:
+        live = float(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        live = math.nan
+    if not 0 < live <= 1:
+        raise InvalidArgumentError(
+            "data_loader", f"{type(sampler).__name__}(sample_rate={check.short(value)})",
+            "samples at no rate in (0, 1] that the charge could be checked against")
+    _samplers.check_hand_rate("sample_rate", q, live)
+    return q
 
 
 def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
@@ -674,7 +781,10 @@ def attach(
         sample_rate: the Poisson sampling rate, or a callable returning the
             rate in force (for a policy that changes the batch size). Default:
             the rate of ``data_loader`` if given, else the rate Opacus' own
-            accountant hook on this optimizer was created with.
+            accountant hook on this optimizer was created with. With a
+            Poisson ``data_loader`` (and ``check_poisson``), a rate given here
+            that differs from the loader's own at any step (read live) is
+            refused with :class:`InvalidArgumentError` before the step updates.
         data_loader: the training data loader; checked for Poisson sampling
             and used for the sample rate (read live each step).
         label: label of each charge in the ledger's journal.
@@ -847,14 +957,17 @@ def attach(
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
         _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
+    # review smp: a q given by hand (a number or a callable) is checked against the Poisson
+    # loader's own rate at every step, not only at attach: a callable returning less than
+    # the loader's q, or a loader whose sample_rate was raised after attach, was charged the
+    # smaller q (check_hand_rate: InvalidArgumentError before the step updates anything)
+    live = data_loader if data_loader is not None and check_poisson else None
     if callable(sample_rate):
         given = sample_rate
-        rate: Callable[[], float] = lambda: _called_rate(given)
+        rate: Callable[[], float] = lambda: _against_loader(_called_rate(given), live)
     elif sample_rate is not None:
-        fixed = check.sample_rate("sample_rate", sample_rate)
-        if data_loader is not None and check_poisson:  # issue 27: q checked against the loader
-            _samplers.check_hand_rate("sample_rate", fixed, _sampling.poisson_rate(data_loader))
-        rate = lambda: fixed
+        fixed = _against_loader(check.sample_rate("sample_rate", sample_rate), live)
+        rate = lambda: _against_loader(fixed, live)
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:
             rate = lambda: float(data_loader.batch_sampler.sample_rate)
@@ -891,6 +1004,7 @@ def attach(
     handle.aligned_micro_batches = aligned
     handle.dropout_guard = guard if sampler is None else None  # no accumulation there
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
+    handle.hook_rate = hook_rate
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)
     if witnesses:  # ---- witnesses (issue 28): the check stage of the hook
@@ -937,6 +1051,8 @@ def attach(
     if coordinator is not None:
         handle._next_ok = coordinator.all_fit(lambda: ledger.can_afford(handle.next_mechanism()))
     handle.counter = _describe.counter_for(data_loader)
+    if handle.loader_rate is not None and sampler is None:  # review smp: rates at each draw
+        handle.drawn = DrawnRates(data_loader, handle.loader_rate)
     if privacy_engine is not None:
         warnings.warn(_engine_warning(ledger, privacy_engine.accountant), AccountantWarning,
                       stacklevel=2)

@@ -268,12 +268,27 @@ def test_sample_rate_set_by_hand_is_caught():
     assert len(ledger.history) == 0
 
 
+def _draw_at(loader, rate):
+    """Make the loader's Poisson sampler draw at ``rate`` while its ``sample_rate`` still
+    says the charged q: a sampler attach's live check of the rate cannot see (review smp:
+    a changed ``sample_rate`` is refused at the next step), which only the witnesses catch."""
+    sampler = loader.batch_sampler
+    base = type(sampler)
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            mask = torch.rand(self.num_samples, generator=self.generator) < rate
+            yield mask.nonzero(as_tuple=False).reshape(-1).tolist()
+
+    sampler.__class__ = type(base.__name__, (base,), {"__iter__": __iter__})
+
+
 def test_sampler_at_another_rate_than_charged_is_caught():
     """A loader swapped under the charge: records drawn at 1.5× the charged rate."""
     model, opt, loader, crit = pipeline(batch_size=64)
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader, sample_rate=1 / 16,
                     witnesses=True)
-    loader.batch_sampler.sample_rate = 1.5 / 16  # the sampler now draws more than charged
+    _draw_at(loader, 1.5 / 16)  # the sampler now draws more than charged
     exc = _refusal(handle, model, opt, loader, crit)
     assert exc.witness == "sampling"
     assert handle.steps_charged < 50
@@ -698,7 +713,7 @@ def test_micro_batches_drawn_at_twice_the_charged_rate_are_caught():
     model, opt, loader, _crit = pipeline()
     handle = attach(opt, Ledger(epsilon=EPSILON, delta=DELTA), data_loader=loader,
                     sample_rate=1 / 16, witnesses=True)
-    loader.batch_sampler.sample_rate = 2 / 16  # the sampler now draws twice the charge
+    _draw_at(loader, 2 / 16)  # the sampler now draws twice the charge
     exc = _accumulated_refusal(model, opt, loader, handle)
     assert exc.witness == "sampling" and exc.charged == 1 / 16
     assert handle.steps_charged < 50

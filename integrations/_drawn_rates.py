@@ -1,0 +1,79 @@
+"""The rates a Poisson loader drew its batches at, for the step that trains on them (private).
+
+Opacus' ``UniformWithReplacementSampler`` reads its ``sample_rate`` at every
+draw, and a step is charged at the loader's rate when it runs. A batch drawn
+at q and a rate lowered to q' before the step on it (a batch-size schedule set
+at the top of the loop, or a DataLoader whose workers prefetched batches drawn
+at q) was charged SubsampledGaussian(σ, q') for a draw at q (review smp).
+
+:class:`DrawnRates` records the rate of every draw (the loader's batch sampler
+is swapped for a subclass whose iterator reads ``sample_rate`` right after each
+draw, as ``integrations/_describe.py`` swaps the loader). A step's batches are
+among the draws made since the previous real step and the ones that were
+still in flight then (at most ``prefetch_factor × num_workers`` of one
+iterator), so the step is charged at the largest of those rates and the rate
+in force. A step after no recorded draw (an iterator made before attach) is
+charged at least the rate of the previous step (or at attach).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from privguard.integrations._describe import swap_iter
+
+_KEPT = 4096  # recent draws kept: more than any loader's batches in flight
+
+
+def in_flight(loader: Any) -> int:
+    """The index batches a DataLoader iterator may have drawn ahead of the loop (its
+    workers' prefetch: ``prefetch_factor × num_workers``; none without workers)."""
+    workers = getattr(loader, "num_workers", 0)
+    workers = workers if isinstance(workers, int) and workers > 0 else 0
+    factor = getattr(loader, "prefetch_factor", None)
+    factor = factor if isinstance(factor, int) and factor > 0 else 2
+    return workers * factor
+
+
+class DrawnRates:
+    """Records the rate each batch of ``loader``'s Poisson batch sampler was drawn at
+    (until :meth:`restore`); ``rate`` is the least rate a step may be charged at."""
+
+    def __init__(self, loader: Any, rate_now: float) -> None:
+        self.sampler = loader.batch_sampler
+        self.ahead = in_flight(loader)
+        self.rates: deque[float] = deque(maxlen=_KEPT)
+        self.since = 0  # draws since the last real step
+        self.last = rate_now  # the rate the last step was charged at (at attach: the loader's)
+        self._seen = rate_now
+        self._original, self._recording = swap_iter(self.sampler, self._drawn)
+
+    def _drawn(self, _batch: Any) -> None:
+        # read in the same next() call that drew the batch: the rate it was drawn at
+        try:
+            rate = float(self.sampler.sample_rate)
+        except (TypeError, ValueError, RuntimeError):
+            rate = 1.0  # not a number: the step is charged as if every record were drawn
+        self.rates.append(rate if rate == rate else 1.0)
+        self.since += 1
+
+    def rate(self, charged: float) -> float:
+        """The rate to charge the next real step at: ``charged`` (the rate in force), or
+        more where a batch it may train on was drawn at more."""
+        n = min(len(self.rates), self.since + self.ahead)
+        window = list(self.rates)[len(self.rates) - n:] if n else []
+        q = max([charged, *window])
+        if not self.since:  # no draw recorded since the last step: at least that step's rate
+            q = max(q, self.last)
+        self._seen = q
+        return q
+
+    def take(self) -> None:
+        """A real step was charged (or dropped): the window restarts."""
+        self.since, self.last = 0, self._seen
+
+    def restore(self) -> None:
+        """Give the batch sampler its own class back."""
+        if type(self.sampler) is self._recording:
+            self.sampler.__class__ = self._original

@@ -1,0 +1,317 @@
+"""Review smp (adversarial pass over the samplers and attach's charge, as an Opacus user)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import InvalidArgumentError, Ledger  # noqa: E402
+from privguard.integrations.opacus import attach  # noqa: E402
+
+
+def _private(batch_size: int = 8, **kwargs):
+    """(model, optimizer, Poisson loader) of make_private: 64 rows, q = batch_size / 64
+    (with a criterion before the loader under ghost clipping); ``kwargs`` to make_private."""
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    kwargs.setdefault("max_grad_norm", 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=batch_size), noise_multiplier=1.0,
+            **kwargs)
+
+
+def _step(model, opt, loader) -> None:
+    """One real step on the loader's next non-empty batch."""
+    for x, y in loader:
+        if len(x):
+            break
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _attach(opt, ledger, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attach(opt, ledger, **kwargs)
+
+
+def _refused_untouched(model, opt, loader, ledger) -> InvalidArgumentError:
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidArgumentError) as info:
+        _step(model, opt, loader)
+    assert info.value.argument == "sample_rate"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
+    return info.value
+
+
+def test_a_sample_rate_callable_below_the_loaders_rate_is_refused_before_the_update():
+    # A fixed sample_rate= is checked against the Poisson loader's q (issue 27); a callable
+    # was not: q/100 was charged for steps drawn at q, the update released
+    model, opt, loader = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader, sample_rate=lambda: q / 100)
+    _refused_untouched(model, opt, loader, ledger)
+
+
+@pytest.mark.parametrize("kind", [float, "float32", "tensor"])
+def test_a_loader_rate_raised_after_attach_refuses_the_hand_set_rate(kind):
+    # sample_rate= equal to the loader's q at attach; the loader's sampler was then set to
+    # draw at 4q (Opacus' sampler reads sample_rate at each epoch): q was still charged
+    # (also a 4q that is not a plain float, which the sampler draws at all the same)
+    import numpy as np
+
+    model, opt, loader = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader, sample_rate=q)
+    raised = {float: float, "float32": np.float32, "tensor": torch.tensor}[kind](4 * q)
+    loader.batch_sampler.sample_rate = raised
+    exc = _refused_untouched(model, opt, loader, ledger)
+    assert exc.value == q
+
+
+def test_a_sample_rate_callable_that_follows_the_loader_charges_the_rate_in_force():
+    # the callable's use (a policy that changes the batch size) still works
+    model, opt, loader = _private()
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader,
+            sample_rate=lambda: loader.batch_sampler.sample_rate)
+    _step(model, opt, loader)
+    loader.batch_sampler.sample_rate = 0.25
+    _step(model, opt, loader)
+    assert [r.mechanism.sample_rate for r in ledger.history] == [0.125, 0.25]
+
+
+def _ledger_accountant_run(**kwargs):
+    """make_private with a LedgerAccountant standing in for Opacus' accountant."""
+    from opacus import PrivacyEngine
+
+    from privguard.integrations.opacus import LedgerAccountant
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ledger = Ledger(delta=1e-5)
+    engine = PrivacyEngine()
+    engine.accountant = LedgerAccountant(ledger)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        private = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
+            max_grad_norm=1.0, **kwargs)
+    return (ledger, *private)
+
+
+def test_a_ledger_accountant_charges_accumulated_micro_batches_as_accumulated():
+    # Opacus' hook steps the accountant at q·k for k backward passes per step; the
+    # LedgerAccountant charged SubsampledGaussian(σ, k·q), which under-counts k Poisson
+    # draws noised once (docs/theory.md §14; attach charges the accumulated mechanism)
+    from privguard import mechanisms as M
+
+    ledger, model, opt, loader = _ledger_accountant_run()
+    model.allow_grad_accumulation()
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)
+    opt.zero_grad()
+    for _ in range(3):
+        x, y = next(batches)
+        nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    (record,) = ledger.history
+    assert record.mechanism == M.AccumulatedSubsampledGaussian(1.0, q, 3)
+    assert M.AccumulatedSubsampledGaussian(1.0, q, 3).rdp([8.0])[0] > \
+        M.SubsampledGaussian(1.0, 3 * q).rdp([8.0])[0]  # what was charged before: less
+
+
+def test_a_ledger_accountant_refuses_a_ghost_clipping_optimizer_before_the_update():
+    # a ghost-clipping optimizer reports one micro-batch whatever ran: the accountant
+    # cannot count them (attach counts the wrapped loss' backward passes)
+    ledger, model, opt, criterion, loader = _ledger_accountant_run(
+        grad_sample_mode="ghost", criterion=nn.CrossEntropyLoss())
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    with pytest.raises(InvalidArgumentError, match="ghost clipping") as info:
+        opt.step()
+    assert info.value.argument == "optimizer"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
+
+
+def test_accumulated_steps_recorded_before_an_attach_without_loader_are_charged_accumulated():
+    # Opacus records a step of k backward passes at q·k; attach recognised that as k
+    # accumulated draws only against data_loader's rate: without data_loader (the rate
+    # then comes from Opacus' own hook, the q it multiplied by k) the steps before attach
+    # were charged SubsampledGaussian(σ, k·q), an under-count (docs/theory.md §14)
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private()
+    model.allow_grad_accumulation()
+    q = loader.batch_sampler.sample_rate
+    batches = iter(loader)
+    for _ in range(2):
+        opt.zero_grad()
+        for _ in range(3):
+            x, y = next(batches)
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger)
+    assert handle.steps_replayed == 2
+    assert [r.mechanism for r in ledger.history] == \
+        [M.AccumulatedSubsampledGaussian(1.0, q, 3)] * 2
+
+
+def test_a_step_hook_replaced_after_attach_refuses_the_uncharged_step_before_the_update():
+    # Opacus calls one step hook: optimizer.attach_step_hook(fn) after attach replaced
+    # privguard's, and every later step was noised and applied with nothing charged
+    model, opt, loader = _private()
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger, data_loader=loader)
+    logged = []
+    opt.attach_step_hook(logged.append)  # e.g. a logging hook, replacing privguard's
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidArgumentError, match="step hook") as info:
+        _step(model, opt, loader)
+    assert info.value.argument == "optimizer.step_hook"
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # the replacing hook saw the step's noisy gradient: the step is charged, not applied
+    assert len(logged) == 1 and len(ledger.history) == 1 == handle.steps_charged
+    # a hook that calls privguard's (chained) is charged as before, once per step
+    previous = handle._hook
+
+    def chained(optimizer):
+        previous(optimizer)
+        logged.append(optimizer)
+
+    opt.attach_step_hook(chained)
+    _step(model, opt, loader)
+    assert len(ledger.history) == 2 == handle.steps_charged
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    handle.detach()  # the gate goes with the handle: a detached optimizer steps freely
+    _step(model, opt, loader)
+    assert len(ledger.history) == 2
+
+
+def test_a_step_hook_replaced_after_attach_on_an_exhausted_ledger_raises_budget_exhausted():
+    from privguard import BudgetExhausted
+
+    model, opt, loader = _private()
+    ledger = Ledger(0.01, 1e-5)  # not even one step fits
+    _attach(opt, ledger, data_loader=loader)
+    opt.attach_step_hook(lambda optimizer: None)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(BudgetExhausted):
+        _step(model, opt, loader)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert len(ledger.history) == 0
+
+
+def test_a_clipping_bound_lowered_inside_an_accumulation_is_charged_at_the_effective_sigma():
+    # BatchMemoryManager's virtual steps clip each physical batch at the max_grad_norm in
+    # force then; the real step adds noise σ·C at the C in force at the real step. A C
+    # lowered at the last physical batch (a per-iteration clipping schedule) left records
+    # clipped at 10 under noise σ·0.1, an effective σ/100, and was charged as σ
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private(batch_size=16)
+    opt.max_grad_norm = 10.0
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=2,
+                            optimizer=opt) as batches:
+        virtual = 0
+        for x, y in batches:
+            real = opt._step_skip_queue[0] is False  # the logical batch's last piece
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            if real:
+                opt.max_grad_norm = 0.1
+            opt.step()
+            if real:
+                break
+            virtual += 1
+    assert virtual >= 1  # (seeded: the first draw is split into several pieces)
+    (record,) = ledger.history
+    assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.25)
+
+
+def test_under_ghost_clipping_a_bound_set_on_the_optimizer_alone_is_charged_at_the_effective_sigma():
+    # ghost clipping clips in the wrapped loss's backward at the module's max_grad_norm;
+    # the optimizer's noise is σ·C with its own max_grad_norm. An adaptive schedule that
+    # lowers the optimizer's C alone left records clipped at 10 under noise σ·0.1
+    from privguard import mechanisms as M
+
+    model, opt, criterion, loader = _private(max_grad_norm=10.0, grad_sample_mode="ghost",
+                                             criterion=nn.CrossEntropyLoss())
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    opt.max_grad_norm = 0.1
+    x, y = next(iter(loader))
+    opt.zero_grad()
+    criterion(model(x), y).backward()
+    opt.step()
+    (record,) = ledger.history
+    assert record.mechanism == M.SubsampledGaussian(1.0 * 0.1 / 10.0, 0.125)
+
+
+def test_per_layer_bounds_raised_on_the_optimizer_are_charged_at_the_effective_sigma():
+    # per-layer clipping clips with max_grad_norms; the noise is σ·max_grad_norm, the norm
+    # of the list when the optimizer was built. A schedule that raised the layers' bounds
+    # left records clipped at ‖(10, 10, 10, 10)‖ = 20 under noise σ·0.1
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private(max_grad_norm=[0.05] * 4, clipping="per_layer")
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    _step(model, opt, loader)  # the list as built: charged at σ exactly
+    opt.max_grad_norms = [10.0] * 4
+    _step(model, opt, loader)
+    first, second = (r.mechanism for r in ledger.history)
+    assert first == M.SubsampledGaussian(1.0, 0.125)
+    assert second.noise_multiplier == pytest.approx(opt.max_grad_norm / 20.0, rel=1e-6)
+
+
+def test_a_batch_drawn_before_the_rate_was_lowered_is_charged_at_its_draw_rate():
+    # Opacus' sampler reads sample_rate at each draw; a schedule that lowers the rate at the
+    # top of the loop (for the next batches) left the step on a batch drawn at q = 0.5
+    # charged at 0.01
+    from privguard import mechanisms as M
+
+    model, opt, loader = _private(batch_size=32)  # q = 0.5
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    for _ in range(2):
+        x, y = next(batches)
+        loader.batch_sampler.sample_rate = 0.01
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+        opt.step()
+    first, second = (r.mechanism for r in ledger.history)
+    assert first == M.SubsampledGaussian(1.0, 0.5)  # drawn at 0.5
+    assert second == M.SubsampledGaussian(1.0, 0.01)  # drawn at 0.01: the window moved on
+    handle.detach()  # the batch sampler gets its own class back
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+    assert type(loader.batch_sampler) is UniformWithReplacementSampler
