@@ -19,6 +19,7 @@ charged at least the rate of the previous step (or at attach).
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Any
 
 from privguard.integrations._describe import swap_iter
@@ -61,9 +62,10 @@ class DrawnRates:
     def rate(self, charged: float) -> float:
         """The rate to charge the next real step at: ``charged`` (the rate in force), or
         more where a batch it may train on was drawn at more."""
-        n = min(len(self.rates), self.since + self.ahead)
-        window = list(self.rates)[len(self.rates) - n:] if n else []
-        q = max([charged, *window])
+        # the window read from the newest draw back (review rsmp: a copy of every kept rate,
+        # up to _KEPT, on each step cost ~15 µs, about 1% of a small model's step)
+        q = max(charged, max(islice(reversed(self.rates), self.since + self.ahead),
+                             default=charged))
         if not self.since:  # no draw recorded since the last step: at least that step's rate
             q = max(q, self.last)
         self._seen = q

@@ -315,3 +315,36 @@ def test_a_batch_drawn_before_the_rate_was_lowered_is_charged_at_its_draw_rate()
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
     assert type(loader.batch_sampler) is UniformWithReplacementSampler
+
+
+class _CountedRates(list):
+    """A stand-in for DrawnRates' record that counts the rates a step reads."""
+
+    read = 0
+
+    def _counted(self, items):
+        for item in items:
+            type(self).read += 1
+            yield item
+
+    def __iter__(self):
+        return self._counted(list.__iter__(self))
+
+    def __reversed__(self):
+        return self._counted(list.__reversed__(self))
+
+
+def test_a_step_reads_only_the_draws_it_may_train_on_not_every_kept_rate():
+    # review rsmp: the step copied every kept rate (up to 4096) to read its window: ~15 µs
+    # on the critical path of every step of a long run (issue 26: attach ≤ 1.02× Opacus)
+    from privguard.integrations._drawn_rates import DrawnRates
+
+    model, opt, loader = _private(batch_size=8)
+    drawn = DrawnRates(loader, 0.125)
+    try:
+        drawn.rates = _CountedRates([0.125] * 4000 + [0.5])  # type: ignore[assignment]
+        drawn.since = 1
+        assert drawn.rate(0.125) == 0.5  # the newest draw, at 0.5
+        assert _CountedRates.read <= drawn.since + drawn.ahead
+    finally:
+        drawn.restore()
