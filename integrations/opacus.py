@@ -52,8 +52,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ``handle.detach()`` restores exactly what was there (step hook, ``step``,
   the engine's accountant). Opacus calls one step hook: one set after attach
   (``optimizer.attach_step_hook(fn)``) that does not call privguard's is
-  caught by a step pre-hook on the wrapped optimizer, before the update: the
-  step, whose noisy gradient that hook saw, is charged and not applied.
+  called after the step's charge (under DDP taken on every rank together),
+  never before it; one set while a step is noised is caught by a step
+  pre-hook on the wrapped optimizer, before the update: the step, whose
+  noisy gradient that hook saw, is charged and not applied.
 * **Opacus' accountant.** Opacus' default accountant is PRV; the ledger
   accounts in RDP, which gives a larger ε for the same σ and q. Attach warns
   (:class:`AccountantWarning`) with what the run costs by RDP.
@@ -214,6 +216,8 @@ class AttachHandle:
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
         self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
         self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
+        self._replacing: Any = None  # a step hook that replaced ours, behind _chain (rsmp)
+        self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
 
     @property
@@ -339,14 +343,48 @@ class AttachHandle:
         return self.ledger.can_afford(self.next_mechanism())
 
     def _expect_charge(self) -> None:
-        """A real step is about to be noised: its charge must run before its update."""
+        """A real step is about to be noised: its charge must run before its update, and
+        before any step hook that replaced ours sees the noisy gradient.
+
+        Review rsmp: a hook set after attach (``optimizer.attach_step_hook(fn)``, Opacus
+        calls one) was handed the step uncharged; the release gate then charged it and
+        refused it on one process, but under DDP it charged nothing (the charge is a
+        collective) and the ranks whose hook was still privguard's waited in that
+        collective while this rank entered the gradient ``all_reduce``. Here, before the
+        noise, such a hook is put behind :meth:`_chain` for this step: the step is charged
+        by :meth:`_hook` (in the step's collective, with every rank), then that hook runs."""
         self._awaiting_charge = True
+        hook = self.optimizer.step_hook
+        # ours or _chain: a method of this handle (compared by identity: == on a user's
+        # callable may be anything)
+        own = getattr(hook, "__self__", None) is self and \
+            getattr(hook, "__func__", None) in (AttachHandle._hook, AttachHandle._chain)
+        if self._active and not own:
+            self._replacing = hook
+            self.optimizer.step_hook = self._chain
+
+    def _chain(self, optimizer: DPOptimizer) -> None:
+        """The step hook for one step whose hook replaced ours (:meth:`_expect_charge`): the
+        charge (:meth:`_hook`; a refusal raises before that hook sees the step), then that
+        hook, which a call back into :meth:`_hook` (a chained hook) does not charge twice."""
+        replacing, self._replacing = self._replacing, None
+        optimizer.step_hook = replacing  # the user's hook stays theirs after this step
+        self._hook(optimizer)
+        if replacing is None:
+            return
+        self._chaining = True
+        try:
+            replacing(optimizer)
+        finally:
+            self._chaining = False
 
     def _unhooked_release(self, *_: Any) -> None:
         """The wrapped torch optimizer's step pre-hook (:func:`_release_gate`): it is about to
         update after a real step that :meth:`_hook` never saw (review smp: an
         ``optimizer.attach_step_hook(fn)`` after attach replaced the step hook, and every
-        later step was released uncharged), which is refused before the update. The hook
+        later step was released uncharged; since review rsmp such a hook runs behind
+        :meth:`_chain`, so this catches one set while the step was noised, after
+        :meth:`_expect_charge`), which is refused before the update. The hook
         that replaced ours has seen the step's noisy gradient: the step is charged first
         (not under DDP, whose charge is a collective the other ranks may not be in), so
         whatever that hook kept of it is post-processing of a charged step."""
@@ -366,6 +404,8 @@ class AttachHandle:
             "hook you replaced from your own (chain them), or attach your hook before attach()")
 
     def _hook(self, optimizer: DPOptimizer) -> None:
+        if self._chaining:  # called back by a hook that replaced ours: charged in _chain
+            return
         if self._active:
             self._awaiting_charge = False  # reached: charged below, or refused
             try:
@@ -557,6 +597,8 @@ class AttachHandle:
         self._active = False
         if self.witnesses is not None:
             self.witnesses.uninstall()
+        if self.optimizer.step_hook == self._chain:  # a step that never reached its hook
+            self.optimizer.step_hook, self._replacing = self._replacing, None
         if self.optimizer.step_hook == self._hook:
             self.optimizer.step_hook = self._previous_hook
         # else: another hook wraps ours; ours stays in its chain as a pass-through.

@@ -701,3 +701,36 @@ def agree_unserialisable(rank: int, workdir: str, epsilon: float) -> dict:
 
 STEP_DICT = {"type": "subsampled_gaussian", "params": {"noise_multiplier": SIGMA}}
 SCENARIOS["agree_unserialisable"] = agree_unserialisable
+
+
+def replaced_hook(rank: int, workdir: str, epsilon: float) -> dict:
+    """Review rsmp: a step hook set after attach (``optimizer.attach_step_hook``) that does
+    not call privguard's, first on rank 1 only, then on both ranks. Before, rank 1 was
+    handed its steps uncharged and entered the gradient all_reduce while rank 0 waited in
+    the charge's collective (a hang), and with the hook replaced on every rank each step
+    was handed to it and refused uncharged. Now every rank charges each step together,
+    before the replacing hook sees it, and the replicas stay equal."""
+    from privguard import Ledger
+    from privguard.integrations.opacus import attach
+
+    _engine, model, opt, loader = _setup()
+    batches = _batches(loader)
+    ledger = Ledger(epsilon, DELTA)
+    handle = attach(opt, ledger, data_loader=loader)
+    seen: list[int] = []
+
+    def logging_hook(optimizer) -> None:
+        seen.append(len(ledger.history))
+
+    applied = []
+    for step in range(4):
+        if step == (0 if rank == 1 else 2):
+            opt.attach_step_hook(logging_hook)
+        applied.append(_one_step(model, opt, next(batches)))
+    out = {"seen": seen, "applied": applied, "charged": handle.steps_charged,
+           "history": len(ledger.history), "params": _params(model)}
+    handle.detach()
+    return out
+
+
+SCENARIOS["replaced_hook"] = replaced_hook

@@ -289,3 +289,14 @@ def test_agree_on_descriptions_that_are_not_json_fails_closed_on_every_rank(tmp_
     assert "rank 1" in r0["raised"]["numpy scalar on rank 1"][2]
     assert r0["raised"]["object on rank 0"][0] == "InvalidArgumentError"
     assert r1["raised"]["object on rank 0"][0] == "RankDisagreementError"
+
+
+def test_a_step_hook_replaced_on_one_rank_is_charged_on_every_rank_together(tmp_path):
+    """Review rsmp: a step hook set after attach on rank 1 only hung the ranks (rank 1 never
+    entered the charge's collective); set on every rank, the steps were refused uncharged
+    after that hook had seen them. Each step is now charged together first, then applied."""
+    r0, r1 = launch("replaced_hook", str(tmp_path), 50.0)
+    assert r1["seen"] == [1, 2, 3, 4] and r0["seen"] == [3, 4]  # after each step's charge
+    for r in (r0, r1):
+        assert r["applied"] == [True] * 4 and r["charged"] == r["history"] == 4
+    assert r0["params"] == r1["params"]
