@@ -10,14 +10,17 @@ at q) was charged SubsampledGaussian(σ, q') for a draw at q (review smp).
 is swapped for a subclass whose iterator reads ``sample_rate`` right after each
 draw, as ``integrations/_describe.py`` swaps the loader). A step's batches are
 among the draws made since the previous real step and the ones that were
-still in flight then (at most ``prefetch_factor × num_workers`` of one
-iterator), so the step is charged at the largest of those rates and the rate
-in force. A step after no recorded draw (an iterator made before attach) is
+still in flight then (at most ``prefetch_factor × num_workers`` of each
+iterator of the batch sampler still alive: review rsmp, two iterators of one
+loader, ``zip(loader, loader)``, hold twice one iterator's prefetch, and the
+window of one missed a batch drawn before the rate was lowered), so the step
+is charged at the largest of those rates and the rate in force. A step after no recorded draw (an iterator made before attach) is
 charged at least the rate of the previous step (or at attach).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from itertools import islice
 from typing import Any
@@ -49,6 +52,17 @@ class DrawnRates:
         self.last = rate_now  # the rate the last step was charged at (at attach: the loader's)
         self._seen = rate_now
         self._original, self._recording = swap_iter(self.sampler, self._drawn)
+        # the sampler's iterators alive (a DataLoader iterator holds its own until it is
+        # dropped): each may hold ``ahead`` draws in flight
+        self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+        recording, iterators = self._recording.__iter__, self._iterators
+
+        def __iter__(sampler: Any) -> Any:
+            iterator = recording(sampler)
+            iterators.add(iterator)
+            return iterator
+
+        self._recording.__iter__ = __iter__  # type: ignore[method-assign]
 
     def _drawn(self, _batch: Any) -> None:
         # read in the same next() call that drew the batch: the rate it was drawn at
@@ -64,8 +78,8 @@ class DrawnRates:
         more where a batch it may train on was drawn at more."""
         # the window read from the newest draw back (review rsmp: a copy of every kept rate,
         # up to _KEPT, on each step cost ~15 µs, about 1% of a small model's step)
-        q = max(charged, max(islice(reversed(self.rates), self.since + self.ahead),
-                             default=charged))
+        window = self.since + self.ahead * max(1, len(self._iterators))
+        q = max(charged, max(islice(reversed(self.rates), window), default=charged))
         if not self.since:  # no draw recorded since the last step: at least that step's rate
             q = max(q, self.last)
         self._seen = q

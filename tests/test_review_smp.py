@@ -379,3 +379,35 @@ def test_a_step_reads_only_the_draws_it_may_train_on_not_every_kept_rate():
         assert _CountedRates.read <= drawn.since + drawn.ahead
     finally:
         drawn.restore()
+
+
+def test_batches_in_flight_in_two_iterators_of_one_loader_are_charged_at_their_draw_rate():
+    # review rsmp: the window held the prefetch of one iterator (prefetch_factor ×
+    # num_workers draws); two live iterators of the loader (zip(loader, loader), a step on
+    # each batch) hold twice that in flight, and the fourth step on the first iterator
+    # trained on a batch drawn at q = 0.125 and charged the lowered rate
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_size=8, num_workers=1, prefetch_factor=2),
+            noise_multiplier=1.0, max_grad_norm=1.0)
+    assert (loader.num_workers, loader.prefetch_factor) == (1, 2)  # q = 0.125
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    first, second = iter(loader), iter(loader)  # each draws 2 batches ahead at q = 0.125
+    for i in range(4):
+        for x, y in (next(first), next(second)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+            opt.step()
+        loader.batch_sampler.sample_rate = 0.01  # the draws from here on
+    # each iterator's batches 1 to 3 (its 2 ahead and the one drawn at its first next())
+    # were drawn at 0.125: steps A1 B1 A2 B2 A3 B3 (A3 was charged 0.01 before)
+    assert [r.mechanism.sample_rate for r in ledger.history][:6] == [0.125] * 6
+    del first, second
