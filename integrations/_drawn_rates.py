@@ -62,7 +62,7 @@ class DrawnRates:
             iterators.add(iterator)
             return iterator
 
-        self._recording.__iter__ = __iter__  # type: ignore[method-assign]
+        self._recording.__iter__ = __iter__
 
     def _drawn(self, _batch: Any) -> None:
         # read in the same next() call that drew the batch: the rate it was drawn at
