@@ -9,13 +9,17 @@ at q) was charged SubsampledGaussian(σ, q') for a draw at q (review smp).
 :class:`DrawnRates` records the rate of every draw (the loader's batch sampler
 is swapped for a subclass whose iterator reads ``sample_rate`` right after each
 draw, as ``integrations/_describe.py`` swaps the loader). A step's batches are
-among the draws made since the previous real step and the ones that were
-still in flight then (at most ``prefetch_factor × num_workers`` of each
-iterator of the batch sampler still alive: review rsmp, two iterators of one
-loader, ``zip(loader, loader)``, hold twice one iterator's prefetch, and the
-window of one missed a batch drawn before the rate was lowered), so the step
-is charged at the largest of those rates and the rate in force. A step after no recorded draw (an iterator made before attach) is
-charged at least the rate of the previous step (or at attach).
+among the draws made since the real step before the previous one (review
+rsmp: a loop that holds the next batch while it trains on this one, a device
+prefetcher, trains on a batch drawn before the previous step) and the ones
+that were still in flight then (at most ``prefetch_factor × num_workers`` of
+each iterator of the batch sampler still alive: review rsmp, two iterators of
+one loader, ``zip(loader, loader)``, hold twice one iterator's prefetch, and
+the window of one missed a batch drawn before the rate was lowered), so the
+step is charged at the largest of those rates and the rate in force. A step
+after no recorded draw (an iterator made before attach) is charged at least
+the rate of the previous step (or at attach). A loop that holds batches across
+more than one step is not seen: lower the rate where it holds none.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class DrawnRates:
         self.ahead = in_flight(loader)
         self.rates: deque[float] = deque(maxlen=_KEPT)
         self.since = 0  # draws since the last real step
+        self.before = 0  # draws between the real step before it and that step (review rsmp)
         self.last = rate_now  # the rate the last step was charged at (at attach: the loader's)
         self._seen = rate_now
         self._original, self._recording = swap_iter(self.sampler, self._drawn)
@@ -78,7 +83,7 @@ class DrawnRates:
         more where a batch it may train on was drawn at more."""
         # the window read from the newest draw back (review rsmp: a copy of every kept rate,
         # up to _KEPT, on each step cost ~15 µs, about 1% of a small model's step)
-        window = self.since + self.ahead * max(1, len(self._iterators))
+        window = self.since + self.before + self.ahead * max(1, len(self._iterators))
         q = max(charged, max(islice(reversed(self.rates), window), default=charged))
         if not self.since:  # no draw recorded since the last step: at least that step's rate
             q = max(q, self.last)
@@ -87,7 +92,7 @@ class DrawnRates:
 
     def take(self) -> None:
         """A real step was charged (or dropped): the window restarts."""
-        self.since, self.last = 0, self._seen
+        self.since, self.before, self.last = 0, self.since, self._seen
 
     def restore(self) -> None:
         """Give the batch sampler its own class back."""

@@ -332,16 +332,19 @@ def test_a_batch_drawn_before_the_rate_was_lowered_is_charged_at_its_draw_rate()
     model, opt, loader = _private(batch_size=32)  # q = 0.5
     ledger = Ledger(delta=1e-5)
     handle = _attach(opt, ledger, data_loader=loader)
-    batches = iter(loader)
-    for _ in range(2):
+    batches = (batch for _ in range(2) for batch in loader)  # 2 steps an epoch at q = 0.5
+    for _ in range(3):
         x, y = next(batches)
         loader.batch_sampler.sample_rate = 0.01
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
         opt.step()
-    first, second = (r.mechanism for r in ledger.history)
+    first, second, third = (r.mechanism for r in ledger.history)
     assert first == M.SubsampledGaussian(1.0, 0.5)  # drawn at 0.5
-    assert second == M.SubsampledGaussian(1.0, 0.01)  # drawn at 0.01: the window moved on
+    # the window holds the draws since the step before the last (a batch held across a
+    # step, review rsmp), then moves on
+    assert second == M.SubsampledGaussian(1.0, 0.5)
+    assert third == M.SubsampledGaussian(1.0, 0.01)
     handle.detach()  # the batch sampler gets its own class back
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 
@@ -411,3 +414,22 @@ def test_batches_in_flight_in_two_iterators_of_one_loader_are_charged_at_their_d
     # were drawn at 0.125: steps A1 B1 A2 B2 A3 B3 (A3 was charged 0.01 before)
     assert [r.mechanism.sample_rate for r in ledger.history][:6] == [0.125] * 6
     del first, second
+
+
+def test_a_batch_held_by_a_prefetcher_across_a_step_is_charged_at_its_draw_rate():
+    # review rsmp: a loop that holds the next batch while it trains on this one (a device
+    # prefetcher) trains, after the rate was lowered, on a batch drawn before; the window
+    # (the draws since the last step) held only the batch drawn for the step after
+    model, opt, loader = _private(batch_size=16)  # q = 0.25
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, data_loader=loader)
+    batches = iter(loader)
+    ahead = next(batches)
+    for _ in range(3):
+        (x, y), ahead = ahead, next(batches)  # the next batch drawn before this step
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+        opt.step()
+        loader.batch_sampler.sample_rate = 0.01
+    # the first two steps trained on batches drawn at 0.25 (the second was charged 0.01)
+    assert [r.mechanism.sample_rate for r in ledger.history][:2] == [0.25, 0.25]
