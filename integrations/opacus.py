@@ -398,10 +398,10 @@ class AttachHandle:
             self._discard_step(self.optimizer)
         raise InvalidArgumentError(
             "optimizer.step_hook", check.short(self.optimizer.step_hook),
-            "replaced privguard's step hook after attach (optimizer.attach_step_hook sets "
-            "the one hook Opacus calls), so this step was noised and handed to that hook "
-            "before its charge; it is charged now and refused before the update. Call the "
-            "hook you replaced from your own (chain them), or attach your hook before attach()")
+            "replaced privguard's step hook while this step was noised (after its check; "
+            "Opacus calls one hook), so the step was handed to that hook before its charge; "
+            "it is charged now and refused before the update. Set a step hook between steps: "
+            "privguard then charges each step before that hook sees it")
 
     def _hook(self, optimizer: DPOptimizer) -> None:
         if self._chaining:  # called back by a hook that replaced ours: charged in _chain
