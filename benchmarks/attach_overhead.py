@@ -98,20 +98,26 @@ def hook_cost(variant: str, steps: int, tmp: str,
     mean is the one to read: one step in up to 16 pays a commit, the others none.
     ``prepare``: called with the ledger before the steps (lease_step_profile.py's
     diagnoses)."""
-    step, ledger = make_step(variant, tmp)
-    if prepare is not None:
-        prepare(ledger)
-    opt = step.optimizer
-    hook, spent = opt.step_hook, []
+    from privguard.integrations.opacus import AttachHandle
 
-    def timed(optimizer):
+    # timed as attach's own hook: a step hook set over it would be called after the
+    # charge (attach charges a step before a hook that replaced its own sees it)
+    hook, spent = AttachHandle._hook, []
+
+    def timed(handle, optimizer):
         t0 = time.perf_counter_ns()
-        hook(optimizer)
+        hook(handle, optimizer)
         spent.append(time.perf_counter_ns() - t0)
 
-    opt.step_hook = timed
-    for _ in range(steps):
-        step()
+    AttachHandle._hook = timed  # type: ignore[method-assign]
+    try:
+        step, ledger = make_step(variant, tmp)
+        if prepare is not None:
+            prepare(ledger)
+        for _ in range(steps):
+            step()
+    finally:
+        AttachHandle._hook = hook  # type: ignore[method-assign]
     if ledger is not None:
         ledger.close()
     return statistics.median(spent[20:]) / 1e9, statistics.mean(spent[20:]) / 1e9
