@@ -129,7 +129,8 @@ class SkipCounter:
                  pre_step: Callable[[], None] | None = None,
                  real_step: Callable[[], None] | None = None) -> None:
         self.optimizer = optimizer
-        # told of every real step, before its noise (attach's release gate, review smp)
+        # told of every real step, before its noise (attach: a replaced step hook is put
+        # behind the charge, review rsmp; the release gate, review smp)
         self._real_step = real_step
         # told of every step()'s pre_step (ghost clipping: integrations/_ghost.py, review rgc)
         self._pre_step = pre_step
