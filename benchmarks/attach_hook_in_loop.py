@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
 
 import torch
+from attach_overhead import hook_timed  # benchmarks/ (the script's folder)
 from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import Ledger
-from privguard.integrations.opacus import AttachHandle, attach
+from privguard.integrations.opacus import attach
 
 
 def main() -> None:
@@ -39,23 +39,14 @@ def main() -> None:
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(data, batch_size=128), noise_multiplier=1.0,
         max_grad_norm=1.0)
-    hook, spent = AttachHandle._hook, []
-
-    def timed(handle, optimizer):
-        t0 = time.perf_counter_ns()
-        hook(handle, optimizer)
-        spent.append(time.perf_counter_ns() - t0)
-
-    AttachHandle._hook = timed  # type: ignore[method-assign]
-    try:
+    spent: list[int] = []
+    with hook_timed(spent):
         attach(opt, Ledger(delta=1e-5), data_loader=loader)
         while len(spent) < args.steps:
             for xb, yb in loader:
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(xb), yb).backward()
                 opt.step()
-    finally:
-        AttachHandle._hook = hook  # type: ignore[method-assign]
     last = spent[-2000:]
     print(f"attach's step hook over {len(spent)} steps, the last {len(last)}: "
           f"median {statistics.median(last) / 1e3:.1f} µs, "

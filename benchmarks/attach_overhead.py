@@ -22,6 +22,7 @@ Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300] [--postgres
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import statistics
@@ -98,11 +99,27 @@ def hook_cost(variant: str, steps: int, tmp: str,
     mean is the one to read: one step in up to 16 pays a commit, the others none.
     ``prepare``: called with the ledger before the steps (lease_step_profile.py's
     diagnoses)."""
+    spent: list[int] = []
+    with hook_timed(spent):
+        step, ledger = make_step(variant, tmp)
+        if prepare is not None:
+            prepare(ledger)
+        for _ in range(steps):
+            step()
+    if ledger is not None:
+        ledger.close()
+    return statistics.median(spent[20:]) / 1e9, statistics.mean(spent[20:]) / 1e9
+
+
+@contextlib.contextmanager
+def hook_timed(spent: list[int]):
+    """Inside: the time (ns) of each call of attach's step hook, on any optimizer attached
+    here, appended to ``spent``. Timed as attach's own hook: a step hook set over it is
+    called after the charge (attach charges a step before a hook that replaced its own
+    sees it), so a wrapper would time nothing."""
     from privguard.integrations.opacus import AttachHandle
 
-    # timed as attach's own hook: a step hook set over it would be called after the
-    # charge (attach charges a step before a hook that replaced its own sees it)
-    hook, spent = AttachHandle._hook, []
+    hook = AttachHandle._hook
 
     def timed(handle, optimizer):
         t0 = time.perf_counter_ns()
@@ -111,16 +128,9 @@ def hook_cost(variant: str, steps: int, tmp: str,
 
     AttachHandle._hook = timed  # type: ignore[method-assign]
     try:
-        step, ledger = make_step(variant, tmp)
-        if prepare is not None:
-            prepare(ledger)
-        for _ in range(steps):
-            step()
+        yield
     finally:
         AttachHandle._hook = hook  # type: ignore[method-assign]
-    if ledger is not None:
-        ledger.close()
-    return statistics.median(spent[20:]) / 1e9, statistics.mean(spent[20:]) / 1e9
 
 
 def median_call(fn, calls: int) -> float:
