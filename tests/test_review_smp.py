@@ -433,3 +433,24 @@ def test_a_batch_held_by_a_prefetcher_across_a_step_is_charged_at_its_draw_rate(
         loader.batch_sampler.sample_rate = 0.01
     # the first two steps trained on batches drawn at 0.25 (the second was charged 0.01)
     assert [r.mechanism.sample_rate for r in ledger.history][:2] == [0.25, 0.25]
+
+
+def test_detach_after_a_step_that_failed_before_its_hook_gives_back_the_replacing_hook():
+    # a replacing hook is put behind the charge for one step; a step that fails before its
+    # hook (here add_noise) leaves it there until the next step or detach
+    model, opt, loader = _private()
+    ledger = Ledger(delta=1e-5)
+    handle = _attach(opt, ledger, data_loader=loader)
+    seen = []
+    opt.attach_step_hook(seen.append)
+    noise = opt.add_noise
+
+    def failing():
+        raise RuntimeError("device lost")
+
+    opt.add_noise = failing
+    with pytest.raises(RuntimeError, match="device lost"):
+        _step(model, opt, loader)
+    opt.add_noise = noise
+    handle.detach()
+    assert opt.step_hook == seen.append and seen == [] and len(ledger.history) == 0
