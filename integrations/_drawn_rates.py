@@ -60,14 +60,15 @@ class DrawnRates:
         # the sampler's iterators alive (a DataLoader iterator holds its own until it is
         # dropped): each may hold ``ahead`` draws in flight
         self._iterators: weakref.WeakSet[Any] = weakref.WeakSet()
-        recording, iterators = self._recording.__iter__, self._iterators
+        cls: Any = self._recording  # a class made at runtime (swap_iter)
+        recording, iterators = cls.__iter__, self._iterators
 
         def __iter__(sampler: Any) -> Any:
             iterator = recording(sampler)
             iterators.add(iterator)
             return iterator
 
-        self._recording.__iter__ = __iter__
+        cls.__iter__ = __iter__
 
     def _drawn(self, _batch: Any) -> None:
         # read in the same next() call that drew the batch: the rate it was drawn at
