@@ -53,7 +53,10 @@ def parse(url: str) -> tuple[str, str, str]:
     if not _NAME.match(name):
         raise InvalidArgumentError("path", _masked(url), "must name the ledger with 1-100 "
                                    "characters among letters, digits, '_', '.' and '-'")
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k != "ledger"])
+    # Every other parameter reaches libpq exactly as written: decoding and re-encoding
+    # would turn a "%20" into "+", which libpq reads as a plus sign (review pgu).
+    rest = "&".join(pair for pair in parts.query.split("&")
+                    if pair and urllib.parse.unquote_plus(pair.partition("=")[0]) != "ledger")
     conninfo = urllib.parse.urlunsplit(parts._replace(query=rest))
     return conninfo, name, _masked(url)
 
