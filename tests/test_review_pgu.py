@@ -5,7 +5,7 @@ from __future__ import annotations
 import _pgserver
 import pytest
 
-from privguard import Ledger
+from privguard import InvalidArgumentError, Ledger, PrivguardError
 from privguard import mechanisms as M
 from privguard._stores._pgurl import parse
 
@@ -31,3 +31,30 @@ def test_a_session_option_in_the_url_applies(pg):
     shown = ledger._store._conn.execute("SHOW statement_timeout").fetchone()[0]
     assert shown == "61s"
     ledger.close()
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://ann:pa/Hunter2@127.0.0.1:1/db?ledger=x",
+    "postgresql://ann:pa?Hunter2@127.0.0.1:1/db?ledger=x",
+    "postgresql://ann:pa#Hunter2@127.0.0.1:1/db",
+    "postgresql://ann:pa@Hunter2@127.0.0.1:1/db",
+])
+def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url):
+    # urlsplit ends the authority at the first '/', '?' or '#' (so "ann:pa" had no
+    # password to mask) and libpq ends the credentials at the first '@' (it then
+    # resolved the host "Hunter2@127.0.0.1"): the password reached the message
+    for attempt in (lambda: Ledger.open(url), lambda: Ledger(3.0, 1e-5, path=url)):
+        with pytest.raises(PrivguardError) as caught:
+            attempt()
+        assert "Hunter2" not in str(caught.value)
+        assert isinstance(caught.value, InvalidArgumentError) and caught.value.argument == "path"
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://h1:1,h2:2/db?ledger=x&application_name=a@b",
+    "postgresql://[::1]:1/db?ledger=x",
+    "postgresql://ann:p%40ss@127.0.0.1:1/db?ledger=x",
+])
+def test_well_formed_urls_are_still_accepted(url):
+    _, name, shown = parse(url)
+    assert name == "x" and "p%40ss" not in shown

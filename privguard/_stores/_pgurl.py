@@ -46,6 +46,13 @@ def parse(url: str) -> tuple[str, str, str]:
         query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
         raise InvalidArgumentError("path", _masked(url), f"must be a valid URL ({exc})") from None
+    if _unencoded_password(parts.netloc) or parts.netloc.count("@") > 1:
+        shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.split(":", 1)[0] + ":***",
+                                         "", "", ""))
+        raise InvalidArgumentError("path", shown, "must percent-encode '@', '/', '?' and '#' "
+                                   "in a user name or password (%40, %2F, %3F, %23): libpq "
+                                   "reads the credentials up to the first '@', and the rest "
+                                   "of the password would be shown in messages")
     names = [v for k, v in query if k == "ledger"]
     if len(names) > 1:
         raise InvalidArgumentError("path", _masked(url), "must name one ledger (ledger=NAME)")
@@ -91,6 +98,27 @@ def scrub(text: str, url: str) -> str:
     for secret in secrets(url):
         text = text.replace(secret, "***")
     return text
+
+
+def _unencoded_password(netloc: str) -> bool:
+    """Whether ``netloc`` (the authority up to the first '/', '?' or '#') ends inside a
+    password: no ``@`` in it, and a host's port that is not a number (review pgu).
+
+    ``postgresql://u:pa/ss@db/b`` has the authority ``u:pa``: masked as written, the
+    rest of the password would reach every message.
+
+    Example:
+        >>> _unencoded_password("u:pa"), _unencoded_password("h1:5432,[::1]:5433")
+        (True, False)
+    """
+    if "@" in netloc:
+        return False
+    for host in netloc.split(","):
+        port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") \
+            else host.rpartition(":")[2] if ":" in host else ""
+        if port and not port.isdigit():
+            return True
+    return False
 
 
 def _is_password_key(key: str) -> bool:
