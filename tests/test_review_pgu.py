@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import _pgserver
+import psycopg
 import pytest
 
-from privguard import InvalidArgumentError, Ledger, PrivguardError
+from privguard import InvalidArgumentError, Ledger, LedgerStateError, PrivguardError
 from privguard import mechanisms as M
 from privguard._stores._pgurl import parse
 
@@ -58,3 +59,35 @@ def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url):
 def test_well_formed_urls_are_still_accepted(url):
     _, name, shown = parse(url)
     assert name == "x" and "p%40ss" not in shown
+
+
+class _CommitLost:
+    """A connection whose COMMIT never reaches the server, with a driver message that
+    repeats the password (the other driver messages are scrubbed: _error)."""
+
+    def __init__(self, conn, secret):
+        self._conn, self._secret = conn, secret
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, query, *args, **kw):
+        if query == "COMMIT":
+            self._conn.close()  # the server rolls the transaction back
+            raise psycopg.OperationalError(f"connection to user:{self._secret} lost")
+        return self._conn.execute(query, *args, **kw)
+
+
+def test_a_lost_commit_never_shows_the_password(pg):
+    srv, db, name = pg
+    secret = srv.passwords[_pgserver.OWNER]
+    url = srv.url(_pgserver.OWNER, db, name).replace("@", f":{secret}@", 1)
+    ledger = Ledger(3.0, 1e-5, path=url)
+    ledger.charge(STEP)
+    ledger._store._conn = _CommitLost(ledger._store._conn, secret)
+    with pytest.raises(LedgerStateError) as caught:
+        ledger.charge(STEP, label="lost")
+    assert "NOT recorded" in str(caught.value) and secret not in str(caught.value)
+    again = Ledger.open(url)
+    assert [r.label for r in again.history] == [None]
+    again.close()

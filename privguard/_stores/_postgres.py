@@ -309,9 +309,9 @@ class PostgresStore:
         if row is not None and row[0] == digest:
             return  # it was committed: the ledger goes on
         self._desync = "a charge was not recorded; reopen the ledger"
-        raise LedgerStateError(f"{self.path}: the connection was lost before the commit "
-                               f"completed ({failure}); the charge was NOT recorded. This "
-                               "ledger now refuses charges: reopen it")
+        raise self._error(failure, "the connection was lost before the commit completed; "
+                          "the charge was NOT recorded. This ledger now refuses charges: "
+                          "reopen it") from failure
 
     def transaction(self, acc: Accounting, write: bool) -> contextlib.AbstractContextManager[_Txn]:
         return self._transaction(acc, write)
