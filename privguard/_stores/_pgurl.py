@@ -49,10 +49,11 @@ def parse(url: str) -> tuple[str, str, str]:
     if _unencoded_password(parts.netloc) or parts.netloc.count("@") > 1:
         shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.split(":", 1)[0] + ":***",
                                          "", "", ""))
-        raise InvalidArgumentError("path", shown, "must percent-encode '@', '/', '?' and '#' "
-                                   "in a user name or password (%40, %2F, %3F, %23): libpq "
-                                   "reads the credentials up to the first '@', and the rest "
-                                   "of the password would be shown in messages")
+        raise InvalidArgumentError("path", shown, "must give numeric ports and percent-encode "
+                                   "'@', '/', '?' and '#' in a user name or password (%40, "
+                                   "%2F, %3F, %23): libpq reads the credentials up to the "
+                                   "first '@', and the rest of a password would be shown in "
+                                   "messages")
     names = [v for k, v in query if k == "ledger"]
     if len(names) > 1:
         raise InvalidArgumentError("path", _masked(url), "must name one ledger (ledger=NAME)")
