@@ -26,15 +26,33 @@ def upper(x: float, spec: str) -> str:
         >>> upper(2.50241, ".4g"), upper(2.50289, ".4g"), upper(0.20049, ".3f"), upper(3.0, ".4g")
         ('2.503', '2.503', '0.201', '3')
     """
+    return _directed(x, spec, decimal.ROUND_CEILING)
+
+
+def lower(x: float, spec: str) -> str:
+    """``format(x, spec)`` rounded down: a quantity the reader must not overstate (what
+    is left of a budget) printed with fewer digits (review cli: "59.95% left" was printed
+    as "60% left").
+
+    Example:
+        >>> lower(59.95, ".3g"), lower(0.20049, ".3f"), lower(3.0, ".4g")
+        ('59.9', '0.200', '3')
+    """
+    return _directed(x, spec, decimal.ROUND_FLOOR)
+
+
+def _directed(x: float, spec: str, rounding: str) -> str:
+    """``format(x, spec)`` rounded towards +∞ (``ROUND_CEILING``) or −∞ (``ROUND_FLOOR``)."""
     text = format(x, spec)
-    if not math.isfinite(x) or decimal.Decimal(text) >= decimal.Decimal(x):
+    if not math.isfinite(x):
         return text
-    exact = decimal.Decimal(x)  # the float's exact value, not its shortest repr
+    shown, exact = decimal.Decimal(text), decimal.Decimal(x)  # the float's exact value
+    if shown == exact or (shown > exact) == (rounding == decimal.ROUND_CEILING):
+        return text
     places = int(spec[1:-1])
     step = (-places if spec.endswith("f")
             else exact.adjusted() - (places - 1))
-    return format(exact.quantize(decimal.Decimal(1).scaleb(step), rounding=decimal.ROUND_CEILING),
-                  spec)
+    return format(exact.quantize(decimal.Decimal(1).scaleb(step), rounding=rounding), spec)
 
 
 @dataclasses.dataclass(frozen=True)

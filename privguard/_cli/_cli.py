@@ -22,8 +22,9 @@ and shows the target the file claims and the command that confirms it.
 not a regular file (a FIFO, a directory, a device) is refused before it is
 opened, and ``plot`` checks its output path before computing (``-o`` names the image
 file; a directory is refused, naming a file inside it). Exit status: 0
-on success, 2 when the ledger cannot be read or fails verification (it fails
-closed: an inconsistent file is reported, never repaired), 1 on other errors.
+on success, 2 on a bad argument or when the ledger cannot be read or fails
+verification (it fails closed: an inconsistent file is reported, never repaired),
+130 on Ctrl-C (one line, no traceback), 1 on other errors.
 """
 
 from __future__ import annotations
@@ -186,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         # Python flushes stdout again at exit; point it at devnull so that raises nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (review cli); the charges
+        # already made stay in the ledger (a ledger never goes backwards), nothing is undone
+        print("privguard: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
     except Exception as exc:
         print(f"privguard: error: {exc!r}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run
-from privguard._accounting._results import describe, upper
+from privguard._accounting._results import describe, lower, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
@@ -251,8 +251,9 @@ def print_report(data: dict[str, Any]) -> None:
     if b is not None:
         over = (" — over the target after a retarget: every charge is refused"
                 if b["spent"] > b["epsilon"] else "")
-        print(f"budget      {b['spent']:.4g} of ε = {b['epsilon']:g} spent ({b['part']}) — "
-              f"{100 * b['left']:.3g}% left{over}")
+        # spent rounded up, what is left rounded down (review cli: 59.95% left printed as 60%)
+        print(f"budget      {upper(b['spent'], '.4g')} of ε = {b['epsilon']:g} spent "
+              f"({b['part']}) — {lower(100 * b['left'], '.3g')}% left{over}")
     else:
         print("budget      " + ("strict per-order RDP budget (a tuning candidate's child)"
                                if data["strict_budget"] else "none: no (ε, δ) target, "

@@ -1,0 +1,68 @@
+"""Adversarial review of the command line (review cli)."""
+
+from __future__ import annotations
+
+import pytest
+
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard._accounting._budget import Budget
+from privguard._accounting._results import lower, upper
+from privguard._cli._cli import main
+from privguard._cli._report import print_report
+
+
+def test_budget_line_rounds_spent_up_and_left_down():
+    # 1.60241 spent of 4: 59.93975% left. Rounded to nearest it read "1.602 spent, 59.9%";
+    # at 2.39801 spent, 40.04975% left read "40% left" and "2.398 spent": both understate
+    b = Budget(4.0, 1e-5, 2.398_01, "RDP filter")
+    text = str(b)
+    spent = float(text.split()[1])
+    left = float(text.split("— ")[1].split("%")[0])
+    assert spent >= b.spent and left <= 100 * b.left, text
+
+
+def test_report_budget_line_rounds_spent_up_and_left_down(capsys):
+    data = {"budget": {"spent": 2.398_01, "epsilon": 4.0, "left": 1 - 2.398_01 / 4.0,
+                       "part": "RDP filter"}}
+    with pytest.raises(KeyError):  # only the first line is of interest here
+        print_report({**data, "target_epsilon": 4.0, "delta": 1e-5})
+    line = capsys.readouterr().out.splitlines()[0]
+    spent = float(line.split()[1])
+    left = float(line.split("— ")[1].split("%")[0])
+    assert spent >= 2.398_01 and left <= 100 * (1 - 2.398_01 / 4.0), line
+
+
+@pytest.mark.parametrize("x", [59.95, 0.000_384_9, 99.99, 3.0, 0.0, 2.502_41])
+def test_lower_is_at_most_and_upper_at_least(x):
+    for spec in (".3g", ".4g", ".3f"):
+        assert float(lower(x, spec)) <= x <= float(upper(x, spec))
+
+
+def test_tuning_bound_is_printed_rounded_up():
+    import numpy as np
+
+    from privguard.tuning import TuningPlan
+
+    plan = TuningPlan(M.Gaussian(1.0), np.array([2.0]), np.array([1.0]), 2.502_41, 1e-5,
+                      3.0, 2.0)
+    shown = float(str(plan).split("ε = ")[1].split()[0])
+    assert shown >= plan.epsilon, str(plan)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "b.db"
+    ledger = Ledger(4.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("privguard._cli._report.report", interrupted)
+    assert main(["report", str(path)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "privguard: interrupted"
+    reopened = Ledger.open(path, read_only=True)
+    assert len(reopened.history) == 1  # nothing charged, nothing undone
+    reopened.close()
