@@ -66,3 +66,21 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     reopened = Ledger.open(path, read_only=True)
     assert len(reopened.history) == 1  # nothing charged, nothing undone
     reopened.close()
+
+
+def test_server_init_prints_the_stored_target_exactly(monkeypatch, capsys):
+    # --epsilon 1.23456789 was printed as Ledger(1.23457, ...): a job running that line is
+    # refused (another configuration). The line must name the stored target.
+    def fake(url, ledger, epsilon, delta, *, charger, owner):
+        return {"ledger": ledger, "target": [epsilon, delta], "charges": 0,
+                "schema_owner": owner, "charger": charger,
+                "charger_url": f"postgresql://{charger}@h/db?ledger={ledger}"}
+
+    monkeypatch.setattr("privguard._stores._pgadmin.server_init", fake)
+    assert main(["server-init", "postgresql://admin@h/db", "--ledger", "team",
+                 "--epsilon", "1.23456789", "--delta", "1.234567e-5"]) == 0
+    out = capsys.readouterr().out
+    args = out.split("Ledger(")[1].split(", path=")[0]
+    eps, delta = (float(part) for part in args.split(", "))
+    assert (eps, delta) == (1.23456789, 1.234567e-5), out
+    assert "ε = 1.23456789" in out

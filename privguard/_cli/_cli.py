@@ -46,6 +46,13 @@ def _floats(text: str) -> list[float]:
                                          ) from None
 
 
+def _exact(x: float) -> str:
+    """``x`` short (``:g``) when that reads back as ``x``, else in full (``repr``): the target
+    printed must be the stored one, or the ``Ledger(...)`` line shown is refused as another
+    configuration (review cli: ``--epsilon 1.23456789`` printed ``Ledger(1.23457, ...)``)."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privguard",
                                      description="Inspect, verify and upgrade privguard ledgers.")
@@ -139,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 
             done = server_init(args.url, args.ledger, args.epsilon, args.delta,
                                charger=args.charger, owner=args.owner)
-            print(f"ledger {done['ledger']!r}: target (ε = {done['target'][0]:g}, "
-                  f"δ = {done['target'][1]:g}), {done['charges']} charges so far; schema "
-                  f"owner {done['schema_owner']!r}, charging role {done['charger']!r}.\n"
-                  f"Jobs charge it with Ledger({done['target'][0]:g}, {done['target'][1]:g}, "
-                  f"path={done['charger_url']!r})")
+            eps, delta = (_exact(x) for x in done["target"])
+            print(f"ledger {done['ledger']!r}: target (ε = {eps}, δ = {delta}), "
+                  f"{done['charges']} charges so far; schema owner {done['schema_owner']!r}, "
+                  f"charging role {done['charger']!r}.\n"
+                  f"Jobs charge it with Ledger({eps}, {delta}, path={done['charger_url']!r})")
         elif args.command == "verify":
             from privguard._stores import open_store
             from privguard._stores._snapshot import snapshot
