@@ -84,3 +84,23 @@ def test_server_init_prints_the_stored_target_exactly(monkeypatch, capsys):
     eps, delta = (float(part) for part in args.split(", "))
     assert (eps, delta) == (1.23456789, 1.234567e-5), out
     assert "ε = 1.23456789" in out
+
+
+def test_the_filter_statement_never_states_a_smaller_target(tmp_path, capsys):
+    # ε = 1.2345649 was stated as "(ε = 1.23456, δ = ...)-DP": a smaller ε than the
+    # filter's, in the guarantee, the report's "report" and "filter" lines
+    import re
+
+    path = tmp_path / "b.db"
+    ledger = Ledger(1.234_564_9, 1.000_004_9e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    claim = str(ledger.guarantee())
+    ledger.close()
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    for text in (claim, out):
+        stated = re.findall(r"\(ε = ([0-9.e+-]+), δ = ([0-9.e+-]+)\)", text)
+        assert stated, text
+        for eps, delta in stated:
+            assert float(eps) >= 1.234_564_9 and float(delta) >= 1.000_004_9e-5, text
+    assert "the whole interaction is (1.2345649, 1.0000049e-05)-DP" in out

@@ -29,6 +29,18 @@ def upper(x: float, spec: str) -> str:
     return _directed(x, spec, decimal.ROUND_CEILING)
 
 
+def exact(x: float) -> str:
+    """``x`` short (``:g``) when that reads back as ``x``, else in full (``repr``): a target
+    or δ in a statement is the stated one, never rounded either way (review cli: ε = 1.2345649
+    was stated as "(ε = 1.23456, ...)-DP", a smaller ε than the filter's).
+
+    Example:
+        >>> exact(4.0), exact(1e-5), exact(1.2345649)
+        ('4', '1e-05', '1.2345649')
+    """
+    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
+
+
 def lower(x: float, spec: str) -> str:
     """``format(x, spec)`` rounded down: a quantity the reader must not overstate (what
     is left of a budget) printed with fewer digits (review cli: "59.95% left" was printed
@@ -159,11 +171,11 @@ def guarantee_of(acc: Any) -> Guarantee:
         raise InvalidArgumentError("delta", None, "this ledger has no δ to state a guarantee at")
     if cfg.epsilon is not None:
         return Guarantee("filter", cfg.epsilon, cfg.delta,
-                         f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
+                         f"(ε = {exact(cfg.epsilon)}, δ = {exact(cfg.delta)})-DP for the whole "
                          "interaction (a privacy filter checked every charge before it ran)")
     eps = acc.epsilon(cfg.delta)
     return Guarantee("odometer", eps, cfg.delta,
-                     f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {cfg.delta:g}, valid "
+                     f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {exact(cfg.delta)}, valid "
                      "at the adaptively chosen stopping time (privacy odometer)")
 
 
@@ -196,7 +208,7 @@ def _retargeted_guarantee(acc: Any) -> Guarantee:
                           "fixed before the first output, and one chosen after it is not "
                           "covered (docs/theory.md §4), so there is no guarantee to state")
     eps = acc.epsilon(delta)
-    statement = (f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {delta:g}, valid at the "
+    statement = (f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {exact(delta)}, valid at the "
                  "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
                  "the first output (the target was changed afterwards")
     if now is not None and now > delta:

@@ -46,13 +46,6 @@ def _floats(text: str) -> list[float]:
                                          ) from None
 
 
-def _exact(x: float) -> str:
-    """``x`` short (``:g``) when that reads back as ``x``, else in full (``repr``): the target
-    printed must be the stored one, or the ``Ledger(...)`` line shown is refused as another
-    configuration (review cli: ``--epsilon 1.23456789`` printed ``Ledger(1.23457, ...)``)."""
-    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="privguard",
                                      description="Inspect, verify and upgrade privguard ledgers.")
@@ -142,11 +135,14 @@ def main(argv: list[str] | None = None) -> int:
                                      rdp_budget=args.rdp_budget, no_target=args.no_target),
                              indent=2))
         elif args.command == "server-init":
+            from privguard._accounting._results import exact
             from privguard._stores._pgadmin import server_init
 
             done = server_init(args.url, args.ledger, args.epsilon, args.delta,
                                charger=args.charger, owner=args.owner)
-            eps, delta = (_exact(x) for x in done["target"])
+            # exact, so the Ledger(...) line shown is not refused as another configuration (review
+            # cli: --epsilon 1.23456789 printed Ledger(1.23457, ...))
+            eps, delta = (exact(x) for x in done["target"])
             print(f"ledger {done['ledger']!r}: target (ε = {eps}, δ = {delta}), "
                   f"{done['charges']} charges so far; schema owner {done['schema_owner']!r}, "
                   f"charging role {done['charger']!r}.\n"

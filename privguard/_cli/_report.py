@@ -29,7 +29,7 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run
-from privguard._accounting._results import describe, lower, upper
+from privguard._accounting._results import describe, exact, lower, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
@@ -207,7 +207,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         # after a retarget the filter's theorem (a target fixed in advance) does not apply,
         # so its (ε, δ) is not stated as holding (review aa: it was, with a "but" after it)
         "target_statement": (None if cfg.epsilon is None else
-                             f"the whole interaction is ({cfg.epsilon:g}, {delta:g})-DP"
+                             f"the whole interaction is ({exact(cfg.epsilon)}, {exact(delta)})-DP"
                              if not ledger._acc.retargeted else
                              f"target ({cfg.epsilon:g}, {delta:g}) set by a retarget after "
                              "charges were made, so it was not fixed in advance and no "
@@ -282,7 +282,8 @@ def print_report(data: dict[str, Any]) -> None:
                   f"ledger's {data['orders']} orders, as Opacus' RDP accountant on them; {fixed})"
                   f"{_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")
-    filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
+    filt = (f"(ε = {exact(target)}, δ = {exact(delta)}) "
+            f"{'hybrid ' if data['filter'] == 'hybrid' else ''}"
             f"filter: {data['target_statement']}" if target is not None else
             "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
     print(f"filter      {filt}")
