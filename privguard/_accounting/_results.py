@@ -29,7 +29,7 @@ def upper(x: float, spec: str) -> str:
     return _directed(x, spec, decimal.ROUND_CEILING)
 
 
-def exact(x: float) -> str:
+def exact(x: float | None) -> str:
     """``x`` short (``:g``) when that reads back as ``x``, else in full (``repr``): a target
     or δ in a statement is the stated one, never rounded either way (review cli: ε = 1.2345649
     was stated as "(ε = 1.23456, ...)-DP", a smaller ε than the filter's).
@@ -38,6 +38,8 @@ def exact(x: float) -> str:
         >>> exact(4.0), exact(1e-5), exact(1.2345649)
         ('4', '1e-05', '1.2345649')
     """
+    if x is None:
+        return "None"
     return f"{x:g}" if float(f"{x:g}") == x else repr(x)
 
 
