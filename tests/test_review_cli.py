@@ -104,3 +104,12 @@ def test_the_filter_statement_never_states_a_smaller_target(tmp_path, capsys):
         for eps, delta in stated:
             assert float(eps) >= 1.234_564_9 and float(delta) >= 1.000_004_9e-5, text
     assert "the whole interaction is (1.2345649, 1.0000049e-05)-DP" in out
+
+
+def test_remaining_prints_the_count_of_repeats_in_full():
+    # 1234567 repeats were printed as "1.23457e+06 more ... fit": 3 more than fit
+    from privguard._accounting._results import Remaining
+
+    text = str(Remaining(None, None, None, None, 1_234_567.0))
+    assert text.startswith("1234567 more"), text
+    assert str(Remaining(None, None, None, None, float("inf"))).startswith("unlimited"), text

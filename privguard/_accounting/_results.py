@@ -112,7 +112,9 @@ class Remaining:
         if self.epsilon_target is not None and self.budget is None:
             parts.append(f"target ε = {self.epsilon_target:g}")
         if self.repeats is not None:
-            parts.append(f"{self.repeats:g} more of the queried mechanism fit")
+            # a count, in full: ":g" printed 1234567 as 1.23457e+06, more than fit (review cli)
+            count = f"{self.repeats:.0f}" if math.isfinite(self.repeats) else "unlimited"
+            parts.append(f"{count} more of the queried mechanism fit")
         return "; ".join(parts) or "no budget configured"
 
 
