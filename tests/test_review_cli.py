@@ -113,3 +113,21 @@ def test_remaining_prints_the_count_of_repeats_in_full():
     text = str(Remaining(None, None, None, None, 1_234_567.0))
     assert text.startswith("1234567 more"), text
     assert str(Remaining(None, None, None, None, float("inf"))).startswith("unlimited"), text
+
+
+def test_an_output_that_cannot_be_written_is_one_line_not_a_builtin_repr(tmp_path, monkeypatch,
+                                                                         capsys):
+    # `privguard report b.db > /dev/full` printed "privguard: error: OSError(28, 'No space
+    # left on device')"
+    import errno
+
+    path = tmp_path / "b.db"
+    Ledger(4.0, 1e-5, path=path).close()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("privguard._cli._report.print_report", full)
+    assert main(["report", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert err == "privguard: No space left on device\n", err

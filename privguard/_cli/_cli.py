@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         # already made stay in the ledger (a ledger never goes backwards), nothing is undone
         print("privguard: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+    except OSError as exc:  # e.g. the output cannot be written (`> /dev/full`): one line,
+        # as for any command, not a built-in exception's repr (review cli)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"privguard: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"privguard: error: {exc!r}", file=sys.stderr)
         return 1
