@@ -131,3 +131,37 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_builtin_repr(tmp_pat
     assert main(["report", str(path)]) != 0
     err = capsys.readouterr().err
     assert err == "privguard: No space left on device\n", err
+
+
+def test_plot_interrupted_while_writing_leaves_no_half_written_image(tmp_path, monkeypatch,
+                                                                     capsys):
+    # savefig wrote straight to -o: a full disk or Ctrl-C in the middle left a truncated PNG
+    import matplotlib.figure
+
+    path = tmp_path / "b.db"
+    ledger = Ledger(4.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+    out = tmp_path / "eps.png"
+
+    def half(self, fname, *args, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\\x89PNG\\r\\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", half)
+    assert main(["plot", str(path), "-o", str(out)]) == 130
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.db"]  # nothing left beside it
+
+
+def test_plot_still_writes_the_named_file(tmp_path, capsys):
+    path = tmp_path / "b.db"
+    ledger = Ledger(4.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+    for name in ("eps.png", "eps.svg", "eps"):
+        assert main(["plot", str(path), "-o", str(tmp_path / name)]) == 0
+    assert (tmp_path / "eps.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "eps.svg").read_bytes()[:500]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]

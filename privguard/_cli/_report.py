@@ -17,6 +17,7 @@ Upper bounds (the running ε, the risk sentence's TPR) are printed rounded up
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -371,13 +372,20 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"
                  if panels == 2 else name, fontsize=10)
     fig.tight_layout()
+    # drawn beside ``out`` and renamed over it: a write that fails or is interrupted
+    # (a full disk, Ctrl-C) leaves no half-written image at ``out`` (review cli)
+    part = os.path.join(os.path.dirname(os.path.abspath(out)),
+                        f".{os.path.basename(out)}.{os.getpid()}.part")
     try:
-        fig.savefig(out, dpi=120)
+        fig.savefig(part, dpi=120, format=os.path.splitext(out)[1][1:].lower())
+        os.replace(part, out)
     except OSError as exc:
         raise InvalidArgumentError("output", out, f"cannot be written ({exc.strerror or exc})"
                                    ) from None
     finally:
         plt.close(fig)
+        with contextlib.suppress(OSError):
+            os.remove(part)  # left only when the write or the rename failed
     return out
 
 
