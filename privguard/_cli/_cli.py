@@ -5,7 +5,8 @@
     privguard verify budget.db
     privguard upgrade budget.db --epsilon E --delta D
     privguard server-init postgresql://admin@host/db --ledger NAME --epsilon E --delta D
-    privguard demo [--db PATH] [--quick]
+    privguard demo [--db PATH] [--quick] [--epsilon E]
+    privguard audit [--quick] [--seed N] [--steps N] [--canaries N]
 
 Each PATH may also be a ``postgresql://USER@HOST:PORT/DB?ledger=NAME`` URL
 (``pip install 'privguard[postgres]'``); ``server-init`` creates the schema,
