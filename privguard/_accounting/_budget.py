@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from privguard._accounting._filters import DPFilter
+from privguard._accounting._results import lower, upper
 
 #: The grid of part A's counts at which the PLD ε is evaluated: T_A, then repeatedly
 #: min(⌈g / RATIO⌉, g − 1).
@@ -81,8 +82,9 @@ class Budget:
         return min(1.0, max(0.0, 1.0 - self.spent / self.epsilon))
 
     def __str__(self) -> str:
-        return (f"budget {self.spent:.4g} of ε = {self.epsilon:g} spent ({self.part}) "
-                f"— {100 * self.left:.3g}% left")
+        # spent rounded up, what is left rounded down: neither overstates the budget left
+        return (f"budget {upper(self.spent, '.4g')} of ε = {self.epsilon:g} spent "
+                f"({self.part}) — {lower(100 * self.left, '.3g')}% left")
 
 
 # ------------------------------------------------------------------ RDP filter

@@ -26,15 +26,47 @@ def upper(x: float, spec: str) -> str:
         >>> upper(2.50241, ".4g"), upper(2.50289, ".4g"), upper(0.20049, ".3f"), upper(3.0, ".4g")
         ('2.503', '2.503', '0.201', '3')
     """
+    return _directed(x, spec, decimal.ROUND_CEILING)
+
+
+def exact(x: float | None) -> str:
+    """``x`` short (``:g``) when that reads back as ``x``, else in full (``repr``): a target
+    or δ in a statement is the stated one, never rounded either way (review cli: ε = 1.2345649
+    was stated as "(ε = 1.23456, ...)-DP", a smaller ε than the filter's).
+
+    Example:
+        >>> exact(4.0), exact(1e-5), exact(1.2345649)
+        ('4', '1e-05', '1.2345649')
+    """
+    if x is None:
+        return "None"
+    return f"{x:g}" if float(f"{x:g}") == x else repr(x)
+
+
+def lower(x: float, spec: str) -> str:
+    """``format(x, spec)`` rounded down: a quantity the reader must not overstate (what
+    is left of a budget) printed with fewer digits (review cli: "59.95% left" was printed
+    as "60% left").
+
+    Example:
+        >>> lower(59.95, ".3g"), lower(0.20049, ".3f"), lower(3.0, ".4g")
+        ('59.9', '0.200', '3')
+    """
+    return _directed(x, spec, decimal.ROUND_FLOOR)
+
+
+def _directed(x: float, spec: str, rounding: str) -> str:
+    """``format(x, spec)`` rounded towards +∞ (``ROUND_CEILING``) or −∞ (``ROUND_FLOOR``)."""
     text = format(x, spec)
-    if not math.isfinite(x) or decimal.Decimal(text) >= decimal.Decimal(x):
+    if not math.isfinite(x):
         return text
-    exact = decimal.Decimal(x)  # the float's exact value, not its shortest repr
+    shown, exact = decimal.Decimal(text), decimal.Decimal(x)  # the float's exact value
+    if shown == exact or (shown > exact) == (rounding == decimal.ROUND_CEILING):
+        return text
     places = int(spec[1:-1])
     step = (-places if spec.endswith("f")
             else exact.adjusted() - (places - 1))
-    return format(exact.quantize(decimal.Decimal(1).scaleb(step), rounding=decimal.ROUND_CEILING),
-                  spec)
+    return format(exact.quantize(decimal.Decimal(1).scaleb(step), rounding=rounding), spec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +112,9 @@ class Remaining:
         if self.epsilon_target is not None and self.budget is None:
             parts.append(f"target ε = {self.epsilon_target:g}")
         if self.repeats is not None:
-            parts.append(f"{self.repeats:g} more of the queried mechanism fit")
+            # a count, in full: ":g" printed 1234567 as 1.23457e+06, more than fit (review cli)
+            count = f"{self.repeats:.0f}" if math.isfinite(self.repeats) else "unlimited"
+            parts.append(f"{count} more of the queried mechanism fit")
         return "; ".join(parts) or "no budget configured"
 
 
@@ -141,11 +175,11 @@ def guarantee_of(acc: Any) -> Guarantee:
         raise InvalidArgumentError("delta", None, "this ledger has no δ to state a guarantee at")
     if cfg.epsilon is not None:
         return Guarantee("filter", cfg.epsilon, cfg.delta,
-                         f"(ε = {cfg.epsilon:g}, δ = {cfg.delta:g})-DP for the whole "
+                         f"(ε = {exact(cfg.epsilon)}, δ = {exact(cfg.delta)})-DP for the whole "
                          "interaction (a privacy filter checked every charge before it ran)")
     eps = acc.epsilon(cfg.delta)
     return Guarantee("odometer", eps, cfg.delta,
-                     f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {cfg.delta:g}, valid "
+                     f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {exact(cfg.delta)}, valid "
                      "at the adaptively chosen stopping time (privacy odometer)")
 
 
@@ -178,7 +212,7 @@ def _retargeted_guarantee(acc: Any) -> Guarantee:
                           "fixed before the first output, and one chosen after it is not "
                           "covered (docs/theory.md §4), so there is no guarantee to state")
     eps = acc.epsilon(delta)
-    statement = (f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {delta:g}, valid at the "
+    statement = (f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {exact(delta)}, valid at the "
                  "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
                  "the first output (the target was changed afterwards")
     if now is not None and now > delta:

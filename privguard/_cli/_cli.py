@@ -5,7 +5,8 @@
     privguard verify budget.db
     privguard upgrade budget.db --epsilon E --delta D
     privguard server-init postgresql://admin@host/db --ledger NAME --epsilon E --delta D
-    privguard demo [--db PATH] [--quick]
+    privguard demo [--db PATH] [--quick] [--epsilon E]
+    privguard audit [--quick] [--seed N] [--steps N] [--canaries N]
 
 Each PATH may also be a ``postgresql://USER@HOST:PORT/DB?ledger=NAME`` URL
 (``pip install 'privguard[postgres]'``); ``server-init`` creates the schema,
@@ -22,8 +23,9 @@ and shows the target the file claims and the command that confirms it.
 not a regular file (a FIFO, a directory, a device) is refused before it is
 opened, and ``plot`` checks its output path before computing (``-o`` names the image
 file; a directory is refused, naming a file inside it). Exit status: 0
-on success, 2 when the ledger cannot be read or fails verification (it fails
-closed: an inconsistent file is reported, never repaired), 1 on other errors.
+on success, 2 on a bad argument or when the ledger cannot be read or fails
+verification (it fails closed: an inconsistent file is reported, never repaired),
+130 on Ctrl-C (one line, no traceback), 1 on other errors.
 """
 
 from __future__ import annotations
@@ -134,15 +136,18 @@ def main(argv: list[str] | None = None) -> int:
                                      rdp_budget=args.rdp_budget, no_target=args.no_target),
                              indent=2))
         elif args.command == "server-init":
+            from privguard._accounting._results import exact
             from privguard._stores._pgadmin import server_init
 
             done = server_init(args.url, args.ledger, args.epsilon, args.delta,
                                charger=args.charger, owner=args.owner)
-            print(f"ledger {done['ledger']!r}: target (ε = {done['target'][0]:g}, "
-                  f"δ = {done['target'][1]:g}), {done['charges']} charges so far; schema "
-                  f"owner {done['schema_owner']!r}, charging role {done['charger']!r}.\n"
-                  f"Jobs charge it with Ledger({done['target'][0]:g}, {done['target'][1]:g}, "
-                  f"path={done['charger_url']!r})")
+            # exact, so the Ledger(...) line shown is not refused as another configuration (review
+            # cli: --epsilon 1.23456789 printed Ledger(1.23457, ...))
+            eps, delta = (exact(x) for x in done["target"])
+            print(f"ledger {done['ledger']!r}: target (ε = {eps}, δ = {delta}), "
+                  f"{done['charges']} charges so far; schema owner {done['schema_owner']!r}, "
+                  f"charging role {done['charger']!r}.\n"
+                  f"Jobs charge it with Ledger({eps}, {delta}, path={done['charger_url']!r})")
         elif args.command == "verify":
             from privguard._stores import open_store
             from privguard._stores._snapshot import snapshot
@@ -186,6 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         # Python flushes stdout again at exit; point it at devnull so that raises nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (review cli); the charges
+        # already made stay in the ledger (a ledger never goes backwards), nothing is undone
+        print("privguard: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+    except OSError as exc:  # e.g. the output cannot be written (`> /dev/full`): one line,
+        # as for any command, not a built-in exception's repr (review cli)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"privguard: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"privguard: error: {exc!r}", file=sys.stderr)
         return 1

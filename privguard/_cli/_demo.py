@@ -173,7 +173,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
                 epochs = epoch
                 score = _noisy_count(model, val, ledger, rng, "early-stopping check")
                 meter = ledger.budget()
-                bar.set_postfix_str(f"budget {meter.spent:.3f} of ε = {meter.epsilon:g}"
+                bar.set_postfix_str(f"budget {upper(meter.spent, '.3f')} of ε = {meter.epsilon:g}"
                                     if meter is not None else "")
                 bar.update(1)
                 best, stale = (score, 0) if score > best + VAL_STD else (best, stale + 1)
@@ -198,7 +198,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     print(f"{str(meter)[:1].upper()}{str(meter)[1:]}: the filter admitted every charge with its meter "
           "within the target.\n")
     print(f"What to report: {claim}. It covers everything this run did with the private data — "
-          f"the tuning (charged up front by the random-K theorem, {plan.epsilon:.3f} on its "
+          f"the tuning (charged up front by the random-K theorem, {upper(plan.epsilon, '.3f')} on its "
           "own), every DP-SGD step of the final training, and the noisy validation counts that "
           "decided when to stop — although the learning rate and the stopping time were chosen "
           "from earlier results: the filter checked every charge before it ran. For an attacker: "

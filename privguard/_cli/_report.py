@@ -17,6 +17,7 @@ Upper bounds (the running ε, the risk sentence's TPR) are printed rounded up
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -29,7 +30,7 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run
-from privguard._accounting._results import describe, upper
+from privguard._accounting._results import describe, exact, lower, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
@@ -207,7 +208,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         # after a retarget the filter's theorem (a target fixed in advance) does not apply,
         # so its (ε, δ) is not stated as holding (review aa: it was, with a "but" after it)
         "target_statement": (None if cfg.epsilon is None else
-                             f"the whole interaction is ({cfg.epsilon:g}, {delta:g})-DP"
+                             f"the whole interaction is ({exact(cfg.epsilon)}, {exact(delta)})-DP"
                              if not ledger._acc.retargeted else
                              f"target ({cfg.epsilon:g}, {delta:g}) set by a retarget after "
                              "charges were made, so it was not fixed in advance and no "
@@ -251,8 +252,9 @@ def print_report(data: dict[str, Any]) -> None:
     if b is not None:
         over = (" — over the target after a retarget: every charge is refused"
                 if b["spent"] > b["epsilon"] else "")
-        print(f"budget      {b['spent']:.4g} of ε = {b['epsilon']:g} spent ({b['part']}) — "
-              f"{100 * b['left']:.3g}% left{over}")
+        # spent rounded up, what is left rounded down (review cli: 59.95% left printed as 60%)
+        print(f"budget      {upper(b['spent'], '.4g')} of ε = {b['epsilon']:g} spent "
+              f"({b['part']}) — {lower(100 * b['left'], '.3g')}% left{over}")
     else:
         print("budget      " + ("strict per-order RDP budget (a tuning candidate's child)"
                                if data["strict_budget"] else "none: no (ε, δ) target, "
@@ -281,7 +283,8 @@ def print_report(data: dict[str, Any]) -> None:
                   f"ledger's {data['orders']} orders, as Opacus' RDP accountant on them; {fixed})"
                   f"{_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")
-    filt = (f"(ε = {target:g}, δ = {delta:g}) {'hybrid ' if data['filter'] == 'hybrid' else ''}"
+    filt = (f"(ε = {exact(target)}, δ = {exact(delta)}) "
+            f"{'hybrid ' if data['filter'] == 'hybrid' else ''}"
             f"filter: {data['target_statement']}" if target is not None else
             "strict per-order RDP budget" if data["strict_budget"] else "none (report only)")
     print(f"filter      {filt}")
@@ -369,13 +372,20 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"
                  if panels == 2 else name, fontsize=10)
     fig.tight_layout()
+    # drawn beside ``out`` and renamed over it: a write that fails or is interrupted
+    # (a full disk, Ctrl-C) leaves no half-written image at ``out`` (review cli)
+    part = os.path.join(os.path.dirname(os.path.abspath(out)),
+                        f".{os.path.basename(out)}.{os.getpid()}.part")
     try:
-        fig.savefig(out, dpi=120)
+        fig.savefig(part, dpi=120, format=os.path.splitext(out)[1][1:].lower())
+        os.replace(part, out)
     except OSError as exc:
         raise InvalidArgumentError("output", out, f"cannot be written ({exc.strerror or exc})"
                                    ) from None
     finally:
         plt.close(fig)
+        with contextlib.suppress(OSError):
+            os.remove(part)  # left only when the write or the rename failed
     return out
 
 

@@ -70,6 +70,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting._results import upper
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger._ledger import Ledger
@@ -126,7 +127,8 @@ class TuningPlan:
     """ε of composing ⌈E[K]⌉ runs non-adaptively, for comparison only."""
 
     def __str__(self) -> str:
-        return (f"tuning bound: ε = {self.epsilon:.4f} at δ = {self.delta:g} "
+        # the bound rounded up, so the printed number is still a bound (review cli)
+        return (f"tuning bound: ε = {upper(self.epsilon, '.4f')} at δ = {self.delta:g} "
                 f"(E[runs] = {self.expected_runs:.2f}; naive composition of "
                 f"{math.ceil(self.expected_runs)} runs: ε = {self.naive_epsilon:.4f})")
 
