@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 from _common import OUT, accuracy, digits, make_private, mlp, train_epoch, write_outputs
+from _fmt import up
 from torch import nn
 
 from privguard import BudgetExhausted, Ledger
@@ -147,10 +148,10 @@ def main(argv=None) -> dict:
     real = real_run(args.epsilon)
     print(f"\n2. digits (ε₀ = {EPS0_REAL}, k = 10, g = 0.01): selected lr = {real['selected_lr']} "
           f"after {real['rounds']} rounds "
-          f"(running ε after tuning {real['tuning_running_epsilon']:.3f}; the paper's "
+          f"(running ε after tuning {up(real['tuning_running_epsilon'])}; the paper's "
           f"worst-case bound for the tuning alone: {real['worst_case_tuning_epsilon']:.3f})")
     print(f"   final DP-SGD: {real['final_epochs']} epochs, test accuracy "
-          f"{real['test_accuracy']:.4f}; total ε = {real['total_epsilon']:.3f} at δ = {DELTA:g}")
+          f"{real['test_accuracy']:.4f}; total ε = {up(real['total_epsilon'])} at δ = {DELTA:g}")
     summary = {"simulation": {"seeds": args.seeds, "mean_rounds": float(r.mean()),
                               "max_rounds": int(r.max()),
                               "growth": {str(g): v for g, v in sim["growth"].items()}},

@@ -29,6 +29,7 @@ from _common import (
     opacus_rate_and_steps,
     train_epoch,
 )
+from _fmt import up
 from torch.utils.data import TensorDataset
 
 from privguard import Ledger
@@ -96,11 +97,11 @@ def main(argv=None) -> dict:
     print(f"\nselected {result.params} (the winner is all a tuning run releases: "
           f"not K, not failures)")
     print(f"test accuracy of the selected model: {test_acc:.4f}")
-    print(f"tuning ε = {plan.epsilon:.3f} at δ = {args.delta:g} (seed 002, charged up front); "
+    print(f"tuning ε = {up(plan.epsilon)} at δ = {args.delta:g} (seed 002, charged up front); "
           f"naive composition of {int(np.ceil(runs.mean))} runs would charge ε = "
-          f"{plan.naive_epsilon:.3f}")
+          f"{up(plan.naive_epsilon)}")
     print(f"(the ledger's running ε, an odometer over everything it was charged: "
-          f"{ledger.epsilon():.3f}; {time.time() - start:.0f} s)")
+          f"{up(ledger.epsilon())}; {time.time() - start:.0f} s)")
     return summary
 
 

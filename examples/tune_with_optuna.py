@@ -37,6 +37,7 @@ from _common import (
     opacus_rate_and_steps,
     train_epoch,
 )
+from _fmt import up
 from tune_random_k import split_validation  # the same private validation split
 
 from privguard import Ledger
@@ -128,9 +129,9 @@ def main(argv=None) -> dict:
         shown = "no trial selected" if not result.selected else (
             f"best_params {result.best_params}, test accuracy {test_acc:.4f}")
         print(f"\n{name} (σ = {sigma:.3f}): {shown}")
-        print(f"  tuning ε = {plan.epsilon:.3f} at δ = {DELTA:g}, charged before the first "
+        print(f"  tuning ε = {up(plan.epsilon)} at δ = {DELTA:g}, charged before the first "
               f"trial; naive composition of {math.ceil(runs.mean)} trials: ε = "
-              f"{plan.naive_epsilon:.3f}")
+              f"{up(plan.naive_epsilon)}")
     print(f"\n(the winner is all a run releases: not K, not failed or pruned trials; "
           f"{time.time() - start:.0f} s)")
     return summary

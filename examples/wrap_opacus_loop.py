@@ -9,6 +9,7 @@ import os
 import tempfile
 
 import torch
+from _fmt import up
 from opacus import PrivacyEngine
 from opacus.accountants import PRVAccountant
 from torch import nn
@@ -35,7 +36,7 @@ def train(model, optimizer, loader, epochs, engine):
             nn.functional.cross_entropy(model(xb), yb).backward()
             optimizer.step()         # charged here; refused before the update if over budget
         eps = engine.get_epsilon(1e-5)  # the ledger's running ε (odometer)
-        print(f"epoch {epoch}: ε = {eps:.3f} (the ledger's running ε)")
+        print(f"epoch {epoch}: ε = {up(eps)} (the ledger's running ε)")
 
 
 def main(argv=None) -> Ledger:
@@ -72,7 +73,7 @@ def main(argv=None) -> Ledger:
     prv = PRVAccountant()
     prv.history = list(engine.accountant.history)
     print(f"{len(ledger.history)} steps charged ({steps} recorded by Opacus); "
-          f"report: {ledger.guarantee()}; running ε (odometer) {ledger.epsilon():.3f}")
+          f"report: {ledger.guarantee()}; running ε (odometer) {up(ledger.epsilon())}")
     print(f"the same steps by Opacus' RDP accountant: ε = {ledger.nonadaptive_epsilon():.3f} "
           "(valid only for a run fixed in advance); by Opacus' default PRV accountant: "
           f"ε = {prv.get_epsilon(1e-5):.3f}")

@@ -102,13 +102,19 @@ def test_wrap_example_charges_every_step_and_stops_at_budget(capsys):
     assert ledger.history[-1].mechanism.sample_rate == 128 / 1024  # --quick's data
 
 
-def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition():
+def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition(capsys):
     import tune_random_k
 
     summary = tune_random_k.main(["--seed", "0", "--quick"])
     assert summary["selected"]["lr"] in [0.05, 0.1, 0.2, 0.5, 1.0, 2.0]
     assert summary["tuning_epsilon"] < summary["naive_composition_epsilon"]
     assert 0.1 < summary["test_accuracy"] <= 1.0
+    # the printed bounds are bounds: rounded up (7.0463 was printed as 7.046, review nb)
+    out = capsys.readouterr().out
+    printed = float(out.split("\ntuning ε = ")[1].split()[0])
+    running = float(out.split("charged: ")[1].split(";")[0])
+    assert printed >= summary["tuning_epsilon"]
+    assert running >= summary["ledger_running_epsilon"]
 
 
 def test_propose_test_example():
