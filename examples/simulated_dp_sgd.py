@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+from _fmt import up
+
 from privguard import BudgetExhausted, Ledger
 from privguard import mechanisms as M
 
@@ -44,10 +46,10 @@ def main(argv: list[str] | None = None) -> Ledger:
                 ledger.charge(step, label=f"epoch {epoch}")
                 steps += 1
             if epoch % 5 == 0 or epoch == 1:
-                print(f"{epoch:5d} {sigma:5.1f} {steps:6d} {ledger.epsilon():20.3f} "
+                print(f"{epoch:5d} {sigma:5.1f} {steps:6d} {up(ledger.epsilon()):>20s} "
                       f"{ledger.nonadaptive_epsilon():28.3f}")
     except BudgetExhausted as exc:
-        print(f"{epoch:5d} {sigma:5.1f} {steps:6d} {ledger.epsilon():20.3f} "
+        print(f"{epoch:5d} {sigma:5.1f} {steps:6d} {up(ledger.epsilon()):>20s} "
               f"{ledger.nonadaptive_epsilon():28.3f}")
         print(f"\nstopped in epoch {epoch} after {steps} steps: the filter refused the next step "
               f"before it ran.\n  {exc.remaining}")
