@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from _common import OUT, write_outputs
 from _fast_dpsgd import DPMLP, correct, poisson_batch
+from _fmt import up
 from sklearn.datasets import make_classification
 
 from privguard import BudgetExhausted, Ledger, Plan, RDPCurve
@@ -134,7 +135,7 @@ def main(argv=None) -> dict:
     train, test = data()
     epsilon = budget(base_epochs)
     print(f"50,000 generated training examples, MLP 20-32-32-4, DP-SGD q = {Q}, lr = {LR}; "
-          f"filter (ε = {epsilon:.3f}, δ = {DELTA:g}) = {base_epochs} epochs at σ = 1 by "
+          f"filter (ε = {up(epsilon)}, δ = {DELTA:g}) = {base_epochs} epochs at σ = 1 by "
           f"non-adaptive RDP; {seeds} seed(s)\n")
     print(f"{'policy':9s} {'seed':>4s} {'epochs':>6s} {'max σ':>6s} {'mean σ':>7s} {'counts':>6s} "
           f"{'test acc':>9s} {'at 90% of run':>13s} {'reported (ε, δ)':>19s}")
@@ -145,7 +146,7 @@ def main(argv=None) -> dict:
             rows.append(r)
             print(f"{policy:9s} {seed:4d} {r['epochs']:6.1f} {r['max_sigma']:6.1f} "
                   f"{r['mean_sigma']:7.2f} {r['noisy_counts']:6d} {r['test_accuracy']:9.4f} "
-                  f"{r['accuracy_at_90pct']:13.4f}   ({r['reported_epsilon']:.3f}, "
+                  f"{r['accuracy_at_90pct']:13.4f}   ({up(r['reported_epsilon'])}, "
                   f"{r['reported_delta']:g})", flush=True)
     summary = {"epsilon": epsilon, "delta": DELTA, "baseline_epochs": base_epochs, "seeds": seeds}
     print()
@@ -161,7 +162,7 @@ def main(argv=None) -> dict:
         s = summary[policy]
         print(f"{policy:9s} test accuracy {acc:.4f} ± {se:.4f} (min {s['accuracy_min']:.4f}, max "
               f"{s['accuracy_max']:.4f}), {s['epochs_mean']:.1f} epochs, reports "
-              f"(ε = {s['reported_epsilon']:.3f}, δ = {DELTA:g})")
+              f"(ε = {up(s['reported_epsilon'])}, δ = {DELTA:g})")
     diffs = [a["test_accuracy"] - b["test_accuracy"] for a, b in
              zip([x for x in rows if x["policy"] == "adaptive"],
                  [x for x in rows if x["policy"] == "baseline"])]

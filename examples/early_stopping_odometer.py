@@ -46,6 +46,7 @@ from _common import (
     train_epoch,
     write_outputs,
 )
+from _fmt import up
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -134,8 +135,8 @@ def main(argv=None) -> dict:
         trace0 = trace0 or trace
         print(f"{seed:4d} {row['best_epoch']:4d} {row['stop_epoch']:4d} "
               f"{row['pretrained_test_accuracy']:10.4f} {row['test_accuracy']:8.4f} "
-              f"{row['odometer_epsilon_at_stop']:9.3f} {row['odometer_epsilon_at_best']:9.3f} "
-              f"{row['full_run_nonadaptive_epsilon']:18.3f} {row['full_run_odometer_epsilon']:14.3f}",
+              f"{up(row['odometer_epsilon_at_stop']):>9s} {up(row['odometer_epsilon_at_best']):>9s} "
+              f"{row['full_run_nonadaptive_epsilon']:18.3f} {up(row['full_run_odometer_epsilon']):>14s}",
               flush=True)
     summary = {"seeds": seeds, "planned_epochs": planned, "delta": args.delta}
     for key in ("best_epoch", "stop_epoch", "test_accuracy", "pretrained_test_accuracy",
@@ -154,7 +155,7 @@ def main(argv=None) -> dict:
           f"{m['odometer_epsilon_at_stop'][1]:.3f} (δ = {args.delta:g})")
     print(f"the full {planned}-epoch run: ε = {summary['full_run_nonadaptive_epsilon']:.3f} "
           f"(non-adaptive RDP, valid only if all {planned} epochs are committed to in advance), "
-          f"{summary['full_run_odometer_epsilon']:.3f} (odometer)")
+          f"{up(summary['full_run_odometer_epsilon'])} (odometer)")
     print(f"reported ε at the stop ÷ the full run's non-adaptive ε: mean {ratio.mean():.3f} "
           f"(min {ratio.min():.3f}, max {ratio.max():.3f})")
     png = os.path.join(OUT, "early_stopping_odometer.png")
