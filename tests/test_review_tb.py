@@ -132,3 +132,59 @@ def test_dp_hypo_bounds_densities_that_differ_with_the_data():
             truth = exact_curve(best_of(base_d[keep], runs), best_of(base_d2[keep], runs))
             charged = M.DPHyPO(bound, runs, C=C, c=c).rdp(ORDERS)
             assert np.all(truth <= charged + 1e-12)
+
+
+def adaptive_law(bases: np.ndarray, owner: np.ndarray, rule: np.ndarray, runs,
+                 tmax: int = 400) -> np.ndarray:
+    """The exact law of DP-HyPO's winner for a rule that sees the history through the
+    best run so far.
+
+    ``bases[i]`` is candidate i's law over the global output levels (ordered, each
+    level owned by one candidate, so there are no ties); ``rule[s]`` the sampling density
+    over the candidates when the best level so far is s (s = 0: no run yet; s = ℓ + 1:
+    level ℓ). The state after t runs is the best level; the winner is the state at T.
+    """
+    levels = bases.shape[1]
+    step = np.zeros((levels + 1, levels + 1))  # state -> state after one more run
+    for s in range(levels + 1):
+        mix = rule[s] @ bases  # the law of one run's level under the density at s
+        for lvl in range(levels):
+            step[s, max(s, lvl + 1)] += mix[lvl]
+    state = np.zeros(levels + 1)
+    state[0] = 1.0
+    out = np.zeros(levels + 1)
+    for t in range(1, tmax):
+        state = state @ step
+        out += runs.pmf(t) * state
+    return out[1:]
+
+
+def test_dp_hypo_bounds_an_adaptive_rule_exactly():
+    """Seed 003 Theorem 1 against the exact law of an adaptive run: two candidates, the
+    density pushed to the edge of S_{C,c} towards whichever candidate holds the best run
+    (a rule of the history only, the same on D and D')."""
+    C, c = 2.0, 0.75
+    lo, hi = 0.375, 0.625  # the extremes of S_{C,c} around the uniform prior on 2 candidates
+    rng = np.random.default_rng(5)
+    worst_wrong = 0.0
+    for _ in range(12):
+        pairs = list(random_pairs(int(rng.integers(1 << 30)), 2, 1.5))
+        levels = sum(p.size for p, _ in pairs)
+        owner = np.concatenate([np.full(p.size, i) for i, (p, _) in enumerate(pairs)])
+        order = rng.permutation(levels)  # interleave the candidates' levels
+        owner = owner[order]
+        ps, qs = np.zeros((2, levels)), np.zeros((2, levels))
+        for i, (p, q) in enumerate(pairs):
+            where = np.flatnonzero(owner == i)
+            ps[i, where], qs[i, where] = p, q
+        rule = np.array([[0.5, 0.5]] + [[hi, lo] if owner[s] == 0 else [lo, hi]
+                                        for s in range(levels)])
+        worst = np.max([exact_curve(p, q) for p, q in pairs], axis=0)
+        bound = RDPCurve(ORDERS, worst * (1 + 1e-9) + 1e-15)
+        for runs in (Geometric(mean=5.0), Logarithmic(mean=5.0)):
+            a, b = adaptive_law(ps, owner, rule, runs), adaptive_law(qs, owner, rule, runs)
+            assert abs(a.sum() - 1) < 1e-9 and abs(b.sum() - 1) < 1e-9
+            truth = exact_curve(a, b)
+            assert np.all(truth <= M.DPHyPO(bound, runs, C=C, c=c).rdp(ORDERS) + 1e-12)
+            worst_wrong = max(worst_wrong, float(np.max(truth - bound.rdp(ORDERS))))
+    assert worst_wrong > 0.05  # charging the adaptive best-of-T as one run fails
