@@ -188,3 +188,25 @@ def test_dp_hypo_bounds_an_adaptive_rule_exactly():
             assert np.all(truth <= M.DPHyPO(bound, runs, C=C, c=c).rdp(ORDERS) + 1e-12)
             worst_wrong = max(worst_wrong, float(np.max(truth - bound.rdp(ORDERS))))
     assert worst_wrong > 0.05  # charging the adaptive best-of-T as one run fails
+
+
+@pytest.mark.parametrize("variant", [1, 2])
+def test_subset_tuning_bounds_the_exact_release(variant):
+    """Seed 000: the differing record joins the tuning set X₁ with probability q. Tuning
+    releases T₁ (record in X₁) or T₀; the final training B₁ (record in its data) or B₀.
+    Variant 1 (final on X ∖ X₁): with the record, q·T₁×B₀ + (1−q)·T₀×B₁; variant 2
+    (final on X): q·T₁×B₁ + (1−q)·T₀×B₁; without it T₀×B₀ — exact laws of the pair."""
+    worst_wrong = 0.0
+    for seed in range(8):
+        (t1, t0), (b1, b0) = random_pairs(100 + seed, 2, 1.5)
+        for q in (0.05, 0.3, 0.7):
+            other = b0 if variant == 1 else b1
+            with_record = q * np.outer(t1, other) + (1 - q) * np.outer(t0, b1)
+            without = np.outer(t0, b0)
+            truth = exact_curve(with_record.ravel(), without.ravel())
+            plan = M.SubsetTuning(base_curve(t1, t0), base_curve(b1, b0), q=q, variant=variant)
+            charged = plan.rdp(ORDERS)
+            assert np.all(truth <= charged + 1e-12)
+            # the final training alone (the tuning forgotten) is a known-wrong charge
+            worst_wrong = max(worst_wrong, float(np.max(truth - base_curve(b1, b0).rdp(ORDERS))))
+    assert worst_wrong > 0.01
