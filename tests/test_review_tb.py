@@ -46,7 +46,7 @@ def best_of(p: np.ndarray, runs) -> np.ndarray:
 
 def base_curve(p: np.ndarray, q: np.ndarray) -> RDPCurve:
     """The base's exact curve, rounded up by a hair (a valid declared cost)."""
-    return RDPCurve(ORDERS, exact_curve(p, q) * (1 + 1e-9) + 1e-15)
+    return RDPCurve(ORDERS, np.maximum(exact_curve(p, q), 0.0) * (1 + 1e-9) + 1e-15)
 
 
 def random_pairs(seed: int, count: int, spread: float):
