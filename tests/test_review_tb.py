@@ -210,3 +210,47 @@ def test_subset_tuning_bounds_the_exact_release(variant):
             # the final training alone (the tuning forgotten) is a known-wrong charge
             worst_wrong = max(worst_wrong, float(np.max(truth - base_curve(b1, b0).rdp(ORDERS))))
     assert worst_wrong > 0.01
+
+
+def above_threshold_law(u: np.ndarray, thr_scale: float, cand_scale: float,
+                        level: float) -> np.ndarray:
+    """The law of one propose-test round's output (the first candidate whose noisy utility
+    reaches the noisy threshold, or none as the last outcome), by numerical integration
+    over the threshold's Laplace noise."""
+    from scipy import stats
+
+    t = level + np.linspace(-50, 50, 60001) * thr_scale
+    w = stats.laplace.pdf(t - level, scale=thr_scale)
+    w /= w.sum()
+    out, alive = [], np.ones_like(t)
+    for ui in u:
+        hit = stats.laplace.sf(t - ui, scale=cand_scale)
+        out.append(float(np.sum(w * alive * hit)))
+        alive = alive * (1 - hit)
+    out.append(float(np.sum(w * alive)))
+    return np.array(out)
+
+
+def test_a_propose_test_round_is_epsilon0_dp():
+    """Seed 004: each round is ε₀-DP for utilities of sensitivity 1/k, with the tuner's own
+    noise scales; halving the candidates' noise (a known-wrong scale) is caught."""
+    from privguard.tuning import ProposeTest
+
+    tuner = ProposeTest([{"i": 0}, {"i": 1}, {"i": 2}], epsilon0=0.5, partitions=5,
+                        progress=False)
+    rng = np.random.default_rng(0)
+    worst, wrong = 0.0, 0.0
+    for _ in range(40):
+        u = rng.uniform(0, 1, 3)
+        u2 = np.clip(u + rng.choice([-1, 0, 1], 3) / tuner.k, 0, 1)
+        level = float(rng.uniform(0, 1))
+        for scale, sink in ((tuner.candidate_scale, "ok"), (tuner.candidate_scale / 2, "wrong")):
+            a = above_threshold_law(u, tuner.threshold_scale, scale, level)
+            b = above_threshold_law(u2, tuner.threshold_scale, scale, level)
+            loss = float(np.max(np.abs(np.log(a / b))))
+            if sink == "ok":
+                worst = max(worst, loss)
+            else:
+                wrong = max(wrong, loss)
+    assert worst <= tuner.epsilon0 * (1 + 1e-6)
+    assert wrong > tuner.epsilon0
