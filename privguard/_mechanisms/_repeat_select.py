@@ -61,6 +61,23 @@ def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBino
     return out
 
 
+def _poisson_bound(orders: np.ndarray, base: np.ndarray, mean: float,
+                   delta_hat: np.ndarray) -> np.ndarray:
+    """Seed 002 Theorem 6 with the outcome of K = 0 counted (docs/theory.md §7, "K = 0").
+
+    Lemma 7's proof (App. B.1) assumes P[K = 0] = 0. Write the tuner's output as
+    ⊥ (K = 0, probability e^(−μ), the same on both inputs) or the best of K ~ (K | K ≥ 1),
+    whose generating function is g = (f − e^(−μ))/(1 − e^(−μ)). ⊥ adds e^(−μ) to
+    Σ P^λ P'^(1−λ); Lemma 7 bounds the rest by (1 − e^(−μ))·e^((λ−1)ε)·max g'^λ g'^(1−λ) =
+    e^((λ−1)ε)·max f'^λ f'^(1−λ) ≤ e^((λ−1)ε)·μ·e^((λ−1)μδ̂) (Theorem 6's own step). So
+    ε' = log(e^(−μ) + μ·e^((λ−1)(ε + μδ̂)))/(λ−1). Without the e^(−μ) term the bound is
+    broken for μ < 1 (tests/test_review_tb.py: Poisson(0.5) charged 0 at λ = 5.2 where the
+    released winner's Rényi divergence is 0.07); for μ ≥ 1 the term adds at most
+    e^(−μ)/(μ(λ−1)).
+    """
+    return np.logaddexp(-mean, math.log(mean) + (orders - 1) * (base + mean * delta_hat)) / (orders - 1)
+
+
 def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
     """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
     out = np.where(np.isnan(out), np.inf, out)
@@ -83,7 +100,8 @@ class RepeatAndSelect(Mechanism):
     * ``runs`` = Poisson(μ) — seed 002 Theorem 6: if the base is (λ, ε)-RDP
       and (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ−1), the tuner is (λ, ε')-RDP with
       ε' = ε + μ·δ̂ + log(μ)/(λ−1), taking ε̂ = log(1 + 1/(λ−1)) and δ̂ from the
-      base curve.
+      base curve — with the outcome of K = 0 counted, which the theorem's proof
+      leaves out: ε' = log(e^(−μ) + μ·e^((λ−1)(ε + μδ̂)))/(λ−1).
 
     Both are then made non-decreasing in λ (a bound at a larger order holds
     at every smaller one), as dp-accounting does.
@@ -121,11 +139,12 @@ class RepeatAndSelect(Mechanism):
             if isinstance(runs, TruncatedNegativeBinomial):
                 out = _tnb_bound(orders, base, runs)
             else:
-                # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
+                # Theorem 6 with ε̂ = log(1 + 1/(λ−1)), plus the mass e^(−μ) of K = 0
+                # (docs/theory.md §7, "K = 0"): e^((λ−1)ε') = e^(−μ) + μ·e^((λ−1)(ε + μδ̂)).
                 eps_hat = np.log1p(1 / (orders - 1))
                 delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
                 mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
-                out = base + mean * delta_hat + math.log(mean) / (orders - 1)
+                out = _poisson_bound(orders, base, mean, delta_hat)
         return _finish(orders, out, self.pure_epsilon)
 
     def _params(self) -> dict[str, Any]:
