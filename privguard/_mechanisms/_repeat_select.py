@@ -61,6 +61,21 @@ def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBino
     return out
 
 
+def _poisson_convex_bound(orders: np.ndarray, base: np.ndarray, mean: float) -> np.ndarray:
+    """The tuner's curve for K ~ Poisson(μ) with μ < 1, where Theorem 6 fails (docs/theory.md §7).
+
+    Theorem 6's log(μ)/(λ−1) is negative for μ < 1 and unbounded below as μ → 0, while the
+    tuner's divergence stays positive (review acc: a randomized-response base with ε₀ = 1 and
+    μ = 0.5 has D₂ = 0.391 against Theorem 6's 0.139). Instead, the output law is the mixture
+    Σ_k P[K=k]·(best of k runs), the same weights under both datasets; (p, q) ↦ p^λ q^(1−λ)
+    is jointly convex for λ > 1, and best-of-k is a post-processing of k runs, which are
+    (λ, kε(λ))-RDP (Mironov 2017, Prop. 1). So
+    e^((λ−1)D_λ) ≤ E[e^((λ−1)Kε(λ))] = exp(μ(e^((λ−1)ε(λ)) − 1)) (Poisson's pgf), i.e.
+    D_λ ≤ μ·expm1((λ−1)ε(λ))/(λ−1); the last factor rounds the float evaluation up.
+    """
+    return mean * np.expm1((orders - 1) * base) / (orders - 1) * (1.0 + 2.0**-48)
+
+
 def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
     """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
     out = np.where(np.isnan(out), np.inf, out)
@@ -80,10 +95,11 @@ class RepeatAndSelect(Mechanism):
       ε' = ε + (1+η)(1 − 1/λ̂)ε̂ + (1+η)·log(1/γ)/λ̂ + log(E[K])/(λ−1),
       minimised over λ̂ on the grid. If the base is pure ε₀-DP, Corollary 3
       also gives (2+η)ε₀-DP; the curve is the smaller of the two.
-    * ``runs`` = Poisson(μ) — seed 002 Theorem 6: if the base is (λ, ε)-RDP
+    * ``runs`` = Poisson(μ), μ ≥ 1 — seed 002 Theorem 6: if the base is (λ, ε)-RDP
       and (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ−1), the tuner is (λ, ε')-RDP with
       ε' = ε + μ·δ̂ + log(μ)/(λ−1), taking ε̂ = log(1 + 1/(λ−1)) and δ̂ from the
-      base curve.
+      base curve. For μ < 1 that bound fails (it is negative as μ → 0); the curve is
+      then μ·expm1((λ−1)ε(λ))/(λ−1), by joint convexity (docs/theory.md §7).
 
     Both are then made non-decreasing in λ (a bound at a larger order holds
     at every smaller one), as dp-accounting does.
@@ -120,12 +136,14 @@ class RepeatAndSelect(Mechanism):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if isinstance(runs, TruncatedNegativeBinomial):
                 out = _tnb_bound(orders, base, runs)
-            else:
+            elif runs.mean >= 1:  # type: ignore[attr-defined]  # every distribution has one
                 # Theorem 6 with ε̂ = log(1 + 1/(λ−1)).
                 eps_hat = np.log1p(1 / (orders - 1))
                 delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
-                mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
+                mean = runs.mean  # type: ignore[attr-defined]
                 out = base + mean * delta_hat + math.log(mean) / (orders - 1)
+            else:
+                out = _poisson_convex_bound(orders, base, runs.mean)  # type: ignore[attr-defined]
         return _finish(orders, out, self.pure_epsilon)
 
     def _params(self) -> dict[str, Any]:
