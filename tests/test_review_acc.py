@@ -39,3 +39,17 @@ def test_repeat_and_select_poisson_bounds_an_exact_instance(eps0, mu):
     curve = M.RepeatAndSelect(M.PureDP(eps0), Poisson(mu)).rdp(ORDERS)
     exact = np.array([_best_of_poisson_rr(eps0, mu, a) for a in ORDERS])
     assert np.all(curve >= exact), (curve, exact)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: M.Gaussian(1e300),
+    lambda: M.SubsampledGaussian(1e300, 0.01),
+    lambda: M.SubsampledGaussian(1e300, 1.0),
+    lambda: M.SubsampledGaussian(2e154, 0.5, steps=7),
+    lambda: M.RandomAllocation(1e300, 10),
+    lambda: M.AccumulatedSubsampledGaussian(1e300, 0.01, 4, aligned=True),
+])
+def test_a_gaussian_curve_whose_variance_overflows_is_never_zero(make):
+    # α/(2σ²) > 0 for every finite σ: 0 was below the truth (PureDP and Laplace already
+    # floor an underflowing curve at the smallest positive float)
+    assert (make().rdp(ORDERS) > 0).all()
