@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mpmath
 import numpy as np
 import pytest
@@ -53,3 +55,25 @@ def test_a_gaussian_curve_whose_variance_overflows_is_never_zero(make):
     # α/(2σ²) > 0 for every finite σ: 0 was below the truth (PureDP and Laplace already
     # floor an underflowing curve at the smallest positive float)
     assert (make().rdp(ORDERS) > 0).all()
+
+
+def test_nonadaptive_epsilon_is_below_opacus_where_order_11_wins():
+    # README's example: Opacus' default orders skip 11 (10.9, then 12), so with its best
+    # order 10.9 inside its grid Opacus' ε is not the ledger's: the ledger's order 11 is
+    # better (the README said "bit for bit when Opacus' best order lies inside its grid")
+    pytest.importorskip("opacus")
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    from privguard import Ledger
+
+    alphas = RDPAccountant.DEFAULT_ALPHAS
+    assert 11 not in alphas
+    rdp = compute_rdp(q=0.02, noise_multiplier=1.5, steps=1000, orders=alphas)
+    eps, best = get_privacy_spent(orders=alphas, rdp=rdp, delta=1e-8)
+    ledger = Ledger(delta=1e-8)
+    ledger.charge(M.SubsampledGaussian(1.5, 0.02), times=1000)
+    ours = ledger.nonadaptive_epsilon()
+    assert best == 10.9 and ours < eps
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert f"{ours:.5f} against Opacus' {eps:.5f} at its best order {best}" in readme
