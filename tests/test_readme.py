@@ -17,8 +17,8 @@ DOCS = {"README.md": README} | {
 
 
 def _first_python_block_after(heading: str) -> str:
-    """The first ```python block after the line ``heading``."""
-    after = README.split(f"\n{heading}\n", 1)[1]
+    """The first ```python block after the line that starts with ``heading``."""
+    after = README.split(f"\n{heading}", 1)[1]
     return after.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
@@ -46,7 +46,7 @@ def test_more_of_the_api_runs_as_written():
     later = Ledger(delta=1e-5)
     later.charge(mech, times=3)
     names = {"Ledger": Ledger, "M": M, "mech": mech, "later_state": later.state_dict()}
-    exec(compile(_first_python_block_after("More of the API:"), "README API", "exec"), names)
+    exec(compile(_first_python_block_after("More of the API (a listing"), "README API", "exec"), names)
     assert len(names["ledger"].history) == 3 and names["kid"].budget() is None
 
 

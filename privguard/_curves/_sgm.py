@@ -27,7 +27,8 @@ NaN turned into a smaller number:
 1. q = 1, or σ² not representable: the Gaussian curve α/(2σ²) (Mironov 2017,
    Prop. 7), which bounds every q (Poisson subsampling is a mixture, and
    Rényi divergence is jointly quasi-convex: van Erven & Harremoës 2014,
-   Thm. 13). It rounds to 0 when σ² overflows and to +inf when it underflows.
+   Thm. 13). It is the smallest positive float when σ² overflows (never 0, below the
+   truth) and +inf when it underflows.
 2. Integer α ≤ :data:`OPACUS_MAX_ORDER`: Opacus (a finite sum of positive
    terms). Integer α above it: the same sum (Mironov et al. 2019, §3.3),
    A_α = Σ_k C(α,k)(1−q)^(α−k) q^k e^((k²−k)/(2σ²)), evaluated here in log
@@ -80,6 +81,8 @@ MAX_SERIES_TERMS = 100_000
 
 _STOP = -30.0  # Opacus' stopping rule: both log-terms below this
 
+_TINY = math.ulp(0.0)  # the smallest positive float: a curve that underflows is this, never 0
+
 RELIABLE_RTOL = RDP_RTOL
 """How far (relative) an integer order's Opacus value may lie below the cancellation-free
 upper bound and still be kept (step 2b): the RDP round-off tolerance."""
@@ -102,7 +105,10 @@ def gaussian_bound(orders: np.ndarray, sigma: float) -> np.ndarray:
     except OverflowError:
         two_var = math.inf
     with np.errstate(divide="ignore", over="ignore"):
-        return orders / two_var
+        # σ² overflowing gives α/inf = 0, below the true α/(2σ²) > 0: the smallest positive
+        # float instead (never below the truth, as PureDP and Laplace floor; review acc). A
+        # finite 2σ² leaves α/(2σ²) ≥ 5.6e-309 > 0 for α ≥ 1: Opacus' value, bit for bit.
+        return np.maximum(orders / two_var, _TINY)
 
 
 def _opacus_can_run(sigma: float) -> bool:

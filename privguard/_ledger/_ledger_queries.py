@@ -109,9 +109,9 @@ class LedgerQueries:
     def nonadaptive_epsilon(self, delta: float | None = None) -> float:
         """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
 
-        On the ledger's orders: Opacus' number bit for bit when its best order lies
-        inside Opacus' default grid, smaller when that is Opacus' largest, 63 (the
-        default grid goes on to 1024). NOT a guarantee when noise, batch size or stopping were chosen
+        On the ledger's orders: Opacus' number bit for bit unless an order Opacus'
+        default grid lacks does better, and then smaller: 11 (Opacus goes 10.9, 12), or
+        64 to 1024 where Opacus' best is its largest, 63. NOT a guarantee when noise, batch size or stopping were chosen
         adaptively: it is valid only for a sequence fixed in advance. Use
         :meth:`epsilon` for a number you may report.
         """

@@ -43,7 +43,8 @@ class Gaussian(Mechanism):
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         # Mironov 2017, Prop. 7 (formulas.md §1): ε(α) = α / (2σ²), rounded
-        # as floats round it: 0 when σ² overflows, +inf when it underflows.
+        # as floats round it, +inf when σ² underflows; the smallest positive float
+        # (never 0, below the truth) when it overflows.
         return _sgm.gaussian_bound(orders, self.noise_multiplier)
 
 

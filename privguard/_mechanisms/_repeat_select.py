@@ -78,6 +78,22 @@ def _poisson_bound(orders: np.ndarray, base: np.ndarray, mean: float,
     return np.logaddexp(-mean, math.log(mean) + (orders - 1) * (base + mean * delta_hat)) / (orders - 1)
 
 
+def _poisson_convex_bound(orders: np.ndarray, base: np.ndarray, mean: float) -> np.ndarray:
+    """A second bound for K ~ Poisson(μ), valid at every μ, by joint convexity (docs/theory.md §7).
+
+    Theorem 6 as stated fails for μ < 1 (review acc: a randomized-response base with ε₀ = 1
+    and μ = 0.5 has D₂ = 0.391 against its 0.139). This bound is the tighter one where
+    (λ−1)ε(λ) is small, and tends to 0 with ε(λ), which _poisson_bound does not: the output
+    law is the mixture
+    Σ_k P[K=k]·(best of k runs), the same weights under both datasets; (p, q) ↦ p^λ q^(1−λ)
+    is jointly convex for λ > 1, and best-of-k is a post-processing of k runs, which are
+    (λ, kε(λ))-RDP (Mironov 2017, Prop. 1). So
+    e^((λ−1)D_λ) ≤ E[e^((λ−1)Kε(λ))] = exp(μ(e^((λ−1)ε(λ)) − 1)) (Poisson's pgf), i.e.
+    D_λ ≤ μ·expm1((λ−1)ε(λ))/(λ−1); the last factor rounds the float evaluation up.
+    """
+    return mean * np.expm1((orders - 1) * base) / (orders - 1) * (1.0 + 2.0**-48)
+
+
 def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
     """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
     out = np.where(np.isnan(out), np.inf, out)
@@ -101,7 +117,9 @@ class RepeatAndSelect(Mechanism):
       and (ε̂, δ̂)-DP with e^ε̂ ≤ 1 + 1/(λ−1), the tuner is (λ, ε')-RDP with
       ε' = ε + μ·δ̂ + log(μ)/(λ−1), taking ε̂ = log(1 + 1/(λ−1)) and δ̂ from the
       base curve — with the outcome of K = 0 counted, which the theorem's proof
-      leaves out: ε' = log(e^(−μ) + μ·e^((λ−1)(ε + μδ̂)))/(λ−1).
+      leaves out: ε' = log(e^(−μ) + μ·e^((λ−1)(ε + μδ̂)))/(λ−1); and at each order
+      the smaller of that and μ·expm1((λ−1)ε(λ))/(λ−1), by joint convexity
+      (docs/theory.md §7), which is the tighter one for small (λ−1)ε(λ).
 
     Both are then made non-decreasing in λ (a bound at a larger order holds
     at every smaller one), as dp-accounting does.
@@ -140,11 +158,14 @@ class RepeatAndSelect(Mechanism):
                 out = _tnb_bound(orders, base, runs)
             else:
                 # Theorem 6 with ε̂ = log(1 + 1/(λ−1)), plus the mass e^(−μ) of K = 0
-                # (docs/theory.md §7, "K = 0"): e^((λ−1)ε') = e^(−μ) + μ·e^((λ−1)(ε + μδ̂)).
+                # (docs/theory.md §7, "K = 0"): e^((λ−1)ε') = e^(−μ) + μ·e^((λ−1)(ε + μδ̂));
+                # and the joint-convexity bound (§7, review acc); both hold at every μ,
+                # so the smaller one does (a NaN in either becomes ∞ in _finish)
                 eps_hat = np.log1p(1 / (orders - 1))
                 delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
                 mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
-                out = _poisson_bound(orders, base, mean, delta_hat)
+                out = np.minimum(_poisson_bound(orders, base, mean, delta_hat),
+                                 _poisson_convex_bound(orders, base, mean))
         return _finish(orders, out, self.pure_epsilon)
 
     def _params(self) -> dict[str, Any]:
