@@ -728,8 +728,10 @@ def _called_rate(fn: Callable[[], Any]) -> float:
 
 
 def _against_loader(q: float, loader: Any) -> float:
-    """``q``, set by hand, after :func:`_samplers.check_hand_rate` against the Poisson rate
-    ``loader`` samples at now (none: ``loader`` is None or its sampler not Poisson). A
+    """The q to charge for ``q``, set by hand: :func:`_samplers.check_hand_rate` against the
+    Poisson rate ``loader`` samples at now (none: ``loader`` is None or its sampler not
+    Poisson), which refuses a q further from it than float32 rounding and returns the larger
+    of the two (review lo2: a rate within float32 rounding of the loader's was refused). A
     Poisson sampler whose ``sample_rate`` is no longer a rate in (0, 1] (or not a plain
     float: numpy's float32, a tensor, which the sampler still draws at) is read as the
     number it stands for, and refused where there is none."""
@@ -745,8 +747,29 @@ def _against_loader(q: float, loader: Any) -> float:
         raise InvalidArgumentError(
             "data_loader", f"{type(sampler).__name__}(sample_rate={check.short(value)})",
             "samples at no rate in (0, 1] that the charge could be checked against")
-    _samplers.check_hand_rate("sample_rate", q, live)
-    return q
+    return _samplers.check_hand_rate("sample_rate", q, live)
+
+
+def _at_least_hook(q: float, hook_rate: float | None) -> float:
+    """``q``, set by hand without a data loader, raised to the rate Opacus' own accountant
+    hook records each step at (review lo2: ``sample_rate=q/100`` against a hook at q was
+    charged q/100, below what Opacus' accountant reports). The hook's rate is fixed when
+    make_private creates it (a closure constant of ``get_optimizer_hook_fn``), so it is read
+    once, at attach. The larger is charged, not refused: a smaller hand rate may be right (the
+    hook was made for another loader), a larger one always covers the step, and the charge
+    never falls below Opacus' own account (a larger q is a garbling-dominated over-count,
+    docs/theory.md §2b Lemma 1, step 3)."""
+    return q if hook_rate is None else max(q, hook_rate)
+
+
+def _warn_below_hook(q: float, hook_rate: float | None) -> None:
+    """Warn at attach that a hand-set q below Opacus' hook's rate is charged at the hook's."""
+    if hook_rate is not None and q < hook_rate and not _samplers.within_float32(q, hook_rate):
+        warnings.warn(
+            f"sample_rate={q:g} is below the rate Opacus' accountant hook on this optimizer "
+            f"records each step at ({hook_rate:g}); the steps are charged at {hook_rate:g}, so "
+            "the ledger never reports less than Opacus' own accountant. Pass data_loader= to "
+            "charge the rate the loader samples at", AccountantWarning, stacklevel=3)
 
 
 def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
@@ -1004,11 +1027,17 @@ def attach(
     # the loader's q, or a loader whose sample_rate was raised after attach, was charged the
     # smaller q (check_hand_rate: InvalidArgumentError before the step updates anything)
     live = data_loader if data_loader is not None and check_poisson else None
+    # review lo2: without a loader, a q given by hand is charged at least at the rate of
+    # Opacus' own accountant hook (a callable's at every step)
+    floor = hook_rate if data_loader is None else None
     if callable(sample_rate):
         given = sample_rate
-        rate: Callable[[], float] = lambda: _against_loader(_called_rate(given), live)
+        rate: Callable[[], float] = lambda: _at_least_hook(
+            _against_loader(_called_rate(given), live), floor)
     elif sample_rate is not None:
         fixed = _against_loader(check.sample_rate("sample_rate", sample_rate), live)
+        _warn_below_hook(fixed, floor)
+        fixed = _at_least_hook(fixed, floor)
         rate = lambda: _against_loader(fixed, live)
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:
