@@ -120,3 +120,69 @@ def test_a_hand_rate_beyond_float32_rounding_is_still_refused():
     with pytest.raises(InvalidArgumentError) as info:
         _attach(opt, Ledger(delta=1e-5), data_loader=loader, sample_rate=0.1 * (1 + 1e-6))
     assert info.value.argument == "sample_rate"
+
+
+# ---- 2. Lightning with several training loaders: a callable rate is checked at every step
+
+def _two_loader_fit(sample_rate, steps: int):
+    """A Lightning fit of ``steps`` steps on two Poisson loaders at q = 1/4 each, attached
+    with ``sample_rate``; (ledger, the fit's exception or None)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
+
+    from privguard.integrations.lightning import LedgerCallback
+
+    data = TensorDataset(torch.randn(64, 4, generator=torch.Generator().manual_seed(0)),
+                         torch.zeros(64, dtype=torch.long))
+
+    class _Two(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = GradSampleModule(nn.Linear(4, 2))
+
+        def training_step(self, batch, batch_idx):
+            return sum(nn.functional.cross_entropy(self.net(x), y) for x, y in batch)
+
+        def configure_optimizers(self):
+            return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1),
+                               noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=16)
+
+        def train_dataloader(self):
+            return [DPDataLoader.from_data_loader(
+                DataLoader(data, batch_size=16), generator=torch.Generator().manual_seed(s))
+                for s in (0, 1)]
+
+    ledger = Ledger(delta=1e-5)
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger, sample_rate=sample_rate)],
+                         accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False,
+                         max_steps=steps)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(_Two())
+    except InvalidArgumentError as exc:
+        return ledger, exc
+    return ledger, None
+
+
+def test_several_lightning_loaders_check_a_callable_rate_at_every_step():
+    # the callable gave the loaders' q = 1/4 at the start (checked then) and q/100 from the
+    # third call on: on main the later steps were charged q/100 for draws at q
+    calls = []
+
+    def rate() -> float:
+        calls.append(None)
+        return 0.25 if len(calls) <= 2 else 0.0025
+
+    ledger, exc = _two_loader_fit(rate, steps=4)
+    assert exc is not None and exc.argument == "train_dataloader"
+    assert all(r.mechanism.sample_rate >= 0.25 for r in ledger.history)
+
+
+def test_several_lightning_loaders_with_a_callable_rate_that_covers_them_run():
+    ledger, exc = _two_loader_fit(lambda: 0.25, steps=3)
+    assert exc is None and len(ledger.history) == 3
