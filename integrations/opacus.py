@@ -280,7 +280,8 @@ class AttachHandle:
         skipped step (``BatchMemoryManager``'s virtual steps, the loop's own
         ``signal_skip_step``) clipped its batch at the C in force then: a C lowered inside
         an accumulation leaves records clipped at C' > C under noise σ·C, which is a
-        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ). Under ghost
+        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ; docs/theory.md §14.7,
+        Lemma 14.8). Under ghost
         clipping the batches are clipped in the wrapped loss's backward at the module's own
         ``max_grad_norm``, which a C set on the optimizer alone does not change.
         """
@@ -291,6 +292,8 @@ class AttachHandle:
             return sigma
         clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
         now = _skips.noise_bound(self.optimizer)
+        # docs/theory.md §14.7, Lemma 14.8: clipped at C′, noised at σ·C, the step is the
+        # Gaussian of noise multiplier σ·C/C′; for C′ ≤ C charging σ over-counts
         return sigma * now / clipped if clipped > now else sigma
 
     def _reported(self) -> int | None:

@@ -186,3 +186,59 @@ def test_several_lightning_loaders_check_a_callable_rate_at_every_step():
 def test_several_lightning_loaders_with_a_callable_rate_that_covers_them_run():
     ledger, exc = _two_loader_fit(lambda: 0.25, steps=3)
     assert exc is None and len(ledger.history) == 3
+
+
+# ---- 3. DistributedPerLayerOptimizer: the bounds its backward hooks clip with
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank in this process (Opacus' distributed optimizers)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _per_layer_step(layers_after_build: list[float]):
+    """One step of a DistributedPerLayerOptimizer built with per-layer bounds (1, 1), whose
+    ``max_grad_norms`` (and noise bound ``max_grad_norm``, their norm) are then set to
+    ``layers_after_build``; (the charged σ, the noise bound σ·C was drawn with)."""
+    from opacus import GradSampleModule
+    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
+
+    torch.manual_seed(0)
+    model = GradSampleModule(nn.Linear(4, 2))
+    opt = DistributedPerLayerOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
+                                       expected_batch_size=8)
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, sample_rate=0.125)
+    opt.max_grad_norms = list(layers_after_build)
+    opt.max_grad_norm = float(torch.norm(torch.Tensor(layers_after_build), p=2).item())
+    x = torch.randn(8, 4) * 100
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long)).backward()
+    opt.step()
+    (record,) = ledger.history
+    return record.mechanism.noise_multiplier, opt.max_grad_norm
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_per_layer_ddp_bounds_lowered_after_build_charge_the_bounds_the_hooks_clip_at():
+    # the hooks clip at the bounds of the build, ‖(1, 1)‖ = √2, whatever the list says later;
+    # the noise follows max_grad_norm = ‖(0.01, 0.01)‖: σ·C/C′ = 0.01 (main charged σ = 1)
+    sigma, noise_bound = _per_layer_step([0.01, 0.01])
+    assert sigma == pytest.approx(1.0 * noise_bound / 2**0.5, rel=1e-6)
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_per_layer_ddp_bounds_raised_after_build_over_count_never_under_count():
+    # the hooks still clip at √2 (they do not follow the list); C′ is read as the larger
+    # ‖(10, 10)‖ = √200, so σ·C/C′ is below the true noise multiplier σ·C/√2: an over-count
+    sigma, noise_bound = _per_layer_step([10.0, 10.0])
+    assert sigma == pytest.approx(1.0 * noise_bound / 200**0.5, rel=1e-6)
+    assert sigma <= 1.0 * noise_bound / 2**0.5
