@@ -314,11 +314,13 @@ class AttachHandle:
     def _mechanism(self, predict: bool) -> M.Mechanism:
         return self._mechanism_for(self._micro_batches(predict))
 
-    def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
+    def _mechanism_for(self, micro_batches: int, sigma: float | None = None) -> M.Mechanism:
+        """The Poisson step's mechanism for ``micro_batches``; ``sigma``: the step's
+        :meth:`_sigma`, read once by the hook (None: read now)."""
         rate = float(self._rate())
         if self.drawn is not None:  # a batch drawn at a larger rate than the one in force
             rate = self.drawn.rate(rate)
-        key = (self._sigma(), rate, micro_batches)
+        key = (self._sigma() if sigma is None else sigma, rate, micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(
                 *key, aligned=self.aligned_micro_batches)
@@ -454,14 +456,19 @@ class AttachHandle:
         k = self._micro_batches(predict=False)
         if self._coordinator is None:  # under DDP inside the step's collective
             self._rank_checks()
+        # σ read once per step (review lo2; it was read again for the charge after the
+        # witnesses' check): Opacus noised the step at σ·C before calling this hook, and
+        # nothing between here and the charge changes σ, C or the clip bounds (they change
+        # at backward, zero_grad and pre_step; docs/theory.md §14.7)
+        sigma = self._sigma()
         # the step's mechanism, built once: the witnesses check what the ledger charges
         # (under DDP it is built inside the step's collective, _checked_mechanism)
         single = self._epochs is None and self._coordinator is None
-        mechanism = self._mechanism_for(k) if single else None
+        mechanism = self._mechanism_for(k, sigma) if single else None
         refused: PipelineMismatchError | None = None
         if self.witnesses is not None:  # check stage: raises PipelineMismatchError
             try:
-                self._check_witnesses(k, mechanism)
+                self._check_witnesses(k, mechanism, sigma)
             except PipelineMismatchError as exc:
                 # Review rwl: a refusal that is a function of the step's noisy gradient
                 # (the precision guard; its probability is not bounded on every dataset,
@@ -474,7 +481,6 @@ class AttachHandle:
                 # the refusal is not kept for the next step then
                 self.witnesses.failure = None
         if self._epochs is not None:  # random allocation: the whole epoch at its first step
-            sigma = self._sigma()
             if self._coordinator is None:
                 due = self._allocation_due(k, sigma)
             else:  # a refusal on one rank is every rank's (task hl: the others waited in the
@@ -504,7 +510,9 @@ class AttachHandle:
             self.ledger.charge(mechanism, label=self.label)
         else:
             # the ranks agree on σ, q and k before the charge; k: the largest rank's (rgc)
-            self._next_ok, k = self._coordinator.step(self._checked_mechanism, k, self.label)
+            self._next_ok, k = self._coordinator.step(
+                lambda micro_batches: self._checked_mechanism(micro_batches, sigma), k,
+                self.label)
         if self.witness_reserve is not None:  # once, after the first step fixed the plan
             self._charge_reserve()
         self.steps_charged += 1
@@ -528,16 +536,20 @@ class AttachHandle:
             raise _accumulated_allocation(k)
         return self._epochs.pending(sigma)
 
-    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
+    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None,
+                         sigma: float | None = None) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.
 
-        ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it.
+        ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it;
+        ``sigma``: the step's σ, read once by the hook.
         """
         assert self.witnesses is not None
         witnesses = self.witnesses
         if mechanism is None:
-            mechanism = (self.next_mechanism() if self._epochs is not None
-                         else self._mechanism_for(k))
+            if sigma is None:
+                sigma = self._sigma()
+            mechanism = (self._epochs.mechanism(sigma) if self._epochs is not None
+                         else self._mechanism_for(k, sigma))
         if self._coordinator is None:
             witnesses.check(mechanism)
             return
@@ -547,12 +559,13 @@ class AttachHandle:
             witnesses.failure = witnesses.failure or exc
             raise
 
-    def _checked_mechanism(self, micro_batches: int) -> M.Mechanism:
+    def _checked_mechanism(self, micro_batches: int, sigma: float | None = None
+                           ) -> M.Mechanism:
         """Under DDP, the step's mechanism after the aligned opt-in's dropout re-check
         (integrations/_aligned.py), inside the step's own collective: a refusal on one
         rank stops every rank before any charge, at no extra collective."""
         self._rank_checks()
-        return self._mechanism_for(micro_batches)
+        return self._mechanism_for(micro_batches, sigma)
 
     def _rank_checks(self) -> None:
         """This process's refusals of the step, before anything is charged: the

@@ -242,3 +242,32 @@ def test_per_layer_ddp_bounds_raised_after_build_over_count_never_under_count():
     sigma, noise_bound = _per_layer_step([10.0, 10.0])
     assert sigma == pytest.approx(1.0 * noise_bound / 200**0.5, rel=1e-6)
     assert sigma <= 1.0 * noise_bound / 2**0.5
+
+
+# ---- 5. σ read once per step
+
+def test_sigma_is_read_once_per_step_for_the_witnesses_and_the_charge():
+    # with witnesses on a random-allocation loader, σ was read for the witnesses' check and
+    # again for the charge; one read gives both the same value
+    from opacus import PrivacyEngine
+
+    from privguard.integrations import RandomAllocationSampler
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    sampler = RandomAllocationSampler(64, 4, generator=torch.Generator().manual_seed(0))
+    model = nn.Sequential(nn.Linear(4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(data, batch_sampler=sampler), noise_multiplier=1.0,
+            max_grad_norm=1.0, poisson_sampling=False)
+    handle = _attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader,
+                     witnesses=True)
+    reads = []
+    read = handle._sigma
+    handle._sigma = lambda: reads.append(None) or read()
+    _step(model, opt, loader)
+    assert len(reads) == 1
+    handle.detach()
