@@ -114,6 +114,7 @@ from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._drawn_rates import DrawnRates
+from privguard.integrations._layer_noise import LayerNoise
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -219,6 +220,7 @@ class AttachHandle:
         self._replacing: Any = None  # a step hook that replaced ours, behind _chain (rsmp)
         self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
+        self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
 
     @property
     def distributed(self) -> bool:
@@ -237,6 +239,9 @@ class AttachHandle:
             optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step,
             real_step=self._expect_charge)
         self.skips.install()
+        if LayerNoise.applies(optimizer):  # its noise is drawn at backward (review lo2)
+            self.layer_noise = LayerNoise(optimizer)
+            self.layer_noise.install()
         self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
@@ -286,12 +291,15 @@ class AttachHandle:
         ``max_grad_norm``, which a C set on the optimizer alone does not change.
         """
         sigma = float(self.optimizer.noise_multiplier)
+        now = _skips.noise_bound(self.optimizer)
+        drawn = None if self.layer_noise is None else self.layer_noise.drawn
+        if drawn is not None:  # DistributedPerLayerOptimizer: the pair its noise used (lo2)
+            sigma, now = drawn
         bounds = [count.clip_bound for count in (self.skips, self.ghost)
                   if count is not None and count.clip_bound is not None]
         if not bounds:
             return sigma
         clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
-        now = _skips.noise_bound(self.optimizer)
         # docs/theory.md §14.7, Lemma 14.8: clipped at C′, noised at σ·C, the step is the
         # Gaussian of noise multiplier σ·C/C′; for C′ ≤ C charging σ over-counts
         return sigma * now / clipped if clipped > now else sigma
@@ -447,7 +455,7 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost, self.drawn):
+        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
             if count is not None:
                 count.take()
 
@@ -638,6 +646,8 @@ class AttachHandle:
             self._gate = None
         if self.ghost is not None:
             self.ghost.restore()
+        if self.layer_noise is not None:
+            self.layer_noise.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,

@@ -214,6 +214,59 @@ def test_per_layer_ddp_bounds_raised_after_build_over_count_never_under_count():
     assert sigma <= 1.0 * noise_bound / 2**0.5
 
 
+def _per_layer_noise_changed(between, before=None) -> tuple[float, float]:
+    """One step of a DistributedPerLayerOptimizer (bounds (1, 1), σ = 1) with ``before(opt)``
+    called before the backward (which draws the noise) and ``between(opt)`` between it and
+    step(); (the charged σ, the noise multiplier of the noise drawn, relative to the clipping
+    norm ‖(1, 1)‖ = √2)."""
+    from opacus import GradSampleModule
+    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
+
+    torch.manual_seed(0)
+    model = GradSampleModule(nn.Linear(4, 2))
+    opt = DistributedPerLayerOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
+                                       expected_batch_size=8)
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, sample_rate=0.125)
+    if before is not None:
+        before(opt)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.zeros(8, dtype=torch.long)
+                                ).backward()
+    drawn = float(opt.noise_multiplier) * float(opt.max_grad_norm) / 2**0.5
+    between(opt)
+    opt.step()
+    (record,) = ledger.history
+    return record.mechanism.noise_multiplier, drawn
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_per_layer_ddp_sigma_raised_between_backward_and_step_charges_the_noise_drawn():
+    # its hooks draw the noise at backward with σ = 1; a schedule that raised σ to 10 before
+    # step() was charged σ = 10 (an under-count): the step is charged at the noise's σ
+    def raise_sigma(opt):
+        opt.noise_multiplier = 10.0
+
+    charged, drawn = _per_layer_noise_changed(raise_sigma)
+    assert charged == pytest.approx(drawn, rel=1e-6) and drawn == pytest.approx(1.0)
+
+
+@pytest.mark.usefixtures("one_rank_group")
+def test_per_layer_ddp_noise_bound_lowered_at_backward_charges_the_noise_drawn():
+    # max_grad_norm 0.1 at the backward (noise σ·0.1 on records clipped at √2), set back to
+    # √2 before step(): charged σ = 1 on main, for a noise multiplier of 0.1/√2
+    def lower(opt):
+        opt.max_grad_norm = 0.1
+
+    def restore(opt):
+        opt.max_grad_norm = 2**0.5
+
+    charged, drawn = _per_layer_noise_changed(restore, before=lower)
+    assert drawn == pytest.approx(0.1 / 2**0.5, rel=1e-6)
+    assert charged == pytest.approx(drawn, rel=1e-6)
+
+
 # ---- 5. σ read once per step
 
 def test_sigma_is_read_once_per_step_for_the_witnesses_and_the_charge():
