@@ -177,24 +177,12 @@ def _per_layer_step(layers_after_build: list[float]):
     """One step of a DistributedPerLayerOptimizer built with per-layer bounds (1, 1), whose
     ``max_grad_norms`` (and noise bound ``max_grad_norm``, their norm) are then set to
     ``layers_after_build``; (the charged σ, the noise bound σ·C was drawn with)."""
-    from opacus import GradSampleModule
-    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
+    def rebound(opt):
+        opt.max_grad_norms = list(layers_after_build)
+        opt.max_grad_norm = float(torch.norm(torch.Tensor(layers_after_build), p=2).item())
 
-    torch.manual_seed(0)
-    model = GradSampleModule(nn.Linear(4, 2))
-    opt = DistributedPerLayerOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                       noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
-                                       expected_batch_size=8)
-    ledger = Ledger(delta=1e-5)
-    _attach(opt, ledger, sample_rate=0.125)
-    opt.max_grad_norms = list(layers_after_build)
-    opt.max_grad_norm = float(torch.norm(torch.Tensor(layers_after_build), p=2).item())
-    x = torch.randn(8, 4) * 100
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long)).backward()
-    opt.step()
-    (record,) = ledger.history
-    return record.mechanism.noise_multiplier, opt.max_grad_norm
+    charged, _drawn = _per_layer_noise_changed(lambda opt: None, before=rebound)
+    return charged, float(torch.norm(torch.Tensor(layers_after_build), p=2).item())
 
 
 @pytest.mark.usefixtures("one_rank_group")
@@ -232,8 +220,8 @@ def _per_layer_noise_changed(between, before=None) -> tuple[float, float]:
     if before is not None:
         before(opt)
     opt.zero_grad()
-    nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.zeros(8, dtype=torch.long)
-                                ).backward()
+    nn.functional.cross_entropy(model(torch.randn(8, 4) * 100),
+                                torch.zeros(8, dtype=torch.long)).backward()
     drawn = float(opt.noise_multiplier) * float(opt.max_grad_norm) / 2**0.5
     between(opt)
     opt.step()
