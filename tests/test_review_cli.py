@@ -215,3 +215,19 @@ def test_repr_and_describe_never_state_a_rounded_target_or_parameter():
     assert "ε=1.2345649, δ=1.0000049e-05" in text, text
     shown = describe(M.SubsampledGaussian(1.0, 0.123_456_4).to_dict())
     assert "sample_rate=0.1234564" in shown, shown
+
+
+def test_the_audits_lower_bound_is_printed_rounded_down(monkeypatch, capsys):
+    # epsilon_lower = 0.1239 was printed "0.124", more than the audit showed
+    from types import SimpleNamespace
+
+    res = SimpleNamespace(steps=10, canaries=100, correct=9, guesses=10, guess_sets=1,
+                          epsilon_lower=0.123_9, delta=1e-5, confidence=0.95,
+                          epsilon_charged=2.000_1, ratio=0.06)
+    monkeypatch.setattr("privguard.audit.demo_audit", lambda **kwargs: res)
+    assert main(["audit", "--quick"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "epsilon_lower" in line)
+    charged = next(line for line in out.splitlines() if "epsilon_charged" in line)
+    assert float(line.split("=")[1].split()[0]) <= 0.123_9, line
+    assert float(charged.split("=")[1].split()[0]) >= 2.000_1, charged
