@@ -135,7 +135,8 @@ class BackwardCounter:
         self._second_pass_hook: Any = None  # the pre-hook set at the wrapped zero_grad
         # review smp: the largest clipping bound a wrapped backward clipped at since the last
         # real step (the wrapped module's max_grad_norm, which the optimizer's noise σ·C does
-        # not follow), None: none seen
+        # not follow), None: none seen; the step is charged σ·C/C′ for C′ this bound
+        # (docs/theory.md §14.7, Lemma 14.8)
         self.clip_bound: float | None = None
 
     def install(self) -> None:

@@ -90,13 +90,28 @@ def rate_mismatch(loader: Any) -> str | None:
             "(DPDataLoader.from_data_loader(DataLoader(subset, ...)))")
 
 
-def check_hand_rate(name: str, given: float, loader_rate: float | None) -> None:
-    """Refuse a q set by hand that differs from the Poisson loader's own."""
-    if loader_rate is not None and abs(given - loader_rate) > 1e-12 * max(given, loader_rate):
+FLOAT32_ROUNDING = 2.0**-24
+"""The relative error of rounding a number to float32 (half its unit in the last place)."""
+
+
+def within_float32(a: float, b: float) -> bool:
+    """Whether ``a`` and ``b`` differ by no more than rounding one of them to float32."""
+    return abs(a - b) <= FLOAT32_ROUNDING * max(abs(a), abs(b))
+
+
+def check_hand_rate(name: str, given: float, loader_rate: float | None) -> float:
+    """The q to charge for a q set by hand, given the Poisson loader's own: refused where
+    they differ by more than float32 rounding (a rate written down as ``np.float32`` or
+    read from a float32 tensor), else the larger of the two, so the charge never falls
+    below the rate the loader draws at (the RDP of the subsampled Gaussian grows with q)."""
+    if loader_rate is None:
+        return given
+    if not within_float32(given, loader_rate):
         raise InvalidArgumentError(
             name, given, f"differs from the rate the data loader samples at "
             f"({loader_rate:g}): the charge must be the probability each record is drawn; "
             "leave sample_rate out to use the loader's")
+    return max(given, loader_rate)
 
 
 def drawn_in_one_step(q: float, draws: int) -> float:

@@ -139,7 +139,8 @@ class SkipCounter:
         self._reported = reported or (lambda: _describe.reported_micro_batches(optimizer))
         self.skipped = 0  # micro-batches clipped by skipped steps since the last real step
         # the largest clipping bound (max_grad_norm) any step() clipped at since the last
-        # real step: the noise is σ·C at the real step only (review smp), None: none seen
+        # real step: the noise is σ·C at the real step only (review smp), None: none seen;
+        # the step is charged σ·C/C′ for C′ this bound (docs/theory.md §14.7, Lemma 14.8)
         self.clip_bound: float | None = None
         self.own = False  # one of those skips was not BatchMemoryManager's
         # a signal not BatchMemoryManager's was queued (or one of unknown origin found) and
@@ -251,8 +252,11 @@ def _bound(optimizer: Any) -> float:
     tensor after an adaptive update), and under per-layer clipping the norm of the layers'
     ``max_grad_norms`` (which Opacus clips with, and which its noise bound ``max_grad_norm``
     does not follow when the list is changed), computed as Opacus computes that noise bound
-    from the list (a float32 norm: an unchanged list gives the noise bound exactly); inf
-    where it is not a number, so that the step is refused (fail closed)."""
+    from the list (a float32 norm: an unchanged list gives the noise bound exactly), and
+    under ``DistributedPerLayerOptimizer`` the bounds its backward hooks clip with
+    (:func:`_hook_bounds`); inf where it is not a number, so that the step is refused (fail
+    closed). The largest of these: a C′ read too large only lowers the charged σ·C/C′
+    (docs/theory.md §14.7, Lemma 14.8: an over-count)."""
     try:
         value = float(optimizer.max_grad_norm)
         layers = getattr(optimizer, "max_grad_norms", None)
@@ -260,9 +264,41 @@ def _bound(optimizer: Any) -> float:
             import torch  # per-layer clipping: an Opacus optimizer, torch is there
 
             value = max(value, float(torch.norm(torch.Tensor(list(layers)), p=2).item()))
+            hooked = _hook_bounds(optimizer)
+            if hooked is not None:
+                value = max(value, float(torch.norm(torch.Tensor(hooked), p=2).item()))
     except (AttributeError, TypeError, ValueError, RuntimeError, OverflowError):
         return float("inf")
     return value if value == value else float("inf")  # NaN: inf
+
+
+def _hook_bounds(optimizer: Any) -> list[float] | None:
+    """The per-layer bounds ``DistributedPerLayerOptimizer`` clips with, one per trainable
+    parameter (the largest where a parameter has several hooks); None for an optimizer that
+    clips in ``pre_step`` (it has no ``_ddp_per_layer_hook``).
+
+    Review lo2: that optimizer clips in each parameter's backward hook, registered when it
+    is built as ``partial(_ddp_per_layer_hook, p, bound)``: the bound is the list's value at
+    build time, and a ``max_grad_norms`` set later (lowered with ``max_grad_norm``, which the
+    noise σ·C follows) does not change what it clips at. Reading the list then gave C′ too
+    small and the step was charged σ where the noise multiplier was σ·C/C′ < σ. The bounds
+    are read from the hooks themselves, so that raising the list between ``pre_step`` and
+    the next backward cannot make C′ too small either (the hooks do not follow the list). A
+    trainable parameter without such a hook raises (``_bound``: inf, the step refused)."""
+    hook = getattr(type(optimizer), "_ddp_per_layer_hook", None)
+    if hook is None:
+        return None
+    bounds = []
+    for p in optimizer.params:
+        if not p.requires_grad:
+            continue
+        found = [fn.args[1] for fn in (getattr(p, "_backward_hooks", None) or {}).values()
+                 if getattr(getattr(fn, "func", None), "__func__", None) is hook
+                 and len(fn.args) == 2 and fn.args[0] is p]
+        if not found:
+            raise ValueError("a trainable parameter without its per-layer clipping hook")
+        bounds.append(max(float(b) for b in found))
+    return bounds
 
 
 def noise_bound(optimizer: Any) -> float:

@@ -21,8 +21,9 @@ and sets ``trainer.should_stop`` when the ledger would refuse the next step
 
 Several training loaders (Lightning's ``CombinedLoader``): attach sees none of
 them, so the steps are charged at ``sample_rate`` (or Opacus' hook's rate), and
-every loader's Poisson rate must be at most that q, at the start and after
-each reload, and each gets attach's records check. Every batch holds one draw
+every loader's Poisson rate must be at most that q, at the start, after
+each reload and at every step (a callable ``sample_rate``'s value then), and each
+gets attach's records check. Every batch holds one draw
 of each loader, possibly of the same records, so a step over b batches of L
 loaders is charged as b·L Poisson draws (``AccumulatedSubsampledGaussian``,
 docs/theory.md §14): an over-count where the loaders' records are disjoint.
@@ -67,7 +68,7 @@ from typing import Any
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _describe, _sampling
+from privguard.integrations import _describe, _samplers, _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
 from privguard.integrations._checkpoint import ledger_entry, restore
@@ -104,13 +105,15 @@ def _train_loaders(trainer: Any) -> list:
 def _check_rates(loaders: list, charged: float) -> None:
     """Refuse a Poisson training loader whose rate the charge at q = ``charged`` does not cover.
 
-    One loader: its rate must be q (as attach checks it); several (attach sees none of them):
-    none above q (the charge grows with q: a larger one stays sound).
+    One loader: its rate must be q up to float32 rounding (as attach checks it, which then
+    charges the larger); several (attach sees none of them): none above q. Never one above
+    the charged q (the charge grows with q, docs/theory.md §2b Lemma 1: a larger one stays
+    sound).
     """
     for loader in loaders:
         q = _sampling.poisson_rate(loader)
-        if q is not None and (q - charged if len(loaders) > 1 else abs(charged - q)) \
-                > 1e-12 * max(charged, q):
+        if q is not None and (q > charged or (len(loaders) == 1 and
+                                              not _samplers.within_float32(q, charged))):
             raise InvalidArgumentError(
                 "train_dataloader", q,
                 f"is the rate a training loader samples at, but the steps are charged at "
@@ -288,6 +291,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
         self._loaders = loaders
+        self._watch(self.handle)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
@@ -377,7 +381,23 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if rate is not None:
             followed = rate
             handle._rate = lambda: followed
+            self._watch(handle)
         self._loaders = loaders
+
+    def _watch(self, handle: AttachHandle) -> None:
+        """Check the charged q against the training loaders at every step, as attach checks a
+        single loader's (review lo2: with several loaders attach gets none of them, and a
+        callable ``sample_rate`` that fell below their rate after the start, or a loader whose
+        rate was raised, was charged the smaller q). Raised in the step's charge, before its
+        update (:meth:`AttachHandle._hook`)."""
+        charged = handle._rate
+
+        def checked() -> float:
+            q = float(charged())
+            _check_rates(self._loaders, q)  # one loader: also a reloaded one (attach's own
+            return q  # per-step check reads the loader it was given)
+
+        handle._rate = checked
 
     @staticmethod
     def _follow_loader(handle: AttachHandle, loaders: list) -> None:

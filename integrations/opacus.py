@@ -114,6 +114,7 @@ from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._drawn_rates import DrawnRates
+from privguard.integrations._layer_noise import LayerNoise
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -219,6 +220,7 @@ class AttachHandle:
         self._replacing: Any = None  # a step hook that replaced ours, behind _chain (rsmp)
         self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
+        self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
 
     @property
     def distributed(self) -> bool:
@@ -237,6 +239,9 @@ class AttachHandle:
             optimizer, self._reported, None if self.ghost is None else self.ghost.pre_step,
             real_step=self._expect_charge)
         self.skips.install()
+        if LayerNoise.applies(optimizer):  # its noise is drawn at backward (review lo2)
+            self.layer_noise = LayerNoise(optimizer)
+            self.layer_noise.install()
         self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
@@ -280,17 +285,23 @@ class AttachHandle:
         skipped step (``BatchMemoryManager``'s virtual steps, the loop's own
         ``signal_skip_step``) clipped its batch at the C in force then: a C lowered inside
         an accumulation leaves records clipped at C' > C under noise σ·C, which is a
-        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ). Under ghost
+        Gaussian of noise multiplier σ·C/C' (review smp: charged as σ; docs/theory.md §14.7,
+        Lemma 14.8). Under ghost
         clipping the batches are clipped in the wrapped loss's backward at the module's own
         ``max_grad_norm``, which a C set on the optimizer alone does not change.
         """
         sigma = float(self.optimizer.noise_multiplier)
+        now = _skips.noise_bound(self.optimizer)
+        drawn = None if self.layer_noise is None else self.layer_noise.drawn
+        if drawn is not None:  # DistributedPerLayerOptimizer: the pair its noise used (lo2)
+            sigma, now = drawn
         bounds = [count.clip_bound for count in (self.skips, self.ghost)
                   if count is not None and count.clip_bound is not None]
         if not bounds:
             return sigma
         clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
-        now = _skips.noise_bound(self.optimizer)
+        # docs/theory.md §14.7, Lemma 14.8: clipped at C′, noised at σ·C, the step is the
+        # Gaussian of noise multiplier σ·C/C′; for C′ ≤ C charging σ over-counts
         return sigma * now / clipped if clipped > now else sigma
 
     def _reported(self) -> int | None:
@@ -311,11 +322,13 @@ class AttachHandle:
     def _mechanism(self, predict: bool) -> M.Mechanism:
         return self._mechanism_for(self._micro_batches(predict))
 
-    def _mechanism_for(self, micro_batches: int) -> M.Mechanism:
+    def _mechanism_for(self, micro_batches: int, sigma: float | None = None) -> M.Mechanism:
+        """The Poisson step's mechanism for ``micro_batches``; ``sigma``: the step's
+        :meth:`_sigma`, read once by the hook (None: read now)."""
         rate = float(self._rate())
         if self.drawn is not None:  # a batch drawn at a larger rate than the one in force
             rate = self.drawn.rate(rate)
-        key = (self._sigma(), rate, micro_batches)
+        key = (self._sigma() if sigma is None else sigma, rate, micro_batches)
         if key != self._last_key:  # a frozen value object: reuse it while σ, q and k hold
             self._last_mechanism = _describe.step_mechanism(
                 *key, aligned=self.aligned_micro_batches)
@@ -442,7 +455,7 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost, self.drawn):
+        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
             if count is not None:
                 count.take()
 
@@ -451,14 +464,19 @@ class AttachHandle:
         k = self._micro_batches(predict=False)
         if self._coordinator is None:  # under DDP inside the step's collective
             self._rank_checks()
+        # σ read once per step (review lo2; it was read again for the charge after the
+        # witnesses' check): Opacus noised the step at σ·C before calling this hook, and
+        # nothing between here and the charge changes σ, C or the clip bounds (they change
+        # at backward, zero_grad and pre_step; docs/theory.md §14.7)
+        sigma = self._sigma()
         # the step's mechanism, built once: the witnesses check what the ledger charges
         # (under DDP it is built inside the step's collective, _checked_mechanism)
         single = self._epochs is None and self._coordinator is None
-        mechanism = self._mechanism_for(k) if single else None
+        mechanism = self._mechanism_for(k, sigma) if single else None
         refused: PipelineMismatchError | None = None
         if self.witnesses is not None:  # check stage: raises PipelineMismatchError
             try:
-                self._check_witnesses(k, mechanism)
+                self._check_witnesses(k, mechanism, sigma)
             except PipelineMismatchError as exc:
                 # Review rwl: a refusal that is a function of the step's noisy gradient
                 # (the precision guard; its probability is not bounded on every dataset,
@@ -471,7 +489,6 @@ class AttachHandle:
                 # the refusal is not kept for the next step then
                 self.witnesses.failure = None
         if self._epochs is not None:  # random allocation: the whole epoch at its first step
-            sigma = self._sigma()
             if self._coordinator is None:
                 due = self._allocation_due(k, sigma)
             else:  # a refusal on one rank is every rank's (task hl: the others waited in the
@@ -501,7 +518,9 @@ class AttachHandle:
             self.ledger.charge(mechanism, label=self.label)
         else:
             # the ranks agree on σ, q and k before the charge; k: the largest rank's (rgc)
-            self._next_ok, k = self._coordinator.step(self._checked_mechanism, k, self.label)
+            self._next_ok, k = self._coordinator.step(
+                lambda micro_batches: self._checked_mechanism(micro_batches, sigma), k,
+                self.label)
         if self.witness_reserve is not None:  # once, after the first step fixed the plan
             self._charge_reserve()
         self.steps_charged += 1
@@ -525,16 +544,20 @@ class AttachHandle:
             raise _accumulated_allocation(k)
         return self._epochs.pending(sigma)
 
-    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None) -> None:
+    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None,
+                         sigma: float | None = None) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.
 
-        ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it.
+        ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it;
+        ``sigma``: the step's σ, read once by the hook.
         """
         assert self.witnesses is not None
         witnesses = self.witnesses
         if mechanism is None:
-            mechanism = (self.next_mechanism() if self._epochs is not None
-                         else self._mechanism_for(k))
+            if sigma is None:
+                sigma = self._sigma()
+            mechanism = (self._epochs.mechanism(sigma) if self._epochs is not None
+                         else self._mechanism_for(k, sigma))
         if self._coordinator is None:
             witnesses.check(mechanism)
             return
@@ -544,12 +567,13 @@ class AttachHandle:
             witnesses.failure = witnesses.failure or exc
             raise
 
-    def _checked_mechanism(self, micro_batches: int) -> M.Mechanism:
+    def _checked_mechanism(self, micro_batches: int, sigma: float | None = None
+                           ) -> M.Mechanism:
         """Under DDP, the step's mechanism after the aligned opt-in's dropout re-check
         (integrations/_aligned.py), inside the step's own collective: a refusal on one
         rank stops every rank before any charge, at no extra collective."""
         self._rank_checks()
-        return self._mechanism_for(micro_batches)
+        return self._mechanism_for(micro_batches, sigma)
 
     def _rank_checks(self) -> None:
         """This process's refusals of the step, before anything is charged: the
@@ -622,6 +646,8 @@ class AttachHandle:
             self._gate = None
         if self.ghost is not None:
             self.ghost.restore()
+        if self.layer_noise is not None:
+            self.layer_noise.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,
@@ -728,8 +754,10 @@ def _called_rate(fn: Callable[[], Any]) -> float:
 
 
 def _against_loader(q: float, loader: Any) -> float:
-    """``q``, set by hand, after :func:`_samplers.check_hand_rate` against the Poisson rate
-    ``loader`` samples at now (none: ``loader`` is None or its sampler not Poisson). A
+    """The q to charge for ``q``, set by hand: :func:`_samplers.check_hand_rate` against the
+    Poisson rate ``loader`` samples at now (none: ``loader`` is None or its sampler not
+    Poisson), which refuses a q further from it than float32 rounding and returns the larger
+    of the two (review lo2: a rate within float32 rounding of the loader's was refused). A
     Poisson sampler whose ``sample_rate`` is no longer a rate in (0, 1] (or not a plain
     float: numpy's float32, a tensor, which the sampler still draws at) is read as the
     number it stands for, and refused where there is none."""
@@ -745,8 +773,29 @@ def _against_loader(q: float, loader: Any) -> float:
         raise InvalidArgumentError(
             "data_loader", f"{type(sampler).__name__}(sample_rate={check.short(value)})",
             "samples at no rate in (0, 1] that the charge could be checked against")
-    _samplers.check_hand_rate("sample_rate", q, live)
-    return q
+    return _samplers.check_hand_rate("sample_rate", q, live)
+
+
+def _at_least_hook(q: float, hook_rate: float | None) -> float:
+    """``q``, set by hand without a data loader, raised to the rate Opacus' own accountant
+    hook records each step at (review lo2: ``sample_rate=q/100`` against a hook at q was
+    charged q/100, below what Opacus' accountant reports). The hook's rate is fixed when
+    make_private creates it (a closure constant of ``get_optimizer_hook_fn``), so it is read
+    once, at attach. The larger is charged, not refused: a smaller hand rate may be right (the
+    hook was made for another loader), a larger one always covers the step, and the charge
+    never falls below Opacus' own account (a larger q is a garbling-dominated over-count,
+    docs/theory.md §2b Lemma 1, step 3)."""
+    return q if hook_rate is None else max(q, hook_rate)
+
+
+def _warn_below_hook(q: float, hook_rate: float | None) -> None:
+    """Warn at attach that a hand-set q below Opacus' hook's rate is charged at the hook's."""
+    if hook_rate is not None and q < hook_rate and not _samplers.within_float32(q, hook_rate):
+        warnings.warn(
+            f"sample_rate={q:g} is below the rate Opacus' accountant hook on this optimizer "
+            f"records each step at ({hook_rate:g}); the steps are charged at {hook_rate:g}, so "
+            "the ledger never reports less than Opacus' own accountant. Pass data_loader= to "
+            "charge the rate the loader samples at", AccountantWarning, stacklevel=3)
 
 
 def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
@@ -1004,11 +1053,17 @@ def attach(
     # the loader's q, or a loader whose sample_rate was raised after attach, was charged the
     # smaller q (check_hand_rate: InvalidArgumentError before the step updates anything)
     live = data_loader if data_loader is not None and check_poisson else None
+    # review lo2: without a loader, a q given by hand is charged at least at the rate of
+    # Opacus' own accountant hook (a callable's at every step)
+    floor = hook_rate if data_loader is None else None
     if callable(sample_rate):
         given = sample_rate
-        rate: Callable[[], float] = lambda: _against_loader(_called_rate(given), live)
+        rate: Callable[[], float] = lambda: _at_least_hook(
+            _against_loader(_called_rate(given), live), floor)
     elif sample_rate is not None:
         fixed = _against_loader(check.sample_rate("sample_rate", sample_rate), live)
+        _warn_below_hook(fixed, floor)
+        fixed = _at_least_hook(fixed, floor)
         rate = lambda: _against_loader(fixed, live)
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:

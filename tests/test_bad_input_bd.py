@@ -347,7 +347,9 @@ def _opacus_step(sample_rate):
     model, opt, loader = private_linear()  # (skips without Opacus)
     from privguard.integrations.opacus import attach
 
-    ledger = Ledger(3.0, 1e-5)
+    # no target: a rate below the hook's q = 0.25 is charged at 0.25 (review lo2), which an
+    # (ε = 3, δ) filter refuses for σ = 1
+    ledger = Ledger(delta=1e-5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the designed AccountantWarning (PRV engine)
         attach(opt, ledger, sample_rate=sample_rate, check_poisson=False)

@@ -165,3 +165,69 @@ def test_plot_still_writes_the_named_file(tmp_path, capsys):
     assert (tmp_path / "eps.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "eps.svg").read_bytes()[:500]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+
+# ---- task lo2
+
+def test_an_unexpected_error_is_one_line_with_its_message_not_its_repr(tmp_path, monkeypatch,
+                                                                        capsys):
+    path = tmp_path / "b.db"
+    Ledger(4.0, 1e-5, path=path).close()
+
+    def broken(*args, **kwargs):
+        raise ValueError("bad 'value'")
+
+    monkeypatch.setattr("privguard._cli._report.report", broken)
+    assert main(["report", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "privguard: error: ValueError: bad 'value'\n", err
+
+
+def test_the_prv_and_naive_comparisons_are_printed_rounded_up_and_labelled(tmp_path,
+                                                                           monkeypatch, capsys):
+    # printed to nearest, a PRV or naive ε of 1.00001 read 1.0000, below the number
+    import privguard._cli._report as rep
+
+    path = tmp_path / "b.db"
+    ledger = Ledger(40.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+    real = rep.report
+
+    def compared(*args, **kwargs):
+        data = real(*args, **kwargs)
+        return {**data, "opacus_prv_epsilon_not_a_guarantee": 1.000_01,
+                "naive_epsilon_not_a_guarantee": 2.000_01}
+
+    monkeypatch.setattr(rep, "report", compared)
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    prv = next(line for line in out.splitlines() if line.startswith("Opacus PRV"))
+    naive = next(line for line in out.splitlines() if line.startswith("naive ε"))
+    assert float(prv.split()[2]) >= 1.000_01 and "a comparison, rounded up" in prv, prv
+    assert float(naive.split()[2]) >= 2.000_01 and "a comparison, rounded up" in naive, naive
+
+
+def test_repr_and_describe_never_state_a_rounded_target_or_parameter():
+    from privguard._accounting._results import describe
+
+    text = repr(Ledger(1.234_564_9, 1.000_004_9e-5))
+    assert "ε=1.2345649, δ=1.0000049e-05" in text, text
+    shown = describe(M.SubsampledGaussian(1.0, 0.123_456_4).to_dict())
+    assert "sample_rate=0.1234564" in shown, shown
+
+
+def test_the_audits_lower_bound_is_printed_rounded_down(monkeypatch, capsys):
+    # epsilon_lower = 0.1239 was printed "0.124", more than the audit showed
+    from types import SimpleNamespace
+
+    res = SimpleNamespace(steps=10, canaries=100, correct=9, guesses=10, guess_sets=1,
+                          epsilon_lower=0.123_9, delta=1e-5, confidence=0.95,
+                          epsilon_charged=2.000_1, ratio=0.06)
+    monkeypatch.setattr("privguard.audit.demo_audit", lambda **kwargs: res)
+    assert main(["audit", "--quick"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "epsilon_lower" in line)
+    charged = next(line for line in out.splitlines() if "epsilon_charged" in line)
+    assert float(line.split("=")[1].split()[0]) <= 0.123_9, line
+    assert float(charged.split("=")[1].split()[0]) >= 2.000_1, charged

@@ -34,20 +34,27 @@ def test_a_session_option_in_the_url_applies(pg):
     ledger.close()
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql://ann:pa/Hunter2@127.0.0.1:1/db?ledger=x",
-    "postgresql://ann:pa?Hunter2@127.0.0.1:1/db?ledger=x",
-    "postgresql://ann:pa#Hunter2@127.0.0.1:1/db",
-    "postgresql://ann:pa@Hunter2@127.0.0.1:1/db",
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql://ann:pa/Hunter2@127.0.0.1:1/db?ledger=x", ["Hunter2"]),
+    ("postgresql://ann:pa?Hunter2@127.0.0.1:1/db?ledger=x", ["Hunter2"]),
+    ("postgresql://ann:pa#Hunter2@127.0.0.1:1/db", ["Hunter2"]),
+    ("postgresql://ann:pa@Hunter2@127.0.0.1:1/db", ["Hunter2"]),
+    # review lo2: a password of digits before its delimiter read as a port, so the check
+    # passed it, and the message showed the URL unmasked (libpq resolved the host "ann", or
+    # read the password up to the '@'): every digit of it reached the message
+    ("postgresql://ann:9876/5432@127.0.0.1:1/db?ledger=x", ["9876", "5432"]),
+    ("postgresql://ann:9876?5432@127.0.0.1:1/db?ledger=x", ["9876", "5432"]),
+    ("postgresql://ann:9876#5432@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:98765432/@127.0.0.1:1/db", ["9876", "5432"]),
 ])
-def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url):
+def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url, shown):
     # urlsplit ends the authority at the first '/', '?' or '#' (so "ann:pa" had no
     # password to mask) and libpq ends the credentials at the first '@' (it then
     # resolved the host "Hunter2@127.0.0.1"): the password reached the message
     for attempt in (lambda: Ledger.open(url), lambda: Ledger(3.0, 1e-5, path=url)):
         with pytest.raises(PrivguardError) as caught:
             attempt()
-        assert "Hunter2" not in str(caught.value)
+        assert not [part for part in shown if part in str(caught.value)], str(caught.value)
         assert isinstance(caught.value, InvalidArgumentError) and caught.value.argument == "path"
 
 

@@ -9,44 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
+from _private_mlp import private as _private  # noqa: E402
+from _private_mlp import quiet_attach as _attach  # noqa: E402
+from _private_mlp import step as _step  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privguard import InvalidArgumentError, Ledger  # noqa: E402
-from privguard.integrations.opacus import attach  # noqa: E402
-
-
-def _private(batch_size: int = 8, **kwargs):
-    """(model, optimizer, Poisson loader) of make_private: 64 rows, q = batch_size / 64
-    (with a criterion before the loader under ghost clipping); ``kwargs`` to make_private."""
-    from opacus import PrivacyEngine
-
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    kwargs.setdefault("max_grad_norm", 1.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return PrivacyEngine(accountant="rdp").make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=DataLoader(data, batch_size=batch_size), noise_multiplier=1.0,
-            **kwargs)
-
-
-def _step(model, opt, loader) -> None:
-    """One real step on the loader's next non-empty batch."""
-    for x, y in loader:
-        if len(x):
-            break
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-
-
-def _attach(opt, ledger, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return attach(opt, ledger, **kwargs)
 
 
 def _refused_untouched(model, opt, loader, ledger) -> InvalidArgumentError:

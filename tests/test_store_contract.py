@@ -248,6 +248,27 @@ def test_a_read_only_ledger_stays_read_only_once_pickled(kind):
     assert Ledger.open(ledger.path, read_only=True).runs == reader.runs  # nothing written
 
 
+def test_a_closed_ledger_stays_closed_once_pickled(kind):
+    """A closed file or server ledger unpickled open and writable (review lo2); a closed
+    in-memory one refuses to pickle (its state is not readable once closed)."""
+    import pickle
+
+    ledger = kind.make(3.0, 1e-5)
+    ledger.charge(STEP)
+    ledger.close()
+    if kind.name == "memory":
+        with pytest.raises(LedgerStateError, match="closed"):
+            pickle.dumps(ledger)
+        return
+    again = pickle.loads(pickle.dumps(ledger))
+    assert again.target == ledger.target and again.path == ledger.path
+    with pytest.raises(LedgerStateError, match="closed"):
+        again.charge(STEP)
+    with pytest.raises(LedgerStateError, match="closed"):
+        again.history
+    assert len(kind.reopen(ledger).history) == 1  # nothing written
+
+
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "memory"], indirect=True)
 def test_a_write_that_fails_breaks_the_ledger_and_records_nothing(kind, monkeypatch):
     ledger = kind.make(3.0, 1e-5, lease=1)  # every charge writes

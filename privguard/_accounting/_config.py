@@ -20,6 +20,7 @@ from privguard import _validation as check
 from privguard._accounting._odometer import MIXTURE, NEW_MODES
 from privguard._accounting._odometer import MODES as ODOMETER_MODES
 from privguard._accounting._plan import Plan, as_plan
+from privguard._accounting._results import exact
 from privguard._accounting._shares import Concentrated, DeltaShares, shares_from_dict
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, LedgerStateError
@@ -83,7 +84,8 @@ class Config:
             return "strict per-order RDP filter"
         if self.filter is not None:
             kind = "hybrid (PLD envelope + RDP) " if self.filter == "hybrid" else ""
-            return f"(ε={self.epsilon:g}, δ={self.delta:g}) {kind}filter"
+            # the target as stated, never rounded (review lo2: ε = 1.2345649 read 1.23456)
+            return f"(ε={exact(self.epsilon)}, δ={exact(self.delta)}) {kind}filter"
         return "no budget (report only)"
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._accounting._results import exact
 from privguard._accounting._shares import DeltaShares
 from privguard._curves import _conversion as conv
 from privguard._errors import LedgerStateError
@@ -99,7 +100,8 @@ class DPFilter:
         return conv.rdp_budget_per_order(self.orders, self.epsilon, weights * self.delta) - spent
 
     def describe(self) -> str:
-        return f"(ε={self.epsilon:g}, δ={self.delta:g}) filter"
+        # the target as stated, never rounded (review lo2)
+        return f"(ε={exact(self.epsilon)}, δ={exact(self.delta)}) filter"
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "epsilon": self.epsilon, "delta": self.delta,

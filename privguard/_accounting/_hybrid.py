@@ -39,6 +39,7 @@ import numpy as np
 from privguard import _validation as check
 from privguard._accounting import _allocation_envelope as _alloc
 from privguard._accounting._filters import DPFilter
+from privguard._accounting._results import exact
 from privguard._accounting._shares import DeltaShares, shares_from_dict
 from privguard._curves import _conversion as conv
 from privguard._curves._orders import DEFAULT_ORDERS
@@ -765,7 +766,8 @@ class HybridFilter:
         unit = "epochs" if env.allocation_steps else "envelope steps"  # T_A's unit (§2b.3)
         a = (f"{self.steps_a - self.a_count} of {self.steps_a} {unit} left"
              if self.a_alive else "envelope left, part A closed")
-        return (f"(ε={self.epsilon:g}, δ={self.delta:g}) hybrid filter: PLD envelope "
+        # the target as stated, never rounded (review lo2)
+        return (f"(ε={exact(self.epsilon)}, δ={exact(self.delta)}) hybrid filter: PLD envelope "
                 f"{envelope_text(env)} at δ_A={self.delta_a:g} "
                 f"({a}), RDP fallback at δ_B={self.delta_b:g}")
 

@@ -235,4 +235,5 @@ def describe(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(describe(v) for v in value[:4]) + (", ...]" if len(value) > 4
                                                                   else "]")
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    # a parameter as stored, never rounded either way (review lo2: q = 0.1234564 read 0.123456)
+    return exact(value) if isinstance(value, float) else str(value)

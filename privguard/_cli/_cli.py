@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "audit":
-            from privguard._accounting._results import upper
+            from privguard._accounting._results import lower, upper
             from privguard.audit import demo_audit
 
             res = demo_audit(quick=args.quick, seed=args.seed, steps=args.steps,
@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"one-run audit, {res.steps} steps, {res.canaries} canaries: {res.correct} of "
                   f"{res.guesses} guesses right (the best of {res.guess_sets} guess sets fixed "
                   f"in advance, the confidence split between them)\n"
-                  f"  epsilon_lower   = {res.epsilon_lower:.3f}  (true ε at δ = {res.delta:g} is "
+                  # a lower bound: rounded down, as an upper one is rounded up (review lo2)
+                  f"  epsilon_lower   = {lower(res.epsilon_lower, '.3f')}  (true ε at δ = "
+                  f"{res.delta:g} is "
                   f"at least this with {res.confidence:.0%} confidence)\n"
                   f"  epsilon_charged = {upper(res.epsilon_charged, '.3f')}  (the run is (ε, δ)-DP at this ε: "
                   f"the ledger's charges, steps fixed in advance)\n"
@@ -200,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"privguard: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except Exception as exc:
-        print(f"privguard: error: {exc!r}", file=sys.stderr)
+    except Exception as exc:  # one line, the message as written, not its repr (review lo2)
+        print(f"privguard: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -208,7 +208,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
           "target while the filter's guarantee holds, because it is a different statement (a "
           "tail bound for any stopping time), and reporting the smaller of the two after "
           "seeing both would hold only at 2δ. The naive conversion of "
-          f"the spent curve ({naive:.3f}) assumes every choice was fixed in advance and is not "
+          f"the spent curve ({upper(naive, '.3f')}, rounded up) assumes every choice was fixed in advance and is not "
           f"a guarantee for this run (docs/theory.md §3–4). ({time.time() - start:.0f} s)")
     return {"db": db, "png": png, "epsilon": eps, "guarantee": claim.epsilon,
             "naive_epsilon": naive, "tuning_epsilon": plan.epsilon, "selected_lr": lr,

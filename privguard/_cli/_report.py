@@ -275,11 +275,14 @@ def print_report(data: dict[str, Any]) -> None:
         naive = data["naive_epsilon_not_a_guarantee"]
         fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"
         at = f"at δ = {data['running_delta']:g}"
+        # comparisons, rounded up as every printed ε (review lo2: to nearest, 1.00001 read 1.0000)
         if prv is not None:
-            print(f"Opacus PRV  {prv:.4f} {at} (Opacus' default accountant on the same "
-                  f"sequence; {fixed}){_above(prv, target, 'not a statement about this adaptive run')}")
+            print(f"Opacus PRV  {upper(prv, '.4f')} {at} (a comparison, rounded up: Opacus' "
+                  f"default accountant on the same sequence; {fixed})"
+                  f"{_above(prv, target, 'not a statement about this adaptive run')}")
         if naive is not None:  # None: retargeted to no δ
-            print(f"naive ε     {naive:.4f} {at} (RDP conversion of the spent curve on the "
+            print(f"naive ε     {upper(naive, '.4f')} {at} (a comparison, rounded up: RDP "
+                  "conversion of the spent curve on the "
                   f"ledger's {data['orders']} orders, as Opacus' RDP accountant on them; {fixed})"
                   f"{_above(naive, target, 'not a statement about this run')}")
     print(f"ledger      {data['path']}")

@@ -38,7 +38,7 @@ from privguard._accounting import _lease as leases
 from privguard._accounting._accounting import Accounting, Change, check_label
 from privguard._accounting._journal import ChargeRecord
 from privguard._accounting._plan import Plan
-from privguard._accounting._results import LedgerEvent
+from privguard._accounting._results import LedgerEvent, exact
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._ledger import _fork
 from privguard._ledger._ledger_queries import LedgerQueries
@@ -869,6 +869,6 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         cfg = self._acc.config
         parts = [f"{cfg.orders.size} orders", cfg.describe()]
         if cfg.delta is not None:
-            parts.append(f"odometer={cfg.odometer!r} at δ={cfg.delta:g}")
+            parts.append(f"odometer={cfg.odometer!r} at δ={exact(cfg.delta)}")
         parts.append(f"{self._acc.journal.charges} charges")
         return f"Ledger({', '.join(parts)})"

@@ -52,6 +52,7 @@ class LedgerState:
         def _synced(self, write: bool) -> AbstractContextManager[Any]: ...
         def _setup(self, listeners: Any, store: Any) -> None: ...
         def _settle(self) -> None: ...
+        def close(self) -> None: ...
 
         @classmethod
         def open(cls: type[L], path: Any, *, lease: int | None = None,
@@ -160,18 +161,23 @@ class LedgerState:
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
             prefetch = getattr(self, "_prefetch_arg", None)
-            # a read-only ledger reopens read-only: its copy was writable (review at)
+            # a read-only ledger reopens read-only: its copy was writable (review at); a
+            # closed one reopens closed: its copy was open and writable (review lo2)
+            closed = self._broken == "closed"
             return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
                                                          else {"lease": cap}) \
                 | ({} if prefetch is None else {"prefetch": prefetch}) \
-                | ({"read_only": True} if self._store.read_only else {})
-        return {"state": self.state_dict()}
+                | ({"read_only": True} if self._store.read_only or closed else {}) \
+                | ({"closed": True} if closed else {})
+        return {"state": self.state_dict()}  # a closed in-memory ledger refuses it
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         other = (type(self).open(data["store"]["path"], lease=data.get("lease"),
                                  prefetch=data.get("prefetch"),
                                  read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
+        if data.get("closed", False) is not False:  # read as the file holds it, then closed
+            other.close()
         self.__dict__.update(other.__dict__)
         # ``other`` registered itself for the at-fork hook (its locks, the lease drop:
         # docs/theory.md §13 "Forks"); ``self`` is the ledger that lives on from now on

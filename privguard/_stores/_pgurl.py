@@ -46,7 +46,8 @@ def parse(url: str) -> tuple[str, str, str]:
         query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False)
     except ValueError as exc:
         raise InvalidArgumentError("path", _masked(url), f"must be a valid URL ({exc})") from None
-    if _unencoded_password(parts.netloc) or parts.netloc.count("@") > 1:
+    if _unencoded_password(parts.netloc) or parts.netloc.count("@") > 1 or \
+            _credentials_past_authority(url, parts):
         shown = urllib.parse.urlunsplit((parts.scheme, parts.netloc.split(":", 1)[0] + ":***",
                                          "", "", ""))
         raise InvalidArgumentError("path", shown, "must give numeric ports and percent-encode "
@@ -120,6 +121,26 @@ def _unencoded_password(netloc: str) -> bool:
         if port and not port.isdigit():
             return True
     return False
+
+
+def _credentials_past_authority(url: str, parts: urllib.parse.SplitResult) -> bool:
+    """Whether credentials run past the authority urlsplit found, which then has no ``@``
+    (review lo2: a password of digits before its '/', '?' or '#' reads as a port, so
+    :func:`_unencoded_password` passed it, and it was shown unmasked).
+
+    libpq reads the credentials up to an ``@`` before the first '/' (a '?' or '#' in the
+    password is read as part of it); a '/' in the password ends libpq's authority as well,
+    and the rest of the password, up to its '@', becomes the database name.
+
+    Example:
+        >>> url = "postgresql://ann:12/34@db/b"
+        >>> _credentials_past_authority(url, urllib.parse.urlsplit(url))
+        True
+    """
+    if "@" in parts.netloc:
+        return False
+    rest = url.split("://", 1)[1] if "://" in url else url
+    return "@" in rest.split("/", 1)[0] or "@" in parts.path
 
 
 def _is_password_key(key: str) -> bool:
