@@ -48,6 +48,7 @@ import os
 import sqlite3
 import stat
 import time
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -83,6 +84,11 @@ _SCHEMA = [
     "last_count INTEGER NOT NULL, digest TEXT NOT NULL, prev TEXT NOT NULL, "
     "mac TEXT NOT NULL)",
 ]
+
+#: ``sqlite_master`` as :data:`_SCHEMA` leaves it: (type, name, table, sql), the two
+#: indexes SQLite makes for the PRIMARY KEY and UNIQUE text columns included.
+_MASTER = sorted([("table", s.split()[2], s.split()[2], s) for s in _SCHEMA]
+                 + [("index", f"sqlite_autoindex_{t}_1", t, None) for t in ("meta", "mechanisms")])
 
 
 def _is_wal(path: str) -> bool:
@@ -120,11 +126,13 @@ def _atom(x: Any) -> str:
 #: ``max(idx)``: with the schema's primary key the two agree, but an ``entries`` table
 #: rebuilt without it (another process, while this ledger is open) can hold two rows at
 #: that index, which ``max`` does not show and the join returns one of (review rlc).
+#: Last, the schema cookie, which any change to the schema moves (:meth:`_check_schema`).
 _SYNC_READ = (
     "SELECT (SELECT value FROM meta WHERE key = 'file_id'), "
     "h.id, h.entries, h.last_count, h.digest, h.prev, h.mac, "
     "(SELECT count(*) FROM entries WHERE idx >= ?1), "
-    "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest "
+    "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest, "
+    "(SELECT schema_version FROM pragma_schema_version) "
     "FROM (SELECT 1) LEFT JOIN head AS h ON h.id = 1 LEFT JOIN entries AS e ON e.idx = ?1")
 
 
@@ -234,7 +242,11 @@ class SQLiteStore:
         last close removes it) and the main file holds every charge: it is read as
         immutable. With a ``-wal`` present the error stands (its charges cannot be read).
         """
-        uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+        # every byte but '/' and the unreserved ones percent-encoded (review sq): a '#' left
+        # as is ended the path there, and dropped "?mode=ro" with it ("a#b.db" opened, and
+        # created, "a" read-write), a '%' was decoded ("c%41.db" named "cA.db")
+        uri = ("file:" + urllib.parse.quote(os.fsencode(os.path.abspath(self.path)), safe="/")
+               + "?mode=ro")
         held = _snapshot.held_path(self.path)
         if held is not None and not os.path.exists(self.path + "-wal") and _is_wal(self.path):
             # held still by a snapshot, every charge in the main file (_snapshot.py): read it
@@ -564,6 +576,7 @@ class SQLiteStore:
             raise LedgerStateError(
                 f"{self.path}: schema version {version} is not supported by this privguard "
                 f"(it reads {SCHEMA_VERSION}); refusing to open")
+        self._check_schema(conn)
         self.file_id = self._get(conn, "file_id", self.path)
         keyed = self._get(conn, "keyed", self.path)
         if keyed not in ("0", "1"):  # "yes" was read as unkeyed (task bs): ambiguous, refused
@@ -581,6 +594,29 @@ class SQLiteStore:
                                    "edited (its genesis digest does not match)")
         self.genesis = genesis
         return _config.from_dict(genesis_dict), _config.from_dict(current_dict)
+
+    #: The schema cookie (``PRAGMA schema_version``) when :meth:`_check_schema` last passed.
+    _schema_cookie: int | None = None
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Fail closed unless the schema is exactly the one :data:`_SCHEMA` creates (review
+        sq). A trigger (``BEFORE UPDATE ON head BEGIN SELECT RAISE(IGNORE); END``) makes
+        SQLite skip this store's writes without an error: a charge returned whose rows were
+        never written, which a fresh opener cannot see; a table declared otherwise
+        (``ON CONFLICT IGNORE``, another column type) changes what the writes do alike.
+        Checked at opening, and again by any transaction that finds the schema cookie
+        moved (a ``VACUUM`` moves it too; ``ANALYZE``'s ``sqlite_stat`` tables are
+        allowed: they change no row)."""
+        master = sorted(tuple(r) for r in conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master "
+            "WHERE NOT (type = 'table' AND name LIKE 'sqlite\\_stat%' ESCAPE '\\')"))
+        if master != _MASTER:
+            extra = sorted(f"{r[0]} {r[1]}" for r in set(master) - set(_MASTER))
+            raise LedgerStateError(
+                f"{self.path}: its schema is not the one privguard writes (edited: "
+                f"{', '.join(extra) or 'tables missing'}); a trigger or a changed table can "
+                "silently drop or alter charges, so nothing is read or charged")
+        self._schema_cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
 
     # -- opening -----------------------------------------------------------------------------
     def open(self, config: Config | None, acc: Accounting | None,
@@ -631,6 +667,7 @@ class SQLiteStore:
         meta = {"schema_version": str(SCHEMA_VERSION), "file_id": self.file_id,
                 "created": repr(time.time()), "keyed": "1" if self.integrity.keyed else "0",
                 "genesis_config": _dumps(config), "genesis": self.genesis, "config": _dumps(config)}
+        self._schema_cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         check = self.integrity.key_check()
         if check is not None:
             meta["key_check"] = check
@@ -701,8 +738,10 @@ class SQLiteStore:
             self._check_shm()
         if got[1] is None:
             raise LedgerStateError(f"{self.path}: the journal head is missing")
+        if got[18] != self._schema_cookie:  # a schema change (a trigger added?) meanwhile
+            self._check_schema(conn)
         head = _rows.checked_head(self, got[2:7])
-        row = got[8:]
+        row = got[8:18]
         # One row from index `last` on, and the joined row is at `last`: that row is
         # exactly what `idx >= last` returns (the join's row satisfies it, and no other).
         seen = [row] if last >= 0 and got[7] == 1 and row[0] == last else None

@@ -1,0 +1,121 @@
+"""Adversarial review sq of the SQLite ledger on disk: edits a user of the file can make
+with the ``sqlite3`` module, each checked to fail closed (LedgerStateError, nothing charged).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+# Each makes SQLite skip privguard's writes without an error (RAISE(IGNORE)).
+TRIGGERS = [
+    "CREATE TRIGGER t BEFORE UPDATE ON head BEGIN SELECT RAISE(IGNORE); END",
+    "CREATE TRIGGER t BEFORE UPDATE ON entries BEGIN SELECT RAISE(IGNORE); END",
+    "CREATE TRIGGER t BEFORE INSERT ON entries BEGIN SELECT RAISE(IGNORE); END",
+]
+
+
+def _execute(path, *sql: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in sql:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def _charges(path) -> int:
+    ledger = Ledger.open(path, read_only=True)
+    try:
+        return int(ledger._acc.journal.charges)
+    finally:
+        ledger.close()
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_a_file_with_a_trigger_is_refused_at_opening(tmp_path, monkeypatch, mode, trigger):
+    # Before the fix the file opened, and a charge returned whose update the trigger had
+    # skipped: the step was released, and a fresh opener found one charge fewer.
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(STEP, label="train")
+    ledger.close()
+    _execute(path, trigger)
+    with pytest.raises(LedgerStateError, match="schema is not the one privguard writes"):
+        Ledger(3.0, 1e-5, path=path, lease=1)
+    with pytest.raises(LedgerStateError, match="trigger t"):
+        Ledger.open(path, read_only=True)
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS)
+def test_a_trigger_added_under_an_open_ledger_is_refused_before_it_writes(tmp_path, trigger):
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(STEP, label="train")
+    _execute(path, trigger)
+    with pytest.raises(LedgerStateError, match="trigger t"):
+        ledger.charge(STEP, label="other")  # a new run: an INSERT as well as updates
+    with pytest.raises(LedgerStateError):
+        ledger.charge(STEP, label="train")
+    _execute(path, "DROP TRIGGER t")
+    assert _charges(path) == 5  # every charge returned is on disk, and no other
+
+
+def test_a_table_declared_otherwise_is_refused(tmp_path):
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP)
+    ledger.close()
+    _execute(path, "ALTER TABLE entries RENAME TO old",
+             "CREATE TABLE entries (idx INTEGER PRIMARY KEY ON CONFLICT IGNORE, kind TEXT "
+             "NOT NULL, mech INTEGER, label TEXT, pid INTEGER, count INTEGER, first REAL, "
+             "last REAL, body TEXT, digest TEXT NOT NULL)",
+             "INSERT INTO entries SELECT * FROM old", "DROP TABLE old")
+    with pytest.raises(LedgerStateError, match="schema is not the one privguard writes"):
+        Ledger.open(path)
+
+
+def test_analyze_and_vacuum_change_no_row_and_are_accepted(tmp_path):
+    # The schema cookie moves at both: an open ledger checks the schema again, and goes on.
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP)
+    _execute(path, "ANALYZE")
+    ledger.charge(STEP)
+    ledger.close()
+    _execute(path, "VACUUM")
+    ledger = Ledger.open(path)
+    ledger.charge(STEP)
+    ledger.close()
+    assert _charges(path) == 3
+
+
+@pytest.mark.parametrize("name", ["a#b.db", "c%41.db", "d?e.db", "f%3fg.db", "ü 😀.db"])
+def test_read_only_opens_the_file_named_whatever_its_characters(tmp_path, name):
+    # Before the fix the read-only URI was the path with '?' alone escaped: "a#b.db" opened
+    # (and created) "a" read-write, its "?mode=ro" cut off as a URI fragment; "c%41.db"
+    # opened "cA.db". Another ledger at that name was read in place of the one asked for.
+    other = Ledger(3.0, 1e-5, path=tmp_path / "a", lease=1)
+    other.charge(STEP, times=7)
+    other.close()
+    ledger = Ledger(3.0, 1e-5, path=tmp_path / name, lease=1)
+    ledger.charge(STEP, times=2)
+    ledger.close()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    reader = Ledger.open(tmp_path / name, read_only=True)
+    try:
+        assert reader._acc.journal.charges == 2
+    finally:
+        reader.close()
+    assert not {"cA.db", "f?g.db"} & {p.name for p in tmp_path.iterdir()}
+    assert set(before) <= {p.name for p in tmp_path.iterdir()}
