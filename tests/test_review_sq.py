@@ -119,3 +119,38 @@ def test_read_only_opens_the_file_named_whatever_its_characters(tmp_path, name):
         reader.close()
     assert not {"cA.db", "f?g.db"} & {p.name for p in tmp_path.iterdir()}
     assert set(before) <= {p.name for p in tmp_path.iterdir()}
+
+
+def _forge_checkpoint(path, tmp_path) -> None:
+    """Insert, at the journal's end, a checkpoint whose totals are those of 2 charges,
+    re-MAC'd as anyone with privguard can for an unkeyed file."""
+    from privguard._stores import _rows
+    from privguard._stores._sqlite import _dumps
+
+    real = Ledger.open(path)
+    scratch = Ledger(3.0, 1e-5, path=tmp_path / "scratch.db", lease=1)
+    scratch.charge(STEP, label="a")
+    scratch.charge(M.Gaussian(5.0), label="b")
+    cursor = real._store._cursor
+    snapshot = _dumps(_rows.checkpoint_body(scratch._acc, "run"))
+    row = (*cursor.as_tuple(), snapshot, real._store._checkpoint_mac(cursor, snapshot))
+    real.close()
+    scratch.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?)", row)
+    conn.close()
+
+
+def test_a_forged_checkpoint_fools_an_unkeyed_opener_and_verify_finds_it(tmp_path):
+    # What README "On disk" states: an unkeyed file is not protected against a forger;
+    # one inserted checkpoint row is enough, and `privguard verify` refuses the file.
+    from privguard._cli._cli import main
+
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(STEP, label="a", times=200)
+    ledger.charge(M.Gaussian(5.0), label="b")
+    ledger.close()
+    _forge_checkpoint(path, tmp_path)
+    assert _charges(path) == 2  # the documented limit of an unkeyed file
+    assert main(["verify", str(path)]) != 0
