@@ -154,3 +154,64 @@ def test_a_forged_checkpoint_fools_an_unkeyed_opener_and_verify_finds_it(tmp_pat
     _forge_checkpoint(path, tmp_path)
     assert _charges(path) == 2  # the documented limit of an unkeyed file
     assert main(["verify", str(path)]) != 0
+
+
+def _child_charges_while_the_parent_closes(path, own: bool) -> tuple[str, list]:
+    """Fork with the ledger open; the child charges (through the inherited ledger, or its
+    own ``Ledger(path)``), and stops between its write and its commit while the parent
+    closes its ledger; then commits. Returns the child's outcome and the runs on disk."""
+    import os
+
+    from privguard._stores._sqlite import SQLiteStore
+
+    ledger = Ledger(1e9, 1e-5, path=path, lease=1)
+    ledger.charge(STEP, label="parent")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        code = 1
+        try:
+            real = SQLiteStore._write
+
+            def paused(self, *args):
+                real(self, *args)
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+
+            mine = Ledger(1e9, 1e-5, path=path, lease=1) if own else ledger
+            SQLiteStore._write = paused
+            mine.charge(STEP, label="child")
+            os.write(out_w, b"returned")
+            code = 0
+        except BaseException as exc:
+            os.write(ready_w, b"x")
+            os.write(out_w, repr(exc).encode()[:500])
+        finally:
+            os._exit(code)
+    for fd in (ready_w, go_r, out_w):
+        os.close(fd)
+    os.read(ready_r, 1)
+    ledger.close()
+    os.write(go_w, b"x")
+    outcome = os.read(out_r, 1000).decode()
+    os.waitpid(pid, 0)
+    for fd in (ready_r, go_w, out_r):
+        os.close(fd)
+    reader = Ledger.open(path, read_only=True)
+    try:
+        return outcome, [(run.label, run.count) for run in reader._store.runs()]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["inherited ledger", "child's own ledger"])
+def test_a_forked_childs_returned_charge_survives_the_parents_close(tmp_path, own):
+    # Before the fix the child used (or, opening its own, was poisoned by) the parent's
+    # SQLite connection: it held none of the locks SQLite believed it held, the parent's
+    # close took itself for the last connection and deleted the -wal mid-transaction, and
+    # the child's charge returned with no row on disk.
+    outcome, runs = _child_charges_while_the_parent_closes(tmp_path / "l.db", own)
+    assert outcome == "returned"
+    assert runs == [("parent", 1), ("child", 1)]

@@ -68,6 +68,9 @@ from privguard._stores._rows import Cursor as _Cursor
 from privguard._stores._rows import checked_items
 
 SCHEMA_VERSION = 2
+#: A forked child's copies of its parent's connections and flock descriptors, kept open
+#: and never used (:meth:`SQLiteStore.forked`).
+INHERITED: list[Any] = []
 CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-journal-v2"
 
@@ -183,12 +186,48 @@ class SQLiteStore:
         self.live = False  # True once the owning ledger is open: retargets then fail it closed
 
     # -- connection and locking ------------------------------------------------------
+    #: The process that opened ``_conn`` and ``_lock_fd`` (a forked child did not).
+    _pid: int | None = None
+
+    def forked(self, *, idle: bool) -> None:
+        """In a forked child, let go of the parent's connection and flock descriptor
+        (review sq); the next transaction opens this process's own, on the same file (its
+        identity is checked). The at-fork hook calls it (:mod:`privguard._ledger._fork`),
+        and :meth:`_connect` does in a child the hook missed.
+
+        SQLite: a connection must not be used across a fork. The child holds none of the
+        POSIX locks its copy of SQLite's per-file state says it holds, and every
+        connection this process opens to the file later trusts that state and takes no
+        lock either. The parent's close then took itself for the file's last connection,
+        checkpointed and deleted the ``-wal`` while a child was inside a transaction,
+        and the child's commit went to the deleted log: its charge returned, on no disk
+        (the child's own ``Ledger(path)`` too). ``idle``: no transaction was in flight at
+        the fork (the hook took the ledger's locks), so the copy is closed, which lets
+        SQLite's per-file state go (its WAL close checkpoints only under an exclusive lock
+        of the file, which the parent's open connection's lock denies); otherwise it is
+        kept open and never used (closing it could undo another thread's transaction in
+        the shared index). The flock descriptor shares its lock with the parent's (one
+        open file description): it is kept open, never unlocked or used."""
+        conn, fd = self._conn, self._lock_fd
+        self._conn, self._lock_fd, self._pid = None, None, None
+        self._shm, self._stale = None, False  # the next connection's index, seen anew
+        if conn is not None:
+            if idle:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            else:
+                INHERITED.append(conn)
+        if fd is not None:
+            INHERITED.append(fd)
+
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
-            return self._conn
+            if self._pid == os.getpid():
+                return self._conn
+            self.forked(idle=False)  # a fork the at-fork hook did not see
         require_regular_file(self.path)  # a FIFO would block the open below forever
         mode = None if self.read_only else journal_mode(self.path)
-        conn = None
+        conn, opened = None, None
         try:
             # review rq: the file SQLite opens (an existing one: its identity before the
             # connect) must be the one the lock descriptor below watches, and still the path's
@@ -204,13 +243,16 @@ class SQLiteStore:
                 self._wal = str(got).lower() == "wal"
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._identity = None
+            opened, self._identity = self._identity, None  # not None: a forked child's
             self._lock_fd = _lockfds.reuse(self.path)
             if self._lock_fd is None:
                 self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
             self._identity = (st.st_dev, st.st_ino)
             _lockfds.retain(self._identity)  # closed only with this process's last store
+            if opened is not None and opened != self._identity:  # a forked child's reopen
+                raise LedgerStateError(f"{self.path} was replaced by another file while "
+                                       "this ledger was open; reopen it to use the new file")
             if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
@@ -232,7 +274,7 @@ class SQLiteStore:
                 raise LedgerStateError(f"{self.path}: cannot open the ledger file: {cause} "
                                        f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
-        self._conn = conn
+        self._conn, self._pid = conn, os.getpid()
         return conn
 
     def _connect_read_only(self) -> sqlite3.Connection:
@@ -274,6 +316,8 @@ class SQLiteStore:
         failed (review rlo: its close warned of a ledger never opened, and a warnings filter
         "error" raised that RuntimeWarning instead of the open's LedgerStateError)."""
         held_back = False
+        if self._conn is not None and self._pid != os.getpid():
+            self.forked(idle=False)  # a forked child's copy: nothing to fold in, or close
         if self._conn is not None:
             if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
                 held_back = self._checkpoint_wal()  # never through a stale -shm index
