@@ -215,3 +215,22 @@ def test_a_forked_childs_returned_charge_survives_the_parents_close(tmp_path, ow
     outcome, runs = _child_charges_while_the_parent_closes(tmp_path / "l.db", own)
     assert outcome == "returned"
     assert runs == [("parent", 1), ("child", 1)]
+
+
+def test_a_damaged_schema_whose_error_is_not_utf8_is_a_ledger_state_error(tmp_path):
+    # SQLite's message for a malformed schema quotes the file's bytes; Python's sqlite3
+    # decodes it and raised UnicodeDecodeError, a built-in exception, out of every open
+    # (found by flipping random bytes of a ledger file).
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("INSERT INTO sqlite_master VALUES ('table', CAST(X'78e17a' AS TEXT), "
+                 "CAST(X'78e17a' AS TEXT), 0, CAST(X'435245415445205441424c45e1' AS TEXT))")
+    conn.close()
+    for use in (lambda: Ledger.open(path), lambda: Ledger(3.0, 1e-5, path=path),
+                lambda: Ledger.open(path, read_only=True)):
+        with pytest.raises(LedgerStateError, match="not a readable ledger database"):
+            use()

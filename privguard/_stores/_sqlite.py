@@ -68,6 +68,9 @@ from privguard._stores._rows import Cursor as _Cursor
 from privguard._stores._rows import checked_items
 
 SCHEMA_VERSION = 2
+#: What SQLite raises on a damaged file: its errors, and (review sq) a UnicodeDecodeError
+#: where an error message quotes the file's bytes that are no UTF-8 (a damaged schema).
+_DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 #: A forked child's copies of its parent's connections and flock descriptors, kept open
 #: and never used (:meth:`SQLiteStore.forked`).
 INHERITED: list[Any] = []
@@ -213,7 +216,7 @@ class SQLiteStore:
         self._shm, self._stale = None, False  # the next connection's index, seen anew
         if conn is not None:
             if idle:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_DB_ERRORS):
                     conn.close()
             else:
                 INHERITED.append(conn)
@@ -261,7 +264,7 @@ class SQLiteStore:
                                                                           after.st_ino):
                 raise LedgerStateError(f"{self.path} was replaced by another file while it "
                                        "was being opened; nothing was read or charged")
-        except (sqlite3.Error, OSError, LedgerStateError) as exc:
+        except (*_DB_ERRORS, OSError, LedgerStateError) as exc:
             if conn is not None:
                 conn.close()
             if self._lock_fd is not None:
@@ -362,7 +365,7 @@ class SQLiteStore:
                 self._check_shm()
             except LedgerStateError:
                 return False  # the charges stay in the -wal (its next opener folds them in)
-            with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
+            with contextlib.suppress(*_DB_ERRORS):  # the charges stay in the -wal then
                 busy, frames, copied = self._conn.execute(
                     "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 # Busy with every frame copied (a reader whose snapshot holds every charge):
@@ -500,20 +503,20 @@ class SQLiteStore:
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: cannot start a transaction ({exc})") from exc
             try:
                 yield conn
             except BaseException:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_DB_ERRORS):
                     conn.execute("ROLLBACK")
                 raise
             try:
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: commit failed ({exc})") from exc
             except BaseException:  # an interrupt at the COMMIT: never leave it open
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_DB_ERRORS):
                     conn.execute("ROLLBACK")
                 raise
             self._seen = self._change_counter()  # still under the flock: ours
@@ -699,7 +702,7 @@ class SQLiteStore:
                 if config is not None and config != stored.config:
                     self._retarget(conn, stored, config, retarget)
                 return stored
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
 
     def _create(self, conn: sqlite3.Connection, acc: Accounting) -> None:
@@ -751,7 +754,7 @@ class SQLiteStore:
             try:
                 self._sync(conn, acc)
                 yield _Txn(self, conn)
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: database error ({exc})") from exc
 
     def _read_head(self, conn: sqlite3.Connection) -> _Cursor:
