@@ -234,3 +234,28 @@ def test_a_damaged_schema_whose_error_is_not_utf8_is_a_ledger_state_error(tmp_pa
                 lambda: Ledger.open(path, read_only=True)):
         with pytest.raises(LedgerStateError, match="not a readable ledger database"):
             use()
+
+
+def test_a_pickled_file_ledger_reopens_its_own_file_or_refuses(tmp_path, monkeypatch):
+    # Before the fix a pickle kept the path as given: loaded where the working directory
+    # differs it opened the ledger of that name there, and loaded after the file was
+    # deleted and created again it opened the new, empty ledger, silently (0 charges
+    # where the pickled ledger had spent 20).
+    import pickle
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    ledger = Ledger(3.0, 1e-5, path="budget.db")
+    ledger.charge(M.Gaussian(10.0), times=20)
+    blob = pickle.dumps(ledger)
+    monkeypatch.chdir(tmp_path / "b")
+    Ledger(3.0, 1e-5, path="budget.db").close()
+    copy = pickle.loads(blob)
+    assert copy._acc.journal.charges == 20
+    copy.close()
+    ledger.close()
+    (tmp_path / "a" / "budget.db").unlink()
+    Ledger(3.0, 1e-5, path=tmp_path / "a" / "budget.db").close()
+    with pytest.raises(LedgerStateError, match="not the ledger that was pickled"):
+        pickle.loads(blob)

@@ -898,4 +898,8 @@ class SQLiteStore:
                              "digest FROM entries ORDER BY idx"), started)
 
     def reference(self) -> dict[str, Any]:
-        return {"path": self.path}
+        """The file, absolute, and its identity (review sq): a pickled ledger that a
+        process with another working directory loaded opened whatever ledger had that
+        relative name there, and one loaded after the file was deleted and created again
+        opened the new, empty ledger, silently. The loader refuses another ``file_id``."""
+        return {"path": os.path.abspath(self.path), "file_id": self.file_id}
