@@ -173,13 +173,13 @@ class LedgerState:
                                  read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         pickled = data["store"].get("file_id") if "store" in data else None
-        if pickled is not None and getattr(other._store, "file_id", None) != pickled:
-            opened = other._store.path
-            other.close()  # another ledger at that path (review sq): never charge it
+        found = getattr(other._store, "file_id", None)
+        if pickled is not None and found != pickled:
+            other._store.close(warn=False)  # another ledger at that path (review sq)
             raise LedgerStateError(
-                f"{opened} is not the ledger that was pickled (its file_id is "
-                f"{other._store.file_id}, the pickle's {pickled}): the file was replaced, "
-                "deleted and created again, or another one has its name")
+                f"{other._store.path} is not the ledger that was pickled (its file_id is "
+                f"{found}, the pickle's {pickled}): the file was replaced, deleted and "
+                "created again, or another one has its name")
         self.__dict__.update(other.__dict__)
         # ``other`` registered itself for the at-fork hook (its locks, the lease drop:
         # docs/theory.md §13 "Forks"); ``self`` is the ledger that lives on from now on
