@@ -30,6 +30,13 @@ def _execute(path, *sql: str) -> None:
         conn.close()
 
 
+def _five(path) -> Ledger:
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(STEP, label="train")
+    return ledger
+
+
 def _charges(path) -> int:
     ledger = Ledger.open(path, read_only=True)
     try:
@@ -45,9 +52,7 @@ def test_a_file_with_a_trigger_is_refused_at_opening(tmp_path, monkeypatch, mode
     # skipped: the step was released, and a fresh opener found one charge fewer.
     monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
     path = tmp_path / "l.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
-    for _ in range(5):
-        ledger.charge(STEP, label="train")
+    ledger = _five(path)
     ledger.close()
     _execute(path, trigger)
     with pytest.raises(LedgerStateError, match="schema is not the one privguard writes"):
@@ -59,9 +64,7 @@ def test_a_file_with_a_trigger_is_refused_at_opening(tmp_path, monkeypatch, mode
 @pytest.mark.parametrize("trigger", TRIGGERS)
 def test_a_trigger_added_under_an_open_ledger_is_refused_before_it_writes(tmp_path, trigger):
     path = tmp_path / "l.db"
-    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
-    for _ in range(5):
-        ledger.charge(STEP, label="train")
+    ledger = _five(path)
     _execute(path, trigger)
     with pytest.raises(LedgerStateError, match="trigger t"):
         ledger.charge(STEP, label="other")  # a new run: an INSERT as well as updates
