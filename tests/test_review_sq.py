@@ -262,3 +262,39 @@ def test_a_pickled_file_ledger_reopens_its_own_file_or_refuses(tmp_path, monkeyp
     Ledger(3.0, 1e-5, path=tmp_path / "a" / "budget.db").close()
     with pytest.raises(LedgerStateError, match="not the ledger that was pickled"):
         pickle.loads(blob)
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+def test_children_letting_go_of_their_copies_leave_the_parent_undisturbed(tmp_path,
+                                                                          monkeypatch, mode):
+    # The at-fork hook closes each child's copy of the parent's connection (review sq):
+    # SQLite's close of that copy must not checkpoint or delete the parent's -wal/-shm
+    # (the parent's next transaction would refuse a replaced index), whether the child
+    # charges through its copy (a connection of its own) or exits at once.
+    import os
+
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = tmp_path / "l.db"
+    ledger = Ledger(1e9, 1e-5, path=path, lease=1)
+    for i in range(6):
+        ledger.charge(STEP, label="parent")
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                if i % 2:
+                    ledger.charge(STEP, label="child")
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+        ledger.charge(STEP, label="parent")
+    ledger.close()
+    reader = Ledger.open(path, read_only=True)
+    try:
+        counts: dict = {}
+        for run in reader._store.runs():
+            counts[run.label] = counts.get(run.label, 0) + run.count
+    finally:
+        reader.close()
+    assert counts == {"parent": 12, "child": 3}
