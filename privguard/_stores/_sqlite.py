@@ -94,7 +94,8 @@ _SCHEMA = [
 #: ``sqlite_master`` as :data:`_SCHEMA` leaves it: (type, name, table, sql), the two
 #: indexes SQLite makes for the PRIMARY KEY and UNIQUE text columns included.
 _MASTER = sorted([("table", s.split()[2], s.split()[2], s) for s in _SCHEMA]
-                 + [("index", f"sqlite_autoindex_{t}_1", t, None) for t in ("meta", "mechanisms")])
+                 + [("index", f"sqlite_autoindex_{t}_1", t, None) for t in ("meta", "mechanisms")],
+                 key=repr)
 
 
 def _is_wal(path: str) -> bool:
@@ -654,9 +655,10 @@ class SQLiteStore:
         Checked at opening, and again by any transaction that finds the schema cookie
         moved (a ``VACUUM`` moves it too; ``ANALYZE``'s ``sqlite_stat`` tables are
         allowed: they change no row)."""
-        master = sorted(tuple(r) for r in conn.execute(
+        master = sorted((tuple(r) for r in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master "
-            "WHERE NOT (type = 'table' AND name LIKE 'sqlite\\_stat%' ESCAPE '\\')"))
+            "WHERE NOT (type = 'table' AND name LIKE 'sqlite\\_stat%' ESCAPE '\\')")),
+                        key=repr)  # any values (a forged schema row): never a TypeError
         if master != _MASTER:
             extra = sorted(f"{r[0]} {r[1]}" for r in set(master) - set(_MASTER))
             raise LedgerStateError(
