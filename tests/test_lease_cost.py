@@ -147,7 +147,11 @@ def test_a_lease_commit_runs_five_statements_and_a_leased_step_none(tmp_path):
     assert seen == []  # steps from memory
     ledger.charge(step)  # the next lease
     ledger._store._conn.set_trace_callback(None)
-    assert [s.split()[0] for s in seen] == ["BEGIN", "SELECT", "UPDATE", "UPDATE", "COMMIT"]
+    # the one read's schema cookie (review sq) is read by SQLite's pragma table, which the
+    # trace shows as a nested "-- PRAGMA ..." line of that same statement
+    assert [s for s in seen if s.startswith("--")] == ["-- PRAGMA schema_version"]
+    assert [s.split()[0] for s in seen if not s.startswith("--")] == [
+        "BEGIN", "SELECT", "UPDATE", "UPDATE", "COMMIT"]
     ledger.close()
 
 
@@ -194,7 +198,8 @@ def test_the_one_read_refuses_a_second_row_at_the_last_index(tmp_path):
         "ALTER TABLE e2 RENAME TO entries; INSERT INTO entries SELECT * FROM entries "
         "WHERE idx = (SELECT max(idx) FROM entries); COMMIT;")
     other.close()
-    with pytest.raises(LedgerStateError, match="followed by rows"):
+    # (review sq: the rebuilt table's schema is refused first, before the rows are read)
+    with pytest.raises(LedgerStateError, match=r"followed by rows|schema is not the one"):
         ledger.charge(M.Gaussian(9.0))
     with pytest.raises(LedgerStateError):
         ledger.charge(M.Gaussian(9.0))

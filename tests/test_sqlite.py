@@ -514,20 +514,21 @@ def _rows_in(path):
 def _fail_inside_the_write(path, how, monkeypatch):
     """Make the next charge's write fail: SQLite refuses the row, or an interrupt arrives
     after the rows were written but before the commit."""
-    if how == "sqlite error":
-        _edit(path, "CREATE TRIGGER full BEFORE INSERT ON entries WHEN NEW.label = 'boom' "
-                    "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
-        return LedgerStateError
+    # (a trigger RAISE(ABORT) made SQLite refuse the row before review sq; a file with a
+    # trigger is now refused before any write, so the error is raised after the rows were
+    # written, as a full disk's would be at the last page)
     from privguard._stores._sqlite import SQLiteStore
 
     real = SQLiteStore._write
 
     def interrupted(self, *args):
         real(self, *args)
+        if how == "sqlite error":
+            raise sqlite3.OperationalError("database or disk is full")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(SQLiteStore, "_write", interrupted)
-    return KeyboardInterrupt
+    return LedgerStateError if how == "sqlite error" else KeyboardInterrupt
 
 
 @pytest.mark.parametrize("how", ["sqlite error", "interrupt"])

@@ -19,7 +19,8 @@ takes the ledgers in one order (review rhl: two threads forking at once deadlock
 
 The child also drops the parent's leases (Lemma 1: a lease lives in one process;
 comparing pids alone fails when a pid is reused) and its prefetch, whose thread it does
-not have.
+not have, and lets go of every SQLite connection and flock descriptor its ledgers
+inherited (``SQLiteStore.forked``, review sq): the next transaction opens its own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import os
 import threading
 import weakref
 from typing import Any
+
+from privguard._stores import _lockfds, _sqlite
 
 #: Every ledger of this process (in memory or not: each has both locks).
 _LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -111,6 +114,10 @@ def _after_in_child() -> None:
         ledger._lease = None
         ledger._next = None  # a prefetched lease is the parent's, as its lease is
         ledger._pending = None  # its thread is the parent's
+        forked = getattr(getattr(ledger, "_store", None), "forked", None)
+        if forked is not None:  # the parent's SQLite connection: never used here (review sq)
+            forked(idle=whole.get(id(ledger)) is ledger)
+    _sqlite.INHERITED.extend(_lockfds.forked())
 
 
 if hasattr(os, "register_at_fork"):

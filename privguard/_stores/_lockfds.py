@@ -78,3 +78,17 @@ def release(identity: tuple[int, int] | None, fd: int) -> None:
         fds = [*_deferred.pop(identity, []), fd]
     for each in fds:
         os.close(each)
+
+
+def forked() -> list[int]:
+    """In a forked child: forget the parent's stores and hand back its kept descriptors,
+    which the child must neither unlock (their flock is the parent's too) nor close
+    (review sq; ``SQLiteStore.forked``). The lock is made anew: another thread of the
+    parent may have held it at the fork."""
+    global _lock
+    _lock = threading.Lock()
+    kept = [fd for fds in _deferred.values() for fd in fds]
+    _open.clear()
+    _deferred.clear()
+    return kept
+

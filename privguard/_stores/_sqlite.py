@@ -48,6 +48,7 @@ import os
 import sqlite3
 import stat
 import time
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -67,6 +68,12 @@ from privguard._stores._rows import Cursor as _Cursor
 from privguard._stores._rows import checked_items
 
 SCHEMA_VERSION = 2
+#: What SQLite raises on a damaged file: its errors, and (review sq) a UnicodeDecodeError
+#: where an error message quotes the file's bytes that are no UTF-8 (a damaged schema).
+_DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+#: A forked child's copies of its parent's connections and flock descriptors, kept open
+#: and never used (:meth:`SQLiteStore.forked`).
+INHERITED: list[Any] = []
 CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-journal-v2"
 
@@ -83,6 +90,12 @@ _SCHEMA = [
     "last_count INTEGER NOT NULL, digest TEXT NOT NULL, prev TEXT NOT NULL, "
     "mac TEXT NOT NULL)",
 ]
+
+#: ``sqlite_master`` as :data:`_SCHEMA` leaves it: (type, name, table, sql), the two
+#: indexes SQLite makes for the PRIMARY KEY and UNIQUE text columns included.
+_MASTER = sorted([("table", s.split()[2], s.split()[2], s) for s in _SCHEMA]
+                 + [("index", f"sqlite_autoindex_{t}_1", t, None) for t in ("meta", "mechanisms")],
+                 key=repr)
 
 
 def _is_wal(path: str) -> bool:
@@ -120,11 +133,13 @@ def _atom(x: Any) -> str:
 #: ``max(idx)``: with the schema's primary key the two agree, but an ``entries`` table
 #: rebuilt without it (another process, while this ledger is open) can hold two rows at
 #: that index, which ``max`` does not show and the join returns one of (review rlc).
+#: Last, the schema cookie, which any change to the schema moves (:meth:`_check_schema`).
 _SYNC_READ = (
     "SELECT (SELECT value FROM meta WHERE key = 'file_id'), "
     "h.id, h.entries, h.last_count, h.digest, h.prev, h.mac, "
     "(SELECT count(*) FROM entries WHERE idx >= ?1), "
-    "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest "
+    "e.idx, e.kind, e.mech, e.label, e.pid, e.count, e.first, e.last, e.body, e.digest, "
+    "(SELECT schema_version FROM pragma_schema_version) "
     "FROM (SELECT 1) LEFT JOIN head AS h ON h.id = 1 LEFT JOIN entries AS e ON e.idx = ?1")
 
 
@@ -175,12 +190,48 @@ class SQLiteStore:
         self.live = False  # True once the owning ledger is open: retargets then fail it closed
 
     # -- connection and locking ------------------------------------------------------
+    #: The process that opened ``_conn`` and ``_lock_fd`` (a forked child did not).
+    _pid: int | None = None
+
+    def forked(self, *, idle: bool) -> None:
+        """In a forked child, let go of the parent's connection and flock descriptor
+        (review sq); the next transaction opens this process's own, on the same file (its
+        identity is checked). The at-fork hook calls it (:mod:`privguard._ledger._fork`),
+        and :meth:`_connect` does in a child the hook missed.
+
+        SQLite: a connection must not be used across a fork. The child holds none of the
+        POSIX locks its copy of SQLite's per-file state says it holds, and every
+        connection this process opens to the file later trusts that state and takes no
+        lock either. The parent's close then took itself for the file's last connection,
+        checkpointed and deleted the ``-wal`` while a child was inside a transaction,
+        and the child's commit went to the deleted log: its charge returned, on no disk
+        (the child's own ``Ledger(path)`` too). ``idle``: no transaction was in flight at
+        the fork (the hook took the ledger's locks), so the copy is closed, which lets
+        SQLite's per-file state go (its WAL close checkpoints only under an exclusive lock
+        of the file, which the parent's open connection's lock denies); otherwise it is
+        kept open and never used (closing it could undo another thread's transaction in
+        the shared index). The flock descriptor shares its lock with the parent's (one
+        open file description): it is kept open, never unlocked or used."""
+        conn, fd = self._conn, self._lock_fd
+        self._conn, self._lock_fd, self._pid = None, None, None
+        self._shm, self._stale = None, False  # the next connection's index, seen anew
+        if conn is not None:
+            if idle:
+                with contextlib.suppress(*_DB_ERRORS):
+                    conn.close()
+            else:
+                INHERITED.append(conn)
+        if fd is not None:
+            INHERITED.append(fd)
+
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
-            return self._conn
+            if self._pid == os.getpid():
+                return self._conn
+            self.forked(idle=False)  # a fork the at-fork hook did not see
         require_regular_file(self.path)  # a FIFO would block the open below forever
         mode = None if self.read_only else journal_mode(self.path)
-        conn = None
+        conn, opened = None, None
         try:
             # review rq: the file SQLite opens (an existing one: its identity before the
             # connect) must be the one the lock descriptor below watches, and still the path's
@@ -196,13 +247,16 @@ class SQLiteStore:
                 self._wal = str(got).lower() == "wal"
                 conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._identity = None
+            opened, self._identity = self._identity, None  # not None: a forked child's
             self._lock_fd = _lockfds.reuse(self.path)
             if self._lock_fd is None:
                 self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(self._lock_fd)
             self._identity = (st.st_dev, st.st_ino)
             _lockfds.retain(self._identity)  # closed only with this process's last store
+            if opened is not None and opened != self._identity:  # a forked child's reopen
+                raise LedgerStateError(f"{self.path} was replaced by another file while "
+                                       "this ledger was open; reopen it to use the new file")
             if not stat.S_ISREG(st.st_mode):  # swapped for a FIFO meanwhile: still refused
                 require_regular_file(self.path)
                 raise LedgerStateError(f"{self.path}: not a regular file")
@@ -211,7 +265,7 @@ class SQLiteStore:
                                                                           after.st_ino):
                 raise LedgerStateError(f"{self.path} was replaced by another file while it "
                                        "was being opened; nothing was read or charged")
-        except (sqlite3.Error, OSError, LedgerStateError) as exc:
+        except (*_DB_ERRORS, OSError, LedgerStateError) as exc:
             if conn is not None:
                 conn.close()
             if self._lock_fd is not None:
@@ -224,7 +278,7 @@ class SQLiteStore:
                 raise LedgerStateError(f"{self.path}: cannot open the ledger file: {cause} "
                                        f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
-        self._conn = conn
+        self._conn, self._pid = conn, os.getpid()
         return conn
 
     def _connect_read_only(self) -> sqlite3.Connection:
@@ -234,7 +288,11 @@ class SQLiteStore:
         last close removes it) and the main file holds every charge: it is read as
         immutable. With a ``-wal`` present the error stands (its charges cannot be read).
         """
-        uri = "file:" + os.path.abspath(self.path).replace("?", "%3f") + "?mode=ro"
+        # every byte but '/' and the unreserved ones percent-encoded (review sq): a '#' left
+        # as is ended the path there, and dropped "?mode=ro" with it ("a#b.db" opened, and
+        # created, "a" read-write), a '%' was decoded ("c%41.db" named "cA.db")
+        uri = ("file:" + urllib.parse.quote(os.fsencode(os.path.abspath(self.path)), safe="/")
+               + "?mode=ro")
         held = _snapshot.held_path(self.path)
         if held is not None and not os.path.exists(self.path + "-wal") and _is_wal(self.path):
             # held still by a snapshot, every charge in the main file (_snapshot.py): read it
@@ -262,6 +320,8 @@ class SQLiteStore:
         failed (review rlo: its close warned of a ledger never opened, and a warnings filter
         "error" raised that RuntimeWarning instead of the open's LedgerStateError)."""
         held_back = False
+        if self._conn is not None and self._pid != os.getpid():
+            self.forked(idle=False)  # a forked child's copy: nothing to fold in, or close
         if self._conn is not None:
             if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
                 held_back = self._checkpoint_wal()  # never through a stale -shm index
@@ -306,7 +366,7 @@ class SQLiteStore:
                 self._check_shm()
             except LedgerStateError:
                 return False  # the charges stay in the -wal (its next opener folds them in)
-            with contextlib.suppress(sqlite3.Error):  # the charges stay in the -wal then
+            with contextlib.suppress(*_DB_ERRORS):  # the charges stay in the -wal then
                 busy, frames, copied = self._conn.execute(
                     "PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 # Busy with every frame copied (a reader whose snapshot holds every charge):
@@ -444,20 +504,20 @@ class SQLiteStore:
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: cannot start a transaction ({exc})") from exc
             try:
                 yield conn
             except BaseException:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_DB_ERRORS):
                     conn.execute("ROLLBACK")
                 raise
             try:
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: commit failed ({exc})") from exc
             except BaseException:  # an interrupt at the COMMIT: never leave it open
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(*_DB_ERRORS):
                     conn.execute("ROLLBACK")
                 raise
             self._seen = self._change_counter()  # still under the flock: ours
@@ -564,6 +624,7 @@ class SQLiteStore:
             raise LedgerStateError(
                 f"{self.path}: schema version {version} is not supported by this privguard "
                 f"(it reads {SCHEMA_VERSION}); refusing to open")
+        self._check_schema(conn)
         self.file_id = self._get(conn, "file_id", self.path)
         keyed = self._get(conn, "keyed", self.path)
         if keyed not in ("0", "1"):  # "yes" was read as unkeyed (task bs): ambiguous, refused
@@ -581,6 +642,30 @@ class SQLiteStore:
                                    "edited (its genesis digest does not match)")
         self.genesis = genesis
         return _config.from_dict(genesis_dict), _config.from_dict(current_dict)
+
+    #: The schema cookie (``PRAGMA schema_version``) when :meth:`_check_schema` last passed.
+    _schema_cookie: int | None = None
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Fail closed unless the schema is exactly the one :data:`_SCHEMA` creates (review
+        sq). A trigger (``BEFORE UPDATE ON head BEGIN SELECT RAISE(IGNORE); END``) makes
+        SQLite skip this store's writes without an error: a charge returned whose rows were
+        never written, which a fresh opener cannot see; a table declared otherwise
+        (``ON CONFLICT IGNORE``, another column type) changes what the writes do alike.
+        Checked at opening, and again by any transaction that finds the schema cookie
+        moved (a ``VACUUM`` moves it too; ``ANALYZE``'s ``sqlite_stat`` tables are
+        allowed: they change no row)."""
+        master = sorted((tuple(r) for r in conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master "
+            "WHERE NOT (type = 'table' AND name LIKE 'sqlite\\_stat%' ESCAPE '\\')")),
+                        key=repr)  # any values (a forged schema row): never a TypeError
+        if master != _MASTER:
+            extra = sorted(f"{r[0]} {r[1]}" for r in set(master) - set(_MASTER))
+            raise LedgerStateError(
+                f"{self.path}: its schema is not the one privguard writes (edited: "
+                f"{', '.join(extra) or 'tables missing'}); a trigger or a changed table can "
+                "silently drop or alter charges, so nothing is read or charged")
+        self._schema_cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
 
     # -- opening -----------------------------------------------------------------------------
     def open(self, config: Config | None, acc: Accounting | None,
@@ -619,7 +704,7 @@ class SQLiteStore:
                 if config is not None and config != stored.config:
                     self._retarget(conn, stored, config, retarget)
                 return stored
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: unreadable ledger database ({exc})") from exc
 
     def _create(self, conn: sqlite3.Connection, acc: Accounting) -> None:
@@ -631,6 +716,7 @@ class SQLiteStore:
         meta = {"schema_version": str(SCHEMA_VERSION), "file_id": self.file_id,
                 "created": repr(time.time()), "keyed": "1" if self.integrity.keyed else "0",
                 "genesis_config": _dumps(config), "genesis": self.genesis, "config": _dumps(config)}
+        self._schema_cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
         check = self.integrity.key_check()
         if check is not None:
             meta["key_check"] = check
@@ -670,7 +756,7 @@ class SQLiteStore:
             try:
                 self._sync(conn, acc)
                 yield _Txn(self, conn)
-            except sqlite3.Error as exc:
+            except _DB_ERRORS as exc:
                 raise LedgerStateError(f"{self.path}: database error ({exc})") from exc
 
     def _read_head(self, conn: sqlite3.Connection) -> _Cursor:
@@ -701,8 +787,10 @@ class SQLiteStore:
             self._check_shm()
         if got[1] is None:
             raise LedgerStateError(f"{self.path}: the journal head is missing")
+        if got[18] != self._schema_cookie:  # a schema change (a trigger added?) meanwhile
+            self._check_schema(conn)
         head = _rows.checked_head(self, got[2:7])
-        row = got[8:]
+        row = got[8:18]
         # One row from index `last` on, and the joined row is at `last`: that row is
         # exactly what `idx >= last` returns (the join's row satisfies it, and no other).
         seen = [row] if last >= 0 and got[7] == 1 and row[0] == last else None
@@ -812,4 +900,8 @@ class SQLiteStore:
                              "digest FROM entries ORDER BY idx"), started)
 
     def reference(self) -> dict[str, Any]:
-        return {"path": self.path}
+        """The file, absolute, and its identity (review sq): a pickled ledger that a
+        process with another working directory loaded opened whatever ledger had that
+        relative name there, and one loaded after the file was deleted and created again
+        opened the new, empty ledger, silently. The loader refuses another ``file_id``."""
+        return {"path": os.path.abspath(self.path), "file_id": self.file_id}
