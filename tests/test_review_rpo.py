@@ -12,16 +12,20 @@ the charged curve is checked order by order against the truth, in both direction
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 import pytest
 from scipy.special import logsumexp, ndtr
 
+from privguard import BudgetExhausted, Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._curves._orders import DEFAULT_ORDERS
+from privguard._mechanisms import _base
 from privguard._mechanisms import _repeat_select as R
-from privguard.tuning import Poisson
+from privguard._mechanisms._poisson_revision import HINT, poisson_tuning_hint
+from privguard.tuning import Geometric, Poisson
 
 ORDERS = np.array(DEFAULT_ORDERS)
 
@@ -89,3 +93,121 @@ def test_the_integrator_gives_the_gaussian_closed_form():
                  - 0.5 * math.log(2 * math.pi) - math.log(sigma))
             got = (logsumexp(v) + math.log(step)) / (a - 1)
             assert got == pytest.approx(a / (2 * sigma * sigma), rel=1e-9)
+
+
+# -- ledgers written before the K = 0 fix -------------------------------------------------
+
+TUNER = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, steps=1000), Poisson(0.5))
+
+
+@contextlib.contextmanager
+def _theorem_6_as_stated():
+    """The Poisson curve privguard charged before the fix (main before 7ea9ac5): seed 002
+    Theorem 6 as stated, ε + μδ̂ + log μ/(λ−1), no K = 0 term, no convexity bound."""
+    saved = R._poisson_bound, R._poisson_convex_bound
+    R._poisson_bound = lambda orders, base, mean, dh: base + mean * dh + math.log(mean) / (orders - 1)
+    R._poisson_convex_bound = lambda orders, base, mean: np.full_like(base, np.inf)
+    _base._cached_curve.cache_clear()
+    try:
+        yield
+    finally:
+        R._poisson_bound, R._poisson_convex_bound = saved
+        _base._cached_curve.cache_clear()
+
+
+def _refusal(call) -> str:
+    with pytest.raises(LedgerStateError) as info:
+        call()
+    return str(info.value)
+
+
+def _says_why(message: str) -> None:
+    assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message, message
+    assert "stays refused" in message and "new ledger" in message, message
+
+
+def test_the_old_curve_is_below_todays():
+    """The stand-in (bit for bit main 4d526ef's curve for TUNER on the default grid,
+    checked by review rpo) is below today's curve, by far at some orders (else the tests
+    below test nothing); at the rest equal up to round-off."""
+    orders = np.array(DEFAULT_ORDERS)
+    today = TUNER.rdp(orders)
+    with _theorem_6_as_stated():
+        old = TUNER.rdp(orders)
+    assert np.all(old <= today * (1 + 1e-12)) and np.any(old < today * (1 - 1e-3))
+
+
+def test_an_old_state_with_poisson_tuning_is_refused_and_says_why():
+    with _theorem_6_as_stated():
+        ledger = Ledger(epsilon=8.0, delta=1e-5)
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+        ledger.charge(TUNER, label="tune")
+        state = ledger.state_dict()
+    message = _refusal(lambda: Ledger.load_state_dict(state))
+    assert message.startswith("journal does not replay to the recorded spent totals")
+    _says_why(message)
+
+
+def test_an_old_file_whose_plan_is_the_tuner_is_refused_and_says_why(tmp_path):
+    path = str(tmp_path / "old.db")
+    with _theorem_6_as_stated():
+        ledger = Ledger(epsilon=8.0, delta=1e-5, path=path)
+        ledger.charge(TUNER, label="tune")  # the first charge fixes the plan
+        ledger.close()
+    for read_only in (False, True):
+        message = _refusal(lambda: Ledger.open(path, read_only=read_only))
+        assert "forged or foreign fix entry" in message
+        _says_why(message)
+
+
+def test_an_old_file_over_its_budget_today_is_refused_and_says_why(tmp_path):
+    """A budget the old curve fitted and today's does not (found by bisection)."""
+    def admitted(epsilon: float) -> bool:
+        ledger = Ledger(epsilon=epsilon, delta=1e-5)
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+        try:
+            ledger.charge(TUNER, label="tune")
+        except BudgetExhausted:
+            return False
+        return True
+
+    lo, hi = 1.0, 4.0  # today's least admitting budget lies in (lo, hi]
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if admitted(mid) else (mid, hi)
+    with _theorem_6_as_stated():
+        assert admitted(lo)  # the old curve fits a budget today's does not
+        path = str(tmp_path / "edge.db")
+        ledger = Ledger(epsilon=lo, delta=1e-5, path=path)
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+        ledger.charge(TUNER, label="tune")
+        ledger.close()
+    message = _refusal(lambda: Ledger.open(path))
+    assert "would be refused by the recorded budget" in message
+    _says_why(message)
+
+
+def test_an_old_file_under_its_budget_replays_to_todays_larger_curve(tmp_path):
+    """No checkpoint yet (fewer than 512 rows) and within budget: nothing recorded to
+    differ, so it opens, and holds today's (larger) curve, never the old one."""
+    path = str(tmp_path / "old.db")
+    with _theorem_6_as_stated():
+        ledger = Ledger(epsilon=8.0, delta=1e-5, path=path)
+        ledger.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+        ledger.charge(TUNER, label="tune")
+        old = ledger.spent.copy()
+        ledger.close()
+    fresh = Ledger(epsilon=8.0, delta=1e-5)
+    fresh.charge(M.SubsampledGaussian(1.0, 0.01), label="step")
+    fresh.charge(TUNER, label="tune")
+    reopened = Ledger.open(path, read_only=True)
+    assert np.array_equal(reopened.spent, fresh.spent)
+    assert np.all(reopened.spent >= old * (1 - 1e-12)) and np.any(reopened.spent > old * (1 + 1e-3))
+
+
+def test_the_hint_names_poisson_tuning_only():
+    nested = M.Composed((M.Gaussian(1.0), TUNER))
+    assert poisson_tuning_hint(M.Gaussian(1.0), nested) == HINT
+    assert poisson_tuning_hint(TUNER.to_dict()) == HINT
+    assert poisson_tuning_hint(M.Gaussian(1.0), M.RepeatAndSelect(M.Gaussian(1.0), Geometric(mean=3.0))) == ""
+    assert poisson_tuning_hint(object(), {"type": "Poisson"}) == ""

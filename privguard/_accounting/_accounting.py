@@ -30,6 +30,7 @@ from privguard._curves import _conversion as conv
 from privguard._curves import _legacy
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError, _shown
 from privguard._mechanisms._base import Mechanism
+from privguard._mechanisms._poisson_revision import poisson_tuning_hint
 
 _CACHE_LIMIT = 4096
 _BY_ID_LIMIT = 256
@@ -477,7 +478,8 @@ class Accounting:
             raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
         if not verdict.admitted:
             raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
-                                   "would be refused by the recorded budget")
+                                   "would be refused by the recorded budget"
+                                   + poisson_tuning_hint(run.mechanism))
         if self.filter is not None:
             self.filter.apply(verdict.filter_state)
         return verdict

@@ -46,6 +46,7 @@ from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._mechanisms._base import mechanism_from_dict
+from privguard._mechanisms._poisson_revision import poisson_tuning_hint
 from privguard._stores._paths import explain, require_regular_file
 from privguard._stores._revision import revised_up_only
 from privguard._stores._sqlite import SQLiteStore
@@ -340,7 +341,8 @@ def _write_v2(tmp: str, path: str, old: dict[str, Any]) -> dict[str, Any]:
                 txn.write(acc, [Change("run", run=acc.journal.last)])
         if not revised_up_only(acc.spent(), old["spent"]):
             raise LedgerStateError(f"{path}: the upgraded journal does not replay to the 0.1 "
-                                   "file's spent curve; nothing was changed")
+                                   "file's spent curve; nothing was changed"
+                                   + poisson_tuning_hint(*acc.journal.held_runs()))
         verified = store.verify()
     finally:
         store.close()

@@ -18,6 +18,7 @@ from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict
+from privguard._mechanisms._poisson_revision import poisson_tuning_hint
 from privguard._stores._revision import revised_up_only
 
 
@@ -465,7 +466,8 @@ def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) ->
     except (TypeError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
-        raise LedgerStateError(f"{where} does not match the replayed journal")
+        raise LedgerStateError(f"{where} does not match the replayed journal"
+                               + poisson_tuning_hint(*acc.journal.held_runs()))
 
 
 def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVATION
@@ -510,7 +512,7 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
             return legacy
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
                                f"library derives from it ({field or 'the record'} differs: a "
-                               "forged or foreign fix entry)")
+                               "forged or foreign fix entry)" + poisson_tuning_hint(plan.step))
     return derived
 
 

@@ -50,6 +50,7 @@ from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import mechanism_from_dict
+from privguard._mechanisms._poisson_revision import poisson_tuning_hint
 from privguard._stores._integrity import Integrity, canonical
 from privguard._stores._revision import revised_up_only
 from privguard._stores._rows import check_fix
@@ -217,9 +218,11 @@ def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> N
     # and Laplace up by ~1e-13 relative; the subsampled Gaussian's fractional orders moved
     # up by up to 1e-4: privguard/_stores/_revision.py). Never the other way.
     if recorded.shape != acc.orders.shape or not revised_up_only(acc.spent(), recorded):
-        raise LedgerStateError("journal does not replay to the recorded spent totals")
+        raise LedgerStateError("journal does not replay to the recorded spent totals"
+                               + poisson_tuning_hint(*acc.journal.held_runs()))
     if (None if acc.filter is None else acc.filter.state()) != filter_state:
-        raise LedgerStateError("journal does not replay to the recorded filter state")
+        raise LedgerStateError("journal does not replay to the recorded filter state"
+                               + poisson_tuning_hint(*acc.journal.held_runs()))
 
 
 def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
@@ -255,7 +258,8 @@ def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
             derived = None if fixed["filter"] is None else fixed["filter"].get("weights")
             if first_difference(weights, derived) is not None:
                 raise LedgerStateError("the version-1 state's filter weights are not the ones "
-                                       "this library derives from its plan (forged or foreign)")
+                                       "this library derives from its plan (forged or foreign)"
+                                       + poisson_tuning_hint(plan.step))
         acc.replay_fix(fixed)
         acc.replay_event({"event": "migrate", "from": "privguard 0.1 state (version 1)",
                           "records": len(records)})
