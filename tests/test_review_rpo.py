@@ -25,6 +25,7 @@ from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._mechanisms import _base
 from privguard._mechanisms import _repeat_select as R
 from privguard._mechanisms._poisson_revision import HINT, poisson_tuning_hint
+from privguard._stores import _rows, _sqlite, open_store
 from privguard.tuning import Geometric, Poisson
 
 ORDERS = np.array(DEFAULT_ORDERS)
@@ -102,16 +103,18 @@ TUNER = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, steps=1000), Poisson(0
 
 @contextlib.contextmanager
 def _theorem_6_as_stated():
-    """The Poisson curve privguard charged before the fix (main before 7ea9ac5): seed 002
-    Theorem 6 as stated, ε + μδ̂ + log μ/(λ−1), no K = 0 term, no convexity bound."""
-    saved = R._poisson_bound, R._poisson_convex_bound
+    """What privguard wrote before the fix (main, 4d526ef): the Poisson curve of seed 002
+    Theorem 6 as stated, ε + μδ̂ + log μ/(λ−1), no K = 0 term, no convexity bound; and
+    checkpoints of curve version 2."""
+    saved = R._poisson_bound, R._poisson_convex_bound, _rows.CHECKPOINT_CURVES
     R._poisson_bound = lambda orders, base, mean, dh: base + mean * dh + math.log(mean) / (orders - 1)
     R._poisson_convex_bound = lambda orders, base, mean: np.full_like(base, np.inf)
+    _rows.CHECKPOINT_CURVES = 2  # main's checkpoints say 2
     _base._cached_curve.cache_clear()
     try:
         yield
     finally:
-        R._poisson_bound, R._poisson_convex_bound = saved
+        R._poisson_bound, R._poisson_convex_bound, _rows.CHECKPOINT_CURVES = saved
         _base._cached_curve.cache_clear()
 
 
@@ -122,7 +125,7 @@ def _refusal(call) -> str:
 
 
 def _says_why(message: str) -> None:
-    assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message, message
+    assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message and "Poisson(μ)" in message, message
     assert "stays refused" in message and "new ledger" in message, message
 
 
@@ -211,3 +214,45 @@ def test_the_hint_names_poisson_tuning_only():
     assert poisson_tuning_hint(TUNER.to_dict()) == HINT
     assert poisson_tuning_hint(M.Gaussian(1.0), M.RepeatAndSelect(M.Gaussian(1.0), Geometric(mean=3.0))) == ""
     assert poisson_tuning_hint(object(), {"type": "Poisson"}) == ""
+
+
+@pytest.mark.parametrize("mean", [0.5, 5.0, 300.0])
+def test_an_old_checkpoint_is_not_resumed_from(tmp_path, mean):
+    """A file of ≥ 512 rows resumes from its newest checkpoint, which holds spent totals,
+    not charges. One written with the old Poisson curve held the old totals: with
+    CHECKPOINT_CURVES still 2 the file opened and kept them (μ = 0.5: up to 70% below
+    today's curve, ε 3.16288 for 3.16422) and took new charges. It must be replayed from
+    the genesis instead (as review rw made it for e08c1f5), so it holds today's totals;
+    ``privguard verify`` compares the old checkpoint with the replay and, where they
+    differ beyond the revision tolerance (μ = 0.5 above, μ = 5 below at low orders, the
+    joint-convexity bound), refuses, saying why."""
+    tuner = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, steps=1000), Poisson(mean))
+
+    def charge(ledger):
+        ledger.charge(M.Gaussian(100.0), label="a")
+        ledger.charge(tuner, label="tune")
+        for i in range(_sqlite.CHECKPOINT_EVERY + 8):  # alternating: one row each
+            ledger.charge(M.Gaussian(100.0), label="ab"[i % 2])
+
+    path = str(tmp_path / "old.db")
+    with _theorem_6_as_stated():
+        old = Ledger(epsilon=1e6, delta=1e-5, path=path)
+        charge(old)
+        old.close()
+    today = Ledger(epsilon=1e6, delta=1e-5)
+    charge(today)
+    for read_only in (True, False):
+        reopened = Ledger.open(path, read_only=read_only)
+        assert np.array_equal(reopened.spent, today.spent)
+        reopened.close()
+    store = open_store(path, read_only=True)
+    try:
+        store.open(None, None, None)
+        if mean < 100:
+            message = _refusal(store.verify)
+            assert "does not match the replayed journal" in message
+            _says_why(message)
+        else:
+            store.verify()
+    finally:
+        store.close()

@@ -1,12 +1,13 @@
 """Why a ledger holding Poisson random-K tuning, written before the K = 0 fix, is refused.
 
-``RepeatAndSelect(base, Poisson(μ))`` is charged more than it was before the fix of
+``RepeatAndSelect(base, Poisson(μ))`` is charged differently from before the fix of
 docs/theory.md §7, "K = 0 (Poisson)": seed 002 Theorem 6 as stated leaves out the
-outcome K = 0 and under-counts for μ < 1. A ledger (file, journal or ``state_dict``)
-written before the fix replays to the larger curve, which can exceed what it recorded
-(by more than the revision tolerance of privguard/_stores/_revision.py) or what its
-budget admitted, or derive other choices from its plan; loading then refuses it, and
-stays refusing (no migration: the old record may be below what was released). The
+outcome K = 0 and under-counts for μ < 1 (now more), and the joint-convexity bound is
+lower at some orders (now less). A ledger (file, journal or ``state_dict``) written
+before the fix replays to today's curve, which can differ from what it recorded (by more
+than the revision tolerance of privguard/_stores/_revision.py), exceed what its budget
+admitted, or derive other choices from its plan; loading then refuses it, and stays
+refusing (no migration: the old record may be below what was released). The
 refusals name a row, a checkpoint, a total or a fix entry, which says nothing of this
 cause; :func:`poisson_tuning_hint` adds it where the ledger holds such a tuner.
 """
@@ -18,14 +19,14 @@ from typing import Any
 from privguard._mechanisms._base import Mechanism
 
 HINT = (
-    ". This ledger holds Poisson random-K tuning (RepeatAndSelect(..., Poisson(μ))), which "
-    "this privguard charges more than versions before the fix of docs/theory.md §7 "
-    "\"K = 0 (Poisson)\" did (seed 002 Theorem 6 leaves out the outcome K = 0 and "
-    "under-counts for μ < 1): if it was written before that fix, this is why it does not "
-    "load, and it stays refused, because what it recorded may be below what was released. "
-    "Read it with the privguard that wrote it, and go on in a new ledger whose budget "
-    "leaves room for its spend as this privguard charges it (charge its runs there again); "
-    "if it was not, it was edited")
+    ". This ledger holds Poisson random-K tuning (RepeatAndSelect(..., Poisson(μ))), whose "
+    "curve this privguard computes differently from versions before the fix of "
+    "docs/theory.md §7 \"K = 0 (Poisson)\" (seed 002 Theorem 6 leaves out the outcome "
+    "K = 0 and under-counts for μ < 1; a joint-convexity bound is lower at some orders): if "
+    "it was written before that fix, this is why it does not load, and it stays refused, "
+    "because what it recorded may be below what was released. Read it with the privguard "
+    "that wrote it, and go on in a new ledger whose budget leaves room for its spend as this "
+    "privguard charges it (charge its runs there again); if it was not, it was edited")
 
 
 def _holds(data: Any) -> bool:

@@ -136,14 +136,17 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 2
+CHECKPOINT_CURVES = 3
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
 1e-4 (relative) below today's, and resuming from it would keep that under-count for every
 charge before it. Such a checkpoint (no ``"curves"`` field, or another value) is read and
 checked as any other (garbage still fails closed), then not resumed
-from: the journal is replayed from the genesis (review rw)."""
+from: the journal is replayed from the genesis (review rw). 3: Poisson random-K tuning's
+curve changed (7ea9ac5, 321fb2f: the outcome K = 0 counted, the joint-convexity bound;
+docs/theory.md §7); a version-2 checkpoint after such a charge held totals up to 70%
+below today's, and the file opened with them (review rpo)."""
 
 
 def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
