@@ -73,9 +73,12 @@ def _poisson_bound(orders: np.ndarray, base: np.ndarray, mean: float,
     ε' = log(e^(−μ) + μ·e^((λ−1)(ε + μδ̂)))/(λ−1). Without the e^(−μ) term the bound is
     broken for μ < 1 (tests/test_review_tb.py: Poisson(0.5) charged 0 at λ = 5.2 where the
     released winner's Rényi divergence is 0.07); for μ ≥ 1 the term adds at most
-    e^(−μ)/(μ(λ−1)).
+    e^(−μ)/(μ(λ−1)). The last factor rounds the float evaluation up: without it the value
+    was below the exact one at most orders, by up to 3.2e-16 relative (review rpo; the
+    value is ≥ 0, e^(−μ) + μ ≥ 1).
     """
-    return np.logaddexp(-mean, math.log(mean) + (orders - 1) * (base + mean * delta_hat)) / (orders - 1)
+    out = np.logaddexp(-mean, math.log(mean) + (orders - 1) * (base + mean * delta_hat)) / (orders - 1)
+    return out * (1.0 + 2.0**-48)
 
 
 def _poisson_convex_bound(orders: np.ndarray, base: np.ndarray, mean: float) -> np.ndarray:
