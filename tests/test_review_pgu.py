@@ -46,6 +46,11 @@ def test_a_session_option_in_the_url_applies(pg):
     ("postgresql://ann:9876?5432@127.0.0.1:1/db?ledger=x", ["9876", "5432"]),
     ("postgresql://ann:9876#5432@127.0.0.1:1/db", ["9876", "5432"]),
     ("postgresql://ann:98765432/@127.0.0.1:1/db", ["9876", "5432"]),
+    # review rlo2: the '@' past the path, in the query or the fragment, passed lo2's check
+    ("postgresql://ann:9876/5432?10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876?5432/10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876/5432#10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876#5432/10@127.0.0.1:1/db", ["9876", "5432"]),
 ])
 def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url, shown):
     # urlsplit ends the authority at the first '/', '?' or '#' (so "ann:pa" had no

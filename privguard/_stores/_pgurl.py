@@ -140,7 +140,12 @@ def _credentials_past_authority(url: str, parts: urllib.parse.SplitResult) -> bo
     if "@" in parts.netloc:
         return False
     rest = url.split("://", 1)[1] if "://" in url else url
-    return "@" in rest.split("/", 1)[0] or "@" in parts.path
+    # review rlo2: a '/' before a '?' or '#' (or the reverse) put the password's '@' in the
+    # query or the fragment ("ann:9876/5432?10@db"), which lo2's check did not read: an '@'
+    # in the fragment (libpq has none), or in a query parameter before its '=' (no
+    # parameter's name holds one; "application_name=a@b" stays accepted)
+    return "@" in rest.split("/", 1)[0] or "@" in parts.path or "@" in parts.fragment or \
+        any("@" in pair.partition("=")[0] for pair in parts.query.split("&"))
 
 
 def _is_password_key(key: str) -> bool:
