@@ -1036,6 +1036,13 @@ def attach(
             "(signal_skip_step), so the clipped sum the next real step noises holds micro-batches "
             "attach cannot count; attach before a step's first micro-batch or right after a "
             "real step")
+    if LayerNoise.applies(optimizer) and LayerNoise.pending(optimizer):
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            "is in the middle of a step: it drew this step's noise in its backward hooks, "
+            "before attach, at a noise multiplier attach cannot know (the step would be "
+            "charged at the one in force at step()); attach before backward(), or after "
+            "step() or zero_grad()")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
+from _one_rank import one_rank_group  # noqa: E402, F401 (a fixture)
 from _private_mlp import private as _private  # noqa: E402
 from _private_mlp import quiet_attach as _attach  # noqa: E402
 from _private_mlp import step as _step  # noqa: E402
@@ -61,3 +62,50 @@ def test_an_opacus_hook_at_a_numpy_float32_rate_is_found():
     _attach(opt, ledger, sample_rate=q / 100)
     _step(model, opt, loader)
     assert [r.mechanism.sample_rate for r in ledger.history] == [float(np.float32(q))]
+
+
+# ---- lo2 item 3: DistributedPerLayerOptimizer draws its noise at backward()
+
+def _per_layer():
+    from opacus import GradSampleModule
+    from opacus.optimizers.ddp_perlayeroptimizer import DistributedPerLayerOptimizer
+
+    torch.manual_seed(0)
+    model = GradSampleModule(torch.nn.Linear(4, 2))
+    opt = DistributedPerLayerOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       noise_multiplier=1.0, max_grad_norm=[1.0, 1.0],
+                                       expected_batch_size=8)
+    return model, opt
+
+
+def _backward(model) -> None:
+    torch.nn.functional.cross_entropy(model(torch.randn(8, 4) * 100),
+                                      torch.zeros(8, dtype=torch.long)).backward()
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("attached_before", [False, True])
+def test_per_layer_ddp_attach_after_the_noise_was_drawn_is_refused(attached_before):
+    # the noise was drawn at σ = 1 in backward(); σ = 10 set, then attach (or attach again
+    # after detach): lo2 recorded no draw and charged the step at σ = 10 (an under-count)
+    from privguard import InvalidArgumentError
+
+    model, opt = _per_layer()
+    ledger = Ledger(delta=1e-5)
+    if attached_before:
+        handle = _attach(opt, ledger, sample_rate=0.125)
+    opt.zero_grad()
+    _backward(model)
+    if attached_before:
+        handle.detach()
+    opt.noise_multiplier = 10.0
+    with pytest.raises(InvalidArgumentError) as info:
+        _attach(opt, ledger, sample_rate=0.125)
+    assert info.value.argument == "optimizer"
+    assert ledger.history == []
+    opt.step()  # unattached: nothing charged
+    _attach(opt, ledger, sample_rate=0.125)  # after step(): accepted
+    opt.zero_grad()
+    _backward(model)
+    opt.step()
+    assert [r.mechanism.noise_multiplier for r in ledger.history] == [10.0]
