@@ -109,3 +109,21 @@ def test_per_layer_ddp_attach_after_the_noise_was_drawn_is_refused(attached_befo
     _backward(model)
     opt.step()
     assert [r.mechanism.noise_multiplier for r in ledger.history] == [10.0]
+
+
+# ---- lo2 item 8: statements and descriptions state targets and parameters unrounded
+
+def test_remaining_budget_and_the_hybrid_description_never_round_a_target_or_the_plan():
+    # lo2 made repr(ledger) exact, but remaining() still stated "any-time ε = ... at δ = 1e-05"
+    # for δ = 1.0000049e-05 (a smaller δ than the one the ε holds at), budget() "of ε =
+    # 1.23456", and the hybrid filter's description "q≤0.123456" for its plan's q = 0.1234564
+    import privguard.mechanisms as M
+
+    ledger = Ledger(epsilon=1.234_564_9, delta=1.000_004_9e-5)
+    ledger.charge(M.Gaussian(5.0))
+    assert "at δ = 1.0000049e-05" in str(ledger.remaining()), str(ledger.remaining())
+    assert "of ε = 1.2345649 " in str(ledger.budget()), str(ledger.budget())
+    hybrid = Ledger(epsilon=3.0, delta=1e-5, filter="hybrid",
+                    plan=M.SubsampledGaussian(1.234_564_9, 0.123_456_4))
+    text = hybrid._acc.filter.describe()
+    assert "σ≥1.2345649, q≤0.1234564" in text, text
