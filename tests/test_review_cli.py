@@ -231,3 +231,22 @@ def test_the_audits_lower_bound_is_printed_rounded_down(monkeypatch, capsys):
     charged = next(line for line in out.splitlines() if "epsilon_charged" in line)
     assert float(line.split("=")[1].split()[0]) <= 0.123_9, line
     assert float(charged.split("=")[1].split()[0]) >= 2.000_1, charged
+
+
+# ---- review rlo2
+
+@pytest.mark.parametrize("message,shown", [
+    ("first line\n  second line", "privguard: error: ValueError: first line second line\n"),
+    ("", "privguard: error: ValueError\n"),
+])
+def test_an_unexpected_error_of_several_lines_or_none_prints_one_line(tmp_path, monkeypatch,
+                                                                       capsys, message, shown):
+    path = tmp_path / "b.db"
+    Ledger(4.0, 1e-5, path=path).close()
+
+    def broken(*args, **kwargs):
+        raise ValueError(message)
+
+    monkeypatch.setattr("privguard._cli._report.report", broken)
+    assert main(["report", str(path)]) == 1
+    assert capsys.readouterr().err == shown
