@@ -127,3 +127,28 @@ def test_remaining_budget_and_the_hybrid_description_never_round_a_target_or_the
                     plan=M.SubsampledGaussian(1.234_564_9, 0.123_456_4))
     text = hybrid._acc.filter.describe()
     assert "σ≥1.2345649, q≤0.1234564" in text, text
+
+
+def test_an_opacus_hook_set_while_the_step_is_noised_is_charged_at_its_rate():
+    # set after the step's check (here by an add_noise override): the gate charges the step
+    # that hook saw, then refuses it; lo2 charged it at the rate of attach (q), not the 4q
+    # that hook recorded
+    from opacus.accountants import RDPAccountant
+
+    from privguard import InvalidArgumentError
+
+    model, opt, loader = _private()
+    q = loader.batch_sampler.sample_rate
+    ledger = Ledger(delta=1e-5)
+    _attach(opt, ledger, sample_rate=q)
+    accountant = RDPAccountant()
+    noise = opt.add_noise
+
+    def add_noise():
+        noise()
+        opt.step_hook = accountant.get_optimizer_hook_fn(sample_rate=4 * q)
+
+    opt.add_noise = add_noise
+    with pytest.raises(InvalidArgumentError, match="step hook"):
+        _step(model, opt, loader)
+    assert [r.mechanism.sample_rate for r in ledger.history] == [4 * q]
