@@ -152,3 +152,18 @@ def test_an_opacus_hook_set_while_the_step_is_noised_is_charged_at_its_rate():
     with pytest.raises(InvalidArgumentError, match="step hook"):
         _step(model, opt, loader)
     assert [r.mechanism.sample_rate for r in ledger.history] == [4 * q]
+
+
+def test_the_tuning_plan_states_its_delta_unrounded_and_the_comparison_rounded_up():
+    # "at δ = 1e-05" for δ = 1.0000049e-05, and the naive comparison to nearest (1.00001 read
+    # 1.0000), unlike every other printed ε
+    import numpy as np
+
+    import privguard.mechanisms as M
+    from privguard.tuning._base import TuningPlan
+
+    plan = TuningPlan(mechanism=M.Gaussian(5.0), orders=np.array([2.0]), curve=np.array([0.1]),
+                      epsilon=2.5, delta=1.000_004_9e-5, expected_runs=3.0,
+                      naive_epsilon=1.000_01)
+    text = str(plan)
+    assert "at δ = 1.0000049e-05" in text and "ε = 1.0001, rounded up" in text, text
