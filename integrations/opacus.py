@@ -91,6 +91,7 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard import mechanisms as M
+from privguard._accounting._results import exact, upper
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -838,11 +839,12 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
         probe.charge(M.SubsampledGaussian(mech.noise_multiplier, q, steps=steps))
         what = "the planned" if planned_steps else "one epoch of"
         text += (f" By RDP, σ = {mech.noise_multiplier:.6g} and q = {q:.6g} over {what} "
-                 f"{steps} steps give ε = {probe.nonadaptive_epsilon():.4g} at δ = "
-                 f"{ledger.delta:g} (running ε, valid at any stopping time: "
-                 f"{probe.epsilon():.4g}).")
+                 f"{steps} steps give ε = {upper(probe.nonadaptive_epsilon(), '.4g')} at δ = "
+                 f"{exact(ledger.delta)} (running ε, valid at any stopping time: "
+                 f"{upper(probe.epsilon(), '.4g')}; rounded up, review rlo2).")
     if ledger.target is not None:
-        text += (f" The ledger's filter (ε = {ledger.target[0]:g}, δ = {ledger.target[1]:g}) "
+        text += (f" The ledger's filter (ε = {exact(ledger.target[0])}, "
+                 f"δ = {exact(ledger.target[1])}) "
                  f"admits {ledger.remaining(mech).repeats:g} more such steps.")
     text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
              "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
@@ -1202,8 +1204,8 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
         theirs = f"{wrapped.get_epsilon(delta):.4g}" if len(wrapped) else "0"
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
-    text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
-            f"({ledger.epsilon(delta):.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
+    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε "
+            f"({upper(ledger.epsilon(delta), '.4g')} now), no longer Opacus' {kind} accountant's ε ({theirs} "
             "now): the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
             "convert better), and it may exceed the target while the filter's guarantee "

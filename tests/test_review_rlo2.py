@@ -167,3 +167,21 @@ def test_the_tuning_plan_states_its_delta_unrounded_and_the_comparison_rounded_u
                       naive_epsilon=1.000_01)
     text = str(plan)
     assert "at δ = 1.0000049e-05" in text and "ε = 1.0001, rounded up" in text, text
+
+
+def test_the_prv_warning_states_the_rdp_costs_rounded_up():
+    # "give ε = 0.4651 at δ = 1e-05 (running ε ...: 0.9433)" for 0.46512 and 0.94333: to
+    # nearest, below the costs it states
+    import re
+
+    import privguard.mechanisms as M
+    from privguard.integrations.opacus import _rdp_warning
+
+    ledger = Ledger(delta=1e-5)
+    text = _rdp_warning("prv", ledger, M.SubsampledGaussian(1.5, 0.01), 100)
+    probe = Ledger(delta=1e-5)
+    probe.charge(M.SubsampledGaussian(1.5, 0.01, steps=100))
+    shown = re.search(r"give ε = ([0-9.]+) at δ = .*stopping time: ([0-9.]+)", text)
+    assert shown is not None, text
+    assert float(shown.group(1)) >= probe.nonadaptive_epsilon(), text
+    assert float(shown.group(2)) >= probe.epsilon(), text
