@@ -1201,7 +1201,7 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
         return ("engine.get_epsilon(delta) now reports the ledger's any-time ε (valid under "
                 f"adaptivity and early stopping), no longer Opacus' {kind} accountant's ε")
     try:
-        theirs = f"{wrapped.get_epsilon(delta):.4g}" if len(wrapped) else "0"
+        theirs = upper(wrapped.get_epsilon(delta), ".4g") if len(wrapped) else "0"
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
     text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε "
