@@ -17,36 +17,25 @@ from privguard import Ledger  # noqa: E402
 # ---- lo2 item 1: the hand rate without a loader, at least Opacus' hook's rate
 
 
-def test_an_opacus_hook_set_after_attach_raises_the_rate_a_hand_rate_is_charged_at():
+@pytest.mark.parametrize("given", ["q/100", None])
+def test_an_opacus_hook_set_after_attach_raises_the_rate_charged(given):
     # lo2 read the hook's rate once, at attach: an accountant hook set afterwards
-    # (optimizer.attach_step_hook, which privguard charges before calling) recorded 4q
-    # while the ledger went on charging max(q/100, q) = q
+    # (optimizer.attach_step_hook, which privguard charges before calling) recorded 4q while
+    # the ledger went on charging max(q/100, q) = q, or (no sample_rate) make_private's q
     from opacus.accountants import RDPAccountant
 
     model, opt, loader = _private()
     q = loader.batch_sampler.sample_rate
+    kwargs = {} if given is None else {"sample_rate": q / 100}
     ledger = Ledger(delta=1e-5)
-    _attach(opt, ledger, sample_rate=q / 100)
+    _attach(opt, ledger, **kwargs)
     _step(model, opt, loader)
-    accountant = RDPAccountant()
-    opt.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=4 * q))
-    _step(model, opt, loader)
-    _step(model, opt, loader)
-    assert [q_ for _s, q_, _n in accountant.history] == [4 * q]
+    later = RDPAccountant()
+    opt.attach_step_hook(later.get_optimizer_hook_fn(sample_rate=4 * q))
+    for _ in range(2):
+        _step(model, opt, loader)
+    assert [rate for _sigma, rate, _steps in later.history] == [4 * q]
     assert [r.mechanism.sample_rate for r in ledger.history] == [q, 4 * q, 4 * q]
-
-
-def test_an_opacus_hook_set_after_attach_raises_the_rate_taken_from_the_first_hook():
-    # no sample_rate, no loader: the q of make_private's hook; a later hook at 4q is followed
-    from opacus.accountants import RDPAccountant
-
-    model, opt, loader = _private()
-    q = loader.batch_sampler.sample_rate
-    ledger = Ledger(delta=1e-5)
-    _attach(opt, ledger)
-    opt.attach_step_hook(RDPAccountant().get_optimizer_hook_fn(sample_rate=4 * q))
-    _step(model, opt, loader)
-    assert [r.mechanism.sample_rate for r in ledger.history] == [4 * q]
 
 
 def test_an_opacus_hook_at_a_numpy_float32_rate_is_found():
