@@ -103,3 +103,14 @@ def test_a_lost_commit_never_shows_the_password(pg):
     again = Ledger.open(url)
     assert [r.label for r in again.history] == [None]
     again.close()
+
+
+def test_a_unix_socket_url_without_a_host_keeps_its_empty_authority():
+    # review rlo2: "postgresql:///db?host=/tmp" reached libpq as "postgresql:/db?host=/tmp",
+    # which it refuses ("invalid connection option"), and was shown so
+    from psycopg.conninfo import conninfo_to_dict
+
+    conninfo, name, shown = parse("postgresql:///db?host=/tmp&ledger=x&password=secret")
+    assert conninfo == "postgresql:///db?host=/tmp&password=secret" and name == "x"
+    assert conninfo_to_dict(conninfo)["host"] == "/tmp"
+    assert shown == "postgresql:///db?host=/tmp&ledger=x&password=***"

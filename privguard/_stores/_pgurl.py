@@ -66,8 +66,23 @@ def parse(url: str) -> tuple[str, str, str]:
     # would turn a "%20" into "+", which libpq reads as a plus sign (review pgu).
     rest = "&".join(pair for pair in parts.query.split("&")
                     if pair and urllib.parse.unquote_plus(pair.partition("=")[0]) != "ledger")
-    conninfo = urllib.parse.urlunsplit(parts._replace(query=rest))
+    conninfo = _unsplit(parts._replace(query=rest))
     return conninfo, name, _masked(url)
+
+
+def _unsplit(parts: urllib.parse.SplitResult) -> str:
+    """``urlunsplit`` keeping the ``//`` of an empty authority (review rlo2: it wrote
+    ``postgresql:///db?host=/tmp``, a Unix socket's URL, as ``postgresql:/db?host=/tmp``,
+    which libpq refuses as a connection string).
+
+    Example:
+        >>> _unsplit(urllib.parse.urlsplit("postgresql:///db?host=/tmp"))
+        'postgresql:///db?host=/tmp'
+    """
+    text = urllib.parse.urlunsplit(parts)
+    if not parts.netloc and parts.scheme and not text.startswith(f"{parts.scheme}://"):
+        text = f"{parts.scheme}://" + text[len(parts.scheme) + 1:]
+    return text
 
 
 def secrets(url: str) -> list[str]:
@@ -165,7 +180,7 @@ def _masked(url: str) -> str:
             netloc = userinfo.split(":", 1)[0] + ":***@" + host
     query = "&".join(f"{pair.partition('=')[0]}=***" if _is_password_key(pair.partition("=")[0])
                      else pair for pair in parts.query.split("&")) if parts.query else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _unsplit(parts._replace(netloc=netloc, query=query))
 
 
 def with_user(url: str, user: str) -> str:
