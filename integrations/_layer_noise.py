@@ -37,6 +37,22 @@ class LayerNoise:
         return callable(getattr(type(optimizer), "_ddp_per_layer_hook", None)) and \
             callable(getattr(optimizer, "_add_noise_parameter", None))
 
+    @staticmethod
+    def pending(optimizer: Any) -> bool:
+        """Whether a backward hook drew noise since the last real step (or ``zero_grad``):
+        a parameter whose noisy gradient is there with ``accumulated_iterations`` > 0, which
+        Opacus counts up when it draws and sets to 0 in ``pre_step``. Review rlo2: attach
+        (or attach again after ``detach``) between ``backward()`` and ``step()`` recorded
+        no draw, and the step was charged at the σ in force at ``step()``, not the noise's."""
+        for p in getattr(optimizer, "params", ()):
+            try:
+                drawn = int(getattr(p, "accumulated_iterations", 0) or 0) > 0
+            except (TypeError, ValueError):
+                drawn = True  # not Opacus' count: taken as drawn (fail closed)
+            if drawn and getattr(p, "grad", None) is not None:
+                return True
+        return False
+
     def install(self) -> None:
         """Wrap the optimizer's ``_add_noise_parameter`` (an instance attribute)."""
         opt = self.optimizer

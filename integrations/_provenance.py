@@ -135,6 +135,7 @@ def unintended_rate(loader: Any, q: float) -> tuple[int, float] | None:
 def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledger: Any) -> str:
     """The text of the :class:`SampleRateWarning`: both numbers and what the run will cost."""
     from privguard import mechanisms as M
+    from privguard._accounting._results import exact, upper
     from privguard._errors import PrivguardError
     from privguard._mechanisms._curve import RDPCurve
 
@@ -153,7 +154,8 @@ def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledg
             epoch = M.SubsampledGaussian(sigma, q, steps=steps)
             eps = RDPCurve._trusted(ledger.orders, epoch.rdp(ledger.orders)).epsilon(ledger.delta)
             text += (f": one pass over this loader ({steps} steps at σ = {sigma:g}) costs "
-                     f"ε = {eps:.4g} at δ = {ledger.delta:g} on its own")
+                     f"ε = {upper(eps, '.4g')} at δ = {exact(ledger.delta)} on its own (rounded "
+                     "up)")
             if ledger.target is not None:
                 allowed = ledger.remaining(M.SubsampledGaussian(sigma, q)).repeats
                 text += f", and the budget admits {allowed} more steps"

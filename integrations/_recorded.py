@@ -44,7 +44,7 @@ def find_opacus_hook(hook: Callable | None, depth: int = 3) -> tuple[Any, float 
     if getattr(hook, "__qualname__", "") == _HOOK_QUALNAME and "sample_rate" in free:
         rate = free["sample_rate"].cell_contents
         accountant = free["self"].cell_contents if "self" in free else None
-        return accountant, float(rate) if isinstance(rate, (int, float)) else None
+        return accountant, _number(rate)
     for cell in cells:
         try:
             inner = cell.cell_contents
@@ -55,6 +55,18 @@ def find_opacus_hook(hook: Callable | None, depth: int = 3) -> tuple[Any, float 
             if found != (None, None):
                 return found
     return None, None
+
+
+def _number(rate: Any) -> float | None:
+    """``rate`` as a float, where it is a number: a Python one, numpy's float32 or a 0-d
+    tensor (review rlo2: a hook made with ``sample_rate=np.float32(q)`` was not found, and a
+    hand rate below it was charged); None for anything else."""
+    if isinstance(rate, (str, bytes)):
+        return None
+    try:
+        return float(rate)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
 
 
 def history_of(accountant: Any) -> History:

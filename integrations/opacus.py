@@ -91,6 +91,7 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard import mechanisms as M
+from privguard._accounting._results import exact, upper
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -221,6 +222,9 @@ class AttachHandle:
         self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
         self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
+        # without a data loader: the largest rate of the Opacus accountant hooks seen on the
+        # optimizer, which the charged q never falls below (lo2; hooks set later: rlo2)
+        self.hook_floor: _HookFloor | None = None
 
     @property
     def distributed(self) -> bool:
@@ -373,6 +377,8 @@ class AttachHandle:
         own = getattr(hook, "__self__", None) is self and \
             getattr(hook, "__func__", None) in (AttachHandle._hook, AttachHandle._chain)
         if self._active and not own:
+            if self.hook_floor is not None:  # an accountant hook set after attach (rlo2)
+                self.hook_floor.follow(hook)
             self._replacing = hook
             self.optimizer.step_hook = self._chain
 
@@ -404,6 +410,8 @@ class AttachHandle:
         if not (self._active and self._awaiting_charge):
             return
         self._awaiting_charge = False
+        if self.hook_floor is not None:  # the hook that saw the step: at least its rate (rlo2)
+            self.hook_floor.follow(self.optimizer.step_hook)
         try:
             if self._coordinator is None:
                 self._charge_step(self.optimizer)
@@ -776,12 +784,28 @@ def _against_loader(q: float, loader: Any) -> float:
     return _samplers.check_hand_rate("sample_rate", q, live)
 
 
+class _HookFloor:
+    """The largest rate of the Opacus accountant hooks seen on the optimizer: the one at
+    attach, then any set later (``optimizer.attach_step_hook``), which privguard finds before
+    it charges the step that hook sees (review rlo2: the rate was read once, at attach, and a
+    hook at 4q set afterwards recorded 4q while the ledger charged q). It only grows."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+
+    def follow(self, hook: Any) -> None:
+        """Raise the floor to the rate of the Opacus accountant hook in ``hook``, if larger."""
+        _accountant, rate = find_opacus_hook(hook)
+        if rate is not None and (self.rate is None or rate > self.rate):
+            self.rate = rate
+
+
 def _at_least_hook(q: float, hook_rate: float | None) -> float:
     """``q``, set by hand without a data loader, raised to the rate Opacus' own accountant
     hook records each step at (review lo2: ``sample_rate=q/100`` against a hook at q was
-    charged q/100, below what Opacus' accountant reports). The hook's rate is fixed when
-    make_private creates it (a closure constant of ``get_optimizer_hook_fn``), so it is read
-    once, at attach. The larger is charged, not refused: a smaller hand rate may be right (the
+    charged q/100, below what Opacus' accountant reports). A hook's rate is fixed when
+    make_private creates it (a closure constant of ``get_optimizer_hook_fn``), but the hook
+    may be replaced: ``hook_rate`` is the largest of those seen (:class:`_HookFloor`). The larger is charged, not refused: a smaller hand rate may be right (the
     hook was made for another loader), a larger one always covers the step, and the charge
     never falls below Opacus' own account (a larger q is a garbling-dominated over-count,
     docs/theory.md §2b Lemma 1, step 3)."""
@@ -815,11 +839,12 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
         probe.charge(M.SubsampledGaussian(mech.noise_multiplier, q, steps=steps))
         what = "the planned" if planned_steps else "one epoch of"
         text += (f" By RDP, σ = {mech.noise_multiplier:.6g} and q = {q:.6g} over {what} "
-                 f"{steps} steps give ε = {probe.nonadaptive_epsilon():.4g} at δ = "
-                 f"{ledger.delta:g} (running ε, valid at any stopping time: "
-                 f"{probe.epsilon():.4g}).")
+                 f"{steps} steps give ε = {upper(probe.nonadaptive_epsilon(), '.4g')} at δ = "
+                 f"{exact(ledger.delta)} (running ε, valid at any stopping time: "
+                 f"{upper(probe.epsilon(), '.4g')}; rounded up, review rlo2).")
     if ledger.target is not None:
-        text += (f" The ledger's filter (ε = {ledger.target[0]:g}, δ = {ledger.target[1]:g}) "
+        text += (f" The ledger's filter (ε = {exact(ledger.target[0])}, "
+                 f"δ = {exact(ledger.target[1])}) "
                  f"admits {ledger.remaining(mech).repeats:g} more such steps.")
     text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
              "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
@@ -1013,6 +1038,13 @@ def attach(
             "(signal_skip_step), so the clipped sum the next real step noises holds micro-batches "
             "attach cannot count; attach before a step's first micro-batch or right after a "
             "real step")
+    if LayerNoise.applies(optimizer) and LayerNoise.pending(optimizer):
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            "is in the middle of a step: it drew this step's noise in its backward hooks, "
+            "before attach, at a noise multiplier attach cannot know (the step would be "
+            "charged at the one in force at step()); attach before backward(), or after "
+            "step() or zero_grad()")
     previous = _ATTACHED.get(optimizer)
     if previous is not None and previous._active:
         raise InvalidArgumentError(
@@ -1055,16 +1087,17 @@ def attach(
     live = data_loader if data_loader is not None and check_poisson else None
     # review lo2: without a loader, a q given by hand is charged at least at the rate of
     # Opacus' own accountant hook (a callable's at every step)
-    floor = hook_rate if data_loader is None else None
+    # (and of a hook set after attach, review rlo2: _HookFloor, read at every step)
+    floor = _HookFloor(hook_rate) if data_loader is None else None
     if callable(sample_rate):
         given = sample_rate
         rate: Callable[[], float] = lambda: _at_least_hook(
-            _against_loader(_called_rate(given), live), floor)
+            _against_loader(_called_rate(given), live), None if floor is None else floor.rate)
     elif sample_rate is not None:
         fixed = _against_loader(check.sample_rate("sample_rate", sample_rate), live)
-        _warn_below_hook(fixed, floor)
-        fixed = _at_least_hook(fixed, floor)
-        rate = lambda: _against_loader(fixed, live)
+        _warn_below_hook(fixed, hook_rate if floor is not None else None)
+        rate = lambda: _at_least_hook(_against_loader(fixed, live),
+                                      None if floor is None else floor.rate)
     elif data_loader is not None:
         if _sampling.poisson_rate(data_loader) is not None:
             rate = lambda: float(data_loader.batch_sampler.sample_rate)
@@ -1072,8 +1105,9 @@ def attach(
             nominal = _sampling.nominal_rate("data_loader", data_loader)
             rate = lambda: nominal
     elif hook_rate is not None:
-        found = hook_rate
-        rate = lambda: found
+        assert floor is not None  # no data loader here
+        found, follows = hook_rate, floor
+        rate = lambda: _at_least_hook(found, follows.rate)
     else:
         raise InvalidArgumentError(
             "sample_rate", None,
@@ -1102,6 +1136,7 @@ def attach(
     handle.dropout_guard = guard if sampler is None else None  # no accumulation there
     handle.loader_rate = None if data_loader is None else _sampling.poisson_rate(data_loader)
     handle.hook_rate = hook_rate
+    handle.hook_floor = floor
     if sampler is not None:
         handle._epochs = _allocation.EpochCharges(sampler)
     if witnesses:  # ---- witnesses (issue 28): the check stage of the hook
@@ -1166,11 +1201,11 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
         return ("engine.get_epsilon(delta) now reports the ledger's any-time ε (valid under "
                 f"adaptivity and early stopping), no longer Opacus' {kind} accountant's ε")
     try:
-        theirs = f"{wrapped.get_epsilon(delta):.4g}" if len(wrapped) else "0"
+        theirs = upper(wrapped.get_epsilon(delta), ".4g") if len(wrapped) else "0"
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
-    text = (f"engine.get_epsilon({delta:g}) now reports the ledger's any-time ε "
-            f"({ledger.epsilon(delta):.4g} now), no longer Opacus' {kind} accountant's ε ({theirs} "
+    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε "
+            f"({upper(ledger.epsilon(delta), '.4g')} now), no longer Opacus' {kind} accountant's ε ({theirs} "
             "now): the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
             "convert better), and it may exceed the target while the filter's guarantee "

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
+from _one_rank import one_rank_group  # noqa: E402, F401 (a fixture)
 from _private_mlp import private as _private  # noqa: E402
 from _private_mlp import quiet_attach as _attach  # noqa: E402
 from _private_mlp import step as _step  # noqa: E402
@@ -159,19 +160,6 @@ def test_several_lightning_loaders_with_a_callable_rate_that_covers_them_run():
 
 
 # ---- 3. DistributedPerLayerOptimizer: the bounds its backward hooks clip with
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A gloo process group of one rank in this process (Opacus' distributed optimizers)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
-                            world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
 
 def _per_layer_step(layers_after_build: list[float]):
     """One step of a DistributedPerLayerOptimizer built with per-layer bounds (1, 1), whose

@@ -11,6 +11,7 @@ pytest.importorskip("opacus")
 from test_opacus_integration import DELTA, make_private, train
 
 from privguard import Ledger
+from privguard._accounting._results import upper
 from privguard.integrations.opacus import AccountantWarning, attach
 
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
@@ -29,7 +30,9 @@ def test_attach_with_the_engine_warns_once_naming_both_numbers():
              and "engine.get_epsilon" in str(w.message)]
     assert len(about) == 1
     text = str(about[0].message)
-    assert f"({ledger.epsilon():.4g} now)" in text and f"({theirs:.4g} now)" in text
+    # both rounded up (review rlo2)
+    assert f"({upper(ledger.epsilon(), '.4g')} now)" in text and \
+        f"({upper(theirs, '.4g')} now)" in text
     assert "PRV" in text and "ledger.budget()" in text and "guarantee()" in text
     # the engine now reports the valid running ε, not Opacus' PRV number
     assert engine.get_epsilon(DELTA) == ledger.epsilon() > theirs

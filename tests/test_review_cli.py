@@ -231,3 +231,35 @@ def test_the_audits_lower_bound_is_printed_rounded_down(monkeypatch, capsys):
     charged = next(line for line in out.splitlines() if "epsilon_charged" in line)
     assert float(line.split("=")[1].split()[0]) <= 0.123_9, line
     assert float(charged.split("=")[1].split()[0]) >= 2.000_1, charged
+
+
+# ---- review rlo2
+
+@pytest.mark.parametrize("message,shown", [
+    ("first line\n  second line", "privguard: error: ValueError: first line second line\n"),
+    ("", "privguard: error: ValueError\n"),
+])
+def test_an_unexpected_error_of_several_lines_or_none_prints_one_line(tmp_path, monkeypatch,
+                                                                       capsys, message, shown):
+    path = tmp_path / "b.db"
+    Ledger(4.0, 1e-5, path=path).close()
+
+    def broken(*args, **kwargs):
+        raise ValueError(message)
+
+    monkeypatch.setattr("privguard._cli._report.report", broken)
+    assert main(["report", str(path)]) == 1
+    assert capsys.readouterr().err == shown
+
+
+def test_the_report_states_delta_and_the_target_unrounded(tmp_path, capsys):
+    # "any-time ε ... at δ = 1e-05" for a ledger at δ = 1.0000049e-05 stated the bound at a
+    # smaller δ than the one it holds at; "of ε = 1.23456" for the target 1.2345649
+    path = tmp_path / "b.db"
+    ledger = Ledger(1.234_564_9, 1.000_004_9e-5, path=path)
+    ledger.charge(M.Gaussian(5.0))
+    ledger.close()
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1e-05" not in out, out
+    assert "at δ = 1.0000049e-05" in out and "of ε = 1.2345649 " in out, out

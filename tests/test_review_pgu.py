@@ -46,6 +46,11 @@ def test_a_session_option_in_the_url_applies(pg):
     ("postgresql://ann:9876?5432@127.0.0.1:1/db?ledger=x", ["9876", "5432"]),
     ("postgresql://ann:9876#5432@127.0.0.1:1/db", ["9876", "5432"]),
     ("postgresql://ann:98765432/@127.0.0.1:1/db", ["9876", "5432"]),
+    # review rlo2: the '@' past the path, in the query or the fragment, passed lo2's check
+    ("postgresql://ann:9876/5432?10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876?5432/10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876/5432#10@127.0.0.1:1/db", ["9876", "5432"]),
+    ("postgresql://ann:9876#5432/10@127.0.0.1:1/db", ["9876", "5432"]),
 ])
 def test_a_password_with_an_unencoded_delimiter_is_refused_unshown(url, shown):
     # urlsplit ends the authority at the first '/', '?' or '#' (so "ann:pa" had no
@@ -98,3 +103,14 @@ def test_a_lost_commit_never_shows_the_password(pg):
     again = Ledger.open(url)
     assert [r.label for r in again.history] == [None]
     again.close()
+
+
+def test_a_unix_socket_url_without_a_host_keeps_its_empty_authority():
+    # review rlo2: "postgresql:///db?host=/tmp" reached libpq as "postgresql:/db?host=/tmp",
+    # which it refuses ("invalid connection option"), and was shown so
+    from psycopg.conninfo import conninfo_to_dict
+
+    conninfo, name, shown = parse("postgresql:///db?host=/tmp&ledger=x&password=secret")
+    assert conninfo == "postgresql:///db?host=/tmp&password=secret" and name == "x"
+    assert conninfo_to_dict(conninfo)["host"] == "/tmp"
+    assert shown == "postgresql:///db?host=/tmp&ledger=x&password=***"

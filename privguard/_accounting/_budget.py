@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from privguard._accounting._filters import DPFilter
-from privguard._accounting._results import lower, upper
+from privguard._accounting._results import exact, lower, upper
 
 #: The grid of part A's counts at which the PLD ε is evaluated: T_A, then repeatedly
 #: min(⌈g / RATIO⌉, g − 1).
@@ -83,7 +83,7 @@ class Budget:
 
     def __str__(self) -> str:
         # spent rounded up, what is left rounded down: neither overstates the budget left
-        return (f"budget {upper(self.spent, '.4g')} of ε = {self.epsilon:g} spent "
+        return (f"budget {upper(self.spent, '.4g')} of ε = {exact(self.epsilon)} spent "
                 f"({self.part}) — {lower(100 * self.left, '.3g')}% left")
 
 

@@ -549,11 +549,12 @@ def envelope_text(envelope: Envelope) -> str:
     ``σ≥1, q=0.01, 4 micro-batches`` (docs/theory.md §2b.1), or ``random-allocation
     epochs with σ≥1, t=100`` (§2b.3)."""
     if envelope.allocation_steps:
-        return (f"random-allocation epochs with σ≥{envelope.noise_multiplier:g}, "
+        return (f"random-allocation epochs with σ≥{exact(envelope.noise_multiplier)}, "
                 f"t={envelope.allocation_steps}")
     if envelope.micro_batches == 1:
-        return f"σ≥{envelope.noise_multiplier:g}, q≤{envelope.sample_rate:g}"
-    return (f"σ≥{envelope.noise_multiplier:g}, q={envelope.sample_rate:g}, "
+        # the plan as stated, never rounded (review rlo2: q≤0.1234564 read q≤0.123456)
+        return f"σ≥{exact(envelope.noise_multiplier)}, q≤{exact(envelope.sample_rate)}"
+    return (f"σ≥{exact(envelope.noise_multiplier)}, q={exact(envelope.sample_rate)}, "
             f"{envelope.micro_batches} micro-batches")
 
 
@@ -768,8 +769,8 @@ class HybridFilter:
              if self.a_alive else "envelope left, part A closed")
         # the target as stated, never rounded (review lo2)
         return (f"(ε={exact(self.epsilon)}, δ={exact(self.delta)}) hybrid filter: PLD envelope "
-                f"{envelope_text(env)} at δ_A={self.delta_a:g} "
-                f"({a}), RDP fallback at δ_B={self.delta_b:g}")
+                f"{envelope_text(env)} at δ_A={exact(self.delta_a)} "
+                f"({a}), RDP fallback at δ_B={exact(self.delta_b)}")
 
     # -------------------------------------------------------- serialisation
     def config(self) -> dict[str, Any]:

@@ -108,9 +108,9 @@ class Remaining:
             note = ("; another statement, not capped by the target"
                     if self.epsilon_target is not None else "")
             parts.append(f"any-time ε = {upper(self.epsilon_spent, '.4g')} at δ = "
-                         f"{self.delta:g}{note}")
+                         f"{exact(self.delta)}{note}")
         if self.epsilon_target is not None and self.budget is None:
-            parts.append(f"target ε = {self.epsilon_target:g}")
+            parts.append(f"target ε = {exact(self.epsilon_target)}")
         if self.repeats is not None:
             # a count, in full: ":g" printed 1234567 as 1.23457e+06, more than fit (review cli)
             count = f"{self.repeats:.0f}" if math.isfinite(self.repeats) else "unlimited"
@@ -216,9 +216,9 @@ def _retargeted_guarantee(acc: Any) -> Guarantee:
                  "adaptively chosen stopping time (privacy odometer), at the δ fixed before "
                  "the first output (the target was changed afterwards")
     if now is not None and now > delta:
-        statement += f"; the statement also holds at the retargeted δ = {now:g})"
+        statement += f"; the statement also holds at the retargeted δ = {exact(now)})"
     elif now is not None and now < delta:
-        statement += (f"; the retargeted δ = {now:g} is smaller, was chosen after outputs and "
+        statement += (f"; the retargeted δ = {exact(now)} is smaller, was chosen after outputs and "
                       "is not covered)")
     else:
         statement += ")"

@@ -202,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"privguard: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # one line, the message as written, not its repr (review lo2)
-        print(f"privguard: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # one line, the message as written, not its repr (review lo2);
+        # a message of several lines joined (review rlo2: it printed as several)
+        text = " ".join(str(exc).split())
+        print(f"privguard: error: {type(exc).__name__}" + (f": {text}" if text else ""),
+              file=sys.stderr)
         return 1
     return 0
 

@@ -192,7 +192,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "budget": None if meter is None else {"spent": meter.spent, "epsilon": meter.epsilon,
                                               "left": meter.left, "part": meter.part},
         "statement": (claim.statement if claim is not None else None if delta is None else
-                      f"no guarantee to state: this ledger's δ = {delta:g} was set by a "
+                      f"no guarantee to state: this ledger's δ = {exact(delta)} was set by a "
                       "retarget of a ledger created without δ, after outputs, so it is not "
                       "covered (docs/theory.md §4)"),
         "statement_kind": None if claim is None else claim.kind,
@@ -210,7 +210,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "target_statement": (None if cfg.epsilon is None else
                              f"the whole interaction is ({exact(cfg.epsilon)}, {exact(delta)})-DP"
                              if not ledger._acc.retargeted else
-                             f"target ({cfg.epsilon:g}, {delta:g}) set by a retarget after "
+                             f"target ({exact(cfg.epsilon)}, {exact(delta)}) set by a retarget after "
                              "charges were made, so it was not fixed in advance and no "
                              "(ε, δ)-DP statement for the whole interaction follows from it"),
         "strict_budget": cfg.filter == "strict",
@@ -222,7 +222,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "running_delta": running_delta,
         "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),
         "running_statement": (None if running_delta is None else
-                              f"P(privacy loss > running ε) ≤ {running_delta:g}, at any "
+                              f"P(privacy loss > running ε) ≤ {exact(running_delta)}, at any "
                               "stopping time" + (", at the δ fixed before the first output "
                                                  "(the target was changed afterwards)"
                                                  if retargeted else "")),
@@ -242,7 +242,7 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
 
 def _above(x: float, target: float | None, why: str) -> str:
     """`` — above the target: why`` when ``x`` exceeds the target (same line, always)."""
-    return f" — above the target ε = {target:g}: {why}" if target is not None and x > target else ""
+    return f" — above the target ε = {exact(target)}: {why}" if target is not None and x > target else ""
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -253,7 +253,7 @@ def print_report(data: dict[str, Any]) -> None:
         over = (" — over the target after a retarget: every charge is refused"
                 if b["spent"] > b["epsilon"] else "")
         # spent rounded up, what is left rounded down (review cli: 59.95% left printed as 60%)
-        print(f"budget      {upper(b['spent'], '.4g')} of ε = {b['epsilon']:g} spent "
+        print(f"budget      {upper(b['spent'], '.4g')} of ε = {exact(b['epsilon'])} spent "
               f"({b['part']}) — {lower(100 * b['left'], '.3g')}% left{over}")
     else:
         print("budget      " + ("strict per-order RDP budget (a tuning candidate's child)"
@@ -264,17 +264,17 @@ def print_report(data: dict[str, Any]) -> None:
         print(f"report      {data['statement']}{risk}")
     if data["running_epsilon"] is not None:
         run = data["running_epsilon"]
-        above = (f"above the target ε = {target:g}, " if target is not None and run > target
+        above = (f"above the target ε = {exact(target)}, " if target is not None and run > target
                  else "")
         why = ("" if target is None else f" — {above}a different statement: it must hold at "
                "any stopping time without the filter, so it is usually larger than the meter "
                "and may exceed the target while the filter's guarantee holds")
-        print(f"any-time ε  {upper(run, '.4f')} at δ = {data['running_delta']:g} "
+        print(f"any-time ε  {upper(run, '.4f')} at δ = {exact(data['running_delta'])} "
               f"({data['running_statement']}; valid under adaptivity){why}")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
         naive = data["naive_epsilon_not_a_guarantee"]
         fixed = "assumes every choice was fixed in advance: NOT a guarantee under adaptivity"
-        at = f"at δ = {data['running_delta']:g}"
+        at = f"at δ = {exact(data['running_delta'])}"
         # comparisons, rounded up as every printed ε (review lo2: to nearest, 1.00001 read 1.0000)
         if prv is not None:
             print(f"Opacus PRV  {upper(prv, '.4f')} {at} (a comparison, rounded up: Opacus' "

@@ -66,8 +66,23 @@ def parse(url: str) -> tuple[str, str, str]:
     # would turn a "%20" into "+", which libpq reads as a plus sign (review pgu).
     rest = "&".join(pair for pair in parts.query.split("&")
                     if pair and urllib.parse.unquote_plus(pair.partition("=")[0]) != "ledger")
-    conninfo = urllib.parse.urlunsplit(parts._replace(query=rest))
+    conninfo = _unsplit(parts._replace(query=rest))
     return conninfo, name, _masked(url)
+
+
+def _unsplit(parts: urllib.parse.SplitResult) -> str:
+    """``urlunsplit`` keeping the ``//`` of an empty authority (review rlo2: it wrote
+    ``postgresql:///db?host=/tmp``, a Unix socket's URL, as ``postgresql:/db?host=/tmp``,
+    which libpq refuses as a connection string).
+
+    Example:
+        >>> _unsplit(urllib.parse.urlsplit("postgresql:///db?host=/tmp"))
+        'postgresql:///db?host=/tmp'
+    """
+    text = urllib.parse.urlunsplit(parts)
+    if not parts.netloc and parts.scheme and not text.startswith(f"{parts.scheme}://"):
+        text = f"{parts.scheme}://" + text[len(parts.scheme) + 1:]
+    return text
 
 
 def secrets(url: str) -> list[str]:
@@ -140,7 +155,12 @@ def _credentials_past_authority(url: str, parts: urllib.parse.SplitResult) -> bo
     if "@" in parts.netloc:
         return False
     rest = url.split("://", 1)[1] if "://" in url else url
-    return "@" in rest.split("/", 1)[0] or "@" in parts.path
+    # review rlo2: a '/' before a '?' or '#' (or the reverse) put the password's '@' in the
+    # query or the fragment ("ann:9876/5432?10@db"), which lo2's check did not read: an '@'
+    # in the fragment (libpq has none), or in a query parameter before its '=' (no
+    # parameter's name holds one; "application_name=a@b" stays accepted)
+    return "@" in rest.split("/", 1)[0] or "@" in parts.path or "@" in parts.fragment or \
+        any("@" in pair.partition("=")[0] for pair in parts.query.split("&"))
 
 
 def _is_password_key(key: str) -> bool:
@@ -160,7 +180,7 @@ def _masked(url: str) -> str:
             netloc = userinfo.split(":", 1)[0] + ":***@" + host
     query = "&".join(f"{pair.partition('=')[0]}=***" if _is_password_key(pair.partition("=")[0])
                      else pair for pair in parts.query.split("&")) if parts.query else ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
+    return _unsplit(parts._replace(netloc=netloc, query=query))
 
 
 def with_user(url: str, user: str) -> str:

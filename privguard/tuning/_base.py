@@ -70,7 +70,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from privguard import _validation as check
-from privguard._accounting._results import upper
+from privguard._accounting._results import exact, upper
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, PrivguardError
 from privguard._ledger._ledger import Ledger
@@ -127,10 +127,12 @@ class TuningPlan:
     """ε of composing ⌈E[K]⌉ runs non-adaptively, for comparison only."""
 
     def __str__(self) -> str:
-        # the bound rounded up, so the printed number is still a bound (review cli)
-        return (f"tuning bound: ε = {upper(self.epsilon, '.4f')} at δ = {self.delta:g} "
+        # the bound rounded up, so the printed number is still a bound (review cli), at its δ
+        # unrounded and the comparison rounded up too (review rlo2)
+        return (f"tuning bound: ε = {upper(self.epsilon, '.4f')} at δ = {exact(self.delta)} "
                 f"(E[runs] = {self.expected_runs:.2f}; naive composition of "
-                f"{math.ceil(self.expected_runs)} runs: ε = {self.naive_epsilon:.4f})")
+                f"{math.ceil(self.expected_runs)} runs: ε = {upper(self.naive_epsilon, '.4f')}, "
+                "rounded up)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,6 +65,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._accounting._accounting import check_label
+from privguard._accounting._results import exact, upper
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._mechanisms import PureDP
@@ -244,7 +245,8 @@ class ProposeTest:
                 rounds += 1
                 meter = ledger.budget() if shown else None
                 if meter is not None:  # a round's charge is public (the bar counts rounds)
-                    bar.set_postfix_str(f"budget {meter.spent:.3g} of ε = {meter.epsilon:g}")
+                    bar.set_postfix_str(  # spent rounded up, as every printed ε (review rlo2)
+                        f"budget {upper(meter.spent, '.3g')} of ε = {exact(meter.epsilon)}")
                 proposal = u + step * self.g + rng.laplace(0.0, self.threshold_scale)
                 hit = None
                 for s in range(len(u_s)):
