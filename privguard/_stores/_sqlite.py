@@ -279,6 +279,11 @@ class SQLiteStore:
                                        f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
         self._conn, self._pid = conn, os.getpid()
+        # A new connection loads the schema from the file, not from the cache the cookie
+        # was compared against: checked at its first transaction (review rsq: a trigger
+        # added with the cookie put back by hand, PRAGMA schema_version, is in the schema
+        # a forked child's new connection loads, and the parent's cookie skipped the check)
+        self._schema_cookie = None
         return conn
 
     def _connect_read_only(self) -> sqlite3.Connection:

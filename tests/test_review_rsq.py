@@ -1,0 +1,86 @@
+"""Adversarial review rsq of branch sq (SQLite schema check, fork, pickle identity)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+
+from privguard import Ledger
+from privguard import mechanisms as M
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+
+# Together they make SQLite skip every write a charge makes, without an error.
+SKIP_ALL = [f"CREATE TRIGGER t{i} BEFORE {event} ON {table} BEGIN SELECT RAISE(IGNORE); END"
+            for i, (event, table) in enumerate([("UPDATE", "head"), ("UPDATE", "entries"),
+                                                ("INSERT", "entries"),
+                                                ("INSERT", "mechanisms")])]
+
+
+def _execute(path, *sql: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in sql:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+def _charges(path) -> int:
+    ledger = Ledger.open(path, read_only=True)
+    try:
+        return int(ledger._acc.journal.charges)
+    finally:
+        ledger.close()
+
+
+def _in_child(work) -> str:
+    """Run ``work()`` in a forked child; what it returned, or the exception's repr."""
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.write(out_w, str(work()).encode()[:500])
+        except BaseException as exc:
+            os.write(out_w, repr(exc).encode()[:500])
+        finally:
+            os._exit(0)
+    os.close(out_w)
+    got = os.read(out_r, 1000).decode()
+    os.close(out_r)
+    os.waitpid(pid, 0)
+    return got
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+def test_a_forked_childs_new_connection_checks_the_schema(tmp_path, monkeypatch, mode):
+    # The schema is checked where the cookie moved; an editor who puts the cookie back by
+    # hand (PRAGMA schema_version) leaves an open connection on its cached schema, without
+    # the triggers, but a forked child opens a new connection, which loads them. Before
+    # the fix the child compared the cookie with the parent's, did not check, and its
+    # charge returned with every write skipped: a fresh opener found it nowhere.
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    for _ in range(5):
+        ledger.charge(STEP, label="train")
+    conn = sqlite3.connect(path, isolation_level=None)
+    cookie = conn.execute("PRAGMA schema_version").fetchone()[0]
+    for statement in SKIP_ALL:
+        conn.execute(statement)
+    conn.execute(f"PRAGMA schema_version = {cookie}")
+    conn.close()
+
+    def charge() -> str:
+        ledger.charge(STEP, label="train")
+        return "returned"
+
+    got = _in_child(charge)
+    assert "LedgerStateError" in got and "schema is not the one privguard writes" in got
+    ledger.close()
+    _execute(path, "PRAGMA writable_schema = ON",
+             "DELETE FROM sqlite_master WHERE type = 'trigger'",
+             f"PRAGMA schema_version = {cookie + 7}")
+    assert _charges(path) == 5
