@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from privguard import Ledger
+from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -84,3 +84,82 @@ def test_a_forked_childs_new_connection_checks_the_schema(tmp_path, monkeypatch,
              "DELETE FROM sqlite_master WHERE type = 'trigger'",
              f"PRAGMA schema_version = {cookie + 7}")
     assert _charges(path) == 5
+
+
+def _copy(src, dst) -> None:
+    """``dst`` made a copy of the closed ledger file ``src`` (a new inode)."""
+    import shutil
+
+    tmp = str(dst) + ".tmp"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def test_a_pickled_file_ledger_refuses_an_older_copy_of_its_file(tmp_path):
+    # The pickle named the file and its file_id only: a backup of the same file restored
+    # at that path (same file_id, fewer charges) loaded as the pickled ledger, which had
+    # spent more: the loaded ledger went backwards, and its budget was spent again.
+    import pickle
+
+    path, backup = tmp_path / "l.db", tmp_path / "backup.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=10)
+    ledger.close()
+    _copy(path, backup)
+    ledger = Ledger.open(path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=10)  # the run grows: one row, 20 charges
+    blob = pickle.dumps(ledger)
+    ledger.close()
+    _copy(backup, path)  # restored: 10 charges
+    with pytest.raises(LedgerStateError, match="does not extend the journal"):
+        pickle.loads(blob)
+
+
+def test_a_pickled_file_ledger_refuses_a_journal_rewritten_after_it(tmp_path):
+    # Restored from the backup and charged again past the pickle's count: as many rows
+    # or more, but not the rows the pickled ledger saw (another label in the last one).
+    import pickle
+
+    path, backup = tmp_path / "l.db", tmp_path / "backup.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=10, label="a")
+    ledger.close()
+    _copy(path, backup)
+    ledger = Ledger.open(path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=10, label="b")
+    blob = pickle.dumps(ledger)
+    ledger.close()
+    _copy(backup, path)
+    ledger = Ledger.open(path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=30, label="c")
+    ledger.close()
+    with pytest.raises(LedgerStateError, match="does not extend the journal"):
+        pickle.loads(blob)
+
+
+@pytest.mark.parametrize("how", ["same", "copy", "hard link", "charged since"])
+def test_a_pickled_file_ledger_loads_its_journal_or_a_later_one(tmp_path, how):
+    # What must still load: the file itself, a copy of it (a new inode, the same journal),
+    # a hard link to it, and the file after the pickled ledger (or another) charged more.
+    import pickle
+
+    path = tmp_path / "l.db"
+    ledger = Ledger(3.0, 1e-5, path=path, lease=1)
+    ledger.charge(M.Gaussian(10.0), times=10, label="a")
+    blob = pickle.dumps(ledger)
+    if how == "charged since":
+        ledger.charge(M.Gaussian(10.0), times=5, label="a")
+        ledger.charge(M.Gaussian(10.0), times=5, label="b")
+    ledger.close()
+    if how == "copy":
+        _copy(path, path)
+    if how == "hard link":
+        os.link(path, tmp_path / "m.db")
+        path.unlink()
+        os.link(tmp_path / "m.db", path)
+    copy = pickle.loads(blob)
+    try:
+        assert copy._acc.journal.charges == (20 if how == "charged since" else 10)
+        copy.charge(M.Gaussian(10.0))
+    finally:
+        copy.close()
