@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 
@@ -163,3 +164,76 @@ def test_a_pickled_file_ledger_loads_its_journal_or_a_later_one(tmp_path, how):
         copy.charge(M.Gaussian(10.0))
     finally:
         copy.close()
+
+
+@pytest.mark.parametrize("mode", ["wal", "rollback"])
+def test_a_child_forked_during_a_read_refuses_the_file(tmp_path, monkeypatch, mode):
+    # Another thread of the parent was inside a read transaction of ledger A (a history,
+    # a report) at the fork: the hook could not take A's locks, so the child kept its copy
+    # of A's connection open, and with it SQLite's per-file state, which says this
+    # process holds the parent's locks. Before the fix the child's own Ledger(path) took
+    # no lock, the parent's close checkpointed and deleted the -wal under the child's
+    # transaction, and the child's charge returned, on no disk.
+    import threading
+
+    from privguard._stores._sqlite import SQLiteStore
+
+    monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
+    path = tmp_path / "l.db"
+    a = Ledger(1e9, 1e-5, path=path, lease=1)
+    a.charge(STEP, label="parent")
+    held = Ledger(1e9, 1e-5)  # the forking thread holds a ledger lock: it only tries A's
+    inside, resume = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with a._txn, a._store._locked(write=False) as conn:
+            conn.execute("SELECT count(*) FROM entries").fetchone()
+            inside.set()
+            resume.wait()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    inside.wait()
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    with held._txn:
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            real = SQLiteStore._write
+
+            def paused(self, *args):
+                real(self, *args)
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+
+            SQLiteStore._write = paused
+            mine = Ledger.open(path, lease=1)
+            mine.charge(STEP, label="child")
+            os.write(out_w, b"returned")
+        except BaseException as exc:
+            os.write(ready_w, b"x")
+            os.write(out_w, repr(exc).encode()[:500])
+        finally:
+            os._exit(0)
+    for fd in (ready_w, go_r, out_w):
+        os.close(fd)
+    resume.set()
+    thread.join()
+    os.read(ready_r, 1)  # the child is between its write and its commit, or refused
+    a.close()
+    with contextlib.suppress(BrokenPipeError):  # a child that refused is gone
+        os.write(go_w, b"x")
+    outcome = os.read(out_r, 1000).decode()
+    os.waitpid(pid, 0)
+    for fd in (ready_r, go_w, out_r):
+        os.close(fd)
+    reader_ledger = Ledger.open(path, read_only=True)
+    try:
+        runs = [(run.label, run.count) for run in reader_ledger._store.runs()]
+    finally:
+        reader_ledger.close()
+    assert "LedgerStateError" in outcome and "forked while another thread" in outcome, (
+        outcome, runs)
+    assert runs == [("parent", 1)]

@@ -74,6 +74,10 @@ _DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 #: A forked child's copies of its parent's connections and flock descriptors, kept open
 #: and never used (:meth:`SQLiteStore.forked`).
 INHERITED: list[Any] = []
+#: The files (st_dev, st_ino) one of whose inherited connections was kept because it was
+#: inside a transaction at the fork: SQLite's state for them in this process is the
+#: parent's, and no connection here may be opened to them (review rsq).
+UNTRUSTED: set[tuple[int, int]] = set()
 CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-journal-v2"
 
@@ -210,7 +214,7 @@ class SQLiteStore:
         SQLite's per-file state go (its WAL close checkpoints only under an exclusive lock
         of the file, which the parent's open connection's lock denies); otherwise it is
         kept open and never used (closing it could undo another thread's transaction in
-        the shared index). The flock descriptor shares its lock with the parent's (one
+        the shared index), and the file is :data:`UNTRUSTED` here. The flock descriptor shares its lock with the parent's (one
         open file description): it is kept open, never unlocked or used."""
         conn, fd = self._conn, self._lock_fd
         self._conn, self._lock_fd, self._pid = None, None, None
@@ -221,6 +225,8 @@ class SQLiteStore:
                     conn.close()
             else:
                 INHERITED.append(conn)
+                if self._identity is not None:
+                    UNTRUSTED.add(self._identity)
         if fd is not None:
             INHERITED.append(fd)
 
@@ -236,6 +242,16 @@ class SQLiteStore:
             # review rq: the file SQLite opens (an existing one: its identity before the
             # connect) must be the one the lock descriptor below watches, and still the path's
             before = _identity_before_connect(self.path)
+            if before in UNTRUSTED:
+                # review rsq: the kept copy leaves SQLite's per-file state (the locks it
+                # believes this process holds) as the parent's: a new connection took no
+                # lock, the parent's close deleted the -wal under its transaction, and a
+                # charge returned on no disk. Refused, as the kept copy's ledger is.
+                raise LedgerStateError(
+                    f"{self.path}: this process was forked while another thread of its "
+                    "parent was inside a transaction on this file, so SQLite's locks on it "
+                    "cannot be trusted here (a charge could return unwritten); open the "
+                    "ledger in a process forked between transactions")
             if self.read_only:
                 conn = self._connect_read_only()
             else:
