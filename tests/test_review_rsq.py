@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 
 import pytest
+from _sqlite_edits import charges as _charges
+from _sqlite_edits import child_charges_while_the_parent_closes
+from _sqlite_edits import execute as _execute
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -20,21 +22,6 @@ SKIP_ALL = [f"CREATE TRIGGER t{i} BEFORE {event} ON {table} BEGIN SELECT RAISE(I
                                                 ("INSERT", "mechanisms")])]
 
 
-def _execute(path, *sql: str) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        for statement in sql:
-            conn.execute(statement)
-    finally:
-        conn.close()
-
-
-def _charges(path) -> int:
-    ledger = Ledger.open(path, read_only=True)
-    try:
-        return int(ledger._acc.journal.charges)
-    finally:
-        ledger.close()
 
 
 def _in_child(work) -> str:
@@ -176,8 +163,6 @@ def test_a_child_forked_during_a_read_refuses_the_file(tmp_path, monkeypatch, mo
     # transaction, and the child's charge returned, on no disk.
     import threading
 
-    from privguard._stores._sqlite import SQLiteStore
-
     monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", mode)
     path = tmp_path / "l.db"
     a = Ledger(1e9, 1e-5, path=path, lease=1)
@@ -194,46 +179,17 @@ def test_a_child_forked_during_a_read_refuses_the_file(tmp_path, monkeypatch, mo
     thread = threading.Thread(target=reader)
     thread.start()
     inside.wait()
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    out_r, out_w = os.pipe()
-    with held._txn:
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        try:
-            real = SQLiteStore._write
 
-            def paused(self, *args):
-                real(self, *args)
-                os.write(ready_w, b"x")
-                os.read(go_r, 1)
+    def fork() -> int:
+        with held._txn:
+            return os.fork()
 
-            SQLiteStore._write = paused
-            mine = Ledger.open(path, lease=1)
-            mine.charge(STEP, label="child")
-            os.write(out_w, b"returned")
-        except BaseException as exc:
-            os.write(ready_w, b"x")
-            os.write(out_w, repr(exc).encode()[:500])
-        finally:
-            os._exit(0)
-    for fd in (ready_w, go_r, out_w):
-        os.close(fd)
-    resume.set()
-    thread.join()
-    os.read(ready_r, 1)  # the child is between its write and its commit, or refused
-    a.close()
-    with contextlib.suppress(BrokenPipeError):  # a child that refused is gone
-        os.write(go_w, b"x")
-    outcome = os.read(out_r, 1000).decode()
-    os.waitpid(pid, 0)
-    for fd in (ready_r, go_w, out_r):
-        os.close(fd)
-    reader_ledger = Ledger.open(path, read_only=True)
-    try:
-        runs = [(run.label, run.count) for run in reader_ledger._store.runs()]
-    finally:
-        reader_ledger.close()
+    def resume_the_reader() -> None:  # the child's open waits for its flock
+        resume.set()
+        thread.join()
+
+    outcome, runs = child_charges_while_the_parent_closes(
+        path, a, STEP, own=True, fork=fork, before_close=resume_the_reader)
     assert "LedgerStateError" in outcome and "forked while another thread" in outcome, (
         outcome, runs)
     assert runs == [("parent", 1)]
