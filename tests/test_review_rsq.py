@@ -196,3 +196,25 @@ def test_a_child_forked_during_a_read_refuses_the_file(tmp_path, monkeypatch, mo
     assert "LedgerStateError" in outcome and "forked while another thread" in outcome, (
         outcome, runs)
     assert runs == [("parent", 1)]
+
+
+def test_upgrading_a_0_1_file_with_a_damaged_schema_is_a_ledger_state_error(tmp_path):
+    # Review sq made SQLite's UnicodeDecodeError (its message quoting a damaged schema's
+    # bytes) a LedgerStateError when a ledger opens, but not in `privguard upgrade`, which
+    # opens a 0.1 file itself: the built-in exception escaped upgrade() (the CLI exited 1,
+    # "error: UnicodeDecodeError").
+    import shutil
+    from pathlib import Path
+
+    from privguard._cli._cli import main
+    from privguard._stores._migrate import upgrade
+
+    path = tmp_path / "budget.db"
+    shutil.copy(Path(__file__).parent / "data" / "ledger-0.1.db", path)
+    _execute(path, "PRAGMA writable_schema = ON",
+             "INSERT INTO sqlite_master VALUES ('table', CAST(X'78e17a' AS TEXT), "
+             "CAST(X'78e17a' AS TEXT), 0, CAST(X'435245415445205441424c45e1' AS TEXT))")
+    with pytest.raises(LedgerStateError, match="not a readable SQLite ledger"):
+        upgrade(str(path), epsilon=4.0, delta=1e-5)
+    assert main(["upgrade", str(path), "--epsilon", "4", "--delta", "1e-5"]) == 2
+    assert not (tmp_path / "budget.db.v1").exists()
