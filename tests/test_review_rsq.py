@@ -218,3 +218,20 @@ def test_upgrading_a_0_1_file_with_a_damaged_schema_is_a_ledger_state_error(tmp_
         upgrade(str(path), epsilon=4.0, delta=1e-5)
     assert main(["upgrade", str(path), "--epsilon", "4", "--delta", "1e-5"]) == 2
     assert not (tmp_path / "budget.db.v1").exists()
+
+
+def test_verify_names_a_row_that_is_no_utf8(tmp_path, capsys):
+    # A row before the newest checkpoint (never read at opening) whose label is no UTF-8:
+    # sqlite3 raised OperationalError out of the store's verify, and `privguard verify`
+    # exited 1 with its repr instead of 2 with a LedgerStateError naming the file.
+    from privguard._cli._cli import main
+
+    path = tmp_path / "l.db"
+    ledger = Ledger(1e9, 1e-5, path=path, lease=1)
+    for i in range(520):  # past the first checkpoint (512 rows)
+        ledger.charge(M.Gaussian(50.0), label=f"l{i % 2}")
+    ledger.close()
+    _execute(path, "UPDATE entries SET label = CAST(X'ff' AS TEXT) WHERE idx = 3")
+    capsys.readouterr()
+    assert main(["verify", str(path)]) == 2
+    assert "unreadable journal" in capsys.readouterr().err

@@ -901,10 +901,20 @@ class SQLiteStore:
     # -- whole-journal views ---------------------------------------------------------------------
     def items(self, acc: Accounting | None = None) -> list[Any]:
         """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
-        with self._locked(write=False) as conn:
+        with self._locked(write=False) as conn, self._read_errors():
             return checked_items(self, conn, conn.execute(
                 "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
                 "FROM entries ORDER BY idx"))
+
+    @contextlib.contextmanager
+    def _read_errors(self) -> Iterator[None]:
+        """SQLite's errors reading the whole journal as LedgerStateError (review rsq: a row
+        with bytes that are no UTF-8, ``Could not decode to UTF-8``, made ``privguard
+        verify`` exit 1 with an ``OperationalError``, not 2 naming the file)."""
+        try:
+            yield
+        except _DB_ERRORS as exc:
+            raise LedgerStateError(f"{self.path}: unreadable journal ({exc})") from exc
 
     def runs(self) -> list[Run]:
         """Every run from the first row, verifying the chain from the genesis."""
@@ -913,7 +923,7 @@ class SQLiteStore:
     def verify(self) -> dict[str, Any]:
         """Replay every row from the genesis; check every checkpoint, the head, the config."""
         started = time.perf_counter()
-        with self._locked(write=False) as conn:
+        with self._locked(write=False) as conn, self._read_errors():
             # the rows streamed, not fetched whole: a long journal is never all in memory
             return _rows.verify(self, conn, conn.execute(
                 "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints"),
