@@ -235,3 +235,41 @@ def test_verify_names_a_row_that_is_no_utf8(tmp_path, capsys):
     capsys.readouterr()
     assert main(["verify", str(path)]) == 2
     assert "unreadable journal" in capsys.readouterr().err
+
+
+def test_a_child_forked_inside_a_transaction_gets_a_ledger_state_error(tmp_path, monkeypatch):
+    # Code run inside a charge's transaction forks (here: in the write), and the child
+    # goes on with that charge: the at-fork hook let go of its copy of the connection and
+    # flock descriptor, the write failed (LedgerStateError), and then the unlock of a
+    # descriptor that was None raised TypeError, a built-in exception, out of charge().
+    from privguard._stores._sqlite import SQLiteStore
+
+    path = tmp_path / "l.db"
+    ledger = Ledger(1e9, 1e-5, path=path, lease=1)
+    ledger.charge(STEP, label="parent")
+    real = SQLiteStore._write
+    out_r, out_w = os.pipe()
+    forked: list[int] = []
+
+    def forking(self, *args):
+        real(self, *args)
+        forked.append(os.fork())
+
+    monkeypatch.setattr(SQLiteStore, "_write", forking)
+    try:
+        ledger.charge(STEP, label="forked inside")
+        outcome = "returned"
+    except BaseException as exc:
+        outcome = repr(exc)
+    if forked == [0]:  # pragma: no cover (the child)
+        os.write(out_w, outcome.encode()[:500])
+        os._exit(0)
+    os.close(out_w)
+    got = os.read(out_r, 1000).decode()
+    os.close(out_r)
+    os.waitpid(forked[0], 0)
+    assert outcome == "returned"
+    assert got.startswith("LedgerStateError"), got
+    monkeypatch.setattr(SQLiteStore, "_write", real)
+    ledger.close()
+    assert _charges(path) == 2

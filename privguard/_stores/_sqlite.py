@@ -545,7 +545,10 @@ class SQLiteStore:
             self._seen_stat = self._stat_key()
         finally:
             self._depth, self._writing = 0, False
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            if self._lock_fd is not None:  # None: a child forked inside this transaction,
+                # whose copy the at-fork hook let go of (review rsq: fcntl.flock(None)
+                # raised TypeError over the transaction's LedgerStateError)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     _writing = False
     _wal = False
