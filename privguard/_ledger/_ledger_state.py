@@ -154,12 +154,11 @@ class LedgerState:
 
             # A prefetch in flight commits first (one not begun never does): the file a
             # copy reopens holds what this ledger's reads show (docs/theory.md §13).
-            with self._txn:
-                with self._lock:
-                    if self._pending is not None:
-                        self._settle()
-                # how far its journal went, read between two transactions (review rsq:
-                # under _txn, as every transaction; not _lock, which leased steps take)
+            with self._txn, self._lock:
+                if self._pending is not None:
+                    self._settle()
+                # how far its journal went, read between two transactions, as every read
+                # holds both locks (docs/theory.md §13 "Locks"; review rsq)
                 reference = self._store.reference()
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
