@@ -7,6 +7,9 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from _sqlite_edits import charges as _charges
+from _sqlite_edits import child_charges_while_the_parent_closes
+from _sqlite_edits import execute as _execute
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -21,14 +24,6 @@ TRIGGERS = [
 ]
 
 
-def _execute(path, *sql: str) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        for statement in sql:
-            conn.execute(statement)
-    finally:
-        conn.close()
-
 
 def _five(path) -> Ledger:
     ledger = Ledger(3.0, 1e-5, path=path, lease=1)
@@ -36,13 +31,6 @@ def _five(path) -> Ledger:
         ledger.charge(STEP, label="train")
     return ledger
 
-
-def _charges(path) -> int:
-    ledger = Ledger.open(path, read_only=True)
-    try:
-        return int(ledger._acc.journal.charges)
-    finally:
-        ledger.close()
 
 
 @pytest.mark.parametrize("mode", ["wal", "rollback"])
@@ -163,50 +151,9 @@ def _child_charges_while_the_parent_closes(path, own: bool) -> tuple[str, list]:
     """Fork with the ledger open; the child charges (through the inherited ledger, or its
     own ``Ledger(path)``), and stops between its write and its commit while the parent
     closes its ledger; then commits. Returns the child's outcome and the runs on disk."""
-    import os
-
-    from privguard._stores._sqlite import SQLiteStore
-
     ledger = Ledger(1e9, 1e-5, path=path, lease=1)
     ledger.charge(STEP, label="parent")
-    ready_r, ready_w = os.pipe()
-    go_r, go_w = os.pipe()
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            real = SQLiteStore._write
-
-            def paused(self, *args):
-                real(self, *args)
-                os.write(ready_w, b"x")
-                os.read(go_r, 1)
-
-            mine = Ledger(1e9, 1e-5, path=path, lease=1) if own else ledger
-            SQLiteStore._write = paused
-            mine.charge(STEP, label="child")
-            os.write(out_w, b"returned")
-            code = 0
-        except BaseException as exc:
-            os.write(ready_w, b"x")
-            os.write(out_w, repr(exc).encode()[:500])
-        finally:
-            os._exit(code)
-    for fd in (ready_w, go_r, out_w):
-        os.close(fd)
-    os.read(ready_r, 1)
-    ledger.close()
-    os.write(go_w, b"x")
-    outcome = os.read(out_r, 1000).decode()
-    os.waitpid(pid, 0)
-    for fd in (ready_r, go_w, out_r):
-        os.close(fd)
-    reader = Ledger.open(path, read_only=True)
-    try:
-        return outcome, [(run.label, run.count) for run in reader._store.runs()]
-    finally:
-        reader.close()
+    return child_charges_while_the_parent_closes(path, ledger, STEP, own=own)
 
 
 @pytest.mark.parametrize("own", [False, True], ids=["inherited ledger", "child's own ledger"])

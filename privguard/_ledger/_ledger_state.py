@@ -158,14 +158,16 @@ class LedgerState:
             with self._txn, self._lock:
                 if self._pending is not None:
                     self._settle()
+                # how far its journal went, read between two transactions, as every read
+                # holds both locks (docs/theory.md §13 "Locks"; review rsq)
+                reference = self._store.reference()
 
             cap = getattr(self, "_lease_cap", DEFAULT_CAP)
             prefetch = getattr(self, "_prefetch_arg", None)
             # a read-only ledger reopens read-only: its copy was writable (review at); a
             # closed one reopens closed: its copy was open and writable (review lo2)
             closed = self._broken == "closed"
-            return {"store": self._store.reference()} | ({} if cap == DEFAULT_CAP
-                                                         else {"lease": cap}) \
+            return {"store": reference} | ({} if cap == DEFAULT_CAP else {"lease": cap}) \
                 | ({} if prefetch is None else {"prefetch": prefetch}) \
                 | ({"read_only": True} if self._store.read_only or closed else {}) \
                 | ({"closed": True} if closed else {})
@@ -176,14 +178,13 @@ class LedgerState:
                                  prefetch=data.get("prefetch"),
                                  read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
-        pickled = data["store"].get("file_id") if "store" in data else None
-        found = getattr(other._store, "file_id", None)
-        if pickled is not None and found != pickled:
-            other._store.close(warn=False)  # another ledger at that path (review sq)
-            raise LedgerStateError(
-                f"{other._store.path} is not the ledger that was pickled (its file_id is "
-                f"{found}, the pickle's {pickled}): the file was replaced, deleted and "
-                "created again, or another one has its name")
+        check = getattr(other._store, "check_reference", None)
+        if check is not None and "store" in data and "file_id" in data["store"]:
+            try:  # the pickled ledger's file, as far as it went or further (review sq, rsq)
+                check(data["store"])
+            except BaseException:
+                other._store.close(warn=False)
+                raise
         if data.get("closed", False) is not False:  # read as the file holds it, then closed
             other.close()
         self.__dict__.update(other.__dict__)

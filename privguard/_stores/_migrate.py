@@ -286,7 +286,8 @@ def upgrade(path: str, epsilon: float | None = None, delta: float | None = None,
                 old = read_v1(conn, path)
             finally:
                 conn.close()
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # (review rsq: SQLite's message
+            # quoting a damaged schema's bytes raised UnicodeDecodeError, as in _sqlite.py)
             raise LedgerStateError(f"{path}: not a readable SQLite ledger ({exc})") from exc
         config = _config.from_dict(old["config"])
         _confirm(path, config, stated)

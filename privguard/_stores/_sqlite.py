@@ -74,6 +74,10 @@ _DB_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 #: A forked child's copies of its parent's connections and flock descriptors, kept open
 #: and never used (:meth:`SQLiteStore.forked`).
 INHERITED: list[Any] = []
+#: The files (st_dev, st_ino) one of whose inherited connections was kept because it was
+#: inside a transaction at the fork: SQLite's state for them in this process is the
+#: parent's, and no connection here may be opened to them (review rsq).
+UNTRUSTED: set[tuple[int, int]] = set()
 CHECKPOINT_EVERY = 512
 _GENESIS = "privguard-journal-v2"
 
@@ -210,7 +214,7 @@ class SQLiteStore:
         SQLite's per-file state go (its WAL close checkpoints only under an exclusive lock
         of the file, which the parent's open connection's lock denies); otherwise it is
         kept open and never used (closing it could undo another thread's transaction in
-        the shared index). The flock descriptor shares its lock with the parent's (one
+        the shared index), and the file is :data:`UNTRUSTED` here. The flock descriptor shares its lock with the parent's (one
         open file description): it is kept open, never unlocked or used."""
         conn, fd = self._conn, self._lock_fd
         self._conn, self._lock_fd, self._pid = None, None, None
@@ -221,6 +225,8 @@ class SQLiteStore:
                     conn.close()
             else:
                 INHERITED.append(conn)
+                if self._identity is not None:
+                    UNTRUSTED.add(self._identity)
         if fd is not None:
             INHERITED.append(fd)
 
@@ -236,6 +242,16 @@ class SQLiteStore:
             # review rq: the file SQLite opens (an existing one: its identity before the
             # connect) must be the one the lock descriptor below watches, and still the path's
             before = _identity_before_connect(self.path)
+            if before in UNTRUSTED:
+                # review rsq: the kept copy leaves SQLite's per-file state (the locks it
+                # believes this process holds) as the parent's: a new connection took no
+                # lock, the parent's close deleted the -wal under its transaction, and a
+                # charge returned on no disk. Refused, as the kept copy's ledger is.
+                raise LedgerStateError(
+                    f"{self.path}: this process was forked while another thread of its "
+                    "parent was inside a transaction on this file, so SQLite's locks on it "
+                    "cannot be trusted here (a charge could return unwritten); open the "
+                    "ledger in a process forked between transactions")
             if self.read_only:
                 conn = self._connect_read_only()
             else:
@@ -279,6 +295,11 @@ class SQLiteStore:
                                        f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
         self._conn, self._pid = conn, os.getpid()
+        # A new connection loads the schema from the file, not from the cache the cookie
+        # was compared against: checked at its first transaction (review rsq: a trigger
+        # added with the cookie put back by hand, PRAGMA schema_version, is in the schema
+        # a forked child's new connection loads, and the parent's cookie skipped the check)
+        self._schema_cookie = None
         return conn
 
     def _connect_read_only(self) -> sqlite3.Connection:
@@ -524,7 +545,10 @@ class SQLiteStore:
             self._seen_stat = self._stat_key()
         finally:
             self._depth, self._writing = 0, False
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            if self._lock_fd is not None:  # None: a child forked inside this transaction,
+                # whose copy the at-fork hook let go of (review rsq: fcntl.flock(None)
+                # raised TypeError over the transaction's LedgerStateError)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     _writing = False
     _wal = False
@@ -880,10 +904,20 @@ class SQLiteStore:
     # -- whole-journal views ---------------------------------------------------------------------
     def items(self, acc: Accounting | None = None) -> list[Any]:
         """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
-        with self._locked(write=False) as conn:
+        with self._locked(write=False) as conn, self._read_errors():
             return checked_items(self, conn, conn.execute(
                 "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
                 "FROM entries ORDER BY idx"))
+
+    @contextlib.contextmanager
+    def _read_errors(self) -> Iterator[None]:
+        """SQLite's errors reading the whole journal as LedgerStateError (review rsq: a row
+        with bytes that are no UTF-8, ``Could not decode to UTF-8``, made ``privguard
+        verify`` exit 1 with an ``OperationalError``, not 2 naming the file)."""
+        try:
+            yield
+        except _DB_ERRORS as exc:
+            raise LedgerStateError(f"{self.path}: unreadable journal ({exc})") from exc
 
     def runs(self) -> list[Run]:
         """Every run from the first row, verifying the chain from the genesis."""
@@ -892,7 +926,7 @@ class SQLiteStore:
     def verify(self) -> dict[str, Any]:
         """Replay every row from the genesis; check every checkpoint, the head, the config."""
         started = time.perf_counter()
-        with self._locked(write=False) as conn:
+        with self._locked(write=False) as conn, self._read_errors():
             # the rows streamed, not fetched whole: a long journal is never all in memory
             return _rows.verify(self, conn, conn.execute(
                 "SELECT entries, last_count, head, prev, snapshot, mac FROM checkpoints"),
@@ -903,5 +937,84 @@ class SQLiteStore:
         """The file, absolute, and its identity (review sq): a pickled ledger that a
         process with another working directory loaded opened whatever ledger had that
         relative name there, and one loaded after the file was deleted and created again
-        opened the new, empty ledger, silently. The loader refuses another ``file_id``."""
-        return {"path": os.path.abspath(self.path), "file_id": self.file_id}
+        opened the new, empty ledger, silently. The loader refuses another ``file_id``.
+        And how far this ledger's journal went (review rsq, :meth:`check_reference`)."""
+        ref: dict[str, Any] = {"path": os.path.abspath(self.path), "file_id": self.file_id}
+        c = self._cursor
+        if c is not None and self._conn is not None:
+            ref["seen"] = list(c.as_tuple())
+            # the last row a run: what stays when it grows (unreadable now: left out, and
+            # a grown run is refused at loading, fail closed). The caller holds the
+            # ledger's transaction lock (a read here must not join another thread's).
+            with contextlib.suppress(LedgerStateError, *_DB_ERRORS):
+                if c.last_count:
+                    with self._locked(write=False) as conn:
+                        where = f"{self.path}: journal row {c.entries - 1}"
+                        row = conn.execute("SELECT mech, label, pid, first FROM entries "
+                                           "WHERE idx = ?", (c.entries - 1,)).fetchone()
+                        if row is not None:
+                            ref["run"] = [self._mechanism(conn, row[0], where)[1], *row[1:]]
+        return ref
+
+    def check_reference(self, ref: dict[str, Any]) -> None:
+        """Fail closed unless this file's journal extends the one :meth:`reference`
+        pickled (review rsq): the file's ``file_id`` alone let a restored older copy of
+        it (the same ``file_id``, fewer charges) load as the pickled ledger, which had
+        spent more: the loaded ledger went backwards. As :func:`_rows.sync` checks an open
+        ledger's journal at every transaction: the row before the pickled last one still
+        carries the pickled ``prev`` digest, and the pickled last row is as it was, or a
+        run that has grown since (its digest chained from that ``prev``). A copy of the
+        same journal (a new inode), a hard link, or the file charged since all load; old
+        pickles (no ``seen``) are checked by their ``file_id`` alone."""
+        if ref.get("file_id") != self.file_id:
+            raise LedgerStateError(
+                f"{self.path} is not the ledger that was pickled (its file_id is "
+                f"{self.file_id}, the pickle's {ref.get('file_id')}): the file was "
+                "replaced, deleted and created again, or another one has its name")
+        if "seen" not in ref:
+            return
+        journal = ref["seen"]
+        if not (isinstance(journal, list) and len(journal) == 4
+                and all(type(x) is int for x in journal[:2])
+                and all(type(x) is str for x in journal[2:])):
+            raise LedgerStateError(f"{self.path}: the pickle's journal position {journal!r} "
+                                   "is unreadable; nothing was loaded")
+        entries, last_count = journal[0], journal[1]
+        if entries == 0:
+            return
+        with self._locked(write=False) as conn:
+            rows = {r[0]: r for r in conn.execute(
+                "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
+                "FROM entries WHERE idx >= ? AND idx <= ?", (entries - 2, entries - 1))}
+            if self._extends(conn, rows, journal, ref.get("run")):
+                return
+        raise LedgerStateError(
+            f"{self.path}: its journal does not extend the journal of the ledger that was "
+            f"pickled ({entries} rows, the last holding {last_count} charges): the file "
+            "was restored from an older copy or rewritten since. A ledger never goes "
+            "backwards; nothing was loaded")
+
+    def _extends(self, conn: sqlite3.Connection, rows: dict[Any, tuple], journal: list[Any],
+                 run: Any) -> bool:
+        """:meth:`check_reference`'s test on the file's rows ``entries`` − 2 and − 1;
+        ``run``: the pickled last row's (mechanism digest, label, pid, first time), which
+        a run that grew keeps (as ``Accounting.replay_run`` checks)."""
+        entries, last_count, digest, prev = journal
+        before = rows.get(entries - 2)
+        if (before[9] if before is not None else self.genesis if entries == 1
+                else None) != prev:
+            return False
+        last = rows.get(entries - 1)
+        if last is None:
+            return False
+        if last[9] == digest:
+            return True
+        idx, kind, mech_id, label, pid, count, first, when, _, stored = last
+        if kind != "run" or type(count) is not int or count <= last_count or last_count == 0:
+            return False
+        where = f"{self.path}: journal row {idx}"
+        count, first, when, pid = _rows.run_numbers(label, count, first, when, pid, where)
+        mech_digest = self._mechanism(conn, mech_id, where)[1]
+        return (run == [mech_digest, label, pid, first]
+                and self._run_digest(prev, idx, mech_digest, label, pid, count, first,
+                                     when) == stored)
