@@ -20,7 +20,8 @@ takes the ledgers in one order (review rhl: two threads forking at once deadlock
 The child also drops the parent's leases (Lemma 1: a lease lives in one process;
 comparing pids alone fails when a pid is reused) and its prefetch, whose thread it does
 not have, and lets go of every SQLite connection and flock descriptor its ledgers
-inherited (``SQLiteStore.forked``, review sq): the next transaction opens its own.
+inherited (``SQLiteStore.forked``, review sq) and every PostgreSQL connection
+(``PostgresStore.forked``, review pgf): the next transaction opens its own.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def _after_in_child() -> None:
         ledger._next = None  # a prefetched lease is the parent's, as its lease is
         ledger._pending = None  # its thread is the parent's
         forked = getattr(getattr(ledger, "_store", None), "forked", None)
-        if forked is not None:  # the parent's SQLite connection: never used here (review sq)
+        if forked is not None:  # the parent's SQLite or psycopg connection: never used
+            # here (reviews sq, pgf)
             forked(idle=whole.get(id(ledger)) is ledger)
     _sqlite.INHERITED.extend(_lockfds.forked())
 

@@ -176,14 +176,18 @@ class LedgerState:
                                  prefetch=data.get("prefetch"),
                                  read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
-        pickled = data["store"].get("file_id") if "store" in data else None
-        found = getattr(other._store, "file_id", None)
-        if pickled is not None and found != pickled:
-            other._store.close(warn=False)  # another ledger at that path (review sq)
-            raise LedgerStateError(
-                f"{other._store.path} is not the ledger that was pickled (its file_id is "
-                f"{found}, the pickle's {pickled}): the file was replaced, deleted and "
-                "created again, or another one has its name")
+        # The ledger's identity: a file's file_id (review sq), a server ledger's ledger_id
+        # (review pgf); a pickle from before either was carried has neither.
+        for key in ("file_id", "ledger_id"):
+            pickled = data["store"].get(key) if "store" in data else None
+            found = getattr(other._store, key, None)
+            if pickled is not None and found != pickled:
+                store: Any = other._store  # another ledger at that path (reviews sq, pgf)
+                store.close(**({"warn": False} if key == "file_id" else {}))
+                raise LedgerStateError(
+                    f"{other._store.path} is not the ledger that was pickled (its {key} is "
+                    f"{found}, the pickle's {pickled}): it was deleted and created again, "
+                    "or another one has its name")
         if data.get("closed", False) is not False:  # read as the file holds it, then closed
             other.close()
         self.__dict__.update(other.__dict__)
