@@ -5,6 +5,9 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
+import subprocess
+import sys
 
 import _pgserver
 import psycopg
@@ -177,3 +180,27 @@ def test_a_fork_inside_a_transaction_leaves_the_child_no_session_to_go_on_with(p
     ledger.charge(STEP)
     assert _backend(ledger) == parent
     ledger.close()
+
+
+def test_a_killed_parents_lock_is_not_held_by_its_childs_copy_of_the_socket(pg):
+    # A forked child kept the parent's socket open (its inherited connection is never
+    # used or closed). A parent killed inside a charge then left its session, and the
+    # ledger's head lock, to the server for as long as any child lived: the server saw no
+    # end of the connection, and every client's charge waited for it and failed. The
+    # child's copy of the socket now points at /dev/null from the fork on.
+    srv, db, name = pg
+    url = srv.url(OWNER, db, name)
+    Ledger(3.0, 1e-5, path=url, lease=1).close()
+    holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                            "_pgf_killed.py"), url],
+                              stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline())
+    try:
+        holder.kill()
+        holder.wait()
+        ledger = Ledger.open(url)  # before: LedgerStateError, lock timeout (the child lived)
+        ledger.charge(STEP)
+        ledger.close()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert _charges(url) == 2

@@ -62,6 +62,24 @@ _FORKED_INSIDE = ("this process was forked inside one of the ledger's transactio
                   "connection is the parent's: reopen the ledger")
 
 
+def _let_go_of_socket(conn: Any) -> None:
+    """Point this process's descriptor of ``conn``'s socket at /dev/null (review pgf).
+
+    A forked child's copy of its parent's socket kept the parent's session alive on the
+    server after the parent died: a parent killed inside a charge left the ledger's head
+    locked for as long as a child lived, and every client's charge waited and failed.
+    ``dup2`` lets the socket go in this process alone (the parent's session is not
+    touched: nothing is sent, no ``shutdown``) and keeps the descriptor's number taken,
+    so nothing libpq might still write through it (a finaliser at a reused pid) reaches
+    another file."""
+    fd = conn.pgconn.socket
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd, inheritable=False)  # as libpq made it: closed at exec
+    finally:
+        os.close(null)
+
+
 class _Txn:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
@@ -154,6 +172,8 @@ class PostgresStore:
             self._desync = _FORKED_INSIDE
         if conn is not None:
             _INHERITED.append(conn)
+            with contextlib.suppress(Exception):
+                _let_go_of_socket(conn)
 
     def close(self) -> None:
         if self._conn is not None and self._pid == os.getpid():
