@@ -194,7 +194,11 @@ def test_a_killed_parents_lock_is_not_held_by_its_childs_copy_of_the_socket(pg):
     holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
                                                             "_pgf_killed.py"), url],
                               stdout=subprocess.PIPE, text=True)
-    child = int(holder.stdout.readline())
+    line = holder.stdout.readline()
+    if not line:
+        holder.wait()
+        pytest.fail("the lock holder exited before locking the head")
+    child = int(line)
     try:
         holder.kill()
         holder.wait()
