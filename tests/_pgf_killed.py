@@ -14,6 +14,6 @@ child = os.fork()
 if child == 0:
     time.sleep(120)
     os._exit(0)
-with ledger._txn, ledger._lock, ledger._store._session(True, ledger._acc):
+with ledger._txn, ledger._lock, ledger._store.transaction(ledger._acc, True):
     print(child, flush=True)  # the head is locked
     time.sleep(120)

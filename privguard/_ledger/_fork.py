@@ -26,12 +26,13 @@ inherited (``SQLiteStore.forked``, review sq) and every PostgreSQL connection
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
 from typing import Any
 
-from privguard._stores import _lockfds, _sqlite
+from privguard._stores import _devnull, _lockfds, _sqlite
 
 #: Every ledger of this process (in memory or not: each has both locks).
 _LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -106,6 +107,7 @@ def _after_in_child() -> None:
     _release()  # this thread owns them here as in the parent
     whole = getattr(_FORKING, "whole", {})
     _FORKING.whole = {}
+    kept = len(_sqlite.INHERITED)
     for ledger in list(_LEDGERS):
         if whole.get(id(ledger)) is not ledger:
             # Its locks were not this thread's at the fork (another thread may hold them
@@ -120,6 +122,16 @@ def _after_in_child() -> None:
             # here (reviews sq, pgf)
             forked(idle=whole.get(id(ledger)) is ledger)
     _sqlite.INHERITED.extend(_lockfds.forked())
+    # The flock descriptors just inherited share their lock with the parent's (one open
+    # file description): a child holding one kept a killed parent's flock held for as
+    # long as it lived, and every other process's charge waited for it (review pgf).
+    # Pointed at /dev/null, the child lets go of the description and of nothing else:
+    # it holds no POSIX lock yet (none crosses a fork) that closing a descriptor of the
+    # file could drop, and the number stays taken, never reused for another file.
+    for fd in _sqlite.INHERITED[kept:]:
+        if isinstance(fd, int):
+            with contextlib.suppress(OSError):
+                _devnull.over(fd)
 
 
 if hasattr(os, "register_at_fork"):

@@ -48,7 +48,7 @@ from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
-from privguard._stores import _pgschema, _pgurl, _rows
+from privguard._stores import _devnull, _pgschema, _pgurl, _rows
 from privguard._stores._integrity import Integrity
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
@@ -68,16 +68,8 @@ def _let_go_of_socket(conn: Any) -> None:
     A forked child's copy of its parent's socket kept the parent's session alive on the
     server after the parent died: a parent killed inside a charge left the ledger's head
     locked for as long as a child lived, and every client's charge waited and failed.
-    ``dup2`` lets the socket go in this process alone (the parent's session is not
-    touched: nothing is sent, no ``shutdown``) and keeps the descriptor's number taken,
-    so nothing libpq might still write through it (a finaliser at a reused pid) reaches
-    another file."""
-    fd = conn.pgconn.socket
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        os.dup2(null, fd, inheritable=False)  # as libpq made it: closed at exec
-    finally:
-        os.close(null)
+    The parent's session is not touched (nothing is sent, no ``shutdown``)."""
+    _devnull.over(conn.pgconn.socket)
 
 
 class _Txn:
