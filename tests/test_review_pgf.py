@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -182,6 +183,28 @@ def test_a_fork_inside_a_transaction_leaves_the_child_no_session_to_go_on_with(p
     ledger.close()
 
 
+@contextlib.contextmanager
+def _killed_inside_a_charge(path: str):
+    """A process (tests/_pgf_killed.py) that forked a child, locked ``path``'s ledger in a
+    write transaction and was killed there; its child lives until the block ends."""
+    Ledger(3.0, 1e-5, path=path, lease=1).close()
+    holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                            "_pgf_killed.py"), path],
+                              stdout=subprocess.PIPE, text=True)
+    line = holder.stdout.readline()
+    if not line:
+        holder.wait()
+        pytest.fail("the lock holder exited before locking the ledger")
+    child = int(line)
+    try:
+        holder.kill()
+        holder.wait()
+        yield
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert _charges(path) == 2
+
+
 def test_a_killed_parents_lock_is_not_held_by_its_childs_copy_of_the_socket(pg):
     # A forked child kept the parent's socket open (its inherited connection is never
     # used or closed). A parent killed inside a charge then left its session, and the
@@ -190,24 +213,10 @@ def test_a_killed_parents_lock_is_not_held_by_its_childs_copy_of_the_socket(pg):
     # child's copy of the socket now points at /dev/null from the fork on.
     srv, db, name = pg
     url = srv.url(OWNER, db, name)
-    Ledger(3.0, 1e-5, path=url, lease=1).close()
-    holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
-                                                            "_pgf_killed.py"), url],
-                              stdout=subprocess.PIPE, text=True)
-    line = holder.stdout.readline()
-    if not line:
-        holder.wait()
-        pytest.fail("the lock holder exited before locking the head")
-    child = int(line)
-    try:
-        holder.kill()
-        holder.wait()
+    with _killed_inside_a_charge(url):
         ledger = Ledger.open(url)  # before: LedgerStateError, lock timeout (the child lived)
         ledger.charge(STEP)
         ledger.close()
-    finally:
-        os.kill(child, signal.SIGKILL)
-    assert _charges(url) == 2
 
 
 def _charge_in_a_process(path: str, timeout: float) -> str:
@@ -228,19 +237,5 @@ def test_a_killed_parents_flock_is_not_held_by_its_childs_copy(tmp_path):
     # locked for as long as any child lived, and every other process's charge waited on
     # the flock for ever. The child's copy of the descriptor now points at /dev/null.
     path = str(tmp_path / "l.db")
-    Ledger(3.0, 1e-5, path=path, lease=1).close()
-    holder = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
-                                                            "_pgf_killed.py"), path],
-                              stdout=subprocess.PIPE, text=True)
-    line = holder.stdout.readline()
-    if not line:
-        holder.wait()
-        pytest.fail("the lock holder exited before locking the file")
-    child = int(line)
-    try:
-        holder.kill()
-        holder.wait()
+    with _killed_inside_a_charge(path):
         assert _charge_in_a_process(path, 60) == "charged"  # before: waited (for ever)
-    finally:
-        os.kill(child, signal.SIGKILL)
-    assert _charges(path) == 2
