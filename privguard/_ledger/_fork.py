@@ -20,17 +20,19 @@ takes the ledgers in one order (review rhl: two threads forking at once deadlock
 The child also drops the parent's leases (Lemma 1: a lease lives in one process;
 comparing pids alone fails when a pid is reused) and its prefetch, whose thread it does
 not have, and lets go of every SQLite connection and flock descriptor its ledgers
-inherited (``SQLiteStore.forked``, review sq): the next transaction opens its own.
+inherited (``SQLiteStore.forked``, review sq) and every PostgreSQL connection
+(``PostgresStore.forked``, review pgf): the next transaction opens its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
 from typing import Any
 
-from privguard._stores import _lockfds, _sqlite
+from privguard._stores import _devnull, _lockfds, _sqlite
 
 #: Every ledger of this process (in memory or not: each has both locks).
 _LEDGERS: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -105,6 +107,7 @@ def _after_in_child() -> None:
     _release()  # this thread owns them here as in the parent
     whole = getattr(_FORKING, "whole", {})
     _FORKING.whole = {}
+    kept = len(_sqlite.INHERITED)
     for ledger in list(_LEDGERS):
         if whole.get(id(ledger)) is not ledger:
             # Its locks were not this thread's at the fork (another thread may hold them
@@ -115,9 +118,20 @@ def _after_in_child() -> None:
         ledger._next = None  # a prefetched lease is the parent's, as its lease is
         ledger._pending = None  # its thread is the parent's
         forked = getattr(getattr(ledger, "_store", None), "forked", None)
-        if forked is not None:  # the parent's SQLite connection: never used here (review sq)
+        if forked is not None:  # the parent's SQLite or psycopg connection: never used
+            # here (reviews sq, pgf)
             forked(idle=whole.get(id(ledger)) is ledger)
     _sqlite.INHERITED.extend(_lockfds.forked())
+    # The flock descriptors just inherited share their lock with the parent's (one open
+    # file description): a child holding one kept a killed parent's flock held for as
+    # long as it lived, and every other process's charge waited for it (review pgf).
+    # Pointed at /dev/null, the child lets go of the description and of nothing else:
+    # it holds no POSIX lock yet (none crosses a fork) that closing a descriptor of the
+    # file could drop, and the number stays taken, never reused for another file.
+    for fd in _sqlite.INHERITED[kept:]:
+        if isinstance(fd, int):
+            with contextlib.suppress(OSError):
+                _devnull.over(fd)
 
 
 if hasattr(os, "register_at_fork"):

@@ -185,6 +185,16 @@ class LedgerState:
             except BaseException:
                 other._store.close(warn=False)
                 raise
+        # a server ledger's identity, its ledger_id (review pgf); a file's is checked above
+        # (file_id and journal extent); a pickle from before either was carried has neither
+        pickled = data["store"].get("ledger_id") if "store" in data else None
+        found = getattr(other._store, "ledger_id", None)
+        if pickled is not None and found != pickled:
+            other._store.close()  # another ledger at that URL (review pgf)
+            raise LedgerStateError(
+                f"{other._store.path} is not the ledger that was pickled (its ledger_id is "
+                f"{found}, the pickle's {pickled}): it was deleted and created again, or "
+                "another one has its name")
         if data.get("closed", False) is not False:  # read as the file holds it, then closed
             other.close()
         self.__dict__.update(other.__dict__)

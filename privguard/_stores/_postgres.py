@@ -48,7 +48,7 @@ from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
-from privguard._stores import _pgschema, _pgurl, _rows
+from privguard._stores import _devnull, _pgschema, _pgurl, _rows
 from privguard._stores._integrity import Integrity
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
@@ -58,6 +58,18 @@ _GENESIS = "privguard-pg-journal-v1"
 _ROW = "idx, kind, mech, label, pid, count, first, last, body, digest"
 _RETRY_PAUSE = 0.2
 _INHERITED: list[Any] = []  # connections inherited through fork, kept from finalisation
+_FORKED_INSIDE = ("this process was forked inside one of the ledger's transactions, whose "
+                  "connection is the parent's: reopen the ledger")
+
+
+def _let_go_of_socket(conn: Any) -> None:
+    """Point this process's descriptor of ``conn``'s socket at /dev/null (review pgf).
+
+    A forked child's copy of its parent's socket kept the parent's session alive on the
+    server after the parent died: a parent killed inside a charge left the ledger's head
+    locked for as long as a child lived, and every client's charge waited and failed.
+    The parent's session is not touched (nothing is sent, no ``shutdown``)."""
+    _devnull.over(conn.pgconn.socket)
 
 
 class _Txn:
@@ -136,6 +148,25 @@ class PostgresStore:
         self._conn, self._pid = conn, os.getpid()
         return conn
 
+    def forked(self, *, idle: bool) -> None:
+        """In a forked child, let go of the parent's connection (review pgf, as
+        ``SQLiteStore.forked`` does for SQLite): libpq forbids using a connection across a
+        fork, and closing it here would send a Terminate message on the parent's socket.
+        It is kept, never used nor finalised (:data:`_INHERITED`); the next transaction
+        opens this process's own. The at-fork hook calls it (:mod:`privguard._ledger._fork`),
+        so a child never takes the copy for its own, even at a reused pid (the pid check
+        in :meth:`_connect` alone took a process at its opener's pid for the opener).
+        ``idle`` is not needed: the copy is never closed here. A fork by a thread inside
+        one of this store's transactions leaves the child's copy of it with no connection:
+        it refuses to go on (fail closed), never on the parent's session."""
+        conn, self._conn, self._pid = self._conn, None, None
+        if self._depth:
+            self._desync = _FORKED_INSIDE
+        if conn is not None:
+            _INHERITED.append(conn)
+            with contextlib.suppress(Exception):
+                _let_go_of_socket(conn)
+
     def close(self) -> None:
         if self._conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
@@ -204,6 +235,8 @@ class PostgresStore:
         if self._depth:
             if write and not self._writing:
                 raise LedgerStateError(f"{self.path}: a write inside a read transaction")
+            if self._conn is None:
+                raise LedgerStateError(f"{self.path}: {self._desync or _FORKED_INSIDE}")
             yield self._conn
             return
         if write and self.read_only:
@@ -257,6 +290,9 @@ class PostgresStore:
     def _commit(self) -> None:
         pg = self._pg
         conn = self._conn
+        if conn is None:  # forked inside this transaction (:meth:`forked`)
+            self._desync = _FORKED_INSIDE
+            raise LedgerStateError(f"{self.path}: {_FORKED_INSIDE}")
         try:
             conn.execute("COMMIT")
             return
@@ -635,5 +671,8 @@ class PostgresStore:
                 self._all_rows(conn), started)
 
     def reference(self) -> dict[str, Any]:
-        """The URL as the user gave it (a password only if the user's URL had one)."""
-        return {"path": self._url}
+        """The URL as the user gave it (a password only if the user's URL had one), and the
+        ledger's ``ledger_id`` (review pgf: with the URL alone, a copy loaded after the
+        ledger was dropped and created again, or against another server at that URL,
+        opened the other ledger, silently). The loader refuses another ``ledger_id``."""
+        return {"path": self._url, "ledger_id": self.ledger_id}

@@ -214,8 +214,10 @@ class SQLiteStore:
         SQLite's per-file state go (its WAL close checkpoints only under an exclusive lock
         of the file, which the parent's open connection's lock denies); otherwise it is
         kept open and never used (closing it could undo another thread's transaction in
-        the shared index), and the file is :data:`UNTRUSTED` here. The flock descriptor shares its lock with the parent's (one
-        open file description): it is kept open, never unlocked or used."""
+        the shared index), and the file is :data:`UNTRUSTED` here. The flock descriptor
+        shares its lock with the parent's (one open file description): it is kept, never
+        unlocked or used, and the at-fork hook points it at /dev/null (review pgf: a killed
+        parent's flock stayed held by a live child's copy)."""
         conn, fd = self._conn, self._lock_fd
         self._conn, self._lock_fd, self._pid = None, None, None
         self._shm, self._stale = None, False  # the next connection's index, seen anew
