@@ -68,3 +68,27 @@ def test_a_ledger_pickled_in_a_forked_child_loads_its_own_file(tmp_path):
         assert copy._acc.journal.charges == 4
     finally:
         copy.close()
+
+
+def test_a_closed_ledger_pickled_in_a_forked_child_opens_no_connection(tmp_path):
+    # The at-fork hook lets go of every ledger's connection, a closed one's too (it has
+    # none): pickling that closed ledger in the child must not reopen its file.
+    path = tmp_path / "l.db"
+    ledger = Ledger(10.0, 1e-5, path=path)
+    ledger.charge(M.Gaussian(2.0), times=3, label="a")
+    ledger.close()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            pickle.dumps(ledger)
+            os.write(out_w, b"no connection" if ledger._store._conn is None else b"opened")
+        except BaseException as exc:
+            os.write(out_w, repr(exc).encode()[:500])
+        finally:
+            os._exit(0)
+    os.close(out_w)
+    got = os.read(out_r, 1000).decode()
+    os.close(out_r)
+    os.waitpid(pid, 0)
+    assert got == "no connection"

@@ -221,7 +221,9 @@ class SQLiteStore:
         open file description): it is kept open, never unlocked or used."""
         conn, fd = self._conn, self._lock_fd
         self._conn, self._lock_fd, self._pid = None, None, None
-        self._forked = True  # open, on no connection yet (review ir3: :meth:`reference`)
+        # open, on no connection yet (review ir3: :meth:`reference`); a closed store's
+        # (no connection, none let go of) stays closed
+        self._forked = self._forked or conn is not None
         self._shm, self._stale = None, False  # the next connection's index, seen anew
         if conn is not None:
             if idle:
