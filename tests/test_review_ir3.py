@@ -8,6 +8,7 @@ import pickle
 import shutil
 
 import pytest
+from _sqlite_edits import in_child
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -77,18 +78,10 @@ def test_a_closed_ledger_pickled_in_a_forked_child_opens_no_connection(tmp_path)
     ledger = Ledger(10.0, 1e-5, path=path)
     ledger.charge(M.Gaussian(2.0), times=3, label="a")
     ledger.close()
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        try:
-            pickle.dumps(ledger)
-            os.write(out_w, b"no connection" if ledger._store._conn is None else b"opened")
-        except BaseException as exc:
-            os.write(out_w, repr(exc).encode()[:500])
-        finally:
-            os._exit(0)
-    os.close(out_w)
-    got = os.read(out_r, 1000).decode()
-    os.close(out_r)
-    os.waitpid(pid, 0)
+
+    def work() -> str:
+        pickle.dumps(ledger)
+        return "no connection" if ledger._store._conn is None else "opened"
+
+    got = in_child(work)
     assert got == "no connection"
