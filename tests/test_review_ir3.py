@@ -85,3 +85,17 @@ def test_a_closed_ledger_pickled_in_a_forked_child_opens_no_connection(tmp_path)
 
     got = in_child(work)
     assert got == "no connection"
+
+
+def test_the_hook_floor_follows_a_later_hook_after_one_whose_rate_is_nan():
+    # rlo2's floor: the largest rate of Opacus' accountant hooks seen. One at attach whose
+    # sample_rate is NaN made the floor NaN, which no later rate compares above: a hook at
+    # 0.04 set after attach left the hand rate 0.01 charged.
+    pytest.importorskip("opacus")
+    from opacus.accountants import RDPAccountant
+
+    from privguard.integrations.opacus import _at_least_hook, _HookFloor
+
+    floor = _HookFloor(float("nan"))
+    floor.follow(RDPAccountant().get_optimizer_hook_fn(sample_rate=0.04))
+    assert _at_least_hook(0.01, floor.rate) == 0.04
