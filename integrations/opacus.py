@@ -791,7 +791,9 @@ class _HookFloor:
     hook at 4q set afterwards recorded 4q while the ledger charged q). It only grows."""
 
     def __init__(self, rate: float | None) -> None:
-        self.rate = rate
+        # a NaN rate is no floor (review ir3: kept, no later rate compared above it, and a
+        # hook at 4q set after attach was charged the hand q)
+        self.rate = rate if rate is None or rate == rate else None
 
     def follow(self, hook: Any) -> None:
         """Raise the floor to the rate of the Opacus accountant hook in ``hook``, if larger."""

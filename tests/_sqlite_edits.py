@@ -81,3 +81,21 @@ def child_charges_while_the_parent_closes(path, ledger, step, *, own: bool,
         return outcome, [(run.label, run.count) for run in reader._store.runs()]
     finally:
         reader.close()
+
+
+def in_child(work) -> str:
+    """Run ``work()`` in a forked child; what it returned, or the exception's repr."""
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.write(out_w, str(work()).encode()[:500])
+        except BaseException as exc:
+            os.write(out_w, repr(exc).encode()[:500])
+        finally:
+            os._exit(0)
+    os.close(out_w)
+    got = os.read(out_r, 1000).decode()
+    os.close(out_r)
+    os.waitpid(pid, 0)
+    return got

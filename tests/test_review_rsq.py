@@ -9,6 +9,7 @@ import pytest
 from _sqlite_edits import charges as _charges
 from _sqlite_edits import child_charges_while_the_parent_closes
 from _sqlite_edits import execute as _execute
+from _sqlite_edits import in_child as _in_child
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -22,24 +23,6 @@ SKIP_ALL = [f"CREATE TRIGGER t{i} BEFORE {event} ON {table} BEGIN SELECT RAISE(I
                                                 ("INSERT", "mechanisms")])]
 
 
-
-
-def _in_child(work) -> str:
-    """Run ``work()`` in a forked child; what it returned, or the exception's repr."""
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        try:
-            os.write(out_w, str(work()).encode()[:500])
-        except BaseException as exc:
-            os.write(out_w, repr(exc).encode()[:500])
-        finally:
-            os._exit(0)
-    os.close(out_w)
-    got = os.read(out_r, 1000).decode()
-    os.close(out_r)
-    os.waitpid(pid, 0)
-    return got
 
 
 @pytest.mark.parametrize("mode", ["wal", "rollback"])

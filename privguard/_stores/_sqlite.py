@@ -196,6 +196,9 @@ class SQLiteStore:
     # -- connection and locking ------------------------------------------------------
     #: The process that opened ``_conn`` and ``_lock_fd`` (a forked child did not).
     _pid: int | None = None
+    #: Let go of a parent's connection (:meth:`forked`), not closed: the next
+    #: transaction opens this process's own.
+    _forked = False
 
     def forked(self, *, idle: bool) -> None:
         """In a forked child, let go of the parent's connection and flock descriptor
@@ -220,6 +223,9 @@ class SQLiteStore:
         parent's flock stayed held by a live child's copy)."""
         conn, fd = self._conn, self._lock_fd
         self._conn, self._lock_fd, self._pid = None, None, None
+        # open, on no connection yet (review ir3: :meth:`reference`); a closed store's
+        # (no connection, none let go of) stays closed
+        self._forked = self._forked or conn is not None
         self._shm, self._stale = None, False  # the next connection's index, seen anew
         if conn is not None:
             if idle:
@@ -296,7 +302,7 @@ class SQLiteStore:
                 raise LedgerStateError(f"{self.path}: cannot open the ledger file: {cause} "
                                        f"({exc})") from exc
             raise LedgerStateError(f"{self.path}: not a readable ledger database ({exc})") from exc
-        self._conn, self._pid = conn, os.getpid()
+        self._conn, self._pid, self._forked = conn, os.getpid(), False
         # A new connection loads the schema from the file, not from the cache the cookie
         # was compared against: checked at its first transaction (review rsq: a trigger
         # added with the cookie put back by hand, PRAGMA schema_version, is in the schema
@@ -345,6 +351,7 @@ class SQLiteStore:
         held_back = False
         if self._conn is not None and self._pid != os.getpid():
             self.forked(idle=False)  # a forked child's copy: nothing to fold in, or close
+        self._forked = False  # closed: reference() reads nothing (it would reopen the file)
         if self._conn is not None:
             if self._wal and self._lock_fd is not None and not self._depth and not self._stale:
                 held_back = self._checkpoint_wal()  # never through a stale -shm index
@@ -943,7 +950,10 @@ class SQLiteStore:
         And how far this ledger's journal went (review rsq, :meth:`check_reference`)."""
         ref: dict[str, Any] = {"path": os.path.abspath(self.path), "file_id": self.file_id}
         c = self._cursor
-        if c is not None and self._conn is not None:
+        # review ir3: a forked child's store let go of the parent's connection (forked)
+        # and is still open: its extent is pickled too (before, a ledger pickled in a
+        # forked child carried its file_id alone, and an older copy of the file loaded)
+        if c is not None and (self._conn is not None or self._forked):
             ref["seen"] = list(c.as_tuple())
             # the last row a run: what stays when it grows (unreadable now: left out, and
             # a grown run is refused at loading, fail closed). The caller holds the
