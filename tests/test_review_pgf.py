@@ -13,6 +13,7 @@ import sys
 import _pgserver
 import psycopg
 import pytest
+from _sqlite_edits import in_child as _in_child
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -33,33 +34,6 @@ def _charges(url: str) -> int:
         return int(reader._acc.journal.charges)
     finally:
         reader.close()
-
-
-def _in_child(body) -> str:
-    """Run ``body()`` in a forked child; its result (a string) or its error, read back."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        code = 1
-        try:
-            os.close(r)
-            out = str(body())
-            code = 0
-        except BaseException as exc:
-            out = f"error {type(exc).__name__}: {exc}"
-        try:
-            os.write(w, out.encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    out = b"".join(chunks).decode()
-    assert os.waitstatus_to_exitcode(status) == 0, out
-    return out
 
 
 @pytest.mark.parametrize("kw", [{"lease": 1}, {}, {"prefetch": True}])
