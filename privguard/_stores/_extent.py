@@ -19,6 +19,15 @@ from privguard._stores import _rows
 from privguard._stores._rows import Cursor
 
 
+def check_identity(store: Any, key: str, found: Any, pickled: Any, how: str) -> None:
+    """Refuse a store whose identity (``key``: ``file_id``, ``ledger_id``) is not the
+    pickled one (reviews sq, pgf); ``how``: how that comes about, for the message."""
+    if found != pickled:
+        raise LedgerStateError(
+            f"{store.path} is not the ledger that was pickled (its {key} is {found}, the "
+            f"pickle's {pickled}): {how}")
+
+
 def seen(c: Cursor) -> list[Any]:
     """The cursor as a pickled ledger carries it (``ref["seen"]``)."""
     return list(c.as_tuple())

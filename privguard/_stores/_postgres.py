@@ -714,11 +714,10 @@ class PostgresStore:
         the loaded ledger went backwards. The test is ``SQLiteStore.check_reference``'s
         (:func:`_extent.check`); the ledger charged since loads, and old pickles (no
         ``seen``; no ``ledger_id`` either) are checked by what they carry."""
-        if "ledger_id" in ref and ref["ledger_id"] != self.ledger_id:
-            raise LedgerStateError(
-                f"{self.path} is not the ledger that was pickled (its ledger_id is "
-                f"{self.ledger_id}, the pickle's {ref['ledger_id']}): it was deleted and "
-                "created again, or another one has its name")
+        if "ledger_id" in ref:
+            _extent.check_identity(self, "ledger_id", self.ledger_id, ref["ledger_id"],
+                                   "it was deleted and created again, or another one has "
+                                   "its name")
         journal = _extent.pickled_position(self, ref)
         if journal is None:
             return

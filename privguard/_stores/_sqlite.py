@@ -979,11 +979,9 @@ class SQLiteStore:
         run that has grown since (its digest chained from that ``prev``). A copy of the
         same journal (a new inode), a hard link, or the file charged since all load; old
         pickles (no ``seen``) are checked by their ``file_id`` alone."""
-        if ref.get("file_id") != self.file_id:
-            raise LedgerStateError(
-                f"{self.path} is not the ledger that was pickled (its file_id is "
-                f"{self.file_id}, the pickle's {ref.get('file_id')}): the file was "
-                "replaced, deleted and created again, or another one has its name")
+        _extent.check_identity(self, "file_id", self.file_id, ref.get("file_id"),
+                               "the file was replaced, deleted and created again, or "
+                               "another one has its name")
         journal = _extent.pickled_position(self, ref)
         if journal is None:
             return
