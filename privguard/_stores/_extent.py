@@ -19,6 +19,11 @@ from privguard._stores import _rows
 from privguard._stores._rows import Cursor
 
 
+# a row count or charge count a journal can hold (SQLite's INTEGER, PostgreSQL's bigint):
+# an edited pickle's 2**70 raised OverflowError from the SQLite query (review rpgx)
+_ROWS_MAX = 2**63
+
+
 def check_identity(store: Any, key: str, found: Any, pickled: Any, how: str) -> None:
     """Refuse a store whose identity (``key``: ``file_id``, ``ledger_id``) is not the
     pickled one (reviews sq, pgf); ``how``: how that comes about, for the message."""
@@ -48,7 +53,7 @@ def pickled_position(store: Any, ref: dict[str, Any]) -> list[Any] | None:
         return None
     journal = ref["seen"]
     if not (isinstance(journal, list) and len(journal) == 4
-            and all(type(x) is int for x in journal[:2])
+            and all(type(x) is int and 0 <= x < _ROWS_MAX for x in journal[:2])
             and all(type(x) is str for x in journal[2:])):
         raise LedgerStateError(f"{store.path}: the pickle's journal position {journal!r} "
                                "is unreadable; nothing was loaded")
