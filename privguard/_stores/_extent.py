@@ -18,7 +18,6 @@ from privguard._errors import LedgerStateError
 from privguard._stores import _rows
 from privguard._stores._rows import Cursor
 
-
 # a row count or charge count a journal can hold (SQLite's INTEGER, PostgreSQL's bigint):
 # an edited pickle's 2**70 raised OverflowError from the SQLite query (review rpgx)
 _ROWS_MAX = 2**63
