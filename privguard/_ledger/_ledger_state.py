@@ -179,22 +179,15 @@ class LedgerState:
                                  read_only=data.get("read_only", False))
                  if "store" in data else type(self)._from_state_dict(data["state"]))
         check = getattr(other._store, "check_reference", None)
-        if check is not None and "store" in data and "file_id" in data["store"]:
-            try:  # the pickled ledger's file, as far as it went or further (review sq, rsq)
+        if check is not None and "store" in data and ("file_id" in data["store"]
+                                                      or "ledger_id" in data["store"]):
+            try:  # the pickled ledger, as far as it went or further: a file's file_id
+                # (review sq), a server ledger's ledger_id (review pgf), and how far its
+                # journal went (reviews rsq, pgx); a pickle from before has neither
                 check(data["store"])
             except BaseException:
                 other._store.close(warn=False)
                 raise
-        # a server ledger's identity, its ledger_id (review pgf); a file's is checked above
-        # (file_id and journal extent); a pickle from before either was carried has neither
-        pickled = data["store"].get("ledger_id") if "store" in data else None
-        found = getattr(other._store, "ledger_id", None)
-        if pickled is not None and found != pickled:
-            other._store.close()  # another ledger at that URL (review pgf)
-            raise LedgerStateError(
-                f"{other._store.path} is not the ledger that was pickled (its ledger_id is "
-                f"{found}, the pickle's {pickled}): it was deleted and created again, or "
-                "another one has its name")
         if data.get("closed", False) is not False:  # read as the file holds it, then closed
             other.close()
         self.__dict__.update(other.__dict__)

@@ -48,7 +48,7 @@ from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
-from privguard._stores import _devnull, _pgschema, _pgurl, _rows
+from privguard._stores import _devnull, _extent, _pgschema, _pgurl, _rows
 from privguard._stores._integrity import Integrity
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps
@@ -107,6 +107,7 @@ class PostgresStore:
         self._writing = False
         self._written: tuple[int, str] | None = None  # (row, digest) written in this transaction
         self._desync: str | None = None
+        self._closed = False  # by the owning ledger (:meth:`close`)
         self.live = False
 
     @property
@@ -167,7 +168,15 @@ class PostgresStore:
             with contextlib.suppress(Exception):
                 _let_go_of_socket(conn)
 
-    def close(self) -> None:
+    def close(self, *, warn: bool = True) -> None:
+        """Close: the owning ledger is closed (``warn``, as ``SQLiteStore.close`` takes it:
+        nothing here to warn of). :meth:`reference` then reads nothing (it would connect
+        again)."""
+        self._closed = True
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        """Drop the connection; the next transaction opens a new one."""
         if self._conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -182,7 +191,7 @@ class PostgresStore:
         try:
             conn.execute("ROLLBACK")
         except Exception:
-            self.close()
+            self._disconnect()
 
     def _error(self, exc: Exception, what: str) -> LedgerStateError:
         pg = self._pg
@@ -278,7 +287,7 @@ class PostgresStore:
                 if not self._lost(exc) and self._conn is not None:
                     self._rollback()
                     raise self._error(exc, "cannot start a transaction") from exc
-                self.close()
+                self._disconnect()
                 if time.monotonic() >= deadline:
                     raise self._error(exc, f"the server stayed unreachable for "
                                       f"{self.timeout:g} s") from exc
@@ -298,7 +307,7 @@ class PostgresStore:
             return
         except pg.Error as exc:
             if self._written is None:  # nothing was written: nothing to lose
-                self.close()
+                self._disconnect()
                 if self._writing:
                     raise self._error(exc, "commit failed") from exc
                 return
@@ -308,7 +317,7 @@ class PostgresStore:
             # SIGINT): treated like a lost connection whose outcome is unknown. The
             # connection is dropped (the server rolls back what it did not commit) and
             # this store refuses everything until reopened; the interrupt propagates.
-            self.close()
+            self._disconnect()
             if self._written is not None or self._writing:
                 self._desync = "a commit was interrupted; its outcome is unknown: reopen the ledger"
             raise
@@ -324,7 +333,7 @@ class PostgresStore:
             self._desync = "a charge was refused by the database; reopen the ledger"
             raise self._error(failure, "the database refused the commit; the charge was NOT "
                               "recorded") from failure
-        self.close()
+        self._disconnect()
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -335,7 +344,7 @@ class PostgresStore:
                                    (self.ledger, idx, self.ledger_id)).fetchone()
                 break
             except pg.Error as exc:
-                self.close()
+                self._disconnect()
                 if time.monotonic() >= deadline:
                     self._desync = "a commit's outcome is unknown; reopen the ledger"
                     raise self._error(exc, "the connection was lost during COMMIT and the "
@@ -674,5 +683,46 @@ class PostgresStore:
         """The URL as the user gave it (a password only if the user's URL had one), and the
         ledger's ``ledger_id`` (review pgf: with the URL alone, a copy loaded after the
         ledger was dropped and created again, or against another server at that URL,
-        opened the other ledger, silently). The loader refuses another ``ledger_id``."""
-        return {"path": self._url, "ledger_id": self.ledger_id}
+        opened the other ledger, silently). And how far this ledger's journal went
+        (review pgx, :meth:`check_reference`), as ``SQLiteStore.reference`` pickles it;
+        a closed store's is not (reading it would connect again). The caller holds the
+        ledger's transaction lock (the read here is a transaction of its own)."""
+        ref: dict[str, Any] = {"path": self._url, "ledger_id": self.ledger_id}
+        c = self._cursor
+        if c is None or self._closed:
+            return ref
+        ref["seen"] = _extent.seen(c)
+        # the last row a run: what stays when it grows (unreadable now: left out, and a
+        # grown run is refused at loading, fail closed)
+        with contextlib.suppress(LedgerStateError):
+            if c.last_count:
+                with self._reading() as conn:
+                    where = f"{self.path}: journal row {c.entries - 1}"
+                    run = _extent.last_run(self, conn, conn.execute(
+                        "SELECT mech, label, pid, first FROM privguard.entries WHERE "
+                        "ledger = %s AND idx = %s", (self.ledger, c.entries - 1)).fetchone(),
+                        where)
+                    if run is not None:
+                        ref["run"] = run
+        return ref
+
+    def check_reference(self, ref: dict[str, Any]) -> None:
+        """Fail closed unless this is the pickled ledger (its ``ledger_id``, review pgf)
+        and its journal extends the one :meth:`reference` pickled (review pgx): with the
+        ``ledger_id`` alone, a database restored from an older backup (the same
+        ``ledger_id``, fewer charges) loaded as the pickled ledger, which had spent more:
+        the loaded ledger went backwards. The test is ``SQLiteStore.check_reference``'s
+        (:func:`_extent.check`); the ledger charged since loads, and old pickles (no
+        ``seen``; no ``ledger_id`` either) are checked by what they carry."""
+        if "ledger_id" in ref:
+            _extent.check_identity(self, "ledger_id", self.ledger_id, ref["ledger_id"],
+                                   "it was deleted and created again, or another one has "
+                                   "its name")
+        journal = _extent.pickled_position(self, ref)
+        if journal is None:
+            return
+        with self._reading() as conn:
+            _extent.check(self, conn, conn.execute(
+                f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx >= %s AND "
+                "idx <= %s", (self.ledger, journal[0] - 2, journal[0] - 1)).fetchall(),
+                journal, ref.get("run"), "the ledger")

@@ -60,7 +60,7 @@ from privguard._accounting._config import Config, retarget_remedy
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
 from privguard._mechanisms._base import Mechanism
-from privguard._stores import _lockfds, _rows, _snapshot
+from privguard._stores import _extent, _lockfds, _rows, _snapshot
 from privguard._stores._integrity import Integrity, canonical
 from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
@@ -954,18 +954,19 @@ class SQLiteStore:
         # and is still open: its extent is pickled too (before, a ledger pickled in a
         # forked child carried its file_id alone, and an older copy of the file loaded)
         if c is not None and (self._conn is not None or self._forked):
-            ref["seen"] = list(c.as_tuple())
+            ref["seen"] = _extent.seen(c)
             # the last row a run: what stays when it grows (unreadable now: left out, and
             # a grown run is refused at loading, fail closed). The caller holds the
             # ledger's transaction lock (a read here must not join another thread's).
             with contextlib.suppress(LedgerStateError, *_DB_ERRORS):
                 if c.last_count:
                     with self._locked(write=False) as conn:
-                        where = f"{self.path}: journal row {c.entries - 1}"
-                        row = conn.execute("SELECT mech, label, pid, first FROM entries "
-                                           "WHERE idx = ?", (c.entries - 1,)).fetchone()
-                        if row is not None:
-                            ref["run"] = [self._mechanism(conn, row[0], where)[1], *row[1:]]
+                        run = _extent.last_run(self, conn, conn.execute(
+                            "SELECT mech, label, pid, first FROM entries WHERE idx = ?",
+                            (c.entries - 1,)).fetchone(), f"{self.path}: journal row "
+                            f"{c.entries - 1}")
+                        if run is not None:
+                            ref["run"] = run
         return ref
 
     def check_reference(self, ref: dict[str, Any]) -> None:
@@ -978,55 +979,14 @@ class SQLiteStore:
         run that has grown since (its digest chained from that ``prev``). A copy of the
         same journal (a new inode), a hard link, or the file charged since all load; old
         pickles (no ``seen``) are checked by their ``file_id`` alone."""
-        if ref.get("file_id") != self.file_id:
-            raise LedgerStateError(
-                f"{self.path} is not the ledger that was pickled (its file_id is "
-                f"{self.file_id}, the pickle's {ref.get('file_id')}): the file was "
-                "replaced, deleted and created again, or another one has its name")
-        if "seen" not in ref:
-            return
-        journal = ref["seen"]
-        if not (isinstance(journal, list) and len(journal) == 4
-                and all(type(x) is int for x in journal[:2])
-                and all(type(x) is str for x in journal[2:])):
-            raise LedgerStateError(f"{self.path}: the pickle's journal position {journal!r} "
-                                   "is unreadable; nothing was loaded")
-        entries, last_count = journal[0], journal[1]
-        if entries == 0:
+        _extent.check_identity(self, "file_id", self.file_id, ref.get("file_id"),
+                               "the file was replaced, deleted and created again, or "
+                               "another one has its name")
+        journal = _extent.pickled_position(self, ref)
+        if journal is None:
             return
         with self._locked(write=False) as conn:
-            rows = {r[0]: r for r in conn.execute(
+            _extent.check(self, conn, conn.execute(
                 "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
-                "FROM entries WHERE idx >= ? AND idx <= ?", (entries - 2, entries - 1))}
-            if self._extends(conn, rows, journal, ref.get("run")):
-                return
-        raise LedgerStateError(
-            f"{self.path}: its journal does not extend the journal of the ledger that was "
-            f"pickled ({entries} rows, the last holding {last_count} charges): the file "
-            "was restored from an older copy or rewritten since. A ledger never goes "
-            "backwards; nothing was loaded")
-
-    def _extends(self, conn: sqlite3.Connection, rows: dict[Any, tuple], journal: list[Any],
-                 run: Any) -> bool:
-        """:meth:`check_reference`'s test on the file's rows ``entries`` − 2 and − 1;
-        ``run``: the pickled last row's (mechanism digest, label, pid, first time), which
-        a run that grew keeps (as ``Accounting.replay_run`` checks)."""
-        entries, last_count, digest, prev = journal
-        before = rows.get(entries - 2)
-        if (before[9] if before is not None else self.genesis if entries == 1
-                else None) != prev:
-            return False
-        last = rows.get(entries - 1)
-        if last is None:
-            return False
-        if last[9] == digest:
-            return True
-        idx, kind, mech_id, label, pid, count, first, when, _, stored = last
-        if kind != "run" or type(count) is not int or count <= last_count or last_count == 0:
-            return False
-        where = f"{self.path}: journal row {idx}"
-        count, first, when, pid = _rows.run_numbers(label, count, first, when, pid, where)
-        mech_digest = self._mechanism(conn, mech_id, where)[1]
-        return (run == [mech_digest, label, pid, first]
-                and self._run_digest(prev, idx, mech_digest, label, pid, count, first,
-                                     when) == stored)
+                "FROM entries WHERE idx >= ? AND idx <= ?", (journal[0] - 2, journal[0] - 1)),
+                journal, ref.get("run"), "the file")
