@@ -267,6 +267,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     if not callable(loss):
         raise InvalidArgumentError("build", build, f"returned a loss that is not callable: "
                                    f"{check.short(loss)!r}")
+    if hasattr(opt, "world_size") or hasattr(opt, "rank"):
+        # review aud: a distributed Opacus optimizer adds its noise on rank 0 only, before the
+        # all-reduce, so on another rank p.grad at scale_grad is that rank's noiseless sum
+        # (not a release) and its canaries were scored without noise; and every rank added
+        # canaries of its own (docs/theory.md §16.3)
+        raise InvalidArgumentError("build", build, f"returned a distributed optimizer "
+                                   f"({type(opt).__name__}); the one-run audit runs in one "
+                                   f"process (DPOptimizer, non-distributed)")
     rate = getattr(getattr(loader, "batch_sampler", None), "sample_rate", None)
     if rate is None:
         raise InvalidArgumentError("build", build, "must return a Poisson-sampling Opacus data "
