@@ -120,3 +120,22 @@ def test_coverage_of_audit_opacus_s_own_canaries_and_scores():
     covered, p = _covered_or_fail(lowers, truth)
     assert p > 1e-3, (covered, truth, max(lowers))
     assert sum(lowers) / len(lowers) > 0.05 * truth  # and the scores see the canaries
+
+
+# ------------------------------------------------------------------ the CLI's rounding
+def test_privguard_audit_prints_the_ratio_rounded_down(monkeypatch, capsys):
+    """The ratio epsilon_lower / epsilon_charged was printed to nearest: 0.9996 read
+    "1.000", as if the lower bound had reached the charge, beside the two numbers printed
+    rounded down and up."""
+    import privguard.audit as audit
+    from privguard._cli._cli import main
+
+    def fake(**_):
+        return audit.AuditResult(epsilon_lower=0.9996, epsilon_charged=1.0, delta=1e-5,
+                                 confidence=0.95, canaries=10, guesses=2, correct=2, steps=1)
+
+    monkeypatch.setattr(audit, "demo_audit", fake)
+    assert main(["audit", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon_lower   = 0.999 " in out and "epsilon_charged = 1.000 " in out, out
+    assert "ratio           = 0.999" in out, out
