@@ -139,3 +139,30 @@ def test_privguard_audit_prints_the_ratio_rounded_down(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "epsilon_lower   = 0.999 " in out and "epsilon_charged = 1.000 " in out, out
     assert "ratio           = 0.999" in out, out
+
+
+# ------------------------------------------------------------------ the split level's rounding
+@pytest.mark.parametrize("confidence", [0.9, 0.8])
+def test_a_p_value_above_the_split_level_is_never_a_rejection(monkeypatch, confidence):
+    """Each of n pairs must be tested at level ≤ (1 − c)/n (Proposition 16.4's union bound).
+    The code tested at 1 − (1 − (1 − c)/n), which rounds above it at c = 0.9 and 0.8 with
+    n = 4: a p-value just above (1 − c)/n, at every ε, was a rejection at every grid point
+    and the bound read 60."""
+    import math
+    from fractions import Fraction
+
+    import numpy as np
+
+    import privguard._audit._one_run as one_run
+    from privguard._audit._audit_scoring import default_guesses, lower_bound_over_guesses
+
+    pairs = default_guesses(1000)
+    exact = (1 - Fraction(confidence)) / len(pairs)
+    above = math.nextafter(float(exact), 1.0) if Fraction(float(exact)) <= exact \
+        else float(exact)
+    assert Fraction(above) > exact
+    monkeypatch.setattr(one_run, "_p_values", lambda m, r, v, eps, delta: np.full(eps.shape,
+                                                                                 above))
+    included = np.arange(1000) % 2 == 0
+    low = lower_bound_over_guesses(included.astype(float), included, pairs, 1e-5, confidence)
+    assert low[0] == 0.0, low
