@@ -135,6 +135,9 @@ class _Canaries:
         self._inc = torch.from_numpy(self.included)
         self._add_noise = optimizer.add_noise
         self._scale_grad = optimizer.scale_grad
+        # instance attributes the pipeline set itself, put back by remove() (review aud)
+        self._own = {name: vars(optimizer)[name] for name in ("add_noise", "scale_grad")
+                     if name in vars(optimizer)}
         optimizer.add_noise = self._with_canaries
         optimizer.scale_grad = self._score
 
@@ -181,6 +184,8 @@ class _Canaries:
     def remove(self) -> None:
         for name in ("add_noise", "scale_grad"):
             vars(self.opt).pop(name, None)
+            if name in self._own:  # the pipeline's own, not the class's (review aud)
+                setattr(self.opt, name, self._own[name])
 
 
 def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int:

@@ -166,3 +166,23 @@ def test_a_p_value_above_the_split_level_is_never_a_rejection(monkeypatch, confi
     included = np.arange(1000) % 2 == 0
     low = lower_bound_over_guesses(included.astype(float), included, pairs, 1e-5, confidence)
     assert low[0] == 0.0, low
+
+
+# ------------------------------------------------------------------ the pipeline left as found
+def test_the_pipeline_s_own_add_noise_is_put_back_after_the_audit():
+    """A pipeline that set its own ``optimizer.add_noise`` (an instance attribute) had it
+    deleted by the audit, leaving Opacus' class method in its place."""
+    from test_audit import _build
+
+    made = []
+
+    def build():
+        model, opt, loader = _build(noise=1.0, half=True)()
+        made.append(opt)
+        return model, opt, loader
+
+    audit_opacus(build, steps=2, canaries=10, seed=0)
+    opt = made[0]
+    assert "add_noise" in vars(opt) and "scale_grad" not in vars(opt)
+    assert vars(opt)["add_noise"].__name__ == "add_noise"  # the pipeline's closure
+    assert not hasattr(vars(opt)["add_noise"], "__self__")  # not a bound method of _Canaries
