@@ -192,7 +192,15 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
     done = 0
     while done < steps:
         seen = False
-        for x, y in loader:
+        for batch in loader:
+            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                # review aud: "for x, y in loader" raised ValueError/TypeError; refused before
+                # the step, so nothing of it ran or was charged
+                shape = (f"a batch of {len(batch)} items"
+                         if isinstance(batch, (tuple, list)) else type(batch).__name__)
+                raise InvalidArgumentError("build", shape, "must return a data loader of "
+                                           "(inputs, labels) batches, which the audit trains on")
+            x, y = batch
             seen = True
             opt.zero_grad()
             loss(model(x), y).backward()

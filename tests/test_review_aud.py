@@ -186,3 +186,24 @@ def test_the_pipeline_s_own_add_noise_is_put_back_after_the_audit():
     assert "add_noise" in vars(opt) and "scale_grad" not in vars(opt)
     assert vars(opt)["add_noise"].__name__ == "add_noise"  # the pipeline's closure
     assert not hasattr(vars(opt)["add_noise"], "__self__")  # not a bound method of _Canaries
+
+
+# ------------------------------------------------------------------ batches the audit cannot train on
+def test_a_loader_of_other_than_input_label_pairs_is_refused_naming_build():
+    """``for x, y in loader`` raised ValueError (3 tensors a batch) from inside the run."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def build():
+        torch.manual_seed(0)
+        x = torch.randn(256, 8)
+        y = (x[:, 0] > 0).long()
+        model = nn.Linear(8, 2)
+        return PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(TensorDataset(x, y, y), batch_size=32),
+            noise_multiplier=1.0, max_grad_norm=1.0)
+
+    with pytest.raises(InvalidArgumentError, match="inputs, labels") as info:
+        audit_opacus(build, steps=3, canaries=10, seed=0)
+    assert info.value.argument == "build"
