@@ -237,7 +237,10 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         loss: the loss (default: cross-entropy); a 4th item of ``build()``
             overrides it.
         seed: seeds the canaries' directions, inclusion and sampling (for
-            tests and reproducible reports only; default: OS entropy).
+            tests and reproducible reports only; default: OS entropy). The
+            confidence is over the canaries' coins: the largest bound of
+            several runs or seeds tried holds only at the union of their
+            levels (docs/theory.md §16.4).
 
     Returns:
         An :class:`AuditResult`.
