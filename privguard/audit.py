@@ -135,6 +135,9 @@ class _Canaries:
         self._inc = torch.from_numpy(self.included)
         self._add_noise = optimizer.add_noise
         self._scale_grad = optimizer.scale_grad
+        # instance attributes the pipeline set itself, put back by remove() (review aud)
+        self._own = {name: vars(optimizer)[name] for name in ("add_noise", "scale_grad")
+                     if name in vars(optimizer)}
         optimizer.add_noise = self._with_canaries
         optimizer.scale_grad = self._score
 
@@ -181,13 +184,23 @@ class _Canaries:
     def remove(self) -> None:
         for name in ("add_noise", "scale_grad"):
             vars(self.opt).pop(name, None)
+            if name in self._own:  # the pipeline's own, not the class's (review aud)
+                setattr(self.opt, name, self._own[name])
 
 
 def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int:
     done = 0
     while done < steps:
         seen = False
-        for x, y in loader:
+        for batch in loader:
+            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                # review aud: "for x, y in loader" raised ValueError/TypeError; refused before
+                # the step, so nothing of it ran or was charged
+                shape = (f"a batch of {len(batch)} items"
+                         if isinstance(batch, (tuple, list)) else type(batch).__name__)
+                raise InvalidArgumentError("build", shape, "must return a data loader of "
+                                           "(inputs, labels) batches, which the audit trains on")
+            x, y = batch
             seen = True
             opt.zero_grad()
             loss(model(x), y).backward()
@@ -224,7 +237,10 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         loss: the loss (default: cross-entropy); a 4th item of ``build()``
             overrides it.
         seed: seeds the canaries' directions, inclusion and sampling (for
-            tests and reproducible reports only; default: OS entropy).
+            tests and reproducible reports only; default: OS entropy). The
+            confidence is over the canaries' coins: the largest bound of
+            several runs or seeds tried holds only at the union of their
+            levels (docs/theory.md §16.4).
 
     Returns:
         An :class:`AuditResult`.
@@ -267,6 +283,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     if not callable(loss):
         raise InvalidArgumentError("build", build, f"returned a loss that is not callable: "
                                    f"{check.short(loss)!r}")
+    if hasattr(opt, "world_size") or hasattr(opt, "rank"):
+        # review aud: a distributed Opacus optimizer adds its noise on rank 0 only, before the
+        # all-reduce, so on another rank p.grad at scale_grad is that rank's noiseless sum
+        # (not a release) and its canaries were scored without noise; and every rank added
+        # canaries of its own (docs/theory.md §16.3)
+        raise InvalidArgumentError("build", build, f"returned a distributed optimizer "
+                                   f"({type(opt).__name__}); the one-run audit runs in one "
+                                   f"process (DPOptimizer, non-distributed)")
     rate = getattr(getattr(loader, "batch_sampler", None), "sample_rate", None)
     if rate is None:
         raise InvalidArgumentError("build", build, "must return a Poisson-sampling Opacus data "

@@ -88,11 +88,11 @@ def lower_bound_over_guesses(scores: np.ndarray, included: np.ndarray,
         True
     """
     m = len(scores)
-    level = (1.0 - confidence) / len(pairs)
     best = (0.0, pairs[0][0] + pairs[0][1], -1)
     for k_in, k_out in pairs:
         r, v = guess_and_count(scores, included, k_in, k_out)
-        low = epsilon_lower_bound(m, r, v, delta, 1.0 - level)
+        # each at level (1 − c)/n itself, not 1 − (1 − (1 − c)/n), which can round up (aud)
+        low = epsilon_lower_bound(m, r, v, delta, confidence, splits=len(pairs))
         if best[2] < 0 or low > best[0]:
             best = (low, r, v)
     return best

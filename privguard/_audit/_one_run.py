@@ -15,6 +15,9 @@ scanning upward, so that it needs no monotonicity of the p-value in ε;
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 from scipy import stats
 
@@ -27,6 +30,26 @@ GRID_STEP = 0.01
 """Resolution of the ε grid the bound is read on (fixed before any run)."""
 
 GRID_MAX = 60.0
+
+P_VALUE_MARGIN = 1e-9
+"""A grid ε is rejected only when its p-value is ≤ the level less this relative margin:
+room for the floating-point error of scipy's binomial tails, far below the grid's effect."""
+
+
+def split_level(confidence: float, splits: int = 1) -> float:
+    """(1 − confidence)/splits, the level of each of ``splits`` tests, never rounded up.
+
+    Computed on the exact value of the float ``confidence`` (review aud: the round trip
+    1 − (1 − (1 − c)/n) gave each of n = 4 pairs a level above (1 − c)/n at c = 0.9, so
+    the union bound of Proposition 16.4 summed to more than 1 − c).
+
+    Example:
+        >>> split_level(0.9, 4) * 4 <= 1 - 0.9
+        True
+    """
+    exact = (1 - Fraction(confidence)) / splits
+    level = float(exact)
+    return math.nextafter(level, 0.0) if Fraction(level) > exact else level
 
 
 def _counts(m: int, r: int, v: int) -> tuple[int, int, int]:
@@ -64,14 +87,16 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
     return float(_p_values(m, r, v, np.array([float(epsilon)]), float(delta))[0])
 
 
-def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95,
+                        splits: int = 1) -> float:
     """The largest grid ε such that "(ε', δ)-DP" is rejected at every grid ε' ≤ ε.
 
     With probability ≥ ``confidence`` over the canaries' inclusion and the
     run, the true ε (at δ) is at least the value returned (docs/theory.md
     §16): if the run is (ε*, δ)-DP, the first grid point g ≥ ε* is rejected
     with probability ≤ 1 − confidence, and a returned value above ε* needs
-    that rejection.
+    that rejection. With ``splits`` = n the test is run at level
+    (1 − confidence)/n, one of n bounds of a union (§16.4).
 
     Example:
         >>> epsilon_lower_bound(1000, 100, 50, 1e-5)  # half right: nothing to show
@@ -84,7 +109,9 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, confidence: float 
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0.0 < confidence < 1.0:
         raise InvalidArgumentError("confidence", confidence, "must be in (0, 1)")
-    level = 1.0 - float(confidence)
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise InvalidArgumentError("splits", splits, "must be an integer >= 1")
+    level = split_level(float(confidence), splits) * (1.0 - P_VALUE_MARGIN)
     grid = np.arange(round(GRID_MAX / GRID_STEP) + 1) * GRID_STEP
     chunk = max(1, min(50, 500_000 // max(v, 1)))
     for start in range(0, len(grid), chunk):  # upward, in blocks: stop at the first non-rejection

@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"at least this with {res.confidence:.0%} confidence)\n"
                   f"  epsilon_charged = {upper(res.epsilon_charged, '.3f')}  (the run is (ε, δ)-DP at this ε: "
                   f"the ledger's charges, steps fixed in advance)\n"
-                  f"  ratio           = {res.ratio:.3f}")
+                  # lower / upper: a lower bound on the share of the charge the run is shown
+                  # to use, rounded down too (review aud: 0.9996 read "1.000")
+                  f"  ratio           = {lower(res.ratio, '.3f')}")
         elif args.command == "demo":
             from privguard._cli._demo import run
 
