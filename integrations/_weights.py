@@ -1,0 +1,36 @@
+"""A digest of a model's weights, which ties a checkpoint's ledger entry to them (private).
+
+The Hugging Face callback records it in the entry it saves with a checkpoint and compares it
+with the model's weights when training begins: a resume takes only an entry saved with the
+weights the model holds (a ``trainer_state.json`` copied from another run names that run's
+entry, whose weights differ), and a run that starts at step 0 from weights a checkpoint's
+entry was saved with carries that entry's charges (a weights-only resume).
+
+It covers the parameters in their registration order, each by dtype, shape and bytes, and not
+their names: a model saved inside Opacus' ``GradSampleModule`` and loaded bare has the same
+digest. It costs one pass over the weights (less than the save that writes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+__all__ = ["weights_digest"]
+
+
+def weights_digest(model: Any) -> str | None:
+    """sha256 over every parameter of ``model`` (dtype, shape and bytes, in order); None for
+    an object without ``named_parameters`` (nothing to tie the entry to)."""
+    parameters = getattr(model, "named_parameters", None)
+    if not callable(parameters):
+        return None
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for _name, p in parameters():  # shared (tied) parameters once
+            t = p.detach().to("cpu").contiguous()
+            digest.update(f"{t.dtype}{tuple(t.shape)};".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
