@@ -21,16 +21,26 @@ __all__ = ["weights_digest"]
 
 def weights_digest(model: Any) -> str | None:
     """sha256 over every parameter of ``model`` (dtype, shape and bytes, in order); None for
-    an object without ``named_parameters`` (nothing to tie the entry to)."""
+    an object without ``named_parameters`` or with a sharded parameter (FSDP's flat or
+    DTensor parameters, DeepSpeed ZeRO-3's partitions: each process holds its own share,
+    and the digest would differ between the process that saved and the others)."""
     parameters = getattr(model, "named_parameters", None)
     if not callable(parameters):
         return None
     import torch
 
+    shown = list(parameters())  # shared (tied) parameters once
+    if any(_sharded(p) for _name, p in shown):
+        return None
     digest = hashlib.sha256()
     with torch.no_grad():
-        for _name, p in parameters():  # shared (tied) parameters once
+        for _name, p in shown:
             t = p.detach().to("cpu").contiguous()
             digest.update(f"{t.dtype}{tuple(t.shape)};".encode())
             digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def _sharded(p: Any) -> bool:
+    return type(p).__name__ in ("FlatParameter", "DTensor") or \
+        type(getattr(p, "data", None)).__name__ == "DTensor" or hasattr(p, "ds_id")

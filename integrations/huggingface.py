@@ -19,7 +19,8 @@ attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
 "stop" mode): each real noisy step is charged before its update. After each
 step it sets ``control.should_training_stop`` when the ledger would refuse
 the next one; at each log it adds the running ε to the Trainer's logs (rounded up to a float32,
-which trackers such as TensorBoard keep).
+which trackers such as TensorBoard keep; the Trainer's console prints it with 4 digits,
+rounded up too).
 
 Logs. The Trainer calls the ``report_to`` integrations (TensorBoard, W&B, ...)
 before the callbacks passed to it, so they receive each log without the ε
@@ -57,12 +58,18 @@ Trainer loaded, so an entry of another run or step is passed over; a
 malformed run id raises :class:`privguard.LedgerStateError`; an entry written
 before run ids, naming none, is taken only for a state without one, from a
 folder whose ``trainer_state.json`` is at the resumed step with the same log
-history; under
-``hyperparameter_search`` the entry is not written next to the trial's
-checkpoint, so such a resume is refused):
+history; an entry also records a digest of the model's weights saved with it, and is
+taken only if the resumed model holds them, so a ``trainer_state.json`` copied whole
+from another run is refused; entries are written next to each checkpoint, under
+``hyperparameter_search`` in the trial's folder ``<output_dir>/<run>/checkpoint-<step>``,
+by every process that saves it (``args.should_save``: each node's first with
+``save_on_each_node``), and looked up there too):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
 file, and a ledger is never rewound. A resume without an entry raises
-:class:`privguard.LedgerStateError` rather than start a fresh budget.
+:class:`privguard.LedgerStateError` rather than start a fresh budget. A ``train()``
+at step 0 whose model holds the weights an entry found there was saved with (loaded by
+hand: a weights-only resume) carries that entry's charges, with a ``UserWarning``
+(weights copied elsewhere without their checkpoint folder are not recognised).
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
@@ -308,7 +315,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 # records the weights saved with it, and the model must hold them
                 if not digest:
                     digest.append(weights_digest(model))
-                if named["weights"] != digest[0]:
+                if digest[0] is not None and named["weights"] != digest[0]:  # None: sharded
                     other_weights.append(folder)
                     continue
             if is_entry(saved):
@@ -347,6 +354,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         if not found:
             return
         digest = weights_digest(model)
+        if digest is None:  # sharded: not recognised
+            return
         same = sorted((saved["charges"] if isinstance(saved.get("charges"), int) else 0, path)
                       for path, saved, weights in found if weights == digest)
         entries = {path: saved for path, saved, _w in found}
@@ -393,8 +402,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         os.makedirs(folder, exist_ok=True)
         entry = ledger_entry(self.ledger)
         if run is not None:
-            entry["checkpoint"] = {"run": run, "step": state.global_step,
-                                   "weights": weights_digest(model)}
+            entry["checkpoint"] = {"run": run, "step": state.global_step}
+            weights = weights_digest(model)
+            if weights is not None:  # None: sharded weights, not tied (as before task cb)
+                entry["checkpoint"]["weights"] = weights
         with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
             json.dump(entry, fh)
 

@@ -6,7 +6,8 @@
 The ledger stays at the driver. Before the tuner charges its bound, the
 executor starts (or connects to) Ray and puts the objective in the object
 store, so a Ray that cannot start or an objective that cannot be pickled
-raises :class:`privguard.InvalidArgumentError` with nothing charged. The
+raises :class:`privguard.InvalidArgumentError` with nothing charged
+(``run`` refuses an objective that was not prepared so, before Ray starts). The
 tuner then draws K and every candidate's hyperparameters at the driver, and
 each candidate runs as one Ray task (with the CPUs/GPUs you request) that
 builds the candidate's strict child ledger inside the worker and runs the

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file  # noqa: E402
-from test_huggingface import BATCH, N, PoissonTrainer, make_trainer  # noqa: E402
+from test_huggingface import BATCH, N, PoissonTrainer, make_trainer, two_runs_at_the_same_step  # noqa: E402
 
 from privguard import Ledger, LedgerStateError  # noqa: E402
 from privguard import mechanisms as M  # noqa: E402
@@ -54,6 +54,19 @@ def test_training_from_a_checkpoints_weights_carries_its_charges_with_a_warning(
     assert len(untouched.history) == 2
 
 
+def test_sharded_weights_are_not_tied_and_plain_ones_are_by_value_not_by_name():
+    from privguard.integrations._weights import weights_digest
+
+    plain, wrapped = torch.nn.Linear(3, 2), torch.nn.Sequential(torch.nn.Linear(3, 2))
+    wrapped[0].load_state_dict(plain.state_dict())
+    assert weights_digest(plain) == weights_digest(wrapped) is not None
+    with torch.no_grad():
+        wrapped[0].bias[0] += 1e-6
+    assert weights_digest(plain) != weights_digest(wrapped)
+    plain.weight.ds_id = 0  # a DeepSpeed ZeRO-3 partition: each process holds its share
+    assert weights_digest(plain) is None and weights_digest(object()) is None
+
+
 # ---- 2. a trainer_state.json copied whole from another run
 
 def test_a_trainer_state_copied_from_another_run_does_not_bring_that_runs_entry(tmp_path):
@@ -61,13 +74,7 @@ def test_a_trainer_state_copied_from_another_run_does_not_bring_that_runs_entry(
     # output_dir; B's trainer_state.json (its run id included) copied over A's. The Trainer
     # loads A's weights and B's state, and the callback took B's entry (its run and step):
     # A's fresh ledger held B's weaker charges. The entry names the weights saved with it.
-    out = tmp_path / "out"
-    trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3)
-    trainer.train()
-    shutil.copytree(out / "checkpoint-3", tmp_path / "copy")
-    trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3, seed=1)
-    trainer.optimizer.noise_multiplier = 4.0
-    trainer.train()
+    out = two_runs_at_the_same_step(tmp_path)
     shutil.copy(out / "checkpoint-3" / "trainer_state.json", tmp_path / "copy")
     fresh = Ledger(delta=1e-5)
     trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no")
