@@ -361,7 +361,14 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         entries = {path: saved for path, saved, _w in found}
         for _charges, path in same:  # fewest first: a ledger moves forward only
             before = len(self.ledger.history)
-            restore(self.ledger, entries[path], where=path)
+            try:
+                restore(self.ledger, entries[path], where=path)
+            except LedgerStateError as exc:
+                raise LedgerStateError(
+                    f"training starts at step 0 with the weights saved with {path}, whose "
+                    f"charges this ledger cannot take: {exc}. (Weights trained for another "
+                    "ledger's budget: train them from an output_dir without that checkpoint "
+                    "only if their earlier steps are accounted there)") from None
             if len(self.ledger.history) != before:
                 warnings.warn(
                     f"training starts at step 0 with the weights saved with {path}: the ledger "

@@ -45,7 +45,7 @@ def test_training_from_a_checkpoints_weights_carries_its_charges_with_a_warning(
     foreign.charge(M.Gaussian(5.0), label="another run")
     trainer, _ = make_trainer(tmp_path, foreign, max_steps=2, save_strategy="no")
     _load_weights(trainer, tmp_path / "checkpoint-4")
-    with pytest.raises(LedgerStateError):
+    with pytest.raises(LedgerStateError, match="starts at step 0 with the weights saved"):
         trainer.train()
     assert len(foreign.history) == 1
     untouched = Ledger(delta=1e-5)  # other weights (a fresh model): a fresh budget, no warning
