@@ -326,7 +326,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
             "other weights than the model holds: that trainer_state.json was copied from "
-            "another run's checkpoint?)")
+            "another run's checkpoint, or the model's parameters (their dtype, say) differ "
+            "from the ones saved?)")
         raise LedgerStateError(
             f"training resumes at step {state.global_step} but no {LEDGER_FILE} written with "
             f"the checkpoint resumed from was found in {folders}{why}: the ledger would start a "
