@@ -67,6 +67,31 @@ def test_sharded_weights_are_not_tied_and_plain_ones_are_by_value_not_by_name():
     assert weights_digest(plain) is None and weights_digest(object()) is None
 
 
+def test_a_weights_only_start_with_the_file_that_trained_them_goes_on_from_it(tmp_path):
+    # A file-backed ledger already holds the steps that trained the weights: nothing to
+    # carry, no warning; a fresh in-memory ledger is refused nothing but carries them.
+    import warnings
+
+    db = str(tmp_path / "ledger.db")
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db, lease=1), max_steps=4,
+                              save_steps=4)
+    trainer.train()
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=db, lease=1), max_steps=2,
+                              save_strategy="no")
+    _load_weights(trainer, tmp_path / "checkpoint-4")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpoint's")
+        trainer.train()
+    assert len(Ledger.open(db).history) == 6
+    other = str(tmp_path / "other.db")  # another file: refused, nothing charged to it
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5, path=other), max_steps=2,
+                              save_strategy="no")
+    _load_weights(trainer, tmp_path / "checkpoint-4")
+    with pytest.raises(LedgerStateError, match=r"ledger\.db"):
+        trainer.train()
+    assert len(Ledger.open(other).history) == 0
+
+
 # ---- 2. a trainer_state.json copied whole from another run
 
 def test_a_trainer_state_copied_from_another_run_does_not_bring_that_runs_entry(tmp_path):
