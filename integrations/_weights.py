@@ -30,14 +30,18 @@ def weights_digest(model: Any) -> str | None:
     import torch
 
     shown = list(parameters())  # shared (tied) parameters once
-    if any(_sharded(p) for _name, p in shown):
-        return None
+    if any(_sharded(p) or getattr(p, "is_meta", False) for _name, p in shown):
+        return None  # review rcb2: a meta parameter (accelerate's offload) raised
+        # NotImplementedError; it holds no values here, so it is not tied either
     digest = hashlib.sha256()
     with torch.no_grad():
         for _name, p in shown:
-            t = p.detach().to("cpu").contiguous()
+            # review rcb2: a conjugate or negative view raised RuntimeError (its values count)
+            t = p.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
             digest.update(f"{t.dtype}{tuple(t.shape)};".encode())
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            # the array's buffer, not a bytes copy of it (review rcb2: .tobytes() held a
+            # second copy of the largest parameter, an embedding, say, and cost a quarter)
+            digest.update(t.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
