@@ -166,6 +166,25 @@ def _saved_by(folder: str, run: str) -> bool:
         return False  # not the folder this run just saved into
 
 
+def _write_entry(path: str, entry: dict) -> None:
+    """Write ``entry`` to ``path`` whole or not at all (review rcb2: written in place, an
+    interrupted save, a full disk say, left a truncated entry, which refused the resume from
+    that checkpoint and, since task cb, every train() at step 0 in that output_dir)."""
+    partial = f"{path}.{secrets.token_hex(8)}.tmp"
+    try:
+        with open(partial, "w") as fh:
+            json.dump(entry, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
+        raise
+
+
 def _read_entry(path: str) -> Any:
     try:
         with open(path) as fh:
@@ -414,8 +433,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             weights = weights_digest(model)
             if weights is not None:  # None: sharded weights, not tied (as before task cb)
                 entry["checkpoint"]["weights"] = weights
-        with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
-            json.dump(entry, fh)
+        _write_entry(os.path.join(folder, LEDGER_FILE), entry)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._detach()

@@ -43,3 +43,38 @@ def test_a_meta_or_conjugate_parameter_does_not_raise_a_builtin_exception():
     viewed.weight = torch.nn.Parameter(values.conj())
     resolved.bias, resolved.weight = viewed.bias, torch.nn.Parameter(values.conj().resolve_conj())
     assert weights_digest(viewed) == weights_digest(resolved) is not None
+
+
+def test_an_interrupted_entry_write_leaves_the_previous_entry_whole(tmp_path, monkeypatch):
+    # on_save wrote privguard_ledger.json in place: a save interrupted mid-write (a full
+    # disk, a kill) left a truncated entry, and since task cb every train() at step 0 in
+    # that output_dir was refused ("unreadable"), whatever weights it started from. The
+    # entry is written aside and renamed over the old one.
+    import json
+
+    pytest.importorskip("transformers")
+    from test_huggingface import make_trainer
+
+    from privguard import Ledger
+    from privguard.integrations import huggingface as hf
+
+    trainer, cb = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=2, save_steps=2)
+    trainer.train()
+    path = tmp_path / "checkpoint-2" / hf.LEDGER_FILE
+    before = path.read_text()
+
+    def interrupted(obj, fh, **kw):
+        fh.write(json.dumps(obj)[:20])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf.json, "dump", interrupted)
+    with pytest.raises(OSError):
+        cb.on_save(trainer.args, trainer.state, trainer.control, model=trainer.model)
+    monkeypatch.undo()
+    assert path.read_text() == before
+    assert sorted(p.name for p in path.parent.iterdir() if "privguard" in p.name) == \
+        [hf.LEDGER_FILE]
+    fresh = Ledger(delta=1e-5)  # a fresh run in that output_dir, from other weights
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=1, save_strategy="no", seed=3)
+    trainer.train()
+    assert len(fresh.history) == 1
