@@ -360,7 +360,13 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         brought to it as a resume would (:func:`restore`: a fresh ledger loads it, another
         file or other charges are refused), with a warning. Task cb: it started a fresh budget
         whose ε left out the steps that trained the weights. Entries are looked up where a
-        resume looks (``args.resume_from_checkpoint`` and output_dir's checkpoints)."""
+        resume looks (``args.resume_from_checkpoint`` and output_dir's checkpoints).
+
+        Review rcb2: the charges carried are those of every entry of the run that saved the
+        weights, its later checkpoints' included: weights picked after later steps ran
+        (``load_best_model_at_end``, or a checkpoint chosen by hand among the run's) were
+        picked with those steps' outputs, and cost them (a file-backed ledger keeps them on
+        a rewind too). Only the matching checkpoint's charges were carried."""
         folders = [args.resume_from_checkpoint] if isinstance(
             getattr(args, "resume_from_checkpoint", None), str) else []
         found = []
@@ -370,15 +376,19 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 saved = _read_entry(path)
                 named = saved.get("checkpoint") if is_entry(saved) else None
                 if isinstance(named, dict) and isinstance(named.get("weights"), str):
-                    found.append((path, saved, named["weights"]))
+                    found.append((path, saved, named))
         if not found:
             return
         digest = weights_digest(model)
         if digest is None:  # sharded: not recognised
             return
+        runs = {named.get("run") for _p, _s, named in found if named["weights"] == digest}
+        runs.discard(None)
         same = sorted((saved["charges"] if isinstance(saved.get("charges"), int) else 0, path)
-                      for path, saved, weights in found if weights == digest)
-        entries = {path: saved for path, saved, _w in found}
+                      for path, saved, named in found
+                      if named["weights"] == digest or named.get("run") in runs)
+        entries = {path: saved for path, saved, _n in found}
+        start, last = len(self.ledger.history), None
         for _charges, path in same:  # fewest first: a ledger moves forward only
             before = len(self.ledger.history)
             try:
@@ -390,11 +400,15 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                     "ledger's budget: train them from an output_dir without that checkpoint "
                     "only if their earlier steps are accounted there)") from None
             if len(self.ledger.history) != before:
-                warnings.warn(
-                    f"training starts at step 0 with the weights saved with {path}: the ledger "
-                    f"now holds that checkpoint's {entries[path]['charges']} charges (the steps "
-                    "that trained these weights) rather than a fresh budget. To resume, use "
-                    "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
+                last = path
+        if last is not None:
+            matching = [path for path, _s, named in found if named["weights"] == digest]
+            warnings.warn(
+                f"training starts at step 0 with the weights saved with {', '.join(matching)}: "
+                f"the ledger now holds the entry {last}, that checkpoint's {entries[last]['charges']} "
+                "charges (the steps of the run that saved these weights, up to its last "
+                f"checkpoint; it held {start}) rather than a fresh budget. To resume, use "
+                "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:

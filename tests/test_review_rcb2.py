@@ -78,3 +78,31 @@ def test_an_interrupted_entry_write_leaves_the_previous_entry_whole(tmp_path, mo
     trainer, _ = make_trainer(tmp_path, fresh, max_steps=1, save_strategy="no", seed=3)
     trainer.train()
     assert len(fresh.history) == 1
+
+
+def test_a_weights_only_start_from_the_best_checkpoint_carries_the_whole_run(tmp_path):
+    # With load_best_model_at_end the Trainer ends holding the weights of the checkpoint
+    # that scored best after all the run's steps ran: those weights were picked with the
+    # later steps' checkpoints (released to the evaluation), so they cost the whole run.
+    # A train() at step 0 from them carried only their own checkpoint's charges (2 of 4).
+    # It carries every entry of the run that saved them (a file-backed ledger keeps them
+    # all on a rewind too).
+    pytest.importorskip("transformers")
+    from test_huggingface import Pairs, make_trainer
+
+    from privguard import Ledger
+
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), eval_dataset=Pairs(), max_steps=4,
+                              save_steps=2, eval_strategy="steps", eval_steps=2,
+                              load_best_model_at_end=True, metric_for_best_model="loss",
+                              greater_is_better=True, label_names=["labels"])  # step 2
+    trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and best.endswith("checkpoint-2")  # not the last one
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=1, save_strategy="no")
+    trainer.model.load_state_dict(weights)
+    with pytest.warns(UserWarning, match="4 charges"):
+        trainer.train()
+    assert len(fresh.history) == 4 + 1
