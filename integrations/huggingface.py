@@ -341,6 +341,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 restore(self.ledger, saved, where=path)
             else:  # a bare ledger state, written by privguard 0.1
                 self.ledger.load_state_dict(saved)
+            if run is not None:
+                self._later_of_run(args, run, state.global_step)
             return
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
@@ -353,6 +355,40 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             "fresh budget. Resume from a checkpoint written with this callback (set "
             "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
             "output_dir)")
+
+    def _later_of_run(self, args: Any, run: str, step: int) -> None:
+        """Review rcb2: a resume from a checkpoint of run ``run`` at ``step`` while that run's
+        later checkpoints are in output_dir (a rewind: the later steps ran, and their
+        checkpoints and logs are out) brought a fresh in-memory ledger to ``step``'s charges
+        only, while a file-backed one keeps them all. Their entries are taken too (fewest
+        first), with a warning."""
+        later = []
+        for folder in _checkpoint_folders(args.output_dir, None):
+            path = os.path.join(folder, LEDGER_FILE)
+            if not os.path.exists(path):
+                continue
+            saved = _read_entry(path)
+            named = saved.get("checkpoint") if is_entry(saved) else None
+            if isinstance(named, dict) and named.get("run") == run and \
+                    isinstance(named.get("step"), int) and named["step"] > step:
+                later.append((named["step"], path, saved))
+        before, last = len(self.ledger.history), None
+        for _step, path, saved in sorted(later, key=lambda row: row[:2]):
+            held = len(self.ledger.history)
+            try:
+                restore(self.ledger, saved, where=path)
+            except LedgerStateError as exc:
+                raise LedgerStateError(
+                    f"training resumes at step {step} of a run whose later checkpoint {path} "
+                    f"holds charges this ledger cannot take: {exc}") from None
+            if len(self.ledger.history) != held:
+                last = path
+        if last is not None:
+            warnings.warn(
+                f"training resumes at step {step} of a run that went on to later checkpoints: "
+                f"the ledger now holds the entry {last} ({len(self.ledger.history)} charges, "
+                f"{len(self.ledger.history) - before} more than the checkpoint resumed from): "
+                "those steps ran, and a ledger never goes backwards", stacklevel=2)
 
     def _carry_weights(self, args: Any, model: Any) -> None:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with

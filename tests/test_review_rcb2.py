@@ -106,3 +106,22 @@ def test_a_weights_only_start_from_the_best_checkpoint_carries_the_whole_run(tmp
     with pytest.warns(UserWarning, match="4 charges"):
         trainer.train()
     assert len(fresh.history) == 4 + 1
+
+
+def test_a_resume_from_an_earlier_checkpoint_of_a_run_keeps_its_later_charges(tmp_path):
+    # A rewind: the run went on to checkpoint-4; resuming from its checkpoint-2 brought a
+    # fresh in-memory ledger to 2 charges, while steps 3 and 4 ran (their checkpoint and
+    # logs are out) and a file-backed ledger keeps them. The run's later entries are taken.
+    pytest.importorskip("transformers")
+    from test_huggingface import BATCH, N, make_trainer
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=4, save_steps=2)
+    trainer.train()
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=3, save_strategy="no")
+    with pytest.warns(UserWarning, match="went on to later checkpoints"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert [r.mechanism for r in fresh.history] == [M.SubsampledGaussian(1.0, BATCH / N)] * 5
