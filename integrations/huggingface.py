@@ -69,7 +69,10 @@ file, and a ledger is never rewound. A resume without an entry raises
 :class:`privguard.LedgerStateError` rather than start a fresh budget. A ``train()``
 at step 0 whose model holds the weights an entry found there was saved with (loaded by
 hand: a weights-only resume) carries that entry's charges, with a ``UserWarning``
-(weights copied elsewhere without their checkpoint folder are not recognised).
+(weights copied elsewhere without their checkpoint folder are not recognised); it
+carries every entry found of the run that saved them (weights picked after later steps
+ran, ``load_best_model_at_end``'s, cost those steps), and a resume from an earlier
+checkpoint of a run takes that run's later entries too (review rcb2).
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
