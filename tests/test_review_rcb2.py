@@ -13,8 +13,7 @@ from privguard.integrations._weights import weights_digest  # noqa: E402
 
 def test_the_digest_reads_each_parameter_in_place_not_as_a_bytes_copy():
     # .numpy().tobytes() made a second host copy of every parameter (of the largest, an
-    # embedding say, at once) and cost about a quarter of the pass; the array's buffer is
-    # hashed as it is. The digest is the same value.
+    # embedding say, at once); the array's buffer is hashed as it is. Same digest.
     import hashlib
 
     model = torch.nn.Linear(1024, 1024)  # a 4 MiB weight
