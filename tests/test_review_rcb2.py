@@ -93,8 +93,10 @@ def test_a_weights_only_start_from_the_best_checkpoint_carries_the_whole_run(tmp
 
     trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), eval_dataset=Pairs(), max_steps=4,
                               save_steps=2, eval_strategy="steps", eval_steps=2,
-                              load_best_model_at_end=True, metric_for_best_model="loss",
-                              greater_is_better=True, label_names=["labels"])  # step 2
+                              load_best_model_at_end=True, metric_for_best_model="score",
+                              label_names=["labels"])
+    scores = iter([1.0, 0.0])  # step 2's checkpoint scores best
+    trainer.compute_metrics = lambda _prediction: {"score": next(scores)}
     trainer.train()
     best = trainer.state.best_model_checkpoint
     assert best is not None and best.endswith("checkpoint-2")  # not the last one
