@@ -19,7 +19,8 @@ attaches the ledger to the optimizer (unwrapping accelerate's wrapper;
 "stop" mode): each real noisy step is charged before its update. After each
 step it sets ``control.should_training_stop`` when the ledger would refuse
 the next one; at each log it adds the running ε to the Trainer's logs (rounded up to a float32,
-which trackers such as TensorBoard keep).
+which trackers such as TensorBoard keep; the Trainer's console prints it with 4 digits,
+rounded up too).
 
 Logs. The Trainer calls the ``report_to`` integrations (TensorBoard, W&B, ...)
 before the callbacks passed to it, so they receive each log without the ε
@@ -57,12 +58,21 @@ Trainer loaded, so an entry of another run or step is passed over; a
 malformed run id raises :class:`privguard.LedgerStateError`; an entry written
 before run ids, naming none, is taken only for a state without one, from a
 folder whose ``trainer_state.json`` is at the resumed step with the same log
-history; under
-``hyperparameter_search`` the entry is not written next to the trial's
-checkpoint, so such a resume is refused):
+history; an entry also records a digest of the model's weights saved with it, and is
+taken only if the resumed model holds them, so a ``trainer_state.json`` copied whole
+from another run is refused; entries are written next to each checkpoint, under
+``hyperparameter_search`` in the trial's folder ``<output_dir>/<run>/checkpoint-<step>``,
+by every process that saves it (``args.should_save``: each node's first with
+``save_on_each_node``), and looked up there too):
 a fresh in-memory ledger loads it, a file-backed ledger must be the same
 file, and a ledger is never rewound. A resume without an entry raises
-:class:`privguard.LedgerStateError` rather than start a fresh budget.
+:class:`privguard.LedgerStateError` rather than start a fresh budget. A ``train()``
+at step 0 whose model holds the weights an entry found there was saved with (loaded by
+hand: a weights-only resume) carries that entry's charges, with a ``UserWarning``
+(weights copied elsewhere without their checkpoint folder are not recognised); it
+carries every entry found of the run that saved them (weights picked after later steps
+ran, ``load_best_model_at_end``'s, cost those steps), and a resume from an earlier
+checkpoint of a run takes that run's later entries too (review rcb2).
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
@@ -71,13 +81,18 @@ Opacus' per-sample state; the callback therefore calls the DPOptimizer's
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import secrets
+import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from privguard import _validation as check
+from privguard._accounting._results import upper
 from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _sampling
@@ -92,6 +107,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, attach
 
 _tf = require("transformers", "huggingface")
@@ -100,6 +116,21 @@ __all__ = ["LEDGER_FILE", "LedgerTrainerCallback"]
 
 LEDGER_FILE = "privguard_ledger.json"
 _RUN_KEY = "privguard"  # in TrainerState.stateful_callbacks, saved in every trainer_state.json
+
+
+class _PrintedUp(float):
+    """The ε in the Trainer's logs: a float whose ``format`` with ``.Ng`` or ``.Nf`` rounds
+    up, never to nearest. Task cb: the Trainer's console printers (``ProgressCallback``,
+    ``PrinterCallback``) show every float as ``f"{v:.4g}"``, which printed about every other
+    ε below the ledger's. Everything else (``repr``, JSON, ``float(v)``) is the float's."""
+
+    def __format__(self, spec: str) -> str:
+        if re.fullmatch(r"\.\d+[fg]", spec):
+            return upper(float(self), spec)
+        return float(self).__format__(spec)
+
+    def __reduce__(self) -> tuple:  # pickles (a tracker's queue) as the plain float
+        return (float, (float(self),))
 
 
 def _run_of(state: Any) -> str | None:
@@ -116,6 +147,53 @@ def _run_of(state: Any) -> str | None:
         raise LedgerStateError(f"the resumed trainer_state.json's stateful_callbacks"
                                f"[{_RUN_KEY!r}] is malformed: {stored[_RUN_KEY]!r}")
     return run
+
+
+def _checkpoint_folders(output_dir: str, step: int | None) -> list[str]:
+    """The folders in which the Trainer saves checkpoints (of ``step``, or every step):
+    ``<output_dir>/checkpoint-<step>``, and under ``hyperparameter_search``
+    ``<output_dir>/<trial run name>/checkpoint-<step>`` (the run name is the Trainer's
+    ``hp_name(trial)`` or ``run-<id>``, which a callback does not see: one level is listed)."""
+    name = "checkpoint-*" if step is None else f"checkpoint-{step}"
+    return sorted(glob.glob(os.path.join(glob.escape(output_dir), name))) + \
+        sorted(glob.glob(os.path.join(glob.escape(output_dir), "*", name)))
+
+
+def _saved_by(folder: str, run: str) -> bool:
+    """Whether ``folder``'s trainer_state.json names the run ``run`` (it was saved by it)."""
+    try:
+        with open(os.path.join(folder, "trainer_state.json")) as fh:
+            stored = json.load(fh).get("stateful_callbacks")
+        return _run_of(types.SimpleNamespace(stateful_callbacks=stored)) == run
+    except (OSError, ValueError, AttributeError, LedgerStateError):
+        return False  # not the folder this run just saved into
+
+
+def _write_entry(path: str, entry: dict) -> None:
+    """Write ``entry`` to ``path`` whole or not at all (review rcb2: written in place, an
+    interrupted save, a full disk say, left a truncated entry, which refused the resume from
+    that checkpoint and, since task cb, every train() at step 0 in that output_dir)."""
+    partial = f"{path}.{secrets.token_hex(8)}.tmp"
+    try:
+        with open(partial, "w") as fh:
+            json.dump(entry, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        try:
+            os.remove(partial)
+        except OSError:
+            pass
+        raise
+
+
+def _read_entry(path: str) -> Any:
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
 
 
 def _resumed_from(folder: str, state: Any) -> bool:
@@ -212,7 +290,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
-            self._resume(args, state)
+            self._resume(args, state, model)
+        else:
+            self._carry_weights(args, model)
         self._run = secrets.token_hex(16)  # names this train()'s checkpoints (_resume)
         if isinstance(getattr(state, "stateful_callbacks", None), dict):
             state.stateful_callbacks[_RUN_KEY] = {"args": {}, "attributes": {"run": self._run}}
@@ -225,38 +305,149 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                              model=model if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
 
-    def _resume(self, args: Any, state: Any) -> None:
+    def _resume(self, args: Any, state: Any, model: Any) -> None:
         """Bring the ledger to the entry saved with the checkpoint resumed from."""
         folders = []
         if isinstance(getattr(args, "resume_from_checkpoint", None), str):
             folders.append(args.resume_from_checkpoint)
-        folders.append(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        folders += [folder for folder in _checkpoint_folders(args.output_dir, state.global_step)
+                    if folder not in folders]
         run = _run_of(state)
+        digest: list[str | None] = []  # computed once, when an entry records one
+        other_weights = []
         for folder in folders:
             path = os.path.join(folder, LEDGER_FILE)
             if not os.path.exists(path) or (run is None and not _resumed_from(folder, state)):
                 continue
-            try:
-                with open(path) as fh:
-                    saved = json.load(fh)
-            except (OSError, ValueError) as exc:
-                raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
+            saved = _read_entry(path)
             # Review rcb: the checkpoint's trainer_state.json names the run that wrote it; the
             # entry must be the one that run wrote at the resumed step (another run's folder at
             # the same step has the same log history when nothing was logged before the save);
             # an entry that names a run is not taken for a state without one (the id removed)
             named = saved.get("checkpoint") if isinstance(saved, dict) else None
-            if named == ({"run": run, "step": state.global_step} if run is not None else None):
-                if is_entry(saved):
-                    restore(self.ledger, saved, where=path)
-                else:  # a bare ledger state, written by privguard 0.1
-                    self.ledger.load_state_dict(saved)
-                return
+            if run is None:
+                if named is not None:
+                    continue
+            elif not isinstance(named, dict) or \
+                    (named.get("run"), named.get("step")) != (run, state.global_step):
+                continue
+            elif "weights" in named:
+                # Task cb: a trainer_state.json copied whole from another run names that run,
+                # whose entry at the step was taken for weights it did not train; the entry
+                # records the weights saved with it, and the model must hold them
+                if not digest:
+                    digest.append(weights_digest(model))
+                if digest[0] is not None and named["weights"] != digest[0]:  # None: sharded
+                    other_weights.append(folder)
+                    continue
+            if is_entry(saved):
+                restore(self.ledger, saved, where=path)
+            else:  # a bare ledger state, written by privguard 0.1
+                self.ledger.load_state_dict(saved)
+            if run is not None:
+                self._later_of_run(args, run, state.global_step)
+            return
+        why = "" if not other_weights else (
+            f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
+            "other weights than the model holds: that trainer_state.json was copied from "
+            "another run's checkpoint, or the model's parameters (their dtype, say) differ "
+            "from the ones saved?)")
         raise LedgerStateError(
             f"training resumes at step {state.global_step} but no {LEDGER_FILE} written with "
-            f"the checkpoint resumed from was found in {folders}: the ledger would start a fresh budget. Resume from a checkpoint "
-            "written with this callback (set TrainingArguments(resume_from_checkpoint=<folder>) "
-            "when it is outside output_dir)")
+            f"the checkpoint resumed from was found in {folders}{why}: the ledger would start a "
+            "fresh budget. Resume from a checkpoint written with this callback (set "
+            "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
+            "output_dir)")
+
+    def _later_of_run(self, args: Any, run: str, step: int) -> None:
+        """Review rcb2: a resume from a checkpoint of run ``run`` at ``step`` while that run's
+        later checkpoints are in output_dir (a rewind: the later steps ran, and their
+        checkpoints and logs are out) brought a fresh in-memory ledger to ``step``'s charges
+        only, while a file-backed one keeps them all. Their entries are taken too (fewest
+        first), with a warning."""
+        later = []
+        for folder in _checkpoint_folders(args.output_dir, None):
+            path = os.path.join(folder, LEDGER_FILE)
+            if not os.path.exists(path):
+                continue
+            saved = _read_entry(path)
+            named = saved.get("checkpoint") if is_entry(saved) else None
+            if isinstance(named, dict) and named.get("run") == run and \
+                    isinstance(named.get("step"), int) and named["step"] > step:
+                later.append((named["step"], path, saved))
+        before, last = len(self.ledger.history), None
+        for _step, path, saved in sorted(later, key=lambda row: row[:2]):
+            held = len(self.ledger.history)
+            try:
+                restore(self.ledger, saved, where=path)
+            except LedgerStateError as exc:
+                raise LedgerStateError(
+                    f"training resumes at step {step} of a run whose later checkpoint {path} "
+                    f"holds charges this ledger cannot take: {exc}") from None
+            if len(self.ledger.history) != held:
+                last = path
+        if last is not None:
+            warnings.warn(
+                f"training resumes at step {step} of a run that went on to later checkpoints: "
+                f"the ledger now holds the entry {last} ({len(self.ledger.history)} charges, "
+                f"{len(self.ledger.history) - before} more than the checkpoint resumed from): "
+                "those steps ran, and a ledger never goes backwards", stacklevel=2)
+
+    def _carry_weights(self, args: Any, model: Any) -> None:
+        """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
+        (loaded by hand, a weights-only resume) carries that entry's charges: the ledger is
+        brought to it as a resume would (:func:`restore`: a fresh ledger loads it, another
+        file or other charges are refused), with a warning. Task cb: it started a fresh budget
+        whose ε left out the steps that trained the weights. Entries are looked up where a
+        resume looks (``args.resume_from_checkpoint`` and output_dir's checkpoints).
+
+        Review rcb2: the charges carried are those of every entry of the run that saved the
+        weights, its later checkpoints' included: weights picked after later steps ran
+        (``load_best_model_at_end``, or a checkpoint chosen by hand among the run's) were
+        picked with those steps' outputs, and cost them (a file-backed ledger keeps them on
+        a rewind too). Only the matching checkpoint's charges were carried."""
+        folders = [args.resume_from_checkpoint] if isinstance(
+            getattr(args, "resume_from_checkpoint", None), str) else []
+        found = []
+        for folder in folders + _checkpoint_folders(args.output_dir, None):
+            path = os.path.join(folder, LEDGER_FILE)
+            if os.path.exists(path):
+                saved = _read_entry(path)
+                named = saved.get("checkpoint") if is_entry(saved) else None
+                if isinstance(named, dict) and isinstance(named.get("weights"), str):
+                    found.append((path, saved, named))
+        if not found:
+            return
+        digest = weights_digest(model)
+        if digest is None:  # sharded: not recognised
+            return
+        runs = {named.get("run") for _p, _s, named in found if named["weights"] == digest}
+        runs.discard(None)
+        same = sorted((saved["charges"] if isinstance(saved.get("charges"), int) else 0, path)
+                      for path, saved, named in found
+                      if named["weights"] == digest or named.get("run") in runs)
+        entries = {path: saved for path, saved, _n in found}
+        start, last = len(self.ledger.history), None
+        for _charges, path in same:  # fewest first: a ledger moves forward only
+            before = len(self.ledger.history)
+            try:
+                restore(self.ledger, entries[path], where=path)
+            except LedgerStateError as exc:
+                raise LedgerStateError(
+                    f"training starts at step 0 with the weights saved with {path}, whose "
+                    f"charges this ledger cannot take: {exc}. (Weights trained for another "
+                    "ledger's budget: train them from an output_dir without that checkpoint "
+                    "only if their earlier steps are accounted there)") from None
+            if len(self.ledger.history) != before:
+                last = path
+        if last is not None:
+            matching = [path for path, _s, named in found if named["weights"] == digest]
+            warnings.warn(
+                f"training starts at step 0 with the weights saved with {', '.join(matching)}: "
+                f"the ledger now holds the entry {last}, that checkpoint's {entries[last]['charges']} "
+                "charges (the steps of the run that saved these weights, up to its last "
+                f"checkpoint; it held {start}) rather than a fresh budget. To resume, use "
+                "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:
@@ -271,20 +462,31 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         if eps is None or logs is None:
             return
         eps = float32_up(eps)  # trackers such as TensorBoard keep a float32 (review rcb)
-        logs[self.log_name] = eps
+        logs[self.log_name] = _PrintedUp(eps)
         if state.log_history:
             state.log_history[-1][self.log_name] = eps
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not getattr(state, "is_world_process_zero", True):
-            return  # one writer per checkpoint
+    def on_save(self, args: Any, state: Any, control: Any, model: Any = None,
+                **kwargs: Any) -> None:
+        # one writer per checkpoint folder: the process that saved it (args.should_save); with
+        # save_on_each_node, each node's first process (task cb: only the world's first wrote
+        # one, and a resume on another node was refused)
+        if not getattr(args, "should_save", getattr(state, "is_world_process_zero", True)):
+            return
+        run = self._run if self._run is not None and _run_of(state) == self._run else None
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if run is not None:  # the folder this run just saved into (task cb: under
+            # hyperparameter_search, <output_dir>/<trial>/checkpoint-<step>)
+            folder = next((f for f in _checkpoint_folders(args.output_dir, state.global_step)
+                           if _saved_by(f, run)), folder)
         os.makedirs(folder, exist_ok=True)
         entry = ledger_entry(self.ledger)
-        if self._run is not None and _run_of(state) == self._run:
-            entry["checkpoint"] = {"run": self._run, "step": state.global_step}
-        with open(os.path.join(folder, LEDGER_FILE), "w") as fh:
-            json.dump(entry, fh)
+        if run is not None:
+            entry["checkpoint"] = {"run": run, "step": state.global_step}
+            weights = weights_digest(model)
+            if weights is not None:  # None: sharded weights, not tied (as before task cb)
+                entry["checkpoint"]["weights"] = weights
+        _write_entry(os.path.join(folder, LEDGER_FILE), entry)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._detach()

@@ -54,7 +54,10 @@ checkpoint's journal and more keeps everything; one that holds something
 else raises :class:`privguard.LedgerStateError`). A resume from a checkpoint
 that holds no state under this callback's ``state_key`` (written with another
 ``label``, or without the callback) raises :class:`privguard.LedgerStateError`
-rather than start a fresh budget. Pickling the callback (as
+rather than start a fresh budget. A weights-only load
+(``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
+detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
+the ledger that trained the weights). Pickling the callback (as
 spawn-based strategies do) pickles the ledger, not the live attachment; a
 copy of an in-memory ledger is a separate ledger, so prefer a file-backed
 ledger when the trainer runs in other processes.

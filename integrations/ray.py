@@ -6,7 +6,8 @@
 The ledger stays at the driver. Before the tuner charges its bound, the
 executor starts (or connects to) Ray and puts the objective in the object
 store, so a Ray that cannot start or an objective that cannot be pickled
-raises :class:`privguard.InvalidArgumentError` with nothing charged. The
+raises :class:`privguard.InvalidArgumentError` with nothing charged
+(``run`` refuses an objective that was not prepared so, before Ray starts). The
 tuner then draws K and every candidate's hyperparameters at the driver, and
 each candidate runs as one Ray task (with the CPUs/GPUs you request) that
 builds the candidate's strict child ledger inside the worker and runs the
@@ -44,6 +45,7 @@ the data.
 from __future__ import annotations
 
 import io
+import itertools
 import math
 import os
 import sys
@@ -217,16 +219,34 @@ class RayExecutor:
         A task that Ray reports as failed (its worker died, its result was
         lost) is ⊥. Tasks still pending when this call is left by an
         exception (e.g. ``KeyboardInterrupt``) are cancelled.
+
+        Raises:
+            InvalidArgumentError: a task's objective is not the one given to
+                :meth:`prepare` (or ``prepare`` was not called), before that task
+                runs. Task cb: such an objective was shipped unchecked, a file- or
+                server-backed ledger it carries included, which every worker reopened
+                (a candidate charging it wrote to the caller's journal once per
+                candidate). The tuners call ``prepare`` before the charge.
         """
-        self._ensure()
+        if self._prepared is None:
+            raise InvalidArgumentError(
+                "tasks", "RayExecutor.run", "needs prepare(objective) first: it checks the "
+                "objective (a file- or server-backed ledger it carries is refused) and ships it")
+        prepared, shipped = self._prepared  # shipped once, by reference
+        tasks = iter(tasks)
+        first = next(tasks, None)  # checked before Ray starts
         pending: dict[Any, tuple[int, dict]] = {}
+        if first is None:
+            return
         try:
-            for index, (objective, params, orders, budget) in enumerate(tasks):
-                if self._prepared is not None and objective is self._prepared[0]:
-                    objective = self._prepared[1]  # shipped once, by reference
-                else:
-                    self._ship_by_value(objective)
-                pending[self._task.remote(objective, params, orders, budget)] = (index, params)
+            for index, (objective, params, orders, budget) in enumerate(
+                    itertools.chain([first], tasks)):
+                if objective is not prepared:
+                    raise InvalidArgumentError(
+                        "tasks", check.short(objective), f"task {index}'s objective is not the "
+                        "one given to prepare(objective): prepare it first")
+                self._ensure()
+                pending[self._task.remote(shipped, params, orders, budget)] = (index, params)
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
                 index, params = pending.pop(ref)

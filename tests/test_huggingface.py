@@ -321,11 +321,9 @@ def test_the_epsilon_reaches_a_callback_before_it_only_once_the_callback_is_move
     assert seen.logs and all("privacy_epsilon" in logs for logs in seen.logs)
 
 
-def test_a_resume_does_not_take_the_entry_of_another_run_at_the_same_step(tmp_path):
-    # Review cbk: run A's checkpoint-3 is copied aside; run B (σ = 4) then writes its own
-    # checkpoint-3 into the same output_dir. Resuming A from the copy read B's entry from
-    # <output_dir>/checkpoint-3 (the step matches): A's fresh ledger took B's weaker charges.
-    # The folder's trainer_state.json must be the resumed one (its log history too).
+def two_runs_at_the_same_step(tmp_path):
+    """Run A's checkpoint-3 copied to ``tmp_path/copy``, then run B (σ = 4) saving its own
+    checkpoint-3 into the same output_dir, ``tmp_path/out`` (returned)."""
     import shutil
 
     out = tmp_path / "out"
@@ -335,6 +333,15 @@ def test_a_resume_does_not_take_the_entry_of_another_run_at_the_same_step(tmp_pa
     trainer, _ = make_trainer(out, Ledger(delta=1e-5), max_steps=3, save_steps=3, seed=1)
     trainer.optimizer.noise_multiplier = 4.0
     trainer.train()
+    return out
+
+
+def test_a_resume_does_not_take_the_entry_of_another_run_at_the_same_step(tmp_path):
+    # Review cbk: run A's checkpoint-3 is copied aside; run B (σ = 4) then writes its own
+    # checkpoint-3 into the same output_dir. Resuming A from the copy read B's entry from
+    # <output_dir>/checkpoint-3 (the step matches): A's fresh ledger took B's weaker charges.
+    # The folder's trainer_state.json must be the resumed one (its log history too).
+    out = two_runs_at_the_same_step(tmp_path)
     fresh = Ledger(delta=1e-5)
     trainer, _ = make_trainer(out, fresh, max_steps=5, save_strategy="no")
     with pytest.raises(LedgerStateError, match="fresh budget"):

@@ -263,8 +263,11 @@ def sealed(search: Callable[[], T]) -> T:
 
 
 #: Why a ledger refuses everything while a tuner's candidates run (:func:`held`).
-HELD = ("held by a privguard tuner while its candidates run: a candidate charges its child "
-        "ledger only (a charge here per candidate would count the hidden number of runs)")
+HELD = ("held by a privguard tuner while its candidates run, in every thread: a candidate "
+        "charges its child ledger only (a charge here per candidate would count the hidden "
+        "number of runs, and a candidate may start threads, so no thread is exempt). Another "
+        "thread reads or charges this ledger once tuner.run(...) has returned (wait for it), "
+        "or charges a separate Ledger, with its own budget, meanwhile")
 
 
 @contextlib.contextmanager
