@@ -16,6 +16,7 @@ which the ledger drives in the one code path that both checks and applies
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,7 @@ class DPFilter:
         """The improved conversion's (a, b) at these weights, as :meth:`admits` compares
         (cached once the weights are fixed; the budget meter reads the same arrays)."""
         if weights is not self._terms_for:
-            self._terms = conv.improved_terms(self.orders, weights * self.delta)
+            self._terms = conv.improved_terms(self.orders, delta_parts(weights, self.delta))
             self._terms_for = weights
         return self._terms
 
@@ -97,7 +98,8 @@ class DPFilter:
 
     def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Per-order RDP budget left (negative where an order is exhausted)."""
-        return conv.rdp_budget_per_order(self.orders, self.epsilon, weights * self.delta) - spent
+        return conv.rdp_budget_per_order(self.orders, self.epsilon,
+                                         delta_parts(weights, self.delta)) - spent
 
     def describe(self) -> str:
         # the target as stated, never rounded (review lo2)
@@ -109,6 +111,27 @@ class DPFilter:
 
     def state(self) -> dict[str, Any]:
         return {}
+
+
+def delta_parts(weights: np.ndarray, delta: float) -> np.ndarray:
+    """The δ_α = w_α·δ the filter converts at, with Σ δ_α ≤ δ exactly (docs/theory.md §2:
+    the filter is (ε, Σ δ_α)-DP).
+
+    The weights' float sum may exceed 1 (ten weights 0.1 sum to 1 + 5.6e-17; ``Explicit``
+    accepts a sum up to 1 + 1e-12 for typed decimals), and each product w_α·δ is rounded:
+    the δ_α as computed could sum above δ, spending more δ than the budget (task lo3).
+    Where their exact sum (as rationals, not ``math.fsum``'s rounded one) exceeds δ, they
+    are scaled by δ/Σ and then lowered an ulp at a time until it does not: a smaller δ_α
+    converts to a larger ε, an over-count. A sum within δ is returned unchanged."""
+    parts = np.asarray(weights, dtype=float) * delta
+    limit = Fraction(delta)
+    total = sum(map(Fraction, parts.tolist()), Fraction(0))
+    if total <= limit:
+        return parts
+    parts = parts * (delta / float(total))
+    while sum(map(Fraction, parts.tolist()), Fraction(0)) > limit:
+        parts = np.nextafter(parts, 0.0)
+    return parts
 
 
 def _valid_weights(w: np.ndarray, orders: np.ndarray, what: str) -> np.ndarray:
