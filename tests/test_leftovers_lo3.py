@@ -43,3 +43,93 @@ def test_subset_tuning_at_an_order_just_above_an_integer_takes_the_next_integer(
     assert at_3 < at_4  # what makes rounding down an under-count here
     for above in (math.nextafter(3.0, math.inf), 3.0 + 5e-13):
         assert plan.rdp([2.0, above])[1] == at_4
+
+
+@pytest.mark.parametrize("shares", ["uniform", "tenths", "explicit above 1"])
+def test_the_delta_parts_a_filter_converts_at_sum_to_at_most_delta_exactly(shares, monkeypatch):
+    # The filter is (ε, Σ δ_α)-DP with δ_α = w_α·δ. Ten weights 0.1 (Uniform over ten
+    # orders, or typed) sum to 1 + 5.6e-17 as rationals, and Explicit accepted a sum up to
+    # 1 + 1e-12 unscaled: the δ_α converted at summed above δ, more δ than the budget.
+    from fractions import Fraction
+
+    import numpy as np
+
+    from privguard._accounting import _filters
+    from privguard._accounting._shares import Explicit, Uniform
+
+    orders = np.arange(2.0, 12.0)
+    rule = {"uniform": Uniform(),
+            "tenths": Explicit({float(a): 0.1 for a in orders}),
+            "explicit above 1": Explicit({2.0: 0.5, 3.0: 0.5 + 5e-13})}[shares]
+    seen = []
+    real = _filters.conv.improved_terms
+
+    def spy(grid, deltas):
+        seen.append(np.array(deltas))
+        return real(grid, deltas)
+
+    monkeypatch.setattr(_filters.conv, "improved_terms", spy)
+    delta = 1e-5
+    flt = _filters.DPFilter(1.0, delta, rule, orders)
+    flt.fix(None)
+    flt.admits(np.zeros(orders.size), flt.weights)
+    assert seen
+    for deltas in seen:
+        assert sum(map(Fraction, deltas.tolist())) <= Fraction(delta)
+        assert (deltas >= 0).all()
+    # never more than the weights asked for: an over-count, by rounding only
+    assert (seen[-1] <= flt.weights * delta).all()
+    assert np.allclose(seen[-1], flt.weights * delta, rtol=1e-11, atol=0)
+
+
+def _paper_bound_exactly(mode: str, orders, spent, delta: float):
+    """Seed 001 eq. 5 with the §4.5 schedule ("paper"), and the finer family too
+    ("tight", docs/theory.md §3.9), at 50 digits: the smallest member whose exact size is
+    at least ``spent``, its size + penalty, minimised over orders and families."""
+    import mpmath as mp
+
+    with mp.workdps(50):
+        n, d = len(orders), mp.mpf(delta)
+        families = [(mp.mpf(1), mp.mpf(2), lambda f: mp.log(2 * f * f))]
+        if mode == "tight":
+            mass = mp.pi ** 2 / 12
+            families.append((mp.mpf(1) / 5, mp.sqrt(2),
+                             lambda g: mp.log(mp.pi ** 2 * g * g / 6) - mp.log(1 - mass)))
+        best = mp.inf
+        for a, s in zip(orders, spent):
+            a, s = mp.mpf(float(a)), mp.mpf(float(s))
+            for scale, ratio, log_inv_weight in families:
+                first = scale * mp.log(2 * n / d) / (a - 1)
+                f = 1
+                while first * ratio ** (f - 1) < s:
+                    f += 1
+                best = min(best, first * ratio ** (f - 1)
+                           + (mp.log(n) + log_inv_weight(f) + mp.log(1 / d)) / (a - 1))
+        return best
+
+
+@pytest.mark.parametrize("mode", ["paper", "tight"])
+def test_the_paper_and_tight_odometers_never_report_below_their_formula(mode):
+    # Evaluated in floats they reported up to an ulp below eq. 5 (about half of random
+    # curves), and a spent value at a member's size (as floats give it) could take that
+    # member where its exact size lay below spent. A reported ε must never be below the
+    # bound its theorem gives.
+    import math
+
+    import numpy as np
+
+    from privguard._accounting._odometer import Odometer
+
+    orders = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0])
+    odometer = Odometer(orders, mode)
+    rng = np.random.default_rng(7)
+    curves = [(rng.exponential(1.0, orders.size) * 10 ** rng.uniform(-3, 2),
+               float(10 ** rng.uniform(-9, -3))) for _ in range(60)]
+    # at the boundaries: spent equal to a member's size as floats compute it, and beside it
+    delta = 1e-6
+    for k in range(0, 8):
+        size = float(np.log(2 * orders.size / delta) / (orders[0] - 1) * 2.0 ** k)
+        for s in (math.nextafter(size, 0), size, math.nextafter(size, math.inf)):
+            curves.append((np.concatenate([[s], np.full(orders.size - 1, 1e6)]), delta))
+    for spent, d in curves:
+        assert odometer.epsilon(spent, d) >= _paper_bound_exactly(mode, orders, spent, d)
