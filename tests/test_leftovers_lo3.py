@@ -133,3 +133,50 @@ def test_the_paper_and_tight_odometers_never_report_below_their_formula(mode):
             curves.append((np.concatenate([[s], np.full(orders.size - 1, 1e6)]), delta))
     for spent, d in curves:
         assert odometer.epsilon(spent, d) >= _paper_bound_exactly(mode, orders, spent, d)
+
+
+@pytest.mark.parametrize("mean", [0.4, 6.0])
+def test_optuna_private_optimize_with_a_poisson_k_charges_the_tuners_curve_end_to_end(mean):
+    # Never run end to end after the last change of RepeatAndSelect's Poisson curve (μ < 1
+    # and μ > 1 take different branches): the ledger is charged the tuner's curve, once,
+    # before the trials; the trials that ran are the K the seed drew (each charged its own
+    # child, not the ledger); and the ε the ledger reports is that of a ledger charged
+    # with the tuner's curve directly.
+    import numpy as np
+
+    from privguard.integrations.optuna import private_optimize, tuning_plan
+    from privguard.tuning import Poisson, RandomSearch
+
+    cost, runs = M.Gaussian(10.0), Poisson(mean)
+    tuner = RandomSearch({"x": [0.0, 1.0]}, runs, cost=cost, progress=False)
+    drawn = set()
+    for seed in range(12):
+        calls: list[float] = []
+
+        def objective(trial, child):
+            x = trial.suggest_float("x", -1.0, 1.0)
+            child.charge(cost)  # its own child ledger: refused beyond one trial's cost
+            calls.append(x)
+            return x * x
+
+        ledger = Ledger(epsilon=50.0, delta=1e-5)
+        result = private_optimize(objective, ledger, runs=runs, cost=cost, seed=seed,
+                                  progress=False)
+        assert len(ledger.history) == 1
+        charged = ledger.history[0].mechanism
+        assert charged == result.cost
+        direct = tuner.cost(ledger.orders)
+        np.testing.assert_array_equal(charged.rdp(ledger.orders), direct.rdp(ledger.orders))
+        np.testing.assert_array_equal(charged.rdp(ledger.orders),
+                                      tuning_plan(runs=runs, cost=cost, delta=1e-5,
+                                                  orders=ledger.orders).curve)
+        # the trials that ran: the K this seed draws (K and the draws share one generator,
+        # K first: privguard.tuning._random_search), each on a child charged one trial
+        k = runs.sample(np.random.default_rng(seed))
+        assert len(calls) == k and result.selected == (k > 0)
+        drawn.add(k > 0)
+        reference = Ledger(epsilon=50.0, delta=1e-5)
+        reference.charge(direct, label="optuna tuning")
+        assert ledger.epsilon() == reference.epsilon()
+        assert ledger.budget().spent == reference.budget().spent
+    assert True in drawn and (mean > 1 or False in drawn)  # trials ran; at μ < 1 also K = 0
