@@ -97,6 +97,7 @@ from scipy import special
 
 from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
 from privguard._mechanisms._reserve import DeltaReserve
+from privguard.integrations import _skips
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
 from privguard.integrations._shard import ShardDraws, truncation_factor
 from privguard.integrations._tails import CONFIDENCE
@@ -397,6 +398,10 @@ class Witnesses:
         self.active = (("noise",) if noise else ()) + ("clipping",) + (
             ("sampling",) if dataset_size else ())
         self.steps = 0
+        # the clipping bound the step is charged at (set by attach before check(): C′ where
+        # the records were clipped above the noise's C, docs/theory.md §14.7); None: read
+        # the optimizer's max_grad_norm
+        self.charged_bound: float | None = None
         self.failure: PipelineMismatchError | None = None
         # under DDP (together=True) a clipping refusal, found inside Opacus' per-micro-batch
         # clip before the step's collective, is held until check(), which runs inside it
@@ -592,7 +597,10 @@ class Witnesses:
                   for p in params]
         samples = [opt._get_flat_grad_sample(p).detach().reshape(batch, -1) for p in params]
         self._original()
-        c = float(opt.max_grad_norm)
+        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
+        # per-layer: the bound the layers were clipped at now, as the charge records it
+        # (_skips._bound: ‖max_grad_norms‖, the hooks' bounds; task lo3), not max_grad_norm
+        c = _skips._bound(opt) if per_layer else float(opt.max_grad_norm)
         norms = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g, dim=1) for g in samples], dim=1), dim=1)
         # clip_C(g) = g·min(1, C/‖g‖) (Abadi et al. 2016, Alg. 1): recomputed here, not read
@@ -600,7 +608,6 @@ class Witnesses:
         got = [p.summed_grad.detach().reshape(-1) if prior is None
                else (p.summed_grad.detach() - prior).reshape(-1)
                for p, prior in zip(params, before, strict=True)]
-        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
         bound = norms.clamp(max=c).sum().to(torch.float64)
         eps = coarsest_eps(g.dtype for g in samples)
         # float32 sums of squares err by ≤ γ_{d+1} relatively (any order; Higham 2002,
@@ -728,7 +735,10 @@ class Witnesses:
 
     def _check_noise(self, sigma: float, records: int) -> None:
         opt = self.optimizer
-        c = float(opt.max_grad_norm)
+        # the bound the step is charged at: the charged σ times it is the noise's std σ·C,
+        # and every record moved the clipped sum by at most it (task lo3: max_grad_norm
+        # alone failed a per-layer step whose list was raised between backward and step)
+        c = float(opt.max_grad_norm) if self.charged_bound is None else self.charged_bound
         if sigma <= 0 or c < 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
         # C = 0 (wr): no noise to test, but the step is measured: a NaN in it (a NaN or inf

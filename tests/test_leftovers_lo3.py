@@ -180,3 +180,51 @@ def test_optuna_private_optimize_with_a_poisson_k_charges_the_tuners_curve_end_t
         assert ledger.epsilon() == reference.epsilon()
         assert ledger.budget().spent == reference.budget().spent
     assert True in drawn and (mean > 1 or False in drawn)  # trials ran; at μ < 1 also K = 0
+
+
+def test_per_layer_bounds_raised_before_the_step_pass_the_witnesses_and_charge_c_prime():
+    # DPPerLayerOptimizer clips in pre_step at the max_grad_norms then in force; its noise
+    # is σ·max_grad_norm. Raised from (0.05,)·4 (norm 0.1) to (0.1,)·4 (norm 0.2) after a
+    # step, records are clipped at C′ = 0.2 and the step is charged σ·0.1/0.2 (Lemma 14.8).
+    # The witnesses read max_grad_norm = 0.1 and refused this correctly charged step: "norm
+    # > records × C at the charged C = 0.1" (a false alarm: identical records, all clipped
+    # to 0.2, sum to records × 0.2); they check at C′ now, and the noise test at the
+    # charged σ times C′, which is the noise's std σ·C.
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations.opacus import attach
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.ones(64, 4) * 3.0, torch.zeros(64, dtype=torch.long))
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = PrivacyEngine(accountant="rdp").make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+            data_loader=DataLoader(data, batch_size=8), noise_multiplier=1.0,
+            max_grad_norm=[0.05] * 4, clipping="per_layer")
+        ledger = Ledger(epsilon=50.0, delta=1e-5)
+        attach(opt, ledger, data_loader=loader, witnesses=True)
+
+    def step():
+        for x, y in loader:
+            if len(x):
+                break
+        opt.zero_grad()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()
+    opt.max_grad_norms = [0.1] * 4
+    step()
+    steps = [r.mechanism for r in ledger.history if type(r.mechanism).__name__ != "DeltaReserve"]
+    assert len(steps) == 2
+    assert steps[1].noise_multiplier == pytest.approx(1.0 * 0.1 / 0.2, rel=1e-6)
