@@ -95,6 +95,9 @@ import numpy as np
 import torch
 from scipy import special
 
+from privguard._accounting._results import exact as _exact
+from privguard._accounting._results import lower as _down
+from privguard._accounting._results import upper as _up
 from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
 from privguard._mechanisms._reserve import DeltaReserve
 from privguard.integrations import _skips
@@ -219,7 +222,7 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     if not alpha > 0.0:
         raise InvalidArgumentError(
             "witnesses", True,
-            f"cannot be paid for at the target ε = {epsilon:g}: the false-alarm budget "
+            f"cannot be paid for at the target ε = {_exact(epsilon)}: the false-alarm budget "
             f"r·δ/(1+e^ε) underflows")
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
 
@@ -635,7 +638,8 @@ class Witnesses:
             self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
-                f"charged C = {c:.6g} (tolerance {tolerance:.3g}): contributions above C reached "
+                f"charged C = {_exact(c)} (tolerance {_up(tolerance, '.3g')}): contributions "
+                "above C reached "
                 "the sum, and the charge assumes each record moves the sum by at most C (no "
                 "per-sample norm is reported: it is a record's data, review rt). Nothing was "
                 "charged or applied",
@@ -648,7 +652,7 @@ class Witnesses:
         gradient to inf·0 = NaN), and a NaN compared with the tolerance is False."""
         return PipelineMismatchError(
             f"clipping witness{mode}: the clipping of this micro-batch of {batch} records "
-            f"cannot be checked at the charged C = {c:.6g}: a per-sample gradient or the "
+            f"cannot be checked at the charged C = {_exact(c)}: a per-sample gradient or the "
             "clipped sum is not finite (NaN or ±inf: a NaN or inf gradient from the model?), "
             "and a sum that is not finite is not bounded by C. Nothing was charged or applied",
             witness="clipping", charged=c, measured=math.nan, interval=None,
@@ -678,8 +682,9 @@ class Witnesses:
             elif got > bound + tolerance:
                 self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
-                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
-                    f"charged C = {c:.6g}. Nothing was charged or applied",
+                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = "
+                    f"{_up(bound, '.4g')} at the charged C = {_exact(c)}. Nothing was charged "
+                    "or applied",
                     witness="clipping", charged=c, measured=got, interval=None,
                     step=self.steps + 1))
         self._original()
@@ -787,8 +792,8 @@ class Witnesses:
         sd = sigma * c
         if not sd * sd > 0.0:  # (σC)² underflows float64: the statistics divide by it (wr)
             self._fail(PipelineMismatchError(
-                f"noise witness: the charged noise σ·C = {sd:.6g} per coordinate (σ = "
-                f"{sigma:.6g}, C = {c:.6g}) is too small to be measured in float64 ((σC)² "
+                f"noise witness: the charged noise σ·C = {_exact(sd)} per coordinate (σ = "
+                f"{_exact(sigma)}, C = {_exact(c)}) is too small to be measured in float64 ((σC)² "
                 "underflows). Nothing was charged or applied",
                 witness="noise", charged=sigma, measured=math.nan, interval=None,
                 step=self.steps))
@@ -823,8 +828,8 @@ class Witnesses:
         # before raising it (step_charged), so that it is a post-processing of the step's
         # release, g (docs/theory.md §16.2, *What a refusal is a function of*)
         error = PipelineMismatchError(
-            f"noise witness: the step is charged with noise σ·C = {sd:.6g} per coordinate "
-            f"(σ = {sigma:.6g}, C = {c:.6g}), but this step's gradients, in {lay.coarsest}, "
+            f"noise witness: the step is charged with noise σ·C = {_exact(sd)} per coordinate "
+            f"(σ = {_exact(sigma)}, C = {_exact(c)}), but this step's gradients, in {lay.coarsest}, "
             f"cannot hold it: the dtype's rounding at the gradient's magnitude is so large "
             f"against the charged noise over its {d} coordinates that the noise test could not "
             "tell this step from one without noise (rounding the noisy gradient can remove "
@@ -846,10 +851,11 @@ class Witnesses:
         hi = math.sqrt(sq / _chi2_quantile(a, d)) / c
         estimate = math.sqrt(sq / d) / c
         self._fail(PipelineMismatchError(
-            f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
-            f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
-            f"step's {d} coordinates{where} has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, "
-            f"{hi:.4g}]); P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level "
+            f"noise witness: the step is charged with noise multiplier σ = {_exact(sigma)} "
+            f"(noise std σ·C = {_exact(sd)} per coordinate at C = {_exact(c)}), but the noise "
+            f"added to this step's {d} coordinates{where} has σ ≈ {estimate:.4g} (an estimate; "
+            f"95% interval [{_down(lo, '.4g')}, {_up(hi, '.4g')}]); P(this little noise | σ "
+            f"charged) = {_up(tail, '.3g')} ≤ {_exact(alpha)}, the level "
             f"spent by noise test {self.noise_checks} (step {self.steps}). Nothing was charged "
             "or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
@@ -1136,7 +1142,7 @@ class Witnesses:
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "
-                f"{size:.4g} > {records} × C = {bound:.4g} at the charged C = {c:.6g}: some "
+                f"{size:.4g} > {records} × C = {_up(bound, '.4g')} at the charged C = {_exact(c)}: some "
                 "record moved the sum by more than C. Nothing was charged or applied",
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))
@@ -1191,11 +1197,12 @@ class Witnesses:
         lower, upper = _binomial_tails(k, n, q)
         lo, hi = _clopper_pearson(k, n)
         self._fail(PipelineMismatchError(
-            f"sampling witness: the steps are charged with sample rate q = {q:.6g} per record "
+            f"sampling witness: the steps are charged with sample rate q = {_exact(q)} per record "
             f"(Poisson, {self._population()}), but {k} records were drawn in "
             f"{n // self.dataset_size} draws of the dataset since q took this value: rate ≈ "
-            f"{k / n:.4g} (95% Clopper–Pearson interval [{lo:.4g}, {hi:.4g}]); two-sided "
-            f"binomial p = {2 * min(lower, upper):.3g} ≤ {alpha:.3g}, the level spent at step "
+            f"{k / n:.4g} (95% Clopper–Pearson interval [{_down(lo, '.4g')}, "
+            f"{_up(hi, '.4g')}]); two-sided binomial p = {_up(2 * min(lower, upper), '.3g')} ≤ "
+            f"{_exact(alpha)}, the level spent at step "
             f"{self.steps}. Nothing was charged or applied",
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
@@ -1298,11 +1305,12 @@ class Witnesses:
             return
         lo, hi = _clopper_pearson(self._ties, self._pairs)
         self._fail(PipelineMismatchError(
-            f"sampling witness: the steps are charged as Poisson sampling at q = {q:.6g} "
+            f"sampling witness: the steps are charged as Poisson sampling at q = {_exact(q)} "
             f"(n = {draws} record draws a batch), under which two batches' sizes are equal "
             f"with probability {c:.4g}; {self._ties} of {self._pairs} pairs of batches had equal "
-            f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
-            f"{hi:.4g}]; binomial p = {upper:.3g} ≤ {alpha:.3g}): the batches are not Poisson "
+            f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{_down(lo, '.4g')}, "
+            f"{_up(hi, '.4g')}]; binomial p = {_up(upper, '.3g')} ≤ {_exact(alpha)}): the "
+            "batches are not Poisson "
             "draws (fixed-size batches?). Nothing was charged or applied",
             witness="sampling", charged=c, measured=self._ties / self._pairs,
             interval=(lo, hi), step=self.steps))

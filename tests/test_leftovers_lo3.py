@@ -228,3 +228,67 @@ def test_per_layer_bounds_raised_before_the_step_pass_the_witnesses_and_charge_c
     steps = [r.mechanism for r in ledger.history if type(r.mechanism).__name__ != "DeltaReserve"]
     assert len(steps) == 2
     assert steps[1].noise_multiplier == pytest.approx(1.0 * 0.1 / 0.2, rel=1e-6)
+
+
+def test_the_noise_witness_message_states_the_charge_exactly_and_its_interval_outwards():
+    # _fail_noise printed the charged σ and C with :.6g (to nearest: σ = 1.2345649 read
+    # "1.23456", a smaller σ than charged), the 95% interval's ends to nearest (an end
+    # printed inside the interval) and the tail to nearest. Stated values are exact now,
+    # the interval's ends rounded outwards, the tail up; the estimate (≈) to nearest.
+    import math
+
+    pytest.importorskip("torch")
+    from privguard import PipelineMismatchError
+    from privguard._accounting._results import lower, upper
+    from privguard.integrations._witnesses import Witnesses
+
+    w = Witnesses.__new__(Witnesses)  # the message alone: no optimizer needed
+    w.failure, w.noise_checks, w.steps = None, 3, 7
+    sigma, c, z_norm, d = 1.2345649, 0.70000001, 0.123456789, 1000
+    with pytest.raises(PipelineMismatchError) as caught:
+        w._fail_noise(sigma, c, z_norm, d, 1.23456789e-9, 2.5e-8, "")
+    text = str(caught.value)
+    assert f"σ = {sigma!r}" in text and f"C = {c!r}" in text and f"{sigma * c!r}" in text
+    lo, hi = caught.value.interval
+    assert f"[{lower(lo, '.4g')}, {upper(hi, '.4g')}]" in text
+    assert float(lower(lo, ".4g")) <= lo and float(upper(hi, ".4g")) >= hi
+    assert f"= {upper(1.23456789e-9, '.3g')} ≤ 2.5e-08" in text  # 1.24e-9: rounded up
+    assert f"σ ≈ {math.sqrt(z_norm ** 2 / d) / c:.4g}" in text
+
+
+def test_a_hand_rate_refusal_states_the_loaders_rate_exactly():
+    # the loader's rate was printed with :g ("0.0123456" for 0.012345649), a rate the
+    # loader does not draw at; a stated rate is printed exactly now
+    from privguard import InvalidArgumentError
+    from privguard.integrations._samplers import check_hand_rate
+
+    with pytest.raises(InvalidArgumentError) as caught:
+        check_hand_rate("sample_rate", 0.5, 0.012345649)
+    assert "(0.012345649)" in str(caught.value)
+
+
+def test_the_plot_labels_state_the_target_and_delta_exactly(tmp_path, monkeypatch):
+    # `privguard plot` labelled the target "target ε = 1.23456" for ε = 1.2345649 (:g, to
+    # nearest: a smaller ε than the filter's) and δ likewise; stated values are exact now,
+    # as the report prints them
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from privguard._cli._report import plot
+
+    texts: list[str] = []
+    real = Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        for ax in fig.axes:
+            texts.append(ax.get_ylabel())
+            legend = ax.get_legend()
+            texts.extend(t.get_text() for t in (legend.get_texts() if legend else []))
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    ledger = Ledger(1.2345649, 1.2345649e-5)
+    ledger.charge(M.Gaussian(50.0))
+    plot(ledger, str(tmp_path / "eps.png"), compare_prv=False)
+    assert "target ε = 1.2345649" in texts and "ε at δ = 1.2345649e-05" in texts

@@ -350,7 +350,7 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     if target is not None and panels == 2:
         top = axes[0][0]
         top.plot(tr["meter_charges"], meter, marker=".", label="budget meter (what the filter compares)")
-        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {target[0]:g}")
+        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {exact(target[0])}")
         top.set_ylim(0, target[0] * 1.08)
         top.set_ylabel("budget spent (ε units)")
         top.legend(fontsize=8, loc="lower right")
@@ -369,7 +369,7 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
             ax.plot(xs, ys, linestyle="--", marker=".",
                     label="Opacus PRV (NOT a guarantee under adaptivity)")
     ax.set_xlabel("charges")
-    ax.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
+    ax.set_ylabel(f"ε at δ = {exact(delta)}" if delta else "ε")
     ax.legend(fontsize=8)
     name = os.path.basename(str(ledger.path)) if ledger.path else "in-memory ledger"
     fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"
