@@ -136,7 +136,7 @@ class InclusionCounts:
                 f"q = {_exact(q)}, under which, after {m} draws, each of the N = {n} records is "
                 f"{name} with probability {p:.4g} independently; {k} records were (fraction "
                 f"{k / n:.4g}, 95% interval [{_down(lo, '.4g')}, {_up(hi, '.4g')}]; binomial "
-                f"tail {_up(min(below, above), '.3g')} ≤ {_exact(level)}): the batches are not Poisson draws, each "
+                f"tail {_up(min(below, above), '.3g')} ≤ {_up(level, '.3g')}): the batches are not Poisson draws, each "
                 "record independently at q (a weighted or shuffled sampler?). Nothing was "
                 "charged or applied",
                 witness="sampling", charged=p, measured=k / n, interval=(lo, hi), step=step)
@@ -210,7 +210,7 @@ class AllocationEpochs:
                         f"sampling witness (random allocation): under the charge each batch "
                         f"size of an epoch is Binomial(N = {n}, 1/t = 1/{t}) (mean {mean:.4g}); "
                         f"batch {s + 1} of the epoch had {k} records (tail "
-                        f"{_up(tail, '.3g')} ≤ {_exact(level)}): the records are not allocated uniformly to the steps. "
+                        f"{_up(tail, '.3g')} ≤ {_up(level, '.3g')}): the records are not allocated uniformly to the steps. "
                         "Nothing was charged or applied",
                         witness="sampling", charged=mean, measured=float(k), interval=None,
                         step=step)

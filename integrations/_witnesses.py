@@ -855,7 +855,7 @@ class Witnesses:
             f"(noise std σ·C = {_exact(sd)} per coordinate at C = {_exact(c)}), but the noise "
             f"added to this step's {d} coordinates{where} has σ ≈ {estimate:.4g} (an estimate; "
             f"95% interval [{_down(lo, '.4g')}, {_up(hi, '.4g')}]); P(this little noise | σ "
-            f"charged) = {_up(tail, '.3g')} ≤ {_exact(alpha)}, the level "
+            f"charged) = {_up(tail, '.3g')} ≤ {_up(alpha, '.3g')}, the level "
             f"spent by noise test {self.noise_checks} (step {self.steps}). Nothing was charged "
             "or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
@@ -1202,7 +1202,7 @@ class Witnesses:
             f"{n // self.dataset_size} draws of the dataset since q took this value: rate ≈ "
             f"{k / n:.4g} (95% Clopper–Pearson interval [{_down(lo, '.4g')}, "
             f"{_up(hi, '.4g')}]); two-sided binomial p = {_up(2 * min(lower, upper), '.3g')} ≤ "
-            f"{_exact(alpha)}, the level spent at step "
+            f"{_up(alpha, '.3g')}, the level spent at step "
             f"{self.steps}. Nothing was charged or applied",
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
@@ -1309,7 +1309,7 @@ class Witnesses:
             f"(n = {draws} record draws a batch), under which two batches' sizes are equal "
             f"with probability {c:.4g}; {self._ties} of {self._pairs} pairs of batches had equal "
             f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{_down(lo, '.4g')}, "
-            f"{_up(hi, '.4g')}]; binomial p = {_up(upper, '.3g')} ≤ {_exact(alpha)}): the "
+            f"{_up(hi, '.4g')}]; binomial p = {_up(upper, '.3g')} ≤ {_up(alpha, '.3g')}): the "
             "batches are not Poisson "
             "draws (fixed-size batches?). Nothing was charged or applied",
             witness="sampling", charged=c, measured=self._ties / self._pairs,

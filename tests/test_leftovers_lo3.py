@@ -234,7 +234,8 @@ def test_the_noise_witness_message_states_the_charge_exactly_and_its_interval_ou
     # _fail_noise printed the charged σ and C with :.6g (to nearest: σ = 1.2345649 read
     # "1.23456", a smaller σ than charged), the 95% interval's ends to nearest (an end
     # printed inside the interval) and the tail to nearest. Stated values are exact now,
-    # the interval's ends rounded outwards, the tail up; the estimate (≈) to nearest.
+    # the interval's ends rounded outwards, the tail and the level up (so "tail ≤ level"
+    # still reads true); the estimate (≈) to nearest.
     import math
 
     pytest.importorskip("torch")
@@ -252,7 +253,7 @@ def test_the_noise_witness_message_states_the_charge_exactly_and_its_interval_ou
     lo, hi = caught.value.interval
     assert f"[{lower(lo, '.4g')}, {upper(hi, '.4g')}]" in text
     assert float(lower(lo, ".4g")) <= lo and float(upper(hi, ".4g")) >= hi
-    assert f"= {upper(1.23456789e-9, '.3g')} ≤ 2.5e-08" in text  # 1.24e-9: rounded up
+    assert f"= {upper(1.23456789e-9, '.3g')} ≤ 2.5e-08" in text  # tail and level rounded up
     assert f"σ ≈ {math.sqrt(z_norm ** 2 / d) / c:.4g}" in text
 
 
