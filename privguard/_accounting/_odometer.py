@@ -116,8 +116,9 @@ class _Family:
 def _slack(exponent: np.ndarray) -> np.ndarray:
     """A relative bound on the rounding of :meth:`_Family.bound`'s size and penalty: a
     few ulps for each log, product, quotient and sum (32: generous), and exp(x)'s error
-    from x's, |x|·2 ulps (x = (f − 1)·log r, each factor rounded)."""
-    return (32.0 + 2.0 * np.abs(exponent)) * _ULP
+    from x's, |x|·4 ulps (x = (f − 1)·log r: log r = log √2 errs by about 2.5 ulps, its
+    rounded √2 included, and the product by half an ulp more)."""
+    return (32.0 + 4.0 * np.abs(exponent)) * _ULP
 
 
 _PAPER_MASS = math.pi**2 / 12  # Σ_f 1/(2f²)
