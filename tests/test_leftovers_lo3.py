@@ -293,3 +293,30 @@ def test_the_plot_labels_state_the_target_and_delta_exactly(tmp_path, monkeypatc
     ledger.charge(M.Gaussian(50.0))
     plot(ledger, str(tmp_path / "eps.png"), compare_prv=False)
     assert "target ε = 1.2345649" in texts and "ε at δ = 1.2345649e-05" in texts
+
+
+def test_a_server_error_in_a_pickled_server_ledgers_check_is_a_ledger_state_error(pg,
+                                                                                   monkeypatch):
+    # As for SQLite above: a psycopg error raised while check_reference reads the
+    # pickle's rows (here the server refusing a statement) must reach pickle.loads as
+    # LedgerStateError, the ledger opened for the check closed. PostgreSQLStore reads
+    # them inside its _reading() wrapper, which converts every psycopg.Error: this held
+    # before task lo3 too (checked, not fixed); the test guards it.
+    import _pgserver
+
+    from privguard._stores import _extent
+
+    srv, db, name = pg
+    ledger = Ledger(3.0, 1e-5, path=srv.url(_pgserver.OWNER, db, name), lease=1)
+    ledger.charge(M.Gaussian(10.0), times=3, label="a")
+    blob = pickle.dumps(ledger)
+    ledger.close()
+    real = _extent.check
+
+    def failing(store, conn, rows, *args):
+        conn.execute("SELECT 1 / 0")  # the server refuses: psycopg.errors.DivisionByZero
+        return real(store, conn, rows, *args)
+
+    monkeypatch.setattr(_extent, "check", failing)
+    with pytest.raises(LedgerStateError, match="database error"):
+        pickle.loads(blob)
