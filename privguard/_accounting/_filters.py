@@ -16,7 +16,7 @@ which the ledger drives in the one code path that both checks and applies
 
 from __future__ import annotations
 
-from fractions import Fraction
+import math
 from typing import Any
 
 import numpy as np
@@ -120,18 +120,24 @@ def delta_parts(weights: np.ndarray, delta: float) -> np.ndarray:
     The weights' float sum may exceed 1 (ten weights 0.1 sum to 1 + 5.6e-17; ``Explicit``
     accepts a sum up to 1 + 1e-12 for typed decimals), and each product w_α·δ is rounded:
     the δ_α as computed could sum above δ, spending more δ than the budget (task lo3).
-    Where their exact sum (as rationals, not ``math.fsum``'s rounded one) exceeds δ, they
-    are scaled by δ/Σ and then lowered an ulp at a time until it does not: a smaller δ_α
-    converts to a larger ε, an over-count. A sum within δ is returned unchanged."""
+    Where their exact sum exceeds δ, they are scaled by δ/Σ and then lowered an ulp at a
+    time until it does not: a smaller δ_α converts to a larger ε, an over-count. A sum
+    within δ is returned unchanged."""
     parts = np.asarray(weights, dtype=float) * delta
-    limit = Fraction(delta)
-    total = sum(map(Fraction, parts.tolist()), Fraction(0))
-    if total <= limit:
+    if not _exceeds(parts, delta):
         return parts
-    parts = parts * (delta / float(total))
-    while sum(map(Fraction, parts.tolist()), Fraction(0)) > limit:
+    parts = parts * (delta / math.fsum(parts.tolist()))
+    while _exceeds(parts, delta):
         parts = np.nextafter(parts, 0.0)
     return parts
+
+
+def _exceeds(parts: np.ndarray, delta: float) -> bool:
+    """Whether Σ parts > δ exactly. ``math.fsum`` rounds the exact sum of its floats
+    correctly, and Σ parts − δ, a sum of floats, is 0 or at least the smallest subnormal
+    in magnitude, so its rounded value has its sign (``math.fsum(parts)`` alone returns
+    1.0 for ten weights 0.1: the rounded sum, not the exact one)."""
+    return math.fsum([*parts.tolist(), -delta]) > 0.0
 
 
 def _valid_weights(w: np.ndarray, orders: np.ndarray, what: str) -> np.ndarray:
