@@ -320,3 +320,24 @@ def test_a_server_error_in_a_pickled_server_ledgers_check_is_a_ledger_state_erro
     monkeypatch.setattr(_extent, "check", failing)
     with pytest.raises(LedgerStateError, match="database error"):
         pickle.loads(blob)
+
+
+@pytest.mark.parametrize("weights", ["uniform", "plan", "stored tenths"])
+def test_the_mixture_odometers_weights_sum_to_at_most_one_exactly(weights):
+    # Review rlo3: Ville's inequality, which the mixture odometer rests on, needs Σ w_α ≤ 1;
+    # _at_most_one tested math.fsum(w) > 1, the sum ROUNDED to a float: the default grid's
+    # uniform weights fl(1/157) sum to 1 + 5e-17 exactly (fsum: 1.0), and so did ten stored
+    # weights 0.1, both left unscaled (the same defect as the filter's δ_α, task lo3 item 3).
+    from fractions import Fraction
+
+    import numpy as np
+
+    from privguard import DEFAULT_ORDERS
+    from privguard._accounting._odometer import _checked_weights, mixture_weights
+
+    orders = np.array(DEFAULT_ORDERS)
+    w = {"uniform": lambda: mixture_weights(orders, None, 1e-5),
+         "plan": lambda: mixture_weights(orders, M.Gaussian(3.0), 1e-5),
+         "stored tenths": lambda: _checked_weights([0.1] * 10, 10)}[weights]()
+    assert sum(map(Fraction, w.tolist())) <= 1
+    assert (w >= 0).all() and sum(map(Fraction, w.tolist())) > 1 - Fraction(1, 10**12)

@@ -298,11 +298,17 @@ def _read_targets(curve: np.ndarray, am1: np.ndarray, times, count: int,
 
 
 def _at_most_one(w: np.ndarray) -> np.ndarray:
-    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so Σ w <= 1 exactly."""
+    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so Σ w <= 1 exactly.
+
+    Exactly: ``math.fsum(w)`` is the sum rounded to a float, 1.0 for 157 weights
+    fl(1/157) whose exact sum is 1 + 5.0e-17 (the default grid's uniform weights), so it
+    was compared as ``math.fsum(w) > 1`` and left them unscaled (review rlo3, as
+    ``_filters.delta_parts`` for the filter's δ_α). ``math.fsum`` of ``w`` and −1 is the
+    exact Σ w − 1 correctly rounded, a non-zero one keeps its sign."""
     total = math.fsum(w.tolist())
     if total > 1.0:
         w = w / total
-    while math.fsum(w.tolist()) > 1.0:
+    while math.fsum([*w.tolist(), -1.0]) > 0.0:
         w = w * (1.0 - 2 * _ULP)
     return w
 
