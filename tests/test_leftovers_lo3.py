@@ -341,3 +341,43 @@ def test_the_mixture_odometers_weights_sum_to_at_most_one_exactly(weights):
          "stored tenths": lambda: _checked_weights([0.1] * 10, 10)}[weights]()
     assert sum(map(Fraction, w.tolist())) <= 1
     assert (w >= 0).all() and sum(map(Fraction, w.tolist())) > 1 - Fraction(1, 10**12)
+
+
+def test_a_ledger_filled_to_its_budget_before_the_exact_delta_split_still_opens(
+        tmp_path, monkeypatch, capsys):
+    # Review rlo3: a charge admitted by the rule before task lo3 (δ_α = w_α·δ, whose exact
+    # sum is above δ for the default shares at this δ) within ulps of the budget is refused
+    # by delta_parts' δ_α, and re-reading the journal re-decides every charge: the ledger
+    # main wrote did not open ("would be refused by the recorded budget"), contrary to
+    # docs/theory.md §2. It opens now, reports as before, and admits nothing more.
+    import numpy as np
+
+    from privguard import BudgetExhausted
+    from privguard._accounting import _filters
+
+    eps, delta = 66.96122643024195, 3.7064695780085415e-06
+    first, last = M.Gaussian(4.454867753610349), M.Gaussian(0.12954786543284091)
+    fresh = Ledger(eps, delta)
+    fresh.charge(first)
+    assert not fresh.can_afford(last)  # refused by the exact split ...
+    path = tmp_path / "old.db"
+    with monkeypatch.context() as m:  # ... admitted by the products, as before lo3
+        m.setattr(_filters, "delta_parts", lambda w, d: np.asarray(w, dtype=float) * d)
+        old = Ledger(eps, delta, path=path)
+        old.charge(first)
+        old.charge(last)
+        before = old.epsilon()
+        blob = pickle.dumps(old)
+        old.close()
+    for opened in (lambda: Ledger.open(path), lambda: pickle.loads(blob)):
+        ledger = opened()
+        assert ledger.epsilon() == before and len(ledger.history) == 2
+        with pytest.raises(BudgetExhausted):
+            ledger.charge(M.Gaussian(1e6))
+        ledger.close()
+    from privguard._cli._report import print_report, report
+
+    ledger = Ledger.open(path)
+    print_report(report(ledger))  # over the target by ulps: said, and why it may be
+    assert "over the target (after a retarget, or by rounding" in capsys.readouterr().out
+    ledger.close()

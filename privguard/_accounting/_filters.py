@@ -96,6 +96,15 @@ class DPFilter:
         # a is finite or -inf (zero share), so no inf - inf can arise here.
         return bool(((spent_after - a) + b <= self.epsilon).any())
 
+    def admitted_before_lo3(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        """Whether privguard before task lo3 admitted this: δ_α converted at the products
+        w_α·δ, which may sum a few ulps above δ (:func:`delta_parts` lowers them since).
+        For journals re-read only (``Accounting._readmit``): a charge admitted then within
+        ulps of the budget is refused by :meth:`admits` now, and its ledger would no longer
+        open (review rlo3). Never for a new charge."""
+        a, b = conv.improved_terms(self.orders, np.asarray(weights, dtype=float) * self.delta)
+        return bool(((spent_after - a) + b <= self.epsilon).any())
+
     def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Per-order RDP budget left (negative where an order is exhausted)."""
         return conv.rdp_budget_per_order(self.orders, self.epsilon,

@@ -250,7 +250,10 @@ def print_report(data: dict[str, Any]) -> None:
     target, delta = data["target_epsilon"], data["delta"]
     b = data.get("budget")
     if b is not None:
-        over = (" — over the target after a retarget: every charge is refused"
+        # over: a retarget lowered ε, or an earlier privguard admitted the last charge
+        # within ulps of the budget at δ_α a few ulps larger (review rlo3)
+        over = (" — over the target (after a retarget, or by rounding in a ledger an earlier "
+                "privguard wrote): every charge is refused"
                 if b["spent"] > b["epsilon"] else "")
         # spent rounded up, what is left rounded down (review cli: 59.95% left printed as 60%)
         print(f"budget      {upper(b['spent'], '.4g')} of ε = {exact(b['epsilon'])} spent "
