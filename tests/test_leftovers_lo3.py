@@ -343,8 +343,12 @@ def test_the_mixture_odometers_weights_sum_to_at_most_one_exactly(weights):
     assert (w >= 0).all() and sum(map(Fraction, w.tolist())) > 1 - Fraction(1, 10**12)
 
 
+@pytest.mark.parametrize("case", [
+    (66.96122643024195, 3.7064695780085415e-06, (4.454867753610349, 0.12954786543284091)),
+    (1.4847440111067791, 2.3972162108634678e-06, (3.0329551776394204,)),  # the first charge
+])
 def test_a_ledger_filled_to_its_budget_before_the_exact_delta_split_still_opens(
-        tmp_path, monkeypatch, capsys):
+        case, tmp_path, monkeypatch, capsys):
     # Review rlo3: a charge admitted by the rule before task lo3 (δ_α = w_α·δ, whose exact
     # sum is above δ for the default shares at this δ) within ulps of the budget is refused
     # by delta_parts' δ_α, and re-reading the journal re-decides every charge: the ledger
@@ -355,23 +359,24 @@ def test_a_ledger_filled_to_its_budget_before_the_exact_delta_split_still_opens(
     from privguard import BudgetExhausted
     from privguard._accounting import _filters
 
-    eps, delta = 66.96122643024195, 3.7064695780085415e-06
-    first, last = M.Gaussian(4.454867753610349), M.Gaussian(0.12954786543284091)
+    eps, delta, sigmas = case
+    *before_last, last = [M.Gaussian(s) for s in sigmas]
     fresh = Ledger(eps, delta)
-    fresh.charge(first)
+    for mechanism in before_last:
+        fresh.charge(mechanism)
     assert not fresh.can_afford(last)  # refused by the exact split ...
     path = tmp_path / "old.db"
     with monkeypatch.context() as m:  # ... admitted by the products, as before lo3
         m.setattr(_filters, "delta_parts", lambda w, d: np.asarray(w, dtype=float) * d)
         old = Ledger(eps, delta, path=path)
-        old.charge(first)
-        old.charge(last)
+        for mechanism in (*before_last, last):
+            old.charge(mechanism)
         before = old.epsilon()
         blob = pickle.dumps(old)
         old.close()
     for opened in (lambda: Ledger.open(path), lambda: pickle.loads(blob)):
         ledger = opened()
-        assert ledger.epsilon() == before and len(ledger.history) == 2
+        assert ledger.epsilon() == before and len(ledger.history) == len(sigmas)
         with pytest.raises(BudgetExhausted):
             ledger.charge(M.Gaussian(1e6))
         ledger.close()
