@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from privguard._accounting._results import exact as _exact
+from privguard._accounting._results import lower as _down
+from privguard._accounting._results import upper as _up
 from privguard._errors import PipelineMismatchError
 from privguard.integrations._describe import swap_iter
 from privguard.integrations._tails import binomial_tail_lower, binomial_tail_upper, clopper_pearson
@@ -130,10 +133,10 @@ class InclusionCounts:
             lo, hi = clopper_pearson(k, n)
             raise PipelineMismatchError(
                 f"sampling witness (per record): the steps are charged as Poisson sampling at "
-                f"q = {q:.6g}, under which, after {m} draws, each of the N = {n} records is "
+                f"q = {_exact(q)}, under which, after {m} draws, each of the N = {n} records is "
                 f"{name} with probability {p:.4g} independently; {k} records were (fraction "
-                f"{k / n:.4g}, 95% interval [{lo:.4g}, {hi:.4g}]; binomial tail "
-                f"{min(below, above):.3g} ≤ {level:.3g}): the batches are not Poisson draws, each "
+                f"{k / n:.4g}, 95% interval [{_down(lo, '.4g')}, {_up(hi, '.4g')}]; binomial "
+                f"tail {_up(min(below, above), '.3g')} ≤ {_up(level, '.3g')}): the batches are not Poisson draws, each "
                 "record independently at q (a weighted or shuffled sampler?). Nothing was "
                 "charged or applied",
                 witness="sampling", charged=p, measured=k / n, interval=(lo, hi), step=step)
@@ -206,8 +209,8 @@ class AllocationEpochs:
                     raise PipelineMismatchError(
                         f"sampling witness (random allocation): under the charge each batch "
                         f"size of an epoch is Binomial(N = {n}, 1/t = 1/{t}) (mean {mean:.4g}); "
-                        f"batch {s + 1} of the epoch had {k} records (tail {tail:.3g} ≤ "
-                        f"{level:.3g}): the records are not allocated uniformly to the steps. "
+                        f"batch {s + 1} of the epoch had {k} records (tail "
+                        f"{_up(tail, '.3g')} ≤ {_up(level, '.3g')}): the records are not allocated uniformly to the steps. "
                         "Nothing was charged or applied",
                         witness="sampling", charged=mean, measured=float(k), interval=None,
                         step=step)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from privguard._accounting._results import exact as _exact
+from privguard._accounting._results import upper as _up
 from privguard._errors import InvalidArgumentError
 
 ALTERNATIVES = (
@@ -109,7 +111,7 @@ def check_hand_rate(name: str, given: float, loader_rate: float | None) -> float
     if not within_float32(given, loader_rate):
         raise InvalidArgumentError(
             name, given, f"differs from the rate the data loader samples at "
-            f"({loader_rate:g}): the charge must be the probability each record is drawn; "
+            f"({_exact(loader_rate)}): the charge must be the probability each record is drawn; "
             "leave sample_rate out to use the loader's")
     return max(given, loader_rate)
 
@@ -160,10 +162,11 @@ def wrapped_poisson(batch_sampler: Any) -> str | None:
         return (f"a {name} that re-batches a Poisson sampler ({type(inner).__name__}): what "
                 "each record's draw probability becomes is unknown")
     if getattr(batch_sampler, "split_batches", False):
-        return f"a {name} that splits each batch of a Poisson sampler (q = {q:g}) across ranks"
+        return f"a {name} that splits each batch of a Poisson sampler (q = {_exact(q)}) across ranks"
     return (f"a {name} that deals {shards} ranks their own batches of a Poisson sampler: one "
-            f"global step holds each record with probability {drawn_in_one_step(q, shards):.4g} "
-            f"(up to {shards} times), not the charged q = {q:g}")
+            f"global step holds each record with probability "
+            f"{_up(drawn_in_one_step(q, shards), '.4g')} (up to {shards} times), not the "
+            f"charged q = {_exact(q)}")
 
 
 def wrapped_allocation(batch_sampler: Any) -> str | None:
@@ -206,8 +209,8 @@ def distributed_mismatch(loader: Any, world_size: int) -> str | None:
     if not isinstance(q, (int, float)) or not 0 < q <= 1:
         return None
     return (f"is a non-distributed Poisson sampler under DDP with {world_size} ranks: every "
-            f"rank draws its own batch from all {records(loader)} records at q = {q:g}, so one "
+            f"rank draws its own batch from all {records(loader)} records at q = {_exact(q)}, so one "
             f"global step holds each record with probability "
-            f"{drawn_in_one_step(q, world_size):.4g} (up to {world_size} times), not the "
-            f"charged q = {q:g}; build the loader with DPDataLoader.from_data_loader(loader, "
+            f"{_up(drawn_in_one_step(q, world_size), '.4g')} (up to {world_size} times), not "
+            f"the charged q = {_exact(q)}; build the loader with DPDataLoader.from_data_loader(loader, "
             "distributed=True) (make_private does so for a DPDDP model)")

@@ -95,8 +95,12 @@ import numpy as np
 import torch
 from scipy import special
 
+from privguard._accounting._results import exact as _exact
+from privguard._accounting._results import lower as _down
+from privguard._accounting._results import upper as _up
 from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
 from privguard._mechanisms._reserve import DeltaReserve
+from privguard.integrations import _skips
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
 from privguard.integrations._shard import ShardDraws, truncation_factor
 from privguard.integrations._tails import CONFIDENCE
@@ -218,7 +222,7 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     if not alpha > 0.0:
         raise InvalidArgumentError(
             "witnesses", True,
-            f"cannot be paid for at the target ε = {epsilon:g}: the false-alarm budget "
+            f"cannot be paid for at the target ε = {_exact(epsilon)}: the false-alarm budget "
             f"r·δ/(1+e^ε) underflows")
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
 
@@ -397,6 +401,10 @@ class Witnesses:
         self.active = (("noise",) if noise else ()) + ("clipping",) + (
             ("sampling",) if dataset_size else ())
         self.steps = 0
+        # the clipping bound the step is charged at (set by attach before check(): C′ where
+        # the records were clipped above the noise's C, docs/theory.md §14.7); None: read
+        # the optimizer's max_grad_norm
+        self.charged_bound: float | None = None
         self.failure: PipelineMismatchError | None = None
         # under DDP (together=True) a clipping refusal, found inside Opacus' per-micro-batch
         # clip before the step's collective, is held until check(), which runs inside it
@@ -592,7 +600,10 @@ class Witnesses:
                   for p in params]
         samples = [opt._get_flat_grad_sample(p).detach().reshape(batch, -1) for p in params]
         self._original()
-        c = float(opt.max_grad_norm)
+        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
+        # per-layer: the bound the layers were clipped at now, as the charge records it
+        # (_skips._bound: ‖max_grad_norms‖, the hooks' bounds; task lo3), not max_grad_norm
+        c = _skips._bound(opt) if per_layer else float(opt.max_grad_norm)
         norms = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g, dim=1) for g in samples], dim=1), dim=1)
         # clip_C(g) = g·min(1, C/‖g‖) (Abadi et al. 2016, Alg. 1): recomputed here, not read
@@ -600,7 +611,6 @@ class Witnesses:
         got = [p.summed_grad.detach().reshape(-1) if prior is None
                else (p.summed_grad.detach() - prior).reshape(-1)
                for p, prior in zip(params, before, strict=True)]
-        per_layer = hasattr(opt, "max_grad_norms")  # DPPerLayerOptimizer: one C_l per layer
         bound = norms.clamp(max=c).sum().to(torch.float64)
         eps = coarsest_eps(g.dtype for g in samples)
         # float32 sums of squares err by ≤ γ_{d+1} relatively (any order; Higham 2002,
@@ -628,7 +638,8 @@ class Witnesses:
             self._refuse_micro_batch(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this micro-batch of {batch} records is "
                 f"{deviation:.4g} away (in L2 norm) from the per-sample gradients clipped to the "
-                f"charged C = {c:.6g} (tolerance {tolerance:.3g}): contributions above C reached "
+                f"charged C = {_exact(c)} (tolerance {_up(tolerance, '.3g')}): contributions "
+                "above C reached "
                 "the sum, and the charge assumes each record moves the sum by at most C (no "
                 "per-sample norm is reported: it is a record's data, review rt). Nothing was "
                 "charged or applied",
@@ -641,7 +652,7 @@ class Witnesses:
         gradient to inf·0 = NaN), and a NaN compared with the tolerance is False."""
         return PipelineMismatchError(
             f"clipping witness{mode}: the clipping of this micro-batch of {batch} records "
-            f"cannot be checked at the charged C = {c:.6g}: a per-sample gradient or the "
+            f"cannot be checked at the charged C = {_exact(c)}: a per-sample gradient or the "
             "clipped sum is not finite (NaN or ±inf: a NaN or inf gradient from the model?), "
             "and a sum that is not finite is not bounded by C. Nothing was charged or applied",
             witness="clipping", charged=c, measured=math.nan, interval=None,
@@ -671,8 +682,9 @@ class Witnesses:
             elif got > bound + tolerance:
                 self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
-                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = {bound:.4g} at the "
-                    f"charged C = {c:.6g}. Nothing was charged or applied",
+                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = "
+                    f"{_up(bound, '.4g')} at the charged C = {_exact(c)}. Nothing was charged "
+                    "or applied",
                     witness="clipping", charged=c, measured=got, interval=None,
                     step=self.steps + 1))
         self._original()
@@ -728,7 +740,10 @@ class Witnesses:
 
     def _check_noise(self, sigma: float, records: int) -> None:
         opt = self.optimizer
-        c = float(opt.max_grad_norm)
+        # the bound the step is charged at: the charged σ times it is the noise's std σ·C,
+        # and every record moved the clipped sum by at most it (task lo3: max_grad_norm
+        # alone failed a per-layer step whose list was raised between backward and step)
+        c = float(opt.max_grad_norm) if self.charged_bound is None else self.charged_bound
         if sigma <= 0 or c < 0:
             return  # nothing to compare (a σ = 0 charge is refused by the ledger itself)
         # C = 0 (wr): no noise to test, but the step is measured: a NaN in it (a NaN or inf
@@ -777,8 +792,8 @@ class Witnesses:
         sd = sigma * c
         if not sd * sd > 0.0:  # (σC)² underflows float64: the statistics divide by it (wr)
             self._fail(PipelineMismatchError(
-                f"noise witness: the charged noise σ·C = {sd:.6g} per coordinate (σ = "
-                f"{sigma:.6g}, C = {c:.6g}) is too small to be measured in float64 ((σC)² "
+                f"noise witness: the charged noise σ·C = {_exact(sd)} per coordinate (σ = "
+                f"{_exact(sigma)}, C = {_exact(c)}) is too small to be measured in float64 ((σC)² "
                 "underflows). Nothing was charged or applied",
                 witness="noise", charged=sigma, measured=math.nan, interval=None,
                 step=self.steps))
@@ -813,8 +828,8 @@ class Witnesses:
         # before raising it (step_charged), so that it is a post-processing of the step's
         # release, g (docs/theory.md §16.2, *What a refusal is a function of*)
         error = PipelineMismatchError(
-            f"noise witness: the step is charged with noise σ·C = {sd:.6g} per coordinate "
-            f"(σ = {sigma:.6g}, C = {c:.6g}), but this step's gradients, in {lay.coarsest}, "
+            f"noise witness: the step is charged with noise σ·C = {_exact(sd)} per coordinate "
+            f"(σ = {_exact(sigma)}, C = {_exact(c)}), but this step's gradients, in {lay.coarsest}, "
             f"cannot hold it: the dtype's rounding at the gradient's magnitude is so large "
             f"against the charged noise over its {d} coordinates that the noise test could not "
             "tell this step from one without noise (rounding the noisy gradient can remove "
@@ -836,10 +851,11 @@ class Witnesses:
         hi = math.sqrt(sq / _chi2_quantile(a, d)) / c
         estimate = math.sqrt(sq / d) / c
         self._fail(PipelineMismatchError(
-            f"noise witness: the step is charged with noise multiplier σ = {sigma:.6g} (noise "
-            f"std σ·C = {sd:.6g} per coordinate at C = {c:.6g}), but the noise added to this "
-            f"step's {d} coordinates{where} has σ ≈ {estimate:.4g} (95% interval [{lo:.4g}, "
-            f"{hi:.4g}]); P(this little noise | σ charged) = {tail:.3g} ≤ {alpha:.3g}, the level "
+            f"noise witness: the step is charged with noise multiplier σ = {_exact(sigma)} "
+            f"(noise std σ·C = {_exact(sd)} per coordinate at C = {_exact(c)}), but the noise "
+            f"added to this step's {d} coordinates{where} has σ ≈ {estimate:.4g} (an estimate; "
+            f"95% interval [{_down(lo, '.4g')}, {_up(hi, '.4g')}]); P(this little noise | σ "
+            f"charged) = {_up(tail, '.3g')} ≤ {_up(alpha, '.3g')}, the level "
             f"spent by noise test {self.noise_checks} (step {self.steps}). Nothing was charged "
             "or applied",
             witness="noise", charged=sigma, measured=estimate, interval=(lo, hi),
@@ -1126,7 +1142,7 @@ class Witnesses:
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "
-                f"{size:.4g} > {records} × C = {bound:.4g} at the charged C = {c:.6g}: some "
+                f"{size:.4g} > {records} × C = {_up(bound, '.4g')} at the charged C = {_exact(c)}: some "
                 "record moved the sum by more than C. Nothing was charged or applied",
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))
@@ -1181,11 +1197,12 @@ class Witnesses:
         lower, upper = _binomial_tails(k, n, q)
         lo, hi = _clopper_pearson(k, n)
         self._fail(PipelineMismatchError(
-            f"sampling witness: the steps are charged with sample rate q = {q:.6g} per record "
+            f"sampling witness: the steps are charged with sample rate q = {_exact(q)} per record "
             f"(Poisson, {self._population()}), but {k} records were drawn in "
             f"{n // self.dataset_size} draws of the dataset since q took this value: rate ≈ "
-            f"{k / n:.4g} (95% Clopper–Pearson interval [{lo:.4g}, {hi:.4g}]); two-sided "
-            f"binomial p = {2 * min(lower, upper):.3g} ≤ {alpha:.3g}, the level spent at step "
+            f"{k / n:.4g} (95% Clopper–Pearson interval [{_down(lo, '.4g')}, "
+            f"{_up(hi, '.4g')}]); two-sided binomial p = {_up(2 * min(lower, upper), '.3g')} ≤ "
+            f"{_up(alpha, '.3g')}, the level spent at step "
             f"{self.steps}. Nothing was charged or applied",
             witness="sampling", charged=q, measured=k / n, interval=(lo, hi),
             step=self.steps))
@@ -1288,11 +1305,12 @@ class Witnesses:
             return
         lo, hi = _clopper_pearson(self._ties, self._pairs)
         self._fail(PipelineMismatchError(
-            f"sampling witness: the steps are charged as Poisson sampling at q = {q:.6g} "
+            f"sampling witness: the steps are charged as Poisson sampling at q = {_exact(q)} "
             f"(n = {draws} record draws a batch), under which two batches' sizes are equal "
             f"with probability {c:.4g}; {self._ties} of {self._pairs} pairs of batches had equal "
-            f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{lo:.4g}, "
-            f"{hi:.4g}]; binomial p = {upper:.3g} ≤ {alpha:.3g}): the batches are not Poisson "
+            f"sizes (rate {self._ties / self._pairs:.4g}, 95% interval [{_down(lo, '.4g')}, "
+            f"{_up(hi, '.4g')}]; binomial p = {_up(upper, '.3g')} ≤ {_up(alpha, '.3g')}): the "
+            "batches are not Poisson "
             "draws (fixed-size batches?). Nothing was charged or applied",
             witness="sampling", charged=c, measured=self._ties / self._pairs,
             interval=(lo, hi), step=self.steps))

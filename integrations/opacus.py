@@ -294,6 +294,14 @@ class AttachHandle:
         clipping the batches are clipped in the wrapped loss's backward at the module's own
         ``max_grad_norm``, which a C set on the optimizer alone does not change.
         """
+        return self._sigma_and_bound()[0]
+
+    def _sigma_and_bound(self) -> tuple[float, float]:
+        """:meth:`_sigma`, and the clipping bound the step is charged at: C′ where the
+        records were clipped at a C′ above the noise's C, else C (the noise's std is σ·C,
+        the charged σ times this bound). The witnesses check the step against it (task lo3:
+        they read ``max_grad_norm``, and a per-layer list raised between backward and step
+        made a correctly clipped step, charged at σ·C/C′, fail their clipped-sum check)."""
         sigma = float(self.optimizer.noise_multiplier)
         now = _skips.noise_bound(self.optimizer)
         drawn = None if self.layer_noise is None else self.layer_noise.drawn
@@ -302,11 +310,11 @@ class AttachHandle:
         bounds = [count.clip_bound for count in (self.skips, self.ghost)
                   if count is not None and count.clip_bound is not None]
         if not bounds:
-            return sigma
+            return sigma, now
         clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
         # docs/theory.md §14.7, Lemma 14.8: clipped at C′, noised at σ·C, the step is the
         # Gaussian of noise multiplier σ·C/C′; for C′ ≤ C charging σ over-counts
-        return sigma * now / clipped if clipped > now else sigma
+        return (sigma * now / clipped, clipped) if clipped > now else (sigma, now)
 
     def _reported(self) -> int | None:
         """The batches the optimizer holds: ``accumulated_iterations``, or under ghost
@@ -561,6 +569,8 @@ class AttachHandle:
         """
         assert self.witnesses is not None
         witnesses = self.witnesses
+        # the bound the step is charged at (read with σ: nothing between changes either)
+        witnesses.charged_bound = self._sigma_and_bound()[1]
         if mechanism is None:
             if sigma is None:
                 sigma = self._sigma()

@@ -52,7 +52,9 @@ def test_upgrade_verifies_logs_and_keeps_the_original(old_file, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["charges"] == 71 and (old_file.parent / "budget.db.v1").read_bytes() == before
     ledger = Ledger.open(old_file)
-    assert ledger.epsilon() == V01_EPSILON  # reports as before ("tight" files stay "tight")
+    # reports as before ("tight" files stay "tight"), or a rounding slack more: 0.1's
+    # float value could be an ulp below the formula; it is raised now, never lowered (lo3)
+    assert V01_EPSILON <= ledger.epsilon() <= V01_EPSILON * (1 + 1e-13)
     assert ledger._acc.config.odometer == "tight" and ledger.target == (4.0, 1e-5)
     migrate = ledger.events[0]
     assert migrate["event"] == "migrate" and migrate["rows"] == 71

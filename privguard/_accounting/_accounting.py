@@ -52,6 +52,34 @@ class Verdict(NamedTuple):
     filter: Any  # the filter that decided (a fresh one when ``fix`` is set)
 
 
+def _admitted_before_lo3(verdict: Verdict) -> Verdict | None:
+    """A re-read charge the (ε, δ) filter refuses, admitted if privguard before task lo3
+    admitted it (δ_α = w_α·δ, a few ulps more than :func:`_filters.delta_parts` gives where
+    the products sum above δ); None otherwise.
+
+    Review rlo3: a ledger whose last charge was admitted within ulps of its budget (a σ
+    bisected to the boundary: Gaussian(4.454867753610349) then Gaussian(0.12954786543284091)
+    at (ε, δ) = (66.96122643024195, 3.7064695780085415e-06)) no longer opened ("would be
+    refused by the recorded budget"). The charge ran under the budget as it was then; new
+    charges are decided by :meth:`DPFilter.admits` alone, so nothing more is admitted."""
+    flt, spent = verdict.filter, verdict.spent_after
+    if spent is None:
+        return None
+    from privguard._accounting._hybrid import HybridFilter
+
+    if type(flt) is DPFilter:
+        weights = flt.weights  # fixed: a run follows the fix
+        if weights is not None and flt.admitted_before_lo3(spent, weights):
+            return verdict._replace(admitted=True)
+    elif type(flt) is HybridFilter and flt.fallback.weights is not None:
+        admitted, state = flt.decide_with(
+            flt.fallback.admitted_before_lo3(np.asarray(spent, dtype=float), flt.fallback.weights),
+            verdict.mechanism, verdict.times)
+        if admitted:
+            return verdict._replace(admitted=True, filter_state=state)
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One journal change for a store: ``kind`` is "fix", "run" or "event"."""
@@ -476,6 +504,8 @@ class Accounting:
             verdict = self.decide(run.mechanism, run.label, run.pid, times)
         except PrivguardError as exc:
             raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
+        if not verdict.admitted:
+            verdict = _admitted_before_lo3(verdict) or verdict
         if not verdict.admitted:
             raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
                                    "would be refused by the recorded budget"

@@ -16,6 +16,7 @@ which the ledger drives in the one code path that both checks and applies
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,7 @@ class DPFilter:
         """The improved conversion's (a, b) at these weights, as :meth:`admits` compares
         (cached once the weights are fixed; the budget meter reads the same arrays)."""
         if weights is not self._terms_for:
-            self._terms = conv.improved_terms(self.orders, weights * self.delta)
+            self._terms = conv.improved_terms(self.orders, delta_parts(weights, self.delta))
             self._terms_for = weights
         return self._terms
 
@@ -95,9 +96,19 @@ class DPFilter:
         # a is finite or -inf (zero share), so no inf - inf can arise here.
         return bool(((spent_after - a) + b <= self.epsilon).any())
 
+    def admitted_before_lo3(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        """Whether privguard before task lo3 admitted this: δ_α converted at the products
+        w_α·δ, which may sum a few ulps above δ (:func:`delta_parts` lowers them since).
+        For journals re-read only (``Accounting._readmit``): a charge admitted then within
+        ulps of the budget is refused by :meth:`admits` now, and its ledger would no longer
+        open (review rlo3). Never for a new charge."""
+        a, b = conv.improved_terms(self.orders, np.asarray(weights, dtype=float) * self.delta)
+        return bool(((spent_after - a) + b <= self.epsilon).any())
+
     def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
         """Per-order RDP budget left (negative where an order is exhausted)."""
-        return conv.rdp_budget_per_order(self.orders, self.epsilon, weights * self.delta) - spent
+        return conv.rdp_budget_per_order(self.orders, self.epsilon,
+                                         delta_parts(weights, self.delta)) - spent
 
     def describe(self) -> str:
         # the target as stated, never rounded (review lo2)
@@ -109,6 +120,33 @@ class DPFilter:
 
     def state(self) -> dict[str, Any]:
         return {}
+
+
+def delta_parts(weights: np.ndarray, delta: float) -> np.ndarray:
+    """The δ_α = w_α·δ the filter converts at, with Σ δ_α ≤ δ exactly (docs/theory.md §2:
+    the filter is (ε, Σ δ_α)-DP).
+
+    The weights' float sum may exceed 1 (ten weights 0.1 sum to 1 + 5.6e-17; ``Explicit``
+    accepts a sum up to 1 + 1e-12 for typed decimals), and each product w_α·δ is rounded:
+    the δ_α as computed could sum above δ, spending more δ than the budget (task lo3).
+    Where their exact sum exceeds δ, they are scaled by δ/Σ and then lowered an ulp at a
+    time until it does not: a smaller δ_α converts to a larger ε, an over-count. A sum
+    within δ is returned unchanged."""
+    parts = np.asarray(weights, dtype=float) * delta
+    if not _exceeds(parts, delta):
+        return parts
+    parts = parts * (delta / math.fsum(parts.tolist()))
+    while _exceeds(parts, delta):
+        parts = np.nextafter(parts, 0.0)
+    return parts
+
+
+def _exceeds(parts: np.ndarray, delta: float) -> bool:
+    """Whether Σ parts > δ exactly. ``math.fsum`` rounds the exact sum of its floats
+    correctly, and Σ parts − δ, a sum of floats, is 0 or at least the smallest subnormal
+    in magnitude, so its rounded value has its sign (``math.fsum(parts)`` alone returns
+    1.0 for ten weights 0.1: the rounded sum, not the exact one)."""
+    return math.fsum([*parts.tolist(), -delta]) > 0.0
 
 
 def _valid_weights(w: np.ndarray, orders: np.ndarray, what: str) -> np.ndarray:

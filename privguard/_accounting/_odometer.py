@@ -63,7 +63,11 @@ NEW_MODES = (MIXTURE, PAPER)
 
 # ---------------------------------------------------------------------------
 # "paper" and "tight": families of (order, filter size, weight) members.
-# Kept bit for bit as they were: ledgers written with them must report as before.
+# As they were, raised by a rounding slack (task lo3): a ledger written with them reports
+# what it did before or an ulp-scale more (never less), and never below the formula.
+
+
+_ULP = float(np.finfo(np.float64).eps)
 
 
 class _Family:
@@ -75,25 +79,46 @@ class _Family:
         self.log_inv_weight = log_inv_weight  # f -> log(1/weight_f)
 
     def bound(self, spent: np.ndarray, orders: np.ndarray, delta: float) -> np.ndarray:
-        """Per order: size of the smallest eligible member + its penalty."""
+        """Per order: size of the smallest eligible member + its penalty, never below the
+        formula (seed 001 eq. 5) evaluated exactly.
+
+        The float evaluation is within :func:`_slack` of the exact one, relatively (every
+        term is positive). A member counts as eligible only where ``spent`` is at most its
+        size lowered by that slack (so it is eligible exactly, too), and its size +
+        penalty is raised by it: before (task lo3), the value could be an ulp below the
+        formula, and a member whose exact size lay just below ``spent`` could be taken."""
         n = orders.size
         first = self.scale * math.log(2 * n / delta) / (orders - 1)
         log_r = math.log(self.ratio)
+
+        def size_of(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            slack = _slack((f - 1) * log_r)
+            return first * np.exp((f - 1) * log_r), slack
+
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             # smallest f >= 1 with spent <= first * ratio^(f-1), fixed up for rounding
             f = 1.0 + np.maximum(0.0, np.ceil(np.log(np.maximum(spent / first, 1e-300)) / log_r))
             f = np.where(np.isfinite(spent), f, 1.0)
-            size = first * np.exp((f - 1) * log_r)
-            under = spent > size
+            size, slack = size_of(f)
+            under = spent > size * (1.0 - slack)
             f = np.where(under, f + 1, f)
-            size = np.where(under, first * np.exp((f - 1) * log_r), size)
-            lower = first * np.exp((f - 2) * log_r)
-            over = (f > 1) & (spent <= lower)
+            size, slack = size_of(f)
+            lower, lower_slack = size_of(f - 1)
+            over = (f > 1) & (spent <= lower * (1.0 - lower_slack))
             f = np.where(over, f - 1, f)
             size = np.where(over, lower, size)
+            slack = np.where(over, lower_slack, slack)
             penalty = (math.log(n) + self.log_inv_weight(f) + math.log(1 / delta)) / (orders - 1)
-            out = size + penalty
+            out = np.nextafter((size + penalty) * (1.0 + slack), np.inf)
         return np.where(np.isfinite(spent), out, np.inf)
+
+
+def _slack(exponent: np.ndarray) -> np.ndarray:
+    """A relative bound on the rounding of :meth:`_Family.bound`'s size and penalty: a
+    few ulps for each log, product, quotient and sum (32: generous), and exp(x)'s error
+    from x's, |x|·4 ulps (x = (f − 1)·log r: log r = log √2 errs by about 2.5 ulps, its
+    rounded √2 included, and the product by half an ulp more)."""
+    return (32.0 + 4.0 * np.abs(exponent)) * _ULP
 
 
 _PAPER_MASS = math.pi**2 / 12  # Σ_f 1/(2f²)
@@ -110,7 +135,6 @@ _FAMILIES = {PAPER: (_PAPER_FAMILY,), TIGHT: (_PAPER_FAMILY, _FINE_FAMILY)}
 # ---------------------------------------------------------------------------
 # "mixture": the root of Σ_α w_α exp((α−1)(ε − S(α))) = 1/δ, rounded up.
 
-_ULP = float(np.finfo(np.float64).eps)
 _MAX_EVALS = 60  # Newton from above needs ~5-7 evaluations; this is only a cap
 _RTOL = 1e-13  # stop when the next Newton step is below this (relative)
 _FLOOR = -700.0  # exponents below the largest by more than this are raised to it (see below)
@@ -274,11 +298,17 @@ def _read_targets(curve: np.ndarray, am1: np.ndarray, times, count: int,
 
 
 def _at_most_one(w: np.ndarray) -> np.ndarray:
-    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so Σ w <= 1 exactly."""
+    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so Σ w <= 1 exactly.
+
+    Exactly: ``math.fsum(w)`` is the sum rounded to a float, 1.0 for 157 weights
+    fl(1/157) whose exact sum is 1 + 5.0e-17 (the default grid's uniform weights), so it
+    was compared as ``math.fsum(w) > 1`` and left them unscaled (review rlo3, as
+    ``_filters.delta_parts`` for the filter's δ_α). ``math.fsum`` of ``w`` and −1 is the
+    exact Σ w − 1 correctly rounded, a non-zero one keeps its sign."""
     total = math.fsum(w.tolist())
     if total > 1.0:
         w = w / total
-    while math.fsum(w.tolist()) > 1.0:
+    while math.fsum([*w.tolist(), -1.0]) > 0.0:
         w = w * (1.0 - 2 * _ULP)
     return w
 

@@ -110,7 +110,9 @@ class Concentrated(DeltaShares):
 class Explicit(DeltaShares):
     """Weights given per order, as a mapping ``{order: weight}``; Σ ≤ 1.
 
-    Orders not mentioned get weight 0 (they can never admit a charge).
+    Orders not mentioned get weight 0 (they can never admit a charge). A sum up to
+    1 + 1e-12 (decimals typed by hand) is accepted; the filter converts at δ_α scaled
+    so that Σ δ_α ≤ δ exactly (:func:`privguard._accounting._filters.delta_parts`).
 
     Example:
         >>> import numpy as np

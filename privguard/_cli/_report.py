@@ -250,7 +250,10 @@ def print_report(data: dict[str, Any]) -> None:
     target, delta = data["target_epsilon"], data["delta"]
     b = data.get("budget")
     if b is not None:
-        over = (" — over the target after a retarget: every charge is refused"
+        # over: a retarget lowered ε, or an earlier privguard admitted the last charge
+        # within ulps of the budget at δ_α a few ulps larger (review rlo3)
+        over = (" — over the target (after a retarget, or by rounding in a ledger an earlier "
+                "privguard wrote): every charge is refused"
                 if b["spent"] > b["epsilon"] else "")
         # spent rounded up, what is left rounded down (review cli: 59.95% left printed as 60%)
         print(f"budget      {upper(b['spent'], '.4g')} of ε = {exact(b['epsilon'])} spent "
@@ -350,7 +353,7 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
     if target is not None and panels == 2:
         top = axes[0][0]
         top.plot(tr["meter_charges"], meter, marker=".", label="budget meter (what the filter compares)")
-        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {target[0]:g}")
+        top.axhline(target[0], color="k", linestyle="--", label=f"target ε = {exact(target[0])}")
         top.set_ylim(0, target[0] * 1.08)
         top.set_ylabel("budget spent (ε units)")
         top.legend(fontsize=8, loc="lower right")
@@ -369,7 +372,7 @@ def plot(ledger: Ledger, out: str, *, compare_prv: bool = True) -> str:
             ax.plot(xs, ys, linestyle="--", marker=".",
                     label="Opacus PRV (NOT a guarantee under adaptivity)")
     ax.set_xlabel("charges")
-    ax.set_ylabel(f"ε at δ = {delta:g}" if delta else "ε")
+    ax.set_ylabel(f"ε at δ = {exact(delta)}" if delta else "ε")
     ax.legend(fontsize=8)
     name = os.path.basename(str(ledger.path)) if ledger.path else "in-memory ledger"
     fig.suptitle(f"{name}: budget meter (top) and ε statements of other kinds (bottom)"

@@ -87,9 +87,13 @@ def koskela_kulkarni_variant1(eps_t: np.ndarray, eps_b: np.ndarray, q: float) ->
 
 
 def _extend(orders: np.ndarray, integer_curve: np.ndarray) -> np.ndarray:
-    """From integer orders 2..N to any grid by monotonicity (value at ⌈α⌉, inf above N)."""
+    """From integer orders 2..N to any grid by monotonicity (value at ⌈α⌉, inf above N).
+
+    ⌈α⌉ exactly: an order a rounding error above an integer k takes the value at k + 1,
+    an over-count. (It took k's before, ⌈α − 1e-12⌉: ε(k) < ε(α) may hold there, an
+    under-count; task lo3.)"""
     n = integer_curve.size - 1
-    idx = np.maximum(np.ceil(orders - 1e-12).astype(int), 2)
+    idx = np.maximum(np.ceil(orders).astype(int), 2)
     return np.where(idx <= n, integer_curve[np.minimum(idx, n)], np.inf)
 
 

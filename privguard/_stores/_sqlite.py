@@ -985,7 +985,9 @@ class SQLiteStore:
         journal = _extent.pickled_position(self, ref)
         if journal is None:
             return
-        with self._locked(write=False) as conn:
+        # SQLite's errors reading the rows (a row no UTF-8, the file locked or damaged
+        # since it was opened) as LedgerStateError: no sqlite3.Error escapes pickle.loads
+        with self._locked(write=False) as conn, self._read_errors():
             _extent.check(self, conn, conn.execute(
                 "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
                 "FROM entries WHERE idx >= ? AND idx <= ?", (journal[0] - 2, journal[0] - 1)),
