@@ -52,8 +52,8 @@ class Verdict(NamedTuple):
     filter: Any  # the filter that decided (a fresh one when ``fix`` is set)
 
 
-def _admitted_before_lo3(verdict: Verdict) -> Verdict | None:
-    """A re-read charge the (ε, δ) filter refuses, admitted if privguard before task lo3
+def _admitted_at_weighted_deltas(verdict: Verdict) -> Verdict | None:
+    """A re-read charge the (ε, δ) filter refuses, admitted if the rule before the exact δ split (lo3)
     admitted it (δ_α = w_α·δ, a few ulps more than :func:`_filters.delta_parts` gives where
     the products sum above δ); None otherwise.
 
@@ -69,11 +69,11 @@ def _admitted_before_lo3(verdict: Verdict) -> Verdict | None:
 
     if type(flt) is DPFilter:
         weights = flt.weights  # fixed: a run follows the fix
-        if weights is not None and flt.admitted_before_lo3(spent, weights):
+        if weights is not None and flt.admitted_at_weighted_deltas(spent, weights):
             return verdict._replace(admitted=True)
     elif type(flt) is HybridFilter and flt.fallback.weights is not None:
         admitted, state = flt.decide_with(
-            flt.fallback.admitted_before_lo3(np.asarray(spent, dtype=float), flt.fallback.weights),
+            flt.fallback.admitted_at_weighted_deltas(np.asarray(spent, dtype=float), flt.fallback.weights),
             verdict.mechanism, verdict.times)
         if admitted:
             return verdict._replace(admitted=True, filter_state=state)
@@ -505,7 +505,7 @@ class Accounting:
         except PrivguardError as exc:
             raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
         if not verdict.admitted:
-            verdict = _admitted_before_lo3(verdict) or verdict
+            verdict = _admitted_at_weighted_deltas(verdict) or verdict
         if not verdict.admitted:
             raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
                                    "would be refused by the recorded budget"

@@ -96,8 +96,8 @@ class DPFilter:
         # a is finite or -inf (zero share), so no inf - inf can arise here.
         return bool(((spent_after - a) + b <= self.epsilon).any())
 
-    def admitted_before_lo3(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
-        """Whether privguard before task lo3 admitted this: δ_α converted at the products
+    def admitted_at_weighted_deltas(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
+        """Whether the rule before the exact δ split (review lo3) admitted this: δ_α converted at the products
         w_α·δ, which may sum a few ulps above δ (:func:`delta_parts` lowers them since).
         For journals re-read only (``Accounting._readmit``): a charge admitted then within
         ulps of the budget is refused by :meth:`admits` now, and its ledger would no longer
