@@ -20,6 +20,7 @@ import sqlite3
 
 import numpy as np
 import pytest
+from test_sqlite import cli_verify
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -62,15 +63,20 @@ def _curve_version(version):
         _rows.CHECKPOINT_CURVES = saved
 
 
-def _write(path, charges, version=2):
+CONFIG = {"epsilon": 1e6, "delta": 1e-5}
+HYBRID = {"epsilon": 10.0, "delta": 1e-5, "filter": "hybrid",
+          "plan": M.SubsampledGaussian(1.0, 0.01, steps=1000)}
+
+
+def _write(path, charges, version=2, config=CONFIG):
     with _curve_version(version):
-        ledger = Ledger(epsilon=1e6, delta=1e-5, path=path)
+        ledger = Ledger(**config, path=path)
         _charge(ledger, charges)
         ledger.close()
 
 
-def _todays(charges):
-    ledger = Ledger(epsilon=1e6, delta=1e-5)
+def _todays(charges, config=CONFIG):
+    ledger = Ledger(**config)
     _charge(ledger, charges)
     return ledger.spent
 
@@ -104,16 +110,18 @@ def _checkpoint_version(path):
     return json.loads(snapshot)["curves"]
 
 
+@pytest.mark.parametrize("config", [CONFIG, HYBRID], ids=["rdp", "hybrid"])
 @pytest.mark.parametrize("read_only", [True, False])
 def test_a_version_2_file_of_dp_sgd_is_resumed_from_its_checkpoint(tmp_path, replayed,
-                                                                  read_only):
+                                                                  read_only, config):
     path = str(tmp_path / "v2.db")
     charges = _charges()
-    _write(path, charges)
+    _write(path, charges, config=config)
     assert _checkpoint_version(path) == 2
     ledger, rows = _open(path, replayed, read_only)
     assert rows <= RESUMED  # the checkpoint's last row, then those after it
-    assert np.array_equal(ledger.spent, _todays(charges))  # bit for bit a full replay
+    assert np.array_equal(ledger.spent, _todays(charges, config))  # bit for bit a full replay
+    assert cli_verify(path)["checkpoints"] == 1  # its whole snapshot equal to the replay
     if not read_only:
         ledger.charge(DPSGD[0], label="a")  # and it goes on charging
     ledger.close()
@@ -225,22 +233,13 @@ def _rewrite_checkpoint(path, edit):
         conn.close()
 
 
-def _verify(path):
-    store = open_store(path, read_only=True)
-    try:
-        store.open(None, None, None)
-        return store.verify()
-    finally:
-        store.close()
-
-
 def test_verify_holds_a_resumable_version_2_checkpoint_to_the_replay_exactly(tmp_path):
     """A version-2 checkpoint an opener resumes from must equal the replay, as one of
     today's version must: totals below it by less than the revision tolerance (which verify
     allows a checkpoint that is never resumed from) are refused."""
     path = str(tmp_path / "v2.db")
     _write(path, _charges())
-    assert _verify(path)["checkpoints"] == 1
+    assert cli_verify(path)["checkpoints"] == 1
 
     def lower(snap):
         base = snap["accounting"]["journal"]["base"]
@@ -248,13 +247,13 @@ def test_verify_holds_a_resumable_version_2_checkpoint_to_the_replay_exactly(tmp
 
     _rewrite_checkpoint(path, lower)
     with pytest.raises(LedgerStateError, match="does not match the replayed journal"):
-        _verify(path)
+        cli_verify(path)
 
 
 def test_verify_accepts_a_version_2_checkpoint_of_a_changed_curve(tmp_path):
     path = str(tmp_path / "v2.db")
     _write(path, _charges(first=[HUGE_SIGMA]))
-    assert _verify(path)["checkpoints"] == 1
+    assert cli_verify(path)["checkpoints"] == 1
 
 
 def test_an_edited_row_before_a_version_2_checkpoint_is_refused_not_resumed(tmp_path):
