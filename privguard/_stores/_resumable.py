@@ -5,8 +5,9 @@ computing a curve (the point: an old file opens without replaying its journal).
 
 Curve changes since version 2 (``git log -p 29aa95b..main`` over privguard/_curves,
 _mechanisms, _accounting and tuning; every other change there is a refusal, a message or the
-same floats): 7ea9ac5, 321fb2f and a05d7b9 (Poisson random-K tuning: the outcome K = 0, the
-joint-convexity bound, the 2⁻⁴⁸ round-up of the K = 0 bound) and 2ad6965 (a Gaussian curve
+same floats): 7ea9ac5, 321fb2f, the merge a9f56ac and a05d7b9 (Poisson random-K tuning: the
+outcome K = 0, the joint-convexity bound, the smaller of the two at every μ, the 2⁻⁴⁸
+round-up of the K = 0 bound) and 2ad6965 (a Gaussian curve
 whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
 ``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``). Since
 version 3 (67c2155): a05d7b9 alone, which did not bump the version. A description is
