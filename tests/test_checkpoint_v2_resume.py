@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -337,3 +339,35 @@ def test_a_version_2_server_ledger_of_dp_sgd_is_resumed_from(pg, replayed):
     ledger, rows = _open(with_poisson, replayed, False)
     assert rows > EVERY
     ledger.close()
+
+
+OLD_FILE = Path(__file__).parent / "data" / "ledger-curves2-4d526ef.db"
+"""Written by privguard 4d526ef (checkpoints of curve version 2) itself, not by today's code
+told to say version 2 (review rckr): 530 charges with leases of 8 (``Ledger(epsilon=1e4,
+delta=1e-5, lease=8)``), DP-SGD at five σ on labels r0-r2 and, every 23rd charge, one of
+Laplace, PureDP, ZCDP, RepeatAndSelect(Gaussian, Geometric), Composed, an accumulated and
+an allocated Gaussian and Gaussian(1e140); one checkpoint, at row 512 of 531."""
+
+
+def test_a_version_2_file_written_by_the_old_code_is_resumed_from_as_a_replay(tmp_path,
+                                                                             replayed,
+                                                                             monkeypatch):
+    """The proof of docs/theory.md §7 ("Resuming from an older checkpoint") says the old
+    code's snapshot equals today's replay of the same rows; here it is checked on a file
+    that code wrote: resumed from, and the ledger's whole state and ε bit for bit those of
+    a replay from the genesis."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_FILE, path)
+    assert _checkpoint_version(path) == 2
+    ledger, rows = _open(path, replayed, True)
+    assert rows <= 531 - 512 + 1  # the checkpoint's last row, then those after it
+    resumed = (ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
+    ledger.close()
+    monkeypatch.setattr(_rows, "_older_resumable", lambda *args: False)
+    ledger, rows = _open(path, replayed, True)
+    assert rows == 531  # replayed from the genesis
+    replay = (ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
+    ledger.close()
+    assert resumed[0] == replay[0]
+    assert np.array_equal(resumed[1], replay[1]) and resumed[2] == replay[2]
+    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot equal to the replay
