@@ -5,9 +5,10 @@
 Writes a file of ``--rows`` charges of ``SubsampledGaussian(1.0 + i·10⁻⁴, 0.001)`` (every
 row a new σ, so every row replayed computes a new curve) with today's code and
 checkpoints that say curve version 2 (``_rows.CHECKPOINT_CURVES`` set to 2 while it is
-written, as tests/test_checkpoint_v2_resume.py does: ``checkpoint_body`` reads it). A copy
-gets the same checkpoints without ``"curves"`` (version 1, before docs/theory.md §1.1's
-revision: never resumed from), MAC'd again as the store computes it. Each file is then
+written, as tests/test_checkpoint_v2_resume.py does: ``checkpoint_body`` reads it). A second
+file of the same charges gets checkpoints without ``"curves"`` (version 1, before
+docs/theory.md §1.1's revision: never resumed from; ``checkpoint_body`` wrapped while it is
+written). Each file is then
 opened read-only in a fresh process (no curve cached), ``Ledger.open`` then ``epsilon()``
 timed, and the journal rows replayed on opening counted (``_rows.replay_row``): the
 version-2 file is resumed from its newest checkpoint (docs/theory.md §7, "Resuming from an
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -27,8 +27,7 @@ import tempfile
 
 from privguard import Ledger
 from privguard import mechanisms as M
-from privguard._stores import _rows, open_store
-from privguard._stores._rows import Cursor
+from privguard._stores import _rows
 
 OPEN = """
 import sys, time
@@ -49,38 +48,34 @@ print(repr(seconds), replayed[0], repr(eps))
 """
 
 
-def write(path: str, rows: int) -> None:
-    saved = _rows.CHECKPOINT_CURVES
+def write(path: str, rows: int, curves: bool) -> None:
+    """The file, its checkpoints of curve version 2, or without ``"curves"`` (version 1)."""
+    saved, body = _rows.CHECKPOINT_CURVES, _rows.checkpoint_body
     _rows.CHECKPOINT_CURVES = 2  # what checkpoint_body writes
+
+    def without_curves(acc, last_kind):
+        out = body(acc, last_kind)
+        del out["curves"]
+        return out
+
+    if not curves:
+        _rows.checkpoint_body = without_curves
     try:
         ledger = Ledger(delta=1e-5, path=path)
         for i in range(rows):
             ledger.charge(M.SubsampledGaussian(1.0 + i * 1e-4, 0.001), label=f"r{i % 7}")
         ledger.close()
     finally:
-        _rows.CHECKPOINT_CURVES = saved
+        _rows.CHECKPOINT_CURVES, _rows.checkpoint_body = saved, body
 
 
-def drop_curves(path: str) -> int:
-    """Every checkpoint's snapshot without ``"curves"``, MAC'd again; their number."""
-    store = open_store(path, read_only=True)
-    store.open(None, None, None)
-    store.close()
+def checkpoints(path: str) -> list:
     conn = sqlite3.connect(path)
     try:
-        cps = conn.execute("SELECT entries, last_count, head, prev, snapshot FROM checkpoints"
-                           ).fetchall()
-        for entries, last_count, head, prev, snapshot in cps:
-            snap = json.loads(snapshot)
-            assert snap.pop("curves") == 2
-            text = json.dumps(snap)
-            mac = store._checkpoint_mac(Cursor(entries, last_count, head, prev, None), text)
-            conn.execute("UPDATE checkpoints SET snapshot = ?, mac = ? WHERE entries = ?",
-                         (text, mac, entries))
-        conn.commit()
+        return [json.loads(s).get("curves") for (s,) in conn.execute(
+            "SELECT snapshot FROM checkpoints ORDER BY entries")]
     finally:
         conn.close()
-    return len(cps)
 
 
 def first_open(path: str) -> tuple[float, int, float]:
@@ -95,11 +90,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         v2, v1 = os.path.join(tmp, "v2.db"), os.path.join(tmp, "v1.db")
-        write(v2, args.rows)
-        shutil.copy(v2, v1)
-        checkpoints = drop_curves(v1)
+        write(v2, args.rows, True)
+        write(v1, args.rows, False)  # the same charges (their curves cached by now)
+        assert checkpoints(v1) == [None] * len(checkpoints(v2)) and set(checkpoints(v2)) == {2}
         print(f"{args.rows} distinct-σ charges ({args.rows + 1} rows, the fix row first), "
-              f"{checkpoints} checkpoints; first open in a fresh process (load average "
+              f"{len(checkpoints(v2))} checkpoints; first open in a fresh process (load average "
               f"{os.getloadavg()[0]:.1f})")
         results = {}
         for name, path in (("version 2 (resumed from its newest checkpoint)", v2),
