@@ -521,7 +521,9 @@ class PostgresStore:
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC "
                            "LIMIT 1", (self.ledger,)).fetchone()
-        acc, self._cursor = _rows.resume(self, row, genesis_config)
+        acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
+            f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx < %s ORDER BY idx",
+            (self.ledger, n)).fetchall())
         self._checkpointed = self._cursor.entries
         head = self._read_head(conn)
         self._sync(conn, acc, head)

@@ -19,6 +19,7 @@ from privguard._accounting._plan import Plan
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict
 from privguard._mechanisms._poisson_revision import poisson_tuning_hint
+from privguard._stores._resumable import RESUMABLE, changed
 from privguard._stores._revision import revised_up_only
 
 
@@ -136,17 +137,23 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 3
+CHECKPOINT_CURVES = 4
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
 1e-4 (relative) below today's, and resuming from it would keep that under-count for every
-charge before it. Such a checkpoint (no ``"curves"`` field, or another value) is read and
-checked as any other (garbage still fails closed), then not resumed
-from: the journal is replayed from the genesis (review rw). 3: Poisson random-K tuning's
-curve changed (7ea9ac5, 321fb2f: the outcome K = 0 counted, the joint-convexity bound;
-docs/theory.md §7); a version-2 checkpoint after such a charge held totals up to 70%
-below today's, and the file opened with them (review rpo)."""
+charge before it. Such a checkpoint (no ``"curves"`` field) is read and checked as any other
+(garbage still fails closed), then not resumed from: the journal is replayed from the
+genesis (review rw). 3: Poisson random-K tuning's curve changed (7ea9ac5, 321fb2f: the
+outcome K = 0 counted, the joint-convexity bound; docs/theory.md §7), and so did a Gaussian
+curve whose 2σ² overflows (2ad6965); a version-2 checkpoint after a Poisson charge held
+totals up to 70% below today's, and the file opened with them (review rpo). 4: a05d7b9
+rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-3 checkpoint of
+67c2155 held Poisson totals up to 3.2e-16 below today's, and was resumed from: task ckr).
+A checkpoint of version 2 or 3 is resumed from only where no row before it describes a
+mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
+§7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
+genesis."""
 
 
 def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
@@ -155,12 +162,16 @@ def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
     return {"accounting": acc.snapshot(), "last_kind": last_kind, "curves": CHECKPOINT_CURVES}
 
 
-def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounting, Cursor]:
+def resume(store: Any, row: tuple | None, genesis_config: Any, conn: Any = None,
+           rows_before: Callable[[int], Iterable[tuple]] | None = None
+           ) -> tuple[Accounting, Cursor]:
     """The accounting and cursor at a checkpoint row (entries, last_count, head, prev,
     snapshot, mac), or at the genesis for None; the rows after it are replayed next.
 
     ``store`` supplies ``path``, ``genesis``, ``_checkpoint_mac`` and ``runs`` (the journal
-    before the checkpoint, loaded only if asked for).
+    before the checkpoint, loaded only if asked for), and for a checkpoint of an older curve
+    version what :func:`checked_items` needs; ``rows_before(n)`` returns the journal rows
+    of index below n, in order, read on ``conn`` (:func:`_older_resumable`).
     """
     if row is None:
         genesis = str(store.genesis)
@@ -182,11 +193,70 @@ def resume(store: Any, row: tuple | None, genesis_config: Any) -> tuple[Accounti
                 and cursor.last_count == 0)):
         raise LedgerStateError(f"{where} is inconsistent: it ends on a "
                                f"{cursor.last_kind!r} row of count {cursor.last_count}")
-    if snap.get("curves") != CHECKPOINT_CURVES:  # readable, but older totals: replay them all
-        return resume(store, None, genesis_config)
+    version = snap.get("curves")
+    if version != CHECKPOINT_CURVES and not (
+            type(version) is int and version in RESUMABLE and rows_before is not None
+            and _older_resumable(store, conn, cursor, snap, acc, rows_before, genesis_config)):
+        return resume(store, None, genesis_config)  # readable, but older totals: replay all
     before = acc.journal.runs_before
     acc.journal.load_prefix = lambda: store.runs()[:before]
     return acc, cursor
+
+
+def _older_resumable(store: Any, conn: Any, cursor: Cursor, snap: dict[str, Any],
+                     acc: Accounting, rows_before: Callable[[int], Iterable[tuple]],
+                     genesis_config: Any) -> bool:
+    """Whether a checkpoint of an older curve version (:data:`RESUMABLE`) holds exactly what
+    the journal before it replays to today (docs/theory.md §7, "Resuming from an older
+    checkpoint"): every row before it chained from the genesis to the checkpoint's digests,
+    and neither they nor the snapshot describe a mechanism whose curve changed since
+    (:func:`privguard._stores._resumable.changed`, no curve computed); no retarget before it;
+    its fixed choices the ones this library derives from the fix row. Anything else,
+    unreadable included, is False: the replay from the genesis then decides (and names
+    what is wrong)."""
+    where = f"{store.path}: checkpoint at row {cursor.entries}"
+    try:
+        rows = list(rows_before(cursor.entries))
+        if [r[0] for r in rows] != list(range(cursor.entries)) or changed(snap["accounting"]):
+            return False
+        items = checked_items(store, conn, rows[:-1])
+        if (rows[-2][9] if len(rows) > 1 else str(store.genesis)) != cursor.prev:
+            return False
+        idx, kind, mech_id, *_, body, _ = rows[-1]  # the last row: a run may have grown since
+        if kind == "run":
+            items.append(store._mechanism(conn, mech_id, where)[0].to_dict())
+        elif kind in ("fix", "event") and store._entry_digest(
+                cursor.prev, idx, kind, [body]) == cursor.digest:
+            items.append([kind, text_body(body, where)])
+        else:
+            return False
+        seen: set[int] = set()
+        for item in items:
+            if isinstance(item, Run):
+                if id(item.mechanism) in seen:
+                    continue
+                seen.add(id(item.mechanism))
+                item = item.mechanism.to_dict()
+            if changed(item):
+                return False
+        return _fixed_as_derived(acc, items, genesis_config, where)
+    except (LedgerStateError, TypeError, ValueError, KeyError, IndexError):
+        return False
+
+
+def _fixed_as_derived(acc: Accounting, items: list[Any], genesis_config: Any, where: str
+                      ) -> bool:
+    """Whether the checkpoint's fixed choices are what :func:`check_fix` installs today from
+    the journal's first fix row, under the genesis configuration (no retarget before the
+    checkpoint; one that is there makes this False)."""
+    bodies = [item for item in items if isinstance(item, list)]
+    if any(is_retarget(body) or "retargets" in body for kind, body in bodies if kind == "event"):
+        return False
+    fixes = [body for kind, body in bodies if kind == "fix"]
+    if not fixes:
+        return acc.fixed is None
+    derived = check_fix(Accounting(genesis_config, fix_now=False), fixes[0], where)
+    return bool(json.loads(json.dumps(derived)) == acc.fixed)
 
 
 def checkpoint_due(entries_before: int, entries: int, every: int) -> bool:
@@ -414,6 +484,7 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
     cursor = Cursor(0, 0, str(store.genesis), str(store.genesis), None)
     live, store.live = store.live, False
     n_rows = 0
+    unchanged = _Unchanged(store, conn)
     try:
         with gc_paused():
             for row in rows:
@@ -428,11 +499,14 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
                         raise LedgerStateError(
                             f"{store.path}: checkpoint at row {row[0] + 1} does not match "
                             f"journal row {row[0]} as it saw it ({exc})") from None
-                    verify_checkpoint(store, checkpoints.pop(row[0] + 1), cursor, acc)
+                    unchanged.see(row)
+                    verify_checkpoint(store, checkpoints.pop(row[0] + 1), cursor, acc,
+                                      unchanged.so_far)
                 replay_row(store, conn, acc, row, cursor)
+                unchanged.see(row)
                 cp = checkpoints.pop(cursor.entries, None)
                 if cp is not None:
-                    verify_checkpoint(store, cp, cursor, acc)
+                    verify_checkpoint(store, cp, cursor, acc, unchanged.so_far)
     finally:
         store.live = live
     if checkpoints:
@@ -441,6 +515,31 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
     if store._read_head(conn).as_tuple() != cursor.as_tuple():
         raise LedgerStateError(f"{store.path}: the journal does not replay to its head")
     return n_rows
+
+
+class _Unchanged:
+    """Whether the rows replayed so far (each after :func:`replay_row` accepted it) describe
+    no mechanism whose curve changed since curve version 2 (:func:`_resumable.changed`):
+    then a checkpoint of version 2 or 3 there is one an opener resumes from, and ``verify``
+    holds it to the replay exactly."""
+
+    def __init__(self, store: Any, conn: Any) -> None:
+        self.store, self.conn, self.so_far = store, conn, True
+        self._seen: set[Any] = set()
+
+    def see(self, row: tuple) -> None:
+        if not self.so_far:
+            return
+        idx, kind, mech_id = row[0], row[1], row[2]
+        if kind == "run":
+            if mech_id in self._seen:
+                return
+            self._seen.add(mech_id)
+            where = f"{self.store.path}: journal row {idx}"
+            data = self.store._mechanism(self.conn, mech_id, where)[0].to_dict()
+        else:
+            data = loads(row[8], f"{self.store.path}: journal row {idx}")
+        self.so_far = not changed(data)
 
 
 def _as_checkpointed(store: Any, cp: tuple, row: tuple) -> tuple:
@@ -457,15 +556,18 @@ def _as_checkpointed(store: Any, cp: tuple, row: tuple) -> tuple:
             cursor.digest)
 
 
-def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting) -> None:
+def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting,
+                      unchanged: bool = True) -> None:
     """A checkpoint row must carry its MAC and equal the journal replayed up to it: the
-    cursor, the kind of its last row and the whole accounting snapshot."""
+    cursor, the kind of its last row and the whole accounting snapshot (one of an older
+    curve version: see :func:`_same_accounting`; ``unchanged``: no row up to it describes
+    a mechanism whose curve changed since version 2)."""
     recorded, snapshot, where = checked_checkpoint(store, cp)
     try:
         snap = loads(snapshot, where)
         same = (recorded.as_tuple() == cursor.as_tuple()
                 and snap["last_kind"] == cursor.last_kind
-                and _same_accounting(snap, acc.snapshot()))
+                and _same_accounting(snap, acc.snapshot(), unchanged))
     except (TypeError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
@@ -534,12 +636,16 @@ def _at_recorded_steps(fixed: Any, derived: dict[str, Any]) -> dict[str, Any]:
     return {**derived, "filter": {**flt, "config": {**flt["config"], "steps_a": steps}}}
 
 
-def _same_accounting(snap: Any, replayed: dict[str, Any]) -> bool:
-    """A checkpoint's accounting against the replay up to it: equal; for one written before
-    :data:`CHECKPOINT_CURVES` (never resumed from), its spent totals may lie below the
-    replayed ones by the revision :func:`revised_up_only` allows, everything else equal."""
+def _same_accounting(snap: Any, replayed: dict[str, Any], unchanged: bool = False) -> bool:
+    """A checkpoint's accounting against the replay up to it: equal, as for one of an older
+    curve version that an opener may resume from (:data:`RESUMABLE`, ``unchanged``: no row
+    up to it describes a mechanism whose curve changed since); for any other older one
+    (never resumed from), its spent totals may lie below the replayed ones by the revision
+    :func:`revised_up_only` allows, everything else equal."""
     recorded = snap["accounting"]
-    if snap.get("curves") == CHECKPOINT_CURVES or recorded == replayed:
+    version = snap.get("curves")
+    if (version == CHECKPOINT_CURVES or recorded == replayed
+            or (unchanged and type(version) is int and version in RESUMABLE)):
         return bool(recorded == replayed)
     old, new = dict(recorded), dict(replayed)
     old_journal, new_journal = dict(old.pop("journal")), dict(new.pop("journal"))

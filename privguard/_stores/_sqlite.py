@@ -764,7 +764,9 @@ class SQLiteStore:
         """The accounting at the newest checkpoint, then the rows after it replayed."""
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
-        acc, self._cursor = _rows.resume(self, row, genesis_config)
+        acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
+            "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
+            "WHERE idx < ? ORDER BY idx", (n,)))
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
         return acc

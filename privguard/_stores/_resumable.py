@@ -1,0 +1,71 @@
+"""Whether a checkpoint of an older curve version may still be resumed from (docs/theory.md
+§7, "Resuming from an older checkpoint"): only where no row before it describes a mechanism
+whose curve changed since that version, decided from the stored descriptions alone, without
+computing a curve (the point: an old file opens without replaying its journal).
+
+Curve changes since version 2 (``git log -p 29aa95b..main`` over privguard/_curves,
+_mechanisms, _accounting and tuning; every other change there is a refusal, a message or the
+same floats): 7ea9ac5, 321fb2f, the merge a9f56ac and a05d7b9 (Poisson random-K tuning: the
+outcome K = 0, the joint-convexity bound, the smaller of the two at every μ, the 2⁻⁴⁸
+round-up of the K = 0 bound) and 2ad6965 (a Gaussian curve
+whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
+``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``). Since
+version 3 (67c2155): a05d7b9 alone, which did not bump the version. A description is
+*changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` law of runs, a number
+of magnitude 1e150 or more (or not finite) among a mechanism's parameters, or a
+``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
+later counts as changed until its curve history is read).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESUMABLE = frozenset({2, 3})
+"""The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
+checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
+
+MECHANISMS = frozenset({
+    "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "DeltaReserve", "Gaussian",
+    "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
+    "SubsampledGaussian", "SubsetTuning", "ZCDP", "TruncatedNegativeBinomial"})
+"""Mechanisms and laws of runs reviewed: their curves are the same floats today as in
+versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here)."""
+
+NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
+"""``{"type", "params"}`` dicts that are no mechanism: the δ-share rules of a configuration."""
+
+HUGE = 1e150
+"""Below the smallest σ whose 2σ² overflows (≈ 9.5e153, where 2ad6965 changed the curve)."""
+
+
+def changed(data: Any) -> bool:
+    """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
+    depth, a mechanism whose curve may differ from version 2's or 3's (see the module).
+    Iterative: no recursion limit.
+
+    Example:
+        >>> changed({"type": "SubsampledGaussian",
+        ...          "params": {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 1}})
+        False
+        >>> changed({"plan": {"step": {"type": "RepeatAndSelect", "params": {
+        ...     "base": {"type": "Gaussian", "params": {"noise_multiplier": 1.0}},
+        ...     "runs": {"type": "Poisson", "params": {"mean": 3.0}}}}}})
+        True
+    """
+    stack: list[tuple[Any, bool]] = [(data, False)]  # (item, inside a mechanism's params)
+    while stack:
+        item, inside = stack.pop()
+        if isinstance(item, dict):
+            if set(item) == {"type", "params"}:
+                kind = item["type"]
+                if not isinstance(kind, str) or kind not in MECHANISMS | NOT_MECHANISMS:
+                    return True  # Poisson, or a type never reviewed: fail closed
+                inside = kind in MECHANISMS
+            stack.extend((value, inside) for value in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((value, inside) for value in item)
+        elif inside and isinstance(item, (int, float)) and not isinstance(item, bool):
+            if not abs(item) < HUGE:  # also NaN and ±inf
+                return True
+    return False
