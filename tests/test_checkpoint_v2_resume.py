@@ -37,6 +37,9 @@ DPSGD = [M.SubsampledGaussian(1.0 + i / 8, 0.01) for i in range(2)]
 TUNER = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, steps=1000), Poisson(0.5))
 NESTED = M.Composed([M.Gaussian(3.0), TUNER])
 HUGE_SIGMA = M.Gaussian(1e155)
+# review lo3 changed SubsetTuning's value at an order a rounding error above an integer
+SUBSET = M.SubsetTuning(M.RepeatAndSelect(M.Gaussian(2.0), Geometric(mean=3.0)),
+                        M.Gaussian(3.0), 0.1)
 RESUMED = 10  # at most: the checkpoint's last row, then the (at most 9) rows after it
 
 
@@ -129,8 +132,8 @@ def test_a_version_2_file_of_dp_sgd_is_resumed_from_its_checkpoint(tmp_path, rep
     ledger.close()
 
 
-@pytest.mark.parametrize("first", [[TUNER], [NESTED], [HUGE_SIGMA]],
-                         ids=["poisson", "poisson-nested", "sigma-1e155"])
+@pytest.mark.parametrize("first", [[TUNER], [NESTED], [HUGE_SIGMA], [SUBSET]],
+                         ids=["poisson", "poisson-nested", "sigma-1e155", "subset"])
 def test_a_version_2_file_whose_curves_changed_before_the_checkpoint_is_replayed(
         tmp_path, replayed, first):
     path = str(tmp_path / "v2.db")
@@ -302,6 +305,7 @@ def test_a_version_2_checkpoint_whose_fixed_choices_differ_is_replayed(tmp_path,
     {"type": "Gaussian", "params": {"noise_multiplier": 10**400}},
     [{"step": TUNER.to_dict()}],
     {"plan": {"step": NESTED.to_dict(), "steps": None, "every": None}},
+    SUBSET.to_dict(),
 ])
 def test_changed_fails_closed(data):
     from privguard._stores._resumable import changed

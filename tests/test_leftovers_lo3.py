@@ -323,24 +323,50 @@ def test_a_server_error_in_a_pickled_server_ledgers_check_is_a_ledger_state_erro
 
 
 @pytest.mark.parametrize("weights", ["uniform", "plan", "stored tenths"])
-def test_the_mixture_odometers_weights_sum_to_at_most_one_exactly(weights):
-    # Review rlo3: Ville's inequality, which the mixture odometer rests on, needs Σ w_α ≤ 1;
-    # _at_most_one tested math.fsum(w) > 1, the sum ROUNDED to a float: the default grid's
-    # uniform weights fl(1/157) sum to 1 + 5e-17 exactly (fsum: 1.0), and so did ten stored
-    # weights 0.1, both left unscaled (the same defect as the filter's δ_α, task lo3 item 3).
+def test_the_mixture_odometer_holds_at_the_exact_sum_of_its_weights(weights, monkeypatch):
+    # Review rlo3: Ville's inequality, which the mixture odometer rests on, bounds its
+    # crossing by δ·Σ w_α; the default grid's uniform weights fl(1/157) sum to 1 + 5e-17
+    # exactly (math.fsum: 1.0), ten stored weights 0.1 too. The weights stay as they were
+    # (changing them changed every ledger's fixed choices: old checkpoints were replayed,
+    # docs/theory.md §7); the stopping test takes the excess (_odometer._SUM_EXCESS). Here:
+    # the returned ε satisfies Σ_α w_α e^((α−1)(ε − S(α))) >= Σ_α w_α / δ in 60 digits, with
+    # the exact sum of the float weights; and the check has power: without the rounding
+    # allowance the same iteration returns an ε that fails it.
     from fractions import Fraction
 
+    import mpmath
     import numpy as np
 
     from privguard import DEFAULT_ORDERS
+    from privguard._accounting import _odometer
     from privguard._accounting._odometer import _checked_weights, mixture_weights
 
     orders = np.array(DEFAULT_ORDERS)
+    n = 10 if weights == "stored tenths" else orders.size
+    grid = orders[:n]
     w = {"uniform": lambda: mixture_weights(orders, None, 1e-5),
          "plan": lambda: mixture_weights(orders, M.Gaussian(3.0), 1e-5),
          "stored tenths": lambda: _checked_weights([0.1] * 10, 10)}[weights]()
-    assert sum(map(Fraction, w.tolist())) <= 1
-    assert (w >= 0).all() and sum(map(Fraction, w.tolist())) > 1 - Fraction(1, 10**12)
+    exact_sum = sum(map(Fraction, w.tolist()))
+    assert exact_sum <= 1 + Fraction(1, 2**53)
+    am1 = grid - 1.0
+    log_w = np.log(w)
+    delta = 1e-5
+    rng = np.random.default_rng(5)
+    mpmath.mp.dps = 60
+
+    def holds(eps, spent):
+        left = mpmath.fsum(mpmath.mpf(float(wi)) * mpmath.exp(mpmath.mpf(float(a)) * (
+            mpmath.mpf(eps) - mpmath.mpf(float(s)))) for wi, a, s in zip(w, am1, spent))
+        return left * mpmath.mpf(delta) >= mpmath.mpf(exact_sum.numerator) / exact_sum.denominator
+
+    curves = [grid * c for c in rng.uniform(1e-3, 1.0, 40)]
+    assert all(holds(_odometer._mixture_epsilon_1d(s, log_w, am1, delta), s) for s in curves)
+    batch = _odometer._mixture_epsilon(np.array(curves), log_w, am1, delta)
+    assert all(holds(e, s) for e, s in zip(batch, curves))
+    monkeypatch.setattr(_odometer, "_SUM_EXCESS", 0.0)
+    monkeypatch.setattr(_odometer, "_error_bound", lambda *args: 0.0)
+    assert not all(holds(_odometer._mixture_epsilon_1d(s, log_w, am1, delta), s) for s in curves)
 
 
 @pytest.mark.parametrize("case", [

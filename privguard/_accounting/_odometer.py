@@ -149,6 +149,14 @@ def _offsets(spent: np.ndarray, log_w: np.ndarray, am1: np.ndarray, delta: float
     return c, c.min(axis=-1)
 
 
+_SUM_EXCESS = 2.0 ** -52
+"""What the stopping test f >= err adds for weights whose exact sum exceeds 1. Ville's
+inequality bounds the mixture supermartingale's crossing of 1/δ by δ·Σ_α w_α (its value at
+the start), so the bound holds at δ where the exact left side is >= Σ_α w_α/δ: f >= log Σ w_α,
+and log Σ w_α <= log(1 + 2⁻⁵³) < 2⁻⁵² (:func:`_at_most_one`: the weights' correctly rounded
+sum is <= 1; review rlo3)."""
+
+
 def _error_bound(f, top, eps, slope, mean_abs_z, n: int):
     """A bound on the floating-point error of the computed f (see :func:`_mixture_epsilon_1d`).
 
@@ -197,7 +205,8 @@ def _mixture_epsilon_1d(spent: np.ndarray, log_w: np.ndarray, am1: np.ndarray,
             total = float(e.sum())
             slope = float(e @ am1) / total
             f = top + math.log(total)
-            err = float(_error_bound(f, top, eps, slope, -float(e @ z) / total, n))
+            err = float(_error_bound(f, top, eps, slope, -float(e @ z) / total, n)) \
+                + _SUM_EXCESS
             if f >= err:  # verified: the exact left side is >= 1/δ at eps
                 best = eps
                 step = (f - err) / slope
@@ -234,7 +243,7 @@ def _mixture_epsilon(spent: np.ndarray, log_w: np.ndarray, am1: np.ndarray,
             slope = (e @ am1) / total
             f = top + np.log(total)
             mean_abs_z = -np.einsum("ij,ij->i", e, z) / total
-            err = _error_bound(f, top, ea, slope, mean_abs_z, n)
+            err = _error_bound(f, top, ea, slope, mean_abs_z, n) + _SUM_EXCESS
             ok = f >= err
             best[active[ok]] = ea[ok]
             step = np.where(ok, (f - err) / slope, 0.0)
@@ -298,17 +307,20 @@ def _read_targets(curve: np.ndarray, am1: np.ndarray, times, count: int,
 
 
 def _at_most_one(w: np.ndarray) -> np.ndarray:
-    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so Σ w <= 1 exactly.
+    """``w`` scaled down (by a few ulp at most when it is meant to sum to 1) so that
+    ``math.fsum(w)`` (Σ w correctly rounded) is <= 1: the exact Σ w is then <= 1 + 2⁻⁵³
+    (a sum above 1 + 2⁻⁵³ rounds above 1), and the odometer accounts for that excess in
+    its stopping test (:data:`_SUM_EXCESS`).
 
-    Exactly: ``math.fsum(w)`` is the sum rounded to a float, 1.0 for 157 weights
-    fl(1/157) whose exact sum is 1 + 5.0e-17 (the default grid's uniform weights), so it
-    was compared as ``math.fsum(w) > 1`` and left them unscaled (review rlo3, as
-    ``_filters.delta_parts`` for the filter's δ_α). ``math.fsum`` of ``w`` and −1 is the
-    exact Σ w − 1 correctly rounded, a non-zero one keeps its sign."""
+    Review rlo3 found the exact sum above 1 (157 weights fl(1/157): 1 + 5.0e-17) and
+    scaled the weights down to an exact sum <= 1; that changed the weights a ledger
+    fixes, so every checkpoint written before no longer matched today's derivation and
+    was replayed from the genesis (docs/theory.md §7, "Resuming from an older
+    checkpoint"). The weights are as they were; the excess is in the test instead."""
     total = math.fsum(w.tolist())
     if total > 1.0:
         w = w / total
-    while math.fsum([*w.tolist(), -1.0]) > 0.0:
+    while math.fsum(w.tolist()) > 1.0:
         w = w * (1.0 - 2 * _ULP)
     return w
 

@@ -7,12 +7,14 @@ Curve changes since version 2 (``git log -p 29aa95b..main`` over privguard/_curv
 _mechanisms, _accounting and tuning; every other change there is a refusal, a message or the
 same floats): 7ea9ac5, 321fb2f, the merge a9f56ac and a05d7b9 (Poisson random-K tuning: the
 outcome K = 0, the joint-convexity bound, the smaller of the two at every μ, the 2⁻⁴⁸
-round-up of the K = 0 bound) and 2ad6965 (a Gaussian curve
+round-up of the K = 0 bound), 2ad6965 (a Gaussian curve
 whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
-``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``). Since
-version 3 (67c2155): a05d7b9 alone, which did not bump the version. A description is
+``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``) and
+``SubsetTuning``'s exact ⌈α⌉ (review lo3: an order a rounding error above an integer).
+Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. A description is
 *changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` law of runs, a number
-of magnitude 1e150 or more (or not finite) among a mechanism's parameters, or a
+of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
+``SubsetTuning``, or a
 ``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
 later counts as changed until its curve history is read).
 """
@@ -28,9 +30,13 @@ checkpoint without ``"curves"``, predates the revision of §1.1 and is never res
 MECHANISMS = frozenset({
     "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "DeltaReserve", "Gaussian",
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
-    "SubsampledGaussian", "SubsetTuning", "ZCDP", "TruncatedNegativeBinomial"})
+    "SubsampledGaussian", "ZCDP", "TruncatedNegativeBinomial"})
 """Mechanisms and laws of runs reviewed: their curves are the same floats today as in
-versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here)."""
+versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here).
+``SubsetTuning`` is not here either: its curve at an order a rounding error above an
+integer k is now the value at k + 1, not k's (``_mechanisms/_subset._extend``, review lo3),
+which differs on a grid holding such an order; a file with a subset-tuning row before its
+checkpoint is replayed from the genesis."""
 
 NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
 """``{"type", "params"}`` dicts that are no mechanism: the δ-share rules of a configuration."""
