@@ -74,6 +74,7 @@ def test_another_ledger_of_the_process_writes_a_row_of_its_own(tmp_path):
     second.charge(STEP, label="a")
     rows = [(r.count, r.label) for r in second._store.runs()]
     assert rows == [(3, "a"), (2, "a"), (1, "a"), (1, "a")]
+    assert second._store.verify()["runs"] == 4  # the checkpoints and the chain agree
     first.close()
     second.close()
     for b in (blob, blob2):
