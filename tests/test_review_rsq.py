@@ -81,7 +81,7 @@ def test_a_pickled_file_ledger_refuses_an_older_copy_of_its_file(tmp_path):
     ledger.close()
     _copy(path, backup)
     ledger = Ledger.open(path, lease=1)
-    ledger.charge(M.Gaussian(10.0), times=10)  # the run grows: one row, 20 charges
+    ledger.charge(M.Gaussian(10.0), times=10)  # another ledger: a row of its own, 20 charges
     blob = pickle.dumps(ledger)
     ledger.close()
     _copy(backup, path)  # restored: 10 charges

@@ -237,7 +237,8 @@ class Journal:
         self._add(mechanism, curve, times, spent_after)
         c = self._cur
         self.charges += times
-        if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid:
+        if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid \
+                and (self._own or not self.own_runs_only):
             c[2] += times
             c[6] = t
             run = self._cur_run = Run(*c)
@@ -245,15 +246,29 @@ class Journal:
         self.close_current()
         self._cur = [self.run_count, self._charges_closed, times, label, mechanism, t, t, pid]
         self.run_count += 1
+        self._own = True
         run = self._cur_run = Run(*self._cur)
         return run, False
+
+    #: Whether a run is extended only by the journal that began it (review rr): the stores
+    #: that keep journal rows (SQLite, PostgreSQL) set it at every sync. A run's row grows
+    #: in place, so where any ledger of the process could grow it, an older copy of the
+    #: store restored and grown again by the same process past a pickled ledger's count
+    #: read as that ledger's run grown (:mod:`privguard._stores._extent`); where only the
+    #: ledger that wrote the run grows it, and that ledger refuses a journal behind the one
+    #: it wrote, a run read back from a store (replayed, or resumed from a checkpoint) is
+    #: never extended: the next charge of its key starts a run, and a row, of its own.
+    own_runs_only = False
+    #: Whether the current run was begun by :meth:`append` (not replayed or resumed).
+    _own = False
 
     def repeat_key(self) -> tuple[Mechanism, str | None, int, int] | None:
         """What one more charge must match to be recorded by :meth:`repeat_current`:
         the current run's (mechanism, label, pid) and the streak's count, or None when
-        there is no current run or its mechanism does not continue the streak."""
+        there is no current run, it is not this journal's to extend
+        (:attr:`own_runs_only`), or its mechanism does not continue the streak."""
         c = self._cur
-        if c is None:
+        if c is None or not (self._own or not self.own_runs_only):
             return None
         m, streak = c[4], self._streak
         if not (m is streak or m == streak):  # equal whenever a run is current
@@ -283,6 +298,7 @@ class Journal:
         (checked by the caller); ``spent_after`` is :meth:`spent_after` for it."""
         if self._cur is not None:  # a new row is a new run even if its key matches
             self.close_current()
+        self._own = False  # read back: another ledger's run (own_runs_only)
         self._add(run.mechanism, curve, run.count, spent_after)
         cur = self._cur = [self.run_count, self._charges_closed, run.count, run.label,
                            run.mechanism, run.first_time, run.last_time, run.pid]
@@ -322,6 +338,7 @@ class Journal:
         """Adopt a newer state of the current run (replayed from a store)."""
         c = self._cur
         assert c is not None and count >= c[2]
+        self._own = False  # grown by another ledger (own_runs_only)
         if count > c[2]:
             self._add(c[4], curve, count - c[2], spent_after)
             self.charges += count - c[2]

@@ -7,6 +7,13 @@ before it) and, where its last row is a run, what stays when that run grows
 (``run``: mechanism digest, label, pid, first time). A store whose journal does
 not extend it (an older copy restored, or the journal rewritten since) is
 refused: loaded, the ledger would have gone backwards.
+
+A pickled last run found grown is accepted, and that is sound because a run grows only
+through the ledger that wrote it (``Journal.own_runs_only``, review rr), which refuses
+a journal behind the one it wrote: an older copy restored is charged again in a row of
+its own, even by the same process, and fails the test below. Leases are deterministic
+in size, so the counts alone could not tell the two histories apart. A process running
+a privguard before that change can still grow a restored run (README).
 """
 
 from __future__ import annotations

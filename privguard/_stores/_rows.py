@@ -288,7 +288,9 @@ def sync(store: Any, conn: Any, acc: Accounting, head: Cursor,
     else (a journal that went backwards, rows replayed before that changed or vanished).
 
     ``rows_from(start)`` returns the journal rows from index ``start`` on, in order.
+    ``acc`` extends only the runs it began (``Journal.own_runs_only``, review rr).
     """
+    acc.journal.own_runs_only = True
     mine = store._cursor
     assert mine is not None
     if head.as_tuple() == mine.as_tuple():

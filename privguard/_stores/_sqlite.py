@@ -13,7 +13,8 @@ Layout (schema version 2):
   of mechanism ``mech``, first and last time), ``fix`` (what was fixed from
   the plan before the first charge) or ``event`` (an explicit, logged action
   such as a retarget). Only the last row ever changes: charging the current
-  run's mechanism again raises its count. Each row's digest chains it to the
+  run's mechanism again raises its count (through the ledger that wrote the run
+  alone: ``Journal.own_runs_only``). Each row's digest chains it to the
   previous row, from a genesis digest over the file's identity and
   configuration.
 * ``head(id=1, ...)``: the number of rows, the last row's count, the chain
