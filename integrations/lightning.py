@@ -65,6 +65,8 @@ ledger when the trainer runs in other processes.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -74,7 +76,7 @@ from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe, _samplers, _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
-from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._frameworks import (
     AttachedCallback,
@@ -84,10 +86,13 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._later import carry_later
 from privguard.integrations._recorded import find_opacus_hook
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
+from lightning.fabric.utilities.cloud_io import _load as _load_checkpoint  # noqa: E402
+from lightning.fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
 __all__ = ["LedgerCallback"]
 
@@ -205,6 +210,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     witnesses = False  # (a callback pickled before the option: off)
     _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
+    _run: str | None = None  # the run id in this fit's entries (review lrw), None before a fit
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -253,9 +259,54 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             "fitting without ckpt_path= starts a ledger that holds only the new steps: the "
             "privacy loss of the steps that trained the weights is not in its ε.)")
 
+    def _later_of_run(self, trainer: Any) -> None:
+        """Review lrw: a resume (``ckpt_path=``) from a checkpoint of a run while that run's
+        later checkpoints are saved (a rewind: the later steps ran) brought a fresh in-memory
+        ledger to the earlier checkpoint's charges only; a file-backed one keeps them all.
+        The run's entries in the resumed checkpoint's folder and in every ModelCheckpoint's
+        ``dirpath`` are found (``*.ckpt``), and the ledger takes the one with the most charges
+        (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
+        A checkpoint that cannot be read there refuses the resume (LedgerStateError)."""
+        resumed = str(trainer.ckpt_path)
+        folders = [os.path.dirname(resumed)] + [
+            str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+            if getattr(cb, "dirpath", None) is not None]
+        found, seen = [], set()
+        for folder in folders:
+            fs = get_filesystem(folder)
+            if not folder or not fs.isdir(folder):
+                continue
+            for path in sorted(fs.glob(os.path.join(folder, "*.ckpt"))):
+                if path in seen:
+                    continue
+                seen.add(path)
+                entry = self._entry_in(fs.unstrip_protocol(path) if "://" in folder else path)
+                named = entry.get("checkpoint") if is_entry(entry) else None
+                if isinstance(named, dict) and named.get("run") == self._run:
+                    found.append((path, entry))
+        carry_later(self.ledger, found, resumed=resumed, stacklevel=4)
+
+    def _entry_in(self, path: str) -> Any:
+        """This callback's entry in the Lightning checkpoint ``path`` (None where it holds
+        none); an unreadable checkpoint raises LedgerStateError (review rcb2's rule)."""
+        try:
+            saved = _load_checkpoint(path, map_location="cpu")
+        except Exception as exc:  # torch.load raises many kinds; any of them: unreadable
+            raise LedgerStateError(
+                f"{path}: unreadable ({type(exc).__name__}: {exc}); a resume looks for the "
+                "run's later entries in the checkpoint folders, and refuses rather than miss "
+                "charges: move the file out of the folder if it is not a checkpoint") from None
+        states = saved.get("callbacks") if isinstance(saved, dict) else None
+        state = states.get(self.state_key) if isinstance(states, dict) else None
+        return state.get("privguard") if isinstance(state, dict) else None
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception
         self._check_resumed(trainer)
+        if self._restored and self._run is not None and self.ledger.path is None:
+            self._later_of_run(trainer)
+        if not self._restored or self._run is None:
+            self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -440,15 +491,25 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self._detach()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"privguard": ledger_entry(self.ledger)}
+        entry = ledger_entry(self.ledger)
+        if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
+            entry["checkpoint"] = {"run": self._run}
+        return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and "privguard" in state_dict:
-            restore(self.ledger, state_dict["privguard"], where="LedgerCallback state")
+            entry = state_dict["privguard"]
+            named = entry.get("checkpoint", {}) if is_entry(entry) else {}
+            run = named.get("run") if isinstance(named, dict) else None
+            if not (isinstance(named, dict) and (run is None or isinstance(run, str))):
+                raise LedgerStateError(f"LedgerCallback state: the entry's checkpoint field is "
+                                       f"malformed: {check.short(named)}")
+            restore(self.ledger, entry, where="LedgerCallback state")
+            self._run = run  # None: written before run ids (its later entries are not found)
             self._restored = True
         elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
             self.ledger.load_state_dict(state_dict["ledger"])
-            self._restored = True
+            self._run, self._restored = None, True
         else:
             raise InvalidArgumentError("state_dict", type(state_dict).__name__,
                                        "is not a LedgerCallback state")

@@ -1,0 +1,164 @@
+"""Review lrw: a Lightning resume (``ckpt_path=``) from an earlier checkpoint of a run takes
+that run's later entries too (those steps ran; a ledger never goes backwards), as Hugging
+Face's callback does since review rcb2."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+from _lightning_quiet import QUIET  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from opacus import GradSampleModule  # noqa: E402
+from opacus.data_loader import DPDataLoader  # noqa: E402
+from opacus.optimizers import DPOptimizer  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import Ledger, LedgerStateError  # noqa: E402
+from privguard import mechanisms as M  # noqa: E402
+from privguard.integrations._checkpoint import ledger_entry  # noqa: E402
+from privguard.integrations.lightning import LedgerCallback  # noqa: E402
+
+pytestmark = [QUIET, pytest.mark.filterwarnings(
+    "ignore:.*callbacks used to create the checkpoint.*", "ignore:.*exists and is not empty.*",
+    "ignore:.*You called `self.log.*", "ignore:.*Checkpoint directory.*")]
+N, BATCH = 128, 16
+CARRIED = "later checkpoints"  # the warning of a carried entry
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = GradSampleModule(nn.Linear(4, 2))
+        x = torch.randn(N, 4, generator=torch.Generator().manual_seed(0))
+        self.data = TensorDataset(x, (x[:, 0] > 0).long())
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1), noise_multiplier=1.0,
+                           max_grad_norm=1.0, expected_batch_size=BATCH)
+
+    def train_dataloader(self):
+        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH))
+
+
+def _fit(ledger, steps, folder=None, name="{step}", ckpt_path=None):
+    """Fit to ``steps`` steps, saving every 2 steps into ``folder`` (when given)."""
+    cb = LedgerCallback(ledger)
+    callbacks = [cb] + ([] if folder is None else [ModelCheckpoint(
+        dirpath=folder, filename=name, every_n_train_steps=2, save_top_k=-1)])
+    trainer = pl.Trainer(callbacks=callbacks, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=folder is not None, limit_val_batches=0,
+                         max_steps=steps, default_root_dir=None)
+    trainer.fit(_Tiny(), ckpt_path=ckpt_path)
+    return cb
+
+
+def test_a_resume_from_an_earlier_checkpoint_takes_the_runs_later_entry(tmp_path):
+    # The run went on to steps 4 and 6, and their checkpoints are in the folder: a resume
+    # from step 2 into a fresh in-memory ledger went back to 2 charges (then 3 after one
+    # step), while a file-backed ledger keeps all 6 (and 7 after one step).
+    _fit(Ledger(delta=1e-5), 6, tmp_path / "ckpts")
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
+        _fit(fresh, 3, ckpt_path=tmp_path / "ckpts" / "step=2.ckpt")
+    assert len(fresh.history) == 7
+
+
+def test_the_later_entries_are_found_in_the_model_checkpoints_dirpath(tmp_path):
+    # the checkpoint resumed from was copied elsewhere; the run's later ones are in the
+    # dirpath of the resuming trainer's ModelCheckpoint
+    _fit(Ledger(delta=1e-5), 6, tmp_path / "ckpts")
+    (tmp_path / "copy").mkdir()
+    shutil.copy(tmp_path / "ckpts" / "step=2.ckpt", tmp_path / "copy" / "at2.ckpt")
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=CARRIED):
+        _fit(fresh, 3, tmp_path / "ckpts", name="again-{step}",
+             ckpt_path=tmp_path / "copy" / "at2.ckpt")
+    assert len(fresh.history) == 7
+
+
+def test_an_unrelated_runs_entry_in_the_same_folder_is_not_taken(tmp_path):
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder, name="a-{step}")
+    _fit(Ledger(delta=1e-5), 6, folder, name="b-{step}")  # another run, more charges
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"a-step=4\.ckpt \(4 charges, 2 carried over"):
+        _fit(fresh, 3, ckpt_path=folder / "a-step=2.ckpt")
+    assert len(fresh.history) == 5  # run a's 4, and one step: none of run b's
+
+
+def _recorded_fit(ledger, ckpt_path):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _fit(ledger, 5, ckpt_path=ckpt_path)
+    return [str(w.message) for w in seen if CARRIED in str(w.message)]
+
+
+def test_no_later_entry_leaves_the_resume_as_it_was(tmp_path):
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder)
+    fresh = Ledger(delta=1e-5)
+    assert _recorded_fit(fresh, folder / "step=4.ckpt") == []  # the run's last checkpoint
+    assert len(fresh.history) == 5
+
+
+def test_a_checkpoint_written_before_run_ids_still_resumes_as_before(tmp_path):
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    for name in ("step=2.ckpt", "step=4.ckpt", "step=6.ckpt"):  # entries as fin13 wrote them
+        saved = torch.load(folder / name, weights_only=False)
+        saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"].pop("checkpoint", None)
+        torch.save(saved, folder / name)
+    fresh = Ledger(delta=1e-5)
+    assert _recorded_fit(fresh, folder / "step=2.ckpt") == []  # no run id: none found
+    assert len(fresh.history) == 5
+
+
+def test_a_file_backed_ledger_keeps_its_charges_and_takes_no_entry(tmp_path):
+    db = str(tmp_path / "ledger.db")
+    _fit(Ledger(delta=1e-5, path=db, lease=1), 6, tmp_path / "ckpts")
+    reopened = Ledger(delta=1e-5, path=db, lease=1)
+    assert _recorded_fit(reopened, tmp_path / "ckpts" / "step=2.ckpt") == []
+    assert len(Ledger.open(db).history) == 9  # the file kept all 6, and 3 more steps
+
+
+def test_a_fork_of_the_runs_entries_is_refused(tmp_path):
+    # an entry naming the run whose journal does not extend the resumed one (an edited
+    # checkpoint, or a branch of the run that spent other charges): never merged, and not
+    # dropped either
+    folder = tmp_path / "ckpts"
+    cb = _fit(Ledger(delta=1e-5), 4, folder)
+    other = Ledger(delta=1e-5)
+    for _ in range(5):
+        other.charge(M.Gaussian(5.0), label="elsewhere")
+    saved = torch.load(folder / "step=4.ckpt", weights_only=False)
+    entry = ledger_entry(other)
+    entry["checkpoint"] = {"run": cb._run}
+    saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"] = entry
+    torch.save(saved, folder / "branch.ckpt")
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match="fork"):
+        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 2  # the resumed checkpoint's, no step after it
+
+
+def test_an_unreadable_checkpoint_in_the_folder_refuses_the_resume(tmp_path):
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder)
+    (folder / "step=6.ckpt").write_bytes(b"truncated")
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match=r"step=6\.ckpt: unreadable"):
+        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 2
