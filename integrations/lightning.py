@@ -54,7 +54,10 @@ checkpoint's journal and more keeps everything; one that holds something
 else raises :class:`privguard.LedgerStateError`). A resume from a checkpoint
 that holds no state under this callback's ``state_key`` (written with another
 ``label``, or without the callback) raises :class:`privguard.LedgerStateError`
-rather than start a fresh budget. A weights-only load
+rather than start a fresh budget. A resume of an in-memory ledger from an earlier
+checkpoint of a run takes the run's later entries in the checkpoint's folder and in every
+``ModelCheckpoint``'s ``dirpath`` (review lrw: those steps ran; see
+:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``. A weights-only load
 (``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
 detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
 the ledger that trained the weights). Pickling the callback (as
@@ -167,6 +170,29 @@ def _check_sampler_injection(trainer: Any) -> None:
             "distributed=True) (Poisson)")
 
 
+def _checkpoint_files(folders: list[str]) -> list[str]:
+    """The ``*.ckpt`` files in ``folders`` (local or fsspec URLs), each once; a folder that
+    does not exist has none, and one that cannot be listed raises LedgerStateError (its
+    checkpoints may hold charges: review lrw)."""
+    files: list[str] = []
+    for folder in folders:
+        try:
+            fs = get_filesystem(folder)
+            if not fs.isdir(folder):
+                continue
+            listed = sorted(fs.glob(os.path.join(folder, "*.ckpt")))
+        except Exception as exc:  # fsspec's backends raise their own kinds
+            raise LedgerStateError(
+                f"{folder}: cannot be listed ({type(exc).__name__}: {exc}); a resume looks "
+                "for the run's later checkpoints there") from None
+        remote = "://" in folder
+        for path in listed:
+            path = fs.unstrip_protocol(path) if remote else path
+            if path not in files:
+                files.append(path)
+    return files
+
+
 class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
@@ -268,22 +294,16 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
         A checkpoint that cannot be read there refuses the resume (LedgerStateError)."""
         resumed = str(trainer.ckpt_path)
-        folders = [os.path.dirname(resumed)] + [
-            str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
-            if getattr(cb, "dirpath", None) is not None]
-        found, seen = [], set()
-        for folder in folders:
-            fs = get_filesystem(folder)
-            if not folder or not fs.isdir(folder):
-                continue
-            for path in sorted(fs.glob(os.path.join(folder, "*.ckpt"))):
-                if path in seen:
-                    continue
-                seen.add(path)
-                entry = self._entry_in(fs.unstrip_protocol(path) if "://" in folder else path)
-                named = entry.get("checkpoint") if is_entry(entry) else None
-                if isinstance(named, dict) and named.get("run") == self._run:
-                    found.append((path, entry))
+        folders = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+                   if getattr(cb, "dirpath", None) is not None]
+        if not resumed.startswith("http"):  # a URL's folder cannot be listed
+            folders.insert(0, os.path.dirname(resumed) or ".")
+        found: list[tuple[str, dict[str, Any]]] = []
+        for path in _checkpoint_files(folders):
+            entry = self._entry_in(path)
+            named = entry.get("checkpoint") if is_entry(entry) else None
+            if isinstance(named, dict) and named.get("run") == self._run:
+                found.append((path, entry))
         carry_later(self.ledger, found, resumed=resumed, stacklevel=4)
 
     def _entry_in(self, path: str) -> Any:
@@ -303,7 +323,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception
         self._check_resumed(trainer)
-        if self._restored and self._run is not None and self.ledger.path is None:
+        if self._restored and self._run is not None and self.ledger.path is None and \
+                getattr(trainer, "ckpt_path", None) is not None:
             self._later_of_run(trainer)
         if not self._restored or self._run is None:
             self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it

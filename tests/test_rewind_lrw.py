@@ -13,12 +13,8 @@ torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
 from _lightning_quiet import QUIET  # noqa: E402
+from _tiny_lightning import TinyDP  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from opacus import GradSampleModule  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
-from opacus.optimizers import DPOptimizer  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from privguard import Ledger, LedgerStateError  # noqa: E402
 from privguard import mechanisms as M  # noqa: E402
@@ -28,28 +24,7 @@ from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 pytestmark = [QUIET, pytest.mark.filterwarnings(
     "ignore:.*callbacks used to create the checkpoint.*", "ignore:.*exists and is not empty.*",
     "ignore:.*You called `self.log.*", "ignore:.*Checkpoint directory.*")]
-N, BATCH = 128, 16
 CARRIED = "later checkpoints"  # the warning of a carried entry
-
-
-class _Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = GradSampleModule(nn.Linear(4, 2))
-        x = torch.randn(N, 4, generator=torch.Generator().manual_seed(0))
-        self.data = TensorDataset(x, (x[:, 0] > 0).long())
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self):
-        return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1), noise_multiplier=1.0,
-                           max_grad_norm=1.0, expected_batch_size=BATCH)
-
-    def train_dataloader(self):
-        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH))
 
 
 def _fit(ledger, steps, folder=None, name="{step}", ckpt_path=None):
@@ -61,7 +36,7 @@ def _fit(ledger, steps, folder=None, name="{step}", ckpt_path=None):
                          enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=folder is not None, limit_val_batches=0,
                          max_steps=steps, default_root_dir=None)
-    trainer.fit(_Tiny(), ckpt_path=ckpt_path)
+    trainer.fit(TinyDP(), ckpt_path=ckpt_path)
     return cb
 
 
