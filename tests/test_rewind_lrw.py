@@ -137,3 +137,18 @@ def test_an_unreadable_checkpoint_in_the_folder_refuses_the_resume(tmp_path):
     with pytest.raises(LedgerStateError, match=r"step=6\.ckpt: unreadable"):
         _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
     assert len(fresh.history) == 2
+
+
+def test_a_resumed_fits_checkpoints_belong_to_the_run_it_resumed(tmp_path):
+    # the fit resumed from step 2 went on to step 6 again (its checkpoints beside the first
+    # ones, in the same folder): a second resume from step 2 takes its entry, which holds the
+    # first fit's 6 charges and the resumed fit's 4
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    with pytest.warns(UserWarning, match=CARRIED):
+        cb = _fit(Ledger(delta=1e-5), 6, folder, ckpt_path=folder / "step=2.ckpt")
+    assert len(cb.ledger.history) == 10
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"\(10 charges, 8 carried over"):
+        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 11
