@@ -300,6 +300,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             folders.insert(0, os.path.dirname(resumed) or ".")
         found: list[tuple[str, dict[str, Any]]] = []
         for path in _checkpoint_files(folders):
+            if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
+                continue  # the ledger holds its entry (Lightning loaded it as the user asked)
             entry = self._entry_in(path)
             named = entry.get("checkpoint") if is_entry(entry) else None
             if isinstance(named, dict) and named.get("run") == self._run:
@@ -314,8 +316,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         except Exception as exc:  # torch.load raises many kinds; any of them: unreadable
             raise LedgerStateError(
                 f"{path}: unreadable ({type(exc).__name__}: {exc}); a resume looks for the "
-                "run's later entries in the checkpoint folders, and refuses rather than miss "
-                "charges: move the file out of the folder if it is not a checkpoint") from None
+                "run's later entries in the checkpoint folders (loaded as Lightning loads a "
+                "checkpoint by default: torch.load's default weights_only), and refuses rather "
+                "than miss charges: move the file out of the folder if it is not a checkpoint "
+                "of this run") from None
         states = saved.get("callbacks") if isinstance(saved, dict) else None
         state = states.get(self.state_key) if isinstance(states, dict) else None
         return state.get("privguard") if isinstance(state, dict) else None

@@ -152,3 +152,31 @@ def test_a_resumed_fits_checkpoints_belong_to_the_run_it_resumed(tmp_path):
     with pytest.warns(UserWarning, match=r"\(10 charges, 8 carried over"):
         _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
     assert len(fresh.history) == 11
+
+
+class _Setting:  # a hyperparameter torch.load(weights_only=True) does not load
+    pass
+
+
+class _WithSetting(TinyDP):
+    def __init__(self):
+        super().__init__()
+        self.save_hyperparameters({"setting": _Setting()})
+
+
+def test_the_resumed_checkpoint_is_not_read_again(tmp_path):
+    # the user resumes with fit(weights_only=False) from a checkpoint that needs it: the
+    # search for later entries does not load that checkpoint a second time with torch's
+    # default (it refused a resume that went through before)
+    ledger = Ledger(delta=1e-5)
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger)], accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_steps=2)
+    trainer.fit(_WithSetting())
+    trainer.save_checkpoint(tmp_path / "at2.ckpt")
+    fresh = Ledger(delta=1e-5)
+    resumed = pl.Trainer(callbacks=[LedgerCallback(fresh)], accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, max_steps=3)
+    resumed.fit(_WithSetting(), ckpt_path=tmp_path / "at2.ckpt", weights_only=False)
+    assert len(fresh.history) == 3
