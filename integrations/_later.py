@@ -66,9 +66,9 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
                 f"{other} ({entry['charges']} charges) is not a prefix of "
                 f"{path if chain is not ledger else 'the ledger'} ({len(chain.history)} "
                 "charges). Both branches ran, and one in-memory ledger cannot hold the "
-                "charges of both; account the branches together (a file-backed ledger keeps "
-                "every charge) or move the checkpoints of the branch that is not continued "
-                "out of the folders searched, knowing that its charges are then not counted")
+                "charges of both (nor is either dropped): the privacy loss is both branches' "
+                "together. A file-backed ledger (Ledger(..., path=...)) keeps every charge of "
+                "every branch")
     if chain is ledger:
         return
     try:
