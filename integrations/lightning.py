@@ -68,8 +68,10 @@ ledger when the trainer runs in other processes.
 
 from __future__ import annotations
 
+import inspect
 import os
 import secrets
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -170,17 +172,19 @@ def _check_sampler_injection(trainer: Any) -> None:
             "distributed=True) (Poisson)")
 
 
-def _checkpoint_files(folders: list[str]) -> list[str]:
-    """The ``*.ckpt`` files in ``folders`` (local or fsspec URLs), each once; a folder that
-    does not exist has none, and one that cannot be listed raises LedgerStateError (its
-    checkpoints may hold charges: review lrw)."""
+def _checkpoint_files(folders: list[tuple[str, bool]]) -> list[str]:
+    """The ``*.ckpt`` files in ``folders`` (local or fsspec URLs; ``(folder, recursive)``: a
+    ModelCheckpoint's ``dirpath`` with its sub-folders, since its ``filename`` may hold a
+    ``/``, review rlrw), each once; a folder that does not exist has none, and one that cannot
+    be listed raises LedgerStateError (its checkpoints may hold charges: review lrw)."""
     files: list[str] = []
-    for folder in folders:
+    for folder, recursive in folders:
         try:
             fs = get_filesystem(folder)
             if not fs.isdir(folder):
                 continue
-            listed = sorted(fs.glob(os.path.join(folder, "*.ckpt")))
+            pattern = os.path.join(folder, "**" if recursive else "", "*.ckpt")
+            listed = sorted(fs.glob(pattern))
         except Exception as exc:  # fsspec's backends raise their own kinds
             raise LedgerStateError(
                 f"{folder}: cannot be listed ({type(exc).__name__}: {exc}); a resume looks "
@@ -191,6 +195,30 @@ def _checkpoint_files(folders: list[str]) -> list[str]:
             if path not in files:
                 files.append(path)
     return files
+
+
+def _fit_weights_only(trainer: Any) -> bool | None:
+    """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
+    other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
+    (it keeps the value nowhere else); None (torch's default) where it is not found."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "_run" and frame.f_locals.get("self") is trainer:
+            value = frame.f_locals.get("weights_only")
+            return value if isinstance(value, bool) else None
+        frame = frame.f_back
+    return None
+
+
+def _load_for_entry(path: str, weights_only: bool | None) -> Any:
+    """Load the checkpoint ``path`` to read one small entry: a local zip checkpoint (what
+    ``torch.save`` writes) is memory-mapped, so its tensors are not read (review rlrw: every
+    sibling was read in full, GBs at a resume with large models); others as Lightning does."""
+    import torch  # Lightning's own dependency
+
+    if "://" not in path and zipfile.is_zipfile(path):
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    return _load_checkpoint(path, map_location="cpu", weights_only=weights_only)
 
 
 class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defined]
@@ -294,32 +322,39 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
         A checkpoint that cannot be read there refuses the resume (LedgerStateError)."""
         resumed = str(trainer.ckpt_path)
-        folders = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+        folders = [(str(cb.dirpath), True) for cb in getattr(trainer, "checkpoint_callbacks", [])
                    if getattr(cb, "dirpath", None) is not None]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
-            folders.insert(0, os.path.dirname(resumed) or ".")
+            folders.insert(0, (os.path.dirname(resumed) or ".", False))
+        weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
         for path in _checkpoint_files(folders):
             if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
                 continue  # the ledger holds its entry (Lightning loaded it as the user asked)
-            entry = self._entry_in(path)
+            entry = self._entry_in(path, weights_only)
             named = entry.get("checkpoint") if is_entry(entry) else None
             if isinstance(named, dict) and named.get("run") == self._run:
                 found.append((path, entry))
         carry_later(self.ledger, found, resumed=resumed, stacklevel=4)
 
-    def _entry_in(self, path: str) -> Any:
+    def _entry_in(self, path: str, weights_only: bool | None) -> Any:
         """This callback's entry in the Lightning checkpoint ``path`` (None where it holds
-        none); an unreadable checkpoint raises LedgerStateError (review rcb2's rule)."""
+        none), loaded with the fit's ``weights_only``; an unreadable checkpoint raises
+        LedgerStateError (review rcb2's rule)."""
         try:
-            saved = _load_checkpoint(path, map_location="cpu")
+            saved = _load_for_entry(path, weights_only)
         except Exception as exc:  # torch.load raises many kinds; any of them: unreadable
+            how = ("torch.load's default weights_only" if weights_only is None
+                   else f"weights_only={weights_only}, as this fit")
             raise LedgerStateError(
-                f"{path}: unreadable ({type(exc).__name__}: {exc}); a resume looks for the "
-                "run's later entries in the checkpoint folders (loaded as Lightning loads a "
-                "checkpoint by default: torch.load's default weights_only), and refuses rather "
-                "than miss charges: move the file out of the folder if it is not a checkpoint "
-                "of this run") from None
+                f"{path}: unreadable ({type(exc).__name__}: {exc}); a resume reads every "
+                f"checkpoint in the checkpoint folders ({how}) for the run's later entries, "
+                "and refuses rather than miss charges. If the file is a checkpoint you trust "
+                "that holds objects a weights-only load refuses, resume with "
+                "trainer.fit(..., weights_only=False) (privguard then loads the folders' "
+                "checkpoints the same way) or allow those objects with "
+                "torch.serialization.add_safe_globals([...]) before fit; a file that is no "
+                "checkpoint of this run can be moved out of those folders") from None
         states = saved.get("callbacks") if isinstance(saved, dict) else None
         state = states.get(self.state_key) if isinstance(states, dict) else None
         return state.get("privguard") if isinstance(state, dict) else None

@@ -180,3 +180,72 @@ def test_the_resumed_checkpoint_is_not_read_again(tmp_path):
                          enable_checkpointing=False, max_steps=3)
     resumed.fit(_WithSetting(), ckpt_path=tmp_path / "at2.ckpt", weights_only=False)
     assert len(fresh.history) == 3
+
+
+def _fit_with_setting(ledger, steps, folder, ckpt_path=None, weights_only=None):
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger), ModelCheckpoint(
+        dirpath=folder, filename="{step}", every_n_train_steps=2, save_top_k=-1)],
+        accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, max_steps=steps)
+    trainer.fit(_WithSetting(), ckpt_path=ckpt_path, weights_only=weights_only)
+
+
+def test_the_runs_other_checkpoints_are_loaded_as_the_fit_loads_the_resumed_one(tmp_path):
+    # review rlrw: the user resumes with fit(weights_only=False) (their checkpoints hold a
+    # hyperparameter torch's weights-only load refuses); the run's later checkpoints, saved
+    # the same way, were loaded with torch's default and refused the resume
+    folder = tmp_path / "ckpts"
+    _fit_with_setting(Ledger(delta=1e-5), 6, folder)
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
+        _fit_with_setting(fresh, 3, folder, ckpt_path=folder / "step=2.ckpt",
+                          weights_only=False)
+    assert len(fresh.history) == 7
+
+
+def test_a_sibling_the_default_load_refuses_says_what_to_do(tmp_path):
+    # review rlrw: without fit(weights_only=False) the resume is refused (the resumed file
+    # itself loaded), and the message names the two ways out (it said "move the file out",
+    # which drops the charges of a checkpoint of this run)
+    folder = tmp_path / "ckpts"
+    _fit_with_setting(Ledger(delta=1e-5), 4, folder)
+    _fit(Ledger(delta=1e-5), 2, tmp_path / "plain")
+    plain = tmp_path / "plain" / "step=2.ckpt"
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match=r"(?s)ckpts/step=\d\.ckpt.*weights_only=False.*"
+                       r"add_safe_globals") as caught:
+        _fit(fresh, 3, folder, name="again-{step}", ckpt_path=plain)
+    assert "move the file" not in str(caught.value)
+
+
+def test_the_other_checkpoints_are_memory_mapped_not_read(tmp_path, monkeypatch):
+    # review rlrw: every sibling .ckpt was read in full (GBs with large models) to find one
+    # small entry; a local checkpoint is now memory-mapped, its tensors never read
+    _fit(Ledger(delta=1e-5), 6, tmp_path / "ckpts")
+    calls = []
+    real = torch.load
+
+    def spy(f, *args, **kwargs):
+        calls.append((str(f), kwargs.get("mmap")))
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=CARRIED):
+        _fit(fresh, 3, ckpt_path=tmp_path / "ckpts" / "step=2.ckpt")
+    siblings = [mmap for f, mmap in calls if f.endswith(("step=4.ckpt", "step=6.ckpt"))]
+    assert siblings == [True, True]
+    assert len(fresh.history) == 7
+
+
+def test_checkpoints_in_sub_folders_of_the_dirpath_are_found(tmp_path):
+    # review rlrw: ModelCheckpoint(filename="{epoch}/{step}") saves each epoch's checkpoints
+    # in a sub-folder of dirpath; a resume from epoch 0's step 2 found epoch 0's step 8 (the
+    # resumed checkpoint's folder) but not epoch 1's step 12: 8 charges, not 12
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 12, folder, name="{epoch}/{step}")
+    assert (folder / "epoch=1" / "step=12.ckpt").exists()
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=12\.ckpt \(12 charges, 10 carried over"):
+        _fit(fresh, 3, folder, name="again-{step}", ckpt_path=folder / "epoch=0" / "step=2.ckpt")
+    assert len(fresh.history) == 13
