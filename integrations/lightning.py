@@ -55,8 +55,9 @@ else raises :class:`privguard.LedgerStateError`). A resume from a checkpoint
 that holds no state under this callback's ``state_key`` (written with another
 ``label``, or without the callback) raises :class:`privguard.LedgerStateError`
 rather than start a fresh budget. A resume of an in-memory ledger from an earlier
-checkpoint of a run takes the run's later entries in the checkpoint's folder and in every
-``ModelCheckpoint``'s ``dirpath`` (review lrw: those steps ran; see
+checkpoint of a run takes the run's later entries in the checkpoint's folder, in every
+``ModelCheckpoint``'s ``dirpath`` and in the logger's versions (review lrw, rlrw: those
+steps ran; see
 :meth:`LedgerCallback._later_of_run`), with a ``UserWarning``. A weights-only load
 (``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
 detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
@@ -197,6 +198,24 @@ def _checkpoint_files(folders: list[tuple[str, bool]]) -> list[str]:
     return files
 
 
+def _logger_folder(trainer: Any) -> str | None:
+    """The folder of the first logger's versions (``<save_dir>/<name>``), where a
+    ModelCheckpoint without a ``dirpath`` saves each fit's checkpoints
+    (``<version>/checkpoints``, a new version for each fit): review rlrw, a resumed fit's
+    checkpoints of the run were in a version that a later resume did not look in."""
+    loggers = getattr(trainer, "loggers", None) or []
+    if not loggers:
+        return None
+    try:
+        save_dir, name = loggers[0].save_dir, loggers[0].name
+    except Exception:  # a logger without these (they are optional): none
+        return None
+    save_dir = save_dir if save_dir is not None else getattr(trainer, "default_root_dir", None)
+    if save_dir is None or not isinstance(name, str) or not name:
+        return None
+    return os.path.join(str(save_dir), name)
+
+
 def _fit_weights_only(trainer: Any) -> bool | None:
     """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
     other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
@@ -317,8 +336,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         """Review lrw: a resume (``ckpt_path=``) from a checkpoint of a run while that run's
         later checkpoints are saved (a rewind: the later steps ran) brought a fresh in-memory
         ledger to the earlier checkpoint's charges only; a file-backed one keeps them all.
-        The run's entries in the resumed checkpoint's folder and in every ModelCheckpoint's
-        ``dirpath`` are found (``*.ckpt``), and the ledger takes the one with the most charges
+        The run's entries in the resumed checkpoint's folder, in every ModelCheckpoint's
+        ``dirpath`` and the first logger's ``<save_dir>/<name>`` (these two with their
+        sub-folders: review rlrw) are found (``*.ckpt``, loaded memory-mapped with the fit's
+        ``weights_only``), and the ledger takes the one with the most charges
         (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
         A checkpoint that cannot be read there refuses the resume (LedgerStateError)."""
         resumed = str(trainer.ckpt_path)
@@ -326,6 +347,9 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                    if getattr(cb, "dirpath", None) is not None]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
             folders.insert(0, (os.path.dirname(resumed) or ".", False))
+        logged = _logger_folder(trainer)
+        if logged is not None:
+            folders.append((logged, True))
         weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
         for path in _checkpoint_files(folders):

@@ -249,3 +249,29 @@ def test_checkpoints_in_sub_folders_of_the_dirpath_are_found(tmp_path):
     with pytest.warns(UserWarning, match=r"step=12\.ckpt \(12 charges, 10 carried over"):
         _fit(fresh, 3, folder, name="again-{step}", ckpt_path=folder / "epoch=0" / "step=2.ckpt")
     assert len(fresh.history) == 13
+
+
+def _fit_logged(ledger, steps, root, ckpt_path=None):
+    """Lightning's default layout: a logger, and ModelCheckpoint's dirpath left to Lightning
+    (<root>/lightning_logs/version_N/checkpoints, a new version for each fit)."""
+    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger), ModelCheckpoint(
+        filename="{step}", every_n_train_steps=2, save_top_k=-1)], accelerator="cpu",
+        default_root_dir=root, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, max_steps=steps)
+    trainer.fit(TinyDP(), ckpt_path=ckpt_path)
+
+
+def test_the_runs_checkpoints_in_other_logger_versions_are_found(tmp_path):
+    # review rlrw: under Lightning's default layout each fit writes its checkpoints into a
+    # new version folder. The run went to step 6 (version_0); a resume from step 2 went on to
+    # step 6 again (version_1, 10 charges); a second resume from step 2 (version_2) found
+    # version_0's and version_2's folders only: 6 charges carried, version_1's 4 lost
+    _fit_logged(Ledger(delta=1e-5), 6, tmp_path)
+    at2 = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "step=2.ckpt"
+    with pytest.warns(UserWarning, match=CARRIED):
+        _fit_logged(Ledger(delta=1e-5), 6, tmp_path, ckpt_path=at2)
+    assert (tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "step=6.ckpt").exists()
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"version_1.*\(10 charges, 8 carried over"):
+        _fit_logged(fresh, 3, tmp_path, ckpt_path=at2)
+    assert len(fresh.history) == 11
