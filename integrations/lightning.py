@@ -341,8 +341,30 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         sub-folders: review rlrw) are found (``*.ckpt``, loaded memory-mapped with the fit's
         ``weights_only``), and the ledger takes the one with the most charges
         (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
-        A checkpoint that cannot be read there refuses the resume (LedgerStateError)."""
+        A checkpoint that cannot be read there refuses the resume (LedgerStateError).
+
+        Review rlrw: only the global rank 0 reads the folders, and broadcasts what it found
+        (or its refusal) to every rank: each rank read its own disk, and ranks whose node
+        lacks a later checkpoint carried fewer charges than rank 0 (or one rank refused the
+        resume while the others went on to wait for it in a collective)."""
         resumed = str(trainer.ckpt_path)
+        outcome: tuple[str, Any] | None = None
+        if trainer.is_global_zero:
+            try:
+                outcome = ("found", self._find_later(trainer, resumed))
+            except LedgerStateError as exc:
+                outcome = ("refused", str(exc))
+        outcome = trainer.strategy.broadcast(outcome, src=0)
+        if not (isinstance(outcome, tuple) and len(outcome) == 2):
+            raise LedgerStateError(f"training resumes from {resumed}: rank 0's search for the "
+                                   "run's later checkpoints sent nothing this rank can read")
+        if outcome[0] == "refused":
+            raise LedgerStateError(outcome[1])
+        carry_later(self.ledger, outcome[1], resumed=resumed, stacklevel=5)
+
+    def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
+        """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
+        names (on the global rank 0)."""
         folders = [(str(cb.dirpath), True) for cb in getattr(trainer, "checkpoint_callbacks", [])
                    if getattr(cb, "dirpath", None) is not None]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
@@ -359,7 +381,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             named = entry.get("checkpoint") if is_entry(entry) else None
             if isinstance(named, dict) and named.get("run") == self._run:
                 found.append((path, entry))
-        carry_later(self.ledger, found, resumed=resumed, stacklevel=4)
+        return found
 
     def _entry_in(self, path: str, weights_only: bool | None) -> Any:
         """This callback's entry in the Lightning checkpoint ``path`` (None where it holds

@@ -275,3 +275,52 @@ def test_the_runs_checkpoints_in_other_logger_versions_are_found(tmp_path):
     with pytest.warns(UserWarning, match=r"version_1.*\(10 charges, 8 carried over"):
         _fit_logged(fresh, 3, tmp_path, ckpt_path=at2)
     assert len(fresh.history) == 11
+
+
+def test_every_rank_carries_what_rank_0_found(tmp_path, monkeypatch):
+    # review rlrw: under DDP every rank read its own disk; a rank whose node lacks the run's
+    # later checkpoints (node-local disks: only rank 0 saves them) carried fewer charges
+    # than rank 0 (or refused alone, the others waiting for it). Rank 0 now reads them and
+    # broadcasts what it found: here rank 0's broadcast is recorded, the later checkpoints
+    # are removed (the other node's disk), and a fit as rank 1 receives rank 0's finding
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    sent = []
+    real = SingleDeviceStrategy.broadcast
+
+    def record(self, obj, src=0):
+        if isinstance(obj, tuple):  # this callback's (Lightning broadcasts its log dir too)
+            sent.append(obj)
+        return real(self, obj, src)
+
+    monkeypatch.setattr(SingleDeviceStrategy, "broadcast", record)
+    rank0 = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=CARRIED):
+        _fit(rank0, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(rank0.history) == 7 and len(sent) == 1
+    for name in ("step=4.ckpt", "step=6.ckpt"):
+        (folder / name).unlink()
+    monkeypatch.setattr(SingleDeviceStrategy, "broadcast",  # what rank 1 receives from rank 0
+                        lambda self, obj, src=0: sent[0] if obj is None else obj)
+    monkeypatch.setattr(pl.Trainer, "is_global_zero", property(lambda self: False))
+    rank1 = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
+        _fit(rank1, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(rank1.history) == 7
+
+
+def test_a_refusal_on_rank_0_is_raised_on_every_rank(tmp_path, monkeypatch):
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder)
+    monkeypatch.setattr(pl.Trainer, "is_global_zero", property(lambda self: False))
+    monkeypatch.setattr(SingleDeviceStrategy, "broadcast",
+                        lambda self, obj, src=0: ("refused", "rank 0: x.ckpt: unreadable")
+                        if obj is None else obj)
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match=r"rank 0: x\.ckpt: unreadable"):
+        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 2
