@@ -377,6 +377,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         for path in _checkpoint_files(folders):
             if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
                 continue  # the ledger holds its entry (Lightning loaded it as the user asked)
+            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                continue  # a dangling link (save_last="link" to a removed file) holds nothing
             entry = self._entry_in(path, weights_only)
             named = entry.get("checkpoint") if is_entry(entry) else None
             if isinstance(named, dict) and named.get("run") == self._run:

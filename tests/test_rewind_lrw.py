@@ -324,3 +324,15 @@ def test_a_refusal_on_rank_0_is_raised_on_every_rank(tmp_path, monkeypatch):
     with pytest.raises(LedgerStateError, match=r"rank 0: x\.ckpt: unreadable"):
         _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
     assert len(fresh.history) == 2
+
+
+def test_a_dangling_link_in_the_folder_does_not_refuse_the_resume(tmp_path):
+    # review rlrw: ModelCheckpoint(save_last="link") writes last.ckpt as a link; one left
+    # pointing at a removed file holds no entry, and refused the resume as "unreadable"
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    (folder / "last.ckpt").symlink_to(folder / "gone.ckpt")
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
+        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 7
