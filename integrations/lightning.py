@@ -349,12 +349,16 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         resume while the others went on to wait for it in a collective)."""
         resumed = str(trainer.ckpt_path)
         outcome: tuple[str, Any] | None = None
+        failed: Exception | None = None
         if trainer.is_global_zero:
             try:
                 outcome = ("found", self._find_later(trainer, resumed))
-            except LedgerStateError as exc:
-                outcome = ("refused", str(exc))
+            except Exception as exc:  # sent to every rank before it is raised (no rank waits)
+                failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
+                                        if not isinstance(exc, LedgerStateError) else str(exc))
         outcome = trainer.strategy.broadcast(outcome, src=0)
+        if failed is not None:
+            raise failed
         if not (isinstance(outcome, tuple) and len(outcome) == 2):
             raise LedgerStateError(f"training resumes from {resumed}: rank 0's search for the "
                                    "run's later checkpoints sent nothing this rank can read")

@@ -336,3 +336,28 @@ def test_a_dangling_link_in_the_folder_does_not_refuse_the_resume(tmp_path):
     with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
         _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
     assert len(fresh.history) == 7
+
+
+def test_an_unexpected_error_on_rank_0_is_sent_before_it_is_raised(tmp_path, monkeypatch):
+    # review rlrw: rank 0 raising anything but LedgerStateError while it searched left the
+    # other ranks waiting in the broadcast; it is sent as a refusal, then raised
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder)
+    sent = []
+    real = SingleDeviceStrategy.broadcast
+
+    def record(self, obj, src=0):
+        if isinstance(obj, tuple) or obj is None:
+            sent.append(obj)
+        return real(self, obj, src)
+
+    def boom(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(SingleDeviceStrategy, "broadcast", record)
+    monkeypatch.setattr(LedgerCallback, "_find_later", boom)
+    with pytest.raises(OSError, match="disk gone"):
+        _fit(Ledger(delta=1e-5), 5, ckpt_path=folder / "step=2.ckpt")
+    assert sent == [("refused", "OSError: disk gone")]
