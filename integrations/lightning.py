@@ -216,6 +216,21 @@ def _logger_folder(trainer: Any) -> str | None:
     return os.path.join(str(save_dir), name)
 
 
+def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
+    """``known`` and the folders this fit saves checkpoints in (every ModelCheckpoint's
+    ``dirpath``, the logger's versions): an entry names them all, so that a resume from it
+    looks where the run's checkpoints went even when its trainer saves elsewhere (review
+    rlrw: ``filename="{epoch}/{step}"``'s later epochs were missed)."""
+    dirs = list(known)
+    for cb in getattr(trainer, "checkpoint_callbacks", []):
+        if getattr(cb, "dirpath", None) is not None and str(cb.dirpath) not in dirs:
+            dirs.append(str(cb.dirpath))
+    logged = _logger_folder(trainer)
+    if logged is not None and logged not in dirs:
+        dirs.append(logged)
+    return tuple(dirs)
+
+
 def _fit_weights_only(trainer: Any) -> bool | None:
     """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
     other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
@@ -284,6 +299,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     witnesses = False  # (a callback pickled before the option: off)
     _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
     _run: str | None = None  # the run id in this fit's entries (review lrw), None before a fit
+    _dirs: tuple[str, ...] = ()  # where the run's fits saved checkpoints (review rlrw)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -337,8 +353,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         later checkpoints are saved (a rewind: the later steps ran) brought a fresh in-memory
         ledger to the earlier checkpoint's charges only; a file-backed one keeps them all.
         The run's entries in the resumed checkpoint's folder, in every ModelCheckpoint's
-        ``dirpath`` and the first logger's ``<save_dir>/<name>`` (these two with their
-        sub-folders: review rlrw) are found (``*.ckpt``, loaded memory-mapped with the fit's
+        ``dirpath``, the first logger's ``<save_dir>/<name>`` and the folders the resumed
+        entry names (these with their sub-folders: review rlrw) are found (``*.ckpt``, loaded memory-mapped with the fit's
         ``weights_only``), and the ledger takes the one with the most charges
         (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
         A checkpoint that cannot be read there refuses the resume (LedgerStateError).
@@ -376,6 +392,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         logged = _logger_folder(trainer)
         if logged is not None:
             folders.append((logged, True))
+        folders += [(folder, True) for folder in self._dirs]  # the run's, as its entry says
         weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
         for path in _checkpoint_files(folders):
@@ -419,6 +436,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             self._later_of_run(trainer)
         if not self._restored or self._run is None:
             self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
+            self._dirs = ()
+        self._dirs = _saved_in(trainer, self._dirs)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -605,7 +624,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def state_dict(self) -> dict[str, Any]:
         entry = ledger_entry(self.ledger)
         if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
-            entry["checkpoint"] = {"run": self._run}
+            entry["checkpoint"] = {"run": self._run, "dirs": list(self._dirs)}
         return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -613,15 +632,18 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             entry = state_dict["privguard"]
             named = entry.get("checkpoint", {}) if is_entry(entry) else {}
             run = named.get("run") if isinstance(named, dict) else None
-            if not (isinstance(named, dict) and (run is None or isinstance(run, str))):
+            dirs = named.get("dirs", []) if isinstance(named, dict) else None
+            if not (isinstance(named, dict) and (run is None or isinstance(run, str))
+                    and isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
                 raise LedgerStateError(f"LedgerCallback state: the entry's checkpoint field is "
                                        f"malformed: {check.short(named)}")
             restore(self.ledger, entry, where="LedgerCallback state")
             self._run = run  # None: written before run ids (its later entries are not found)
+            self._dirs = tuple(dirs)
             self._restored = True
         elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
             self.ledger.load_state_dict(state_dict["ledger"])
-            self._run, self._restored = None, True
+            self._run, self._dirs, self._restored = None, (), True
         else:
             raise InvalidArgumentError("state_dict", type(state_dict).__name__,
                                        "is not a LedgerCallback state")

@@ -361,3 +361,26 @@ def test_an_unexpected_error_on_rank_0_is_sent_before_it_is_raised(tmp_path, mon
     with pytest.raises(OSError, match="disk gone"):
         _fit(Ledger(delta=1e-5), 5, ckpt_path=folder / "step=2.ckpt")
     assert sent == [("refused", "OSError: disk gone")]
+
+
+def test_the_runs_own_dirpath_is_searched_when_the_resuming_trainer_saves_elsewhere(tmp_path):
+    # review rlrw: the run saved each epoch in a sub-folder of its dirpath; a resume from
+    # epoch 0's step 2 by a trainer that saves nowhere (or elsewhere) found epoch 0's step 8
+    # only. Each entry now names the folders its run saved in
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 12, folder, name="{epoch}/{step}")
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=12\.ckpt \(12 charges, 10 carried over"):
+        _fit(fresh, 3, ckpt_path=folder / "epoch=0" / "step=2.ckpt")
+    assert len(fresh.history) == 13
+
+
+def test_a_malformed_folder_list_in_the_entry_refuses_the_resume(tmp_path):
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 2, folder)
+    saved = torch.load(folder / "step=2.ckpt", weights_only=False)
+    saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"]["checkpoint"]["dirs"] = 5
+    torch.save(saved, folder / "step=2.ckpt")
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match="checkpoint field is malformed"):
+        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
