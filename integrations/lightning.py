@@ -222,12 +222,12 @@ def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
     looks where the run's checkpoints went even when its trainer saves elsewhere (review
     rlrw: ``filename="{epoch}/{step}"``'s later epochs were missed)."""
     dirs = list(known)
-    for cb in getattr(trainer, "checkpoint_callbacks", []):
-        if getattr(cb, "dirpath", None) is not None and str(cb.dirpath) not in dirs:
-            dirs.append(str(cb.dirpath))
-    logged = _logger_folder(trainer)
-    if logged is not None and logged not in dirs:
-        dirs.append(logged)
+    found = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+             if getattr(cb, "dirpath", None) is not None] + [_logger_folder(trainer) or ""]
+    for folder in found:  # local ones absolute: a later resume may run in another folder
+        folder = folder if not folder or "://" in folder else os.path.abspath(folder)
+        if folder and folder not in dirs:
+            dirs.append(folder)
     return tuple(dirs)
 
 

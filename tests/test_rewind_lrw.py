@@ -384,3 +384,15 @@ def test_a_malformed_folder_list_in_the_entry_refuses_the_resume(tmp_path):
     fresh = Ledger(delta=1e-5)
     with pytest.raises(LedgerStateError, match="checkpoint field is malformed"):
         _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
+
+
+def test_the_folders_an_entry_names_are_absolute(tmp_path, monkeypatch):
+    # a relative default_root_dir: a resume run from another working folder still finds them
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    _fit_logged(Ledger(delta=1e-5), 2, "root")
+    saved = torch.load(tmp_path / "root" / "lightning_logs" / "version_0" / "checkpoints" /
+                       "step=2.ckpt", weights_only=False)
+    dirs = saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"]["checkpoint"]["dirs"]
+    assert dirs and all(os.path.isabs(d) for d in dirs)
