@@ -184,8 +184,9 @@ def _checkpoint_files(folders: list[tuple[str, bool]]) -> list[str]:
             fs = get_filesystem(folder)
             if not fs.isdir(folder):
                 continue
-            pattern = os.path.join(folder, "**" if recursive else "", "*.ckpt")
-            listed = sorted(fs.glob(pattern))
+            # found, not globbed: a folder's name may hold glob characters ("run[1]")
+            listed = sorted(path for path in fs.find(folder, maxdepth=None if recursive else 1)
+                            if str(path).endswith(".ckpt"))
         except Exception as exc:  # fsspec's backends raise their own kinds
             raise LedgerStateError(
                 f"{folder}: cannot be listed ({type(exc).__name__}: {exc}); a resume looks "

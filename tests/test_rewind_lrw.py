@@ -396,3 +396,14 @@ def test_the_folders_an_entry_names_are_absolute(tmp_path, monkeypatch):
                        "step=2.ckpt", weights_only=False)
     dirs = saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"]["checkpoint"]["dirs"]
     assert dirs and all(os.path.isabs(d) for d in dirs)
+
+
+def test_a_folder_whose_name_holds_glob_characters_is_searched(tmp_path):
+    # review rlrw: the folders were searched with a glob pattern built from their names;
+    # "run[1]" matched "run1", not itself, and the run's later checkpoints went unseen
+    folder = tmp_path / "run[1]" / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
+        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 7
