@@ -277,6 +277,23 @@ def test_the_runs_checkpoints_in_other_logger_versions_are_found(tmp_path):
     assert len(fresh.history) == 11
 
 
+def _record_broadcasts(monkeypatch):
+    """The objects this callback broadcasts (tuples, or None; Lightning broadcasts its log
+    dir too), recorded as they are sent."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    sent = []
+    real = SingleDeviceStrategy.broadcast
+
+    def record(self, obj, src=0):
+        if isinstance(obj, tuple) or obj is None:
+            sent.append(obj)
+        return real(self, obj, src)
+
+    monkeypatch.setattr(SingleDeviceStrategy, "broadcast", record)
+    return sent
+
+
 def test_every_rank_carries_what_rank_0_found(tmp_path, monkeypatch):
     # review rlrw: under DDP every rank read its own disk; a rank whose node lacks the run's
     # later checkpoints (node-local disks: only rank 0 saves them) carried fewer charges
@@ -287,15 +304,7 @@ def test_every_rank_carries_what_rank_0_found(tmp_path, monkeypatch):
 
     folder = tmp_path / "ckpts"
     _fit(Ledger(delta=1e-5), 6, folder)
-    sent = []
-    real = SingleDeviceStrategy.broadcast
-
-    def record(self, obj, src=0):
-        if isinstance(obj, tuple):  # this callback's (Lightning broadcasts its log dir too)
-            sent.append(obj)
-        return real(self, obj, src)
-
-    monkeypatch.setattr(SingleDeviceStrategy, "broadcast", record)
+    sent = _record_broadcasts(monkeypatch)
     rank0 = Ledger(delta=1e-5)
     with pytest.warns(UserWarning, match=CARRIED):
         _fit(rank0, 3, ckpt_path=folder / "step=2.ckpt")
@@ -341,22 +350,13 @@ def test_a_dangling_link_in_the_folder_does_not_refuse_the_resume(tmp_path):
 def test_an_unexpected_error_on_rank_0_is_sent_before_it_is_raised(tmp_path, monkeypatch):
     # review rlrw: rank 0 raising anything but LedgerStateError while it searched left the
     # other ranks waiting in the broadcast; it is sent as a refusal, then raised
-    from lightning.pytorch.strategies import SingleDeviceStrategy
-
     folder = tmp_path / "ckpts"
     _fit(Ledger(delta=1e-5), 4, folder)
-    sent = []
-    real = SingleDeviceStrategy.broadcast
-
-    def record(self, obj, src=0):
-        if isinstance(obj, tuple) or obj is None:
-            sent.append(obj)
-        return real(self, obj, src)
+    sent = _record_broadcasts(monkeypatch)
 
     def boom(*args, **kwargs):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(SingleDeviceStrategy, "broadcast", record)
     monkeypatch.setattr(LedgerCallback, "_find_later", boom)
     with pytest.raises(OSError, match="disk gone"):
         _fit(Ledger(delta=1e-5), 5, ckpt_path=folder / "step=2.ckpt")
