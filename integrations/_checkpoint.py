@@ -28,7 +28,7 @@ from privguard import _validation as check
 from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._ledger._ledger import Ledger
 
-__all__ = ["ENTRY_FORMAT", "is_entry", "ledger_entry", "restore"]
+__all__ = ["ENTRY_FORMAT", "check_entry", "holds", "is_entry", "ledger_entry", "restore"]
 
 ENTRY_FORMAT = "privguard.checkpoint"
 ENTRY_VERSION = 1
@@ -83,7 +83,8 @@ def is_entry(value: Any) -> bool:
     return isinstance(value, dict) and value.get("format") == ENTRY_FORMAT
 
 
-def _check_entry(entry: Any, where: str) -> None:
+def check_entry(entry: Any, where: str) -> None:
+    """Raise unless ``entry`` is a well-formed entry this privguard reads."""
     if not is_entry(entry):
         raise InvalidArgumentError(where, type(entry).__name__,
                                    "is not a privguard checkpoint entry")
@@ -135,12 +136,12 @@ def restore(ledger: Ledger, entry: Any, *, where: str) -> Ledger:
             an in-memory ledger that already spent something else (a
             rewind), or a ledger other than the file the checkpoint names.
     """
-    _check_entry(entry, where)
+    check_entry(entry, where)
     count, fingerprint = entry["charges"], entry["fingerprint"]
-    if entry.get("state") is not None and not _holds(ledger, count, fingerprint):
+    if entry.get("state") is not None and not holds(ledger, count, fingerprint):
         # In-memory ledger at save: load its state (only ever moves forward).
         ledger.load_state_dict(entry["state"])
-    if not _holds(ledger, count, fingerprint):
+    if not holds(ledger, count, fingerprint):
         if entry.get("path") is not None:
             raise LedgerStateError(
                 f"{where}: the checkpoint's ledger is the file {entry['path']!r} with "
@@ -153,5 +154,6 @@ def restore(ledger: Ledger, entry: Any, *, where: str) -> Ledger:
     return ledger
 
 
-def _holds(ledger: Ledger, count: int, fingerprint: str) -> bool:
+def holds(ledger: Ledger, count: int, fingerprint: str) -> bool:
+    """Whether ``ledger``'s journal begins with the ``count`` charges of ``fingerprint``."""
     return len(ledger.history) >= count and _fingerprint(ledger, count) == fingerprint

@@ -54,7 +54,11 @@ checkpoint's journal and more keeps everything; one that holds something
 else raises :class:`privguard.LedgerStateError`). A resume from a checkpoint
 that holds no state under this callback's ``state_key`` (written with another
 ``label``, or without the callback) raises :class:`privguard.LedgerStateError`
-rather than start a fresh budget. A weights-only load
+rather than start a fresh budget. A resume of an in-memory ledger from an earlier
+checkpoint of a run takes the run's later entries in the checkpoint's folder, in every
+``ModelCheckpoint``'s ``dirpath`` and in the logger's versions (review lrw, rlrw: those
+steps ran; see
+:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``. A weights-only load
 (``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
 detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
 the ledger that trained the weights). Pickling the callback (as
@@ -65,6 +69,10 @@ ledger when the trainer runs in other processes.
 
 from __future__ import annotations
 
+import inspect
+import os
+import secrets
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -74,7 +82,7 @@ from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe, _samplers, _sampling
 from privguard.integrations._aligned import guard_for
 from privguard.integrations._allocation import allocation_sampler
-from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._frameworks import (
     AttachedCallback,
@@ -84,10 +92,13 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._later import carry_later
 from privguard.integrations._recorded import find_opacus_hook
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
+from lightning.fabric.utilities.cloud_io import _load as _load_checkpoint  # noqa: E402
+from lightning.fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
 __all__ = ["LedgerCallback"]
 
@@ -162,6 +173,89 @@ def _check_sampler_injection(trainer: Any) -> None:
             "distributed=True) (Poisson)")
 
 
+def _checkpoint_files(folders: list[tuple[str, bool]]) -> list[str]:
+    """The ``*.ckpt`` files in ``folders`` (local or fsspec URLs; ``(folder, recursive)``: a
+    ModelCheckpoint's ``dirpath`` with its sub-folders, since its ``filename`` may hold a
+    ``/``, review rlrw), each once; a folder that does not exist has none, and one that cannot
+    be listed raises LedgerStateError (its checkpoints may hold charges: review lrw)."""
+    files: list[str] = []
+    for folder, recursive in folders:
+        try:
+            fs = get_filesystem(folder)
+            if not fs.isdir(folder):
+                continue
+            # found, not globbed: a folder's name may hold glob characters ("run[1]")
+            listed = sorted(path for path in fs.find(folder, maxdepth=None if recursive else 1)
+                            if str(path).endswith(".ckpt"))
+        except Exception as exc:  # fsspec's backends raise their own kinds
+            raise LedgerStateError(
+                f"{folder}: cannot be listed ({type(exc).__name__}: {exc}); a resume looks "
+                "for the run's later checkpoints there") from None
+        remote = "://" in folder
+        for path in listed:
+            path = fs.unstrip_protocol(path) if remote else path
+            if path not in files:
+                files.append(path)
+    return files
+
+
+def _logger_folder(trainer: Any) -> str | None:
+    """The folder of the first logger's versions (``<save_dir>/<name>``), where a
+    ModelCheckpoint without a ``dirpath`` saves each fit's checkpoints
+    (``<version>/checkpoints``, a new version for each fit): review rlrw, a resumed fit's
+    checkpoints of the run were in a version that a later resume did not look in."""
+    loggers = getattr(trainer, "loggers", None) or []
+    if not loggers:
+        return None
+    try:
+        save_dir, name = loggers[0].save_dir, loggers[0].name
+    except Exception:  # a logger without these (they are optional): none
+        return None
+    save_dir = save_dir if save_dir is not None else getattr(trainer, "default_root_dir", None)
+    if save_dir is None or not isinstance(name, str) or not name:
+        return None
+    return os.path.join(str(save_dir), name)
+
+
+def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
+    """``known`` and the folders this fit saves checkpoints in (every ModelCheckpoint's
+    ``dirpath``, the logger's versions): an entry names them all, so that a resume from it
+    looks where the run's checkpoints went even when its trainer saves elsewhere (review
+    rlrw: ``filename="{epoch}/{step}"``'s later epochs were missed)."""
+    dirs = list(known)
+    found = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+             if getattr(cb, "dirpath", None) is not None] + [_logger_folder(trainer) or ""]
+    for folder in found:  # local ones absolute: a later resume may run in another folder
+        folder = folder if not folder or "://" in folder else os.path.abspath(folder)
+        if folder and folder not in dirs:
+            dirs.append(folder)
+    return tuple(dirs)
+
+
+def _fit_weights_only(trainer: Any) -> bool | None:
+    """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
+    other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
+    (it keeps the value nowhere else); None (torch's default) where it is not found."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_name == "_run" and frame.f_locals.get("self") is trainer:
+            value = frame.f_locals.get("weights_only")
+            return value if isinstance(value, bool) else None
+        frame = frame.f_back
+    return None
+
+
+def _load_for_entry(path: str, weights_only: bool | None) -> Any:
+    """Load the checkpoint ``path`` to read one small entry: a local zip checkpoint (what
+    ``torch.save`` writes) is memory-mapped, so its tensors are not read (review rlrw: every
+    sibling was read in full, GBs at a resume with large models); others as Lightning does."""
+    import torch  # Lightning's own dependency
+
+    if "://" not in path and zipfile.is_zipfile(path):
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    return _load_checkpoint(path, map_location="cpu", weights_only=weights_only)
+
+
 class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defined]
     """Charge every real DP-SGD step to ``ledger``; log ε; stop at exhaustion.
 
@@ -205,6 +299,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     witnesses = False  # (a callback pickled before the option: off)
     _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
+    _run: str | None = None  # the run id in this fit's entries (review lrw), None before a fit
+    _dirs: tuple[str, ...] = ()  # where the run's fits saved checkpoints (review rlrw)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -253,9 +349,96 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             "fitting without ckpt_path= starts a ledger that holds only the new steps: the "
             "privacy loss of the steps that trained the weights is not in its ε.)")
 
+    def _later_of_run(self, trainer: Any) -> None:
+        """Review lrw: a resume (``ckpt_path=``) from a checkpoint of a run while that run's
+        later checkpoints are saved (a rewind: the later steps ran) brought a fresh in-memory
+        ledger to the earlier checkpoint's charges only; a file-backed one keeps them all.
+        The run's entries in the resumed checkpoint's folder, in every ModelCheckpoint's
+        ``dirpath``, the first logger's ``<save_dir>/<name>`` and the folders the resumed
+        entry names (these with their sub-folders: review rlrw) are found (``*.ckpt``, loaded memory-mapped with the fit's
+        ``weights_only``), and the ledger takes the one with the most charges
+        (:func:`~privguard.integrations._later.carry_later`: they must be one prefix chain).
+        A checkpoint that cannot be read there refuses the resume (LedgerStateError).
+
+        Review rlrw: only the global rank 0 reads the folders, and broadcasts what it found
+        (or its refusal) to every rank: each rank read its own disk, and ranks whose node
+        lacks a later checkpoint carried fewer charges than rank 0 (or one rank refused the
+        resume while the others went on to wait for it in a collective)."""
+        resumed = str(trainer.ckpt_path)
+        outcome: tuple[str, Any] | None = None
+        failed: Exception | None = None
+        if trainer.is_global_zero:
+            try:
+                outcome = ("found", self._find_later(trainer, resumed))
+            except Exception as exc:  # sent to every rank before it is raised (no rank waits)
+                failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
+                                        if not isinstance(exc, LedgerStateError) else str(exc))
+        outcome = trainer.strategy.broadcast(outcome, src=0)
+        if failed is not None:
+            raise failed
+        if not (isinstance(outcome, tuple) and len(outcome) == 2):
+            raise LedgerStateError(f"training resumes from {resumed}: rank 0's search for the "
+                                   "run's later checkpoints sent nothing this rank can read")
+        if outcome[0] == "refused":
+            raise LedgerStateError(outcome[1])
+        carry_later(self.ledger, outcome[1], resumed=resumed, stacklevel=5)
+
+    def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
+        """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
+        names (on the global rank 0)."""
+        folders = [(str(cb.dirpath), True) for cb in getattr(trainer, "checkpoint_callbacks", [])
+                   if getattr(cb, "dirpath", None) is not None]
+        if not resumed.startswith("http"):  # a URL's folder cannot be listed
+            folders.insert(0, (os.path.dirname(resumed) or ".", False))
+        logged = _logger_folder(trainer)
+        if logged is not None:
+            folders.append((logged, True))
+        folders += [(folder, True) for folder in self._dirs]  # the run's, as its entry says
+        weights_only = _fit_weights_only(trainer)
+        found: list[tuple[str, dict[str, Any]]] = []
+        for path in _checkpoint_files(folders):
+            if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
+                continue  # the ledger holds its entry (Lightning loaded it as the user asked)
+            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                continue  # a dangling link (save_last="link" to a removed file) holds nothing
+            entry = self._entry_in(path, weights_only)
+            named = entry.get("checkpoint") if is_entry(entry) else None
+            if isinstance(named, dict) and named.get("run") == self._run:
+                found.append((path, entry))
+        return found
+
+    def _entry_in(self, path: str, weights_only: bool | None) -> Any:
+        """This callback's entry in the Lightning checkpoint ``path`` (None where it holds
+        none), loaded with the fit's ``weights_only``; an unreadable checkpoint raises
+        LedgerStateError (review rcb2's rule)."""
+        try:
+            saved = _load_for_entry(path, weights_only)
+        except Exception as exc:  # torch.load raises many kinds; any of them: unreadable
+            how = ("torch.load's default weights_only" if weights_only is None
+                   else f"weights_only={weights_only}, as this fit")
+            raise LedgerStateError(
+                f"{path}: unreadable ({type(exc).__name__}: {exc}); a resume reads every "
+                f"checkpoint in the checkpoint folders ({how}) for the run's later entries, "
+                "and refuses rather than miss charges. If the file is a checkpoint you trust "
+                "that holds objects a weights-only load refuses, resume with "
+                "trainer.fit(..., weights_only=False) (privguard then loads the folders' "
+                "checkpoints the same way) or allow those objects with "
+                "torch.serialization.add_safe_globals([...]) before fit; a file that is no "
+                "checkpoint of this run can be moved out of those folders") from None
+        states = saved.get("callbacks") if isinstance(saved, dict) else None
+        state = states.get(self.state_key) if isinstance(states, dict) else None
+        return state.get("privguard") if isinstance(state, dict) else None
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._detach()  # a previous fit that ended in an exception
         self._check_resumed(trainer)
+        if self._restored and self._run is not None and self.ledger.path is None and \
+                getattr(trainer, "ckpt_path", None) is not None:
+            self._later_of_run(trainer)
+        if not self._restored or self._run is None:
+            self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
+            self._dirs = ()
+        self._dirs = _saved_in(trainer, self._dirs)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -440,15 +623,28 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         self._detach()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"privguard": ledger_entry(self.ledger)}
+        entry = ledger_entry(self.ledger)
+        if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
+            entry["checkpoint"] = {"run": self._run, "dirs": list(self._dirs)}
+        return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(state_dict, dict) and "privguard" in state_dict:
-            restore(self.ledger, state_dict["privguard"], where="LedgerCallback state")
+            entry = state_dict["privguard"]
+            named = entry.get("checkpoint", {}) if is_entry(entry) else {}
+            run = named.get("run") if isinstance(named, dict) else None
+            dirs = named.get("dirs", []) if isinstance(named, dict) else None
+            if not (isinstance(named, dict) and (run is None or isinstance(run, str))
+                    and isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+                raise LedgerStateError(f"LedgerCallback state: the entry's checkpoint field is "
+                                       f"malformed: {check.short(named)}")
+            restore(self.ledger, entry, where="LedgerCallback state")
+            self._run = run  # None: written before run ids (its later entries are not found)
+            self._dirs = tuple(dirs)
             self._restored = True
         elif isinstance(state_dict, dict) and "ledger" in state_dict:  # privguard 0.1
             self.ledger.load_state_dict(state_dict["ledger"])
-            self._restored = True
+            self._run, self._dirs, self._restored = None, (), True
         else:
             raise InvalidArgumentError("state_dict", type(state_dict).__name__,
                                        "is not a LedgerCallback state")

@@ -70,7 +70,10 @@ What ``attach`` checks and does, so that the ε the ledger reports holds:
   ledger's whole state; a file-backed ledger's path and journal
   fingerprint). Resume in Opacus' usual order, ``make_private →
   engine.load_checkpoint → attach(..., privacy_engine=engine, resume=ckpt)``,
-  or attach first and then ``engine.load_checkpoint``.
+  or attach first and then ``engine.load_checkpoint``. privguard does not see where
+  the checkpoints are saved: an in-memory ledger resumed from an earlier checkpoint
+  holds its charges only, not those of the later steps that ran (review lrw); resume
+  from the latest checkpoint, or keep the ledger in a file.
 
 In a hand-written loop the handle is also a context manager and a stop flag::
 

@@ -11,38 +11,13 @@ torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
 from _lightning_quiet import QUIET  # noqa: E402
-from opacus import GradSampleModule  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
-from opacus.optimizers import DPOptimizer  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from _tiny_lightning import TinyDP  # noqa: E402
 
 from privguard import Ledger, LedgerStateError  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 
 pytestmark = [QUIET, pytest.mark.filterwarnings("ignore:.*callbacks used to create the checkpoint.*",
                                                 "ignore::UserWarning")]
-N, BATCH = 128, 16
-
-
-class _Tiny(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = GradSampleModule(nn.Linear(4, 2))
-        x = torch.randn(N, 4, generator=torch.Generator().manual_seed(0))
-        self.data = TensorDataset(x, (x[:, 0] > 0).long())
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self):
-        return DPOptimizer(torch.optim.SGD(self.net.parameters(), lr=0.1), noise_multiplier=1.0,
-                           max_grad_norm=1.0, expected_batch_size=BATCH)
-
-    def train_dataloader(self):
-        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH))
 
 
 def _trainer(callbacks, **kw):
@@ -53,7 +28,7 @@ def _trainer(callbacks, **kw):
 
 def _checkpoint_at(tmp_path, callbacks, steps=4):
     trainer = _trainer(callbacks, max_steps=steps)
-    trainer.fit(_Tiny())
+    trainer.fit(TinyDP())
     path = tmp_path / "at.ckpt"
     trainer.save_checkpoint(path)
     return path
@@ -73,7 +48,7 @@ def test_a_lightning_resume_from_a_checkpoint_without_the_callbacks_state_is_ref
     fresh = Ledger(delta=1e-5)
     trainer = _trainer([LedgerCallback(fresh)], max_steps=8)
     with pytest.raises(LedgerStateError, match=re.escape("privguard.LedgerCallback[step]")):
-        trainer.fit(_Tiny(), ckpt_path=path)
+        trainer.fit(TinyDP(), ckpt_path=path)
     assert len(fresh.history) == 0
     assert trainer.global_step == 4  # refused before any step after the resume
 
@@ -85,10 +60,10 @@ def test_a_lightning_resume_with_the_callbacks_state_and_fits_without_a_checkpoi
     fresh = Ledger(delta=1e-5)
     callback = LedgerCallback(fresh)
     trainer = _trainer([callback], max_steps=6)
-    trainer.fit(_Tiny(), ckpt_path=path)
+    trainer.fit(TinyDP(), ckpt_path=path)
     assert len(fresh.history) == 6  # 4 restored + 2
     trainer.fit_loop.epoch_loop.max_steps = 7  # the same trainer again: no checkpoint
-    trainer.fit(_Tiny())
+    trainer.fit(TinyDP())
     assert len(fresh.history) == 7
 
 
@@ -108,7 +83,7 @@ def test_the_epsilon_lightning_logs_is_never_below_the_ledgers():
     # after 7 steps was logged as 4.97676659, below the ledger's ε. It is rounded up now.
     ledger = Ledger(delta=1e-5)
     probe = _LoggedEpsilon(ledger)
-    _trainer([LedgerCallback(ledger), probe], max_steps=8).fit(_Tiny())
+    _trainer([LedgerCallback(ledger), probe], max_steps=8).fit(TinyDP())
     assert len(probe.seen) == 8
     for dtype, logged, epsilon in probe.seen:
         assert dtype == torch.float32
@@ -160,13 +135,13 @@ def test_a_lightning_resume_from_the_last_checkpoint_goes_on(tmp_path):
                           accelerator="cpu", logger=False, enable_progress_bar=False,
                           enable_model_summary=False, limit_val_batches=0, max_steps=steps)
 
-    trainer(Ledger(delta=1e-5), 4).fit(_Tiny())
+    trainer(Ledger(delta=1e-5), 4).fit(TinyDP())
     fresh = Ledger(delta=1e-5)
     resumed = trainer(fresh, 6)
-    resumed.fit(_Tiny(), ckpt_path="last")
+    resumed.fit(TinyDP(), ckpt_path="last")
     assert resumed.global_step == 6 and len(fresh.history) == 6  # 4 restored + 2
     again = Ledger(delta=1e-5)
     managed = trainer(again, 7)
     managed.ckpt_path = tmp_path / "last.ckpt"
-    managed.fit(_Tiny())
+    managed.fit(TinyDP())
     assert managed.global_step == 7 and len(again.history) == 7  # 6 restored + 1
