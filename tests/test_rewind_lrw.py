@@ -40,6 +40,23 @@ def _fit(ledger, steps, folder=None, name="{step}", ckpt_path=None):
     return cb
 
 
+def _resume_refused(folder, match):
+    """A fresh ledger's resume from step 2 is refused (``match``) and holds only that
+    checkpoint's 2 charges."""
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match=match):
+        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
+    assert len(fresh.history) == 2
+
+
+def _resume_carries(ledger, folder, match):
+    """``ledger``'s resume from step 2 carries the run's later entry (a warning matching
+    ``match``): it holds that entry's 6 charges and the 1 of the 3 steps run after step 6."""
+    with pytest.warns(UserWarning, match=match):
+        _fit(ledger, 3, ckpt_path=folder / "step=2.ckpt")
+    assert len(ledger.history) == 7
+
+
 def test_a_resume_from_an_earlier_checkpoint_takes_the_runs_later_entry(tmp_path):
     # The run went on to steps 4 and 6, and their checkpoints are in the folder: a resume
     # from step 2 into a fresh in-memory ledger went back to 2 charges (then 3 after one
@@ -123,20 +140,14 @@ def test_a_fork_of_the_runs_entries_is_refused(tmp_path):
     entry["checkpoint"] = {"run": cb._run}
     saved["callbacks"]["privguard.LedgerCallback[step]"]["privguard"] = entry
     torch.save(saved, folder / "branch.ckpt")
-    fresh = Ledger(delta=1e-5)
-    with pytest.raises(LedgerStateError, match="fork"):
-        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
-    assert len(fresh.history) == 2  # the resumed checkpoint's, no step after it
+    _resume_refused(folder, "fork")
 
 
 def test_an_unreadable_checkpoint_in_the_folder_refuses_the_resume(tmp_path):
     folder = tmp_path / "ckpts"
     _fit(Ledger(delta=1e-5), 4, folder)
     (folder / "step=6.ckpt").write_bytes(b"truncated")
-    fresh = Ledger(delta=1e-5)
-    with pytest.raises(LedgerStateError, match=r"step=6\.ckpt: unreadable"):
-        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
-    assert len(fresh.history) == 2
+    _resume_refused(folder, r"step=6\.ckpt: unreadable")
 
 
 def test_a_resumed_fits_checkpoints_belong_to_the_run_it_resumed(tmp_path):
@@ -314,10 +325,7 @@ def test_every_rank_carries_what_rank_0_found(tmp_path, monkeypatch):
     monkeypatch.setattr(SingleDeviceStrategy, "broadcast",  # what rank 1 receives from rank 0
                         lambda self, obj, src=0: sent[0] if obj is None else obj)
     monkeypatch.setattr(pl.Trainer, "is_global_zero", property(lambda self: False))
-    rank1 = Ledger(delta=1e-5)
-    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
-        _fit(rank1, 3, ckpt_path=folder / "step=2.ckpt")
-    assert len(rank1.history) == 7
+    _resume_carries(Ledger(delta=1e-5), folder, r"step=6\.ckpt \(6 charges, 4 carried over")
 
 
 def test_a_refusal_on_rank_0_is_raised_on_every_rank(tmp_path, monkeypatch):
@@ -329,10 +337,7 @@ def test_a_refusal_on_rank_0_is_raised_on_every_rank(tmp_path, monkeypatch):
     monkeypatch.setattr(SingleDeviceStrategy, "broadcast",
                         lambda self, obj, src=0: ("refused", "rank 0: x.ckpt: unreadable")
                         if obj is None else obj)
-    fresh = Ledger(delta=1e-5)
-    with pytest.raises(LedgerStateError, match=r"rank 0: x\.ckpt: unreadable"):
-        _fit(fresh, 5, ckpt_path=folder / "step=2.ckpt")
-    assert len(fresh.history) == 2
+    _resume_refused(folder, r"rank 0: x\.ckpt: unreadable")
 
 
 def test_a_dangling_link_in_the_folder_does_not_refuse_the_resume(tmp_path):
@@ -341,10 +346,7 @@ def test_a_dangling_link_in_the_folder_does_not_refuse_the_resume(tmp_path):
     folder = tmp_path / "ckpts"
     _fit(Ledger(delta=1e-5), 6, folder)
     (folder / "last.ckpt").symlink_to(folder / "gone.ckpt")
-    fresh = Ledger(delta=1e-5)
-    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
-        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
-    assert len(fresh.history) == 7
+    _resume_carries(Ledger(delta=1e-5), folder, r"step=6\.ckpt \(6 charges, 4 carried over")
 
 
 def test_an_unexpected_error_on_rank_0_is_sent_before_it_is_raised(tmp_path, monkeypatch):
@@ -403,7 +405,4 @@ def test_a_folder_whose_name_holds_glob_characters_is_searched(tmp_path):
     # "run[1]" matched "run1", not itself, and the run's later checkpoints went unseen
     folder = tmp_path / "run[1]" / "ckpts"
     _fit(Ledger(delta=1e-5), 6, folder)
-    fresh = Ledger(delta=1e-5)
-    with pytest.warns(UserWarning, match=r"step=6\.ckpt \(6 charges, 4 carried over"):
-        _fit(fresh, 3, ckpt_path=folder / "step=2.ckpt")
-    assert len(fresh.history) == 7
+    _resume_carries(Ledger(delta=1e-5), folder, r"step=6\.ckpt \(6 charges, 4 carried over")
