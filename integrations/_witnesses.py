@@ -1142,7 +1142,11 @@ class Witnesses:
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "
-                f"{size:.4g} > {records} × C = {_up(bound, '.4g')} at the charged C = {_exact(c)}: some "
+                # the norm rounded down, the bound up, 6 digits: the alarm needs norm > bound
+                # ·(1 + 10⁻³), so the printed '>' holds (4 digits to nearest read "1.001 >
+                # 1.001"; review rlo3)
+                f"{_down(size, '.6g')} > {records} × C = {_up(bound, '.6g')} at the charged C = "
+                f"{_exact(c)}: some "
                 "record moved the sum by more than C. Nothing was charged or applied",
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))

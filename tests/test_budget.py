@@ -131,8 +131,10 @@ def test_a_ledger_without_an_epsilon_delta_filter_has_no_meter():
 
 def test_budget_value_reads_and_is_frozen():
     b = Budget(3.0, 1e-5, 2.991, PART_A)
-    # spent rounded up (the float 2.991 is 2.99100000000000010...), what is left rounded down
-    assert str(b) == "budget 2.992 of ε = 3 spent (hybrid: PLD on plan) — 0.3% left"
+    # spent rounded up (the float 2.991 is 2.99100000000000010...), what is left rounded down:
+    # exactly 0.29999999999999966...% (the float 1 − spent/ε, 0.0030000000000000027, read
+    # 0.3% before left was rounded down)
+    assert str(b) == "budget 2.992 of ε = 3 spent (hybrid: PLD on plan) — 0.299% left"
     with pytest.raises(AttributeError):
         b.spent = 0.0  # type: ignore[misc]
     assert Budget(3.0, 1e-5, math.inf, PART_B).left == 0.0

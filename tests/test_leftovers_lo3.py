@@ -412,3 +412,43 @@ def test_a_ledger_filled_to_its_budget_before_the_exact_delta_split_still_opens(
     print_report(report(ledger))  # over the target by ulps: said, and why it may be
     assert "over the target (after a retarget, or by rounding" in capsys.readouterr().out
     ledger.close()
+
+
+def test_the_budget_left_is_never_above_the_exact_fraction_left():
+    # Review rlo3 noticed: Budget.left = 1 − spent/ε in floats rounds to nearest, so the
+    # JSON report's budget.left could read an ulp more than is left (about half of random
+    # (spent, ε) pairs); it is now the exact 1 − spent/ε of the floats, rounded down
+    import random
+    from fractions import Fraction
+
+    from privguard._accounting._budget import Budget
+
+    rng = random.Random(1)
+    pairs = [(rng.uniform(0.0, e), e) for e in (rng.uniform(0.1, 20.0) for _ in range(500))]
+    for spent, eps in pairs:
+        left = Budget(epsilon=eps, delta=1e-5, spent=spent, part="x").left
+        exact = 1 - Fraction(spent) / Fraction(eps)
+        assert Fraction(left) <= exact and exact - Fraction(left) < Fraction(1, 2**50)
+    assert Budget(epsilon=1.0, delta=1e-5, spent=float("inf"), part="x").left == 0.0
+    assert Budget(epsilon=1.0, delta=1e-5, spent=0.0, part="x").left == 1.0
+    assert Budget(epsilon=1.0, delta=1e-5, spent=2.0, part="x").left == 0.0
+
+
+def test_the_clipping_witness_prints_a_norm_above_the_bound_it_names():
+    # Review rlo3 noticed: the clipping witness printed the norm to nearest and the bound
+    # rounded up, both to 4 digits, so an alarm could read "norm 1.001 > 1 × C = 1.001"
+    import math
+    import re
+    from types import SimpleNamespace
+
+    from privguard import PipelineMismatchError
+    from privguard.integrations._witnesses import Witnesses, _stabiliser
+
+    c = 1.0000001
+    tolerance = (1e-3 + 4.0 * 2.0 ** -24) * c + _stabiliser(c)
+    w = object.__new__(Witnesses)
+    w._buf, w.steps = SimpleNamespace(eps=2.0 ** -24), 1
+    with pytest.raises(PipelineMismatchError) as caught:
+        w._check_clipped_sum(math.nextafter(c + tolerance, math.inf), 1, c)
+    norm, bound = re.search(r"has norm (\S+) > 1 × C = (\S+) at", str(caught.value)).groups()
+    assert float(norm) > float(bound)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -78,8 +79,16 @@ class Budget:
 
     @property
     def left(self) -> float:
-        """The fraction of the target not yet consumed, 1 − spent/ε, in [0, 1]."""
-        return min(1.0, max(0.0, 1.0 - self.spent / self.epsilon))
+        """The fraction of the target not yet consumed, 1 − spent/ε, in [0, 1], rounded
+        down: never above the exact fraction of the float spent and ε (1 − spent/ε in
+        floats rounds to nearest, up to an ulp above it; review rlo3)."""
+        if not math.isfinite(self.spent):
+            return 0.0
+        exact = 1 - Fraction(self.spent) / Fraction(self.epsilon)
+        left = float(exact)
+        if Fraction(left) > exact:
+            left = math.nextafter(left, -math.inf)
+        return min(1.0, max(0.0, left))
 
     def __str__(self) -> str:
         # spent rounded up, what is left rounded down: neither overstates the budget left
