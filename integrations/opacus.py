@@ -487,7 +487,7 @@ class AttachHandle:
         # witnesses' check): Opacus noised the step at σ·C before calling this hook, and
         # nothing between here and the charge changes σ, C or the clip bounds (they change
         # at backward, zero_grad and pre_step; docs/theory.md §14.7)
-        sigma = self._sigma()
+        sigma, bound = self._sigma_and_bound()
         # the step's mechanism, built once: the witnesses check what the ledger charges
         # (under DDP it is built inside the step's collective, _checked_mechanism)
         single = self._epochs is None and self._coordinator is None
@@ -495,7 +495,7 @@ class AttachHandle:
         refused: PipelineMismatchError | None = None
         if self.witnesses is not None:  # check stage: raises PipelineMismatchError
             try:
-                self._check_witnesses(k, mechanism, sigma)
+                self._check_witnesses(k, mechanism, sigma, bound)
             except PipelineMismatchError as exc:
                 # Review rwl: a refusal that is a function of the step's noisy gradient
                 # (the precision guard; its probability is not bounded on every dataset,
@@ -563,20 +563,18 @@ class AttachHandle:
             raise _accumulated_allocation(k)
         return self._epochs.pending(sigma)
 
-    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None = None,
-                         sigma: float | None = None) -> None:
+    def _check_witnesses(self, k: int, mechanism: M.Mechanism | None, sigma: float,
+                         bound: float) -> None:
         """The check stage: this rank's witnesses; under DDP the refusal is taken together.
 
         ``mechanism``: the step's ``_mechanism_for(k)`` where the hook already built it;
-        ``sigma``: the step's σ, read once by the hook.
+        ``sigma`` and ``bound``: the step's σ and the clipping bound it is charged at, read
+        together once by the hook (:meth:`_sigma_and_bound`).
         """
         assert self.witnesses is not None
         witnesses = self.witnesses
-        # the bound the step is charged at (read with σ: nothing between changes either)
-        witnesses.charged_bound = self._sigma_and_bound()[1]
+        witnesses.charged_bound = bound
         if mechanism is None:
-            if sigma is None:
-                sigma = self._sigma()
             mechanism = (self._epochs.mechanism(sigma) if self._epochs is not None
                          else self._mechanism_for(k, sigma))
         if self._coordinator is None:

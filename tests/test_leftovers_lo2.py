@@ -265,8 +265,8 @@ def test_sigma_is_read_once_per_step_for_the_witnesses_and_the_charge():
     handle = _attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader,
                      witnesses=True)
     reads = []
-    read = handle._sigma
-    handle._sigma = lambda: reads.append(None) or read()
+    read = handle._sigma_and_bound  # what _sigma reads too: σ with the bound charged at
+    handle._sigma_and_bound = lambda: reads.append(None) or read()
     _step(model, opt, loader)
     assert len(reads) == 1
     handle.detach()
