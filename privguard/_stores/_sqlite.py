@@ -131,6 +131,9 @@ def _atom(x: Any) -> str:
     return repr(float(x))
 
 
+#: A journal row as the stores read it (``_rows.replay_row``, ``checked_items``), in order.
+_ROW = "idx, kind, mech, label, pid, count, first, last, body, digest"
+
 #: What :meth:`SQLiteStore._sync` reads at every transaction, in one statement: the
 #: file_id, the head (its id: NULL when the row is missing), how many rows have an index
 #: ``>= ?1`` (what the last-row check's own read ``idx >= ?1`` would return), and the row
@@ -766,8 +769,7 @@ class SQLiteStore:
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
         acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
-            "SELECT idx, kind, mech, label, pid, count, first, last, body, digest FROM entries "
-            "WHERE idx < ? ORDER BY idx", (n,)))
+            f"SELECT {_ROW} FROM entries WHERE idx < ? ORDER BY idx", (n,)))
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
         return acc
@@ -834,8 +836,7 @@ class SQLiteStore:
         def rows_from(start: int) -> list[tuple]:
             if seen is not None and start == last:
                 return seen
-            return conn.execute("SELECT idx, kind, mech, label, pid, count, first, last, body, "
-                                "digest FROM entries WHERE idx >= ? ORDER BY idx",
+            return conn.execute(f"SELECT {_ROW} FROM entries WHERE idx >= ? ORDER BY idx",
                                 (start,)).fetchall()
 
         _rows.sync(self, conn, acc, head, rows_from)
@@ -918,8 +919,7 @@ class SQLiteStore:
         """The whole journal in order (runs, ["fix" | "event", body]), checked from the genesis."""
         with self._locked(write=False) as conn, self._read_errors():
             return checked_items(self, conn, conn.execute(
-                "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
-                "FROM entries ORDER BY idx"))
+                f"SELECT {_ROW} FROM entries ORDER BY idx"))
 
     @contextlib.contextmanager
     def _read_errors(self) -> Iterator[None]:
@@ -992,6 +992,6 @@ class SQLiteStore:
         # since it was opened) as LedgerStateError: no sqlite3.Error escapes pickle.loads
         with self._locked(write=False) as conn, self._read_errors():
             _extent.check(self, conn, conn.execute(
-                "SELECT idx, kind, mech, label, pid, count, first, last, body, digest "
-                "FROM entries WHERE idx >= ? AND idx <= ?", (journal[0] - 2, journal[0] - 1)),
+                f"SELECT {_ROW} FROM entries WHERE idx >= ? AND idx <= ?",
+                (journal[0] - 2, journal[0] - 1)),
                 journal, ref.get("run"), "the file")
