@@ -196,6 +196,18 @@ def _read_entry(path: str) -> Any:
         raise LedgerStateError(f"{path}: unreadable ({exc})") from exc
 
 
+def _entries(folders: list[str]) -> list[tuple[str, Any, Any]]:
+    """``(path, entry, its "checkpoint" field or None)`` for each folder that holds an
+    entry, in order; an unreadable one raises LedgerStateError (:func:`_read_entry`)."""
+    found = []
+    for folder in folders:
+        path = os.path.join(folder, LEDGER_FILE)
+        if os.path.exists(path):
+            saved = _read_entry(path)
+            found.append((path, saved, saved.get("checkpoint") if is_entry(saved) else None))
+    return found
+
+
 def _resumed_from(folder: str, state: Any) -> bool:
     """Whether ``folder`` holds the checkpoint training resumed from: its trainer_state.json
     is at the resumed step, with the same log history. A folder without one is not: the
@@ -365,33 +377,38 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         checkpoints and logs are out) brought a fresh in-memory ledger to ``step``'s charges
         only, while a file-backed one keeps them all. Their entries are taken too (fewest
         first), with a warning."""
-        later = []
-        for folder in _checkpoint_folders(args.output_dir, None):
-            path = os.path.join(folder, LEDGER_FILE)
-            if not os.path.exists(path):
-                continue
-            saved = _read_entry(path)
-            named = saved.get("checkpoint") if is_entry(saved) else None
-            if isinstance(named, dict) and named.get("run") == run and \
-                    isinstance(named.get("step"), int) and named["step"] > step:
-                later.append((named["step"], path, saved))
-        before, last = len(self.ledger.history), None
-        for _step, path, saved in sorted(later, key=lambda row: row[:2]):
-            held = len(self.ledger.history)
-            try:
-                restore(self.ledger, saved, where=path)
-            except LedgerStateError as exc:
-                raise LedgerStateError(
-                    f"training resumes at step {step} of a run whose later checkpoint {path} "
-                    f"holds charges this ledger cannot take: {exc}") from None
-            if len(self.ledger.history) != held:
-                last = path
+        later = sorted([(named["step"], path, saved) for path, saved, named
+                        in _entries(_checkpoint_folders(args.output_dir, None))
+                        if isinstance(named, dict) and named.get("run") == run
+                        and isinstance(named.get("step"), int) and named["step"] > step],
+                       key=lambda row: row[:2])
+        before = len(self.ledger.history)
+        last = self._restore_in_order(
+            [(path, saved) for _step, path, saved in later],
+            lambda path, exc: f"training resumes at step {step} of a run whose later checkpoint "
+                              f"{path} holds charges this ledger cannot take: {exc}")
         if last is not None:
             warnings.warn(
                 f"training resumes at step {step} of a run that went on to later checkpoints: "
                 f"the ledger now holds the entry {last} ({len(self.ledger.history)} charges, "
                 f"{len(self.ledger.history) - before} more than the checkpoint resumed from): "
                 "those steps ran, and a ledger never goes backwards", stacklevel=2)
+
+    def _restore_in_order(self, entries: list[tuple[str, Any]],
+                          why: Callable[[str, LedgerStateError], str]) -> str | None:
+        """Bring the ledger to each ``(path, entry)`` in turn (:func:`restore`: forward only)
+        and return the last path that moved it (None: none did); an entry it cannot take
+        raises LedgerStateError with ``why(path, exc)``."""
+        last = None
+        for path, saved in entries:
+            held = len(self.ledger.history)
+            try:
+                restore(self.ledger, saved, where=path)
+            except LedgerStateError as exc:
+                raise LedgerStateError(why(path, exc)) from None
+            if len(self.ledger.history) != held:
+                last = path
+        return last
 
     def _carry_weights(self, args: Any, model: Any) -> None:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
@@ -408,14 +425,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         a rewind too). Only the matching checkpoint's charges were carried."""
         folders = [args.resume_from_checkpoint] if isinstance(
             getattr(args, "resume_from_checkpoint", None), str) else []
-        found = []
-        for folder in folders + _checkpoint_folders(args.output_dir, None):
-            path = os.path.join(folder, LEDGER_FILE)
-            if os.path.exists(path):
-                saved = _read_entry(path)
-                named = saved.get("checkpoint") if is_entry(saved) else None
-                if isinstance(named, dict) and isinstance(named.get("weights"), str):
-                    found.append((path, saved, named))
+        found = [(path, saved, named) for path, saved, named
+                 in _entries(folders + _checkpoint_folders(args.output_dir, None))
+                 if isinstance(named, dict) and isinstance(named.get("weights"), str)]
         if not found:
             return
         digest = weights_digest(model)
@@ -427,19 +439,14 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                       for path, saved, named in found
                       if named["weights"] == digest or named.get("run") in runs)
         entries = {path: saved for path, saved, _n in found}
-        start, last = len(self.ledger.history), None
-        for _charges, path in same:  # fewest first: a ledger moves forward only
-            before = len(self.ledger.history)
-            try:
-                restore(self.ledger, entries[path], where=path)
-            except LedgerStateError as exc:
-                raise LedgerStateError(
-                    f"training starts at step 0 with the weights saved with {path}, whose "
-                    f"charges this ledger cannot take: {exc}. (Weights trained for another "
-                    "ledger's budget: train them from an output_dir without that checkpoint "
-                    "only if their earlier steps are accounted there)") from None
-            if len(self.ledger.history) != before:
-                last = path
+        start = len(self.ledger.history)
+        last = self._restore_in_order(  # fewest first: a ledger moves forward only
+            [(path, entries[path]) for _charges, path in same],
+            lambda path, exc: f"training starts at step 0 with the weights saved with {path}, "
+                              f"whose charges this ledger cannot take: {exc}. (Weights trained "
+                              "for another ledger's budget: train them from an output_dir "
+                              "without that checkpoint only if their earlier steps are "
+                              "accounted there)")
         if last is not None:
             matching = [path for path, _s, named in found if named["weights"] == digest]
             warnings.warn(
