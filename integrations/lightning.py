@@ -217,15 +217,22 @@ def _logger_folder(trainer: Any) -> str | None:
     return os.path.join(str(save_dir), name)
 
 
+def _save_folders(trainer: Any) -> list[str]:
+    """Where this fit saves checkpoints: every ModelCheckpoint's ``dirpath``, then the first
+    logger's versions (:func:`_logger_folder`), as given (searched with sub-folders)."""
+    dirpaths = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
+                if getattr(cb, "dirpath", None) is not None]
+    logged = _logger_folder(trainer)
+    return dirpaths if logged is None else [*dirpaths, logged]
+
+
 def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
     """``known`` and the folders this fit saves checkpoints in (every ModelCheckpoint's
     ``dirpath``, the logger's versions): an entry names them all, so that a resume from it
     looks where the run's checkpoints went even when its trainer saves elsewhere (review
     rlrw: ``filename="{epoch}/{step}"``'s later epochs were missed)."""
     dirs = list(known)
-    found = [str(cb.dirpath) for cb in getattr(trainer, "checkpoint_callbacks", [])
-             if getattr(cb, "dirpath", None) is not None] + [_logger_folder(trainer) or ""]
-    for folder in found:  # local ones absolute: a later resume may run in another folder
+    for folder in _save_folders(trainer):  # local ones absolute: a resume may run elsewhere
         folder = folder if not folder or "://" in folder else os.path.abspath(folder)
         if folder and folder not in dirs:
             dirs.append(folder)
@@ -386,13 +393,9 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
         """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
         names (on the global rank 0)."""
-        folders = [(str(cb.dirpath), True) for cb in getattr(trainer, "checkpoint_callbacks", [])
-                   if getattr(cb, "dirpath", None) is not None]
+        folders = [(folder, True) for folder in _save_folders(trainer)]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
             folders.insert(0, (os.path.dirname(resumed) or ".", False))
-        logged = _logger_folder(trainer)
-        if logged is not None:
-            folders.append((logged, True))
         folders += [(folder, True) for folder in self._dirs]  # the run's, as its entry says
         weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
