@@ -87,7 +87,9 @@ def koskela_kulkarni_variant1(eps_t: np.ndarray, eps_b: np.ndarray, q: float) ->
 
 
 def _extend(orders: np.ndarray, integer_curve: np.ndarray) -> np.ndarray:
-    """From integer orders 2..N to any grid by monotonicity (value at ⌈α⌉, inf above N).
+    """From integer orders 2..N to any grid by monotonicity (value at ⌈α⌉, inf above N):
+    the Rényi divergence is non-decreasing in the order (van Erven & Harremoës 2014,
+    Theorem 3), so the value at ⌈α⌉ bounds the one at α.
 
     ⌈α⌉ exactly: an order a rounding error above an integer k takes the value at k + 1,
     an over-count. (It took k's before, ⌈α − 1e-12⌉: ε(k) < ε(α) may hold there, an
