@@ -47,9 +47,15 @@ class DPFilter:
     kind = "dp"
 
     def __init__(self, epsilon: float, delta: float, shares: DeltaShares,
-                 orders: np.ndarray, weights: np.ndarray | None = None) -> None:
+                 orders: np.ndarray, weights: np.ndarray | None = None, *,
+                 shape_delta: float | None = None) -> None:
         self.epsilon = check.positive_finite("epsilon", epsilon)
         self.delta = check.delta("delta", delta, minimum=0.0)  # a ledger's, or its δ_B
+        # The δ the shares are chosen at and a re-read journal is held to: ``delta``, or for
+        # a hybrid's part B the δ_B before task fp, up to an ulp above ``delta``. Shares
+        # are any data-independent choice, so choosing them there is sound; and a journal
+        # re-read admits what the code that wrote it admitted (it ran under that budget).
+        self.shape_delta = self.delta if shape_delta is None else float(shape_delta)
         self.shares = shares
         self.orders = orders
         self.weights = weights  # fixed at the first admitted charge
@@ -59,7 +65,8 @@ class DPFilter:
         """The weights in force, or the ones ``plan`` would fix (fixes nothing)."""
         if self.weights is not None:
             return self.weights
-        w = np.asarray(self.shares.weights(self.orders, self.epsilon, self.delta, plan), dtype=float)
+        w = np.asarray(self.shares.weights(self.orders, self.epsilon, self.shape_delta, plan),
+                       dtype=float)
         return _valid_weights(w, self.orders, f"delta shares {self.shares}")
 
     # -- the filter protocol --------------------------------------------------
@@ -101,8 +108,10 @@ class DPFilter:
         w_α·δ, which may sum a few ulps above δ (:func:`delta_parts` lowers them since).
         For journals re-read only (``Accounting._readmit``): a charge admitted then within
         ulps of the budget is refused by :meth:`admits` now, and its ledger would no longer
-        open (review rlo3). Never for a new charge."""
-        a, b = conv.improved_terms(self.orders, np.asarray(weights, dtype=float) * self.delta)
+        open (review rlo3). Never for a new charge. At :attr:`shape_delta`: a hybrid's
+        δ_B before task fp, up to an ulp above today's."""
+        a, b = conv.improved_terms(self.orders,
+                                   np.asarray(weights, dtype=float) * self.shape_delta)
         return bool(((spent_after - a) + b <= self.epsilon).any())
 
     def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -559,6 +560,18 @@ def envelope_text(envelope: Envelope) -> str:
 
 
 # ------------------------------------------------------------------ the rule
+def _exact_delta_b(delta: float, delta_a: float) -> float:
+    """The largest float δ_B with δ_A + δ_B ≤ δ exactly (docs/theory.md §2b: the interaction
+    is (ε, δ_A + δ_B)-DP). Before (task fp) the test was the float sum, which rounds: the
+    exact sum could lie up to half an ulp of δ above δ (for δ_A < δ/2; from δ/2 on,
+    δ − δ_A is exact, Sterbenz)."""
+    target = Fraction(delta) - Fraction(delta_a)
+    delta_b = delta - delta_a
+    while delta_b > 0.0 and Fraction(delta_b) > target:
+        delta_b = math.nextafter(delta_b, 0.0)
+    return delta_b
+
+
 def admission_rule(a_alive, a_count, inside_steps, b_admits, steps_a):
     """The hybrid's decision for one charge, vectorised over numpy arrays.
 
@@ -644,9 +657,13 @@ class HybridFilter:
                 raise InvalidArgumentError("delta_a", delta_a,
                                            f"must lie in the open interval (0, delta={self.delta})")
         self.delta_a = float(delta_a)
-        delta_b = self.delta - self.delta_a
-        while delta_b + self.delta_a > self.delta:  # δ_A + δ_B ≤ δ in floating point
-            delta_b = math.nextafter(delta_b, 0.0)
+        delta_b = _exact_delta_b(self.delta, self.delta_a)
+        # The δ_B before task fp (fl(δ_A + δ_B) ≤ δ, the exact sum up to half an ulp over):
+        # Concentrated's order is still chosen at it, so every fix record reads as before,
+        # and a journal re-read admits what it admitted (_filters.DPFilter.shape_delta).
+        float_delta_b = self.delta - self.delta_a
+        while float_delta_b + self.delta_a > self.delta:
+            float_delta_b = math.nextafter(float_delta_b, 0.0)
         # certify=False only for a T_A read back from a ledger's own (chained, possibly
         # keyed) journal, where it was certified when fixed; privguard verify re-certifies.
         certified = (envelope_steps(envelope, self.epsilon, self.delta_a)
@@ -663,7 +680,8 @@ class HybridFilter:
                     f"(ε={self.epsilon:g}, δ_A={self.delta_a:g})")
         self.steps_a = int(steps_a)
         # Part B (docs/theory.md §2): the RDP filter at δ_B.
-        self.fallback = DPFilter(self.epsilon, delta_b, shares, self.orders)
+        self.fallback = DPFilter(self.epsilon, delta_b, shares, self.orders,
+                                 shape_delta=float_delta_b)
         if not shares.needs_plan:
             self.fallback.weights = self.fallback.resolve_weights(None)
         self._state = HybridState(0, True)

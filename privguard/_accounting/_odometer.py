@@ -78,9 +78,11 @@ class _Family:
         self.ratio = ratio
         self.log_inv_weight = log_inv_weight  # f -> log(1/weight_f)
 
-    def bound(self, spent: np.ndarray, orders: np.ndarray, delta: float) -> np.ndarray:
+    def bound(self, spent: np.ndarray, orders: np.ndarray, delta: float,
+              log_mass: float = 0.0) -> np.ndarray:
         """Per order: size of the smallest eligible member + its penalty, never below the
-        formula (seed 001 eq. 5) evaluated exactly.
+        formula (seed 001 eq. 5) evaluated exactly, at δ/W where ``log_mass`` >= log W and
+        W is the exact total weight of the mode's members (:data:`_LOG_MASS`).
 
         The float evaluation is within :func:`_slack` of the exact one, relatively (every
         term is positive). A member counts as eligible only where ``spent`` is at most its
@@ -108,7 +110,8 @@ class _Family:
             f = np.where(over, f - 1, f)
             size = np.where(over, lower, size)
             slack = np.where(over, lower_slack, slack)
-            penalty = (math.log(n) + self.log_inv_weight(f) + math.log(1 / delta)) / (orders - 1)
+            penalty = (math.log(n) + self.log_inv_weight(f) + math.log(1 / delta)
+                       + log_mass) / (orders - 1)
             out = np.nextafter((size + penalty) * (1.0 + slack), np.inf)
         return np.where(np.isfinite(spent), out, np.inf)
 
@@ -131,6 +134,19 @@ _FINE_FAMILY = _Family(
     lambda g: np.log(math.pi**2 * g * g / 6.0) - math.log(1.0 - _PAPER_MASS),
 )
 _FAMILIES = {PAPER: (_PAPER_FAMILY,), TIGHT: (_PAPER_FAMILY, _FINE_FAMILY)}
+_LOG_MASS = {PAPER: 0.0, TIGHT: 2.0 ** -54}
+"""A bound on log W, W the exact total weight of a mode's members as the code defines them
+(its float constants ``math.pi`` and ``_PAPER_MASS`` taken as exact), added to every
+member's log(1/(w_m δ)): the partition argument (docs/theory.md §3.9) gives
+P(Loss > ε̂) <= δ·W, so each member is taken at w_m·δ/W and the union is at δ.
+``"paper"``: W = π²/12 < 1 (its weights 1/(|Λ|·2f²) need no constant), so 0 (an
+over-count). ``"tight"``: W = π²/12 + (1 − _PAPER_MASS)·π²/math.pi² = 1 + 2.9·10⁻¹⁷
+(math.pi is below π), and log W < 2⁻⁵⁴. Before (task fp) the excess was covered only by
+the rounding slack (:func:`_slack`, >= 32 ulps of a value whose (α−1)-multiple is >= log 2,
+far above it); the term makes the argument exact rather than leaning on that slack. Added
+to a penalty's sum (in units of 1/(α−1)) of 1 or more it changes no float; below 1
+(|Λ| = 1 and δ > 0.7) it may raise one by an ulp. It never lowers a reported ε.
+``tests/test_leftovers_fp.py`` checks W and the bound in 60 digits."""
 
 # ---------------------------------------------------------------------------
 # "mixture": the root of Σ_α w_α exp((α−1)(ε − S(α))) = 1/δ, rounded up.
@@ -531,7 +547,8 @@ class Odometer:
 
     def _legacy(self, spent: np.ndarray, delta: float) -> np.ndarray:
         per_order = np.minimum.reduce(
-            [fam.bound(spent, self.orders, delta) for fam in _FAMILIES[self.mode]])
+            [fam.bound(spent, self.orders, delta, _LOG_MASS[self.mode])
+             for fam in _FAMILIES[self.mode]])
         return np.min(per_order, axis=-1)
 
     def epsilon_batch(self, spent: Any, delta: float) -> np.ndarray:
