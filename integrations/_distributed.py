@@ -65,6 +65,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from privguard._accounting._results import exact
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._ledger._ledger import Ledger
 
@@ -333,7 +334,7 @@ class Coordinator:
             witness = _WITNESSES[int(abs(code)) - 1] if 1 <= abs(code) <= len(_WITNESSES) \
                 else "?"
             error = PipelineMismatchError(
-                f"{witness} witness on rank {r} refused this step (charged {charged:.6g}, "
+                f"{witness} witness on rank {r} refused this step (charged {exact(charged)}, "
                 f"measured {measured:.4g}; its message is on that rank); every rank refuses it. "
                 + ("The step was charged (the refusal depends on its noisy gradient), not "
                    "applied" if charge else "Nothing was charged or applied"),

@@ -135,7 +135,7 @@ def unintended_rate(loader: Any, q: float) -> tuple[int, float] | None:
 def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledger: Any) -> str:
     """The text of the :class:`SampleRateWarning`: both numbers and what the run will cost."""
     from privguard import mechanisms as M
-    from privguard._accounting._results import exact, upper
+    from privguard._accounting._results import exact, upper, whole_count
     from privguard._errors import PrivguardError
     from privguard._mechanisms._curve import RDPCurve
 
@@ -153,12 +153,12 @@ def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledg
         try:  # the cost is information: a failure to compute it must not fail the attach
             epoch = M.SubsampledGaussian(sigma, q, steps=steps)
             eps = RDPCurve._trusted(ledger.orders, epoch.rdp(ledger.orders)).epsilon(ledger.delta)
-            text += (f": one pass over this loader ({steps} steps at σ = {sigma:g}) costs "
+            text += (f": one pass over this loader ({steps} steps at σ = {exact(sigma)}) costs "
                      f"ε = {upper(eps, '.4g')} at δ = {exact(ledger.delta)} on its own (rounded "
                      "up)")
             if ledger.target is not None:
                 allowed = ledger.remaining(M.SubsampledGaussian(sigma, q)).repeats
-                text += f", and the budget admits {allowed} more steps"
+                text += f", and the budget admits {whole_count(allowed)} more steps"
         except PrivguardError:
             pass
     return (text + ". To sample at batch_size/len(dataset), build the DPDataLoader from a "

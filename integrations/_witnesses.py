@@ -682,8 +682,9 @@ class Witnesses:
             elif got > bound + tolerance:
                 self._refuse_micro_batch(PipelineMismatchError(
                     f"clipping witness (ghost clipping): the clipped sum of this micro-batch of "
-                    f"{batch} records has norm {got:.4g} > Σ min(‖g_i‖, C) = "
-                    f"{_up(bound, '.4g')} at the charged C = {_exact(c)}. Nothing was charged "
+                    # the norm rounded down, the bound up, 6 digits (task fp; as review rlo3's)
+                    f"{batch} records has norm {_down(got, '.6g')} > Σ min(‖g_i‖, C) = "
+                    f"{_up(bound, '.6g')} at the charged C = {_exact(c)}. Nothing was charged "
                     "or applied",
                     witness="clipping", charged=c, measured=got, interval=None,
                     step=self.steps + 1))

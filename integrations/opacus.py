@@ -94,7 +94,7 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard import mechanisms as M
-from privguard._accounting._results import exact, upper
+from privguard._accounting._results import exact, upper, whole_count
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -851,14 +851,16 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
         probe = Ledger(delta=ledger.delta, orders=ledger.orders)
         probe.charge(M.SubsampledGaussian(mech.noise_multiplier, q, steps=steps))
         what = "the planned" if planned_steps else "one epoch of"
-        text += (f" By RDP, σ = {mech.noise_multiplier:.6g} and q = {q:.6g} over {what} "
+        # σ and q as stated (a σ printed rounded down or a q rounded up has a larger ε than
+        # the one printed; task fp)
+        text += (f" By RDP, σ = {exact(mech.noise_multiplier)} and q = {exact(q)} over {what} "
                  f"{steps} steps give ε = {upper(probe.nonadaptive_epsilon(), '.4g')} at δ = "
                  f"{exact(ledger.delta)} (running ε, valid at any stopping time: "
                  f"{upper(probe.epsilon(), '.4g')}; rounded up, review rlo2).")
     if ledger.target is not None:
         text += (f" The ledger's filter (ε = {exact(ledger.target[0])}, "
                  f"δ = {exact(ledger.target[1])}) "
-                 f"admits {ledger.remaining(mech).repeats:g} more such steps.")
+                 f"admits {whole_count(ledger.remaining(mech).repeats)} more such steps.")
     text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
              "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
              "the steps PRV calibrated for while the run follows its plan (docs/theory.md §2b); "

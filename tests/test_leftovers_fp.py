@@ -99,7 +99,7 @@ _SPLIT = (3.825143337376783e-05, 5.065757138753692e-06)
 def _hybrid(delta: float, delta_a: float, shares=None):
     import numpy as np
 
-    from privguard import Concentrated, DEFAULT_ORDERS
+    from privguard import DEFAULT_ORDERS, Concentrated
     from privguard._accounting._hybrid import Envelope, HybridFilter
 
     return HybridFilter(3.0, delta, Envelope(1.0, 0.01), np.array(DEFAULT_ORDERS),
@@ -146,3 +146,147 @@ def test_the_hybrid_filters_shares_are_chosen_where_they_were(monkeypatch):
     assert flt.delta_b < float_delta_b
     flt.fix(np.asarray(flt.orders) * 0.01)
     assert seen == [float_delta_b]
+
+
+# --- printed numbers (item 3): a value just past a rounding boundary ------------------------
+def _ledger_with_many_repeats(mech):
+    """A ledger whose budget fits a count of ``mech`` that ':g' rounds up (7+ digits)."""
+    from privguard import Ledger
+
+    for epsilon in (40.0, 41.0, 42.0, 43.0, 44.0, 45.0, 46.0, 47.0):
+        ledger = Ledger(epsilon=epsilon, delta=1e-5)
+        repeats = ledger.remaining(mech).repeats
+        if repeats >= 1e6 and float(f"{repeats:g}") > repeats:
+            return ledger, repeats
+    raise AssertionError("no budget found whose count ':g' rounds up")
+
+
+def test_the_prv_warning_states_sigma_as_charged_and_the_steps_left_in_full():
+    # ":.6g" printed σ = 1.2345649 as 1.23456 (less noise than charged: a larger ε than the
+    # one stated beside it) and ":g" printed the steps left rounded to 6 digits, up as often
+    # as down (1234567 as 1.23457e+06: more than fit)
+    import re
+
+    import privguard.mechanisms as M
+    from privguard.integrations.opacus import _rdp_warning
+
+    mech = M.SubsampledGaussian(1.2345649, 1e-5)
+    ledger, repeats = _ledger_with_many_repeats(mech)
+    text = _rdp_warning("prv", ledger, mech, 100)
+    assert "σ = 1.2345649 and q = 1e-05" in text, text
+    admits = re.search(r"admits (\S+) more such steps", text)
+    assert admits is not None, text
+    assert float(admits.group(1)) <= repeats and admits.group(1).isdigit(), text
+
+
+def test_the_provenance_warning_states_sigma_as_charged_and_the_steps_left_in_full(
+        monkeypatch):
+    import re
+    from types import SimpleNamespace
+
+    import privguard.mechanisms as M
+    from privguard.integrations import _provenance
+
+    mech = M.SubsampledGaussian(1.2345649, 1e-5)
+    ledger, repeats = _ledger_with_many_repeats(mech)
+    monkeypatch.setattr(_provenance, "source_of", lambda loader: SimpleNamespace(
+        records=100_000, drawn=None, sampler="WeightedRandomSampler", batches=100_000))
+    text = _provenance.warning_text(object(), 1e-5, 1, 1e-5, 1.2345649, ledger)
+    assert "steps at σ = 1.2345649)" in text, text
+    admits = re.search(r"budget admits (\S+) more steps", text)
+    assert admits is not None, text
+    assert float(admits.group(1)) <= repeats and admits.group(1).isdigit(), text
+
+
+def test_the_vacuous_risk_sentence_states_its_epsilon_rounded_up():
+    # ":g" printed ε = 8.0000004 as "8", below the ε of the statement
+    import re
+
+    from privguard._cli._risk import risk_sentence
+
+    for epsilon in (8.0000004, 12.345649):
+        text = risk_sentence(epsilon, 1e-5)
+        shown = re.search(r"at ε = (\S+) this statement", text)
+        assert shown is not None, text
+        assert float(shown.group(1)) >= epsilon, text
+
+
+def test_the_audit_command_states_its_delta_as_audited(monkeypatch, capsys):
+    # ":g" printed δ = 1.2345649e-05 as 1.23456e-05
+    import privguard.audit as audit
+    from privguard._cli._cli import main
+
+    class Result:
+        steps, canaries, correct, guesses, guess_sets = 10, 100, 60, 80, 4
+        epsilon_lower, epsilon_charged, ratio = 0.5, 2.0, 0.25
+        delta, confidence = 1.2345649e-05, 0.95
+
+    monkeypatch.setattr(audit, "demo_audit", lambda **kwargs: Result())
+    assert main(["audit", "--quick"]) == 0
+    assert "(true ε at δ = 1.2345649e-05 is" in capsys.readouterr().out
+
+
+def test_the_demo_states_its_target_as_given(tmp_path, monkeypatch):
+    # ":g" printed the budget ε = 1.2345649 as 1.23456: a smaller target than the filter's
+    import privguard._cli._demo as demo
+
+    printed: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def record(*a, **k):
+        printed.append(" ".join(map(str, a)))
+        if len(printed) == 2:
+            raise Stop
+
+    monkeypatch.setattr(demo, "_require_extras", lambda: None)
+    monkeypatch.setattr(demo, "_data", lambda: (list(range(100)), None, None))
+    monkeypatch.setattr("builtins.print", record)
+    with pytest.raises(Stop):
+        demo.run(db=str(tmp_path / "d.db"), quick=True, epsilon=1.2345649)
+    assert "budget (ε = 1.2345649, δ = " in printed[1], printed
+
+
+def test_a_refusal_taken_from_another_rank_states_the_charged_value_as_charged():
+    # ":.6g" printed a charged σ = 1.2345649 as 1.23456
+    from privguard import PipelineMismatchError
+    from privguard.integrations import _distributed as dist
+
+    coordinator = object.__new__(dist.Coordinator)
+    coordinator._gather = lambda op, row: [[dist.ADMITTED, 0.0, 0.0, 0.0, 0.0],
+                                           [dist.REFUSED, 1.0, 1.2345649, 0.9, 7.0]]
+    with pytest.raises(PipelineMismatchError) as caught:
+        coordinator.check_together(lambda: None)
+    assert "(charged 1.2345649, " in str(caught.value)
+
+
+def test_the_ghost_clipping_witness_prints_a_norm_above_the_bound_it_names():
+    # As review rlo3's for the other clipping alarm: the norm was printed to nearest and the
+    # bound rounded up, 4 digits each, so an alarm could read "norm 1.001 > ... = 1.001"
+    import re
+    from types import SimpleNamespace
+
+    import torch
+
+    from privguard import PipelineMismatchError
+    from privguard.integrations._witnesses import Witnesses, _stabiliser
+
+    bound, c = 1.00001, 1e3
+    tolerance = (1e-3 + 4.0 * 2.0 ** -52) * bound + _stabiliser(c)
+    norm = math.nextafter(bound + tolerance, math.inf) * (1 + 1e-12)
+    param = SimpleNamespace(_norm_sample=torch.tensor([bound], dtype=torch.float64),
+                            grad=torch.tensor([norm], dtype=torch.float64))
+    w = object.__new__(Witnesses)
+    w.optimizer = SimpleNamespace(max_grad_norm=c, params=[param])
+    w.failure, w._records, w._original, w.steps = None, 0, lambda: None, 0
+
+    def refuse(error):
+        raise error
+
+    w._refuse_micro_batch = refuse
+    with pytest.raises(PipelineMismatchError) as caught:
+        w._ghost_accumulate()
+    shown = re.search(r"has norm (\S+) > Σ min\(‖g_i‖, C\) = (\S+) at", str(caught.value))
+    assert shown is not None, str(caught.value)
+    assert float(shown.group(1)) > float(shown.group(2)), str(caught.value)

@@ -55,6 +55,17 @@ def lower(x: float, spec: str) -> str:
     return _directed(x, spec, decimal.ROUND_FLOOR)
 
 
+def whole_count(x: float) -> str:
+    """A count of repeats that fit, in full (never rounded up: ":g" printed 1234567 as
+    1.23457e+06, more than fit; review cli), or "unlimited".
+
+    Example:
+        >>> whole_count(1234567.0), whole_count(math.inf)
+        ('1234567', 'unlimited')
+    """
+    return f"{math.floor(x):d}" if math.isfinite(x) else "unlimited"
+
+
 def _directed(x: float, spec: str, rounding: str) -> str:
     """``format(x, spec)`` rounded towards +∞ (``ROUND_CEILING``) or −∞ (``ROUND_FLOOR``)."""
     text = format(x, spec)
@@ -112,9 +123,7 @@ class Remaining:
         if self.epsilon_target is not None and self.budget is None:
             parts.append(f"target ε = {exact(self.epsilon_target)}")
         if self.repeats is not None:
-            # a count, in full: ":g" printed 1234567 as 1.23457e+06, more than fit (review cli)
-            count = f"{self.repeats:.0f}" if math.isfinite(self.repeats) else "unlimited"
-            parts.append(f"{count} more of the queried mechanism fit")
+            parts.append(f"{whole_count(self.repeats)} more of the queried mechanism fit")
         return "; ".join(parts) or "no budget configured"
 
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "audit":
-            from privguard._accounting._results import lower, upper
+            from privguard._accounting._results import exact, lower, upper
             from privguard.audit import demo_audit
 
             res = demo_audit(quick=args.quick, seed=args.seed, steps=args.steps,
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"in advance, the confidence split between them)\n"
                   # a lower bound: rounded down, as an upper one is rounded up (review lo2)
                   f"  epsilon_lower   = {lower(res.epsilon_lower, '.3f')}  (true ε at δ = "
-                  f"{res.delta:g} is "
+                  f"{exact(res.delta)} is "
                   f"at least this with {res.confidence:.0%} confidence)\n"
                   f"  epsilon_charged = {upper(res.epsilon_charged, '.3f')}  (the run is (ε, δ)-DP at this ε: "
                   f"the ledger's charges, steps fixed in advance)\n"

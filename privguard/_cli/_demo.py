@@ -23,7 +23,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard import mechanisms as M
-from privguard._accounting._results import upper
+from privguard._accounting._results import exact, upper
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard._optional import require
@@ -133,7 +133,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     print(f"privguard demo{f' (reduced size: {reason})' if quick else ''}: digits, "
           f"{len(train)} private training examples, DP-SGD σ={SIGMA}, batch {BATCH}")
     ledger = Ledger(epsilon=epsilon, delta=DELTA, path=db, plan=M.SubsampledGaussian(SIGMA, q))
-    print(f"ledger {db}: budget (ε = {epsilon:g}, δ = {DELTA:g})\n")
+    print(f"ledger {db}: budget (ε = {exact(epsilon)}, δ = {exact(DELTA)})\n")
 
     # 1. Random-K tuning of the learning rate.
     per_candidate = M.Composed((M.SubsampledGaussian(SIGMA, q, cand_epochs * steps_per_epoch),
@@ -173,7 +173,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
                 epochs = epoch
                 score = _noisy_count(model, val, ledger, rng, "early-stopping check")
                 meter = ledger.budget()
-                bar.set_postfix_str(f"budget {upper(meter.spent, '.3f')} of ε = {meter.epsilon:g}"
+                bar.set_postfix_str(f"budget {upper(meter.spent, '.3f')} of ε = {exact(meter.epsilon)}"
                                     if meter is not None else "")
                 bar.update(1)
                 best, stale = (score, 0) if score > best + VAL_STD else (best, stale + 1)
@@ -203,7 +203,7 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
           "decided when to stop — although the learning rate and the stopping time were chosen "
           "from earlier results: the filter checked every charge before it ran. For an attacker: "
           f"{risk_sentence(claim.epsilon, claim.delta)}. The any-time ε "
-          f"(odometer) is {upper(eps, '.3f')}: with probability ≥ 1 − {DELTA:g} the privacy loss is below "
+          f"(odometer) is {upper(eps, '.3f')}: with probability ≥ 1 − {exact(DELTA)} the privacy loss is below "
           "it, at the moment the run stopped, without relying on the filter; it can exceed the "
           "target while the filter's guarantee holds, because it is a different statement (a "
           "tail bound for any stopping time), and reporting the smaller of the two after "

@@ -50,7 +50,9 @@ def risk_sentence(epsilon: float, delta: float, fpr: float = REPORT_FPR) -> str:
     """
     tpr = membership_tpr_bound(epsilon, delta, fpr)
     if tpr >= 0.995:  # the bound is (nearly) vacuous: say so rather than "at most 100%"
-        return (f"at ε = {epsilon:g} this statement does not limit a membership test wrong "
+        # ε rounded up, as every printed ε (task fp): the bound is vacuous above it too
+        return (f"at ε = {upper(epsilon, '.4g')} this statement does not limit a membership "
+                "test wrong "
                 f"on {100 * fpr:g}% of non-members (Kairouz–Oh–Viswanath 2015)")
     return (f"a membership test wrong on {100 * fpr:g}% of non-members catches at most "
             f"{upper(100 * tpr, '.3g')}% of members (Kairouz–Oh–Viswanath 2015)")
