@@ -291,6 +291,16 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         raise InvalidArgumentError("build", build, f"returned a distributed optimizer "
                                    f"({type(opt).__name__}); the one-run audit runs in one "
                                    f"process (DPOptimizer, non-distributed)")
+    wrapper = _data_parallel(model)
+    if wrapper is not None:
+        # task fp: plain DDP (or FSDP, Opacus' DPDDP) around the model with a non-distributed
+        # DPOptimizer: every rank adds noise of its own to the all-reduced gradient and
+        # inserts canaries of its own, and the audit scores one rank's view of the update
+        # (docs/theory.md §16.3); the refused optimizers above, by another route
+        raise InvalidArgumentError("build", build, f"returned {wrapper} with a "
+                                   f"non-distributed optimizer; the one-run audit runs in one "
+                                   f"process (no data-parallel wrapper, no process group of "
+                                   f"several ranks)")
     rate = getattr(getattr(loader, "batch_sampler", None), "sample_rate", None)
     if rate is None:
         raise InvalidArgumentError("build", build, "must return a Poisson-sampling Opacus data "
@@ -315,6 +325,27 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
                        epsilon_charged=float(charged) if math.isfinite(charged) else math.inf,
                        delta=delta, confidence=float(confidence), canaries=m, guesses=r,
                        correct=v, steps=probe.steps, guess_sets=len(pairs))
+
+
+def _data_parallel(model: Any) -> str | None:
+    """What makes ``model``'s training data-parallel, in words, or None: a DDP-like wrapper
+    among its modules (torch's DistributedDataParallel or FullyShardedDataParallel, Opacus'
+    DifferentiallyPrivateDistributedDataParallel; under make_private's GradSampleModule too),
+    or a process group of more than one rank (a gradient all-reduce need not show in the
+    model: fail closed)."""
+    import torch
+
+    names = ("DistributedDataParallel", "FullyShardedDataParallel",
+             "DifferentiallyPrivateDistributedDataParallel")
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    for module in modules:
+        if type(module).__name__ in names or isinstance(
+                module, torch.nn.parallel.DistributedDataParallel):
+            return f"a model under {type(module).__name__}"
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"a model in a process group of {dist.get_world_size()} ranks"
+    return None
 
 
 def _guess_pairs(guesses: Any, m: int) -> tuple[tuple[int, int], ...]:

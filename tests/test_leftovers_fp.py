@@ -290,3 +290,61 @@ def test_the_ghost_clipping_witness_prints_a_norm_above_the_bound_it_names():
     shown = re.search(r"has norm (\S+) > Σ min\(‖g_i‖, C\) = (\S+) at", str(caught.value))
     assert shown is not None, str(caught.value)
     assert float(shown.group(1)) > float(shown.group(2)), str(caught.value)
+
+
+# --- the audit under plain DDP (item 4) ------------------------------------------------------
+def _plain_ddp_build(wrap):
+    """make_private (non-distributed DPOptimizer), its model then wrapped by ``wrap`` (make_private
+    of a DDP model would build a distributed optimizer, which is refused already)."""
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def build():
+        torch.manual_seed(0)
+        x = torch.randn(256, 8)
+        y = (x[:, 0] > 0).long()
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        model, opt, loader = PrivacyEngine().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+            data_loader=DataLoader(TensorDataset(x, y), batch_size=32),
+            noise_multiplier=2.0, max_grad_norm=1.0)
+        return wrap(model), opt, loader
+    return build
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_audit_refuses_a_model_under_plain_ddp_naming_build(tmp_path):
+    # The last note: plain torch DDP around the model with a non-distributed DPOptimizer was
+    # audited: every rank adds its own noise and canaries, the audit scores one rank's view.
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from privguard import InvalidArgumentError
+    from privguard.audit import audit_opacus
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        with pytest.raises(InvalidArgumentError, match="under DistributedDataParallel") as info:
+            audit_opacus(_plain_ddp_build(DDP), steps=2, canaries=50, seed=0)
+        assert info.value.argument == "build"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_audit_refuses_a_process_group_of_several_ranks(monkeypatch):
+    # A gradient all-reduce need not show in the model (a hook, a wrapper of its own)
+    import torch.distributed as dist
+
+    from privguard import InvalidArgumentError
+    from privguard.audit import audit_opacus
+
+    build = _plain_ddp_build(lambda model: model)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    with pytest.raises(InvalidArgumentError, match="process group of 2 ranks") as info:
+        audit_opacus(build, steps=2, canaries=50, seed=0)
+    assert info.value.argument == "build"
