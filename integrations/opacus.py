@@ -857,10 +857,11 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
                  f"{steps} steps give ε = {upper(probe.nonadaptive_epsilon(), '.4g')} at δ = "
                  f"{exact(ledger.delta)} (running ε, valid at any stopping time: "
                  f"{upper(probe.epsilon(), '.4g')}; rounded up, review rlo2).")
-    if ledger.target is not None:
+    left = None if ledger.target is None else ledger.remaining(mech).repeats
+    if ledger.target is not None and left is not None:  # a float for a mechanism queried
         text += (f" The ledger's filter (ε = {exact(ledger.target[0])}, "
                  f"δ = {exact(ledger.target[1])}) "
-                 f"admits {whole_count(ledger.remaining(mech).repeats)} more such steps.")
+                 f"admits {whole_count(left)} more such steps.")
     text += (" To keep pace with PRV, declare the plan and use the hybrid filter, "
              "Ledger(epsilon, delta, plan=Plan(step, steps), filter='hybrid'), which admits "
              "the steps PRV calibrated for while the run follows its plan (docs/theory.md §2b); "

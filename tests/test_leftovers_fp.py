@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from _family_bound import family_bound
 
 
 def _family_weights(mode: str):
@@ -49,18 +50,9 @@ def _bound_at_the_exact_sum(mode: str, orders, spent, delta: float):
 
     with mp.workdps(60):
         families, total = _family_weights(mode)
-        n, d = len(orders), mp.mpf(delta)
-        best = mp.inf
-        for a, s in zip(orders, spent):
-            a, s = mp.mpf(float(a)), mp.mpf(float(s))
-            for scale, ratio, weight in families:
-                first = scale * mp.log(2 * n / d) / (a - 1)
-                f = 1
-                while first * ratio ** (f - 1) < s:
-                    f += 1
-                best = min(best, first * ratio ** (f - 1)
-                           + mp.log(max(total, 1) * n / (weight(f) * d)) / (a - 1))
-        return best
+        mass = max(total, 1)
+        return family_bound([(scale, ratio, lambda f, weight=weight: mp.log(mass / weight(f)))
+                             for scale, ratio, weight in families], orders, spent, delta)
 
 
 @pytest.mark.parametrize("mode", ["paper", "tight"])

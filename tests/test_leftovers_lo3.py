@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from _family_bound import family_bound
 from _sqlite_edits import execute as _execute
 
 from privguard import Ledger, LedgerStateError
@@ -89,23 +90,12 @@ def _paper_bound_exactly(mode: str, orders, spent, delta: float):
     import mpmath as mp
 
     with mp.workdps(50):
-        n, d = len(orders), mp.mpf(delta)
         families = [(mp.mpf(1), mp.mpf(2), lambda f: mp.log(2 * f * f))]
         if mode == "tight":
             mass = mp.pi ** 2 / 12
             families.append((mp.mpf(1) / 5, mp.sqrt(2),
                              lambda g: mp.log(mp.pi ** 2 * g * g / 6) - mp.log(1 - mass)))
-        best = mp.inf
-        for a, s in zip(orders, spent):
-            a, s = mp.mpf(float(a)), mp.mpf(float(s))
-            for scale, ratio, log_inv_weight in families:
-                first = scale * mp.log(2 * n / d) / (a - 1)
-                f = 1
-                while first * ratio ** (f - 1) < s:
-                    f += 1
-                best = min(best, first * ratio ** (f - 1)
-                           + (mp.log(n) + log_inv_weight(f) + mp.log(1 / d)) / (a - 1))
-        return best
+        return family_bound(families, orders, spent, delta)
 
 
 @pytest.mark.parametrize("mode", ["paper", "tight"])
