@@ -247,7 +247,8 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
 
     Raises:
         InvalidArgumentError: a bad argument, or ``build()`` did not return
-            an Opacus pipeline with a Poisson loader.
+            an Opacus pipeline with a Poisson loader, one process's (not a distributed
+            optimizer, a model under DDP or FSDP, or a process group of several ranks).
     """
     from privguard._ledger._ledger import Ledger
     from privguard.integrations.opacus import attach
