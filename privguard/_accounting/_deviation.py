@@ -62,26 +62,32 @@ def message(flt: Any, mechanism: Any, label: str | None, step: Any, before: floa
             after: float) -> str:
     """What happened and what it cost, in plan steps."""
     from privguard._accounting._hybrid import envelope_steps_in, envelope_text
+    from privguard._accounting._results import exact, whole_count
 
     env = flt.envelope
     inside = envelope_steps_in(mechanism, env) is not None
     why = (f"it would take part A past its {flt.steps_a} certified envelope steps" if inside
-           else f"it is outside the plan's envelope (σ ≥ {env.noise_multiplier:g} and "
-                f"q ≤ {env.sample_rate:g})" if env.micro_batches == 1 and not env.allocation_steps
+           else f"it is outside the plan's envelope (σ ≥ {exact(env.noise_multiplier)} and "
+                f"q ≤ {exact(env.sample_rate)})"
+           if env.micro_batches == 1 and not env.allocation_steps
            else f"it is outside the plan's envelope ({envelope_text(env)})")
     what = "charge" if label is None else f"charge {label!r}"
+    # δ_B as used, the counts in full, never rounded up (":g" printed 1234567 steps as
+    # 1.23457e+06, more than fit, and δ_B = 1.0000000000000026e-07 as 1e-07; review rfp)
     return (f"the {what} of {mechanism!r} left the plan: {why}, so the hybrid filter's PLD "
-            f"part closed for good and only the RDP fallback at δ_B = {flt.delta_b:g} decides "
-            f"from now on. Steps of the plan's step {step!r} that fit: {before:g} before this "
-            f"charge, {after:g} after. Declare the most expensive step the run may take as "
-            "the plan's (σ at most the smallest σ, q at least the largest q; README, "
-            f"'Leaving the plan'){_accumulated_hint(env)}")
+            f"part closed for good and only the RDP fallback at δ_B = {exact(flt.delta_b)} "
+            f"decides from now on. Steps of the plan's step {step!r} that fit: "
+            f"{whole_count(before)} before this charge, {whole_count(after)} after. Declare the "
+            "most expensive step the run may take as the plan's (σ at most the smallest σ, q at "
+            f"least the largest q; README, 'Leaving the plan'){_accumulated_hint(env)}")
 
 
 def _accumulated_hint(env: Any) -> str:
+    from privguard._accounting._results import exact
+
     if env.micro_batches == 1:
         return ""
-    return (f"; an accumulated envelope holds only steps with q = {env.sample_rate:g} and "
-            f"{env.micro_batches} micro-batches declared aligned=True, which privguard's "
+    return (f"; an accumulated envelope holds only steps with q = {exact(env.sample_rate)} "
+            f"and {env.micro_batches} micro-batches declared aligned=True, which privguard's "
             "integrations declare only when told to (aligned_micro_batches=True): they cannot "
             "rule out per-draw randomness such as dropout (docs/theory.md §2b.1, §14)")

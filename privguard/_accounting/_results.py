@@ -57,13 +57,18 @@ def lower(x: float, spec: str) -> str:
 
 def whole_count(x: float) -> str:
     """A count of repeats that fit, in full (never rounded up: ":g" printed 1234567 as
-    1.23457e+06, more than fit; review cli), or "unlimited".
+    1.23457e+06, more than fit; review cli), "unlimited" for +inf, or "an unknown number
+    of" for NaN (a count that could not be computed; review rfp: it read "unlimited").
 
     Example:
-        >>> whole_count(1234567.0), whole_count(math.inf)
-        ('1234567', 'unlimited')
+        >>> whole_count(1234567.0), whole_count(math.inf), whole_count(math.nan)
+        ('1234567', 'unlimited', 'an unknown number of')
     """
-    return f"{math.floor(x):d}" if math.isfinite(x) else "unlimited"
+    if math.isnan(x):
+        return "an unknown number of"
+    if x == math.inf:
+        return "unlimited"
+    return f"{math.floor(x):d}" if math.isfinite(x) else "no"
 
 
 def _directed(x: float, spec: str, rounding: str) -> str:

@@ -1,0 +1,57 @@
+"""Review rfp (of task fp): each test fails on fp's head (bc86304) before its fix."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+
+import pytest
+
+
+def test_a_count_that_could_not_be_computed_is_not_printed_as_unlimited():
+    # whole_count(NaN) read "unlimited": a count left that nobody computed, stated as
+    # no limit at all (fails open, in words)
+    from privguard._accounting._results import whole_count
+
+    assert whole_count(math.nan) == "an unknown number of"
+    assert whole_count(math.inf) == "unlimited"
+    assert whole_count(1234567.9) == "1234567"
+    assert whole_count(2.0 ** 80) == str(2 ** 80)
+
+
+def test_the_plan_deviation_warning_states_the_steps_left_in_full_and_delta_b_as_used():
+    # ":g" printed 147284878505 steps that fit as 1.47285e+11 (more than fit) and
+    # δ_B = 1.0000000000000074e-07 as 1e-07, and the envelope's σ = 1.2345649 as 1.23456
+    import privguard.mechanisms as M
+    from privguard import Ledger, Plan, PlanDeviationWarning
+
+    step = M.SubsampledGaussian(1.2345649, 1e-5)
+    ledger = Ledger(epsilon=40.0, delta=1e-5, plan=Plan(step, 100), filter="hybrid")
+    before = ledger.remaining(step).repeats
+    assert before >= 1e6 and float(f"{before:g}") > before  # ":g" rounds this one up
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ledger.charge(M.SubsampledGaussian(0.9, 1e-5))  # off the envelope: A closes
+    text = next(str(w.message) for w in caught if issubclass(w.category, PlanDeviationWarning))
+    counts = re.search(r"that fit: (\S+) before this charge, (\S+) after", text)
+    assert counts is not None, text
+    assert counts.group(1) == str(before), text
+    assert int(counts.group(2)) == ledger.remaining(step).repeats, text
+    assert f"δ_B = {ledger._acc.filter.delta_b!r} decides" in text, text
+    assert "(σ ≥ 1.2345649 and q ≤ 1e-05)" in text, text
+
+
+def test_the_plan_deviation_message_says_when_a_count_is_unknown():
+    # repeats_or_nan gives NaN where the count after the charge cannot be computed;
+    # ":g" printed "nan" (now words, never "unlimited")
+    import privguard.mechanisms as M
+    from privguard import Ledger, Plan
+    from privguard._accounting import _deviation
+
+    step = M.SubsampledGaussian(1.0, 1e-5)
+    ledger = Ledger(epsilon=40.0, delta=1e-5, plan=Plan(step, 100), filter="hybrid")
+    ledger.charge(step)
+    text = _deviation.message(ledger._acc.filter, M.SubsampledGaussian(0.9, 1e-5), None,
+                              step, 5.0, math.nan)
+    assert "that fit: 5 before this charge, an unknown number of after" in text, text
