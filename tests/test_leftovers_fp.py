@@ -337,6 +337,9 @@ def test_the_audit_refuses_a_process_group_of_several_ranks(monkeypatch):
     build = _plain_ddp_build(lambda model: model)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    # rank 0's view (the DataLoader asks for it): before the refusal, the audit then ran
+    # to the end on this one rank, "DID NOT RAISE" (review rfp; without it, a ValueError)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
     with pytest.raises(InvalidArgumentError, match="process group of 2 ranks") as info:
         audit_opacus(build, steps=2, canaries=50, seed=0)
     assert info.value.argument == "build"

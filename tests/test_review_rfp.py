@@ -55,3 +55,24 @@ def test_the_plan_deviation_message_says_when_a_count_is_unknown():
     text = _deviation.message(ledger._acc.filter, M.SubsampledGaussian(0.9, 1e-5), None,
                               step, 5.0, math.nan)
     assert "that fit: 5 before this charge, an unknown number of after" in text, text
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_audit_runs_a_plain_model_in_a_process_group_of_one_rank(tmp_path):
+    # No false refusal: torch.distributed initialised with one rank, the model not wrapped
+    # (the refusal is for a data-parallel wrapper or several ranks); the one-process audit
+    # runs as without a group
+    import torch.distributed as dist
+    from test_leftovers_fp import _plain_ddp_build
+
+    from privguard.audit import audit_opacus
+
+    build = _plain_ddp_build(lambda model: model)  # make_private's model, not wrapped
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        result = audit_opacus(build, steps=2, canaries=50, seed=0)
+    finally:
+        dist.destroy_process_group()
+    assert result.steps == 2
