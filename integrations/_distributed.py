@@ -196,8 +196,10 @@ class Coordinator:
         for r, row in enumerate(table):
             if (row[1], row[2]) != (table[0][1], table[0][2]):
                 raise RankDisagreementError(
-                    f"ranks would charge different steps: rank 0 has σ={table[0][1]:g}, "
-                    f"q={table[0][2]:g}, rank {r} has σ={row[1]:g}, q={row[2]:g}; every rank "
+                    # as gathered, never rounded: ':g' could show two different σ alike
+                    f"ranks would charge different steps: rank 0 has σ={exact(table[0][1])}, "
+                    f"q={exact(table[0][2])}, rank {r} has σ={exact(row[1])}, "
+                    f"q={exact(row[2])}; every rank "
                     "stops before the update, nothing charged")
         # every rank's draws are in the global sum: the step holds up to the largest k
         widest = max(int(row[3]) for row in table)

@@ -143,7 +143,7 @@ def warning_text(loader: Any, q: float, b: int, meant: float, sigma: float, ledg
     assert source is not None
     n, steps = source.records, max(1, round(1 / q))
     drew = "" if source.drawn is None else f" drew {source.drawn} of the {n} records per epoch and"
-    text = (f"data_loader samples every one of the {n} records at q = 1/len(loader) = {q:.4g} "
+    text = (f"data_loader samples every one of the {n} records at q = 1/len(loader) = {exact(q)} "
             f"(expected batch {q * n:.6g}), {q / meant:.3g}× the rate of your loader's batch "
             f"size {b} (batch_size/len(dataset) = {meant:.4g}): its {source.sampler}{drew} "
             f"made {source.batches} batches, and Opacus' DPDataLoader replaced it by Poisson "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard import mechanisms as M
+from privguard._accounting._results import exact
 from privguard._errors import BudgetExhausted
 
 __all__ = ["History", "find_opacus_hook", "history_of", "replay", "steps_beyond", "total_steps"]
@@ -216,4 +217,5 @@ def replay(ledger: Any, todo: History, label: str | None, coordinator: Any = Non
 
 
 def _describe(history: History) -> str:
-    return ", ".join(f"{k} × (σ={s:g}, q={q:g})" for s, q, k in history)
+    # σ and q as recorded and charged, never rounded (review rfp)
+    return ", ".join(f"{k} × (σ={exact(s)}, q={exact(q)})" for s, q, k in history)

@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from privguard import _validation as check
+from privguard._accounting._results import exact
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _samplers
 
@@ -87,7 +88,7 @@ def check_poisson(loader: Any, name: str = "data_loader") -> float:
             + _samplers.refusal(loader))
     mismatch = _samplers.rate_mismatch(loader)
     if mismatch is not None:
-        raise NonPoissonSamplingError(name, f"{type(loader).__name__} (q = {rate:g})", mismatch)
+        raise NonPoissonSamplingError(name, f"{type(loader).__name__} (q = {exact(rate)})", mismatch)
     return rate
 
 

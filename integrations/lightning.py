@@ -77,6 +77,7 @@ from collections.abc import Callable
 from typing import Any
 
 from privguard import _validation as check
+from privguard._accounting._results import exact
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe, _samplers, _sampling
@@ -131,7 +132,7 @@ def _check_rates(loaders: list, charged: float) -> None:
             raise InvalidArgumentError(
                 "train_dataloader", q,
                 f"is the rate a training loader samples at, but the steps are charged at "
-                f"q = {charged:g} (sample_rate): the charge must be the probability each record "
+                f"q = {exact(charged)} (sample_rate): the charge must be the probability each record "
                 "is drawn; keep every loader's rate at most the charged one, and a single "
                 "loader's rate across reloads")
 

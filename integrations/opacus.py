@@ -828,9 +828,10 @@ def _at_least_hook(q: float, hook_rate: float | None) -> float:
 def _warn_below_hook(q: float, hook_rate: float | None) -> None:
     """Warn at attach that a hand-set q below Opacus' hook's rate is charged at the hook's."""
     if hook_rate is not None and q < hook_rate and not _samplers.within_float32(q, hook_rate):
-        warnings.warn(
-            f"sample_rate={q:g} is below the rate Opacus' accountant hook on this optimizer "
-            f"records each step at ({hook_rate:g}); the steps are charged at {hook_rate:g}, so "
+        warnings.warn(  # the rates as charged, never rounded (review rfp)
+            f"sample_rate={exact(q)} is below the rate Opacus' accountant hook on this "
+            f"optimizer records each step at ({exact(hook_rate)}); the steps are charged at "
+            f"{exact(hook_rate)}, so "
             "the ledger never reports less than Opacus' own accountant. Pass data_loader= to "
             "charge the rate the loader samples at", AccountantWarning, stacklevel=3)
 

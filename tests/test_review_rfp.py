@@ -76,3 +76,77 @@ def test_the_audit_runs_a_plain_model_in_a_process_group_of_one_rank(tmp_path):
     finally:
         dist.destroy_process_group()
     assert result.steps == 2
+
+
+# --- parameters stated as charged in the integrations' other messages (README: "the
+# integrations' warnings and refusals ... as stored, never rounded"); ":g" printed
+# 1.2345649 as 1.23456 and 0.12345649 as 0.123456 ---------------------------------------
+def test_the_below_hook_warning_states_the_rates_as_charged():
+    from privguard.integrations.opacus import _warn_below_hook
+
+    with pytest.warns(UserWarning) as caught:
+        _warn_below_hook(0.1, 0.12345649)
+    text = str(caught[0].message)
+    assert "sample_rate=0.1 " in text and "(0.12345649); the steps are charged at 0.12345649," \
+        in text, text
+
+
+def test_the_lightning_rate_refusal_states_the_charged_q():
+    from privguard import InvalidArgumentError
+    from privguard.integrations import lightning
+
+    class Loader:  # Poisson at 0.2, above the charged 0.12345649
+        batch_sampler = type("UniformWithReplacementSampler", (), {"sample_rate": 0.2})()
+
+    with pytest.raises(InvalidArgumentError) as caught:
+        lightning._check_rates([Loader()], 0.12345649)
+    assert "charged at q = 0.12345649 (sample_rate)" in str(caught.value), str(caught.value)
+
+
+def test_the_sampling_refusal_states_the_loaders_rate_as_is():
+    from privguard import NonPoissonSamplingError
+    from privguard.integrations._sampling import check_poisson
+
+    class Loader:  # Opacus' sampler over 10 indices, a dataset of 20 records
+        batch_sampler = type("UniformWithReplacementSampler", (),
+                             {"sample_rate": 0.12345649, "num_samples": 10})()
+        dataset = range(20)
+
+    with pytest.raises(NonPoissonSamplingError) as caught:
+        check_poisson(Loader())
+    assert "(q = 0.12345649)" in str(caught.value), str(caught.value)
+
+
+def test_the_recorded_steps_refusal_states_sigma_and_q_as_recorded():
+    from privguard.integrations._recorded import _describe
+
+    assert _describe([(1.2345649, 0.012345649, 3)]) == "3 × (σ=1.2345649, q=0.012345649)"
+
+
+def test_the_rank_disagreement_names_two_different_sigmas_differently():
+    # ":g" printed σ = 1.2345649 and σ = 1.2345648 both as 1.23456: "different steps",
+    # shown the same
+    import privguard.mechanisms as M
+    from privguard.integrations import _distributed as dist
+    from privguard.integrations._distributed import RankDisagreementError
+
+    coordinator = object.__new__(dist.Coordinator)
+    coordinator._gather = lambda op, row: [[dist.NOT_CHARGER, 1.2345649, 0.01, 1.0],
+                                           [dist.NOT_CHARGER, 1.2345648, 0.01, 1.0]]
+    with pytest.raises(RankDisagreementError) as caught:
+        coordinator.step(lambda k: M.SubsampledGaussian(1.2345649, 0.01), 1, None)
+    text = str(caught.value)
+    assert "rank 0 has σ=1.2345649, q=0.01, rank 1 has σ=1.2345648, q=0.01" in text, text
+
+
+def test_the_provenance_warning_states_the_charged_q_as_charged(monkeypatch):
+    from types import SimpleNamespace
+
+    from privguard import Ledger
+    from privguard.integrations import _provenance
+
+    monkeypatch.setattr(_provenance, "source_of", lambda loader: SimpleNamespace(
+        records=100_000, drawn=None, sampler="WeightedRandomSampler", batches=81_000))
+    text = _provenance.warning_text(object(), 1.2345649e-05, 1, 1e-5, 1.0,
+                                    Ledger(epsilon=1.0, delta=1e-5))
+    assert "at q = 1/len(loader) = 1.2345649e-05 (" in text, text
