@@ -150,3 +150,26 @@ def test_the_provenance_warning_states_the_charged_q_as_charged(monkeypatch):
     text = _provenance.warning_text(object(), 1.2345649e-05, 1, 1e-5, 1.0,
                                     Ledger(epsilon=1.0, delta=1e-5))
     assert "at q = 1/len(loader) = 1.2345649e-05 (" in text, text
+
+
+def test_no_ledgers_delta_b_changed():
+    # docs/theory.md §2b (review rfp): a ledger's hybrid filter has δ_A = fl(0.99·δ) >= δ/2,
+    # where δ − δ_A is exact (Sterbenz), so fp's exact split gives every ledger the δ_B it
+    # had (the float-sum loop's); fp's docs said the default was 0.9·δ and described old fix
+    # records that a near-tie could refuse, which no ledger can have
+    import random
+
+    from privguard._accounting._hybrid import DEFAULT_SHARE_A, _exact_delta_b
+
+    assert DEFAULT_SHARE_A >= 0.5
+    rng = random.Random(7)
+    deltas = [5e-324, 1e-320, 2.2250738585072014e-308, 1e-5, 0.5, math.nextafter(1.0, 0.0)]
+    deltas += [rng.uniform(0.5, 1.0) * 2.0 ** rng.randint(-1070, -1) for _ in range(20000)]
+    for delta in deltas:
+        delta_a = DEFAULT_SHARE_A * delta
+        if not delta_a < delta:  # the smallest subnormals: no split at all
+            continue
+        before = delta - delta_a
+        while before + delta_a > delta:
+            before = math.nextafter(before, 0.0)
+        assert _exact_delta_b(delta, delta_a) == before == delta - delta_a
