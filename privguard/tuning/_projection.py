@@ -16,12 +16,19 @@ from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 
 
+#: How far from 1 the projection's sum may be before it is refused (rounding of a sum
+#: of n terms each within the bounds; an exact projection is within n·2⁻⁵³ of 1).
+SUM_TOLERANCE = 1e-9
+
+
 def project_bounded_simplex(p, lower, upper) -> np.ndarray:
     """argmin_f ||f − p||₂ subject to lower ≤ f ≤ upper and Σ f = 1.
 
     Raises:
-        InvalidArgumentError: shapes differ, lower > upper somewhere, or the
-            set is empty (Σ lower > 1 or Σ upper < 1).
+        InvalidArgumentError: shapes differ, lower > upper somewhere, the
+            set is empty (Σ lower > 1 or Σ upper < 1), or p's values span too
+            wide a range for the projection to be computed in floating point
+            (the result would not sum to 1).
     """
     # 1-D sequences of real numbers, each checked by name (review bd: np.asarray let
     # strings, dicts, huge ints and complex numbers raise built-ins or warn)
@@ -55,7 +62,18 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
         nu = (p[free].sum() + hi[at_upper].sum() + lo[at_lower].sum() - 1.0) / free.sum()
     else:  # g is flat on (a, b): every coordinate at a bound; any ν there works
         nu = probe
-    return np.clip(p - nu, lo, hi)
+    f = np.clip(p - nu, lo, hi)
+    # The clip keeps every coordinate within its bounds; Σ f = 1 holds only if p − ν was
+    # computed to within the bounds' scale. Values of p spanning ~1e16 times the bounds
+    # lose it to cancellation ([-5e299, 5e299, 1] on thirds with C = 2, c = 0.75 gave
+    # Σ f = 7/6, and a sampler normalising f then drew below c·π⁽⁰⁾): refused, never
+    # returned as a point of S_{C,c} (docs/theory.md §9).
+    total = float(f.sum())
+    if not abs(total - 1.0) <= SUM_TOLERANCE:
+        raise InvalidArgumentError("p", check.short(p), f"cannot be projected in floating "
+                                   f"point: the result sums to {total!r}, not 1 (its values "
+                                   "span too wide a range for the bounds)")
+    return f
 
 
 def project_density(p, prior, C: float, c: float) -> np.ndarray:

@@ -74,6 +74,7 @@ from privguard.tuning._base import (
     check_ledger,
     check_objective,
     check_seed,
+    held,
     make_rng,
     sealed,
 )
@@ -329,8 +330,17 @@ class ProposeTest:
 
     def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
              ) -> ProposeTestResult:
-        """Everything that touches the data; its only exit is the charged loop's result."""
-        u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
+        """Everything that touches the data; its only exit is the charged loop's result.
+
+        ``ledger`` refuses every read and charge while the partitions train (as in every
+        tuner, :func:`~privguard.tuning._base.held`): a partition's objective that charged
+        the ledger it captured wrote one journal entry per (candidate, partition), whose
+        times are each candidate's data-dependent training time and whose count the
+        objective may decide from a utility, none of it paid for by a round; held, such a
+        call raises ``LedgerStateError`` and the partition is ⊥ (0).
+        """
+        with held(ledger):
+            u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
         return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:
