@@ -1,15 +1,26 @@
 """Adversarial pass tl on the tuners' promise (the winner only, nothing else):
-the DP-HyPO density stays in S_{C,c} for every rule's output, and propose-test holds
-the ledger while its partitions train."""
+the DP-HyPO density stays in S_{C,c} for every rule's output, propose-test holds the
+ledger while its partitions train, and every candidate gets its own copy of its
+hyperparameters (an in-place edit reached later candidates and the released winner)."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
 
 from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard.tuning import DPHyPOSearch, Geometric, ProposeTest, project_bounded_simplex
+from privguard.tuning import (
+    DPHyPOSearch,
+    Geometric,
+    Poisson,
+    ProposeTest,
+    RandomSearch,
+    SubsetSearch,
+    project_bounded_simplex,
+)
 
 THIRDS = {"x": [0, 1, 2]}
 
@@ -26,7 +37,7 @@ def test_an_extreme_rule_output_never_yields_a_density_outside_the_bounds():
     # lost p − ν to rounding and returned [1/4, 2/3, 1/4] (Σ = 7/6): the run normalised
     # it and drew the first and last candidates with 3/14 < c·π = 1/4 (Theorem 1 assumes
     # every density within [c, C] × the prior)
-    rule = lambda history, coords: np.array([-5e299, 5e299, 1.000001])  # noqa: E731
+    rule = lambda history, coords: np.array([-5e299, 5e299, 1.000001])
     tuner = DPHyPOSearch(THIRDS, Geometric(mean=2.0), cost=M.Gaussian(5.0), C=2.0, c=0.75,
                          update=rule, progress=False)
     with pytest.raises(InvalidArgumentError, match="projected in floating point"):
@@ -83,3 +94,80 @@ def test_propose_test_holds_the_ledger_while_the_partitions_train():
     assert [r.label for r in ledger.history] == ["propose-test round"] * result.rounds
     assert len(refused) == 2 * 3  # every call refused; each partition is ⊥ (0)
     ledger.charge(M.PureDP(0.01), label="after")  # the hold ends with the run
+
+
+# ---------------------------------------------------- each candidate's own hyperparameters
+LAYERS = {"hidden": [[64], [32, 32]]}
+
+
+def grows(params, child):
+    """An honest in-place edit of a list value (prepending an input layer, say)."""
+    params["hidden"].append(8)
+    return float(len(params["hidden"]))
+
+
+def test_random_search_candidates_never_share_a_value_object():
+    # the space's lists were handed to candidates as they are: every candidate that drew
+    # [64] appended to the same list, and the released winner showed one 8 per such
+    # candidate (how many of the K runs drew it); the next candidate trained on the edit
+    tuner = RandomSearch(LAYERS, Poisson(12.0), cost=M.Gaussian(50.0), seed=1, progress=False)
+    result = tuner.run(grows, Ledger(epsilon=80.0, delta=1e-5))
+    assert result.selected
+    assert result.params["hidden"] in ([64], [32, 32])  # the drawn value, not an edited one
+    assert result.score == len(result.params["hidden"]) + 1  # the candidate's own edit only
+    assert tuner.space.choices() == {"hidden": ([64], [32, 32])}
+
+
+def test_dp_hypo_candidates_never_share_a_value_object():
+    tuner = DPHyPOSearch(LAYERS, Geometric(mean=12.0), cost=M.Gaussian(50.0), seed=1,
+                         update=lambda h, x: np.ones(2), progress=False)
+    result = tuner.run(grows, Ledger(epsilon=80.0, delta=1e-5))
+    assert result.selected and result.params["hidden"] in ([64], [32, 32])
+    assert result.score == len(result.params["hidden"]) + 1
+    assert tuner.candidates == [{"hidden": [64]}, {"hidden": [32, 32]}]
+
+
+def test_subset_search_candidates_and_final_training_get_their_own_copy():
+    tuner = RandomSearch(LAYERS, Poisson(12.0), cost=M.Gaussian(50.0), seed=1, progress=False)
+    search = SubsetSearch(tuner, q=0.5, final_cost=M.Gaussian(50.0), seed=1,
+                          extrapolate=lambda params, scale: params)
+
+    def final(params, child, indices, artifact):
+        params["hidden"].append(8)
+        return params["hidden"]
+
+    result = search.run(lambda p, c, i: grows(p, c), final, Ledger(epsilon=80.0, delta=1e-5), 20)
+    assert result.selected and result.tuned_params["hidden"] in ([64], [32, 32])
+    assert result.params == result.tuned_params  # the final training's edit stays its own
+    assert tuner.space.choices() == {"hidden": ([64], [32, 32])}
+
+
+def test_propose_test_partitions_never_share_a_value_object():
+    # each partition's call edited the candidate's list for the next: partition j's accuracy
+    # then depended on partitions < j (the sensitivity 1/k assumes it does not)
+    seen = []
+
+    def objective(params, indices):
+        params["hidden"].append(8)
+        seen.append(len(params["hidden"]))
+        return 0.5
+
+    tuner = ProposeTest([{"hidden": [64]}, {"hidden": [32, 32]}], epsilon0=1.0, partitions=3,
+                        seed=1, progress=False)
+    tuner.run(objective, Ledger(epsilon=50.0, delta=1e-5), 30)
+    assert seen == [2, 2, 2, 3, 3, 3]
+    assert tuner.candidates == [{"hidden": [64]}, {"hidden": [32, 32]}]
+
+
+def test_a_value_that_cannot_be_copied_is_refused_before_the_charge():
+    ledger = Ledger(epsilon=80.0, delta=1e-5)
+    tuner = RandomSearch({"lock": [threading.Lock()]}, Poisson(3.0), cost=M.Gaussian(50.0),
+                         progress=False)
+    with pytest.raises(InvalidArgumentError) as info:
+        tuner.run(lambda p, c: 1.0, ledger)
+    assert info.value.argument == "space" and "deep-copied" in str(info.value)
+    assert len(ledger.history) == 0
+    with pytest.raises(InvalidArgumentError, match="candidates"):
+        ProposeTest([{"lock": threading.Lock()}], epsilon0=1.0, partitions=2,
+                    progress=False).run(lambda p, i: 0.5, ledger, 10)
+    assert len(ledger.history) == 0

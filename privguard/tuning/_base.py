@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import dataclasses
 import inspect
 import logging
@@ -239,7 +240,9 @@ class Best:
     def result(self, cost: Mechanism, seeded: bool) -> TuningResult:
         if self.score is None:
             return TuningResult(False, None, None, None, cost, seeded)
-        return TuningResult(True, dict(self.params or {}), self.score, self.artifact, cost, seeded)
+        # a copy of the drawn values, not the space's own objects (see :func:`own_copy`)
+        return TuningResult(True, own_copy(self.params or {}), self.score, self.artifact, cost,
+                            seeded)
 
 
 def sealed(search: Callable[[], T]) -> T:
@@ -377,6 +380,31 @@ def check_objective(objective: Any, name: str = "objective",
                 name, objective, f"must accept {len(call)} positional arguments "
                 f"({', '.join(call)}); its signature is {signature}") from None
     return objective
+
+
+def own_copy(params: dict) -> dict:
+    """A deep copy of a candidate's hyperparameters: what a candidate gets, and what is released.
+
+    A shallow ``dict(params)`` shared the values' objects with the search space: a
+    candidate that edited a list value in place (``params["hidden"].append(...)``) or
+    trained a model given as a value edited it for every later candidate that drew the
+    same value, and the released winner's params showed every edit, so the number of
+    candidates that drew it (review tl). The space's values are checked deep-copyable
+    before anything is charged (:func:`check_copyable`).
+    """
+    return copy.deepcopy(params)
+
+
+def check_copyable(name: str, values: Any) -> None:
+    """``values`` (a space's choices, or the candidates) can be deep-copied (:func:`own_copy`);
+    checked before anything is charged, since a candidate whose copy fails would be ⊥."""
+    try:
+        copy.deepcopy(values)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            name, check.short(values), f"cannot be deep-copied ({type(exc).__name__}): each "
+            "candidate gets its own copy of its hyperparameters, so that no candidate's edit "
+            "of a value reaches another candidate or the released winner") from None
 
 
 def check_ledger(ledger: Any) -> Ledger:

@@ -34,7 +34,7 @@ import numpy as np
 
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
-from privguard.tuning._base import accept
+from privguard.tuning._base import accept, own_copy
 from privguard.tuning._quiet import candidate_scope
 
 Task = tuple  # (objective, params, orders, budget)
@@ -60,7 +60,7 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
         # a candidate's warnings are about it, and count K (review bx); so would a nested
         # tuner's progress bar and log line (review at)
         with candidate_scope():
-            return accept(objective(dict(params), child))
+            return accept(objective(own_copy(params), child))  # its own copy (review tl)
     except KeyboardInterrupt:
         raise  # the user's interrupt, not a candidate's output
     except BaseException:  # by design: a failed candidate is ⊥ (SystemExit included)

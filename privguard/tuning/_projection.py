@@ -15,7 +15,6 @@ import numpy as np
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 
-
 #: How far from 1 the projection's sum may be before it is refused (rounding of a sum
 #: of n terms each within the bounds; an exact projection is within n·2⁻⁵³ of 1).
 SUM_TOLERANCE = 1e-9

@@ -71,11 +71,13 @@ from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._mechanisms import PureDP
 from privguard.tuning._base import (
     as_score,
+    check_copyable,
     check_ledger,
     check_objective,
     check_seed,
     held,
     make_rng,
+    own_copy,
     sealed,
 )
 from privguard.tuning._quiet import candidate_scope, inside_candidate
@@ -205,6 +207,7 @@ class ProposeTest:
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
             raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
+        check_copyable("candidates", self.candidates)  # each call gets its own copy
         return _collect(objective, self.candidates, parts, self.k)
 
     def select(self, utilities: Sequence[float] | np.ndarray, ledger: Ledger,
@@ -261,7 +264,7 @@ class ProposeTest:
                 else:
                     step //= 2
                 bar.update(1)  # rounds are released: a function of the transcript
-        params = None if chosen is None else dict(self.candidates[chosen])
+        params = None if chosen is None else own_copy(self.candidates[chosen])
         return ProposeTestResult(chosen is not None, params, rounds, refused, u,
                                  self.seed is not None)
 
@@ -311,6 +314,7 @@ class ProposeTest:
         check_objective(objective, call=("params", "indices"))
         check_ledger(ledger)
         n = self._examples(n_examples)
+        check_copyable("candidates", self.candidates)  # each call gets its own copy
         # an unusable ledger raises here (LedgerStateError), before the objective runs;
         # one without room for a single round ends the run before it touches the data
         if not ledger.can_afford(self.round_mechanism()):
@@ -381,7 +385,9 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     """
     try:
         with candidate_scope():  # about a candidate that may not be selected (review bx, at)
-            value = as_score(objective(dict(params), np.asarray(part)))
+            # its own copy: an in-place edit of a value reached the next partitions' calls
+            # (their accuracies then depended on each other: sensitivity not 1/k; review tl)
+            value = as_score(objective(own_copy(params), np.asarray(part)))
     except KeyboardInterrupt:
         raise  # the user's; sealed() replaces it with a fresh one
     except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
