@@ -82,7 +82,10 @@ def bounded_density(update: Callable[[History, np.ndarray], np.ndarray], coords:
     if raw.shape != prior.shape or not np.all(np.isfinite(raw)):
         raise InvalidArgumentError("update(...)", raw,
                                    "must return one finite weight per candidate")
-    return project_density(raw / raw.sum() if raw.sum() > 0 else prior, prior, C, c)
+    with np.errstate(over="ignore"):  # weights near the float range: their sum is inf, p = 0
+        total = raw.sum()
+        p = raw / total if total > 0 else prior
+    return project_density(p, prior, C, c)
 
 
 class GPUpdate:
