@@ -171,3 +171,12 @@ def test_a_value_that_cannot_be_copied_is_refused_before_the_charge():
         ProposeTest([{"lock": threading.Lock()}], epsilon0=1.0, partitions=2,
                     progress=False).run(lambda p, i: 0.5, ledger, 10)
     assert len(ledger.history) == 0
+
+
+def test_a_rehearsal_leaves_the_space_as_declared():
+    # the rehearsal handed the space's own list to the objective: its in-place edit stayed
+    # in the space, and the real run then drew hyperparameters nobody declared
+    tuner = RandomSearch(LAYERS, Poisson(3.0), cost=M.Gaussian(50.0), seed=1, progress=False)
+    rehearsal = tuner.rehearse(grows)
+    assert rehearsal.params["hidden"] in ([64], [32, 32])
+    assert tuner.space.choices() == {"hidden": ([64], [32, 32])}
