@@ -180,3 +180,13 @@ def test_a_rehearsal_leaves_the_space_as_declared():
     rehearsal = tuner.rehearse(grows)
     assert rehearsal.params["hidden"] in ([64], [32, 32])
     assert tuner.space.choices() == {"hidden": ([64], [32, 32])}
+
+
+def test_tpe_rule_refuses_a_grid_it_cannot_index():
+    pytest.importorskip("optuna")
+    from privguard.integrations.optuna import TPERule
+
+    for grid in ({"hidden": [[64], [32]]}, {"x": 3}, {}):
+        with pytest.raises(InvalidArgumentError) as info:
+            TPERule(grid)
+        assert info.value.argument == "search_space"
