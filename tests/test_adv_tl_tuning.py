@@ -190,3 +190,33 @@ def test_tpe_rule_refuses_a_grid_it_cannot_index():
         with pytest.raises(InvalidArgumentError) as info:
             TPERule(grid)
         assert info.value.argument == "search_space"
+
+
+def spoiler(spoiled):
+    """An objective that records whether its indices came spoiled, then spoils them."""
+    def tune(params, child, indices):
+        spoiled.append(bool(indices.size) and bool((indices == -1).all()))
+        indices[:] = -1
+        return 1.0
+    return tune
+
+
+def test_every_subset_candidate_gets_its_own_indices():
+    # the subset's index array was one object for every candidate: a candidate that sorted
+    # or shuffled it in place (by its losses, say) changed what later candidates trained on
+    spoiled: list = []
+    tune = spoiler(spoiled)
+    tuner = RandomSearch({"lr": [0.1, 0.2]}, Poisson(8.0), cost=M.Gaussian(50.0), seed=1,
+                         progress=False)
+    SubsetSearch(tuner, q=0.5, final_cost=M.Gaussian(50.0), seed=1).run(
+        tune, lambda p, c, i, a: None, Ledger(epsilon=80.0, delta=1e-5), 40)
+    assert len(spoiled) > 1 and not any(spoiled)
+
+
+def test_every_propose_test_call_gets_its_own_indices():
+    spoiled: list = []
+    tune = spoiler(spoiled)
+    ProposeTest([{"lr": 0.1}, {"lr": 0.2}], epsilon0=1.0, partitions=2, seed=1,
+                progress=False).run(lambda p, i: tune(p, None, i) - 0.5,
+                                    Ledger(epsilon=50.0, delta=1e-5), 40)
+    assert len(spoiled) == 4 and not any(spoiled)

@@ -387,7 +387,8 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
         with candidate_scope():  # about a candidate that may not be selected (review bx, at)
             # its own copy: an in-place edit of a value reached the next partitions' calls
             # (their accuracies then depended on each other: sensitivity not 1/k; review tl)
-            value = as_score(objective(own_copy(params), np.asarray(part)))
+            # and of the indices (an in-place sort or shuffle reached the next candidates)
+            value = as_score(objective(own_copy(params), np.array(part)))
     except KeyboardInterrupt:
         raise  # the user's; sealed() replaces it with a fresh one
     except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)

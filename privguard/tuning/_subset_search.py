@@ -289,8 +289,11 @@ class SubsetSearch:
         """Everything after the charge; the subset lives only in this frame."""
         subset, final_idx = drawn.pop()
         tuning_ledger = ledger.child(mech.tuning)
+        # each candidate its own copy of the indices: an in-place sort or shuffle (by its
+        # losses, say) reached every later candidate, whose runs were then not independent
         result: TuningResult = self.tuner.run(
-            lambda p, child: tune_objective(p, child, subset), tuning_ledger, label=inner_label)
+            lambda p, child: tune_objective(p, child, subset.copy()), tuning_ledger,
+            label=inner_label)
         seeded = self.seed is not None or result.seeded
         if not result.selected:
             return SubsetResult(False, None, None, None, False, mech, seeded)
