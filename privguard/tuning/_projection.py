@@ -15,8 +15,8 @@ import numpy as np
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 
-#: How far from 1 the projection's sum may be before it is refused (rounding of a sum
-#: of n terms each within the bounds; an exact projection is within n·2⁻⁵³ of 1).
+#: How far from 1 the projection's sum may be before it is refused, beyond n·2⁻⁵² (the
+#: rounding of a sum of n terms each within the bounds, which an exact projection meets).
 SUM_TOLERANCE = 1e-9
 
 
@@ -68,7 +68,7 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
     # Σ f = 7/6, and a sampler normalising f then drew below c·π⁽⁰⁾): refused, never
     # returned as a point of S_{C,c} (docs/theory.md §9).
     total = float(f.sum())
-    if not abs(total - 1.0) <= SUM_TOLERANCE:
+    if not abs(total - 1.0) <= SUM_TOLERANCE + p.size * np.finfo(float).eps:
         raise InvalidArgumentError("p", check.short(p), f"cannot be projected in floating "
                                    f"point: the result sums to {total!r}, not 1 (its values "
                                    "span too wide a range for the bounds)")
