@@ -72,7 +72,25 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
         raise InvalidArgumentError("p", check.short(p), f"cannot be projected in floating "
                                    f"point: the result sums to {total!r}, not 1 (its values "
                                    "span too wide a range for the bounds)")
-    return f
+    return _settled(f, lo, hi)
+
+
+def _settled(f: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``f`` (within its bounds, Σ f within the tolerance of 1) moved onto Σ f = 1, in bounds.
+
+    A sampler draws from f / Σ f: with Σ f = 1 − 5e-10 (cancellation in p − ν, under the
+    tolerance) a coordinate at C·π⁽⁰⁾ was drawn with C·(1 + 5e-10)·π⁽⁰⁾, a density the
+    bound does not charge for (review rtl). The residual goes to the coordinates in
+    proportion to their room to the bound it moves towards: the total room is at least
+    the residual (Σ lower ≤ 1 ≤ Σ upper), so no coordinate passes its bound, and what is
+    left of Σ f − 1 is the n·2⁻⁵² rounding of the sum itself.
+    """
+    residual = 1.0 - float(f.sum())
+    room = hi - f if residual > 0 else f - lo
+    total = float(room.sum())
+    if residual == 0.0 or not total > 0.0:
+        return f
+    return np.clip(f + residual * (room / total), lo, hi)
 
 
 def project_density(p, prior, C: float, c: float) -> np.ndarray:
