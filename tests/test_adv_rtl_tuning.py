@@ -69,3 +69,39 @@ def test_a_prior_that_sums_to_one_only_approximately_is_normalised():
     for history in ([], [(0, 1.0)]):
         assert_within(tuner._density_or_prior(history), prior, 2.0, 0.75)
     assert abs(float(tuner.prior.sum()) - 1.0) <= 4 * np.finfo(float).eps
+
+
+class _Model:
+    """A value whose copies are counted while alive (a model's memory, say)."""
+
+    live = 0
+    peak = 0
+
+    def __deepcopy__(self, memo):
+        _Model.live += 1
+        _Model.peak = max(_Model.peak, _Model.live)
+        return _Copy()
+
+
+class _Copy:
+    def __del__(self):
+        _Model.live -= 1
+
+
+def test_the_copy_check_holds_one_value_copy_at_a_time():
+    # the check copied every choice at once: {"model": [m1, m2, m3]} needed a second copy
+    # of every model, where a run copies one candidate's; a space that fits the run could
+    # be refused for memory (an OutOfMemoryError is "cannot be deep-copied")
+    from privguard import Ledger
+    from privguard.tuning import ProposeTest, RandomSearch
+
+    _Model.live = _Model.peak = 0
+    tuner = RandomSearch({"model": [_Model(), _Model(), _Model()], "lr": [0.1, 0.2]},
+                         Geometric(mean=2.0), cost=M.PureDP(0.1), progress=False)
+    tuner.run(lambda p, child: 1.0, Ledger(10.0, 1e-5))
+    assert _Model.peak == 1
+    _Model.live = _Model.peak = 0
+    propose = ProposeTest([{"model": _Model()} for _ in range(3)], epsilon0=0.5,
+                          partitions=4, seed=0, progress=False)
+    propose.aggregate(lambda p, idx: 1.0, [np.arange(i, i + 1) for i in range(4)])
+    assert _Model.peak == 1

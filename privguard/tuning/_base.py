@@ -65,7 +65,7 @@ import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -397,9 +397,17 @@ def own_copy(params: dict) -> dict:
 
 def check_copyable(name: str, values: Any) -> None:
     """``values`` (a space's choices, or the candidates) can be deep-copied (:func:`own_copy`);
-    checked before anything is charged, since a candidate whose copy fails would be ⊥."""
+    checked before anything is charged, since a candidate whose copy fails would be ⊥.
+
+    One value (one candidate) at a time, each copy dropped before the next: a copy of all
+    of them at once held a second copy of every model in ``{"model": [m1, m2, m3]}``, so a
+    space that a run copies one candidate at a time could be refused for memory (review rtl).
+    """
+    pieces = values.values() if isinstance(values, Mapping) else values
     try:
-        copy.deepcopy(values)
+        for piece in pieces:
+            for value in piece if isinstance(piece, tuple) else (piece,):
+                copy.deepcopy(value)
     except Exception as exc:
         raise InvalidArgumentError(
             name, check.short(values), f"cannot be deep-copied ({type(exc).__name__}): each "
