@@ -83,8 +83,10 @@ def _remote_candidate(objective, params, orders, budget) -> Any:
     outcome = run_candidate(objective, params, orders, budget)
     if outcome is None:
         return None
-    try:
-        return outcome[0], ray.cloudpickle.dumps(outcome[1])
+    try:  # the artifact's own code (__reduce__, __getstate__) runs here: its warnings are
+        # discarded as the candidate's are (they reached the worker's stderr; review rtl)
+        with candidate_scope():
+            return outcome[0], ray.cloudpickle.dumps(outcome[1])
     except KeyboardInterrupt:
         raise  # as run_candidate: the user's
     except BaseException:  # by design: an artifact that cannot travel is ⊥

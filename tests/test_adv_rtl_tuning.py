@@ -7,6 +7,7 @@ left it by more than floating-point rounding, with the bound charged for [c, C].
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from privguard import mechanisms as M
 from privguard.tuning import DPHyPOSearch, Geometric, project_density
@@ -105,3 +106,32 @@ def test_the_copy_check_holds_one_value_copy_at_a_time():
                           partitions=4, seed=0, progress=False)
     propose.aggregate(lambda p, idx: 1.0, [np.arange(i, i + 1) for i in range(4)])
     assert _Model.peak == 1
+
+
+class _WarnsWhenPickled:
+    """An artifact whose pickling warns with its candidate's score."""
+
+    def __reduce__(self):
+        import warnings
+
+        warnings.warn("a loser's score 0.777", UserWarning, stacklevel=1)
+        return int, (1,)
+
+
+def test_a_ray_worker_pickles_the_artifact_with_warnings_discarded():
+    # the worker pickled the artifact outside the candidate's scope: a warning of its
+    # __reduce__ reached the worker's stderr (forwarded to the driver's console under
+    # ray.init(log_to_driver=True)), where the same candidate in this process is silent
+    import warnings
+
+    ray_module = pytest.importorskip("privguard.integrations.ray")
+    from privguard._curves._orders import DEFAULT_ORDERS
+
+    orders = np.asarray(DEFAULT_ORDERS, float)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        returned = ray_module._remote_candidate(
+            lambda params, child: (0.5, _WarnsWhenPickled()), {"lr": 0.1}, orders,
+            np.full(orders.shape, np.inf))
+    assert returned is not None and returned[0] == 0.5
+    assert [str(w.message) for w in caught] == []
