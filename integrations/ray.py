@@ -80,17 +80,21 @@ def _remote_candidate(objective, params, orders, budget) -> Any:
     any candidate, winner or not (review tl). An artifact that cannot be pickled is ⊥
     here, not an error Ray records.
     """
-    outcome = run_candidate(objective, params, orders, budget)
-    if outcome is None:
-        return None
-    try:  # the artifact's own code (__reduce__, __getstate__) runs here: its warnings are
-        # discarded as the candidate's are (they reached the worker's stderr; review rtl)
-        with candidate_scope():
+    # the artifact's own code (__reduce__, __getstate__, __del__) runs here after the
+    # candidate: its warnings and reports are discarded as the candidate's are (they
+    # reached the worker's stderr; review rtl)
+    with candidate_scope():
+        outcome = run_candidate(objective, params, orders, budget)
+        if outcome is None:
+            return None
+        try:
             return outcome[0], ray.cloudpickle.dumps(outcome[1])
-    except KeyboardInterrupt:
-        raise  # as run_candidate: the user's
-    except BaseException:  # by design: an artifact that cannot travel is ⊥
-        return None
+        except KeyboardInterrupt:
+            raise  # as run_candidate: the user's
+        except BaseException:  # by design: an artifact that cannot travel is ⊥
+            return None
+        finally:
+            outcome = None
 
 
 def _opened(returned: Any) -> Outcome:
@@ -285,13 +289,16 @@ class RayExecutor:
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
                 index, params = pending.pop(ref)
-                try:
-                    outcome = _opened(ray.get(ref))
-                except ray.exceptions.RayError:
-                    outcome = None  # ⊥: worker died, result lost or unpicklable
-                del ref  # the object store may free the result now
-                reduce(index, params, outcome)
-                outcome = None
+                # a loser's artifact is finalised in a candidate's scope, as on the serial
+                # backend: its __del__'s warning or "Exception ignored" report (review rtl)
+                with candidate_scope():
+                    try:
+                        outcome = _opened(ray.get(ref))
+                    except ray.exceptions.RayError:
+                        outcome = None  # ⊥: worker died, result lost or unpicklable
+                    del ref  # the object store may free the result now
+                    reduce(index, params, outcome)
+                    outcome = None
         finally:
             for ref in pending:
                 try:

@@ -135,3 +135,73 @@ def test_a_ray_worker_pickles_the_artifact_with_warnings_discarded():
             np.full(orders.shape, np.inf))
     assert returned is not None and returned[0] == 0.5
     assert [str(w.message) for w in caught] == []
+
+
+class _Finalised:
+    """An artifact whose finaliser warns and raises with its (losing) candidate's score."""
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def __del__(self) -> None:
+        import warnings
+
+        if self.score >= 1.0:  # the winner's
+            return
+        warnings.warn(f"finalised {self.score}", UserWarning, stacklevel=1)
+        raise ValueError(f"finalised {self.score}")
+
+
+def _reports(monkeypatch) -> list:
+    import sys
+
+    seen: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda report: seen.append(report))
+    return seen
+
+
+def test_a_losers_finaliser_reports_nothing(monkeypatch):
+    # the serial executor dropped a loser's artifact (and a raising candidate's locals)
+    # outside the candidate's scope: its __del__'s warning was shown and Python printed
+    # "Exception ignored in ... ValueError: finalised 0.123456" on stderr, once per loser
+    import warnings
+
+    from privguard import Ledger
+    from privguard.tuning import Poisson, RandomSearch
+
+    def objective(params, child):
+        if params["lr"] == 0.3:
+            held = _Finalised(0.654321)  # noqa: F841 (a local of a raising candidate)
+            raise RuntimeError("diverged")
+        score = 0.123456 if params["lr"] == 0.2 else 1.0
+        return score, _Finalised(score)
+
+    seen = _reports(monkeypatch)
+    tuner = RandomSearch({"lr": [0.1, 0.2, 0.3]}, Poisson(8.0), cost=M.PureDP(0.01), seed=3,
+                         progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = tuner.run(objective, Ledger(10.0, 1e-5))
+    assert result.params == {"lr": 0.1}
+    assert [str(w.message) for w in caught] == [] and seen == []
+
+
+def test_a_ray_worker_finalises_the_candidate_in_its_scope(monkeypatch):
+    import warnings
+
+    ray_module = pytest.importorskip("privguard.integrations.ray")
+    from privguard._curves._orders import DEFAULT_ORDERS
+
+    def objective(params, child):
+        held = _Finalised(0.654321)  # noqa: F841
+        raise RuntimeError("diverged")
+
+    orders = np.asarray(DEFAULT_ORDERS, float)
+    seen = _reports(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert ray_module._remote_candidate(objective, {}, orders,
+                                            np.full(orders.shape, np.inf)) is None
+        assert ray_module._remote_candidate(lambda p, c: (0.5, _Finalised(0.5)), {}, orders,
+                                            np.full(orders.shape, np.inf))[0] == 0.5
+    assert [str(w.message) for w in caught] == [] and seen == []

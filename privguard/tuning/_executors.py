@@ -76,7 +76,13 @@ class SerialExecutor:
     def run(self, tasks: Iterable[Task], reduce: Reduce) -> None:
         """Run each task and hand its outcome to ``reduce``; keep nothing."""
         for index, task in enumerate(tasks):
-            reduce(index, task[1], run_candidate(*task))
+            # the candidate's objects are finalised in its scope: its locals when it raised
+            # (run_candidate's except), its artifact when it loses (here or in reduce, when
+            # a better one replaces it); a __del__'s warning or report is about it (review rtl)
+            with candidate_scope():
+                outcome = run_candidate(*task)
+                reduce(index, task[1], outcome)
+                del outcome
 
 
 #: Executors by name: a factory called with no argument. "serial" is this module's; the Ray
