@@ -205,3 +205,35 @@ def test_a_ray_worker_finalises_the_candidate_in_its_scope(monkeypatch):
         assert ray_module._remote_candidate(lambda p, c: (0.5, _Finalised(0.5)), {}, orders,
                                             np.full(orders.shape, np.inf))[0] == 0.5
     assert [str(w.message) for w in caught] == [] and seen == []
+
+
+def test_a_propose_test_rehearsal_leaves_the_candidates_as_declared():
+    # ProposeTest.rehearse handed the candidate's own list to the objective (RandomSearch's
+    # rehearsal was fixed in tl, this one was not): the edit stayed, and the real run
+    # trained, and could release, hyperparameters nobody declared
+    from privguard.tuning import ProposeTest
+
+    def objective(params, indices):
+        params["hidden"].append(8)
+        return 0.5
+
+    tuner = ProposeTest([{"hidden": [64]}, {"hidden": [32, 32]}], epsilon0=1.0,
+                        partitions=3, seed=1, progress=False)
+    rehearsal = tuner.rehearse(objective, 30)
+    assert rehearsal.params == {"hidden": [64]}
+    assert tuner.candidates == [{"hidden": [64]}, {"hidden": [32, 32]}]
+
+
+def test_a_subset_rehearsal_shows_the_params_the_final_training_was_given():
+    from privguard.tuning import Poisson, RandomSearch, SubsetSearch
+
+    tuner = RandomSearch({"hidden": [[64]]}, Poisson(3.0), cost=M.Gaussian(50.0), seed=1,
+                         progress=False)
+    search = SubsetSearch(tuner, q=0.5, final_cost=M.Gaussian(50.0), seed=1)
+
+    def final(params, child, indices, artifact):
+        params["hidden"].append(8)
+        return "model"
+
+    rehearsal = search.rehearse(lambda p, c, i: 1.0, final, 20)
+    assert rehearsal.params == {"hidden": [64]} and rehearsal.artifact == "model"

@@ -279,9 +279,12 @@ class ProposeTest:
         """
         check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
-        params = dict(self.candidates[0])
+        check_copyable("candidates", self.candidates)  # the call gets its own copy, as in run
+        params = own_copy(self.candidates[0])
         part = partitions(n, self.k, make_rng(self.seed))[0]
-        value = objective(dict(params), part)
+        # its own copy (review rtl): an in-place edit stayed in the candidate for the real
+        # run, which then trained and released hyperparameters nobody declared
+        value = objective(own_copy(params), part)
         score = as_score(value)
         if score is None or not 0.0 <= score <= 1.0:
             raise InvalidArgumentError("objective", objective,

@@ -218,7 +218,8 @@ class SubsetSearch:
         params = self.extrapolate(dict(tuned.params), self.scale)
         final = self.cost(grid).final
         artifact = call_with_child(
-            lambda child: final_objective(dict(params), child, final_idx, tuned.artifact),
+            # its own copy, as in run: its in-place edit showed in the rehearsal's params
+            lambda child: final_objective(own_copy(params), child, final_idx, tuned.artifact),
             grid, final._rdp_checked(grid), final)
         return Rehearsal(params, tuned.score, artifact)
 
