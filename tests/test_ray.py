@@ -218,6 +218,33 @@ def test_an_artifact_that_fails_to_load_at_the_driver_is_bottom(ray_dir):
     assert result.selected and result.params == {"lr": 0.1} and result.artifact == "model"
 
 
+class RaisesWhenDropped:
+    """A loser's artifact whose finaliser raises with its score (at the driver too)."""
+
+    def __init__(self, score):
+        self.score = score
+
+    def __del__(self):
+        raise ValueError(f"dropped {self.score}")
+
+
+def test_a_losers_artifact_is_finalised_at_the_driver_reporting_nothing(ray_dir, monkeypatch):
+    """Review rtl: the driver unpickled every candidate's artifact and dropped a loser's
+    outside the candidate's scope; its __del__ had Python print "Exception ignored in ...
+    ValueError: dropped 0.5238462" on the driver's stderr, once per losing candidate."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+
+    def objective(params, child):
+        score = SCORES[params["lr"]]
+        return (score, "model") if params["lr"] == 0.2 else (score, RaisesWhenDropped(score))
+
+    t = RandomSearch({"lr": [0.2, 0.02]}, Poisson(6.0), cost=RUN, seed=4, progress=False)
+    result = t.run(objective, Ledger(epsilon=30.0, delta=1e-5), backend="ray")
+    assert result.selected and result.params == {"lr": 0.2} and result.artifact == "model"
+    assert seen == []
+
+
 def test_an_artifact_that_fails_to_load_at_the_driver_prints_nothing(tmp_path):
     """Review tl: the candidate was ⊥, but Ray's own logger printed the unpickling error,
     its message and traceback, on the driver's console, for a candidate that did not win.
