@@ -237,3 +237,27 @@ def test_a_subset_rehearsal_shows_the_params_the_final_training_was_given():
 
     rehearsal = search.rehearse(lambda p, c, i: 1.0, final, 20)
     assert rehearsal.params == {"hidden": [64]} and rehearsal.artifact == "model"
+
+
+def test_a_failing_partitions_locals_are_finalised_reporting_nothing(monkeypatch):
+    # a partition's call that raised was dropped outside the candidate's scope: a local's
+    # __del__ warned and had Python print "Exception ignored in ...", once per failed
+    # (candidate, partition), a count the loop's rounds do not pay for
+    import warnings
+
+    from privguard import Ledger
+    from privguard.tuning import ProposeTest
+
+    def objective(params, indices):
+        if params["lr"] == 0.2:
+            held = _Finalised(0.25)  # noqa: F841
+            raise RuntimeError("diverged")
+        return 0.9
+
+    seen = _reports(monkeypatch)
+    tuner = ProposeTest([{"lr": 0.1}, {"lr": 0.2}], epsilon0=1.0, partitions=3, seed=1,
+                        progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuner.run(objective, Ledger(epsilon=50.0, delta=1e-5), 30)
+    assert [str(w.message) for w in caught] == [] and seen == []

@@ -386,16 +386,18 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     aggregate that could switch between a number and −∞ or an exception
     with one partition would not have sensitivity 1/k (docs/theory.md §8).
     """
-    try:
-        with candidate_scope():  # about a candidate that may not be selected (review bx, at)
+    # about a candidate that may not be selected (review bx, at); the scope also covers the
+    # except clauses, where a raising call's frames (its locals) are finalised (review rtl)
+    with candidate_scope():
+        try:
             # its own copy: an in-place edit of a value reached the next partitions' calls
             # (their accuracies then depended on each other: sensitivity not 1/k; review tl)
             # and of the indices (an in-place sort or shuffle reached the next candidates)
             value = as_score(objective(own_copy(params), np.array(part)))
-    except KeyboardInterrupt:
-        raise  # the user's; sealed() replaces it with a fresh one
-    except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
-        return 0.0
+        except KeyboardInterrupt:
+            raise  # the user's; sealed() replaces it with a fresh one
+        except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
+            return 0.0
     if value is None:
         return 0.0
     return min(max(value, 0.0), 1.0)  # clamp to [0, 1] (seed 004: utilities in [0, 1])
