@@ -261,3 +261,39 @@ def test_a_failing_partitions_locals_are_finalised_reporting_nothing(monkeypatch
         warnings.simplefilter("always")
         tuner.run(objective, Ledger(epsilon=50.0, delta=1e-5), 30)
     assert [str(w.message) for w in caught] == [] and seen == []
+
+
+def test_ordinary_ml_values_are_copied_or_shared_as_documented():
+    # README: models, optimizers, tensors, arrays as values are copied; functions, classes
+    # and partials are shared (deepcopy returns them as they are); none is refused
+    import functools
+
+    torch = pytest.importorskip("torch")
+    from privguard import Ledger
+    from privguard.tuning import RandomSearch
+
+    model = torch.nn.Linear(3, 2)
+    make = functools.partial(torch.optim.SGD, lr=0.1)
+    act = lambda x: x  # noqa: E731
+    space = {"model": [model], "opt": [torch.optim.SGD], "make": [make], "act": [act],
+             "w": [np.arange(3.0)], "t": [torch.ones(2)],
+             "instance": [torch.optim.SGD(model.parameters(), lr=0.1)]}
+    seen = []
+
+    def objective(params, child):
+        seen.append(params["model"] is not model and params["opt"] is torch.optim.SGD
+                    and params["act"] is act and params["make"].func is torch.optim.SGD
+                    and params["w"] is not space["w"][0] and params["t"] is not space["t"][0])
+        params["model"].weight.data.zero_()
+        return 1.0
+
+    result = RandomSearch(space, Geometric(mean=3.0), cost=M.PureDP(0.01), seed=2,
+                          progress=False).run(objective, Ledger(10.0, 1e-5))
+    assert result.selected and seen and all(seen)
+    assert float(model.weight.detach().abs().sum()) > 0  # candidates trained their own copies
+    from privguard import InvalidArgumentError
+
+    for refused in (torch.nn.functional, torch.ones(2, requires_grad=True) * 2):
+        with pytest.raises(InvalidArgumentError, match="deep-copied"):
+            RandomSearch({"v": [refused]}, Geometric(mean=3.0), cost=M.PureDP(0.01),
+                         progress=False).run(lambda p, c: 1.0, Ledger(10.0, 1e-5))
