@@ -274,7 +274,7 @@ def test_ordinary_ml_values_are_copied_or_shared_as_documented():
 
     model = torch.nn.Linear(3, 2)
     make = functools.partial(torch.optim.SGD, lr=0.1)
-    act = lambda x: x  # noqa: E731
+    act = lambda x: x
     space = {"model": [model], "opt": [torch.optim.SGD], "make": [make], "act": [act],
              "w": [np.arange(3.0)], "t": [torch.ones(2)],
              "instance": [torch.optim.SGD(model.parameters(), lr=0.1)]}
