@@ -297,3 +297,17 @@ def test_ordinary_ml_values_are_copied_or_shared_as_documented():
         with pytest.raises(InvalidArgumentError, match="deep-copied"):
             RandomSearch({"v": [refused]}, Geometric(mean=3.0), cost=M.PureDP(0.01),
                          progress=False).run(lambda p, c: 1.0, Ledger(10.0, 1e-5))
+
+
+def test_a_per_candidate_cost_function_gets_its_own_copy():
+    # CandidateCosts called cost(dict(params)): a cost function that edited a list value in
+    # place (normalising a layer spec, say) left the space edited for every candidate
+    from privguard.tuning import RandomSearch
+
+    def cost(params):
+        params["hidden"].append(8)
+        return M.PureDP(0.01 * len(params["hidden"]))
+
+    tuner = RandomSearch({"hidden": [[64], [32, 32]]}, Geometric(mean=3.0), cost=cost,
+                         progress=False)
+    assert tuner.space.choices() == {"hidden": ([64], [32, 32])}

@@ -443,8 +443,12 @@ class CandidateCosts:
                     "maximum over every candidate is the bound); give one mechanism that "
                     "bounds them all")
             for params in space.candidates():
+                try:  # a copy, as a candidate gets: an in-place edit stayed in the space (rtl)
+                    given = own_copy(params)
+                except Exception:  # refused at run, with its reason (check_copyable)
+                    given = dict(params)
                 try:
-                    mech = cost(dict(params))
+                    mech = cost(given)
                 except Exception as exc:
                     raise InvalidArgumentError(
                         name, cost, f"raised {type(exc).__name__} for {params!r}") from None
