@@ -82,6 +82,16 @@ def _leave_quiet() -> None:
             logger.propagate = _quiet["propagate"]
 
 
+def _grid(search_space: Any) -> SearchSpace:
+    """``search_space`` checked as a grid of categorical choices (:func:`_check_grid`)."""
+    if not isinstance(search_space, Mapping) or not search_space or not all(
+            isinstance(v, (list, tuple)) and v for v in search_space.values()):
+        raise InvalidArgumentError("search_space", search_space,
+                                   "must be a {name: [values, ...]} grid, every list non-empty")
+    _check_grid(search_space)
+    return SearchSpace(search_space)
+
+
 def _check_grid(search_space: Mapping[Any, Sequence[Any]]) -> None:
     """Every name a string and every value a choice some ``suggest_*`` can return.
 
@@ -147,12 +157,7 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
     def __init__(self, search_space: Mapping[str, Sequence[Any]], *, C: float = 2.0,
                  c: float = 0.75, rule: str | Callable[[list, np.ndarray], Any] = "gp",
                  prior: Any = None) -> None:
-        if not isinstance(search_space, Mapping) or not search_space or not all(
-                isinstance(v, (list, tuple)) and v for v in search_space.values()):
-            raise InvalidArgumentError("search_space", search_space,
-                                       "must be a {name: [values, ...]} grid, every list non-empty")
-        _check_grid(search_space)
-        space = SearchSpace(search_space)
+        space = _grid(search_space)
         if isinstance(rule, str) and rule == "gp":
             require("sklearn.gaussian_process", "gp")
             rule = GPUpdate()
@@ -243,7 +248,7 @@ class TPERule:
                  **tpe_options: Any) -> None:
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise InvalidArgumentError("n_samples", n_samples, "must be an integer >= 1")
-        space = SearchSpace(search_space)
+        space = _grid(search_space)  # an unhashable value raised TypeError (review tl)
         try:  # a bad option would make every update raise: DP-HyPO would silently use the prior
             optuna.samplers.TPESampler(**tpe_options)
         except Exception as exc:

@@ -17,7 +17,10 @@ would change the distribution of the number of runs.
 Failures are ⊥, exactly as in this process: the task itself catches every
 exception of the objective and returns ⊥, so no exception, message or
 traceback of a candidate is stored by Ray; a task whose worker dies, whose
-result cannot be pickled or that Ray loses is ⊥ too. Outcomes are streamed to
+result cannot be pickled or that Ray loses is ⊥ too. The artifact travels
+pickled, and the driver unpickles it itself: one that cannot be rebuilt there
+is ⊥, with nothing printed (Ray's logger printed the error of an artifact it
+failed to unpickle, any candidate's). Outcomes are streamed to
 the tuner's reducer as they finish (ties go to the earlier draw, so a seeded
 run selects what the serial backend selects), and each result is released
 from the object store as soon as it is read; only the current best is kept.
@@ -58,6 +61,7 @@ from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations._frameworks import require
 from privguard.tuning._executors import Outcome, Reduce, Task, register_executor, run_candidate
+from privguard.tuning._quiet import candidate_scope
 
 ray = require("ray", "ray")
 
@@ -66,14 +70,49 @@ __all__ = ["RayExecutor"]
 _SHIPPED: set[str] = set()
 
 
-def _remote_candidate(objective, params, orders, budget) -> Outcome:
-    outcome = run_candidate(objective, params, orders, budget)
-    if outcome is not None:
-        try:  # an artifact Ray cannot send back is ⊥ here, not an error Ray records
-            ray.cloudpickle.dumps(outcome)
-        except Exception:
+def _remote_candidate(objective, params, orders, budget) -> Any:
+    """One candidate in a worker: ⊥ (None), or its score and its artifact pickled here.
+
+    The artifact travels as bytes that the driver unpickles itself (:func:`_opened`).
+    Left to Ray, an artifact that failed to unpickle at the driver (a class the driver
+    cannot import, a ``__reduce__`` that raises there) was ⊥ too, but Ray's own logger
+    first printed the error, its message and traceback, on the driver's console, for
+    any candidate, winner or not (review tl). An artifact that cannot be pickled is ⊥
+    here, not an error Ray records.
+    """
+    # the artifact's own code (__reduce__, __getstate__, __del__) runs here after the
+    # candidate: its warnings and reports are discarded as the candidate's are (they
+    # reached the worker's stderr; review rtl)
+    with candidate_scope():
+        outcome = run_candidate(objective, params, orders, budget)
+        if outcome is None:
             return None
-    return outcome
+        try:
+            return outcome[0], ray.cloudpickle.dumps(outcome[1])
+        except KeyboardInterrupt:
+            raise  # as run_candidate: the user's
+        except BaseException:  # by design: an artifact that cannot travel is ⊥
+            return None
+        finally:
+            outcome = None
+
+
+def _opened(returned: Any) -> Outcome:
+    """A task's return value as an outcome: (score, artifact unpickled), or ⊥ (None).
+
+    Unpickling runs the artifact's own code (``__reduce__``, ``__setstate__``): as in a
+    candidate, its warnings are discarded and whatever it raises is ⊥, with nothing logged.
+    """
+    if returned is None:
+        return None
+    try:
+        with candidate_scope():
+            score, blob = returned
+            return score, ray.cloudpickle.loads(blob)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # by design: an artifact that cannot be rebuilt here is ⊥
+        return None
 
 
 class _StoredLedger(Exception):
@@ -250,13 +289,16 @@ class RayExecutor:
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
                 index, params = pending.pop(ref)
-                try:
-                    outcome = ray.get(ref)
-                except ray.exceptions.RayError:
-                    outcome = None  # ⊥: worker died, result lost or unpicklable
-                del ref  # the object store may free the result now
-                reduce(index, params, outcome)
-                outcome = None
+                # a loser's artifact is finalised in a candidate's scope, as on the serial
+                # backend: its __del__'s warning or "Exception ignored" report (review rtl)
+                with candidate_scope():
+                    try:
+                        outcome = _opened(ray.get(ref))
+                    except ray.exceptions.RayError:
+                        outcome = None  # ⊥: worker died, result lost or unpicklable
+                    del ref  # the object store may free the result now
+                    reduce(index, params, outcome)
+                    outcome = None
         finally:
             for ref in pending:
                 try:

@@ -58,13 +58,14 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 import dataclasses
 import inspect
 import logging
 import math
 import numbers
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -239,7 +240,9 @@ class Best:
     def result(self, cost: Mechanism, seeded: bool) -> TuningResult:
         if self.score is None:
             return TuningResult(False, None, None, None, cost, seeded)
-        return TuningResult(True, dict(self.params or {}), self.score, self.artifact, cost, seeded)
+        # a copy of the drawn values, not the space's own objects (see :func:`own_copy`)
+        return TuningResult(True, own_copy(self.params or {}), self.score, self.artifact, cost,
+                            seeded)
 
 
 def sealed(search: Callable[[], T]) -> T:
@@ -379,6 +382,39 @@ def check_objective(objective: Any, name: str = "objective",
     return objective
 
 
+def own_copy(params: dict) -> dict:
+    """A deep copy of a candidate's hyperparameters: what a candidate gets, and what is released.
+
+    A shallow ``dict(params)`` shared the values' objects with the search space: a
+    candidate that edited a list value in place (``params["hidden"].append(...)``) or
+    trained a model given as a value edited it for every later candidate that drew the
+    same value, and the released winner's params showed every edit, so the number of
+    candidates that drew it (review tl). The space's values are checked deep-copyable
+    before anything is charged (:func:`check_copyable`).
+    """
+    return copy.deepcopy(params)
+
+
+def check_copyable(name: str, values: Any) -> None:
+    """``values`` (a space's choices, or the candidates) can be deep-copied (:func:`own_copy`);
+    checked before anything is charged, since a candidate whose copy fails would be ⊥.
+
+    One value (one candidate) at a time, each copy dropped before the next: a copy of all
+    of them at once held a second copy of every model in ``{"model": [m1, m2, m3]}``, so a
+    space that a run copies one candidate at a time could be refused for memory (review rtl).
+    """
+    pieces = values.values() if isinstance(values, Mapping) else values
+    try:
+        for piece in pieces:
+            for value in piece if isinstance(piece, tuple) else (piece,):
+                copy.deepcopy(value)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            name, check.short(values), f"cannot be deep-copied ({type(exc).__name__}): each "
+            "candidate gets its own copy of its hyperparameters, so that no candidate's edit "
+            "of a value reaches another candidate or the released winner") from None
+
+
 def check_ledger(ledger: Any) -> Ledger:
     if not isinstance(ledger, Ledger):
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
@@ -407,8 +443,12 @@ class CandidateCosts:
                     "maximum over every candidate is the bound); give one mechanism that "
                     "bounds them all")
             for params in space.candidates():
+                try:  # a copy, as a candidate gets: an in-place edit stayed in the space (rtl)
+                    given = own_copy(params)
+                except Exception:  # refused at run, with its reason (check_copyable)
+                    given = dict(params)
                 try:
-                    mech = cost(dict(params))
+                    mech = cost(given)
                 except Exception as exc:
                     raise InvalidArgumentError(
                         name, cost, f"raised {type(exc).__name__} for {params!r}") from None

@@ -18,6 +18,7 @@ from privguard._accounting._accounting import check_label
 from privguard.tuning._base import (
     Elapsed,
     TuningResult,
+    check_copyable,
     check_ledger,
     check_objective,
     held,
@@ -38,6 +39,7 @@ def charged_run(tuner: Any, objective: Any, ledger: Any, label: Any, backend: An
     check_ledger(ledger)
     tuner.runs.check_sampleable("runs")  # the number of runs drawn exactly, before the charge
     label = check_label(label)
+    check_copyable("space", tuner.space.choices())  # each candidate gets its own copy
     executor = resolve(backend)
     if before is not None:
         before()

@@ -34,7 +34,7 @@ import numpy as np
 
 from privguard._errors import InvalidArgumentError
 from privguard._ledger._ledger import Ledger
-from privguard.tuning._base import accept
+from privguard.tuning._base import accept, own_copy
 from privguard.tuning._quiet import candidate_scope
 
 Task = tuple  # (objective, params, orders, budget)
@@ -60,7 +60,7 @@ def run_candidate(objective: Callable, params: dict, orders: np.ndarray, budget:
         # a candidate's warnings are about it, and count K (review bx); so would a nested
         # tuner's progress bar and log line (review at)
         with candidate_scope():
-            return accept(objective(dict(params), child))
+            return accept(objective(own_copy(params), child))  # its own copy (review tl)
     except KeyboardInterrupt:
         raise  # the user's interrupt, not a candidate's output
     except BaseException:  # by design: a failed candidate is ⊥ (SystemExit included)
@@ -76,7 +76,13 @@ class SerialExecutor:
     def run(self, tasks: Iterable[Task], reduce: Reduce) -> None:
         """Run each task and hand its outcome to ``reduce``; keep nothing."""
         for index, task in enumerate(tasks):
-            reduce(index, task[1], run_candidate(*task))
+            # the candidate's objects are finalised in its scope: its locals when it raised
+            # (run_candidate's except), its artifact when it loses (here or in reduce, when
+            # a better one replaces it); a __del__'s warning or report is about it (review rtl)
+            with candidate_scope():
+                outcome = run_candidate(*task)
+                reduce(index, task[1], outcome)
+                del outcome
 
 
 #: Executors by name: a factory called with no argument. "serial" is this module's; the Ray

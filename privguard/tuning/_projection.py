@@ -15,13 +15,19 @@ import numpy as np
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 
+#: How far from 1 the projection's sum may be before it is refused, beyond n·2⁻⁵² (the
+#: rounding of a sum of n terms each within the bounds, which an exact projection meets).
+SUM_TOLERANCE = 1e-9
+
 
 def project_bounded_simplex(p, lower, upper) -> np.ndarray:
     """argmin_f ||f − p||₂ subject to lower ≤ f ≤ upper and Σ f = 1.
 
     Raises:
-        InvalidArgumentError: shapes differ, lower > upper somewhere, or the
-            set is empty (Σ lower > 1 or Σ upper < 1).
+        InvalidArgumentError: shapes differ, lower > upper somewhere, the
+            set is empty (Σ lower > 1 or Σ upper < 1), or p's values span too
+            wide a range for the projection to be computed in floating point
+            (the result would not sum to 1).
     """
     # 1-D sequences of real numbers, each checked by name (review bd: np.asarray let
     # strings, dicts, huge ints and complex numbers raise built-ins or warn)
@@ -55,7 +61,36 @@ def project_bounded_simplex(p, lower, upper) -> np.ndarray:
         nu = (p[free].sum() + hi[at_upper].sum() + lo[at_lower].sum() - 1.0) / free.sum()
     else:  # g is flat on (a, b): every coordinate at a bound; any ν there works
         nu = probe
-    return np.clip(p - nu, lo, hi)
+    f = np.clip(p - nu, lo, hi)
+    # The clip keeps every coordinate within its bounds; Σ f = 1 holds only if p − ν was
+    # computed to within the bounds' scale. Values of p spanning ~1e16 times the bounds
+    # lose it to cancellation ([-5e299, 5e299, 1] on thirds with C = 2, c = 0.75 gave
+    # Σ f = 7/6, and a sampler normalising f then drew below c·π⁽⁰⁾): refused, never
+    # returned as a point of S_{C,c} (docs/theory.md §9).
+    total = float(f.sum())
+    if not abs(total - 1.0) <= SUM_TOLERANCE + p.size * np.finfo(float).eps:
+        raise InvalidArgumentError("p", check.short(p), f"cannot be projected in floating "
+                                   f"point: the result sums to {total!r}, not 1 (its values "
+                                   "span too wide a range for the bounds)")
+    return _settled(f, lo, hi)
+
+
+def _settled(f: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``f`` (within its bounds, Σ f within the tolerance of 1) moved onto Σ f = 1, in bounds.
+
+    A sampler draws from f / Σ f: with Σ f = 1 − 5e-10 (cancellation in p − ν, under the
+    tolerance) a coordinate at C·π⁽⁰⁾ was drawn with C·(1 + 5e-10)·π⁽⁰⁾, a density the
+    bound does not charge for (review rtl). The residual goes to the coordinates in
+    proportion to their room to the bound it moves towards: the total room is at least
+    the residual (Σ lower ≤ 1 ≤ Σ upper), so no coordinate passes its bound, and what is
+    left of Σ f − 1 is the n·2⁻⁵² rounding of the sum itself.
+    """
+    residual = 1.0 - float(f.sum())
+    room = hi - f if residual > 0 else f - lo
+    total = float(room.sum())
+    if residual == 0.0 or not total > 0.0:
+        return f
+    return np.clip(f + residual * (room / total), lo, hi)
 
 
 def project_density(p, prior, C: float, c: float) -> np.ndarray:

@@ -71,10 +71,13 @@ from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._mechanisms import PureDP
 from privguard.tuning._base import (
     as_score,
+    check_copyable,
     check_ledger,
     check_objective,
     check_seed,
+    held,
     make_rng,
+    own_copy,
     sealed,
 )
 from privguard.tuning._quiet import candidate_scope, inside_candidate
@@ -204,6 +207,7 @@ class ProposeTest:
             raise InvalidArgumentError("parts", parts, "must be a sequence of index arrays")
         if len(parts) != self.k:
             raise InvalidArgumentError("parts", len(parts), f"need exactly k = {self.k} partitions")
+        check_copyable("candidates", self.candidates)  # each call gets its own copy
         return _collect(objective, self.candidates, parts, self.k)
 
     def select(self, utilities: Sequence[float] | np.ndarray, ledger: Ledger,
@@ -260,7 +264,7 @@ class ProposeTest:
                 else:
                     step //= 2
                 bar.update(1)  # rounds are released: a function of the transcript
-        params = None if chosen is None else dict(self.candidates[chosen])
+        params = None if chosen is None else own_copy(self.candidates[chosen])
         return ProposeTestResult(chosen is not None, params, rounds, refused, u,
                                  self.seed is not None)
 
@@ -275,9 +279,12 @@ class ProposeTest:
         """
         check_objective(objective, call=("params", "indices"))
         n = self._examples(n_examples)
-        params = dict(self.candidates[0])
+        check_copyable("candidates", self.candidates)  # the call gets its own copy, as in run
+        params = own_copy(self.candidates[0])
         part = partitions(n, self.k, make_rng(self.seed))[0]
-        value = objective(dict(params), part)
+        # its own copy (review rtl): an in-place edit stayed in the candidate for the real
+        # run, which then trained and released hyperparameters nobody declared
+        value = objective(own_copy(params), part)
         score = as_score(value)
         if score is None or not 0.0 <= score <= 1.0:
             raise InvalidArgumentError("objective", objective,
@@ -310,6 +317,7 @@ class ProposeTest:
         check_objective(objective, call=("params", "indices"))
         check_ledger(ledger)
         n = self._examples(n_examples)
+        check_copyable("candidates", self.candidates)  # each call gets its own copy
         # an unusable ledger raises here (LedgerStateError), before the objective runs;
         # one without room for a single round ends the run before it touches the data
         if not ledger.can_afford(self.round_mechanism()):
@@ -329,8 +337,17 @@ class ProposeTest:
 
     def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
              ) -> ProposeTestResult:
-        """Everything that touches the data; its only exit is the charged loop's result."""
-        u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
+        """Everything that touches the data; its only exit is the charged loop's result.
+
+        ``ledger`` refuses every read and charge while the partitions train (as in every
+        tuner, :func:`~privguard.tuning._base.held`): a partition's objective that charged
+        the ledger it captured wrote one journal entry per (candidate, partition), whose
+        times are each candidate's data-dependent training time and whose count the
+        objective may decide from a utility, none of it paid for by a round; held, such a
+        call raises ``LedgerStateError`` and the partition is ⊥ (0).
+        """
+        with held(ledger):
+            u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
         return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:
@@ -369,13 +386,18 @@ def _accuracy(objective: Callable, params: dict, part: Any) -> float:
     aggregate that could switch between a number and −∞ or an exception
     with one partition would not have sensitivity 1/k (docs/theory.md §8).
     """
-    try:
-        with candidate_scope():  # about a candidate that may not be selected (review bx, at)
-            value = as_score(objective(dict(params), np.asarray(part)))
-    except KeyboardInterrupt:
-        raise  # the user's; sealed() replaces it with a fresh one
-    except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
-        return 0.0
+    # about a candidate that may not be selected (review bx, at); the scope also covers the
+    # except clauses, where a raising call's frames (its locals) are finalised (review rtl)
+    with candidate_scope():
+        try:
+            # its own copy: an in-place edit of a value reached the next partitions' calls
+            # (their accuracies then depended on each other: sensitivity not 1/k; review tl)
+            # and of the indices (an in-place sort or shuffle reached the next candidates)
+            value = as_score(objective(own_copy(params), np.array(part)))
+        except KeyboardInterrupt:
+            raise  # the user's; sealed() replaces it with a fresh one
+        except BaseException:  # by design: a failed partition is ⊥ (SystemExit included)
+            return 0.0
     if value is None:
         return 0.0
     return min(max(value, 0.0), 1.0)  # clamp to [0, 1] (seed 004: utilities in [0, 1])

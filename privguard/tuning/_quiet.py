@@ -66,6 +66,41 @@ def quiet_warnings() -> Iterator[None]:
                 catcher.__exit__(None, None, None)
 
 
+_unraisable: dict[str, Any] = {"depth": 0, "hook": None}
+
+
+def _ignore(_: Any) -> None:
+    """An unraisable exception inside a candidate's scope: dropped (see :func:`quiet_unraisable`)."""
+
+
+@contextlib.contextmanager
+def quiet_unraisable() -> Iterator[None]:
+    """Drop every "Exception ignored in ..." report (``sys.unraisablehook``) for the duration.
+
+    A candidate's objects are finalised when it is done with: its locals when it raises,
+    its artifact when another candidate beats it. A ``__del__`` that raised there had
+    Python print "Exception ignored in", the exception's message and traceback, on stderr,
+    one report per losing candidate (review rtl). Nested and shared across threads as
+    :func:`quiet_warnings` (the hook is process-wide: every thread's reports are dropped
+    while a scope is open). An object in a reference cycle is finalised by a later garbage
+    collection, wherever that runs: its report is not covered.
+    """
+    with _lock:
+        if _unraisable["depth"] == 0:
+            _unraisable["hook"] = sys.unraisablehook
+            sys.unraisablehook = _ignore
+        _unraisable["depth"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _unraisable["depth"] -= 1
+            if _unraisable["depth"] == 0:
+                hook, _unraisable["hook"] = _unraisable["hook"], None
+                if sys.unraisablehook is _ignore:  # else someone replaced it meanwhile: theirs
+                    sys.unraisablehook = hook
+
+
 #: How many candidates this context is inside (a candidate may run a nested tuner).
 _candidates: contextvars.ContextVar[int] = contextvars.ContextVar("privguard_candidates",
                                                                   default=0)
@@ -74,7 +109,8 @@ _candidates: contextvars.ContextVar[int] = contextvars.ContextVar("privguard_can
 @contextlib.contextmanager
 def candidate_scope() -> Iterator[None]:
     """The scope of one candidate (one partition's call, for propose-test): every warning
-    discarded, and privguard's own output turned off (:func:`inside_candidate`).
+    and every unraisable exception's report (:func:`quiet_unraisable`) discarded, and
+    privguard's own output turned off (:func:`inside_candidate`).
 
     A candidate that runs a nested tuner drew that tuner's progress bar and logged its
     "charged the tuning bound" line once per candidate: output of privguard's own that
@@ -90,7 +126,7 @@ def candidate_scope() -> Iterator[None]:
     """
     token = _candidates.set(_candidates.get() + 1)
     try:
-        with quiet_warnings():
+        with quiet_warnings(), quiet_unraisable():
             yield
     finally:
         _candidates.reset(token)

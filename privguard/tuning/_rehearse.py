@@ -23,7 +23,7 @@ import numpy as np
 
 from privguard._errors import BudgetExhausted, InvalidArgumentError
 from privguard._ledger._ledger import Ledger
-from privguard.tuning._base import accept, check_objective, make_rng
+from privguard.tuning._base import accept, check_copyable, check_objective, make_rng, own_copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +82,7 @@ def rehearse_candidate(tuner: Any, objective: Callable, orders: Any, seed: int |
 
     check_objective(objective, call=("params", "child_ledger"))
     grid = check.orders("orders", DEFAULT_ORDERS if orders is None else orders)
+    check_copyable("space", tuner.space.choices())  # the candidate gets its own copy, as in run
     index, params = tuner.space.draw(make_rng(seed))
     costs = tuner.costs
     budgets = costs.budgets(grid)
@@ -101,14 +102,16 @@ def run_one(objective: Callable, params: dict, orders: np.ndarray, budget: np.nd
         InvalidArgumentError: the objective returned something that is not a
             score (a run would count it as ⊥).
     """
-    result = call_with_child(lambda child: objective(dict(params), child), orders, budget, cost)
+    # its own copy, as in a run: an in-place edit left the space edited for the real run
+    result = call_with_child(lambda child: objective(own_copy(params), child), orders, budget,
+                             cost)
     outcome = accept(result)
     if outcome is None:
         raise InvalidArgumentError(
             what, objective, f"returned {result!r} for {params!r}: not a finite score, "
             "(score, artifact) or {'score': ..., 'artifact': ...}; run() would count every "
             "such candidate as failed")
-    return Rehearsal(dict(params), outcome[0], outcome[1])
+    return Rehearsal(own_copy(params), outcome[0], outcome[1])
 
 
 def call_with_child(call: Callable[[Ledger], Any], orders: np.ndarray, budget: np.ndarray,

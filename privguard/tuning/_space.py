@@ -154,6 +154,11 @@ class SearchSpace:
         assert isinstance(dim, Choice)
         return dim
 
+    def choices(self) -> dict[str, tuple]:
+        """Every finite dimension's values, by name (the objects candidates are drawn from)."""
+        return {name: dim.values for name, dim in self.dimensions.items()
+                if isinstance(dim, Choice)}
+
     def sample(self, rng: np.random.Generator) -> dict[str, Any]:
         return {name: dim.sample(rng) for name, dim in self.dimensions.items()}
 

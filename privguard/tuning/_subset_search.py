@@ -34,11 +34,13 @@ from privguard.tuning._base import (
     CandidateCosts,
     TuningPlan,
     TuningResult,
+    check_copyable,
     check_ledger,
     check_objective,
     check_seed,
     held,
     make_rng,
+    own_copy,
     sealed,
 )
 from privguard.tuning._random_search import RandomSearch
@@ -151,9 +153,10 @@ class SubsetSearch:
     def _check_extrapolation(self) -> None:
         space = self.tuner.space
         probes = space.candidates() if space.is_finite else [space.sample(np.random.default_rng(0))]
+        check_copyable("tuner.space", space.choices())  # each call below gets its own copy
         for params in probes:
-            try:
-                out = self.extrapolate(dict(params), self.scale)
+            try:  # a copy: an extrapolation that edits a value in place left the space edited
+                out = self.extrapolate(own_copy(params), self.scale)
             except Exception as exc:
                 raise InvalidArgumentError(
                     "extrapolate", self.extrapolate,
@@ -162,6 +165,7 @@ class SubsetSearch:
                 raise InvalidArgumentError(
                     "extrapolate", self.extrapolate,
                     f"returned {out!r} for {params!r}, not a dict of hyperparameters")
+            check_copyable("extrapolate", out)  # the final training gets its own copy
 
     @property
     def scale(self) -> float:
@@ -214,7 +218,8 @@ class SubsetSearch:
         params = self.extrapolate(dict(tuned.params), self.scale)
         final = self.cost(grid).final
         artifact = call_with_child(
-            lambda child: final_objective(dict(params), child, final_idx, tuned.artifact),
+            # its own copy, as in run: its in-place edit showed in the rehearsal's params
+            lambda child: final_objective(own_copy(params), child, final_idx, tuned.artifact),
             grid, final._rdp_checked(grid), final)
         return Rehearsal(params, tuned.score, artifact)
 
@@ -250,6 +255,8 @@ class SubsetSearch:
         # charged: a law it cannot sample exactly ended the run there as TuningAborted with
         # the whole plan spent and nothing run (review at); refused here, before the charge
         self.tuner.runs.check_sampleable("tuner.runs")
+        # the inner run checks its space's values are copyable after the plan is charged
+        check_copyable("tuner.space", self.tuner.space.choices())
         mech = self.cost(ledger.orders)
         mech._rdp_checked(ledger.orders)
         # The subset is drawn before the charge: a draw that cannot be made here
@@ -283,15 +290,18 @@ class SubsetSearch:
         """Everything after the charge; the subset lives only in this frame."""
         subset, final_idx = drawn.pop()
         tuning_ledger = ledger.child(mech.tuning)
+        # each candidate its own copy of the indices: an in-place sort or shuffle (by its
+        # losses, say) reached every later candidate, whose runs were then not independent
         result: TuningResult = self.tuner.run(
-            lambda p, child: tune_objective(p, child, subset), tuning_ledger, label=inner_label)
+            lambda p, child: tune_objective(p, child, subset.copy()), tuning_ledger,
+            label=inner_label)
         seeded = self.seed is not None or result.seeded
         if not result.selected:
             return SubsetResult(False, None, None, None, False, mech, seeded)
         params = self.extrapolate(dict(result.params or {}), self.scale)
         final_ledger = ledger.child(mech.final)
         try:
-            artifact, trained = final_objective(dict(params), final_ledger, final_idx,
+            artifact, trained = final_objective(own_copy(params), final_ledger, final_idx,
                                                 result.artifact), True
         except KeyboardInterrupt:
             raise  # the user's interrupt; sealed() replaces it
