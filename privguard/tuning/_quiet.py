@@ -21,11 +21,11 @@ import contextvars
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"depth": 0, "catcher": None}
+_state: dict[str, Any] = {"depth": 0, "kept": None}
 # Python >= 3.14 run with context-aware warnings: catch_warnings changes this context's
 # filters only, so each scope (each thread) sets its own
 CONTEXT_WARNINGS = bool(getattr(sys.flags, "context_aware_warnings", False))
@@ -49,24 +49,39 @@ def quiet_warnings() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
         return
+    with _shared(_state, _ignore_warnings, lambda catcher: catcher.__exit__(None, None, None)):
+        yield
+
+
+def _ignore_warnings() -> Any:
+    """Save the warning filters and ignore every warning; the saver, to restore them."""
+    catcher = warnings.catch_warnings()
+    catcher.__enter__()
+    warnings.simplefilter("ignore")
+    return catcher
+
+
+@contextlib.contextmanager
+def _shared(state: dict[str, Any], install: Callable[[], Any],
+            restore: Callable[[Any], None]) -> Iterator[None]:
+    """A process-wide setting for the duration, nested and shared across threads: the first
+    scope to enter calls ``install()`` (what it returns is kept), the last to leave calls
+    ``restore`` with it, under :data:`_lock`."""
     with _lock:
-        if _state["depth"] == 0:
-            catcher = warnings.catch_warnings()
-            catcher.__enter__()
-            warnings.simplefilter("ignore")
-            _state["catcher"] = catcher
-        _state["depth"] += 1
+        if state["depth"] == 0:
+            state["kept"] = install()
+        state["depth"] += 1
     try:
         yield
     finally:
         with _lock:
-            _state["depth"] -= 1
-            if _state["depth"] == 0:
-                catcher, _state["catcher"] = _state["catcher"], None
-                catcher.__exit__(None, None, None)
+            state["depth"] -= 1
+            if state["depth"] == 0:
+                kept, state["kept"] = state["kept"], None
+                restore(kept)
 
 
-_unraisable: dict[str, Any] = {"depth": 0, "hook": None}
+_unraisable: dict[str, Any] = {"depth": 0, "kept": None}
 
 
 def _ignore(_: Any) -> None:
@@ -85,20 +100,18 @@ def quiet_unraisable() -> Iterator[None]:
     while a scope is open). An object in a reference cycle is finalised by a later garbage
     collection, wherever that runs: its report is not covered.
     """
-    with _lock:
-        if _unraisable["depth"] == 0:
-            _unraisable["hook"] = sys.unraisablehook
-            sys.unraisablehook = _ignore
-        _unraisable["depth"] += 1
-    try:
+    with _shared(_unraisable, _drop_unraisable, _restore_unraisable):
         yield
-    finally:
-        with _lock:
-            _unraisable["depth"] -= 1
-            if _unraisable["depth"] == 0:
-                hook, _unraisable["hook"] = _unraisable["hook"], None
-                if sys.unraisablehook is _ignore:  # else someone replaced it meanwhile: theirs
-                    sys.unraisablehook = hook
+
+
+def _drop_unraisable() -> Any:
+    hook, sys.unraisablehook = sys.unraisablehook, _ignore
+    return hook
+
+
+def _restore_unraisable(hook: Any) -> None:
+    if sys.unraisablehook is _ignore:  # else someone replaced it meanwhile: theirs
+        sys.unraisablehook = hook
 
 
 #: How many candidates this context is inside (a candidate may run a nested tuner).
