@@ -15,8 +15,8 @@ from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _samplers
 
-__all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_poisson",
-           "poisson_rate", "warn_unverified"]
+__all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_loader",
+           "check_poisson", "poisson_rate", "warn_unverified"]
 
 # Opacus' Poisson batch samplers (opacus.utils.uniform_sampler); matched by name so
 # that this module does not import torch.
@@ -29,6 +29,41 @@ class NonPoissonSamplingError(InvalidArgumentError):
 
 class PoissonUnverifiedWarning(UserWarning):
     """The integration cannot see the data loader, so it cannot check Poisson sampling."""
+
+
+LOADER_PARTS = ("batch_sampler", "sampler", "dataset")
+"""What every data loader privguard reads has at least one of (torch's ``DataLoader`` and its
+subclasses, Opacus' ``DPDataLoader``, accelerate's shards, a loader with a batch sampler)."""
+
+
+def _has(obj: Any, attr: str) -> bool:
+    """``hasattr``, False where the attribute's getter raises anything (not only AttributeError)."""
+    try:
+        return hasattr(obj, attr)
+    except Exception:  # by design: a broken property means no such part, not a crash
+        return False
+
+
+def check_loader(name: str, loader: Any) -> None:
+    """Refuse, with :class:`InvalidArgumentError` naming ``name`` and the value, what is not a
+    data loader: a string, a number, a list or anything with none of :data:`LOADER_PARTS`
+    (review rnw: ``attach(..., data_loader="x")`` was refused as "not Poisson sampling", and
+    with ``check_poisson=False`` accepted, its ``len()`` setting the charged rate).
+
+    Example:
+        >>> try:
+        ...     check_loader("data_loader", "x")
+        ... except InvalidArgumentError as exc:
+        ...     exc.argument, exc.value
+        ('data_loader', 'x')
+    """
+    if isinstance(loader, (str, bytes, bytearray, int, float, complex, list, tuple, dict, set,
+                           frozenset)) or not any(_has(loader, part) for part in LOADER_PARTS):
+        raise InvalidArgumentError(
+            name, check.short(loader),
+            f"is not a data loader ({type(loader).__name__}, with none of "
+            f"{', '.join(LOADER_PARTS)}): pass the training loader (a torch DataLoader, such as "
+            "the one make_private returned), or leave it out and pass sample_rate=")
 
 
 def nominal_rate(name: str, loader: Any) -> float:

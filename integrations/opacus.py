@@ -1022,6 +1022,8 @@ def attach(
     if label is not None and not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")
     check.flag("check_poisson", check_poisson)
+    if data_loader is not None:  # review rnw: a str or a list is no loader, in either mode
+        _sampling.check_loader("data_loader", data_loader)
     if planned_steps is not None:
         planned_steps = check.positive_int("planned_steps", planned_steps, maximum=check.MAX_STEPS)
     # the accumulated step's own bound, at attach (review bi: a larger one was attached and

@@ -1,0 +1,78 @@
+"""Review rnw: bad input an Opacus user hits (found by the newcomer's pass, branch nw).
+
+* ``attach(..., data_loader="x")`` was refused as "does not do Poisson sampling" and, with
+  ``check_poisson=False``, accepted, its ``len()`` setting the charged rate;
+* the ``AccountantWarning`` of ``attach(..., privacy_engine=engine)`` before training named
+  both numbers as "(0 now)";
+* ``LedgerCallback(sample_rate="x")`` / ``LedgerTrainerCallback(sample_rate=2.0)`` were
+  accepted at construction and refused only when fit/train began;
+* a ``python -c "…"`` of the README wrapped across lines was a SyntaxError when pasted.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("opacus")
+
+import torch
+from opacus.data_loader import DPDataLoader
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from test_opacus_integration import DELTA, make_private, train
+from torch.utils.data import DataLoader, TensorDataset
+
+from privguard import InvalidArgumentError, Ledger
+from privguard import mechanisms as M
+from privguard._accounting._results import upper
+from privguard.integrations._sampling import NonPoissonSamplingError
+from privguard.integrations.opacus import AccountantWarning, attach
+
+warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- 7: a data_loader that is none
+@pytest.mark.parametrize("check_poisson", [True, False])
+@pytest.mark.parametrize("value, shown", [("x", "'x'"), ([1, 2, 3], "[1, 2, 3]"), (5, "5"),
+                                          (0.5, "0.5"), ((1, 2), "(1, 2)"),
+                                          (object(), "'<object object")])
+def test_a_data_loader_that_is_not_a_loader_is_refused_naming_it(value, shown, check_poisson):
+    _, model, opt, loader = make_private()
+    ledger = Ledger(8.0, DELTA)
+    with pytest.raises(InvalidArgumentError) as info:
+        attach(opt, ledger, data_loader=value, check_poisson=check_poisson)
+    # not "does not do Poisson sampling": it is no loader at all
+    assert not isinstance(info.value, NonPoissonSamplingError)
+    assert info.value.argument == "data_loader"
+    assert str(info.value).startswith(f"data_loader={shown}")
+    assert "is not a data loader" in str(info.value)
+    # nothing attached, nothing charged: the optimizer trains uncharged and can be attached
+    train(model, opt, loader, 2)
+    assert len(ledger.history) == 0
+    handle = attach(opt, ledger, data_loader=loader)
+    train(model, opt, loader, 2)
+    assert handle.steps_charged >= 2
+    handle.detach()
+
+
+def test_the_loaders_a_user_passes_are_still_accepted():
+    x = torch.randn(64, 10)
+    data = TensorDataset(x, (x[:, 0] > 0).long())
+    poisson = DPDataLoader.from_data_loader(DataLoader(data, batch_size=8))
+    sampled = DataLoader(data, batch_sampler=UniformWithReplacementSampler(
+        num_samples=64, sample_rate=0.125))
+    for loader, check_poisson in ((poisson, True), (sampled, True),
+                                  (DataLoader(data, batch_size=8), False)):
+        _, _, opt, _ = make_private()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            handle = attach(opt, Ledger(8.0, DELTA), data_loader=loader,
+                            check_poisson=check_poisson)
+        assert handle.next_mechanism().sample_rate == pytest.approx(0.125)
+        handle.detach()
