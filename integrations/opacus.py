@@ -1219,9 +1219,18 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
         theirs = upper(wrapped.get_epsilon(delta), ".4g") if len(wrapped) else "0"
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
-    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε "
-            f"({upper(ledger.epsilon(delta), '.4g')} now), no longer Opacus' {kind} accountant's ε ({theirs} "
-            "now): the ledger's number stays valid under adaptive choices and early stopping, "
+    ours = ledger.epsilon(delta)
+    if ours == 0 and theirs == "0":
+        # review rnw: attached before training, both numbers read "(0 now)", which says
+        # nothing; say that nothing ran yet and where Opacus' own figure stays readable
+        now = (f", no longer Opacus' {kind} accountant's ε (nothing has run yet: both are 0 "
+               f"now; Opacus' stays readable as engine.accountant.wrapped.get_epsilon("
+               f"{exact(delta)}))")
+    else:
+        now = (f" ({upper(ours, '.4g')} now), no longer Opacus' {kind} accountant's ε "
+               f"({theirs} now)")
+    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε{now}: "
+            "the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
             "convert better), and it may exceed the target while the filter's guarantee "
             "holds.")

@@ -76,3 +76,39 @@ def test_the_loaders_a_user_passes_are_still_accepted():
                             check_poisson=check_poisson)
         assert handle.next_mechanism().sample_rate == pytest.approx(0.125)
         handle.detach()
+
+
+# ---------------------------------------------------------------- 8: the warning before training
+def _engine_warning(engine, opt, loader, ledger):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine)
+    about = [str(w.message) for w in caught if issubclass(w.category, AccountantWarning)
+             and "engine.get_epsilon" in str(w.message)]
+    assert len(about) == 1
+    return handle, about[0]
+
+
+def test_the_engine_warning_before_training_says_nothing_ran_yet():
+    engine, _, opt, loader = make_private(accountant="prv")
+    _, text = _engine_warning(engine, opt, loader, Ledger(8.0, DELTA))
+    assert "(0 now)" not in text, text
+    assert "nothing has run yet" in text
+    assert "engine.accountant.wrapped.get_epsilon(1e-05)" in text  # where Opacus' number is
+    # its purpose stays: engine.get_epsilon changes meaning, and what to log instead
+    assert "now reports the ledger's any-time ε" in text and "PRV" in text
+    assert "ledger.budget()" in text and "guarantee()" in text
+
+
+def test_the_engine_warning_names_both_numbers_once_either_is_not_zero(tmp_path):
+    # a file ledger that spent before (Opacus' accountant is new): the ledger's number is news
+    path = tmp_path / "budget.db"
+    with Ledger(8.0, DELTA, path=path) as spent:
+        spent.charge(M.Gaussian(5.0))
+    engine, _, opt, loader = make_private(accountant="prv")
+    ledger = Ledger(8.0, DELTA, path=path)
+    handle, text = _engine_warning(engine, opt, loader, ledger)
+    assert "nothing has run yet" not in text
+    assert "(0 now)" in text and f"({upper(ledger.epsilon(DELTA), '.4g')} now)" in text
+    handle.detach()
+    ledger.close()
