@@ -282,7 +282,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                  log_name: str = "privacy_epsilon", label: str = "step",
                  check_poisson: bool = True, aligned_micro_batches: bool = False,
                  witnesses: bool = False) -> None:
-        check_callback_arguments(ledger, log_name, label, check_poisson)
+        check_callback_arguments(ledger, log_name, label, check_poisson, sample_rate)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
         self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger

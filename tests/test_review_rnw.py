@@ -112,3 +112,40 @@ def test_the_engine_warning_names_both_numbers_once_either_is_not_zero(tmp_path)
     assert "(0 now)" in text and f"({upper(ledger.epsilon(DELTA), '.4g')} now)" in text
     handle.detach()
     ledger.close()
+
+
+# ---------------------------------------------------------------- 9: callbacks' sample_rate
+def _callbacks():
+    out = []
+    try:
+        from privguard.integrations.lightning import LedgerCallback
+        out.append(LedgerCallback)
+    except ImportError:
+        pass
+    try:
+        from privguard.integrations.huggingface import LedgerTrainerCallback
+        out.append(LedgerTrainerCallback)
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("rate", ["x", 2.0, 0, -0.1, float("nan"), [0.1]])
+def test_a_callback_refuses_a_bad_sample_rate_at_construction_as_attach_does(rate):
+    callbacks = _callbacks()
+    if not callbacks:
+        pytest.skip("neither lightning nor transformers is installed")
+    _, _, opt, _ = make_private()
+    with pytest.raises(InvalidArgumentError) as by_attach:
+        attach(opt, Ledger(8.0, DELTA), sample_rate=rate, check_poisson=False)
+    for callback in callbacks:
+        with pytest.raises(InvalidArgumentError) as info:
+            callback(Ledger(8.0, DELTA), sample_rate=rate)
+        assert info.value.argument == "sample_rate"
+        assert str(info.value) == str(by_attach.value), callback
+
+
+@pytest.mark.parametrize("rate", [None, 0.25, 1, lambda: 0.25])
+def test_a_callback_takes_a_good_sample_rate(rate):
+    for callback in _callbacks():
+        assert callback(Ledger(8.0, DELTA), sample_rate=rate).sample_rate is rate
