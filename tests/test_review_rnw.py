@@ -149,3 +149,13 @@ def test_a_callback_refuses_a_bad_sample_rate_at_construction_as_attach_does(rat
 def test_a_callback_takes_a_good_sample_rate(rate):
     for callback in _callbacks():
         assert callback(Ledger(8.0, DELTA), sample_rate=rate).sample_rate is rate
+
+
+# ---------------------------------------------------------------- 10: README's python -c
+def test_every_python_c_of_the_readme_pastes_from_the_markdown():
+    # the command of "What the numbers mean" was wrapped across lines: pasted from the
+    # markdown, `from opacus.accountants import\n  RDPAccountant` is a SyntaxError
+    found = re.findall(r'`python -c\s+"((?:[^"\\]|\\.)*)"`', README)
+    assert len(found) >= 2
+    for code in found:
+        compile(code, "README python -c", "exec")
