@@ -16,7 +16,7 @@ from privguard._errors import InvalidArgumentError
 from privguard.integrations import _samplers
 
 __all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_loader",
-           "check_poisson", "poisson_rate", "warn_unverified"]
+           "check_poisson", "is_loader", "poisson_rate", "warn_unverified"]
 
 # Opacus' Poisson batch samplers (opacus.utils.uniform_sampler); matched by name so
 # that this module does not import torch.
@@ -44,6 +44,14 @@ def _has(obj: Any, attr: str) -> bool:
         return False
 
 
+def is_loader(loader: Any) -> bool:
+    """Whether ``loader`` is shaped like a data loader: not a string, a number or a builtin
+    collection, and with at least one of :data:`LOADER_PARTS`."""
+    return not isinstance(loader, (str, bytes, bytearray, int, float, complex, list, tuple,
+                                   dict, set, frozenset)) and \
+        any(_has(loader, part) for part in LOADER_PARTS)
+
+
 def check_loader(name: str, loader: Any) -> None:
     """Refuse, with :class:`InvalidArgumentError` naming ``name`` and the value, what is not a
     data loader: a string, a number, a list or anything with none of :data:`LOADER_PARTS`
@@ -57,8 +65,7 @@ def check_loader(name: str, loader: Any) -> None:
         ...     exc.argument, exc.value
         ('data_loader', 'x')
     """
-    if isinstance(loader, (str, bytes, bytearray, int, float, complex, list, tuple, dict, set,
-                           frozenset)) or not any(_has(loader, part) for part in LOADER_PARTS):
+    if not is_loader(loader):
         raise InvalidArgumentError(
             name, check.short(loader),
             f"is not a data loader ({type(loader).__name__}, with none of "

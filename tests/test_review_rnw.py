@@ -78,6 +78,43 @@ def test_the_loaders_a_user_passes_are_still_accepted():
         handle.detach()
 
 
+class _Batches:
+    """An iterable of batches with a length: Lightning trains on any iterable."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def __len__(self):
+        return len(self.loader)
+
+
+@pytest.mark.parametrize("sample_rate", [None, 0.25])
+def test_lightning_still_trains_opted_out_on_an_iterable_that_is_no_data_loader(sample_rate):
+    # the callback passes its single training loader to attach, which now refuses one with no
+    # batch_sampler, sampler or dataset: opted out, it is charged as before (1/len, or the
+    # given rate), not refused
+    pl = pytest.importorskip("lightning.pytorch")
+    from _tiny_lightning import BATCH, TinyDP
+
+    from privguard.integrations.lightning import LedgerCallback
+
+    class Custom(TinyDP):
+        def train_dataloader(self):
+            return _Batches(DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH)))
+
+    ledger = Ledger(delta=DELTA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(callbacks=[LedgerCallback(ledger, check_poisson=False, sample_rate=sample_rate)],
+                   accelerator="cpu", logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False,
+                   max_steps=3).fit(Custom())
+    assert [r.mechanism.sample_rate for r in ledger.history] == [sample_rate or 1 / 8] * 3
+
+
 # ---------------------------------------------------------------- 8: the warning before training
 def _engine_warning(engine, opt, loader, ledger):
     with warnings.catch_warnings(record=True) as caught:
