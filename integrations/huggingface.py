@@ -242,7 +242,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
             default: the rate of the training loader's Poisson sampler, else
-            of Opacus' accountant hook on the optimizer.
+            of Opacus' accountant hook on the optimizer. A number outside
+            (0, 1] is refused here, with :class:`InvalidArgumentError`.
         log_name: key of the running ε in the Trainer's logs.
         label: label of each charge.
         check_poisson: refuse a training loader that does not sample by

@@ -270,7 +270,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
             default: read from the training loader's Poisson sampler, else
-            from Opacus' accountant hook on the optimizer.
+            from Opacus' accountant hook on the optimizer. A number outside
+            (0, 1] is refused here, with :class:`InvalidArgumentError`.
         log_name: the metric name for the running ε (logged when the ledger
             has a δ).
         label: label of each charge.

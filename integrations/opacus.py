@@ -915,7 +915,10 @@ def attach(
             that differs from the loader's own at any step (read live) is
             refused with :class:`InvalidArgumentError` before the step updates.
         data_loader: the training data loader; checked for Poisson sampling
-            and used for the sample rate (read live each step).
+            and used for the sample rate (read live each step). Something with
+            none of ``batch_sampler``, ``sampler``, ``dataset`` (a str, a
+            list, a number) is refused with :class:`InvalidArgumentError`, in
+            either ``check_poisson`` mode.
         label: label of each charge in the ledger's journal.
         on_exhausted: ``"raise"`` (default): a refused step raises
             :class:`privguard.BudgetExhausted` out of ``optimizer.step()``;
