@@ -61,6 +61,19 @@ def test_a_data_loader_that_is_not_a_loader_is_refused_naming_it(value, shown, c
     handle.detach()
 
 
+@pytest.mark.parametrize("check_poisson", [True, False])
+def test_a_dataset_passed_as_the_data_loader_is_refused(check_poisson):
+    # a Subset has a `dataset`; opted out it was charged at 1/len(subset), one record's share
+    _, _, opt, loader = make_private()
+    data = loader.dataset
+    for wrong in (data, torch.utils.data.Subset(data, range(100))):
+        ledger = Ledger(8.0, DELTA)
+        with pytest.raises(InvalidArgumentError, match=r"a torch Dataset, not the loader") as info:
+            attach(opt, ledger, data_loader=wrong, check_poisson=check_poisson)
+        assert not isinstance(info.value, NonPoissonSamplingError)
+        assert info.value.argument == "data_loader" and len(ledger.history) == 0
+
+
 def test_the_loaders_a_user_passes_are_still_accepted():
     x = torch.randn(64, 10)
     data = TensorDataset(x, (x[:, 0] > 0).long())
