@@ -34,9 +34,6 @@ from privguard.integrations.opacus import AccountantWarning, attach
 warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
 pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-
-
 # ---------------------------------------------------------------- 7: a data_loader that is none
 @pytest.mark.parametrize("check_poisson", [True, False])
 @pytest.mark.parametrize("value, shown", [("x", "'x'"), ([1, 2, 3], "[1, 2, 3]"), (5, "5"),
@@ -202,10 +199,13 @@ def test_a_callback_takes_a_good_sample_rate(rate):
 
 
 # ---------------------------------------------------------------- 10: README's python -c
-def test_every_python_c_of_the_readme_pastes_from_the_markdown():
-    # the command of "What the numbers mean" was wrapped across lines: pasted from the
-    # markdown, `from opacus.accountants import\n  RDPAccountant` is a SyntaxError
-    found = re.findall(r'`python -c\s+"((?:[^"\\]|\\.)*)"`', README)
+@pytest.mark.parametrize("page", ["README.md", "docs/theory.md", "docs/performance.md"])
+def test_every_python_c_of_the_docs_pastes_from_the_markdown(page):
+    # the command of README "What the numbers mean" was wrapped across lines: pasted from
+    # the markdown, `from opacus.accountants import\n  RDPAccountant` is a SyntaxError (and
+    # so were one more in the README, four in docs/theory.md, one in docs/performance.md)
+    text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+    found = re.findall(r'python -c\s+"((?:[^"\\]|\\.)*)"`', text)
     assert len(found) >= 2
     for code in found:
-        compile(code, "README python -c", "exec")
+        compile(code, f"{page} python -c", "exec")
