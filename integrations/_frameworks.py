@@ -31,8 +31,13 @@ def find_dp_optimizer(candidates: Any):
     return found[0]
 
 
-def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poisson: Any) -> None:
+def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poisson: Any,
+                             sample_rate: Any = None) -> None:
     """The arguments the Lightning and Hugging Face callbacks share, checked alike.
+
+    ``sample_rate`` as :func:`~privguard.integrations.opacus.attach` checks it: None, a
+    callable (its value is checked at every step), or a number in (0, 1] (review rnw: a
+    string or 2.0 was taken at construction and refused only when fit/train began).
 
     Raises:
         InvalidArgumentError: naming the first argument of the wrong type.
@@ -41,6 +46,8 @@ def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poiss
 
     if not isinstance(ledger, Ledger):
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+    if sample_rate is not None and not callable(sample_rate):
+        check.sample_rate("sample_rate", sample_rate)
     if not isinstance(log_name, str):
         raise InvalidArgumentError("log_name", log_name, "must be a string")
     if not isinstance(label, str):

@@ -16,8 +16,8 @@ from privguard._accounting._results import exact
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _samplers
 
-__all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_poisson",
-           "poisson_rate", "warn_unverified"]
+__all__ = ["NonPoissonSamplingError", "PoissonUnverifiedWarning", "check_loader",
+           "check_poisson", "is_loader", "poisson_rate", "warn_unverified"]
 
 # Opacus' Poisson batch samplers (opacus.utils.uniform_sampler); matched by name so
 # that this module does not import torch.
@@ -30,6 +30,58 @@ class NonPoissonSamplingError(InvalidArgumentError):
 
 class PoissonUnverifiedWarning(UserWarning):
     """The integration cannot see the data loader, so it cannot check Poisson sampling."""
+
+
+LOADER_PARTS = ("batch_sampler", "sampler", "dataset")
+"""What every data loader privguard reads has at least one of (torch's ``DataLoader`` and its
+subclasses, Opacus' ``DPDataLoader``, accelerate's shards, a loader with a batch sampler)."""
+
+
+def _has(obj: Any, attr: str) -> bool:
+    """``hasattr``, False where the attribute's getter raises anything (not only AttributeError)."""
+    try:
+        return hasattr(obj, attr)
+    except Exception:  # by design: a broken property means no such part, not a crash
+        return False
+
+
+def _is_dataset(obj: Any) -> bool:
+    """Whether ``obj`` is a torch ``Dataset`` (a ``Subset`` has a ``dataset`` too), matched by
+    name so that this module does not import torch."""
+    return any(c.__name__ == "Dataset" and c.__module__.startswith("torch.utils.data")
+               for c in type(obj).__mro__)
+
+
+def is_loader(loader: Any) -> bool:
+    """Whether ``loader`` is shaped like a data loader: not a string, a number, a builtin
+    collection or a torch ``Dataset``, and with at least one of :data:`LOADER_PARTS`."""
+    return not isinstance(loader, (str, bytes, bytearray, int, float, complex, list, tuple,
+                                   dict, set, frozenset)) and not _is_dataset(loader) and \
+        any(_has(loader, part) for part in LOADER_PARTS)
+
+
+def check_loader(name: str, loader: Any) -> None:
+    """Refuse, with :class:`InvalidArgumentError` naming ``name`` and the value, what is not a
+    data loader: a string, a number, a list, a torch ``Dataset`` (a ``Subset`` has a ``dataset``;
+    with ``check_poisson=False`` it was charged at 1/len, one record's share) or anything with
+    none of :data:`LOADER_PARTS` (review rnw: ``attach(..., data_loader="x")`` was refused as "not Poisson sampling", and
+    with ``check_poisson=False`` accepted, its ``len()`` setting the charged rate).
+
+    Example:
+        >>> try:
+        ...     check_loader("data_loader", "x")
+        ... except InvalidArgumentError as exc:
+        ...     exc.argument, exc.value
+        ('data_loader', 'x')
+    """
+    if not is_loader(loader):
+        what = (f"{type(loader).__name__}, a torch Dataset, not the loader over it"
+                if _is_dataset(loader) else
+                f"{type(loader).__name__}, with none of {', '.join(LOADER_PARTS)}")
+        raise InvalidArgumentError(
+            name, check.short(loader),
+            f"is not a data loader ({what}): pass the training loader (a torch DataLoader, "
+            "such as the one make_private returned), or leave it out and pass sample_rate=")
 
 
 def nominal_rate(name: str, loader: Any) -> float:

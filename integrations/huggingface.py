@@ -242,7 +242,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
             default: the rate of the training loader's Poisson sampler, else
-            of Opacus' accountant hook on the optimizer.
+            of Opacus' accountant hook on the optimizer. A number outside
+            (0, 1] is refused here, with :class:`InvalidArgumentError`.
         log_name: key of the running ε in the Trainer's logs.
         label: label of each charge.
         check_poisson: refuse a training loader that does not sample by
@@ -282,7 +283,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                  log_name: str = "privacy_epsilon", label: str = "step",
                  check_poisson: bool = True, aligned_micro_batches: bool = False,
                  witnesses: bool = False) -> None:
-        check_callback_arguments(ledger, log_name, label, check_poisson)
+        check_callback_arguments(ledger, log_name, label, check_poisson, sample_rate)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
         self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger

@@ -271,7 +271,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         ledger: the privguard ledger.
         sample_rate: Poisson rate (or a callable giving the current one);
             default: read from the training loader's Poisson sampler, else
-            from Opacus' accountant hook on the optimizer.
+            from Opacus' accountant hook on the optimizer. A number outside
+            (0, 1] is refused here, with :class:`InvalidArgumentError`.
         log_name: the metric name for the running ε (logged when the ledger
             has a δ).
         label: label of each charge.
@@ -314,7 +315,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                  log_name: str = "privacy/epsilon", label: str = "step",
                  prog_bar: bool = True, check_poisson: bool = True,
                  aligned_micro_batches: bool = False, witnesses: bool = False) -> None:
-        check_callback_arguments(ledger, log_name, label, check_poisson)
+        check_callback_arguments(ledger, log_name, label, check_poisson, sample_rate)
         self.aligned_micro_batches = check.flag("aligned_micro_batches", aligned_micro_batches)
         self.witnesses = check.flag("witnesses", witnesses)
         self.ledger = ledger
@@ -468,12 +469,21 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         accumulation = getattr(trainer, "accumulate_grad_batches", 1)  # theory §14
         if self.aligned_micro_batches:  # Lightning calls pl_module.train() itself
             guard_for(pl_module, assume_training=True)
-        self.handle = attach(optimizer, self.ledger, sample_rate=self.sample_rate,
-                             data_loader=loaders[0] if len(loaders) == 1 else None,
+        single, rate = loaders[0] if len(loaders) == 1 else None, self.sample_rate
+        if single is not None and not _sampling.is_loader(single):
+            # review rnw: attach refuses a data_loader with no batch_sampler, sampler or
+            # dataset; Lightning trains on any iterable, which gets here only opted out
+            # (check_poisson=False; else refused above): charged at its nominal rate as before,
+            # its batches counted by on_train_batch_start, as several loaders' are
+            if rate is None:
+                rate = _sampling.nominal_rate("train_dataloader", single)
+            single = None
+        self.handle = attach(optimizer, self.ledger, sample_rate=rate,
+                             data_loader=single,
                              label=self.label, on_exhausted="stop",
                              # checked above, or opted out; attach checks one loader's q
                              # against its records (DDP, Opacus #813) besides
-                             check_poisson=self.check_poisson and len(loaders) == 1,
+                             check_poisson=self.check_poisson and single is not None,
                              micro_batches=accumulation if isinstance(accumulation, int) else None,
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None,

@@ -919,7 +919,10 @@ def attach(
             that differs from the loader's own at any step (read live) is
             refused with :class:`InvalidArgumentError` before the step updates.
         data_loader: the training data loader; checked for Poisson sampling
-            and used for the sample rate (read live each step).
+            and used for the sample rate (read live each step). Something with
+            none of ``batch_sampler``, ``sampler``, ``dataset`` (a str, a
+            list, a number) is refused with :class:`InvalidArgumentError`, in
+            either ``check_poisson`` mode.
         label: label of each charge in the ledger's journal.
         on_exhausted: ``"raise"`` (default): a refused step raises
             :class:`privguard.BudgetExhausted` out of ``optimizer.step()``;
@@ -1026,6 +1029,8 @@ def attach(
     if label is not None and not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")
     check.flag("check_poisson", check_poisson)
+    if data_loader is not None:  # review rnw: a str or a list is no loader, in either mode
+        _sampling.check_loader("data_loader", data_loader)
     if planned_steps is not None:
         planned_steps = check.positive_int("planned_steps", planned_steps, maximum=check.MAX_STEPS)
     # the accumulated step's own bound, at attach (review bi: a larger one was attached and
@@ -1221,9 +1226,18 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
         theirs = upper(wrapped.get_epsilon(delta), ".4g") if len(wrapped) else "0"
     except Exception:  # Opacus' accountant failing to answer must not stop the attach
         theirs = "unavailable"
-    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε "
-            f"({upper(ledger.epsilon(delta), '.4g')} now), no longer Opacus' {kind} accountant's ε ({theirs} "
-            "now): the ledger's number stays valid under adaptive choices and early stopping, "
+    ours = ledger.epsilon(delta)
+    if ours == 0 and theirs == "0":
+        # review rnw: attached before training, both numbers read "(0 now)", which says
+        # nothing; say that nothing ran yet and where Opacus' own figure stays readable
+        now = (f", no longer Opacus' {kind} accountant's ε (nothing has run yet: both are 0 "
+               f"now; Opacus' stays readable as engine.accountant.wrapped.get_epsilon("
+               f"{exact(delta)}))")
+    else:
+        now = (f" ({upper(ours, '.4g')} now), no longer Opacus' {kind} accountant's ε "
+               f"({theirs} now)")
+    text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε{now}: "
+            "the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
             "convert better), and it may exceed the target while the filter's guarantee "
             "holds.")

@@ -77,3 +77,48 @@ def test_the_files_and_options_the_readme_cites_exist():
         unknown += [(script, o) for o in re.findall(r"--[\w-]+", args)
                     if f'"{o}"' not in text and f"'{o}'" not in text]
     assert not unknown, unknown
+
+
+def test_the_progress_advice_names_where_progress_goes():
+    # README "Tuning" advised "pass `progress=False`" without saying to what: a newcomer's
+    # `tuner.run(objective, ledger, progress=False)` raised TypeError. The advice must name
+    # the constructor, and every callable it names must take `progress` (and `run` not).
+    import inspect
+
+    from privguard import tuning
+    from privguard.integrations import optuna as pg_optuna
+
+    flat = re.sub(r"\s+", " ", README)
+    advice = re.search(r"pass `progress=False` to the tuner's constructor (.*?)`tuner\.run` does not",
+                       flat)
+    assert advice is not None, "the README no longer says where progress=False goes"
+    named = set(re.findall(r"`(\w+)[`(]", advice.group(1)))
+    takes = {"RandomSearch": tuning.RandomSearch, "DPHyPOSearch": tuning.DPHyPOSearch,
+             "ProposeTest": tuning.ProposeTest, "private_optimize": pg_optuna.private_optimize}
+    assert set(takes) <= named, named
+    for name, obj in takes.items():
+        assert "progress" in inspect.signature(obj).parameters, name
+    assert "progress" not in inspect.signature(tuning.RandomSearch.run).parameters
+    assert "progress" not in inspect.signature(tuning.SubsetSearch).parameters  # its RandomSearch's
+
+
+def test_resuming_a_file_ledger_repeats_its_plan_as_the_readme_says(tmp_path):
+    # README "On disk": `Ledger(..., path=...)` "created or resumed" did not say that a plan
+    # passed at creation must be passed again; a newcomer's resume without it was refused.
+    import pytest
+
+    from privguard import Ledger, LedgerStateError, Plan
+    from privguard import mechanisms as M
+
+    flat = re.sub(r"\s+", " ", README)
+    assert "must repeat the configuration the file was created with, the `plan=` included" in flat
+    step = M.SubsampledGaussian(2.0, 0.05)
+    path = tmp_path / "budget.db"
+    with Ledger(epsilon=3.0, delta=1e-5, path=path, plan=Plan(step, steps=100)) as ledger:
+        ledger.charge(step)
+    with pytest.raises(LedgerStateError, match="plan: stored"):
+        Ledger(epsilon=3.0, delta=1e-5, path=path)
+    with Ledger(epsilon=3.0, delta=1e-5, path=path, plan=Plan(step, steps=100)) as again:
+        assert len(again.history) >= 1
+    with Ledger.open(path) as opened:
+        assert len(opened.history) >= 1
