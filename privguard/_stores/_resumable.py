@@ -11,8 +11,12 @@ round-up of the K = 0 bound), 2ad6965 (a Gaussian curve
 whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
 ``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``) and
 ``SubsetTuning``'s exact ⌈α⌉ (review lo3: an order a rounding error above an integer).
-Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. A description is
-*changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` law of runs, a number
+Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. Since version 4:
+review al's round-up of the truncated negative binomial's tuning bound (``_repeat_select._tnb_bound``:
+``RepeatAndSelect`` with a ``TruncatedNegativeBinomial`` law, and ``DPHyPO``, whose law is
+always one), whose float value had been up to 1.3e-14 (relative) below seed 002 Theorem 2's.
+A description is *changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` or a
+``TruncatedNegativeBinomial`` law of runs, a number
 of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
 ``SubsetTuning``, or a
 ``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
@@ -23,16 +27,18 @@ from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3})
+RESUMABLE = frozenset({2, 3, 4})
 """The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
 MECHANISMS = frozenset({
     "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "DeltaReserve", "Gaussian",
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
-    "SubsampledGaussian", "ZCDP", "TruncatedNegativeBinomial"})
-"""Mechanisms and laws of runs reviewed: their curves are the same floats today as in
-versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here).
+    "SubsampledGaussian", "ZCDP"})
+"""Mechanisms reviewed: their curves are the same floats today as in versions 2, 3 and 4
+wherever no parameter reaches :data:`HUGE` and no law of runs is inside (``Poisson`` and
+``TruncatedNegativeBinomial`` are not here: a ``RepeatAndSelect`` or ``DPHyPO`` always holds
+one, so it counts as changed).
 ``SubsetTuning`` is not here either: its curve at an order a rounding error above an
 integer k is now the value at k + 1, not k's (``_mechanisms/_subset._extend``, review lo3),
 which differs on a grid holding such an order; a file with a subset-tuning row before its
@@ -47,7 +53,7 @@ HUGE = 1e150
 
 def changed(data: Any) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
-    depth, a mechanism whose curve may differ from version 2's or 3's (see the module).
+    depth, a mechanism whose curve may differ from version 2's, 3's or 4's (see the module).
     Iterative: no recursion limit.
 
     Example:

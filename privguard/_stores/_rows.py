@@ -137,7 +137,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 4
+CHECKPOINT_CURVES = 5
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -150,8 +150,10 @@ curve whose 2σ² overflows (2ad6965); a version-2 checkpoint after a Poisson ch
 totals up to 70% below today's, and the file opened with them (review rpo). 4: a05d7b9
 rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-3 checkpoint of
 67c2155 held Poisson totals up to 3.2e-16 below today's, and was resumed from: task ckr).
-A checkpoint of version 2 or 3 is resumed from only where no row before it describes a
-mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
+5: the truncated negative binomial's tuning bound (``RepeatAndSelect`` with D_{η,γ},
+``DPHyPO``) rounded up (review al: its float value was up to 1.3e-14, relative, below seed
+002 Theorem 2's). A checkpoint of version 2, 3 or 4 is resumed from only where no row
+before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
 
@@ -522,7 +524,7 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
 class _Unchanged:
     """Whether the rows replayed so far (each after :func:`replay_row` accepted it) describe
     no mechanism whose curve changed since curve version 2 (:func:`_resumable.changed`):
-    then a checkpoint of version 2 or 3 there is one an opener resumes from, and ``verify``
+    then a checkpoint of version 2, 3 or 4 there is one an opener resumes from, and ``verify``
     holds it to the replay exactly."""
 
     def __init__(self, store: Any, conn: Any) -> None:
