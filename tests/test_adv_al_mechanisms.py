@@ -127,11 +127,11 @@ def _best_of(cdf: list, runs) -> list:
     P[best ≤ i] = E[F(i)^K] − P[K = 0] (the generating function), and ⊥ last."""
     with mp.workdps(50):
         if isinstance(runs, Poisson):
-            pgf = lambda x: mp.exp(mp.mpf(runs.mean) * (x - 1))  # noqa: E731
+            pgf = lambda x: mp.exp(mp.mpf(runs.mean) * (x - 1))
             zero = pgf(0)
         else:
             e, g = mp.mpf(runs.eta), mp.mpf(runs.gamma)
-            pgf = ((lambda x: mp.log(1 - (1 - g) * x) / mp.log(g)) if e == 0 else  # noqa: E731
+            pgf = ((lambda x: mp.log(1 - (1 - g) * x) / mp.log(g)) if e == 0 else
                    (lambda x: ((1 - (1 - g) * x)**(-e) - 1) / (g**(-e) - 1)))
             zero = mp.mpf(0)
         below = [pgf(f) - zero for f in cdf]
