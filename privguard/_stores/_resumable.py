@@ -15,6 +15,8 @@ Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. S
 review al's round-up of the truncated negative binomial's tuning bound (``_repeat_select._tnb_bound``:
 ``RepeatAndSelect`` with a ``TruncatedNegativeBinomial`` law, and ``DPHyPO``, whose law is
 always one), whose float value had been up to 1.3e-14 (relative) below seed 002 Theorem 2's.
+And review al's evaluation of ``SubsetTuning``'s sums without cancellation (every
+``SubsetTuning`` counts as changed already).
 A description is *changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` or a
 ``TruncatedNegativeBinomial`` law of runs, a number
 of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
