@@ -257,6 +257,20 @@ def test_subset_tuning_is_not_below_its_theorem(tuning, final, q, variant):
     assert _below(charged[2:], exact) <= 0.0
 
 
+# --- the δ reserve: −log(1 − r)/(α₀ − 1), rounded up -----------------------------------
+
+def test_the_delta_reserve_is_not_below_its_level():
+    # one nextafter left the level up to 4.2e-17 (relative) below the exact value (review al)
+    rng = np.random.default_rng(1)
+    below = 0.0
+    with mp.workdps(40):
+        for share, low in zip(10 ** rng.uniform(-12, -0.01, 4000), 1 + 10 ** rng.uniform(-3, 3, 4000)):
+            exact = -mp.log1p(-mp.mpf(float(share))) / (mp.mpf(float(low)) - 1)
+            level = M.DeltaReserve(float(share), float(low)).rdp([float(low), 2 * float(low)])
+            below = max(below, float((exact - mp.mpf(float(level.min()))) / exact))
+    assert below <= 0.0
+
+
 # --- the checks catch a curve 1e-9 below ------------------------------------------------
 
 def test_the_checks_catch_a_curve_just_below(monkeypatch):

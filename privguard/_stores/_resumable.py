@@ -16,7 +16,8 @@ review al's round-up of the truncated negative binomial's tuning bound (``_repea
 ``RepeatAndSelect`` with a ``TruncatedNegativeBinomial`` law, and ``DPHyPO``, whose law is
 always one), whose float value had been up to 1.3e-14 (relative) below seed 002 Theorem 2's.
 And review al's evaluation of ``SubsetTuning``'s sums without cancellation (every
-``SubsetTuning`` counts as changed already).
+``SubsetTuning`` counts as changed already), and its round-up of ``DeltaReserve``'s level
+(an ulp below the exact value before; ``DeltaReserve`` is no longer listed).
 A description is *changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` or a
 ``TruncatedNegativeBinomial`` law of runs, a number
 of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
@@ -34,13 +35,14 @@ RESUMABLE = frozenset({2, 3, 4})
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
 MECHANISMS = frozenset({
-    "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "DeltaReserve", "Gaussian",
+    "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "Gaussian",
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
     "SubsampledGaussian", "ZCDP"})
 """Mechanisms reviewed: their curves are the same floats today as in versions 2, 3 and 4
 wherever no parameter reaches :data:`HUGE` and no law of runs is inside (``Poisson`` and
 ``TruncatedNegativeBinomial`` are not here: a ``RepeatAndSelect`` or ``DPHyPO`` always holds
-one, so it counts as changed).
+one, so it counts as changed). ``DeltaReserve`` is not here: its level was rounded up in
+version 5 (review al).
 ``SubsetTuning`` is not here either: its curve at an order a rounding error above an
 integer k is now the value at k + 1, not k's (``_mechanisms/_subset._extend``, review lo3),
 which differs on a grid holding such an order; a file with a subset-tuning row before its
