@@ -91,6 +91,22 @@ def test_dp_hypo_is_not_below_its_theorem_1(C, c):
     assert _below(charged[::3], exact[::3]) <= 0.0
 
 
+@pytest.mark.parametrize("shape", [0.0, 0.5, 1.0, 5.0])
+@pytest.mark.parametrize("mean", [1.5, 10.0, 1000.0])
+@pytest.mark.parametrize("name", ["gaussian 0.5", "dp-sgd"])
+def test_truncated_negative_binomial_is_not_below_dp_accounting(name, mean, shape):
+    """dp-accounting's RepeatAndSelectDpEvent (RDP accountant) claims the same Theorem 2:
+    with its own γ (solved from the mean, rounded down) and the same base curve, privguard
+    is nowhere below it (its log(mean) is at most log E[K] for that γ)."""
+    import dp_accounting.rdp.rdp_privacy_accountant as R
+
+    gamma = R._gamma_truncated_negative_binomial(shape, mean)
+    base = BASES[name].rdp(ORDERS)
+    ref = np.asarray(R._compute_rdp_repeat_and_select(ORDERS, base, mean, shape))
+    ours = M.RepeatAndSelect(BASES[name], TruncatedNegativeBinomial(shape, gamma=gamma)).rdp(ORDERS)
+    assert np.all(ours >= ref)
+
+
 # --- seed 002 Theorem 6 (Poisson) with K = 0, and the convexity bound, in 50 digits ---------
 
 def poisson_bound(orders: np.ndarray, base: np.ndarray, mu: float) -> list[mp.mpf]:
