@@ -273,6 +273,17 @@ def test_subset_tuning_is_not_below_its_theorem(tuning, final, q, variant):
     assert _below(charged[2:], exact) <= 0.0
 
 
+@pytest.mark.parametrize("variant", [1, 2])
+def test_subset_tuning_at_q_0_ignores_an_infinite_tuning_curve(variant):
+    # q = 0: X₁ is empty and the theorems' terms with an infinite ε_t have weight 0 (0·∞ = 0,
+    # as the module's _mul). −inf + inf made them NaN and the curve was refused before
+    orders = np.array([2.0, 4.5, 7.3])
+    final = M.Gaussian(1.0)
+    curve = M.SubsetTuning(M.Gaussian(1e-155), final, 0.0, variant).rdp(orders)
+    at_ceiling = final.rdp(np.ceil(orders))  # the integer extension: the value at ⌈α⌉
+    assert np.all(curve >= at_ceiling) and np.allclose(curve, at_ceiling, rtol=1e-11)
+
+
 # --- the δ reserve: −log(1 − r)/(α₀ − 1), rounded up -----------------------------------
 
 def test_the_delta_reserve_is_not_below_its_level():

@@ -50,6 +50,13 @@ def _log_expm1(x):
         return np.where(x > 0, x + np.log(-np.expm1(-np.where(x > 0, x, 1.0))), -np.inf)
 
 
+def _weighted(log_weight: np.ndarray, log_excess: np.ndarray) -> np.ndarray:
+    """log(w·(e^x − 1)) as log w + log(e^x − 1), with 0·∞ = 0: a term of weight 0 (q ∈ {0, 1})
+    does not depend on ε (as :func:`_mul`), where −inf + inf would be NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.where(log_weight == -np.inf, -np.inf, log_weight + log_excess)
+
+
 def _log1p_sum(terms: np.ndarray, order: int) -> float:
     """log(1 + Σ e^(terms))/(α−1), rounded up (review al).
 
@@ -59,9 +66,9 @@ def _log1p_sum(terms: np.ndarray, order: int) -> float:
     variant=2) at α = 2: 1e-4 (relative) below the theorem). Here the excess is summed
     alone, its log-terms raised by _MARGIN × their size, then log1p; the result × (1 + 2⁻⁴⁸).
     """
-    finite = terms[np.isfinite(terms)]
-    if finite.size == 0 and not np.any(terms == np.inf):
+    if np.all(terms == -np.inf):
         return 0.0
+    finite = terms[np.isfinite(terms)]
     scale = 1.0 + (float(np.max(np.abs(finite))) if finite.size else 0.0)
     log_excess = float(logsumexp(terms)) + _MARGIN * scale
     return float(np.logaddexp(0.0, log_excess)) / (order - 1) * (1.0 + 2.0**-48)
@@ -94,7 +101,7 @@ def zhu_wang_subsampled(eps: np.ndarray, gamma: float) -> np.ndarray:
         x = _mul(j - 1, eps[j])  # (j−1)ε(j); j = 2: ε(2)
         # j = 2: e^x − 1; j ≥ 3: 3e^x − 1 = 2 + 3(e^x − 1), as log(2 + 3·expm1(x))
         excess = np.where(j == 2, _log_expm1(x), np.logaddexp(math.log(2), math.log(3) + _log_expm1(x)))
-        out[a] = _log1p_sum(w + excess, a)
+        out[a] = _log1p_sum(_weighted(w, excess), a)
     return out
 
 
@@ -117,10 +124,10 @@ def koskela_kulkarni_variant1(eps_t: np.ndarray, eps_b: np.ndarray, q: float) ->
         j = np.arange(0, a + 1)  # ε₁: j draws of the base's side, α − j of the tuning's
         x1 = _mul(a - j - 1, eps_t[np.maximum(a - j, 1)]) + _mul(j - 1, eps_b[np.maximum(j, 1)])
         x1 = np.where(j == 0, _mul(a - 1, eps_t[a]), x1)  # q^α e^((α−1)ε_t(α))
-        t1 = _log_weights_pair(a, j, q) + _log_expm1(x1)
+        t1 = _weighted(_log_weights_pair(a, j, q), _log_expm1(x1))
         j = np.arange(0, a)  # ε₂
         x2 = _mul(j, eps_t[j + 1]) + _mul(a - j - 1, eps_b[a - j])
-        t2 = _log_weights(a - 1, j, q) + _log_expm1(x2)
+        t2 = _weighted(_log_weights(a - 1, j, q), _log_expm1(x2))
         out[a] = max(_log1p_sum(t1, a), _log1p_sum(t2, a))
     return out
 
