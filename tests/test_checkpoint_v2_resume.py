@@ -388,7 +388,7 @@ def test_a_version_2_file_written_by_the_old_code_is_resumed_from_as_a_replay(tm
     assert np.array_equal(resumed[2], replay[1]) and resumed[3] == replay[2]
     assert cli_verify(path)["checkpoints"] == 1  # the old snapshot within the revision
     # the premise, with the tuner counted as unchanged: equal but for its rounding-up
-    monkeypatch.setattr(_rows, "changed", lambda data: False)
+    monkeypatch.setattr(_rows, "changed", lambda data, version=2: False)
     forced, replay = _resumed_and_replayed(path, replayed, monkeypatch)
     assert forced[0] <= 531 - 512 + 1  # the checkpoint's last row, then those after it
     old, new = np.asarray(forced[2]), np.asarray(replay[1])

@@ -1,0 +1,140 @@
+"""Review ral: checkpoints of curve version 4 (main before review al) against version 5.
+
+Version 5 changed the truncated negative binomial's tuning bound (``RepeatAndSelect`` with
+D_{η,γ}, ``DPHyPO``), ``SubsetTuning`` and ``DeltaReserve``; nothing else. A version-4
+checkpoint after one of those is replayed from the genesis (its totals are the older, lower
+ones); one after only mechanisms whose curves are the same floats as when version 4 was
+written, Poisson random-K tuning and a Gaussian whose 2σ² overflows included (both changed
+before version 4: a05d7b9, 2ad6965), is resumed from (docs/theory.md §7, "Resuming from
+an older checkpoint").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_checkpoint_v2_resume import (
+    EVERY,
+    HUGE_SIGMA,
+    NESTED,
+    RESUMED,
+    SUBSET,
+    TUNER,
+    _charges,
+    _open,
+    _todays,
+    _write,
+    replayed,  # noqa: F401  (a fixture)
+)
+from test_sqlite import cli_verify
+
+from privguard import Ledger
+from privguard import mechanisms as M
+from privguard._mechanisms import _base
+from privguard._mechanisms import _repeat_select as R
+from privguard._stores._resumable import changed
+from privguard.tuning import Geometric, TruncatedNegativeBinomial
+
+SGD = M.SubsampledGaussian(1.0, 0.01, steps=1000)
+TNB = M.RepeatAndSelect(SGD, TruncatedNegativeBinomial(-0.5, mean=1.01))
+HYPO = M.DPHyPO(SGD, Geometric(mean=3.0), C=2.0, c=0.5)
+RESERVE = M.DeltaReserve(0.01, 1.1)
+
+
+@pytest.mark.parametrize("first", [[TUNER], [NESTED], [HUGE_SIGMA]],
+                         ids=["poisson", "poisson-nested", "sigma-1e155"])
+def test_a_version_4_file_whose_curves_did_not_change_since_is_resumed_from(
+        tmp_path, replayed, first):  # noqa: F811
+    # Before review ral every Poisson tuner (and σ ≥ 1e150) counted as changed for any
+    # older version: a file main wrote with one before its checkpoint replayed its whole
+    # journal at every open, though its curve is the same floats since version 4
+    path = str(tmp_path / "v4.db")
+    charges = _charges(first=first)
+    _write(path, charges, version=4)
+    ledger, rows = _open(path, replayed, True)
+    assert rows <= RESUMED  # the checkpoint's last row, then those after it
+    assert np.array_equal(ledger.spent, _todays(charges))  # bit for bit a full replay
+    ledger.close()
+    assert cli_verify(path)["checkpoints"] == 1  # its snapshot equal to the replay
+
+
+@pytest.mark.parametrize("first", [[TNB], [HYPO], [RESERVE], [SUBSET],
+                                   [M.Composed((M.Gaussian(3.0), TNB))]],
+                         ids=["tnb", "dp-hypo", "reserve", "subset", "tnb-nested"])
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_an_older_file_with_a_curve_changed_in_version_5_is_replayed(
+        tmp_path, replayed, first, version):  # noqa: F811
+    path = str(tmp_path / "v4.db")
+    charges = _charges(first=first)
+    _write(path, charges, version=version)
+    ledger, rows = _open(path, replayed, True)
+    assert rows > EVERY  # from the genesis
+    assert np.array_equal(ledger.spent, _todays(charges))
+    ledger.close()
+    assert cli_verify(path)["checkpoints"] == 1
+
+
+def _main_tnb_bound(orders, base, runs, log_ratio=0.0):
+    """main's (version 4) evaluation of seed 002 Theorem 2, before review al's round-up."""
+    theta = runs.eta
+    aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
+    out = base + (1 + theta) * aux + math.log(runs.mean) / (orders - 1)
+    if log_ratio:
+        out = out + (orders / (orders - 1) + 1 + theta) * log_ratio
+    return out
+
+
+@pytest.mark.parametrize("tuner", [TNB, HYPO], ids=["tnb", "dp-hypo"])
+def test_a_version_4_file_of_the_lower_tnb_totals_opens_with_todays(tmp_path, tuner):
+    """Written with main's lower bound and version-4 checkpoints: the file opens with today's
+    totals, not the checkpoint's, and verify accepts the old snapshot as a revision up."""
+    path = str(tmp_path / "v4.db")
+    charges = _charges(first=[tuner])
+    saved = R._tnb_bound
+    R._tnb_bound = _main_tnb_bound
+    _base._cached_curve.cache_clear()
+    try:
+        _write(path, charges, version=4)
+        old = Ledger(epsilon=1e6, delta=1e-5)
+        for mechanism, label in charges:
+            old.charge(mechanism, label=label)
+        old_spent = old.spent
+    finally:
+        R._tnb_bound = saved
+        _base._cached_curve.cache_clear()
+    today = _todays(charges)
+    assert (old_spent < today).any() and (old_spent <= today).all()
+    ledger = Ledger.open(path, read_only=True)
+    assert np.array_equal(ledger.spent, today)
+    ledger.close()
+    assert cli_verify(path)["checkpoints"] == 1
+
+
+def test_changed_is_per_version():
+    poisson = TUNER.to_dict()
+    assert changed(poisson, 2) and changed(poisson, 3) and not changed(poisson, 4)
+    assert changed(HUGE_SIGMA.to_dict(), 3) and not changed(HUGE_SIGMA.to_dict(), 4)
+    for mechanism in (TNB, HYPO, RESERVE, SUBSET):
+        assert all(changed(mechanism.to_dict(), v) for v in (2, 3, 4))
+    # a version this module does not decide for (today's, a newer one, a forged one)
+    for version in (1, 5, 6, None, "4", 4.0, True):
+        assert changed(SGD.to_dict(), version)
+    assert not changed(SGD.to_dict(), 4)
+    assert changed({"type": "NewMechanism", "params": {}}, 4)
+
+
+def test_a_version_4_server_ledger_is_resumed_from_or_replayed_as_a_file(pg, replayed):  # noqa: F811
+    import _pgserver
+
+    server, db, name = pg
+    for suffix, first, resumed in (("p", [TUNER], True), ("t", [TNB], False),
+                                   ("r", [RESERVE], False)):
+        url = server.url(_pgserver.OWNER, db, name + suffix)
+        charges = _charges(first=first)
+        _write(url, charges, version=4)
+        ledger, rows = _open(url, replayed, False)
+        assert (rows <= RESUMED) if resumed else (rows > EVERY)
+        assert np.array_equal(ledger.spent, _todays(charges))
+        ledger.close()
