@@ -138,3 +138,15 @@ def test_a_version_4_server_ledger_is_resumed_from_or_replayed_as_a_file(pg, rep
         assert (rows <= RESUMED) if resumed else (rows > EVERY)
         assert np.array_equal(ledger.spent, _todays(charges))
         ledger.close()
+
+
+@pytest.mark.parametrize("share", [5e-324, 1e-320, 3e-310, 1e-300, 2.5e-308])
+@pytest.mark.parametrize("low", [1.1, 2.0, 1e3, 1e6])
+def test_a_subnormal_delta_reserve_level_is_not_below_its_exact_value(share, low):
+    # review al's × (1 + 2⁻⁵⁰) replaced a nextafter: a level in the subnormal range came out
+    # below −log(1−r)/(α₀−1), to 0 for r = 5e-324 (main's nextafter had kept it above)
+    import mpmath
+
+    with mpmath.workdps(60):
+        exact = -mpmath.log1p(-mpmath.mpf(share)) / (mpmath.mpf(low) - 1)
+        assert mpmath.mpf(M.DeltaReserve(share, low).level) >= exact
