@@ -12,6 +12,8 @@ an older checkpoint").
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from test_checkpoint_v2_resume import (
     SUBSET,
     TUNER,
     _charges,
+    _checkpoint_version,
     _open,
     _todays,
     _write,
@@ -150,3 +153,64 @@ def test_a_subnormal_delta_reserve_level_is_not_below_its_exact_value(share, low
     with mpmath.workdps(60):
         exact = -mpmath.log1p(-mpmath.mpf(share)) / (mpmath.mpf(low) - 1)
         assert mpmath.mpf(M.DeltaReserve(share, low).level) >= exact
+
+
+DATA = Path(__file__).parent / "data"
+OLD_V4 = DATA / "ledger-curves4-73f7c2e.db"
+"""Written by privguard main 73f7c2e (checkpoints of curve version 4) itself, not by today's
+code told to say version 4: ``Ledger(epsilon=1e4, delta=1e-5, lease=8)``, 530 charges,
+DP-SGD at five σ on labels r0-r2 and, every 23rd charge, one of Laplace, PureDP, ZCDP,
+RepeatAndSelect(DP-SGD, Poisson(3)), a Composed holding RepeatAndSelect(Gaussian,
+Poisson(0.5)), an accumulated and an allocated Gaussian and Gaussian(1e155); one checkpoint,
+at row 512. ``OLD_V4_TNB``: the same, with RepeatAndSelect(DP-SGD, D_{−0.5, γ}, E[K] = 1.01)
+as the 4th charge."""
+OLD_V4_TNB = DATA / "ledger-curves4-73f7c2e-tnb.db"
+
+
+def _state_of(path, replayed, resumable=True):  # noqa: F811
+    import contextlib
+
+    from privguard._stores import _rows
+    with contextlib.ExitStack() as stack:
+        if not resumable:
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            patch.setattr(_rows, "_older_resumable", lambda *args: False)
+        ledger, rows = _open(path, replayed, True)
+        out = (rows, ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
+        ledger.close()
+    return out
+
+
+def test_a_version_4_file_main_wrote_is_resumed_from_and_equals_a_replay(tmp_path, replayed):  # noqa: F811
+    """The premise of resuming (docs/theory.md §7) on a file main itself wrote, Poisson
+    tuning and σ = 1e155 before its checkpoint: resumed from (before review ral: replayed),
+    and its whole state and ε bit for bit those of a replay from the genesis."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4, path)
+    assert _checkpoint_version(path) == 4
+    rows, *resumed = _state_of(path, replayed)
+    assert rows <= 531 - 512 + 1
+    full_rows, *replay = _state_of(path, replayed, resumable=False)
+    assert full_rows == 531
+    assert resumed[0] == replay[0]
+    assert np.array_equal(resumed[1], replay[1]) and resumed[2] == replay[2]
+    assert cli_verify(path)["checkpoints"] == 1  # the snapshot equal to the replay exactly
+
+
+def test_a_version_4_file_main_wrote_with_a_tnb_tuner_is_replayed_above_its_totals(
+        tmp_path, replayed):  # noqa: F811
+    """Its checkpoint holds main's lower truncated-negative-binomial totals (review al):
+    the file is replayed from the genesis, to today's curve, above the checkpoint's."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4_TNB, path)
+    assert _checkpoint_version(path) == 4
+    rows, _, spent, eps = _state_of(path, replayed)
+    assert rows == 531
+    with pytest.MonkeyPatch.context() as patch:  # what resuming from it would have held
+        from privguard._stores import _rows
+        patch.setattr(_rows, "changed", lambda data, version=2: False)
+        forced_rows, _, forced, forced_eps = _state_of(path, replayed)
+    assert forced_rows <= 531 - 512 + 1
+    spent, forced = np.asarray(spent), np.asarray(forced)
+    assert np.all(forced <= spent) and np.any(forced < spent) and forced_eps <= eps
+    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot a revision up
