@@ -116,6 +116,8 @@ def test_a_version_4_file_of_the_lower_tnb_totals_opens_with_todays(tmp_path, tu
 
 
 def test_changed_is_per_version():
+    from privguard._stores._resumable import RESUMABLE, UNCHANGED_SINCE
+    assert set(UNCHANGED_SINCE) == RESUMABLE  # every version an opener may resume from
     poisson = TUNER.to_dict()
     assert changed(poisson, 2) and changed(poisson, 3) and not changed(poisson, 4)
     assert changed(HUGE_SIGMA.to_dict(), 3) and not changed(HUGE_SIGMA.to_dict(), 4)
