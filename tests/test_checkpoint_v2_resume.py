@@ -306,6 +306,9 @@ def test_a_version_2_checkpoint_whose_fixed_choices_differ_is_replayed(tmp_path,
     [{"step": TUNER.to_dict()}],
     {"plan": {"step": NESTED.to_dict(), "steps": None, "every": None}},
     SUBSET.to_dict(),
+    # review al: the truncated negative binomial's bound was rounded up in curve version 5
+    M.RepeatAndSelect(M.Gaussian(2.0), Geometric(mean=3.0)).to_dict(),
+    {"type": "TruncatedNegativeBinomial", "params": {"eta": 1.0, "gamma": 0.1}},
 ])
 def test_changed_fails_closed(data):
     from privguard._stores._resumable import changed
@@ -318,7 +321,7 @@ def test_changed_fails_closed(data):
     M.Gaussian(1e149).to_dict(),
     {"shares": {"type": "Concentrated", "params": {"share": 0.9, "order": None}},
      "base": [1e300, float("inf")]},
-    M.RepeatAndSelect(M.Gaussian(2.0), Geometric(mean=3.0)).to_dict(),
+    M.Composed((M.Laplace(1.0), M.PureDP(0.5), M.ZCDP(0.1))).to_dict(),
 ])
 def test_changed_passes_what_did_not_change(data):
     from privguard._stores._resumable import changed
@@ -353,25 +356,41 @@ Laplace, PureDP, ZCDP, RepeatAndSelect(Gaussian, Geometric), Composed, an accumu
 an allocated Gaussian and Gaussian(1e140); one checkpoint, at row 512 of 531."""
 
 
+def _resumed_and_replayed(path, replayed, monkeypatch):
+    ledger, rows = _open(path, replayed, True)
+    resumed = (rows, ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
+    ledger.close()
+    with monkeypatch.context() as patch:
+        patch.setattr(_rows, "_older_resumable", lambda *args: False)
+        ledger, rows = _open(path, replayed, True)
+    assert rows == 531  # replayed from the genesis
+    replay = (ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
+    ledger.close()
+    return resumed, replay
+
+
 def test_a_version_2_file_written_by_the_old_code_is_resumed_from_as_a_replay(tmp_path,
                                                                              replayed,
                                                                              monkeypatch):
     """The proof of docs/theory.md §7 ("Resuming from an older checkpoint") says the old
-    code's snapshot equals today's replay of the same rows; here it is checked on a file
-    that code wrote: resumed from, and the ledger's whole state and ε bit for bit those of
-    a replay from the genesis."""
+    code's snapshot equals today's replay of the same rows where no changed curve entered
+    it; here it is checked on a file that code wrote. Its geometric tuner's curve was
+    rounded up since (curve version 5, review al), so counted as unchanged (as version 4
+    did) the file is resumed from, and the ledger's whole state and ε are bit for bit
+    those of a replay from the genesis save the tuner's share, at most 1e-13 (relative)
+    below; as it is, the file is replayed from the genesis."""
     path = str(tmp_path / "old.db")
     shutil.copy(OLD_FILE, path)
     assert _checkpoint_version(path) == 2
-    ledger, rows = _open(path, replayed, True)
-    assert rows <= 531 - 512 + 1  # the checkpoint's last row, then those after it
-    resumed = (ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
-    ledger.close()
-    monkeypatch.setattr(_rows, "_older_resumable", lambda *args: False)
-    ledger, rows = _open(path, replayed, True)
-    assert rows == 531  # replayed from the genesis
-    replay = (ledger.state_dict(), ledger.spent_curve.epsilons, ledger.epsilon())
-    ledger.close()
-    assert resumed[0] == replay[0]
-    assert np.array_equal(resumed[1], replay[1]) and resumed[2] == replay[2]
-    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot equal to the replay
+    resumed, replay = _resumed_and_replayed(path, replayed, monkeypatch)
+    assert resumed[0] == 531  # the geometric tuner before the checkpoint: replayed
+    assert resumed[1] == replay[0]
+    assert np.array_equal(resumed[2], replay[1]) and resumed[3] == replay[2]
+    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot within the revision
+    # the premise, with the tuner counted as unchanged: equal but for its rounding-up
+    monkeypatch.setattr(_rows, "changed", lambda data, version=2: False)
+    forced, replay = _resumed_and_replayed(path, replayed, monkeypatch)
+    assert forced[0] <= 531 - 512 + 1  # the checkpoint's last row, then those after it
+    old, new = np.asarray(forced[2]), np.asarray(replay[1])
+    assert np.all(old <= new) and np.all(old >= new * (1 - 1e-13))
+    assert forced[3] <= replay[2] <= forced[3] * (1 + 1e-13)

@@ -52,13 +52,22 @@ def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBino
                log_ratio: float = 0.0) -> np.ndarray:
     """Seed 003 Theorem 1 (seed 002 Theorem 2 when log_ratio = log(C/c) = 0):
     ε' = ε + (1+θ)(1 − 1/λ̂)ε̂ + (λ/(λ−1) + 1 + θ)·log(C/c) + (1+θ)·log(1/γ)/λ̂
-         + log(E[T])/(λ−1), the auxiliary order λ̂ minimised over the grid."""
+         + log(E[T])/(λ−1), the auxiliary order λ̂ minimised over the grid.
+
+    Every term is ≥ 0 (E[T] ≥ 1, γ < 1, C ≥ c), and the float evaluation is rounded up
+    (review al): log(1/γ) as −log γ (1/γ rounded first lost up to 1.1e-14 of it, relative,
+    for γ near 1); log E[T] plus 2⁻⁴⁴ (E[T] carries a few ulps, relative, and log E[T] →
+    0 as E[T] → 1: 1.4e-14 relative below at E[T] = 1.01); log(C/c) plus 2⁻⁵⁰ (C/c
+    rounded: an ulp, absolute); then the sum × (1 + 2⁻⁴⁸), as the Poisson bound. Before,
+    the value was up to 1.3e-14 (relative) below the theorem's on the grid
+    (tests/test_adv_al_mechanisms.py).
+    """
     theta = runs.eta
-    aux = np.min((1 - 1 / orders) * base + math.log(1 / runs.gamma) / orders)
-    out = base + (1 + theta) * aux + math.log(runs.mean) / (orders - 1)
+    aux = np.min((1 - 1 / orders) * base - math.log(runs.gamma) / orders)
+    out = base + (1 + theta) * aux + (math.log(runs.mean) + 2.0**-44) / (orders - 1)
     if log_ratio:
-        out = out + (orders / (orders - 1) + 1 + theta) * log_ratio
-    return out
+        out = out + (orders / (orders - 1) + 1 + theta) * (log_ratio + 2.0**-50)
+    return out * (1.0 + 2.0**-48)
 
 
 def _poisson_bound(orders: np.ndarray, base: np.ndarray, mean: float,

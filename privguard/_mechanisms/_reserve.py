@@ -59,8 +59,14 @@ class DeltaReserve(Mechanism):
 
     @property
     def level(self) -> float:
-        """The constant RDP value ``−log(1−r)/(α₀−1)``, rounded up."""
-        return math.nextafter(-math.log1p(-self.share) / (self.min_order - 1.0), math.inf)
+        """The constant RDP value ``−log(1−r)/(α₀−1)``, rounded up: log1p, the subtraction and
+        the division each round by up to an ulp, and one ``nextafter`` left the value up to
+        4.2e-17 (relative) below the exact one (review al); × (1 + 2⁻⁵⁰) is 4 ulps or more.
+        Then one ``nextafter``: a subnormal level (r ≲ 1e-302) carries an absolute error the
+        product does not lift (it underflowed to 0 where the exact value is positive; review
+        ral); one subnormal ulp is above the division's half-ulp there."""
+        return math.nextafter(-math.log1p(-self.share) / (self.min_order - 1.0)
+                              * (1.0 + 2.0**-50), math.inf)
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         # K ≥ −log(1−r)/(α−1) for every α ≥ α₀ (docs/theory.md §16.2, Prop. 16.4)

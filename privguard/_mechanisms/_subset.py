@@ -39,6 +39,47 @@ def _on_integers(curve_at: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0, 0.0], curve_at])
 
 
+_MARGIN = 1e-12
+"""Relative margin on each log-sum's terms (their float error is a few ulps of their size)."""
+
+
+def _log_expm1(x):
+    """log(e^x − 1) for x ≥ 0 without cancellation: −inf at 0, x + log1p(−e^(−x)) above."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, x + np.log(-np.expm1(-np.where(x > 0, x, 1.0))), -np.inf)
+
+
+def _weighted(log_weight: np.ndarray, log_excess: np.ndarray) -> np.ndarray:
+    """log(w·(e^x − 1)) as log w + log(e^x − 1), with 0·∞ = 0: a term of weight 0 (q ∈ {0, 1})
+    does not depend on ε (as :func:`_mul`), where −inf + inf would be NaN."""
+    with np.errstate(invalid="ignore"):
+        return np.where(log_weight == -np.inf, -np.inf, log_weight + log_excess)
+
+
+def _log1p_sum(terms: np.ndarray, order: int) -> float:
+    """log(1 + Σ e^(terms))/(α−1), rounded up (review al).
+
+    Each theorem's sum is 1 plus non-negative terms: the binomial weights sum to 1. Summed
+    as written, 1 emerged from terms such as (1−γ)^(α−1)(αγ−γ+1) and the excess, of order
+    γ², was lost to cancellation (SubsetTuning(Gaussian(3), Gaussian(1e6), 1e-6,
+    variant=2) at α = 2: 1e-4 (relative) below the theorem). Here the excess is summed
+    alone, its log-terms raised by _MARGIN × their size, then log1p; the result × (1 + 2⁻⁴⁸).
+    """
+    if np.all(terms == -np.inf):
+        return 0.0
+    finite = terms[np.isfinite(terms)]
+    scale = 1.0 + (float(np.max(np.abs(finite))) if finite.size else 0.0)
+    log_excess = float(logsumexp(terms)) + _MARGIN * scale
+    return float(np.logaddexp(0.0, log_excess)) / (order - 1) * (1.0 + 2.0**-48)
+
+
+def _log_weights(n: int, j: np.ndarray, p: float) -> np.ndarray:
+    """log C(n, j) p^j (1−p)^(n−j), the (1−p) factor as log1p(−p) (no rounding of 1 − p)."""
+    with np.errstate(divide="ignore"):
+        return _log_binom(n, j) + xlogy(j, p) + _mul(n - j, np.log1p(-p) if p < 1 else -np.inf)
+
+
 def zhu_wang_subsampled(eps: np.ndarray, gamma: float) -> np.ndarray:
     """RDP of (M ∘ Poisson subsampling(γ)) at integer orders 2..N (seed 000 Thm 4; Zhu & Wang 2019).
 
@@ -46,18 +87,21 @@ def zhu_wang_subsampled(eps: np.ndarray, gamma: float) -> np.ndarray:
     indexed like ``eps`` (entries 0 and 1 are 0).
 
     ε'(α) = 1/(α−1)·log( (1−γ)^(α−1)(αγ−γ+1) + C(α,2)γ²(1−γ)^(α−2)e^(ε(2))
-                         + 3 Σ_{j=3..α} C(α,j) γ^j (1−γ)^(α−j) e^((j−1)ε(j)) )
+                         + 3 Σ_{j=3..α} C(α,j) γ^j (1−γ)^(α−j) e^((j−1)ε(j)) ),
+    evaluated as log(1 + C(α,2)γ²(1−γ)^(α−2)(e^(ε(2)) − 1)
+                      + Σ_{j≥3} C(α,j)γ^j(1−γ)^(α−j)(3e^((j−1)ε(j)) − 1))/(α−1):
+    the same number, since (1−γ)^(α−1)(αγ−γ+1) holds the binomial terms j = 0, 1 and the
+    binomial terms sum to 1 (:func:`_log1p_sum`).
     """
     n = eps.size - 1
     out = np.zeros(n + 1)
     for a in range(2, n + 1):
-        terms = [xlogy(a - 1, 1 - gamma) + math.log(a * gamma - gamma + 1),
-                 _log_binom(a, 2) + xlogy(2, gamma) + xlogy(a - 2, 1 - gamma) + eps[2]]
-        if a >= 3:
-            j = np.arange(3, a + 1)
-            terms.extend((math.log(3) + _log_binom(a, j) + xlogy(j, gamma) + xlogy(a - j, 1 - gamma)
-                          + _mul(j - 1, eps[j])).tolist())
-        out[a] = logsumexp(terms) / (a - 1)
+        j = np.arange(2, a + 1)
+        w = _log_weights(a, j, gamma)
+        x = _mul(j - 1, eps[j])  # (j−1)ε(j); j = 2: ε(2)
+        # j = 2: e^x − 1; j ≥ 3: 3e^x − 1 = 2 + 3(e^x − 1), as log(2 + 3·expm1(x))
+        excess = np.where(j == 2, _log_expm1(x), np.logaddexp(math.log(2), math.log(3) + _log_expm1(x)))
+        out[a] = _log1p_sum(_weighted(w, excess), a)
     return out
 
 
@@ -70,20 +114,28 @@ def koskela_kulkarni_variant1(eps_t: np.ndarray, eps_b: np.ndarray, q: float) ->
     ε₂(α) = 1/(α−1) log( (1−q)^(α−1) e^((α−1)ε_b(α))
               + Σ_{j=1}^{α−1} C(α−1,j) q^j (1−q)^(α−1−j) e^(j·ε_t(j+1)) e^((α−j−1)ε_b(α−j)) )
     Terms (j−1)ε(j) at j = 1 are 0. Both are needed: ε₁ covers one direction
-    of the neighbouring relation, ε₂ the other.
+    of the neighbouring relation, ε₂ the other. Each sum is Σ_j w_j e^(x_j) with binomial
+    weights w_j (j = 0..α, resp. 0..α−1) that sum to 1, so it is evaluated as
+    log(1 + Σ_j w_j (e^(x_j) − 1)) (:func:`_log1p_sum`).
     """
     n = eps_t.size - 1
     out = np.zeros(n + 1)
     for a in range(2, n + 1):
-        j = np.arange(1, a)
-        t1 = [xlogy(a, q) + _mul(a - 1, eps_t[a]), xlogy(a, 1 - q) + _mul(a - 1, eps_b[a])]
-        t1.extend((_log_binom(a, j) + xlogy(a - j, q) + xlogy(j, 1 - q)
-                   + _mul(a - j - 1, eps_t[a - j]) + _mul(j - 1, eps_b[j])).tolist())
-        t2 = [xlogy(a - 1, 1 - q) + _mul(a - 1, eps_b[a])]
-        t2.extend((_log_binom(a - 1, j) + xlogy(j, q) + xlogy(a - 1 - j, 1 - q)
-                   + _mul(j, eps_t[j + 1]) + _mul(a - j - 1, eps_b[a - j])).tolist())
-        out[a] = max(logsumexp(t1), logsumexp(t2)) / (a - 1)
+        j = np.arange(0, a + 1)  # ε₁: j draws of the base's side, α − j of the tuning's
+        x1 = _mul(a - j - 1, eps_t[np.maximum(a - j, 1)]) + _mul(j - 1, eps_b[np.maximum(j, 1)])
+        x1 = np.where(j == 0, _mul(a - 1, eps_t[a]), x1)  # q^α e^((α−1)ε_t(α))
+        t1 = _weighted(_log_weights_pair(a, j, q), _log_expm1(x1))
+        j = np.arange(0, a)  # ε₂
+        x2 = _mul(j, eps_t[j + 1]) + _mul(a - j - 1, eps_b[a - j])
+        t2 = _weighted(_log_weights(a - 1, j, q), _log_expm1(x2))
+        out[a] = max(_log1p_sum(t1, a), _log1p_sum(t2, a))
     return out
+
+
+def _log_weights_pair(n: int, j: np.ndarray, q: float) -> np.ndarray:
+    """log C(n, j) q^(n−j) (1−q)^j (ε₁'s weights: j counts the (1−q) factors)."""
+    with np.errstate(divide="ignore"):
+        return _log_binom(n, j) + xlogy(n - j, q) + _mul(j, np.log1p(-q) if q < 1 else -np.inf)
 
 
 def _extend(orders: np.ndarray, integer_curve: np.ndarray) -> np.ndarray:
@@ -152,7 +204,8 @@ class SubsetTuning(Mechanism):
         eps_b = _on_integers(self.final._rdp_checked(ints))
         if self.variant == 1:
             return koskela_kulkarni_variant1(eps_t, eps_b, self.q)
-        return zhu_wang_subsampled(eps_t, self.q) + eps_b
+        # composed with the final training; the float sum rounded up (review al)
+        return (zhu_wang_subsampled(eps_t, self.q) + eps_b) * (1.0 + 2.0**-48)
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         n = int(min(math.ceil(orders.max()), MAX_INTEGER_ORDER))

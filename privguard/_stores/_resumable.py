@@ -11,28 +11,43 @@ round-up of the K = 0 bound), 2ad6965 (a Gaussian curve
 whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
 ``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``) and
 ``SubsetTuning``'s exact ⌈α⌉ (review lo3: an order a rounding error above an integer).
-Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. A description is
-*changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` law of runs, a number
+Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. Since version 4:
+review al's round-up of the truncated negative binomial's tuning bound (``_repeat_select._tnb_bound``:
+``RepeatAndSelect`` with a ``TruncatedNegativeBinomial`` law, and ``DPHyPO``, whose law is
+always one), whose float value had been up to 1.3e-14 (relative) below seed 002 Theorem 2's.
+And review al's evaluation of ``SubsetTuning``'s sums without cancellation (every
+``SubsetTuning`` counts as changed already), and its round-up of ``DeltaReserve``'s level
+(an ulp below the exact value before; ``DeltaReserve`` is no longer listed).
+A description is *changed* for a checkpoint of version 2 or 3 (:func:`changed`) if it holds,
+at any depth, a ``Poisson`` or a ``TruncatedNegativeBinomial`` law of runs, a number
 of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
-``SubsetTuning``, or a
+``SubsetTuning``, a ``DeltaReserve``, or a
 ``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
-later counts as changed until its curve history is read).
+later counts as changed until its curve history is read). For a checkpoint of version 4
+only review al's changes count (a ``TruncatedNegativeBinomial`` law, a ``SubsetTuning``,
+a ``DeltaReserve``, a type not reviewed): the Poisson curve and the Gaussian whose 2σ²
+overflows were already today's when version 4 was written (a05d7b9, 2ad6965 precede it,
+c07976b), and counting them made every file main wrote with Poisson tuning before its
+checkpoint replay its journal from the genesis at every open (review ral).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3})
+RESUMABLE = frozenset({2, 3, 4})
 """The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
 MECHANISMS = frozenset({
-    "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "DeltaReserve", "Gaussian",
+    "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "Gaussian",
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
-    "SubsampledGaussian", "ZCDP", "TruncatedNegativeBinomial"})
-"""Mechanisms and laws of runs reviewed: their curves are the same floats today as in
-versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here).
+    "SubsampledGaussian", "ZCDP"})
+"""Mechanisms reviewed: their curves are the same floats today as in versions 2, 3 and 4
+wherever no parameter reaches :data:`HUGE` and no law of runs is inside (``Poisson`` and
+``TruncatedNegativeBinomial`` are not here: a ``RepeatAndSelect`` or ``DPHyPO`` always holds
+one, so it counts as changed). ``DeltaReserve`` is not here: its level was rounded up in
+version 5 (review al).
 ``SubsetTuning`` is not here either: its curve at an order a rounding error above an
 integer k is now the value at k + 1, not k's (``_mechanisms/_subset._extend``, review lo3),
 which differs on a grid holding such an order; a file with a subset-tuning row before its
@@ -44,11 +59,20 @@ NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
 HUGE = 1e150
 """Below the smallest σ whose 2σ² overflows (≈ 9.5e153, where 2ad6965 changed the curve)."""
 
+UNCHANGED_SINCE = {2: MECHANISMS, 3: MECHANISMS, 4: MECHANISMS | {"Poisson"}}
+"""Per older curve version (:data:`RESUMABLE`): the types (mechanisms and laws of runs) whose
+curves are the same floats today as when a checkpoint of that version was written. Version
+4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral)."""
 
-def changed(data: Any) -> bool:
+HUGE_CHANGED = frozenset({2, 3})
+"""The older versions for which a parameter of magnitude :data:`HUGE` or more counts as a
+change (2ad6965 precedes version 4)."""
+
+
+def changed(data: Any, version: int = 2) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
-    depth, a mechanism whose curve may differ from version 2's or 3's (see the module).
-    Iterative: no recursion limit.
+    depth, a mechanism whose curve may differ from curve version ``version``'s (2, 3 or 4;
+    see the module; anything else counts as changed). Iterative: no recursion limit.
 
     Example:
         >>> changed({"type": "SubsampledGaussian",
@@ -59,19 +83,22 @@ def changed(data: Any) -> bool:
         ...     "runs": {"type": "Poisson", "params": {"mean": 3.0}}}}}})
         True
     """
+    if type(version) is not int or version not in UNCHANGED_SINCE:
+        return True
+    reviewed, huge = UNCHANGED_SINCE[version], version in HUGE_CHANGED
     stack: list[tuple[Any, bool]] = [(data, False)]  # (item, inside a mechanism's params)
     while stack:
         item, inside = stack.pop()
         if isinstance(item, dict):
             if set(item) == {"type", "params"}:
                 kind = item["type"]
-                if not isinstance(kind, str) or kind not in MECHANISMS | NOT_MECHANISMS:
-                    return True  # Poisson, or a type never reviewed: fail closed
-                inside = kind in MECHANISMS
+                if not isinstance(kind, str) or kind not in reviewed | NOT_MECHANISMS:
+                    return True  # a changed curve, or a type never reviewed: fail closed
+                inside = kind in reviewed
             stack.extend((value, inside) for value in item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend((value, inside) for value in item)
-        elif inside and isinstance(item, (int, float)) and not isinstance(item, bool):
+        elif huge and inside and isinstance(item, (int, float)) and not isinstance(item, bool):
             if not abs(item) < HUGE:  # also NaN and ±inf
                 return True
     return False

@@ -137,7 +137,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 4
+CHECKPOINT_CURVES = 5
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -150,8 +150,10 @@ curve whose 2σ² overflows (2ad6965); a version-2 checkpoint after a Poisson ch
 totals up to 70% below today's, and the file opened with them (review rpo). 4: a05d7b9
 rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-3 checkpoint of
 67c2155 held Poisson totals up to 3.2e-16 below today's, and was resumed from: task ckr).
-A checkpoint of version 2 or 3 is resumed from only where no row before it describes a
-mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
+5: the truncated negative binomial's tuning bound (``RepeatAndSelect`` with D_{η,γ},
+``DPHyPO``) rounded up (review al: its float value was up to 1.3e-14, relative, below seed
+002 Theorem 2's). A checkpoint of version 2, 3 or 4 is resumed from only where no row
+before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
 
@@ -217,7 +219,9 @@ def _older_resumable(store: Any, conn: Any, cursor: Cursor, snap: dict[str, Any]
     where = f"{store.path}: checkpoint at row {cursor.entries}"
     try:
         rows = list(rows_before(cursor.entries))
-        if [r[0] for r in rows] != list(range(cursor.entries)) or changed(snap["accounting"]):
+        version = snap["curves"]
+        if ([r[0] for r in rows] != list(range(cursor.entries))
+                or changed(snap["accounting"], version)):
             return False
         items = checked_items(store, conn, rows[:-1])
         if (rows[-2][9] if len(rows) > 1 else str(store.genesis)) != cursor.prev:
@@ -237,7 +241,7 @@ def _older_resumable(store: Any, conn: Any, cursor: Cursor, snap: dict[str, Any]
                     continue
                 seen.add(id(item.mechanism))
                 item = item.mechanism.to_dict()
-            if changed(item):
+            if changed(item, version):
                 return False
         return _fixed_as_derived(acc, items, genesis_config, where)
     except (LedgerStateError, TypeError, ValueError, KeyError, IndexError):
@@ -503,12 +507,12 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
                             f"journal row {row[0]} as it saw it ({exc})") from None
                     unchanged.see(row)
                     verify_checkpoint(store, checkpoints.pop(row[0] + 1), cursor, acc,
-                                      unchanged.so_far)
+                                      unchanged.since)
                 replay_row(store, conn, acc, row, cursor)
                 unchanged.see(row)
                 cp = checkpoints.pop(cursor.entries, None)
                 if cp is not None:
-                    verify_checkpoint(store, cp, cursor, acc, unchanged.so_far)
+                    verify_checkpoint(store, cp, cursor, acc, unchanged.since)
     finally:
         store.live = live
     if checkpoints:
@@ -520,17 +524,18 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
 
 
 class _Unchanged:
-    """Whether the rows replayed so far (each after :func:`replay_row` accepted it) describe
-    no mechanism whose curve changed since curve version 2 (:func:`_resumable.changed`):
-    then a checkpoint of version 2 or 3 there is one an opener resumes from, and ``verify``
-    holds it to the replay exactly."""
+    """Per older curve version v (:data:`RESUMABLE`), whether the rows replayed so far (each
+    after :func:`replay_row` accepted it) describe no mechanism whose curve changed since v
+    (:func:`_resumable.changed`): ``since[v]``. Then a checkpoint of version v there is one
+    an opener resumes from, and ``verify`` holds it to the replay exactly."""
 
     def __init__(self, store: Any, conn: Any) -> None:
-        self.store, self.conn, self.so_far = store, conn, True
+        self.store, self.conn = store, conn
+        self.since = {version: True for version in RESUMABLE}
         self._seen: set[Any] = set()
 
     def see(self, row: tuple) -> None:
-        if not self.so_far:
+        if not any(self.since.values()):
             return
         idx, kind, mech_id = row[0], row[1], row[2]
         if kind == "run":
@@ -541,7 +546,8 @@ class _Unchanged:
             data = self.store._mechanism(self.conn, mech_id, where)[0].to_dict()
         else:
             data = loads(row[8], f"{self.store.path}: journal row {idx}")
-        self.so_far = not changed(data)
+        for version, so_far in self.since.items():
+            self.since[version] = so_far and not changed(data, version)
 
 
 def _as_checkpointed(store: Any, cp: tuple, row: tuple) -> tuple:
@@ -558,18 +564,26 @@ def _as_checkpointed(store: Any, cp: tuple, row: tuple) -> tuple:
             cursor.digest)
 
 
+def _unchanged_at(unchanged: dict[int, bool] | None, snap: dict[str, Any]) -> bool:
+    """``unchanged`` for the checkpoint's own curve version (False for one not listed)."""
+    version = snap.get("curves")
+    if unchanged is None:
+        return True
+    return type(version) is int and unchanged.get(version, False)
+
+
 def verify_checkpoint(store: Any, cp: tuple, cursor: Cursor, acc: Accounting,
-                      unchanged: bool = True) -> None:
+                      unchanged: dict[int, bool] | None = None) -> None:
     """A checkpoint row must carry its MAC and equal the journal replayed up to it: the
     cursor, the kind of its last row and the whole accounting snapshot (one of an older
-    curve version: see :func:`_same_accounting`; ``unchanged``: no row up to it describes
-    a mechanism whose curve changed since version 2)."""
+    curve version: see :func:`_same_accounting`; ``unchanged[v]``: no row up to it describes
+    a mechanism whose curve changed since version v; None: none did, for every version)."""
     recorded, snapshot, where = checked_checkpoint(store, cp)
     try:
         snap = loads(snapshot, where)
         same = (recorded.as_tuple() == cursor.as_tuple()
                 and snap["last_kind"] == cursor.last_kind
-                and _same_accounting(snap, acc.snapshot(), unchanged))
+                and _same_accounting(snap, acc.snapshot(), _unchanged_at(unchanged, snap)))
     except (TypeError, KeyError) as exc:  # re-MAC'd garbage (unkeyed file)
         raise LedgerStateError(f"{where} is unreadable ({exc!r})") from None
     if not same:
