@@ -56,14 +56,21 @@ def sgm_fractional(q: float, sigma: float, alpha: float, dps: int = 30) -> mp.mp
         c = 1 / (2 * sm * sm)
         norm = 1 / mp.sqrt(2 * mp.pi)
 
+        # mp.quad's tolerance is absolute (~10^-dps): scale the integrand to order 1 by its
+        # second-order size α(α−1)/2·q²·E[(L−1)²] (without it, 1.5% off at σ = 1e8, q = 1e-6)
+        scale = am * (am - 1) / 2 * qm * qm * mp.expm1(1 / (sm * sm))
+
         def f(u):
             x = qm * mp.expm1(u / sm - c)
-            return norm * mp.exp(-u * u / 2) * _excess(am, x)
+            return norm * mp.exp(-u * u / 2) * _excess(am, x) / scale
 
         peak = am / sm - 1 / (2 * sm)  # the mode of φ(u)·L(u)^α
-        pts = sorted({mp.mpf(-12), mp.mpf(0), mp.mpf(12), peak - 12, peak, peak + 12})
-        pts = [mp.ninf] + pts + [mp.inf]
-        total = mp.quad(f, pts, maxdegree=10)
+        pts: list = []
+        for p in sorted({mp.mpf(-12), mp.mpf(0), mp.mpf(12), peak - 12, peak, peak + 12}):
+            if not pts or p - pts[-1] > mp.mpf(1) / 64:  # no slivers (σ = 1e150: peak ≈ 0)
+                pts.append(p)
+        pts = [mp.ninf, *pts, mp.inf]
+        total = mp.quad(f, pts, maxdegree=10) * scale
         return mp.log1p(total) / (am - 1)
 
 
