@@ -24,7 +24,7 @@ import mpmath as mp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-import _cv_exact as E  # noqa: E402  (tests/ on the path first)
+import _cv_exact as E  # tests/ on the path first
 
 from privguard import DEFAULT_ORDERS
 from privguard import mechanisms as M
