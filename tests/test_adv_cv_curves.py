@@ -183,11 +183,21 @@ def test_laplace_not_below_mpmath(b: float) -> None:
         assert _not_below(v, laplace(b, a)), (b, a, v, mp.nstr(laplace(b, a), 17))
 
 
-@pytest.mark.parametrize("eps0", [1e-300, 1e-12, 1e-3, 1.0, 50.0, 1e3, 1e300])
+@pytest.mark.parametrize("eps0", [1e-300, 1e-12, 1e-3, 1.0, 39.9, 40.0, 50.0, 1e3, 1e20,
+                                  5.026170888755591e53, 1e300])
 def test_pure_dp_not_below_mpmath(eps0: float) -> None:
     values = M.PureDP(eps0).rdp(ORDERS_EDGE)
     for a, v in zip(ORDERS_EDGE, values.tolist()):
         assert _not_below(v, pure_dp(eps0, a)), (eps0, a, v, mp.nstr(pure_dp(eps0, a), 17))
+
+
+def test_pure_dp_flat_from_forty_is_within_its_bound() -> None:
+    """_stable.PURE_DP_FLAT's claim: from ε₀ = 40 on, ε₀ is above the exact curve by at most
+    1.1·10⁻¹⁴ relative at every allowed order (the largest gap is at the smallest order)."""
+    for eps0 in (40.0, 41.5, 100.0):
+        exact = pure_dp(eps0, 1.00001)
+        assert exact <= eps0 and (eps0 - exact) / eps0 <= 1.1e-14
+    assert (M.PureDP(40.0).rdp([1.00001, 2.0, 1e6]) == 40.0).all()
 
 
 def test_checks_catch_a_curve_just_below() -> None:

@@ -11,9 +11,13 @@ round-up of the K = 0 bound), 2ad6965 (a Gaussian curve
 whose 2σ² overflows, σ ≳ 9.5e153, is the smallest positive float, not 0: ``Gaussian``,
 ``SubsampledGaussian``, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``) and
 ``SubsetTuning``'s exact ⌈α⌉ (review lo3: an order a rounding error above an integer).
-Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. A description is
-*changed* (:func:`changed`) if it holds, at any depth, a ``Poisson`` law of runs, a number
-of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
+Since version 3 (67c2155): a05d7b9, which did not bump the version, and lo3's. Since version 4:
+task cv's ``PureDP`` with ε₀ ≥ 40 (:data:`PURE_DP_FLAT`: the curve is ε₀ itself there, up
+to 6.3e-12 relative above the older one; ``RepeatAndSelect``'s pure-DP corollary through
+it). A description is *changed* (:func:`changed`) if it holds, at any depth, a ``Poisson``
+law of runs, a number of magnitude 1e150 or more (or not finite) among a mechanism's
+parameters, a ``PureDP`` whose ``epsilon`` is not a number below 40 or a ``RepeatAndSelect``
+or ``DPHyPO`` with a ``PureDP`` base (its corollary's ε₀ is a multiple), a
 ``SubsetTuning``, or a
 ``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
 later counts as changed until its curve history is read).
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3})
+RESUMABLE = frozenset({2, 3, 4})
 """The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
@@ -43,6 +47,25 @@ NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
 
 HUGE = 1e150
 """Below the smallest σ whose 2σ² overflows (≈ 9.5e153, where 2ad6965 changed the curve)."""
+
+
+PURE_DP_FLAT = 40.0
+"""``PureDP``'s ε₀ from which its curve changed in version 5 (``_curves._stable.PURE_DP_FLAT``,
+restated here so that deciding stays free of the curves)."""
+
+
+def _pure_dp_changed(params: Any) -> bool:
+    """Whether a ``PureDP``'s params may give a curve other than version 4's (fail closed)."""
+    eps = params.get("epsilon") if isinstance(params, dict) else None
+    return (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not abs(eps) < PURE_DP_FLAT)
+
+
+def _pure_base(params: Any) -> bool:
+    """Whether a tuner's params have a ``PureDP`` base (or are unreadable: fail closed); its
+    curve takes the minimum with ``PureDP`` at (2+η)ε₀ or more, which may reach 40."""
+    base = params.get("base") if isinstance(params, dict) else None
+    return not isinstance(base, dict) or base.get("type") == "PureDP"
 
 
 def changed(data: Any) -> bool:
@@ -67,6 +90,10 @@ def changed(data: Any) -> bool:
                 kind = item["type"]
                 if not isinstance(kind, str) or kind not in MECHANISMS | NOT_MECHANISMS:
                     return True  # Poisson, or a type never reviewed: fail closed
+                if kind == "PureDP" and _pure_dp_changed(item["params"]):
+                    return True
+                if kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
+                    return True  # its pure-DP corollary is PureDP((2+η)ε₀...): any ε₀
                 inside = kind in MECHANISMS
             stack.extend((value, inside) for value in item.values())
         elif isinstance(item, (list, tuple)):

@@ -137,7 +137,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 4
+CHECKPOINT_CURVES = 5
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -150,6 +150,9 @@ curve whose 2σ² overflows (2ad6965); a version-2 checkpoint after a Poisson ch
 totals up to 70% below today's, and the file opened with them (review rpo). 4: a05d7b9
 rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-3 checkpoint of
 67c2155 held Poisson totals up to 3.2e-16 below today's, and was resumed from: task ckr).
+5: ``PureDP``'s curve is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative
+below the truth near α = 1 from rounding), and so is every curve built on it there
+(``RepeatAndSelect``'s pure-DP corollary).
 A checkpoint of version 2 or 3 is resumed from only where no row before it describes a
 mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
