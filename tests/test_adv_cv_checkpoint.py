@@ -59,3 +59,52 @@ def test_a_version_4_checkpoint_of_dp_sgd_is_resumed_from(tmp_path, replayed):
     assert rows <= RESUMED
     assert np.array_equal(ledger.spent, _todays(charges))
     ledger.close()
+
+
+# Review rcv: files as main (before task cv) wrote them, with its PureDP curve from ε₀ = 40 on.
+NEAR_ONE = [1.00001, 1.00002, 1.1, 2.0, 8.0, 64.0]  # a grid where main's PureDP(1e20) was low
+HUGE_BUDGET = {"epsilon": 1e30, "delta": 1e-5, "orders": NEAR_ONE}
+MAIN_PURE_1E20 = 9.999999999936763e+19  # main 73f7c2e's PureDP(1e20).rdp([1.00001])
+
+
+def _write_as_main(path, charges, version):
+    """Write ``charges`` with main's PureDP curve (the stable form at every ε₀) and a
+    checkpoint body of ``version``."""
+    from privguard._curves import _stable
+
+    saved = _stable.PURE_DP_FLAT
+    _stable.PURE_DP_FLAT = float("inf")
+    V._base._cached_curve.cache_clear()
+    try:
+        assert M.PureDP(1e20).rdp(NEAR_ONE)[0] == MAIN_PURE_1E20  # main's value, bit for bit
+        _write(path, charges, version=version, config=HUGE_BUDGET)
+    finally:
+        _stable.PURE_DP_FLAT = saved
+        V._base._cached_curve.cache_clear()
+
+
+@pytest.mark.parametrize("first", [[M.PureDP(1e20)], [M.Gaussian(3.0), M.PureDP(1e20)],
+                                   [M.Composed((M.Gaussian(2.0), M.PureDP(1e20)))]],
+                         ids=["plan", "after-plan", "nested-plan"])
+def test_a_file_main_wrote_after_a_huge_pure_dp_opens_and_replays(tmp_path, replayed, first):
+    """Its fix row holds mixture weights derived from main's PureDP curve (another
+    data-independent choice, accepted as the pre-e08c1f5 ones are): cv refused the file as
+    'a forged or foreign fix entry' when the plan held PureDP(1e20). Its version-4 checkpoint
+    holds main's lower totals (6.3e-12 relative at 1.00001): replayed, not resumed."""
+    path = str(tmp_path / "main.db")
+    charges = _charges(first=first)
+    _write_as_main(path, charges, version=4)
+    ledger, rows = _open(path, replayed, True)
+    assert rows > EVERY  # from the genesis
+    assert np.array_equal(ledger.spent, _todays(charges, HUGE_BUDGET))
+    assert ledger.spent[0] > MAIN_PURE_1E20
+    ledger.close()
+    assert V.cli_verify(path)["checkpoints"] == 1  # privguard verify: the old checkpoint checked
+
+
+def test_the_pre_cv_curve_stays_out_of_the_cache() -> None:
+    from privguard._curves import _legacy
+
+    with _legacy.pre_flat():
+        assert M.PureDP(1e20).rdp(NEAR_ONE)[0] == MAIN_PURE_1E20
+    assert M.PureDP(1e20).rdp(NEAR_ONE)[0] == 1e20

@@ -16,6 +16,7 @@ from privguard._accounting._accounting import Accounting, is_retarget
 from privguard._accounting._derivation import DERIVATION, KNOWN, first_difference
 from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
+from privguard._curves import _legacy
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict
 from privguard._mechanisms._poisson_revision import poisson_tuning_hint
@@ -612,14 +613,16 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     derived = _at_recorded_steps(fixed, derived)
     field = first_difference(fixed, derived)
     if field is not None:
-        # the same plan, derived with the pre-e08c1f5 curves (docs/theory.md §1.1, "Fix
-        # entries derived before the revision"): another data-independent library choice
-        try:
-            legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan))
-        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
-        if first_difference(fixed, legacy) is None:
-            return legacy
+        # the same plan, derived with the curves before task cv (PureDP from ε₀ = 40: main
+        # until checkpoint curves version 5) or before e08c1f5 (and task cv; docs/theory.md
+        # §1.1, "Fix entries derived before the revision"): another data-independent choice
+        for context in (_legacy.pre_flat, _legacy.pre_revision):
+            try:
+                legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan, context))
+            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
+            if first_difference(fixed, legacy) is None:
+                return legacy
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
                                f"library derives from it ({field or 'the record'} differs: a "
                                "forged or foreign fix entry)" + poisson_tuning_hint(plan.step))
