@@ -108,3 +108,24 @@ def test_the_pre_cv_curve_stays_out_of_the_cache() -> None:
     with _legacy.pre_flat():
         assert M.PureDP(1e20).rdp(NEAR_ONE)[0] == MAIN_PURE_1E20
     assert M.PureDP(1e20).rdp(NEAR_ONE)[0] == 1e20
+
+
+def test_a_server_ledger_main_wrote_after_a_huge_pure_dp_opens_and_replays(pg, replayed):
+    import _pgserver
+
+    server, db, name = pg
+    url = server.url(_pgserver.OWNER, db, name)
+    charges = _charges(first=[M.PureDP(1e20)])
+    _write_as_main(url, charges, version=4)
+    ledger, rows = _open(url, replayed, False)
+    assert rows > EVERY
+    assert np.array_equal(ledger.spent, _todays(charges, HUGE_BUDGET))
+    ledger.charge(M.PureDP(1e20), label="x")  # and it goes on charging
+    ledger.close()
+    plain = server.url(_pgserver.OWNER, db, name + "d")
+    charges = _charges(first=[M.PureDP(1.0)])
+    _write_as_main(plain, charges, version=4)
+    ledger, rows = _open(plain, replayed, False)
+    assert rows <= RESUMED  # unchanged rows: resumed from the version-4 checkpoint
+    assert np.array_equal(ledger.spent, _todays(charges, HUGE_BUDGET))
+    ledger.close()
