@@ -129,3 +129,28 @@ def test_a_server_ledger_main_wrote_after_a_huge_pure_dp_opens_and_replays(pg, r
     assert rows <= RESUMED  # unchanged rows: resumed from the version-4 checkpoint
     assert np.array_equal(ledger.spent, _todays(charges, HUGE_BUDGET))
     ledger.close()
+
+
+def test_a_state_dict_and_pickle_main_wrote_after_a_huge_pure_dp_load() -> None:
+    import pickle
+
+    from privguard import Ledger
+    from privguard._curves import _stable
+
+    saved = _stable.PURE_DP_FLAT
+    _stable.PURE_DP_FLAT = float("inf")  # main's curve (see _write_as_main)
+    V._base._cached_curve.cache_clear()
+    try:
+        old = Ledger(**HUGE_BUDGET)
+        old.charge(M.PureDP(1e20), label="x")
+        old.charge(M.Gaussian(2.0), label="y")
+        state, blob = old.state_dict(), pickle.dumps(old)
+    finally:
+        _stable.PURE_DP_FLAT = saved
+        V._base._cached_curve.cache_clear()
+    today = Ledger(**HUGE_BUDGET)
+    today.charge(M.PureDP(1e20), label="x")
+    today.charge(M.Gaussian(2.0), label="y")
+    assert state["spent"][0] < today.spent[0]  # main's lower total, recorded
+    for loaded in (Ledger.load_state_dict(state), pickle.loads(blob)):
+        assert np.array_equal(loaded.spent, today.spent)  # replayed with today's curves
