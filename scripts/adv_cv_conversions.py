@@ -4,7 +4,7 @@
 * a DP-SGD run's ε on the same orders by privguard, Opacus and dp-accounting;
 * PureDP(1e20) at order 1.00001 on this branch and as main computed it (the stable form).
 
-    /work/wt/venv-cv/bin/python scripts/adv_cv_conversions.py
+    python scripts/adv_cv_conversions.py
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Opacus' ``compute_rdp`` and dp-accounting's RDP accountant. Prints the worst rel
 (privguard − exact)/exact (negative = under-count), every under-count beyond 1e-12, and the
 monotonicity checks in α, q and 1/σ.
 
-    /work/wt/venv-cv/bin/python scripts/adv_cv_sgm_scan.py [--fractional-every N]
+    python scripts/adv_cv_sgm_scan.py [--quick] [--qs Q ...]
 """
 
 from __future__ import annotations
