@@ -36,7 +36,7 @@ MECHANISMS = frozenset({
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
     "SubsampledGaussian", "ZCDP", "TruncatedNegativeBinomial"})
 """Mechanisms and laws of runs reviewed: their curves are the same floats today as in
-versions 2 and 3 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here).
+versions 2 to 4 wherever no parameter reaches :data:`HUGE` (``Poisson`` is not here).
 ``SubsetTuning`` is not here either: its curve at an order a rounding error above an
 integer k is now the value at k + 1, not k's (``_mechanisms/_subset._extend``, review lo3),
 which differs on a grid holding such an order; a file with a subset-tuning row before its
@@ -70,7 +70,7 @@ def _pure_base(params: Any) -> bool:
 
 def changed(data: Any) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
-    depth, a mechanism whose curve may differ from version 2's or 3's (see the module).
+    depth, a mechanism whose curve may differ from version 2's, 3's or 4's (see the module).
     Iterative: no recursion limit.
 
     Example:

@@ -154,7 +154,7 @@ rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-
 5: ``PureDP``'s curve is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative
 below the truth near α = 1 from rounding), and so is every curve built on it there
 (``RepeatAndSelect``'s pure-DP corollary).
-A checkpoint of version 2 or 3 is resumed from only where no row before it describes a
+A checkpoint of version 2, 3 or 4 is resumed from only where no row before it describes a
 mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
@@ -526,7 +526,7 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
 class _Unchanged:
     """Whether the rows replayed so far (each after :func:`replay_row` accepted it) describe
     no mechanism whose curve changed since curve version 2 (:func:`_resumable.changed`):
-    then a checkpoint of version 2 or 3 there is one an opener resumes from, and ``verify``
+    then a checkpoint of version 2, 3 or 4 there is one an opener resumes from, and ``verify``
     holds it to the replay exactly."""
 
     def __init__(self, store: Any, conn: Any) -> None:
