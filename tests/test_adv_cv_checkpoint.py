@@ -154,3 +154,14 @@ def test_a_state_dict_and_pickle_main_wrote_after_a_huge_pure_dp_load() -> None:
     assert state["spent"][0] < today.spent[0]  # main's lower total, recorded
     for loaded in (Ledger.load_state_dict(state), pickle.loads(blob)):
         assert np.array_equal(loaded.spent, today.spent)  # replayed with today's curves
+
+
+def test_the_resumable_threshold_is_the_curves_one() -> None:
+    """_resumable restates PURE_DP_FLAT to stay free of the curves: a lower threshold in
+    _stable alone would change PureDP(35)'s curve while its rows still resumed."""
+    from privguard._curves import _stable
+    from privguard._stores import _resumable
+
+    assert _resumable.PURE_DP_FLAT == _stable.PURE_DP_FLAT
+    assert changed(M.PureDP(_stable.PURE_DP_FLAT).to_dict())
+    assert not changed(M.PureDP(float(np.nextafter(_stable.PURE_DP_FLAT, 0))).to_dict())
