@@ -285,9 +285,10 @@ class Accounting:
         return {"plan": plan.to_dict(), "filter": self._filter_record(flt),
                 "odometer": self._odometer_fixed(plan)}
 
-    def derive_fixed_legacy(self, plan: Plan) -> dict[str, Any]:
+    def derive_fixed_legacy(self, plan: Plan, context: Any = None) -> dict[str, Any]:
         """:meth:`derive_fixed` with the subsampled Gaussian's curves of privguard before
-        e08c1f5 (:mod:`privguard._curves._legacy`), for checking an old fix entry on load.
+        e08c1f5 (:mod:`privguard._curves._legacy`), for checking an old fix entry on load;
+        with ``context`` (a context manager such as ``_legacy.pre_flat``) in its place.
 
         Computed in a shallow copy whose curve caches start empty and are discarded, in this
         context only: this ledger's caches and the process-wide one keep today's curves. A
@@ -297,7 +298,7 @@ class Accounting:
         """
         scratch = copy.copy(self)
         scratch._curves, scratch._by_id = {}, {}
-        with _legacy.pre_revision():
+        with (_legacy.pre_revision if context is None else context)():
             return scratch.derive_fixed(plan)
 
     def _odometer_fixed(self, plan: Plan) -> dict[str, Any] | None:

@@ -14,6 +14,13 @@ The older tolerance is switched on by :func:`pre_revision` for the current conte
 :class:`contextvars.ContextVar`: other threads and tasks never see it), and while it is on
 ``Mechanism._rdp_checked`` bypasses the process-wide curve cache, so a legacy curve is
 never stored where ordinary callers read. No module constant is changed.
+
+Task cv (checkpoint curves version 5) made ``PureDP``'s curve ε₀ itself from
+ε₀ = ``_stable.PURE_DP_FLAT`` on; before, the stable form was up to 6.3e-12 (relative) lower
+near α = 1 (on a grid with such orders and ε₀ ≳ 1e10). A fix entry derived from a plan over
+such a ``PureDP`` (its mixture weights, δ shares) by privguard before task cv is likewise
+an older data-independent choice: :func:`pre_flat` computes that curve for the load paths,
+and :func:`pre_revision` does too (files of before e08c1f5 predate task cv).
 """
 
 from __future__ import annotations
@@ -29,9 +36,38 @@ _FRACTIONAL_RTOL: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "_FRACTIONAL_RTOL", default=None)
 
 
+_PRE_FLAT: contextvars.ContextVar[bool] = contextvars.ContextVar("_PRE_FLAT", default=False)
+
+
 def active() -> bool:
-    """Whether this context computes the pre-e08c1f5 curves (then nothing may cache them)."""
-    return _FRACTIONAL_RTOL.get() is not None
+    """Whether this context computes older curves (then nothing may cache them)."""
+    return _FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get()
+
+
+def pure_dp_flat() -> bool:
+    """Whether ``PureDP``'s curve is ε₀ itself from ``PURE_DP_FLAT`` on in this context
+    (task cv): today's, unless :func:`pre_flat` or :func:`pre_revision` is on."""
+    return not _PRE_FLAT.get()
+
+
+@contextlib.contextmanager
+def pre_flat() -> Iterator[None]:
+    """Compute ``PureDP``'s curve as before task cv within the block (the stable form for
+    every ε₀), in this context only (thread-safe; curves computed inside are not cached).
+
+    Example:
+        >>> from privguard._curves import _legacy
+        >>> with _legacy.pre_flat():
+        ...     _legacy.pure_dp_flat()
+        False
+        >>> _legacy.pure_dp_flat()
+        True
+    """
+    token = _PRE_FLAT.set(True)
+    try:
+        yield
+    finally:
+        _PRE_FLAT.reset(token)
 
 
 def fractional_rtol(today: float) -> float:
@@ -42,8 +78,9 @@ def fractional_rtol(today: float) -> float:
 
 @contextlib.contextmanager
 def pre_revision() -> Iterator[None]:
-    """Compute subsampled-Gaussian curves as before e08c1f5 within the block, in this
-    context only (thread-safe; curves computed inside are not cached).
+    """Compute subsampled-Gaussian curves as before e08c1f5 within the block, and
+    ``PureDP``'s as before task cv (:func:`pre_flat`), in this context only (thread-safe;
+    curves computed inside are not cached).
 
     Example:
         >>> from privguard._curves import _legacy
@@ -55,6 +92,7 @@ def pre_revision() -> Iterator[None]:
     """
     token = _FRACTIONAL_RTOL.set(LEGACY_FRACTIONAL_RTOL)
     try:
-        yield
+        with pre_flat():
+            yield
     finally:
         _FRACTIONAL_RTOL.reset(token)

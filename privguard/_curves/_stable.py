@@ -21,6 +21,17 @@ import numpy as np
 #: thousand units in the last place, far above the few the evaluation can lose.
 MARGIN = 2.0**-42
 
+#: From this ε₀ on, the pure-DP curve is ε₀ at every order (task cv). Proof: with
+#: D = log1p(e^(−ε₀)) − log1p(e^(−(2α−1)ε₀)) ≥ 0, Mironov 2017, Prop. 5 reads
+#: ε(α) = ε₀ − D/(α−1) ≤ ε₀, and ε₀ − ε(α) ≤ e^(−ε₀)/(α−1) ≤ e^(−40)/10⁻⁵ < 4.3·10⁻¹³ on any
+#: grid (α ≥ MIN_ORDER = 1 + 10⁻⁵), at most 1.1·10⁻¹⁴ of ε₀: an over-count below MARGIN.
+#: Below it :func:`pure_dp_rdp` with MARGIN was at or above the truth at every point of
+#: review rcv's scan (scripts/rcv_pure_dp_scan.py: ε₀ from 1e-300 to 40, orders from
+#: 1 + 1e-5 to 1e6) except near the smallest normal float (docs/theory.md §1.2: values
+#: below ~1e-307 whose e^L is subnormal). Its terms are not all small: log sinh(αε₀/2)
+#: reaches 2e7 at α = 1e6, where L is as large and the relative error stays tiny.
+PURE_DP_FLAT = 40.0
+
 _LOG2 = math.log(2.0)
 #: Above this argument sinh and cosh are e^y/2 to double precision (e^−40 < 2⁻⁵³).
 _BIG = 20.0

@@ -14,6 +14,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._curves import (
+    _legacy,
     _opacus_rdp,  # noqa: F401  (tests/test_ledger.py patches it here)
     _sgm,
     _stable,
@@ -149,7 +150,15 @@ class PureDP(Mechanism):
         # The form above lost everything for tiny ε₀ (PureDP(1e-8).rdp([1.1, 2]) was
         # [0, 0]); privguard._curves._stable evaluates it without cancellation (issue 24), then it
         # is moved up by a relative MARGIN and floored at the smallest positive float.
+        # From ε₀ = PURE_DP_FLAT on, the curve is ε₀ itself (task cv): there the stable form
+        # subtracts log sinh(αε₀/2) ≈ αε₀/2 and log cosh(ε₀/2) ≈ ε₀/2 to leave (α−1)ε₀, and
+        # near α = 1 lost up to 6.3e-12 (relative, beyond MARGIN) to rounding:
+        # PureDP(1e20).rdp([1.00001]) was below the truth. ε₀ is within 1.1e-14 (relative) above
+        # the truth there (_stable.PURE_DP_FLAT; docs/theory.md §1.2). Not while a load
+        # re-derives a fix entry of before task cv (_legacy.pre_flat).
         e, a = self.epsilon, orders
+        if e >= _stable.PURE_DP_FLAT and _legacy.pure_dp_flat():
+            return np.full_like(a, e)
         with np.errstate(invalid="ignore", over="ignore"):
             val = _stable.pure_dp_rdp(e, a) * (1.0 + _stable.MARGIN)
         return np.clip(np.where(np.isnan(val), e, val), min(_TINY, e), e)

@@ -17,15 +17,19 @@ review al's round-up of the truncated negative binomial's tuning bound (``_repea
 always one), whose float value had been up to 1.3e-14 (relative) below seed 002 Theorem 2's.
 And review al's evaluation of ``SubsetTuning``'s sums without cancellation (every
 ``SubsetTuning`` counts as changed already), and its round-up of ``DeltaReserve``'s level
-(an ulp below the exact value before; ``DeltaReserve`` is no longer listed).
+(an ulp below the exact value before; ``DeltaReserve`` is no longer listed). And task cv's
+``PureDP`` with ε₀ ≥ 40 (:data:`PURE_DP_FLAT`: the curve is ε₀ itself there, up to 6.3e-12
+relative above the older one; ``RepeatAndSelect``'s pure-DP corollary through it).
 A description is *changed* for a checkpoint of version 2 or 3 (:func:`changed`) if it holds,
 at any depth, a ``Poisson`` or a ``TruncatedNegativeBinomial`` law of runs, a number
 of magnitude 1e150 or more (or not finite) among a mechanism's parameters, a
-``SubsetTuning``, a ``DeltaReserve``, or a
+``SubsetTuning``, a ``DeltaReserve``, a ``PureDP`` whose ``epsilon`` is not a number below
+40, a ``RepeatAndSelect`` or ``DPHyPO`` with a ``PureDP`` base (its corollary's ε₀ is a
+multiple), or a
 ``{"type", "params"}`` dict of a type not reviewed here (fail closed: a mechanism added
 later counts as changed until its curve history is read). For a checkpoint of version 4
-only review al's changes count (a ``TruncatedNegativeBinomial`` law, a ``SubsetTuning``,
-a ``DeltaReserve``, a type not reviewed): the Poisson curve and the Gaussian whose 2σ²
+only the changes of version 5 count (review al's: a ``TruncatedNegativeBinomial`` law, a
+``SubsetTuning``, a ``DeltaReserve``; task cv's ``PureDP`` rules; a type not reviewed): the Poisson curve and the Gaussian whose 2σ²
 overflows were already today's when version 4 was written (a05d7b9, 2ad6965 precede it,
 c07976b), and counting them made every file main wrote with Poisson tuning before its
 checkpoint replay its journal from the genesis at every open (review ral).
@@ -69,6 +73,25 @@ HUGE_CHANGED = frozenset({2, 3})
 change (2ad6965 precedes version 4)."""
 
 
+PURE_DP_FLAT = 40.0
+"""``PureDP``'s ε₀ from which its curve changed in version 5 (``_curves._stable.PURE_DP_FLAT``,
+restated here so that deciding stays free of the curves)."""
+
+
+def _pure_dp_changed(params: Any) -> bool:
+    """Whether a ``PureDP``'s params may give a curve other than version 4's (fail closed)."""
+    eps = params.get("epsilon") if isinstance(params, dict) else None
+    return (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not abs(eps) < PURE_DP_FLAT)
+
+
+def _pure_base(params: Any) -> bool:
+    """Whether a tuner's params have a ``PureDP`` base (or are unreadable: fail closed); its
+    curve takes the minimum with ``PureDP`` at (2+η)ε₀ or more, which may reach 40."""
+    base = params.get("base") if isinstance(params, dict) else None
+    return not isinstance(base, dict) or base.get("type") == "PureDP"
+
+
 def changed(data: Any, version: int = 2) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
     depth, a mechanism whose curve may differ from curve version ``version``'s (2, 3 or 4;
@@ -94,6 +117,10 @@ def changed(data: Any, version: int = 2) -> bool:
                 kind = item["type"]
                 if not isinstance(kind, str) or kind not in reviewed | NOT_MECHANISMS:
                     return True  # a changed curve, or a type never reviewed: fail closed
+                if kind == "PureDP" and _pure_dp_changed(item["params"]):
+                    return True  # task cv, since version 4: every older version
+                if kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
+                    return True  # its pure-DP corollary is PureDP((2+η)ε₀...): any ε₀
                 inside = kind in reviewed
             stack.extend((value, inside) for value in item.values())
         elif isinstance(item, (list, tuple)):

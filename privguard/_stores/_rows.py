@@ -16,6 +16,7 @@ from privguard._accounting._accounting import Accounting, is_retarget
 from privguard._accounting._derivation import DERIVATION, KNOWN, first_difference
 from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
+from privguard._curves import _legacy
 from privguard._errors import LedgerStateError, PrivguardError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict
 from privguard._mechanisms._poisson_revision import poisson_tuning_hint
@@ -152,7 +153,9 @@ rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-
 67c2155 held Poisson totals up to 3.2e-16 below today's, and was resumed from: task ckr).
 5: the truncated negative binomial's tuning bound (``RepeatAndSelect`` with D_{η,γ},
 ``DPHyPO``) rounded up (review al: its float value was up to 1.3e-14, relative, below seed
-002 Theorem 2's). A checkpoint of version 2, 3 or 4 is resumed from only where no row
+002 Theorem 2's; its subset-tuning sums and ``DeltaReserve``'s level too), and ``PureDP``'s curve
+is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative below the truth near
+α = 1 from rounding), with every curve built on it there. A checkpoint of version 2, 3 or 4 is resumed from only where no row
 before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
@@ -623,14 +626,16 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     derived = _at_recorded_steps(fixed, derived)
     field = first_difference(fixed, derived)
     if field is not None:
-        # the same plan, derived with the pre-e08c1f5 curves (docs/theory.md §1.1, "Fix
-        # entries derived before the revision"): another data-independent library choice
-        try:
-            legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan))
-        except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
-        if first_difference(fixed, legacy) is None:
-            return legacy
+        # the same plan, derived with the curves before task cv (PureDP from ε₀ = 40: main
+        # until checkpoint curves version 5) or before e08c1f5 (and task cv; docs/theory.md
+        # §1.1, "Fix entries derived before the revision"): another data-independent choice
+        for context in (_legacy.pre_flat, _legacy.pre_revision):
+            try:
+                legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan, context))
+            except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise LedgerStateError(f"{where}: the fixed plan is unreadable ({exc})") from exc
+            if first_difference(fixed, legacy) is None:
+                return legacy
         raise LedgerStateError(f"{where}: the choices fixed from the plan are not the ones this "
                                f"library derives from it ({field or 'the record'} differs: a "
                                "forged or foreign fix entry)" + poisson_tuning_hint(plan.step))
