@@ -524,6 +524,9 @@ class PostgresStore:
         acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
             f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx < %s ORDER BY idx",
             (self.ledger, n)).fetchall())
+        # 0 after an older checkpoint it could not resume from (_rows.passed_over): the tail
+        # then counts from the genesis, and an owner's open writes a fresh checkpoint (_open;
+        # not where the journal's head is that checkpoint's row: one per row, never replaced)
         self._checkpointed = self._cursor.entries
         head = self._read_head(conn)
         self._sync(conn, acc, head)

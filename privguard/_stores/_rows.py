@@ -208,6 +208,15 @@ def resume(store: Any, row: tuple | None, genesis_config: Any, conn: Any = None,
     return acc, cursor
 
 
+def passed_over(row: tuple | None, cursor: Cursor) -> bool:
+    """Whether :func:`resume` could not resume from ``row``, the newest checkpoint, and
+    returned ``cursor`` from the genesis instead (an older curve version whose rows before
+    it changed, :func:`_older_resumable`): the opener then replays rows that checkpoint
+    covers, and so does every opener after it, until a checkpoint of today's version is
+    written past it (docs/theory.md §7, "A fresh checkpoint after such an open")."""
+    return row is not None and cursor.entries != row[0]
+
+
 def _older_resumable(store: Any, conn: Any, cursor: Cursor, snap: dict[str, Any],
                      acc: Accounting, rows_before: Callable[[int], Iterable[tuple]],
                      genesis_config: Any) -> bool:

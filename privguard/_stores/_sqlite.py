@@ -770,9 +770,27 @@ class SQLiteStore:
                            "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
         acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
             f"SELECT {_ROW} FROM entries WHERE idx < ? ORDER BY idx", (n,)))
+        passed_over = _rows.passed_over(row, self._cursor)
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
+        if passed_over and not self.read_only:
+            self._refresh_checkpoint(conn, acc)
         return acc
+
+    def _refresh_checkpoint(self, conn: sqlite3.Connection, acc: Accounting) -> None:
+        """A checkpoint of today's curve version at the head, in the open's transaction (the
+        writable open's flock and ``BEGIN IMMEDIATE``, as a charge's), after an open that
+        replayed past the newest checkpoint (:func:`_rows.passed_over`): the next opener
+        resumes from it (docs/theory.md §7, "A fresh checkpoint after such an open"). It
+        holds the replay every opener computes. A file this process cannot write (SQLite
+        opens a read-only file read-only) opens as before: the write is rolled back."""
+        assert self._cursor is not None
+        conn.execute("SAVEPOINT refresh")
+        try:
+            self._checkpoint(conn, acc, self._cursor)
+        except sqlite3.OperationalError:  # readonly (or full): nothing written, open as before
+            conn.execute("ROLLBACK TO refresh")
+        conn.execute("RELEASE refresh")
 
     def _retarget(self, conn: sqlite3.Connection, acc: Accounting, config: Config,
                   reason: str | None) -> None:
