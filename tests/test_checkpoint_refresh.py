@@ -181,3 +181,24 @@ def test_a_server_ledger_owner_writes_a_fresh_checkpoint(pg, replayed):  # noqa:
         assert again[0] <= RESUMED
         _same_state(again, replay)
     assert np.array_equal(_spent(owner), _todays(charges))
+
+
+def test_a_reader_open_meanwhile_follows_the_refreshing_open(tmp_path, replayed):  # noqa: F811
+    """A ledger opened read-only before the refresh goes on reading the file after it, and
+    sees the charges made after it; the refreshing ledger charges on."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4_TNB, path)
+    reader, rows = _open(path, replayed, True)
+    assert rows == ROWS
+    writer, rows = _open(path, replayed, False)
+    assert rows == ROWS
+    assert _checkpoints(path)[-1] == (ROWS, _rows.CHECKPOINT_CURVES)
+    for i in range(3):
+        writer.charge(M.Gaussian(5.0 + i))
+    assert np.array_equal(reader.spent, writer.spent)  # synced: the charges after it
+    writer.close()
+    reader.close()
+    again, rows = _open(path, replayed, True)
+    assert rows <= RESUMED + 3
+    again.close()
+    assert cli_verify(path)["checkpoints"] == 2
