@@ -565,6 +565,8 @@ class SQLiteStore:
 
     _writing = False
     _wal = False
+    _refresh_tried = False  # this open tried a fresh checkpoint (_refresh_checkpoint)
+    _no_refresh = False  # open() again after that write undid the open's transaction
     _snapshot: tuple[int, int] | None = None  # read as immutable while this snapshot is held
 
     # -- digests -------------------------------------------------------------------------
@@ -707,12 +709,28 @@ class SQLiteStore:
     # -- opening -----------------------------------------------------------------------------
     def open(self, config: Config | None, acc: Accounting | None,
              retarget: str | None) -> Accounting:
+        self._refresh_tried = False
+        try:
+            return self._open(config, acc, retarget)
+        except BaseException as exc:
+            # A failed open leaves nothing behind: no connection, no flock fd (issue 26).
+            self.close(warn=False)
+            if not (self._refresh_tried and isinstance(exc, LedgerStateError)
+                    and isinstance(exc.__cause__, sqlite3.Error)):
+                raise
+        # review rckw: the fresh checkpoint's write failed where SQLite rolled the whole
+        # transaction back (disk full or an I/O error at the INSERT: "no such savepoint"),
+        # or at the COMMIT (WAL writes at the commit: a full disk failed the open, which
+        # opened before). The open again as before ckw, writing nothing; its own error,
+        # if it has one, is the one raised.
+        self._no_refresh = True
         try:
             return self._open(config, acc, retarget)
         except BaseException:
-            # A failed open leaves nothing behind: no connection, no flock fd (issue 26).
             self.close(warn=False)
             raise
+        finally:
+            self._no_refresh = False
 
     def _open(self, config: Config | None, acc: Accounting | None,
               retarget: str | None) -> Accounting:
@@ -773,7 +791,7 @@ class SQLiteStore:
         passed_over = _rows.passed_over(row, self._cursor)
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
-        if passed_over and not self.read_only:
+        if passed_over and not self.read_only and not self._no_refresh:
             self._refresh_checkpoint(conn, acc)
         return acc
 
@@ -783,12 +801,15 @@ class SQLiteStore:
         replayed past the newest checkpoint (:func:`_rows.passed_over`): the next opener
         resumes from it (docs/theory.md §7, "A fresh checkpoint after such an open"). It
         holds the replay every opener computes. A file this process cannot write (SQLite
-        opens a read-only file read-only) opens as before: the write is rolled back."""
+        opens a read-only file read-only) opens as before: the write is rolled back; where
+        SQLite undid the whole transaction (a full disk, an I/O error) or the COMMIT fails,
+        :meth:`open` opens again without it (review rckw)."""
         assert self._cursor is not None
+        self._refresh_tried = True  # a failure that undid the open's transaction: open()
         conn.execute("SAVEPOINT refresh")
         try:
             self._checkpoint(conn, acc, self._cursor)
-        except sqlite3.OperationalError:  # readonly (or full): nothing written, open as before
+        except sqlite3.OperationalError:  # readonly: nothing written, open as before
             conn.execute("ROLLBACK TO refresh")
         conn.execute("RELEASE refresh")
 

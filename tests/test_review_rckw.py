@@ -1,0 +1,90 @@
+"""Review rckw of task ckw (a fresh checkpoint written by a writable open that replayed past
+an older one, docs/theory.md §7 "A fresh checkpoint after such an open").
+
+A write that fails where SQLite undoes the whole transaction, not the statement alone: a
+full disk or an I/O error at the checkpoint's INSERT (the ``ROLLBACK TO refresh`` then
+finds no savepoint), or at the COMMIT (in WAL mode nothing reaches the disk before it). The
+open failed there ("commit failed (database or disk is full)", seen on a full tmpfs), where
+before ckw it opened: a file on which the write fails must open as before, nothing written.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sqlite3
+from typing import ClassVar
+
+import pytest
+from test_checkpoint_refresh import OLD_V4_TNB, ROWS, _checkpoints, _same_state, _state
+from test_checkpoint_v2_resume import RESUMED, replayed  # noqa: F401  (a fixture)
+from test_sqlite import cli_verify
+
+from privguard import Ledger
+from privguard._stores import _rows, _sqlite
+
+
+class _Failing(sqlite3.Connection):
+    """A connection whose next COMMIT fails as on a full disk, once armed."""
+
+    armed: ClassVar[list[bool]] = [False]
+
+    def execute(self, sql, *args):  # type: ignore[override]
+        if sql == "COMMIT" and _Failing.armed[0]:
+            _Failing.armed[0] = False
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, *args)
+
+
+@pytest.mark.parametrize("where", ["commit", "insert"])
+def test_a_refresh_that_undoes_the_transaction_opens_as_before(tmp_path, replayed,  # noqa: F811
+                                                                monkeypatch, where):
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4_TNB, path)
+    replay = _state(path, replayed, True)
+    real = _sqlite.SQLiteStore._checkpoint
+    tried = [0]
+
+    def failing(self, conn, acc, c):
+        tried[0] += 1
+        if where == "commit":  # written, and the COMMIT after it fails (WAL, disk full)
+            real(self, conn, acc, c)
+            _Failing.armed[0] = True
+        else:  # SQLite rolled the whole transaction back (SQLITE_FULL / SQLITE_IOERR)
+            conn.execute("ROLLBACK")
+            raise sqlite3.OperationalError("disk I/O error")
+
+    _Failing.armed[0] = False
+    with monkeypatch.context() as patch:
+        patch.setattr(_sqlite.sqlite3, "connect",
+                      functools.partial(sqlite3.connect, factory=_Failing))
+        patch.setattr(_sqlite.SQLiteStore, "_checkpoint", failing)
+        ledger = Ledger.open(path)  # it opens, as before ckw
+        try:
+            assert tried[0] == 1
+            assert ledger.state_dict() == replay[1]
+        finally:
+            ledger.close()
+    assert _checkpoints(path) == [(512, 4)]  # nothing written
+    _Failing.armed[0] = False
+    # the next writable open, whose write succeeds, refreshes it as ckw does
+    first = _state(path, replayed, False)
+    assert first[0] == ROWS
+    _same_state(first, replay)
+    assert _checkpoints(path) == [(512, 4), (ROWS, _rows.CHECKPOINT_CURVES)]
+    assert _state(path, replayed, True)[0] <= RESUMED
+    assert cli_verify(path)["checkpoints"] == 2
+
+
+def test_an_open_that_fails_otherwise_is_not_retried_into_success(tmp_path, monkeypatch):
+    """The retry is the open before ckw: an error of its own is raised as before (here the
+    stored configuration edited: no retry hides it, and nothing is written)."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4_TNB, path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = replace(value, '1e-05', '2e-05') WHERE key = 'config'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(Exception, match="stored configuration was edited"):
+        Ledger.open(path)
+    assert _checkpoints(path) == [(512, 4)]
