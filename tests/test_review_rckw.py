@@ -88,3 +88,45 @@ def test_an_open_that_fails_otherwise_is_not_retried_into_success(tmp_path, monk
     with pytest.raises(Exception, match="stored configuration was edited"):
         Ledger.open(path)
     assert _checkpoints(path) == [(512, 4)]
+
+
+def test_a_run_grown_by_its_ledger_after_the_refresh(tmp_path, replayed):  # noqa: F811
+    """The head's run, begun by a ledger still open, grows after another ledger's open
+    wrote the fresh checkpoint at that row: the checkpoint is then stale at its row (as a
+    periodic one may be); a later opener resumes from it to the same state as the replay,
+    and verify accepts it (the row as the checkpoint saw it, then as it is)."""
+    from test_checkpoint_refresh import TNB
+    from test_checkpoint_v2_resume import EVERY, _charges, _curve_version
+
+    path = str(tmp_path / "v4.db")
+    charges = _charges(first=[TNB])
+    with _curve_version(4):
+        first = Ledger(epsilon=1e6, delta=1e-5, path=path, lease=1)  # a row a charge
+        for mechanism, label in charges:
+            first.charge(mechanism, label=label)
+    assert _checkpoints(path) == [(EVERY, 4)]
+    refreshing = _state(path, replayed, False)  # another ledger's open
+    assert refreshing[0] > EVERY
+    assert _checkpoints(path)[-1][1] == _rows.CHECKPOINT_CURVES
+    grown = charges + [charges[-1]] * 5
+    for mechanism, label in grown[len(charges):]:  # the first ledger's run grows
+        first.charge(mechanism, label=label)
+    first.close()
+    conn = sqlite3.connect(path)
+    stale = conn.execute("SELECT c.last_count < h.last_count AND c.entries = h.entries FROM "
+                         "checkpoints c, head h ORDER BY c.entries DESC LIMIT 1").fetchone()
+    conn.close()
+    assert stale == (1,)  # the fresh checkpoint's row grew since
+    again = _state(path, replayed, False)
+    assert again[0] <= RESUMED
+    # the same as the journal replayed from the genesis, with no checkpoint to resume from
+    whole = str(tmp_path / "whole.db")
+    shutil.copy(path, whole)
+    conn = sqlite3.connect(whole)
+    conn.execute("DELETE FROM checkpoints")
+    conn.commit()
+    conn.close()
+    replay = _state(whole, replayed, True)
+    assert replay[0] > EVERY
+    _same_state(again, replay)
+    assert cli_verify(path)["checkpoints"] == 2
