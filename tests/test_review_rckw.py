@@ -36,6 +36,15 @@ class _Failing(sqlite3.Connection):
         return super().execute(sql, *args)
 
 
+def _sql(path, statement):
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute(statement)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("where", ["commit", "insert"])
 def test_a_refresh_that_undoes_the_transaction_opens_as_before(tmp_path, replayed,  # noqa: F811
                                                                 monkeypatch, where):
@@ -81,10 +90,7 @@ def test_an_open_that_fails_otherwise_is_not_retried_into_success(tmp_path, monk
     stored configuration edited: no retry hides it, and nothing is written)."""
     path = str(tmp_path / "old.db")
     shutil.copy(OLD_V4_TNB, path)
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value = replace(value, '1e-05', '2e-05') WHERE key = 'config'")
-    conn.commit()
-    conn.close()
+    _sql(path, "UPDATE meta SET value = replace(value, '1e-05', '2e-05') WHERE key = 'config'")
     with pytest.raises(Exception, match="stored configuration was edited"):
         Ledger.open(path)
     assert _checkpoints(path) == [(512, 4)]
@@ -122,10 +128,7 @@ def test_a_run_grown_by_its_ledger_after_the_refresh(tmp_path, replayed):  # noq
     # the same as the journal replayed from the genesis, with no checkpoint to resume from
     whole = str(tmp_path / "whole.db")
     shutil.copy(path, whole)
-    conn = sqlite3.connect(whole)
-    conn.execute("DELETE FROM checkpoints")
-    conn.commit()
-    conn.close()
+    _sql(whole, "DELETE FROM checkpoints")
     replay = _state(whole, replayed, True)
     assert replay[0] > EVERY
     _same_state(again, replay)
