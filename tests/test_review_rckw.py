@@ -20,7 +20,7 @@ from test_checkpoint_refresh import OLD_V4_TNB, ROWS, _checkpoints, _same_state,
 from test_checkpoint_v2_resume import RESUMED, replayed  # noqa: F401  (a fixture)
 from test_sqlite import cli_verify
 
-from privguard import Ledger
+from privguard import Ledger, LedgerStateError
 from privguard._stores import _rows, _sqlite
 
 
@@ -133,3 +133,27 @@ def test_a_run_grown_by_its_ledger_after_the_refresh(tmp_path, replayed):  # noq
     assert replay[0] > EVERY
     _same_state(again, replay)
     assert cli_verify(path)["checkpoints"] == 2
+
+
+def test_a_keyed_files_edited_stale_checkpoint_is_refused_not_replaced(tmp_path, monkeypatch):
+    """A keyed file whose version-4 checkpoint sits at the head's row (the run grew since),
+    its snapshot edited: the open checks its MAC before it would replace it, and refuses."""
+    from test_checkpoint_refresh import TNB
+    from test_checkpoint_v2_resume import EVERY, _charges, _curve_version
+
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "correct horse battery staple")
+    path = str(tmp_path / "keyed.db")
+    charges = _charges(first=[TNB])[:EVERY - 1]
+    with _curve_version(4):
+        ledger = Ledger(epsilon=1e6, delta=1e-5, path=path, lease=1)
+        for mechanism, label in charges + [charges[-1]] * 3:
+            ledger.charge(mechanism, label=label)
+        ledger.close()
+    assert _checkpoints(path) == [(EVERY, 4)]
+    _sql(path, "UPDATE checkpoints SET snapshot = replace(snapshot, '\"curves\":4', "
+               "'\"curves\": 4')")
+    edited = open(path, "rb").read()
+    for read_only in (False, True):
+        with pytest.raises(LedgerStateError, match="fails its digest"):
+            Ledger.open(path, read_only=read_only)
+    assert open(path, "rb").read() == edited  # not replaced
