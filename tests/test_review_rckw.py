@@ -157,3 +157,27 @@ def test_a_keyed_files_edited_stale_checkpoint_is_refused_not_replaced(tmp_path,
         with pytest.raises(LedgerStateError, match="fails its digest"):
             Ledger.open(path, read_only=read_only)
     assert open(path, "rb").read() == edited  # not replaced
+
+
+def test_a_retarget_at_the_refreshing_open(tmp_path, replayed):  # noqa: F811
+    """``Ledger(..., path=, retarget=)`` on a file that must be replayed: the fresh checkpoint
+    holds the state before the retarget row the same open writes after it; a later opener
+    resumes from it and replays that row, to the state of the whole journal replayed."""
+    path = str(tmp_path / "old.db")
+    shutil.copy(OLD_V4_TNB, path)
+    ledger = Ledger(epsilon=20000.0, delta=1e-5, path=path, retarget="a larger budget")
+    ledger.close()
+    conn = sqlite3.connect(path)
+    (config,) = conn.execute("SELECT value FROM meta WHERE key = 'config'").fetchone()
+    conn.close()
+    assert '"epsilon":20000.0' in config
+    assert _checkpoints(path) == [(512, 4), (ROWS, _rows.CHECKPOINT_CURVES)]
+    again = _state(path, replayed, False)
+    assert again[0] <= RESUMED
+    whole = str(tmp_path / "whole.db")
+    shutil.copy(path, whole)
+    _sql(whole, "DELETE FROM checkpoints")
+    replay = _state(whole, replayed, True)
+    assert replay[0] == ROWS + 1  # the retarget row too
+    _same_state(again, replay)
+    assert cli_verify(path)["checkpoints"] == 2
