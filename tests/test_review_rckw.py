@@ -45,6 +45,21 @@ def _sql(path, statement):
         conn.close()
 
 
+def _resumed_as_replayed(path, tmp_path, replayed, rows):  # noqa: F811
+    """A writable open resumes from the fresh checkpoint, to the state of the whole journal
+    replayed from the genesis (a copy with no checkpoint, ``rows`` rows at least); verify
+    accepts both checkpoints."""
+    again = _state(path, replayed, False)
+    assert again[0] <= RESUMED
+    whole = str(tmp_path / "whole.db")
+    shutil.copy(path, whole)
+    _sql(whole, "DELETE FROM checkpoints")
+    replay = _state(whole, replayed, True)
+    assert replay[0] >= rows
+    _same_state(again, replay)
+    assert cli_verify(path)["checkpoints"] == 2
+
+
 @pytest.mark.parametrize("where", ["commit", "insert"])
 def test_a_refresh_that_undoes_the_transaction_opens_as_before(tmp_path, replayed,  # noqa: F811
                                                                 monkeypatch, where):
@@ -123,16 +138,7 @@ def test_a_run_grown_by_its_ledger_after_the_refresh(tmp_path, replayed):  # noq
                          "checkpoints c, head h ORDER BY c.entries DESC LIMIT 1").fetchone()
     conn.close()
     assert stale == (1,)  # the fresh checkpoint's row grew since
-    again = _state(path, replayed, False)
-    assert again[0] <= RESUMED
-    # the same as the journal replayed from the genesis, with no checkpoint to resume from
-    whole = str(tmp_path / "whole.db")
-    shutil.copy(path, whole)
-    _sql(whole, "DELETE FROM checkpoints")
-    replay = _state(whole, replayed, True)
-    assert replay[0] > EVERY
-    _same_state(again, replay)
-    assert cli_verify(path)["checkpoints"] == 2
+    _resumed_as_replayed(path, tmp_path, replayed, EVERY + 1)
 
 
 def test_a_keyed_files_edited_stale_checkpoint_is_refused_not_replaced(tmp_path, monkeypatch):
@@ -172,12 +178,4 @@ def test_a_retarget_at_the_refreshing_open(tmp_path, replayed):  # noqa: F811
     conn.close()
     assert '"epsilon":20000.0' in config
     assert _checkpoints(path) == [(512, 4), (ROWS, _rows.CHECKPOINT_CURVES)]
-    again = _state(path, replayed, False)
-    assert again[0] <= RESUMED
-    whole = str(tmp_path / "whole.db")
-    shutil.copy(path, whole)
-    _sql(whole, "DELETE FROM checkpoints")
-    replay = _state(whole, replayed, True)
-    assert replay[0] == ROWS + 1  # the retarget row too
-    _same_state(again, replay)
-    assert cli_verify(path)["checkpoints"] == 2
+    _resumed_as_replayed(path, tmp_path, replayed, ROWS + 1)  # the retarget row too
