@@ -31,6 +31,7 @@ import numpy as np
 
 from privguard._accounting._filters import DPFilter
 from privguard._accounting._results import exact, lower, upper
+from privguard._floats import float_below
 
 #: The grid of part A's counts at which the PLD ε is evaluated: T_A, then repeatedly
 #: min(⌈g / RATIO⌉, g − 1).
@@ -84,10 +85,7 @@ class Budget:
         floats rounds to nearest, up to an ulp above it; review rlo3)."""
         if not math.isfinite(self.spent):
             return 0.0
-        exact = 1 - Fraction(self.spent) / Fraction(self.epsilon)
-        left = float(exact)
-        if Fraction(left) > exact:
-            left = math.nextafter(left, -math.inf)
+        left = float_below(1 - Fraction(self.spent) / Fraction(self.epsilon))
         return min(1.0, max(0.0, left))
 
     def __str__(self) -> str:

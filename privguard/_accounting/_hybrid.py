@@ -45,6 +45,7 @@ from privguard._accounting._shares import DeltaShares, shares_from_dict
 from privguard._curves import _conversion as conv
 from privguard._curves._orders import DEFAULT_ORDERS
 from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._floats import float_below
 from privguard._mechanisms._base import Mechanism
 from privguard.mechanisms import (
     AccumulatedSubsampledGaussian,
@@ -565,11 +566,7 @@ def _exact_delta_b(delta: float, delta_a: float) -> float:
     is (ε, δ_A + δ_B)-DP). Before (task fp) the test was the float sum, which rounds: the
     exact sum could lie up to half an ulp of δ above δ (for δ_A < δ/2; from δ/2 on,
     δ − δ_A is exact, Sterbenz)."""
-    target = Fraction(delta) - Fraction(delta_a)
-    delta_b = delta - delta_a
-    while delta_b > 0.0 and Fraction(delta_b) > target:
-        delta_b = math.nextafter(delta_b, 0.0)
-    return delta_b
+    return float_below(Fraction(delta) - Fraction(delta_a))
 
 
 def admission_rule(a_alive, a_count, inside_steps, b_admits, steps_a):

@@ -15,7 +15,6 @@ scanning upward, so that it needs no monotonicity of the p-value in ε;
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -23,6 +22,7 @@ from scipy import stats
 
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
+from privguard._floats import float_below
 
 __all__ = ["GRID_STEP", "epsilon_lower_bound", "p_value"]
 
@@ -47,9 +47,7 @@ def split_level(confidence: float, splits: int = 1) -> float:
         >>> split_level(0.9, 4) * 4 <= 1 - 0.9
         True
     """
-    exact = (1 - Fraction(confidence)) / splits
-    level = float(exact)
-    return math.nextafter(level, 0.0) if Fraction(level) > exact else level
+    return float_below((1 - Fraction(confidence)) / splits)
 
 
 def _counts(m: int, r: int, v: int) -> tuple[int, int, int]:
