@@ -566,7 +566,6 @@ class SQLiteStore:
     _writing = False
     _wal = False
     _refresh_tried = False  # this open tried a fresh checkpoint (_refresh_checkpoint)
-    _no_refresh = False  # open() again after that write undid the open's transaction
     _snapshot: tuple[int, int] | None = None  # read as immutable while this snapshot is held
 
     # -- digests -------------------------------------------------------------------------
@@ -723,17 +722,14 @@ class SQLiteStore:
         # or at the COMMIT (WAL writes at the commit: a full disk failed the open, which
         # opened before). The open again as before ckw, writing nothing; its own error,
         # if it has one, is the one raised.
-        self._no_refresh = True
         try:
-            return self._open(config, acc, retarget)
+            return self._open(config, acc, retarget, refresh=False)
         except BaseException:
             self.close(warn=False)
             raise
-        finally:
-            self._no_refresh = False
 
     def _open(self, config: Config | None, acc: Accounting | None,
-              retarget: str | None) -> Accounting:
+              retarget: str | None, refresh: bool = True) -> Accounting:
         if config is None and not os.path.exists(self.path):
             raise LedgerStateError(f"{self.path}: no such ledger file")
         if self.read_only and not os.path.exists(self.path):
@@ -751,7 +747,7 @@ class SQLiteStore:
                     raise LedgerStateError(f"{self.path}: database integrity check failed: "
                                            f"{quick}")
                 genesis_config, current = self._read_meta(conn)
-                stored = self._resume(conn, genesis_config)
+                stored = self._resume(conn, genesis_config, refresh)
                 if stored.config != current:
                     raise LedgerStateError(
                         f"{self.path}: the stored configuration was edited (the journal's "
@@ -782,8 +778,11 @@ class SQLiteStore:
         if acc.fixed is not None:  # a declared plan: its choices are the first entry
             self._write(conn, acc, [Change("fix", body=acc.fixed)])
 
-    def _resume(self, conn: sqlite3.Connection, genesis_config: Config) -> Accounting:
-        """The accounting at the newest checkpoint, then the rows after it replayed."""
+    def _resume(self, conn: sqlite3.Connection, genesis_config: Config,
+                refresh: bool = True) -> Accounting:
+        """The accounting at the newest checkpoint, then the rows after it replayed; with
+        ``refresh``, a fresh checkpoint where that replay passed over the newest one
+        (:meth:`_refresh_checkpoint`)."""
         row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
                            "checkpoints ORDER BY entries DESC LIMIT 1").fetchone()
         acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
@@ -791,7 +790,7 @@ class SQLiteStore:
         passed_over = _rows.passed_over(row, self._cursor)
         # _sync checks that the rows the checkpoint ends on still carry its digests.
         self._sync(conn, acc)
-        if passed_over and not self.read_only and not self._no_refresh:
+        if passed_over and refresh and not self.read_only:
             self._refresh_checkpoint(conn, acc)
         return acc
 
