@@ -101,14 +101,15 @@ def _opened(returned: Any) -> Outcome:
     """A task's return value as an outcome: (score, artifact unpickled), or ⊥ (None).
 
     Unpickling runs the artifact's own code (``__reduce__``, ``__setstate__``): as in a
-    candidate, its warnings are discarded and whatever it raises is ⊥, with nothing logged.
+    candidate, whatever it raises is ⊥, with nothing logged; the caller runs this in the
+    candidate's scope (:func:`~privguard.tuning._quiet.candidate_scope`), which discards its
+    warnings and reports.
     """
     if returned is None:
         return None
     try:
-        with candidate_scope():
-            score, blob = returned
-            return score, ray.cloudpickle.loads(blob)
+        score, blob = returned
+        return score, ray.cloudpickle.loads(blob)
     except KeyboardInterrupt:
         raise
     except BaseException:  # by design: an artifact that cannot be rebuilt here is ⊥
