@@ -30,6 +30,7 @@ Run: python benchmarks/gpu_step_cost.py [--device cuda] [--rounds 40] [--block 2
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import statistics
@@ -54,7 +55,7 @@ MODELS = {"small": ((20, 64, 2), 128, 8192), "large": ((784, 512, 512, 10), 256,
 
 def _mlp(widths: tuple[int, ...]) -> nn.Module:
     layers: list[nn.Module] = []
-    for a, b in zip(widths[:-1], widths[1:], strict=False):
+    for a, b in itertools.pairwise(widths):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1])
 
