@@ -122,3 +122,17 @@ def test_resuming_a_file_ledger_repeats_its_plan_as_the_readme_says(tmp_path):
         assert len(again.history) >= 1
     with Ledger.open(path) as opened:
         assert len(opened.history) >= 1
+
+
+def test_the_on_disk_and_leases_blocks_run_one_after_the_other_in_one_folder(tmp_path, monkeypatch):
+    # README "On disk" creates budget.db at ε = 8; the "Leases" block, pasted next in the same
+    # folder, opened budget.db again at ε = 3 and was refused (LedgerStateError: another
+    # configuration). Each block as written, in one working directory, in README order.
+    from privguard import Ledger
+
+    monkeypatch.chdir(tmp_path)
+    names: dict = {"Ledger": Ledger}
+    for heading in ("## On disk", "## Leases"):
+        exec(compile(_first_python_block_after(heading), f"README {heading}", "exec"), names)
+        names["ledger"].close()
+    assert names["ledger"].target[0] == 3.0
