@@ -13,6 +13,15 @@ extends the ledger): two that fork (branches of the run, each of which spent bud
 the other does not hold) cannot both be held by one in-memory ledger, and the resume is
 refused rather than one branch's charges dropped. Entries of another run are never looked
 at here: unrelated ledgers are never merged.
+
+Hugging Face gives each ``train()`` its own run id (a branch), and each entry records the
+branch resumed from (``"from"``, run ids) and the charges its ledger held when that branch
+began (``"base"``): :func:`lineage` takes every branch connected to the resumed one by
+resumes, and refuses where they are not one sequence in which each branch began holding
+every charge the branches before it wrote. The prefix check alone cannot tell two branches
+apart when their charges are alike one for one (the same label and step): a branch resumed
+from step 2 that ran steps 3 and 4 holds a journal equal to the run's own to step 4, and
+taking the larger of the two counted 4 steps where 6 ran (task fw).
 """
 
 from __future__ import annotations
@@ -24,11 +33,66 @@ from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations._checkpoint import check_entry, holds, restore
 
-__all__ = ["carry_later"]
+__all__ = ["carry_later", "lineage"]
+
+
+def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
+            ) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of ``entries`` whose branch is connected to one of ``runs`` by resumes.
+
+    ``entries``: ``(path, entry)`` whose ``entry["checkpoint"]`` is a dict with a str
+    ``"run"``; an entry written before task fw names no ``"from"``/``"base"`` (a branch of
+    its own, begun at 0 charges for the order below: an earlier place only makes the check
+    stricter).
+
+    Raises:
+        LedgerStateError: an entry's ``from``/``base`` is malformed or disagrees with its
+            branch's other entries, or the branches fork: a branch began (``base``) below
+            the charges another branch before it wrote, so neither holds the other's steps.
+    """
+    links: dict[str, tuple[tuple[str, ...], int]] = {}
+    for path, entry in entries:
+        named = entry["checkpoint"]
+        parents, base = named.get("from", []), named.get("base", 0)
+        if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)
+                and type(base) is int and base >= 0):
+            raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
+                                   f"(from {parents!r}, base {base!r})")
+        link = (tuple(parents), base)
+        if links.setdefault(named["run"], link) != link:
+            raise LedgerStateError(f"{path}: the entry's branch {named['run']} began from "
+                                   f"{link}, its other entries say {links[named['run']]}: "
+                                   "an edited entry")
+    family, todo = set(), [run for run in runs if run in links]
+    while todo:  # connected by resumes, either way
+        run = todo.pop()
+        if run in family:
+            continue
+        family.add(run)
+        todo += [p for p in links[run][0] if p in links]
+        todo += [r for r, (parents, _b) in links.items() if run in parents]
+    taken = [(path, entry) for path, entry in entries if entry["checkpoint"]["run"] in family]
+    top: dict[str, tuple[int, str]] = {}
+    for path, entry in taken:
+        run = entry["checkpoint"]["run"]
+        charges = entry.get("charges") if isinstance(entry.get("charges"), int) else 0
+        top[run] = max(top.get(run, (-1, "")), (charges, path))
+    written, last = -1, ""
+    for run in sorted(family, key=lambda r: (links[r][1], top[r])):  # by the charges begun at
+        if written > links[run][1]:
+            raise LedgerStateError(
+                f"the checkpoints of the run fork: {top[run][1]}'s branch began at "
+                f"{links[run][1]} charges, below the {written} of {last} (another branch it "
+                "did not carry). Both branches ran, and one in-memory ledger cannot hold the "
+                "charges of both (nor is either dropped): the privacy loss is both branches' "
+                "together. A file-backed ledger (Ledger(..., path=...)) keeps every charge of "
+                "every branch")
+        written, last = max((written, last), top[run])
+    return taken
 
 
 def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resumed: str,
-                stacklevel: int = 2) -> None:
+                stacklevel: int = 2, context: str | None = None) -> str | None:
     """Bring the in-memory ``ledger`` to the entry of ``found`` with the most charges.
 
     Args:
@@ -36,6 +100,11 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
         found: ``(path, entry)`` of every entry of the resumed run (its in-memory entries;
             the resumed one may be among them).
         resumed: the checkpoint resumed from, for the messages.
+        context: what the messages begin with (default: "training resumes from
+            ``resumed``"); with it, no warning (the caller warns).
+
+    Returns:
+        The path of the entry the ledger was brought to; None where it did not move.
 
     Raises:
         LedgerStateError: the run's entries are not one prefix chain that extends the
@@ -47,7 +116,8 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
             raise LedgerStateError(f"{where}: the entry names the run resumed from but holds "
                                    "no in-memory ledger state, as that run's entries do")
     if not found:
-        return
+        return None
+    said = context or f"training resumes from {resumed}"
     before = len(ledger.history)
     path, top = max(found, key=lambda row: (row[1]["charges"], row[0]))
     if top["charges"] <= before:
@@ -57,12 +127,12 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
             chain = Ledger.load_state_dict(top["state"])
         except LedgerStateError as exc:
             raise LedgerStateError(
-                f"training resumes from {resumed}, whose run's later checkpoint {path} holds "
+                f"{said}, whose run's later checkpoint {path} holds "
                 f"an entry this ledger cannot take: {exc}") from None
     for other, entry in found:
         if not holds(chain, entry["charges"], entry["fingerprint"]):
             raise LedgerStateError(
-                f"training resumes from {resumed}, and the checkpoints of its run fork: "
+                f"{said}, and the checkpoints of its run fork: "
                 f"{other} ({entry['charges']} charges) is not a prefix of "
                 f"{path if chain is not ledger else 'the ledger'} ({len(chain.history)} "
                 "charges). Both branches ran, and one in-memory ledger cannot hold the "
@@ -70,15 +140,18 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
                 "together. A file-backed ledger (Ledger(..., path=...)) keeps every charge of "
                 "every branch")
     if chain is ledger:
-        return
+        return None
     try:
         restore(ledger, top, where=path)
     except LedgerStateError as exc:
         raise LedgerStateError(
-            f"training resumes from {resumed}, whose run's later checkpoint {path} holds "
+            f"{said}, whose run's later checkpoint {path} holds "
             f"charges this ledger cannot take: {exc}") from None
+    if context is not None:
+        return path
     warnings.warn(
         f"training resumes from {resumed}, of a run that went on to later checkpoints: the "
         f"ledger now holds the entry {path} ({len(ledger.history)} charges, "
         f"{len(ledger.history) - before} carried over from the later checkpoints): those "
         "steps ran, and a ledger never goes backwards", UserWarning, stacklevel=stacklevel)
+    return path

@@ -107,6 +107,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._later import carry_later, lineage
 from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, attach
 
@@ -208,6 +209,19 @@ def _entries(folders: list[str]) -> list[tuple[str, Any, Any]]:
     return found
 
 
+def _lineage(entries: list[tuple[str, Any, Any]], runs: set[str]) -> list[tuple[str, Any]]:
+    """``(path, entry)`` of the ``entries`` (:func:`_entries`) of the branches connected to
+    ``runs`` by resumes (:func:`~privguard.integrations._later.lineage`: refuses a fork)."""
+    return lineage([(path, saved) for path, saved, named in entries
+                    if isinstance(named, dict) and isinstance(named.get("run"), str)], runs)
+
+
+def _charges(entry: Any) -> int:
+    """The entry's ``charges`` where it is a count (else 0: :func:`restore` refuses it)."""
+    charges = entry.get("charges") if isinstance(entry, dict) else None
+    return charges if type(charges) is int else 0
+
+
 def _resumed_from(folder: str, state: Any) -> bool:
     """Whether ``folder`` holds the checkpoint training resumed from: its trainer_state.json
     is at the resumed step, with the same log history. A folder without one is not: the
@@ -278,6 +292,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     witnesses = False  # (a callback pickled before the option: off)
     _run: str | None = None  # id of the running train(), in its checkpoints (review rcb)
+    _from: tuple[str, ...] = ()  # the runs this train() resumed or took its weights from (task fw)
+    _base = 0  # the ledger's charges when this train() began (task fw)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
@@ -303,10 +319,12 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
-            self._resume(args, state, model)
+            parents = self._resume(args, state, model)
         else:
-            self._carry_weights(args, model)
+            parents = self._carry_weights(args, model)
         self._run = secrets.token_hex(16)  # names this train()'s checkpoints (_resume)
+        # task fw: the branches this one began from, and the charges it began with (lineage)
+        self._from, self._base = tuple(parents), len(self.ledger.history)
         if isinstance(getattr(state, "stateful_callbacks", None), dict):
             state.stateful_callbacks[_RUN_KEY] = {"args": {}, "attributes": {"run": self._run}}
         accumulation = getattr(args, "gradient_accumulation_steps", 1)  # theory §14
@@ -318,8 +336,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                              model=model if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
 
-    def _resume(self, args: Any, state: Any, model: Any) -> None:
-        """Bring the ledger to the entry saved with the checkpoint resumed from."""
+    def _resume(self, args: Any, state: Any, model: Any) -> list[str]:
+        """Bring the ledger to the entry saved with the checkpoint resumed from; return the
+        run it names (as a list: none for an entry written before run ids)."""
         folders = []
         if isinstance(getattr(args, "resume_from_checkpoint", None), str):
             folders.append(args.resume_from_checkpoint)
@@ -357,9 +376,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 restore(self.ledger, saved, where=path)
             else:  # a bare ledger state, written by privguard 0.1
                 self.ledger.load_state_dict(saved)
-            if run is not None:
-                self._later_of_run(args, run, state.global_step)
-            return
+            if run is None:
+                return []
+            self._later_of_run(args, run, path)
+            return [run]
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
             "other weights than the model holds: that trainer_state.json was copied from "
@@ -372,46 +392,33 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
             "output_dir)")
 
-    def _later_of_run(self, args: Any, run: str, step: int) -> None:
-        """Review rcb2: a resume from a checkpoint of run ``run`` at ``step`` while that run's
-        later checkpoints are in output_dir (a rewind: the later steps ran, and their
-        checkpoints and logs are out) brought a fresh in-memory ledger to ``step``'s charges
-        only, while a file-backed one keeps them all. Their entries are taken too (fewest
-        first), with a warning."""
-        later = sorted([(named["step"], path, saved) for path, saved, named
-                        in _entries(_checkpoint_folders(args.output_dir, None))
-                        if isinstance(named, dict) and named.get("run") == run
-                        and isinstance(named.get("step"), int) and named["step"] > step],
-                       key=lambda row: row[:2])
-        before = len(self.ledger.history)
-        last = self._restore_in_order(
-            [(path, saved) for _step, path, saved in later],
-            lambda path, exc: f"training resumes at step {step} of a run whose later checkpoint "
-                              f"{path} holds charges this ledger cannot take: {exc}")
-        if last is not None:
-            warnings.warn(
-                f"training resumes at step {step} of a run that went on to later checkpoints: "
-                f"the ledger now holds the entry {last} ({len(self.ledger.history)} charges, "
-                f"{len(self.ledger.history) - before} more than the checkpoint resumed from): "
-                "those steps ran, and a ledger never goes backwards", stacklevel=2)
-
-    def _restore_in_order(self, entries: list[tuple[str, Any]],
-                          why: Callable[[str, LedgerStateError], str]) -> str | None:
-        """Bring the ledger to each ``(path, entry)`` in turn (:func:`restore`: forward only)
-        and return the last path that moved it (None: none did); an entry it cannot take
-        raises LedgerStateError with ``why(path, exc)``."""
-        last = None
-        for path, saved in entries:
-            held = len(self.ledger.history)
+    def _later_of_run(self, args: Any, run: str, resumed: str) -> None:
+        """Review rcb2: a resume from a checkpoint of run ``run`` while that run's later
+        checkpoints are in output_dir (a rewind: the later steps ran, and their checkpoints
+        and logs are out) brought a fresh in-memory ledger to the resumed step's charges
+        only, while a file-backed one keeps them all. The entries of every branch connected
+        to the run by resumes are taken (:func:`~privguard.integrations._later.lineage`,
+        task fw: a resume from the same checkpoint twice lost the first resume's steps, whose
+        train() had another run id; branches that did not carry each other are refused),
+        with a warning. An in-memory ledger takes the one with the most charges, all of
+        them one prefix chain (:func:`~privguard.integrations._later.carry_later`: a fork
+        refuses, the ledger left as it was); a file-backed one must hold each."""
+        folders = [args.resume_from_checkpoint] if isinstance(
+            getattr(args, "resume_from_checkpoint", None), str) else []
+        found = _lineage(_entries(list(dict.fromkeys(
+            folders + _checkpoint_folders(args.output_dir, None)))), {run})
+        if self.ledger.path is None:
+            carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+            return
+        for path, saved in found:
             try:
                 restore(self.ledger, saved, where=path)
             except LedgerStateError as exc:
-                raise LedgerStateError(why(path, exc)) from None
-            if len(self.ledger.history) != held:
-                last = path
-        return last
+                raise LedgerStateError(
+                    f"training resumes from {resumed} of a run whose checkpoint {path} holds "
+                    f"charges this ledger cannot take: {exc}") from None
 
-    def _carry_weights(self, args: Any, model: Any) -> None:
+    def _carry_weights(self, args: Any, model: Any) -> list[str]:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
         (loaded by hand, a weights-only resume) carries that entry's charges: the ledger is
         brought to it as a resume would (:func:`restore`: a fresh ledger loads it, another
@@ -426,36 +433,50 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         a rewind too). Only the matching checkpoint's charges were carried."""
         folders = [args.resume_from_checkpoint] if isinstance(
             getattr(args, "resume_from_checkpoint", None), str) else []
-        found = [(path, saved, named) for path, saved, named
-                 in _entries(folders + _checkpoint_folders(args.output_dir, None))
+        every = _entries(list(dict.fromkeys(folders + _checkpoint_folders(args.output_dir,
+                                                                           None))))
+        found = [(path, saved, named) for path, saved, named in every
                  if isinstance(named, dict) and isinstance(named.get("weights"), str)]
         if not found:
-            return
+            return []
         digest = weights_digest(model)
         if digest is None:  # sharded: not recognised
-            return
-        runs = {named.get("run") for _p, _s, named in found if named["weights"] == digest}
-        runs.discard(None)
-        same = sorted((saved["charges"] if isinstance(saved.get("charges"), int) else 0, path)
-                      for path, saved, named in found
-                      if named["weights"] == digest or named.get("run") in runs)
-        entries = {path: saved for path, saved, _n in found}
+            return []
+        matching = [(path, saved) for path, saved, named in found
+                    if named["weights"] == digest]
+        if not matching:
+            return []
+        runs = {named["run"] for _p, _s, named in found
+                if named["weights"] == digest and isinstance(named.get("run"), str)}
+        same = _lineage(every, runs)
+        same += [(path, saved) for path, saved in matching if (path, saved) not in same]
         start = len(self.ledger.history)
-        last = self._restore_in_order(  # fewest first: a ledger moves forward only
-            [(path, entries[path]) for _charges, path in same],
-            lambda path, exc: f"training starts at step 0 with the weights saved with {path}, "
-                              f"whose charges this ledger cannot take: {exc}. (Weights trained "
-                              "for another ledger's budget: train them from an output_dir "
-                              "without that checkpoint only if their earlier steps are "
-                              "accounted there)")
+        said = (f"training starts at step 0 with the weights saved with {matching[0][0]}, "
+                "whose run's charges this ledger cannot take (weights trained for another "
+                "ledger's budget: train them from an output_dir without that checkpoint only "
+                "if their earlier steps are accounted there)")
+        if self.ledger.path is None:
+            last = carry_later(self.ledger, same, resumed=matching[0][0], context=said)
+        else:
+            last = None
+            for path, saved in sorted(same, key=lambda row: _charges(row[1])):
+                held = len(self.ledger.history)
+                try:
+                    restore(self.ledger, saved, where=path)
+                except LedgerStateError as exc:
+                    raise LedgerStateError(f"{said}: {exc}") from None
+                if len(self.ledger.history) != held:
+                    last = path
+        entries = dict(same)
         if last is not None:
-            matching = [path for path, _s, named in found if named["weights"] == digest]
             warnings.warn(
-                f"training starts at step 0 with the weights saved with {', '.join(matching)}: "
+                "training starts at step 0 with the weights saved with "
+                f"{', '.join(path for path, _s in matching)}: "
                 f"the ledger now holds the entry {last}, that checkpoint's {entries[last]['charges']} "
                 "charges (the steps of the run that saved these weights, up to its last "
                 f"checkpoint; it held {start}) rather than a fresh budget. To resume, use "
                 "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
+        return sorted(runs)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:
@@ -490,7 +511,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         os.makedirs(folder, exist_ok=True)
         entry = ledger_entry(self.ledger)
         if run is not None:
-            entry["checkpoint"] = {"run": run, "step": state.global_step}
+            entry["checkpoint"] = {"run": run, "step": state.global_step,
+                                   "from": list(self._from), "base": self._base}
             weights = weights_digest(model)
             if weights is not None:  # None: sharded weights, not tied (as before task cb)
                 entry["checkpoint"]["weights"] = weights

@@ -242,11 +242,17 @@ def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
 
 def _fit_weights_only(trainer: Any) -> bool | None:
     """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
-    other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
-    (it keeps the value nowhere else); None (torch's default) where it is not found."""
+    other checkpoints are loaded the same way), read from the innermost frame of a method of
+    ``trainer`` that has a ``weights_only`` argument (Lightning keeps the value nowhere else:
+    ``Trainer.fit``, ``_fit_impl`` and ``_run`` take it in Lightning 2.4 to 2.6; task fw: only
+    a frame named ``_run`` was read, and a Lightning that renamed it fell back silently);
+    None (torch's default) where none is found: then a checkpoint that only a full load
+    reads refuses the resume as unreadable, naming ``fit(..., weights_only=False)``."""
     frame = inspect.currentframe()
     while frame is not None:
-        if frame.f_code.co_name == "_run" and frame.f_locals.get("self") is trainer:
+        code = frame.f_code
+        if "weights_only" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] \
+                and frame.f_locals.get("self") is trainer:
             value = frame.f_locals.get("weights_only")
             return value if isinstance(value, bool) else None
         frame = frame.f_back
