@@ -14,11 +14,11 @@ the other does not hold) cannot both be held by one in-memory ledger, and the re
 refused rather than one branch's charges dropped. Entries of another run are never looked
 at here: unrelated ledgers are never merged.
 
-Hugging Face gives each ``train()`` its own run id (a branch), and each entry records the
-branch resumed from (``"from"``, run ids) and the charges its ledger held when that branch
-began (``"base"``): :func:`lineage` takes every branch connected to the resumed one by
-resumes, and refuses where they are not one sequence in which each branch began holding
-every charge the branches before it wrote. The prefix check alone cannot tell two branches
+Each ``train()``/``fit`` is a branch, and each entry records the charges its ledger held
+when the branch began (``"base"``; Hugging Face: a run id per branch, and the runs it
+resumed from, ``"from"``, which :func:`lineage` follows; Lightning: the run id kept across
+resumes, and a ``"branch"`` id): :func:`check_branches` refuses branches that are not one
+sequence in which each began holding every charge the branches before it wrote. The prefix check alone cannot tell two branches
 apart when their charges are alike one for one (the same label and step): a branch resumed
 from step 2 that ran steps 3 and 4 holds a journal equal to the run's own to step 4, and
 taking the larger of the two counted 4 steps where 6 ran (task fw).
@@ -29,66 +29,86 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from privguard import _validation as check
 from privguard._errors import LedgerStateError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations._checkpoint import check_entry, holds, restore
 
-__all__ = ["carry_later", "lineage"]
+__all__ = ["carry_later", "check_branches", "lineage"]
 
 
 def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
             ) -> list[tuple[str, dict[str, Any]]]:
-    """The entries of ``entries`` whose branch is connected to one of ``runs`` by resumes.
+    """The entries of ``entries`` whose run is connected to one of ``runs`` by resumes
+    (``entry["checkpoint"]["from"]``, either way), checked by :func:`check_branches`.
 
     ``entries``: ``(path, entry)`` whose ``entry["checkpoint"]`` is a dict with a str
-    ``"run"``; an entry written before task fw names no ``"from"``/``"base"`` (a branch of
-    its own, begun at 0 charges for the order below: an earlier place only makes the check
-    stricter).
+    ``"run"``; an entry written before task fw names no ``"from"`` (a run of its own).
 
     Raises:
-        LedgerStateError: an entry's ``from``/``base`` is malformed or disagrees with its
-            branch's other entries, or the branches fork: a branch began (``base``) below
-            the charges another branch before it wrote, so neither holds the other's steps.
+        LedgerStateError: an entry's ``from`` is malformed or disagrees with its run's
+            other entries, or the branches fork (:func:`check_branches`).
     """
-    links: dict[str, tuple[tuple[str, ...], int]] = {}
+    links: dict[str, tuple[str, ...]] = {}
     for path, entry in entries:
         named = entry["checkpoint"]
-        parents, base = named.get("from", []), named.get("base", 0)
-        if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)
-                and type(base) is int and base >= 0):
+        parents = named.get("from", [])
+        if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
             raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
-                                   f"(from {parents!r}, base {base!r})")
-        link = (tuple(parents), base)
-        if links.setdefault(named["run"], link) != link:
-            raise LedgerStateError(f"{path}: the entry's branch {named['run']} began from "
-                                   f"{link}, its other entries say {links[named['run']]}: "
-                                   "an edited entry")
+                                   f"(from {check.short(parents)})")
+        if links.setdefault(named["run"], tuple(parents)) != tuple(parents):
+            raise LedgerStateError(f"{path}: the entry's run {named['run']} began from "
+                                   f"{parents}, its other entries say "
+                                   f"{list(links[named['run']])}: an edited entry")
     family, todo = set(), [run for run in runs if run in links]
-    while todo:  # connected by resumes, either way
+    while todo:
         run = todo.pop()
-        if run in family:
-            continue
-        family.add(run)
-        todo += [p for p in links[run][0] if p in links]
-        todo += [r for r, (parents, _b) in links.items() if run in parents]
+        if run not in family:
+            family.add(run)
+            todo += [p for p in links[run] if p in links]
+            todo += [r for r, parents in links.items() if run in parents]
     taken = [(path, entry) for path, entry in entries if entry["checkpoint"]["run"] in family]
-    top: dict[str, tuple[int, str]] = {}
-    for path, entry in taken:
-        run = entry["checkpoint"]["run"]
-        charges = entry.get("charges") if isinstance(entry.get("charges"), int) else 0
-        top[run] = max(top.get(run, (-1, "")), (charges, path))
-    written, last = -1, ""
-    for run in sorted(family, key=lambda r: (links[r][1], top[r])):  # by the charges begun at
-        if written > links[run][1]:
-            raise LedgerStateError(
-                f"the checkpoints of the run fork: {top[run][1]}'s branch began at "
-                f"{links[run][1]} charges, below the {written} of {last} (another branch it "
-                "did not carry). Both branches ran, and one in-memory ledger cannot hold the "
-                "charges of both (nor is either dropped): the privacy loss is both branches' "
-                "together. A file-backed ledger (Ledger(..., path=...)) keeps every charge of "
-                "every branch")
-        written, last = max((written, last), top[run])
+    check_branches(taken)
     return taken
+
+
+def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """Refuse entries of several branches that are not one sequence in which each branch
+    began holding every charge the branches before it wrote.
+
+    A branch is one ``train()``/``fit`` (``entry["checkpoint"]["branch"]``, else its
+    ``"run"``); ``"base"`` is the charges its ledger held when it began (an entry written
+    before task fw names none: 0, an earlier place in the order, which only makes the check
+    stricter). Ordered by base, a branch that began below the charges an earlier one wrote
+    did not carry them, and its own steps ran beside them: a fork.
+
+    Raises:
+        LedgerStateError: a malformed or inconsistent ``branch``/``base``, or a fork.
+    """
+    bases: dict[str, int] = {}
+    top: dict[str, tuple[int, str]] = {}
+    for path, entry in entries:
+        named = entry["checkpoint"]
+        branch, base = named.get("branch", named.get("run")), named.get("base", 0)
+        if not isinstance(branch, str) or type(base) is not int or base < 0:
+            raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
+                                   f"(branch {check.short(branch)}, base {check.short(base)})")
+        if bases.setdefault(branch, base) != base:
+            raise LedgerStateError(f"{path}: the entry's branch began at {base} charges, its "
+                                   f"other entries say {bases[branch]}: an edited entry")
+        raw = entry.get("charges")
+        charges: int = raw if type(raw) is int else 0  # malformed: carry_later refuses it
+        top[branch] = max(top.get(branch, (-1, "")), (charges, path))
+    written, last = -1, ""
+    for branch in sorted(bases, key=lambda b: (bases[b], top[b])):
+        if written > bases[branch]:
+            raise LedgerStateError(
+                f"the checkpoints of the run fork: {top[branch][1]} is of a branch that began "
+                f"at {bases[branch]} charges, below the {written} of {last}, which it did not "
+                "carry. Both branches ran, and one in-memory ledger cannot hold the charges of "
+                "both (nor is either dropped): the privacy loss is both branches' together. A "
+                "file-backed ledger (Ledger(..., path=...)) keeps every charge of every branch")
+        written, last = max((written, last), top[branch])
 
 
 def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resumed: str,

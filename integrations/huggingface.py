@@ -72,7 +72,12 @@ hand: a weights-only resume) carries that entry's charges, with a ``UserWarning`
 (weights copied elsewhere without their checkpoint folder are not recognised); it
 carries every entry found of the run that saved them (weights picked after later steps
 ran, ``load_best_model_at_end``'s, cost those steps), and a resume from an earlier
-checkpoint of a run takes that run's later entries too (review rcb2).
+checkpoint of a run takes that run's later entries too (review rcb2). Each ``train()`` is
+a branch (its own run id; its entries name the runs it resumed from and the charges it
+began with): a resume takes the entries of every branch connected to it by resumes, and
+refuses branches that are not one sequence (task fw: :mod:`privguard.integrations._later`).
+An unreadable entry in a folder looked in refuses a resume and a start at step 0: its run
+and weights are unknown, so it may hold charges of these weights (task fw: fail closed).
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
@@ -378,7 +383,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 self.ledger.load_state_dict(saved)
             if run is None:
                 return []
-            self._later_of_run(args, run, path)
+            self._later_of_run(args, run, path, saved)
             return [run]
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
@@ -392,7 +397,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
             "output_dir)")
 
-    def _later_of_run(self, args: Any, run: str, resumed: str) -> None:
+    def _later_of_run(self, args: Any, run: str, resumed: str, saved: Any) -> None:
         """Review rcb2: a resume from a checkpoint of run ``run`` while that run's later
         checkpoints are in output_dir (a rewind: the later steps ran, and their checkpoints
         and logs are out) brought a fresh in-memory ledger to the resumed step's charges
@@ -405,8 +410,11 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         refuses, the ledger left as it was); a file-backed one must hold each."""
         folders = [args.resume_from_checkpoint] if isinstance(
             getattr(args, "resume_from_checkpoint", None), str) else []
-        found = _lineage(_entries(list(dict.fromkeys(
-            folders + _checkpoint_folders(args.output_dir, None)))), {run})
+        every = _entries(list(dict.fromkeys(folders + _checkpoint_folders(args.output_dir,
+                                                                           None))))
+        if resumed not in [path for path, _s, _n in every]:  # its branch is one of them
+            every.append((resumed, saved, saved.get("checkpoint")))
+        found = _lineage(every, {run})
         if self.ledger.path is None:
             carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
             return

@@ -58,7 +58,9 @@ rather than start a fresh budget. A resume of an in-memory ledger from an earlie
 checkpoint of a run takes the run's later entries in the checkpoint's folder, in every
 ``ModelCheckpoint``'s ``dirpath`` and in the logger's versions (review lrw, rlrw: those
 steps ran; see
-:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``. A weights-only load
+:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``; each fit's entries name the
+fit and the charges it began with, and fits that did not carry each other's charges are
+refused as a fork (task fw). A weights-only load
 (``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
 detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
 the ledger that trained the weights). Pickling the callback (as
@@ -93,7 +95,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
-from privguard.integrations._later import carry_later
+from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
@@ -316,6 +318,9 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
     _run: str | None = None  # the run id in this fit's entries (review lrw), None before a fit
     _dirs: tuple[str, ...] = ()  # where the run's fits saved checkpoints (review rlrw)
+    _branch: str | None = None  # this fit's id, in its entries (task fw: check_branches)
+    _base = 0  # the ledger's charges when this fit began (task fw)
+    _resumed: Any = None  # the entry this fit's checkpoint brought (load_state_dict)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -341,7 +346,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":  # Lightning restores a checkpoint's states after setup
-            self._restored = False
+            self._restored, self._resumed = False, None
         if stage == "fit" and self.check_poisson:
             _check_sampler_injection(trainer)
 
@@ -396,6 +401,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                                    "run's later checkpoints sent nothing this rank can read")
         if outcome[0] == "refused":
             raise LedgerStateError(outcome[1])
+        # task fw: branches alike charge for charge, each of which ran, pass carry_later's
+        # prefix check; the resumed entry's branch is one of them
+        check_branches([*outcome[1], (resumed, self._resumed)] if is_entry(self._resumed)
+                       else outcome[1])
         carry_later(self.ledger, outcome[1], resumed=resumed, stacklevel=5)
 
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
@@ -449,6 +458,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if not self._restored or self._run is None:
             self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
             self._dirs = ()
+        # task fw: this fit's branch of the run, and the charges it began with (check_branches)
+        self._branch, self._base = secrets.token_hex(16), len(self.ledger.history)
         self._dirs = _saved_in(trainer, self._dirs)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
@@ -646,6 +657,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         entry = ledger_entry(self.ledger)
         if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
             entry["checkpoint"] = {"run": self._run, "dirs": list(self._dirs)}
+            if self._branch is not None:
+                entry["checkpoint"].update(branch=self._branch, base=self._base)
         return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -659,6 +672,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 raise LedgerStateError(f"LedgerCallback state: the entry's checkpoint field is "
                                        f"malformed: {check.short(named)}")
             restore(self.ledger, entry, where="LedgerCallback state")
+            self._resumed = entry  # its branch is checked with the run's others (task fw)
             self._run = run  # None: written before run ids (its later entries are not found)
             self._dirs = tuple(dirs)
             self._restored = True
