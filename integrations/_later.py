@@ -123,6 +123,9 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
         context: what the messages begin with (default: "training resumes from
             ``resumed``"); with it, no warning (the caller warns).
 
+    A file-backed ``ledger`` is not moved (it keeps every charge of every branch): each
+    entry must be one its file holds (:func:`restore`), else LedgerStateError.
+
     Returns:
         The path of the entry the ledger was brought to; None where it did not move.
 
@@ -130,6 +133,15 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
         LedgerStateError: the run's entries are not one prefix chain that extends the
             ledger (a fork, an edited entry); the ledger is then left as it was.
     """
+    said = context or f"training resumes from {resumed}"
+    if ledger.path is not None:  # a file keeps every charge: it must hold each entry
+        for where, entry in found:
+            try:
+                restore(ledger, entry, where=where)
+            except LedgerStateError as exc:
+                raise LedgerStateError(f"{said}, whose run's checkpoint {where} holds charges "
+                                       f"this ledger cannot take: {exc}") from None
+        return None
     for where, entry in found:  # an edited entry of the run refuses the resume (fail closed)
         check_entry(entry, where)
         if entry.get("state") is None:
@@ -137,7 +149,6 @@ def carry_later(ledger: Ledger, found: list[tuple[str, dict[str, Any]]], *, resu
                                    "no in-memory ledger state, as that run's entries do")
     if not found:
         return None
-    said = context or f"training resumes from {resumed}"
     before = len(ledger.history)
     path, top = max(found, key=lambda row: (row[1]["charges"], row[0]))
     if top["charges"] <= before:

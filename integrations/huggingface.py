@@ -221,12 +221,6 @@ def _lineage(entries: list[tuple[str, Any, Any]], runs: set[str]) -> list[tuple[
                     if isinstance(named, dict) and isinstance(named.get("run"), str)], runs)
 
 
-def _charges(entry: Any) -> int:
-    """The entry's ``charges`` where it is a count (else 0: :func:`restore` refuses it)."""
-    charges = entry.get("charges") if isinstance(entry, dict) else None
-    return charges if type(charges) is int else 0
-
-
 def _resumed_from(folder: str, state: Any) -> bool:
     """Whether ``folder`` holds the checkpoint training resumed from: its trainer_state.json
     is at the resumed step, with the same log history. A folder without one is not: the
@@ -415,16 +409,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         if resumed not in [path for path, _s, _n in every]:  # its branch is one of them
             every.append((resumed, saved, saved.get("checkpoint")))
         found = _lineage(every, {run})
-        if self.ledger.path is None:
-            carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
-            return
-        for path, saved in found:
-            try:
-                restore(self.ledger, saved, where=path)
-            except LedgerStateError as exc:
-                raise LedgerStateError(
-                    f"training resumes from {resumed} of a run whose checkpoint {path} holds "
-                    f"charges this ledger cannot take: {exc}") from None
+        carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
 
     def _carry_weights(self, args: Any, model: Any) -> list[str]:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
@@ -459,22 +444,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         same = _lineage(every, runs)
         same += [(path, saved) for path, saved in matching if (path, saved) not in same]
         start = len(self.ledger.history)
-        said = (f"training starts at step 0 with the weights saved with {matching[0][0]}, "
-                "whose run's charges this ledger cannot take (weights trained for another "
-                "ledger's budget: train them from an output_dir without that checkpoint only "
-                "if their earlier steps are accounted there)")
-        if self.ledger.path is None:
-            last = carry_later(self.ledger, same, resumed=matching[0][0], context=said)
-        else:
-            last = None
-            for path, saved in sorted(same, key=lambda row: _charges(row[1])):
-                held = len(self.ledger.history)
-                try:
-                    restore(self.ledger, saved, where=path)
-                except LedgerStateError as exc:
-                    raise LedgerStateError(f"{said}: {exc}") from None
-                if len(self.ledger.history) != held:
-                    last = path
+        said = (f"training starts at step 0 with the weights saved with {matching[0][0]} "
+                "(weights trained for another ledger's budget: train them from an output_dir "
+                "without that checkpoint only if their earlier steps are accounted there)")
+        last = carry_later(self.ledger, same, resumed=matching[0][0], context=said)
         entries = dict(same)
         if last is not None:
             warnings.warn(

@@ -61,9 +61,11 @@ steps ran; see
 :meth:`LedgerCallback._later_of_run`), with a ``UserWarning``; each fit's entries name the
 fit and the charges it began with, and fits that did not carry each other's charges are
 refused as a fork (task fw). A weights-only load
-(``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
-detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
-the ledger that trained the weights). Pickling the callback (as
+(``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) carries
+the charges of the run whose entry, in the folders the trainer saves to, was saved with the
+module's weights (each entry records their digest; task fw:
+:meth:`LedgerCallback._carry_weights`); weights from elsewhere are not recognised (resume
+with ``ckpt_path=``, or charge the ledger that trained the weights). Pickling the callback (as
 spawn-based strategies do) pickles the ledger, not the live attachment; a
 copy of an in-memory ledger is a separate ledger, so prefer a file-backed
 ledger when the trainer runs in other processes.
@@ -74,6 +76,7 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
+import warnings
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -97,6 +100,7 @@ from privguard.integrations._frameworks import (
 )
 from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
+from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
@@ -261,6 +265,29 @@ def _fit_weights_only(trainer: Any) -> bool | None:
     return None
 
 
+def _from_rank_zero(trainer: Any, find: Callable[[], Any], what: str) -> Any:
+    """What ``find()`` returns on the global rank 0, on every rank (review rlrw: each rank
+    read its own disk, and carried other charges than rank 0, or one refused while the
+    others waited for it in a collective); its refusal is raised on every rank."""
+    outcome: tuple[str, Any] | None = None
+    failed: Exception | None = None
+    if trainer.is_global_zero:
+        try:
+            outcome = ("found", find())
+        except Exception as exc:  # sent to every rank before it is raised (no rank waits)
+            failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
+                                    if not isinstance(exc, LedgerStateError) else str(exc))
+    outcome = trainer.strategy.broadcast(outcome, src=0)
+    if failed is not None:
+        raise failed
+    if not (isinstance(outcome, tuple) and len(outcome) == 2):
+        raise LedgerStateError(f"{what}: rank 0's search of the checkpoint folders sent "
+                               "nothing this rank can read")
+    if outcome[0] == "refused":
+        raise LedgerStateError(outcome[1])
+    return outcome[1]
+
+
 def _load_for_entry(path: str, weights_only: bool | None) -> Any:
     """Load the checkpoint ``path`` to read one small entry: a local zip checkpoint (what
     ``torch.save`` writes) is memory-mapped, so its tensors are not read (review rlrw: every
@@ -321,6 +348,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     _branch: str | None = None  # this fit's id, in its entries (task fw: check_branches)
     _base = 0  # the ledger's charges when this fit began (task fw)
     _resumed: Any = None  # the entry this fit's checkpoint brought (load_state_dict)
+    _module: Any = None  # the module being fitted: its weights are tied to each entry
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -366,8 +394,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             f"holds no {self.state_key!r} state: the ledger would not hold the steps the "
             "resumed model took. Resume with a LedgerCallback of the label that wrote the "
             "checkpoint. (Loading the weights, LightningModule.load_from_checkpoint, and "
-            "fitting without ckpt_path= starts a ledger that holds only the new steps: the "
-            "privacy loss of the steps that trained the weights is not in its ε.)")
+            "fitting without ckpt_path= carries the charges of the steps that trained them "
+            "only where their checkpoint is in the folders this trainer saves to.)")
 
     def _later_of_run(self, trainer: Any) -> None:
         """Review lrw: a resume (``ckpt_path=``) from a checkpoint of a run while that run's
@@ -385,27 +413,75 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         lacks a later checkpoint carried fewer charges than rank 0 (or one rank refused the
         resume while the others went on to wait for it in a collective)."""
         resumed = str(trainer.ckpt_path)
-        outcome: tuple[str, Any] | None = None
-        failed: Exception | None = None
-        if trainer.is_global_zero:
-            try:
-                outcome = ("found", self._find_later(trainer, resumed))
-            except Exception as exc:  # sent to every rank before it is raised (no rank waits)
-                failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
-                                        if not isinstance(exc, LedgerStateError) else str(exc))
-        outcome = trainer.strategy.broadcast(outcome, src=0)
-        if failed is not None:
-            raise failed
-        if not (isinstance(outcome, tuple) and len(outcome) == 2):
-            raise LedgerStateError(f"training resumes from {resumed}: rank 0's search for the "
-                                   "run's later checkpoints sent nothing this rank can read")
-        if outcome[0] == "refused":
-            raise LedgerStateError(outcome[1])
+        found = _from_rank_zero(trainer, lambda: self._find_later(trainer, resumed),
+                                f"training resumes from {resumed}")
         # task fw: branches alike charge for charge, each of which ran, pass carry_later's
         # prefix check; the resumed entry's branch is one of them
-        check_branches([*outcome[1], (resumed, self._resumed)] if is_entry(self._resumed)
-                       else outcome[1])
-        carry_later(self.ledger, outcome[1], resumed=resumed, stacklevel=5)
+        check_branches([*found, (resumed, self._resumed)] if is_entry(self._resumed)
+                       else found)
+        carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+
+    def _carry_weights(self, trainer: Any, pl_module: Any) -> None:
+        """Task fw: a fit without ``ckpt_path=`` whose module holds the weights an entry was
+        saved with (``LightningModule.load_from_checkpoint``: a weights-only resume) started
+        a fresh budget whose ε left out the steps that trained them. The entries in the
+        folders this trainer saves to (every ModelCheckpoint's ``dirpath``, the first
+        logger's versions, with their sub-folders) record the weights saved with them; the
+        ledger is brought to the run that saved these weights as a resume would (every entry
+        of that run found there, one sequence of branches:
+        :func:`~privguard.integrations._later.carry_later`), with a ``UserWarning``, and
+        this fit goes on as a branch of that run. Weights loaded from a checkpoint outside
+        those folders are not recognised (as Hugging Face's)."""
+        if pl_module is None:  # no module (a stand-in trainer): no weights to tie
+            return
+        # rank 0's module and disk decide for every rank (review rlrw's rule)
+        found, matching = _from_rank_zero(
+            trainer, lambda: self._find_weights(trainer, weights_digest(pl_module)),
+            "training starts with no ckpt_path=")
+        if not matching:
+            return
+        check_branches(found)
+        start = len(self.ledger.history)
+        carry_later(self.ledger, found, resumed=matching[0], context=(
+            f"training starts with the weights saved with {matching[0]} and no ckpt_path= "
+            "(to train such weights under another ledger's budget, save to folders without "
+            "that checkpoint only if their earlier steps are accounted there)"))
+        self._run = found[0][1]["checkpoint"]["run"]  # one run (_find_weights)
+        if len(self.ledger.history) != start:
+            warnings.warn(
+                f"training starts with the weights saved with {', '.join(matching)} "
+                "(LightningModule.load_from_checkpoint, fit without ckpt_path=): the ledger "
+                f"now holds {len(self.ledger.history)} charges (it held {start}), the steps "
+                "of the run that saved these weights, rather than a fresh budget. To resume, "
+                "use trainer.fit(..., ckpt_path=<that checkpoint>)", UserWarning, stacklevel=4)
+
+    def _find_weights(self, trainer: Any, digest: str | None,
+                      ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+        """``(path, entry)`` of every entry, in the folders this trainer saves to, of the run
+        whose entry was saved with the weights ``digest`` (None: sharded, not tied), and the
+        paths of those saved with them (on the global rank 0); entries of several runs saved
+        with them refuse (LedgerStateError)."""
+        if digest is None:
+            return [], []
+        weights_only = _fit_weights_only(trainer)
+        named: list[tuple[str, dict[str, Any]]] = []
+        for path in _checkpoint_files([(folder, True) for folder in _save_folders(trainer)]):
+            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                continue  # a dangling link holds nothing
+            entry = self._entry_in(path, weights_only)
+            field = entry.get("checkpoint") if is_entry(entry) else None
+            if isinstance(field, dict) and isinstance(field.get("run"), str):
+                named.append((path, entry))
+        runs = {entry["checkpoint"]["run"] for _p, entry in named
+                if entry["checkpoint"].get("weights") == digest}
+        if len(runs) > 1:
+            raise LedgerStateError(
+                f"training starts with weights saved by {len(runs)} runs' checkpoints in "
+                f"{[p for p, e in named if e['checkpoint'].get('weights') == digest]}: "
+                "copies of one checkpoint into another run; resume with "
+                "trainer.fit(..., ckpt_path=<the checkpoint>)")
+        return ([(path, entry) for path, entry in named if entry["checkpoint"]["run"] in runs],
+                [path for path, entry in named if entry["checkpoint"].get("weights") == digest])
 
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
         """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
@@ -458,9 +534,12 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if not self._restored or self._run is None:
             self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
             self._dirs = ()
+        if not self._restored:
+            self._carry_weights(trainer, pl_module)  # task fw: a weights-only resume
         # task fw: this fit's branch of the run, and the charges it began with (check_branches)
         self._branch, self._base = secrets.token_hex(16), len(self.ledger.history)
         self._dirs = _saved_in(trainer, self._dirs)
+        self._module = pl_module  # its weights' digest goes into each entry (task fw)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -653,12 +732,20 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._detach()
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_module", None)  # the module travels on its own (spawn-based strategies)
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         entry = ledger_entry(self.ledger)
         if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
             entry["checkpoint"] = {"run": self._run, "dirs": list(self._dirs)}
             if self._branch is not None:
                 entry["checkpoint"].update(branch=self._branch, base=self._base)
+            weights = weights_digest(self._module) if self._module is not None else None
+            if weights is not None:  # None: sharded, not tied (as Hugging Face's)
+                entry["checkpoint"]["weights"] = weights
         return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
