@@ -107,3 +107,18 @@ def test_lightnings_weights_only_is_read_from_any_trainer_method_that_takes_it()
     assert Trainer()._launch() is None
     assert Trainer().other(weights_only=False) is None
     assert _fit_weights_only(Trainer()) is None
+
+
+def test_an_unreadable_entry_of_another_run_still_refuses_a_start_at_step_0(tmp_path):
+    # Kept (task fw, item 4; passes on main too): an entry that cannot be read names no run
+    # and no weights, so it may be the one saved with the weights this train() starts from
+    # (or a later entry of the resumed run's branches). The folder's trainer_state.json
+    # does not prove otherwise: a hyperparameter_search trial's entry sits next to a
+    # checkpoint, and a save without the callback replaces trainer_state.json, not the entry.
+    _run_to_4(tmp_path)
+    (tmp_path / "checkpoint-2" / LEDGER_FILE).write_text('{"format": "privguard.chec')
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=1, save_strategy="no", seed=3)
+    with pytest.raises(LedgerStateError, match="unreadable"):
+        trainer.train()
+    assert len(fresh.history) == 0
