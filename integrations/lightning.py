@@ -288,6 +288,16 @@ def _from_rank_zero(trainer: Any, find: Callable[[], Any], what: str) -> Any:
     return outcome[1]
 
 
+def _named_dirs(entry: dict[str, Any]) -> list[str]:
+    """The folders an entry's ``"dirs"`` names (where its run saved checkpoints); a
+    malformed one raises LedgerStateError (as :meth:`LedgerCallback.load_state_dict`)."""
+    dirs = entry["checkpoint"].get("dirs", [])
+    if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+        raise LedgerStateError(f"the entry's checkpoint field is malformed (dirs "
+                               f"{check.short(dirs)})")
+    return dirs
+
+
 def _load_for_entry(path: str, weights_only: bool | None) -> Any:
     """Load the checkpoint ``path`` to read one small entry: a local zip checkpoint (what
     ``torch.save`` writes) is memory-mapped, so its tensors are not read (review rlrw: every
@@ -435,7 +445,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if pl_module is None:  # no module (a stand-in trainer): no weights to tie
             return
         # rank 0's module and disk decide for every rank (review rlrw's rule)
-        found, matching = _from_rank_zero(
+        found, matching, dirs = _from_rank_zero(
             trainer, lambda: self._find_weights(trainer, weights_digest(pl_module)),
             "training starts with no ckpt_path=")
         if not matching:
@@ -447,6 +457,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             "(to train such weights under another ledger's budget, save to folders without "
             "that checkpoint only if their earlier steps are accounted there)"))
         self._run = found[0][1]["checkpoint"]["run"]  # one run (_find_weights)
+        self._dirs = tuple(dirs)  # where that run saved: a later resume looks there too
         if len(self.ledger.history) != start:
             warnings.warn(
                 f"training starts with the weights saved with {', '.join(matching)} "
@@ -456,32 +467,50 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 "use trainer.fit(..., ckpt_path=<that checkpoint>)", UserWarning, stacklevel=4)
 
     def _find_weights(self, trainer: Any, digest: str | None,
-                      ) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
-        """``(path, entry)`` of every entry, in the folders this trainer saves to, of the run
-        whose entry was saved with the weights ``digest`` (None: sharded, not tied), and the
-        paths of those saved with them (on the global rank 0); entries of several runs saved
-        with them refuse (LedgerStateError)."""
+                      ) -> tuple[list[tuple[str, dict[str, Any]]], list[str], list[str]]:
+        """``(path, entry)`` of every entry of the run whose entry, in the folders this
+        trainer saves to, was saved with the weights ``digest`` (None: sharded, not tied),
+        the paths of those saved with them, and the folders that run's entries name (on
+        the global rank 0); entries of several runs saved with them refuse
+        (LedgerStateError).
+
+        Review rfw: the run's entries were looked for in this trainer's folders only, while
+        a resume (``ckpt_path=``) also looks in the folders its entry names (``"dirs"``): a
+        run that saved into two ModelCheckpoints' dirpaths (or another logger version) had
+        its later entries there missed, and its steps there were not carried."""
         if digest is None:
-            return [], []
+            return [], [], []
         weights_only = _fit_weights_only(trainer)
         named: list[tuple[str, dict[str, Any]]] = []
-        for path in _checkpoint_files([(folder, True) for folder in _save_folders(trainer)]):
-            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
-                continue  # a dangling link holds nothing
-            entry = self._entry_in(path, weights_only)
-            field = entry.get("checkpoint") if is_entry(entry) else None
-            if isinstance(field, dict) and isinstance(field.get("run"), str):
-                named.append((path, entry))
-        runs = {entry["checkpoint"]["run"] for _p, entry in named
-                if entry["checkpoint"].get("weights") == digest}
-        if len(runs) > 1:
-            raise LedgerStateError(
-                f"training starts with weights saved by {len(runs)} runs' checkpoints in "
-                f"{[p for p, e in named if e['checkpoint'].get('weights') == digest]}: "
-                "copies of one checkpoint into another run; resume with "
-                "trainer.fit(..., ckpt_path=<the checkpoint>)")
-        return ([(path, entry) for path, entry in named if entry["checkpoint"]["run"] in runs],
-                [path for path, entry in named if entry["checkpoint"].get("weights") == digest])
+        looked: list[str] = []
+        todo = list(_save_folders(trainer))
+        runs: set[str] = set()
+        while todo:  # the folders the run's entries name, until none is new
+            looked += todo
+            for path in _checkpoint_files([(folder, True) for folder in todo]):
+                if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                    continue  # a dangling link holds nothing
+                if any(path == seen for seen, _e in named):
+                    continue
+                entry = self._entry_in(path, weights_only)
+                field = entry.get("checkpoint") if is_entry(entry) else None
+                if isinstance(field, dict) and isinstance(field.get("run"), str):
+                    named.append((path, entry))
+            runs = {entry["checkpoint"]["run"] for _p, entry in named
+                    if entry["checkpoint"].get("weights") == digest}
+            if len(runs) > 1:
+                raise LedgerStateError(
+                    f"training starts with weights saved by {len(runs)} runs' checkpoints in "
+                    f"{[p for p, e in named if e['checkpoint'].get('weights') == digest]}: "
+                    "copies of one checkpoint into another run; resume with "
+                    "trainer.fit(..., ckpt_path=<the checkpoint>)")
+            dirs = [folder for _p, entry in named if entry["checkpoint"]["run"] in runs
+                    for folder in _named_dirs(entry)]
+            todo = [folder for folder in dict.fromkeys(dirs) if folder not in looked]
+        ours = [(path, entry) for path, entry in named if entry["checkpoint"]["run"] in runs]
+        return (ours,
+                [path for path, entry in named if entry["checkpoint"].get("weights") == digest],
+                list(dict.fromkeys(folder for _p, entry in ours for folder in _named_dirs(entry))))
 
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
         """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`

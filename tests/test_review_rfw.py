@@ -1,0 +1,51 @@
+"""Review rfw: adversarial review of task fw (Hugging Face / Lightning rewinds: lineage,
+branches, weights-only starts)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("lightning.pytorch")
+
+from _lightning_quiet import QUIET  # noqa: E402
+from _tiny_lightning import TinyDP  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+from privguard import Ledger  # noqa: E402
+from privguard.integrations.lightning import LedgerCallback  # noqa: E402
+
+pytestmark = [QUIET, pytest.mark.filterwarnings(
+    "ignore:.*callbacks used to create the checkpoint.*", "ignore:.*exists and is not empty.*",
+    "ignore:.*You called `self.log.*", "ignore:.*Checkpoint directory.*")]
+
+
+def _trainer(cb, checkpoints, steps):
+    return pl.Trainer(callbacks=[cb, *checkpoints], accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, max_steps=steps)
+
+
+def _every(folder, n, name="{step}"):
+    return ModelCheckpoint(dirpath=folder, filename=name, every_n_train_steps=n, save_top_k=-1)
+
+
+def test_a_weights_only_load_carries_the_runs_entries_in_its_other_dirpath(tmp_path):
+    # The run saved into two ModelCheckpoints' dirpaths: d1 every 2 steps (2, 4), d2 every 5
+    # (5). A resume (ckpt_path=d1/step=4.ckpt) looks in the folders the entry names and
+    # carries step 5; a weights-only load of the same checkpoint then fit with d1 only
+    # looked in d1 alone and carried 4 charges: step 5 ran (its weights are saved) and was
+    # not charged.
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    _trainer(LedgerCallback(Ledger(delta=1e-5)), [_every(d1, 2), _every(d2, 5)], 5).fit(TinyDP())
+    resumed = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match="later checkpoints"):
+        _trainer(LedgerCallback(resumed), [], 5).fit(TinyDP(), ckpt_path=d1 / "step=4.ckpt")
+    assert len(resumed.history) == 5 + 1
+    fresh = Ledger(delta=1e-5)
+    cb = LedgerCallback(fresh)
+    with pytest.warns(UserWarning, match="load_from_checkpoint"):
+        _trainer(cb, [_every(d1, 2, "again-{step}")], 1).fit(
+            TinyDP.load_from_checkpoint(d1 / "step=4.ckpt"))
+    assert len(fresh.history) == 5 + 1
+    assert str(d2) in cb._dirs  # its entries name the run's folders: a resume looks there
