@@ -291,7 +291,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     witnesses = False  # (a callback pickled before the option: off)
     _run: str | None = None  # id of the running train(), in its checkpoints (review rcb)
-    _from: tuple[str, ...] = ()  # the runs this train() resumed or took its weights from (task fw)
+    _from: tuple[str, ...] = ()  # the runs of the lineage this train() began from (task fw, rfw)
     _base = 0  # the ledger's charges when this train() began (task fw)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
@@ -377,8 +377,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 self.ledger.load_state_dict(saved)
             if run is None:
                 return []
-            self._later_of_run(args, run, path, saved)
-            return [run]
+            return self._later_of_run(args, run, path, saved)
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
             "other weights than the model holds: that trainer_state.json was copied from "
@@ -391,7 +390,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
             "output_dir)")
 
-    def _later_of_run(self, args: Any, run: str, resumed: str, saved: Any) -> None:
+    def _later_of_run(self, args: Any, run: str, resumed: str, saved: Any) -> list[str]:
         """Review rcb2: a resume from a checkpoint of run ``run`` while that run's later
         checkpoints are in output_dir (a rewind: the later steps ran, and their checkpoints
         and logs are out) brought a fresh in-memory ledger to the resumed step's charges
@@ -401,7 +400,13 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         train() had another run id; branches that did not carry each other are refused),
         with a warning. An in-memory ledger takes the one with the most charges, all of
         them one prefix chain (:func:`~privguard.integrations._later.carry_later`: a fork
-        refuses, the ledger left as it was); a file-backed one must hold each."""
+        refuses, the ledger left as it was); a file-backed one must hold each.
+
+        Returns the runs of the lineage (``run`` and every branch connected to it), which
+        this train()'s entries name as the ones it began from (review rfw: with its parent
+        alone, a branch whose parent's entries were all removed, a clean-up of the middle
+        checkpoints, was no longer connected to the runs before it, and a resume from one
+        of their checkpoints lost its steps)."""
         folders = [args.resume_from_checkpoint] if isinstance(
             getattr(args, "resume_from_checkpoint", None), str) else []
         every = _entries(list(dict.fromkeys(folders + _checkpoint_folders(args.output_dir,
@@ -410,6 +415,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             every.append((resumed, saved, saved.get("checkpoint")))
         found = _lineage(every, {run})
         carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+        return sorted({run} | {entry["checkpoint"]["run"] for _path, entry in found})
 
     def _carry_weights(self, args: Any, model: Any) -> list[str]:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
@@ -457,7 +463,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 "charges (the steps of the run that saved these weights, up to its last "
                 f"checkpoint; it held {start}) rather than a fresh budget. To resume, use "
                 "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
-        return sorted(runs)
+        # every run of the lineage, not only those that saved these weights (review rfw)
+        return sorted(runs | {saved["checkpoint"]["run"] for _path, saved in same
+                              if isinstance(saved.get("checkpoint"), dict)
+                              and isinstance(saved["checkpoint"].get("run"), str)})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:

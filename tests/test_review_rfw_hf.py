@@ -1,0 +1,38 @@
+"""Review rfw: Hugging Face resumes and the lineage of a run's branches (task fw)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("opacus")
+
+from test_huggingface import make_trainer
+
+from privguard import Ledger
+
+
+def test_a_branch_whose_parents_checkpoints_were_removed_is_still_carried(tmp_path):
+    # Run A: checkpoint-2 (2 charges), checkpoint-4. Branch B resumed A's checkpoint-2
+    # (carrying A's 4), ran to step 6 (checkpoint-4, -6: 8 charges); branch C resumed B's
+    # checkpoint-6 and ran to step 8 (checkpoint-8: 10 charges). B's checkpoints removed (a
+    # clean-up), a resume from A's checkpoint-2 found no entry connected to A: C's entries
+    # named only B as the run they began from. The fresh ledger held 2 charges, not 10.
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=4, save_steps=2)
+    trainer.train()
+    with pytest.warns(UserWarning, match="later checkpoints"):
+        trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=6, save_steps=2)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    c = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, c, max_steps=8, save_steps=2)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    assert len(c.history) == 10
+    for step in (4, 6):
+        shutil.rmtree(tmp_path / f"checkpoint-{step}")
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=3, save_strategy="no")
+    with pytest.warns(UserWarning, match="later checkpoints"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert len(fresh.history) == 10 + 1
