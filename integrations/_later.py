@@ -60,12 +60,15 @@ def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
             raise LedgerStateError(f"{path}: the entry's run {named['run']} began from "
                                    f"{parents}, its other entries say "
                                    f"{list(links[named['run']])}: an edited entry")
-    family, todo = set(), [run for run in runs if run in links]
+    # review rfw: a run named as a parent is a node even where none of its entries is left
+    # (removed): its branches are connected through it (siblings that forked from it were
+    # taken one without the other)
+    family, todo = set(), list(runs)
     while todo:
         run = todo.pop()
         if run not in family:
             family.add(run)
-            todo += [p for p in links[run] if p in links]
+            todo += list(links.get(run, ()))
             todo += [r for r, parents in links.items() if run in parents]
     taken = [(path, entry) for path, entry in entries if entry["checkpoint"]["run"] in family]
     check_branches(taken)

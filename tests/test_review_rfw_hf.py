@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import warnings
 
 import pytest
 
@@ -11,7 +12,7 @@ pytest.importorskip("opacus")
 
 from test_huggingface import make_trainer
 
-from privguard import Ledger
+from privguard import Ledger, LedgerStateError
 
 
 def test_a_branch_whose_parents_checkpoints_were_removed_is_still_carried(tmp_path):
@@ -36,3 +37,26 @@ def test_a_branch_whose_parents_checkpoints_were_removed_is_still_carried(tmp_pa
     with pytest.warns(UserWarning, match="later checkpoints"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert len(fresh.history) == 10 + 1
+
+
+def test_siblings_of_a_parent_whose_checkpoints_were_removed_are_still_checked(tmp_path):
+    # Run A (output_dir tmp_path): checkpoint-2, -4. Branches B and C each resumed A's
+    # checkpoint-2 into their own output_dir (tmp_path/b, tmp_path/c), neither seeing the
+    # other, and ran steps 3 and 4: they fork. A's checkpoints removed, a resume from B's
+    # checkpoint-4 took B's entries alone (A named as B's parent was no node of the lineage,
+    # for it had no entry left), and carried B's 4 charges while C's 2 steps ran beside it.
+    trainer, _ = make_trainer(tmp_path, Ledger(delta=1e-5), max_steps=4, save_steps=2)
+    trainer.train()
+    for name in ("b", "c"):
+        at = str(tmp_path / "checkpoint-2")
+        trainer, _ = make_trainer(tmp_path / name, Ledger(delta=1e-5), max_steps=4,
+                                  save_steps=2, resume_from_checkpoint=at)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.train(resume_from_checkpoint=at)
+    for step in (2, 4):
+        shutil.rmtree(tmp_path / f"checkpoint-{step}")
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path, fresh, max_steps=5, save_strategy="no")
+    with pytest.raises(LedgerStateError, match="fork"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-4"))
