@@ -165,6 +165,19 @@ def _checkpoint_folders(output_dir: str, step: int | None) -> list[str]:
         sorted(glob.glob(os.path.join(glob.escape(output_dir), "*", name)))
 
 
+def _looked_in(args: Any, *resumed: str) -> list[str]:
+    """The folders whose entries a resume or a weights-only start reads: the checkpoint
+    folders ``resumed`` and ``TrainingArguments(resume_from_checkpoint=)``, the checkpoints
+    beside them (review rfw: a resume from a checkpoint outside output_dir took none of its
+    run's later checkpoints, saved beside it, while Lightning's looks in the resumed
+    checkpoint's folder), and output_dir's (:func:`_checkpoint_folders`), each once."""
+    folders = [folder for folder in (*resumed, getattr(args, "resume_from_checkpoint", None))
+               if isinstance(folder, str) and folder]
+    beside = [found for folder in folders
+              for found in _checkpoint_folders(os.path.dirname(os.path.abspath(folder)), None)]
+    return list(dict.fromkeys(folders + beside + _checkpoint_folders(args.output_dir, None)))
+
+
 def _saved_by(folder: str, run: str) -> bool:
     """Whether ``folder``'s trainer_state.json names the run ``run`` (it was saved by it)."""
     try:
@@ -407,10 +420,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         alone, a branch whose parent's entries were all removed, a clean-up of the middle
         checkpoints, was no longer connected to the runs before it, and a resume from one
         of their checkpoints lost its steps)."""
-        folders = [args.resume_from_checkpoint] if isinstance(
-            getattr(args, "resume_from_checkpoint", None), str) else []
-        every = _entries(list(dict.fromkeys(folders + _checkpoint_folders(args.output_dir,
-                                                                           None))))
+        every = _entries(_looked_in(args, os.path.dirname(resumed)))
         if resumed not in [path for path, _s, _n in every]:  # its branch is one of them
             every.append((resumed, saved, saved.get("checkpoint")))
         found = _lineage(every, {run})
@@ -430,10 +440,7 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         (``load_best_model_at_end``, or a checkpoint chosen by hand among the run's) were
         picked with those steps' outputs, and cost them (a file-backed ledger keeps them on
         a rewind too). Only the matching checkpoint's charges were carried."""
-        folders = [args.resume_from_checkpoint] if isinstance(
-            getattr(args, "resume_from_checkpoint", None), str) else []
-        every = _entries(list(dict.fromkeys(folders + _checkpoint_folders(args.output_dir,
-                                                                           None))))
+        every = _entries(_looked_in(args))
         found = [(path, saved, named) for path, saved, named in every
                  if isinstance(named, dict) and isinstance(named.get("weights"), str)]
         if not found:

@@ -60,3 +60,19 @@ def test_siblings_of_a_parent_whose_checkpoints_were_removed_are_still_checked(t
     trainer, _ = make_trainer(tmp_path, fresh, max_steps=5, save_strategy="no")
     with pytest.raises(LedgerStateError, match="fork"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-4"))
+
+
+def test_a_resume_from_outside_output_dir_takes_the_runs_later_checkpoints_beside_it(tmp_path):
+    # Run A saved checkpoint-2 and checkpoint-4 in tmp_path/a; a resume from its
+    # checkpoint-2 into another output_dir (TrainingArguments(resume_from_checkpoint=), as
+    # the callback asks for a folder outside output_dir) looked for the run's later entries
+    # in the new output_dir only, and the fresh ledger held 2 charges where 4 ran.
+    trainer, _ = make_trainer(tmp_path / "a", Ledger(delta=1e-5), max_steps=4, save_steps=2)
+    trainer.train()
+    at = str(tmp_path / "a" / "checkpoint-2")
+    fresh = Ledger(delta=1e-5)
+    trainer, _ = make_trainer(tmp_path / "b", fresh, max_steps=3, save_strategy="no",
+                              resume_from_checkpoint=at)
+    with pytest.warns(UserWarning, match="later checkpoints"):
+        trainer.train(resume_from_checkpoint=at)
+    assert len(fresh.history) == 4 + 1
