@@ -413,7 +413,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         train() had another run id; branches that did not carry each other are refused),
         with a warning. An in-memory ledger takes the one with the most charges, all of
         them one prefix chain (:func:`~privguard.integrations._later.carry_later`: a fork
-        refuses, the ledger left as it was); a file-backed one must hold each.
+        refuses, the ledger left at the resumed entry's charges); a file-backed one must hold
+        each.
 
         Returns the runs of the lineage (``run`` and every branch connected to it), which
         this train()'s entries name as the ones it began from (review rfw: with its parent
