@@ -52,6 +52,7 @@ def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
     links: dict[str, tuple[str, ...]] = {}
     for path, entry in entries:
         named = entry["checkpoint"]
+        _check_branch_fields(path, entry)  # every entry: an edited one may disconnect itself
         parents = named.get("from", [])
         if not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
             raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
@@ -75,6 +76,22 @@ def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
     return taken
 
 
+def _check_branch_fields(path: str, entry: dict[str, Any]) -> None:
+    """Review rfw: task fw writes ``"base"`` with ``"from"`` (Hugging Face) or ``"branch"``
+    (Lightning), always both: one without the other is an edited entry (a ``"from"``
+    removed disconnected its branch, whose charges were then not carried), and a branch
+    cannot have begun holding more charges than its entry holds."""
+    named = entry["checkpoint"]
+    if ("base" in named) != ("from" in named or "branch" in named):
+        raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed (base "
+                               "without from/branch, or one of them without base): an "
+                               "edited entry")
+    base, charges = named.get("base", 0), entry.get("charges")
+    if type(base) is int and type(charges) is int and base > charges:
+        raise LedgerStateError(f"{path}: the entry's branch began at {base} charges, more "
+                               f"than the {charges} it holds: an edited entry")
+
+
 def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
     """Refuse entries of several branches that are not one sequence in which each branch
     began holding every charge the branches before it wrote.
@@ -96,6 +113,7 @@ def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
         if not isinstance(branch, str) or type(base) is not int or base < 0:
             raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
                                    f"(branch {check.short(branch)}, base {check.short(base)})")
+        _check_branch_fields(path, entry)
         if bases.setdefault(branch, base) != base:
             raise LedgerStateError(f"{path}: the entry's branch began at {base} charges, its "
                                    f"other entries say {bases[branch]}: an edited entry")
