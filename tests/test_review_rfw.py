@@ -23,7 +23,8 @@ pytestmark = [QUIET, pytest.mark.filterwarnings(
 def _trainer(cb, checkpoints, steps):
     return pl.Trainer(callbacks=[cb, *checkpoints], accelerator="cpu", logger=False,
                       enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, max_steps=steps)
+                      enable_checkpointing=bool(checkpoints), limit_val_batches=0,
+                      max_steps=steps)
 
 
 def _every(folder, n, name="{step}"):
