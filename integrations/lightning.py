@@ -430,6 +430,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         check_branches([*found, (resumed, self._resumed)] if is_entry(self._resumed)
                        else found)
         carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+        # review rfw: this fit's entries name where the run's branches saved, so that a
+        # resume from one of them looks there too
+        self._dirs = tuple(dict.fromkeys(
+            [*self._dirs, *(folder for _p, entry in found for folder in _named_dirs(entry))]))
 
     def _carry_weights(self, trainer: Any, pl_module: Any) -> None:
         """Task fw: a fit without ``ckpt_path=`` whose module holds the weights an entry was
@@ -514,22 +518,34 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
         """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
-        names (on the global rank 0)."""
+        names, and in the folders those entries name, until none is new (on the global rank
+        0). Review rfw: the folders the resumed entry names only: a first resume from a
+        checkpoint that saved into another folder had its entries there missed by a second
+        resume from the same checkpoint, and its steps were not carried."""
         folders = [(folder, True) for folder in _save_folders(trainer)]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
             folders.insert(0, (os.path.dirname(resumed) or ".", False))
         folders += [(folder, True) for folder in self._dirs]  # the run's, as its entry says
         weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
-        for path in _checkpoint_files(folders):
-            if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
-                continue  # the ledger holds its entry (Lightning loaded it as the user asked)
-            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
-                continue  # a dangling link (save_last="link" to a removed file) holds nothing
-            entry = self._entry_in(path, weights_only)
-            named = entry.get("checkpoint") if is_entry(entry) else None
-            if isinstance(named, dict) and named.get("run") == self._run:
-                found.append((path, entry))
+        looked: list[tuple[str, bool]] = []
+        read: set[str] = set()
+        while folders:  # review rfw: and the folders the run's entries found name
+            looked += folders
+            for path in _checkpoint_files(folders):
+                if path in read:
+                    continue
+                read.add(path)
+                if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
+                    continue  # the ledger holds its entry (Lightning loaded it as asked)
+                if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                    continue  # a dangling link (save_last="link" to a removed file)
+                entry = self._entry_in(path, weights_only)
+                named = entry.get("checkpoint") if is_entry(entry) else None
+                if isinstance(named, dict) and named.get("run") == self._run:
+                    found.append((path, entry))
+            named_dirs = [(folder, True) for _p, entry in found for folder in _named_dirs(entry)]
+            folders = [folder for folder in dict.fromkeys(named_dirs) if folder not in looked]
         return found
 
     def _entry_in(self, path: str, weights_only: bool | None) -> Any:

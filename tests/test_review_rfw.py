@@ -50,3 +50,21 @@ def test_a_weights_only_load_carries_the_runs_entries_in_its_other_dirpath(tmp_p
             TinyDP.load_from_checkpoint(d1 / "step=4.ckpt"))
     assert len(fresh.history) == 5 + 1
     assert str(d2) in cb._dirs  # its entries name the run's folders: a resume looks there
+
+
+
+def test_a_resume_takes_the_runs_entries_in_the_folders_its_later_entries_name(tmp_path):
+    # Run A's first fit saved step=2, step=4 in d1 (its entries name d1). Its second fit,
+    # resumed from step=4, saved step=6 in d1 and step=7 in d2 (its entries name d1 and d2).
+    # A resume from step=2 looked in d1 and the folders the resumed entry names (d1): the
+    # run's step=7 in d2 was missed (6 charges carried where 7 ran), though the run's entry
+    # at step=6, found, names d2.
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    _trainer(LedgerCallback(Ledger(delta=1e-5)), [_every(d1, 2)], 4).fit(TinyDP())
+    _trainer(LedgerCallback(Ledger(delta=1e-5)), [_every(d1, 2), _every(d2, 7)], 7).fit(
+        TinyDP(), ckpt_path=d1 / "step=4.ckpt")
+    assert (d2 / "step=7.ckpt").exists()
+    fresh = Ledger(delta=1e-5)
+    with pytest.warns(UserWarning, match=r"step=7\.ckpt \(7 charges"):
+        _trainer(LedgerCallback(fresh), [], 3).fit(TinyDP(), ckpt_path=d1 / "step=2.ckpt")
+    assert len(fresh.history) == 7 + 1
