@@ -350,7 +350,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     def _resume(self, args: Any, state: Any, model: Any) -> list[str]:
         """Bring the ledger to the entry saved with the checkpoint resumed from; return the
-        run it names (as a list: none for an entry written before run ids)."""
+        runs of its lineage (:meth:`_later_of_run`; none for an entry written before run
+        ids)."""
         folders = []
         if isinstance(getattr(args, "resume_from_checkpoint", None), str):
             folders.append(args.resume_from_checkpoint)

@@ -487,15 +487,17 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         weights_only = _fit_weights_only(trainer)
         named: list[tuple[str, dict[str, Any]]] = []
         looked: list[str] = []
+        read: set[str] = set()
         todo = list(_save_folders(trainer))
         runs: set[str] = set()
         while todo:  # the folders the run's entries name, until none is new
             looked += todo
             for path in _checkpoint_files([(folder, True) for folder in todo]):
+                if path in read:
+                    continue
+                read.add(path)
                 if "://" not in path and os.path.islink(path) and not os.path.exists(path):
                     continue  # a dangling link holds nothing
-                if any(path == seen for seen, _e in named):
-                    continue
                 entry = self._entry_in(path, weights_only)
                 field = entry.get("checkpoint") if is_entry(entry) else None
                 if isinstance(field, dict) and isinstance(field.get("run"), str):
