@@ -12,7 +12,7 @@ from _lightning_quiet import QUIET  # noqa: E402
 from _tiny_lightning import TinyDP  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
-from privguard import Ledger  # noqa: E402
+from privguard import Ledger, LedgerStateError  # noqa: E402
 from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 
 pytestmark = [QUIET, pytest.mark.filterwarnings(
@@ -68,3 +68,42 @@ def test_a_resume_takes_the_runs_entries_in_the_folders_its_later_entries_name(t
     with pytest.warns(UserWarning, match=r"step=7\.ckpt \(7 charges"):
         _trainer(LedgerCallback(fresh), [], 3).fit(TinyDP(), ckpt_path=d1 / "step=2.ckpt")
     assert len(fresh.history) == 7 + 1
+
+
+def _run_to_4(folder):
+    _trainer(LedgerCallback(Ledger(delta=1e-5)), [_every(folder, 2)], 4).fit(TinyDP())
+
+
+def _fresh_fit_refused(folder, ledger, match):
+    """A fit without ckpt_path= of step=4's weights saving into ``folder`` is refused, and
+    ``ledger`` is left as it was."""
+    held = (len(ledger.history), ledger.state_dict())
+    with pytest.raises(LedgerStateError, match=match):
+        _trainer(LedgerCallback(ledger), [_every(folder, 2, "again-{step}")], 1).fit(
+            TinyDP.load_from_checkpoint(folder / "step=4.ckpt"))
+    assert (len(ledger.history), ledger.state_dict()) == held
+
+
+@pytest.mark.parametrize("file_backed", [False, True])
+def test_the_same_weights_in_two_runs_entries_refuse_a_fresh_fit(tmp_path, file_backed):
+    # README (task fw): the same weights in two runs' entries refuse the fit (a copy of a
+    # checkpoint whose entry names another run), the ledger left as it was (a file-backed
+    # one's journal too)
+    folder = tmp_path / "ckpts"
+    _run_to_4(folder)
+    saved = torch.load(folder / "step=4.ckpt", weights_only=False)
+    state = saved["callbacks"][LedgerCallback(Ledger(delta=1e-5)).state_key]["privguard"]
+    state["checkpoint"]["run"] = "0" * 32
+    torch.save(saved, folder / "copy.ckpt")
+    ledger = Ledger(delta=1e-5, path=str(tmp_path / "l.db")) if file_backed \
+        else Ledger(delta=1e-5)
+    _fresh_fit_refused(folder, ledger, "2 runs")
+
+
+def test_an_unreadable_checkpoint_in_the_folders_refuses_a_fresh_fit(tmp_path):
+    # README (task fw): a .ckpt in the folders a fit without ckpt_path= saves to that cannot
+    # be read refuses the fit (it may hold the module's weights), the ledger left as it was
+    folder = tmp_path / "ckpts"
+    _run_to_4(folder)
+    (folder / "partial.ckpt").write_bytes((folder / "step=2.ckpt").read_bytes()[:100])
+    _fresh_fit_refused(folder, Ledger(delta=1e-5), r"partial\.ckpt: unreadable")
