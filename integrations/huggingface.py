@@ -72,7 +72,12 @@ hand: a weights-only resume) carries that entry's charges, with a ``UserWarning`
 (weights copied elsewhere without their checkpoint folder are not recognised); it
 carries every entry found of the run that saved them (weights picked after later steps
 ran, ``load_best_model_at_end``'s, cost those steps), and a resume from an earlier
-checkpoint of a run takes that run's later entries too (review rcb2).
+checkpoint of a run takes that run's later entries too (review rcb2). Each ``train()`` is
+a branch (its own run id; its entries name the runs it resumed from and the charges it
+began with): a resume takes the entries of every branch connected to it by resumes, and
+refuses branches that are not one sequence (task fw: :mod:`privguard.integrations._later`).
+An unreadable entry in a folder looked in refuses a resume and a start at step 0: its run
+and weights are unknown, so it may hold charges of these weights (task fw: fail closed).
 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
@@ -107,6 +112,7 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
+from privguard.integrations._later import carry_later, lineage
 from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, attach
 
@@ -159,6 +165,19 @@ def _checkpoint_folders(output_dir: str, step: int | None) -> list[str]:
         sorted(glob.glob(os.path.join(glob.escape(output_dir), "*", name)))
 
 
+def _looked_in(args: Any, *resumed: str) -> list[str]:
+    """The folders whose entries a resume or a weights-only start reads: the checkpoint
+    folders ``resumed`` and ``TrainingArguments(resume_from_checkpoint=)``, the checkpoints
+    beside them (review rfw: a resume from a checkpoint outside output_dir took none of its
+    run's later checkpoints, saved beside it, while Lightning's looks in the resumed
+    checkpoint's folder), and output_dir's (:func:`_checkpoint_folders`), each once."""
+    folders = [folder for folder in (*resumed, getattr(args, "resume_from_checkpoint", None))
+               if isinstance(folder, str) and folder]
+    beside = [found for folder in folders
+              for found in _checkpoint_folders(os.path.dirname(os.path.abspath(folder)), None)]
+    return list(dict.fromkeys(folders + beside + _checkpoint_folders(args.output_dir, None)))
+
+
 def _saved_by(folder: str, run: str) -> bool:
     """Whether ``folder``'s trainer_state.json names the run ``run`` (it was saved by it)."""
     try:
@@ -206,6 +225,13 @@ def _entries(folders: list[str]) -> list[tuple[str, Any, Any]]:
             saved = _read_entry(path)
             found.append((path, saved, saved.get("checkpoint") if is_entry(saved) else None))
     return found
+
+
+def _lineage(entries: list[tuple[str, Any, Any]], runs: set[str]) -> list[tuple[str, Any]]:
+    """``(path, entry)`` of the ``entries`` (:func:`_entries`) of the branches connected to
+    ``runs`` by resumes (:func:`~privguard.integrations._later.lineage`: refuses a fork)."""
+    return lineage([(path, saved) for path, saved, named in entries
+                    if isinstance(named, dict) and isinstance(named.get("run"), str)], runs)
 
 
 def _resumed_from(folder: str, state: Any) -> bool:
@@ -278,6 +304,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     witnesses = False  # (a callback pickled before the option: off)
     _run: str | None = None  # id of the running train(), in its checkpoints (review rcb)
+    _from: tuple[str, ...] = ()  # the runs of the lineage this train() began from (task fw, rfw)
+    _base = 0  # the ledger's charges when this train() began (task fw)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
@@ -303,10 +331,12 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 allocation_sampler(train_dataloader) is None:  # attach charges it per epoch
             _sampling.check_poisson(train_dataloader, "train_dataloader")
         if state.global_step > 0:
-            self._resume(args, state, model)
+            parents = self._resume(args, state, model)
         else:
-            self._carry_weights(args, model)
+            parents = self._carry_weights(args, model)
         self._run = secrets.token_hex(16)  # names this train()'s checkpoints (_resume)
+        # task fw: the branches this one began from, and the charges it began with (lineage)
+        self._from, self._base = tuple(parents), len(self.ledger.history)
         if isinstance(getattr(state, "stateful_callbacks", None), dict):
             state.stateful_callbacks[_RUN_KEY] = {"args": {}, "attributes": {"run": self._run}}
         accumulation = getattr(args, "gradient_accumulation_steps", 1)  # theory §14
@@ -318,8 +348,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                              model=model if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
 
-    def _resume(self, args: Any, state: Any, model: Any) -> None:
-        """Bring the ledger to the entry saved with the checkpoint resumed from."""
+    def _resume(self, args: Any, state: Any, model: Any) -> list[str]:
+        """Bring the ledger to the entry saved with the checkpoint resumed from; return the
+        runs of its lineage (:meth:`_later_of_run`; none for an entry written before run
+        ids)."""
         folders = []
         if isinstance(getattr(args, "resume_from_checkpoint", None), str):
             folders.append(args.resume_from_checkpoint)
@@ -357,9 +389,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                 restore(self.ledger, saved, where=path)
             else:  # a bare ledger state, written by privguard 0.1
                 self.ledger.load_state_dict(saved)
-            if run is not None:
-                self._later_of_run(args, run, state.global_step)
-            return
+            if run is None:
+                return []
+            return self._later_of_run(args, run, path, saved)
         why = "" if not other_weights else (
             f" ({other_weights} hold the entry the resumed trainer_state.json names, saved with "
             "other weights than the model holds: that trainer_state.json was copied from "
@@ -372,46 +404,32 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             "TrainingArguments(resume_from_checkpoint=<folder>) when it is outside "
             "output_dir)")
 
-    def _later_of_run(self, args: Any, run: str, step: int) -> None:
-        """Review rcb2: a resume from a checkpoint of run ``run`` at ``step`` while that run's
-        later checkpoints are in output_dir (a rewind: the later steps ran, and their
-        checkpoints and logs are out) brought a fresh in-memory ledger to ``step``'s charges
-        only, while a file-backed one keeps them all. Their entries are taken too (fewest
-        first), with a warning."""
-        later = sorted([(named["step"], path, saved) for path, saved, named
-                        in _entries(_checkpoint_folders(args.output_dir, None))
-                        if isinstance(named, dict) and named.get("run") == run
-                        and isinstance(named.get("step"), int) and named["step"] > step],
-                       key=lambda row: row[:2])
-        before = len(self.ledger.history)
-        last = self._restore_in_order(
-            [(path, saved) for _step, path, saved in later],
-            lambda path, exc: f"training resumes at step {step} of a run whose later checkpoint "
-                              f"{path} holds charges this ledger cannot take: {exc}")
-        if last is not None:
-            warnings.warn(
-                f"training resumes at step {step} of a run that went on to later checkpoints: "
-                f"the ledger now holds the entry {last} ({len(self.ledger.history)} charges, "
-                f"{len(self.ledger.history) - before} more than the checkpoint resumed from): "
-                "those steps ran, and a ledger never goes backwards", stacklevel=2)
+    def _later_of_run(self, args: Any, run: str, resumed: str, saved: Any) -> list[str]:
+        """Review rcb2: a resume from a checkpoint of run ``run`` while that run's later
+        checkpoints are in output_dir (a rewind: the later steps ran, and their checkpoints
+        and logs are out) brought a fresh in-memory ledger to the resumed step's charges
+        only, while a file-backed one keeps them all. The entries of every branch connected
+        to the run by resumes are taken (:func:`~privguard.integrations._later.lineage`,
+        task fw: a resume from the same checkpoint twice lost the first resume's steps, whose
+        train() had another run id; branches that did not carry each other are refused),
+        with a warning. An in-memory ledger takes the one with the most charges, all of
+        them one prefix chain (:func:`~privguard.integrations._later.carry_later`: a fork
+        refuses, the ledger left at the resumed entry's charges); a file-backed one must hold
+        each.
 
-    def _restore_in_order(self, entries: list[tuple[str, Any]],
-                          why: Callable[[str, LedgerStateError], str]) -> str | None:
-        """Bring the ledger to each ``(path, entry)`` in turn (:func:`restore`: forward only)
-        and return the last path that moved it (None: none did); an entry it cannot take
-        raises LedgerStateError with ``why(path, exc)``."""
-        last = None
-        for path, saved in entries:
-            held = len(self.ledger.history)
-            try:
-                restore(self.ledger, saved, where=path)
-            except LedgerStateError as exc:
-                raise LedgerStateError(why(path, exc)) from None
-            if len(self.ledger.history) != held:
-                last = path
-        return last
+        Returns the runs of the lineage (``run`` and every branch connected to it), which
+        this train()'s entries name as the ones it began from (review rfw: with its parent
+        alone, a branch whose parent's entries were all removed, a clean-up of the middle
+        checkpoints, was no longer connected to the runs before it, and a resume from one
+        of their checkpoints lost its steps)."""
+        every = _entries(_looked_in(args, os.path.dirname(resumed)))
+        if resumed not in [path for path, _s, _n in every]:  # its branch is one of them
+            every.append((resumed, saved, saved.get("checkpoint")))
+        found = _lineage(every, {run})
+        carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+        return sorted({run} | {entry["checkpoint"]["run"] for _path, entry in found})
 
-    def _carry_weights(self, args: Any, model: Any) -> None:
+    def _carry_weights(self, args: Any, model: Any) -> list[str]:
         """A run at step 0 whose model holds the weights a checkpoint's entry was saved with
         (loaded by hand, a weights-only resume) carries that entry's charges: the ledger is
         brought to it as a resume would (:func:`restore`: a fresh ledger loads it, another
@@ -424,38 +442,40 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         (``load_best_model_at_end``, or a checkpoint chosen by hand among the run's) were
         picked with those steps' outputs, and cost them (a file-backed ledger keeps them on
         a rewind too). Only the matching checkpoint's charges were carried."""
-        folders = [args.resume_from_checkpoint] if isinstance(
-            getattr(args, "resume_from_checkpoint", None), str) else []
-        found = [(path, saved, named) for path, saved, named
-                 in _entries(folders + _checkpoint_folders(args.output_dir, None))
+        every = _entries(_looked_in(args))
+        found = [(path, saved, named) for path, saved, named in every
                  if isinstance(named, dict) and isinstance(named.get("weights"), str)]
         if not found:
-            return
+            return []
         digest = weights_digest(model)
         if digest is None:  # sharded: not recognised
-            return
-        runs = {named.get("run") for _p, _s, named in found if named["weights"] == digest}
-        runs.discard(None)
-        same = sorted((saved["charges"] if isinstance(saved.get("charges"), int) else 0, path)
-                      for path, saved, named in found
-                      if named["weights"] == digest or named.get("run") in runs)
-        entries = {path: saved for path, saved, _n in found}
+            return []
+        matching = [(path, saved) for path, saved, named in found
+                    if named["weights"] == digest]
+        if not matching:
+            return []
+        runs = {named["run"] for _p, _s, named in found
+                if named["weights"] == digest and isinstance(named.get("run"), str)}
+        same = _lineage(every, runs)
+        same += [(path, saved) for path, saved in matching if (path, saved) not in same]
         start = len(self.ledger.history)
-        last = self._restore_in_order(  # fewest first: a ledger moves forward only
-            [(path, entries[path]) for _charges, path in same],
-            lambda path, exc: f"training starts at step 0 with the weights saved with {path}, "
-                              f"whose charges this ledger cannot take: {exc}. (Weights trained "
-                              "for another ledger's budget: train them from an output_dir "
-                              "without that checkpoint only if their earlier steps are "
-                              "accounted there)")
+        said = (f"training starts at step 0 with the weights saved with {matching[0][0]} "
+                "(weights trained for another ledger's budget: train them from an output_dir "
+                "without that checkpoint only if their earlier steps are accounted there)")
+        last = carry_later(self.ledger, same, resumed=matching[0][0], context=said)
+        entries = dict(same)
         if last is not None:
-            matching = [path for path, _s, named in found if named["weights"] == digest]
             warnings.warn(
-                f"training starts at step 0 with the weights saved with {', '.join(matching)}: "
+                "training starts at step 0 with the weights saved with "
+                f"{', '.join(path for path, _s in matching)}: "
                 f"the ledger now holds the entry {last}, that checkpoint's {entries[last]['charges']} "
                 "charges (the steps of the run that saved these weights, up to its last "
                 f"checkpoint; it held {start}) rather than a fresh budget. To resume, use "
                 "trainer.train(resume_from_checkpoint=<that folder>)", stacklevel=2)
+        # every run of the lineage, not only those that saved these weights (review rfw)
+        return sorted(runs | {saved["checkpoint"]["run"] for _path, saved in same
+                              if isinstance(saved.get("checkpoint"), dict)
+                              and isinstance(saved["checkpoint"].get("run"), str)})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.handle is None:
@@ -490,7 +510,8 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
         os.makedirs(folder, exist_ok=True)
         entry = ledger_entry(self.ledger)
         if run is not None:
-            entry["checkpoint"] = {"run": run, "step": state.global_step}
+            entry["checkpoint"] = {"run": run, "step": state.global_step,
+                                   "from": list(self._from), "base": self._base}
             weights = weights_digest(model)
             if weights is not None:  # None: sharded weights, not tied (as before task cb)
                 entry["checkpoint"]["weights"] = weights

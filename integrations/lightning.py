@@ -58,10 +58,14 @@ rather than start a fresh budget. A resume of an in-memory ledger from an earlie
 checkpoint of a run takes the run's later entries in the checkpoint's folder, in every
 ``ModelCheckpoint``'s ``dirpath`` and in the logger's versions (review lrw, rlrw: those
 steps ran; see
-:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``. A weights-only load
-(``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) is not
-detected: the ledger then holds only the new steps (resume with ``ckpt_path=``, or charge
-the ledger that trained the weights). Pickling the callback (as
+:meth:`LedgerCallback._later_of_run`), with a ``UserWarning``; each fit's entries name the
+fit and the charges it began with, and fits that did not carry each other's charges are
+refused as a fork (task fw). A weights-only load
+(``LightningModule.load_from_checkpoint``, then ``fit`` without ``ckpt_path=``) carries
+the charges of the run whose entry, in the folders the trainer saves to, was saved with the
+module's weights (each entry records their digest; task fw:
+:meth:`LedgerCallback._carry_weights`); weights from elsewhere are not recognised (resume
+with ``ckpt_path=``, or charge the ledger that trained the weights). Pickling the callback (as
 spawn-based strategies do) pickles the ledger, not the live attachment; a
 copy of an in-memory ledger is a separate ledger, so prefer a file-backed
 ledger when the trainer runs in other processes.
@@ -72,6 +76,7 @@ from __future__ import annotations
 import inspect
 import os
 import secrets
+import warnings
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -93,8 +98,9 @@ from privguard.integrations._frameworks import (
     require,
     running_epsilon,
 )
-from privguard.integrations._later import carry_later
+from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
+from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
 _pl = require("lightning.pytorch", "lightning")
@@ -242,15 +248,54 @@ def _saved_in(trainer: Any, known: tuple[str, ...]) -> tuple[str, ...]:
 
 def _fit_weights_only(trainer: Any) -> bool | None:
     """The ``weights_only`` this ``fit`` loaded its checkpoint with (review rlrw: the run's
-    other checkpoints are loaded the same way), read from Lightning's ``Trainer._run`` frame
-    (it keeps the value nowhere else); None (torch's default) where it is not found."""
+    other checkpoints are loaded the same way), read from the innermost frame of a method of
+    ``trainer`` that has a ``weights_only`` argument (Lightning keeps the value nowhere else:
+    ``Trainer.fit``, ``_fit_impl`` and ``_run`` take it in Lightning 2.4 to 2.6; task fw: only
+    a frame named ``_run`` was read, and a Lightning that renamed it fell back silently);
+    None (torch's default) where none is found: then a checkpoint that only a full load
+    reads refuses the resume as unreadable, naming ``fit(..., weights_only=False)``."""
     frame = inspect.currentframe()
     while frame is not None:
-        if frame.f_code.co_name == "_run" and frame.f_locals.get("self") is trainer:
+        code = frame.f_code
+        if "weights_only" in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] \
+                and frame.f_locals.get("self") is trainer:
             value = frame.f_locals.get("weights_only")
             return value if isinstance(value, bool) else None
         frame = frame.f_back
     return None
+
+
+def _from_rank_zero(trainer: Any, find: Callable[[], Any], what: str) -> Any:
+    """What ``find()`` returns on the global rank 0, on every rank (review rlrw: each rank
+    read its own disk, and carried other charges than rank 0, or one refused while the
+    others waited for it in a collective); its refusal is raised on every rank."""
+    outcome: tuple[str, Any] | None = None
+    failed: Exception | None = None
+    if trainer.is_global_zero:
+        try:
+            outcome = ("found", find())
+        except Exception as exc:  # sent to every rank before it is raised (no rank waits)
+            failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
+                                    if not isinstance(exc, LedgerStateError) else str(exc))
+    outcome = trainer.strategy.broadcast(outcome, src=0)
+    if failed is not None:
+        raise failed
+    if not (isinstance(outcome, tuple) and len(outcome) == 2):
+        raise LedgerStateError(f"{what}: rank 0's search of the checkpoint folders sent "
+                               "nothing this rank can read")
+    if outcome[0] == "refused":
+        raise LedgerStateError(outcome[1])
+    return outcome[1]
+
+
+def _named_dirs(entry: dict[str, Any]) -> list[str]:
+    """The folders an entry's ``"dirs"`` names (where its run saved checkpoints); a
+    malformed one raises LedgerStateError (as :meth:`LedgerCallback.load_state_dict`)."""
+    dirs = entry["checkpoint"].get("dirs", [])
+    if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+        raise LedgerStateError(f"the entry's checkpoint field is malformed (dirs "
+                               f"{check.short(dirs)})")
+    return dirs
 
 
 def _load_for_entry(path: str, weights_only: bool | None) -> Any:
@@ -310,6 +355,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     _restored = False  # whether this fit's checkpoint brought its state (load_state_dict)
     _run: str | None = None  # the run id in this fit's entries (review lrw), None before a fit
     _dirs: tuple[str, ...] = ()  # where the run's fits saved checkpoints (review rlrw)
+    _branch: str | None = None  # this fit's id, in its entries (task fw: check_branches)
+    _base = 0  # the ledger's charges when this fit began (task fw)
+    _resumed: Any = None  # the entry this fit's checkpoint brought (load_state_dict)
+    _module: Any = None  # the module being fitted: its weights are tied to each entry
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -335,7 +384,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit":  # Lightning restores a checkpoint's states after setup
-            self._restored = False
+            self._restored, self._resumed = False, None
         if stage == "fit" and self.check_poisson:
             _check_sampler_injection(trainer)
 
@@ -355,8 +404,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             f"holds no {self.state_key!r} state: the ledger would not hold the steps the "
             "resumed model took. Resume with a LedgerCallback of the label that wrote the "
             "checkpoint. (Loading the weights, LightningModule.load_from_checkpoint, and "
-            "fitting without ckpt_path= starts a ledger that holds only the new steps: the "
-            "privacy loss of the steps that trained the weights is not in its ε.)")
+            "fitting without ckpt_path= carries the charges of the steps that trained them "
+            "only where their checkpoint is in the folders this trainer saves to.)")
 
     def _later_of_run(self, trainer: Any) -> None:
         """Review lrw: a resume (``ckpt_path=``) from a checkpoint of a run while that run's
@@ -374,42 +423,131 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         lacks a later checkpoint carried fewer charges than rank 0 (or one rank refused the
         resume while the others went on to wait for it in a collective)."""
         resumed = str(trainer.ckpt_path)
-        outcome: tuple[str, Any] | None = None
-        failed: Exception | None = None
-        if trainer.is_global_zero:
-            try:
-                outcome = ("found", self._find_later(trainer, resumed))
-            except Exception as exc:  # sent to every rank before it is raised (no rank waits)
-                failed, outcome = exc, ("refused", f"{type(exc).__name__}: {exc}"
-                                        if not isinstance(exc, LedgerStateError) else str(exc))
-        outcome = trainer.strategy.broadcast(outcome, src=0)
-        if failed is not None:
-            raise failed
-        if not (isinstance(outcome, tuple) and len(outcome) == 2):
-            raise LedgerStateError(f"training resumes from {resumed}: rank 0's search for the "
-                                   "run's later checkpoints sent nothing this rank can read")
-        if outcome[0] == "refused":
-            raise LedgerStateError(outcome[1])
-        carry_later(self.ledger, outcome[1], resumed=resumed, stacklevel=5)
+        found = _from_rank_zero(trainer, lambda: self._find_later(trainer, resumed),
+                                f"training resumes from {resumed}")
+        # task fw: branches alike charge for charge, each of which ran, pass carry_later's
+        # prefix check; the resumed entry's branch is one of them
+        check_branches([*found, (resumed, self._resumed)] if is_entry(self._resumed)
+                       else found)
+        carry_later(self.ledger, found, resumed=resumed, stacklevel=5)
+        # review rfw: this fit's entries name where the run's branches saved, so that a
+        # resume from one of them looks there too
+        self._dirs = tuple(dict.fromkeys(
+            [*self._dirs, *(folder for _p, entry in found for folder in _named_dirs(entry))]))
+
+    def _carry_weights(self, trainer: Any, pl_module: Any) -> None:
+        """Task fw: a fit without ``ckpt_path=`` whose module holds the weights an entry was
+        saved with (``LightningModule.load_from_checkpoint``: a weights-only resume) started
+        a fresh budget whose ε left out the steps that trained them. The entries in the
+        folders this trainer saves to (every ModelCheckpoint's ``dirpath``, the first
+        logger's versions, with their sub-folders) record the weights saved with them; the
+        ledger is brought to the run that saved these weights as a resume would (every entry
+        of that run found there, one sequence of branches:
+        :func:`~privguard.integrations._later.carry_later`), with a ``UserWarning``, and
+        this fit goes on as a branch of that run. Weights loaded from a checkpoint outside
+        those folders are not recognised (as Hugging Face's)."""
+        if pl_module is None:  # no module (a stand-in trainer): no weights to tie
+            return
+        # rank 0's module and disk decide for every rank (review rlrw's rule)
+        found, matching, dirs = _from_rank_zero(
+            trainer, lambda: self._find_weights(trainer, weights_digest(pl_module)),
+            "training starts with no ckpt_path=")
+        if not matching:
+            return
+        check_branches(found)
+        start = len(self.ledger.history)
+        carry_later(self.ledger, found, resumed=matching[0], context=(
+            f"training starts with the weights saved with {matching[0]} and no ckpt_path= "
+            "(to train such weights under another ledger's budget, save to folders without "
+            "that checkpoint only if their earlier steps are accounted there)"))
+        self._run = found[0][1]["checkpoint"]["run"]  # one run (_find_weights)
+        self._dirs = tuple(dirs)  # where that run saved: a later resume looks there too
+        if len(self.ledger.history) != start:
+            warnings.warn(
+                f"training starts with the weights saved with {', '.join(matching)} "
+                "(LightningModule.load_from_checkpoint, fit without ckpt_path=): the ledger "
+                f"now holds {len(self.ledger.history)} charges (it held {start}), the steps "
+                "of the run that saved these weights, rather than a fresh budget. To resume, "
+                "use trainer.fit(..., ckpt_path=<that checkpoint>)", UserWarning, stacklevel=4)
+
+    def _find_weights(self, trainer: Any, digest: str | None,
+                      ) -> tuple[list[tuple[str, dict[str, Any]]], list[str], list[str]]:
+        """``(path, entry)`` of every entry of the run whose entry, in the folders this
+        trainer saves to, was saved with the weights ``digest`` (None: sharded, not tied),
+        the paths of those saved with them, and the folders that run's entries name (on
+        the global rank 0); entries of several runs saved with them refuse
+        (LedgerStateError).
+
+        Review rfw: the run's entries were looked for in this trainer's folders only, while
+        a resume (``ckpt_path=``) also looks in the folders its entry names (``"dirs"``): a
+        run that saved into two ModelCheckpoints' dirpaths (or another logger version) had
+        its later entries there missed, and its steps there were not carried."""
+        if digest is None:
+            return [], [], []
+        weights_only = _fit_weights_only(trainer)
+        named: list[tuple[str, dict[str, Any]]] = []
+        looked: list[str] = []
+        read: set[str] = set()
+        todo = list(_save_folders(trainer))
+        runs: set[str] = set()
+        while todo:  # the folders the run's entries name, until none is new
+            looked += todo
+            for path in _checkpoint_files([(folder, True) for folder in todo]):
+                if path in read:
+                    continue
+                read.add(path)
+                if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                    continue  # a dangling link holds nothing
+                entry = self._entry_in(path, weights_only)
+                field = entry.get("checkpoint") if is_entry(entry) else None
+                if isinstance(field, dict) and isinstance(field.get("run"), str):
+                    named.append((path, entry))
+            runs = {entry["checkpoint"]["run"] for _p, entry in named
+                    if entry["checkpoint"].get("weights") == digest}
+            if len(runs) > 1:
+                raise LedgerStateError(
+                    f"training starts with weights saved by {len(runs)} runs' checkpoints in "
+                    f"{[p for p, e in named if e['checkpoint'].get('weights') == digest]}: "
+                    "copies of one checkpoint into another run; resume with "
+                    "trainer.fit(..., ckpt_path=<the checkpoint>)")
+            dirs = [folder for _p, entry in named if entry["checkpoint"]["run"] in runs
+                    for folder in _named_dirs(entry)]
+            todo = [folder for folder in dict.fromkeys(dirs) if folder not in looked]
+        ours = [(path, entry) for path, entry in named if entry["checkpoint"]["run"] in runs]
+        return (ours,
+                [path for path, entry in named if entry["checkpoint"].get("weights") == digest],
+                list(dict.fromkeys(folder for _p, entry in ours for folder in _named_dirs(entry))))
 
     def _find_later(self, trainer: Any, resumed: str) -> list[tuple[str, dict[str, Any]]]:
         """The ``(path, entry)`` of the run's entries in the folders :meth:`_later_of_run`
-        names (on the global rank 0)."""
+        names, and in the folders those entries name, until none is new (on the global rank
+        0). Review rfw: the folders the resumed entry names only: a first resume from a
+        checkpoint that saved into another folder had its entries there missed by a second
+        resume from the same checkpoint, and its steps were not carried."""
         folders = [(folder, True) for folder in _save_folders(trainer)]
         if not resumed.startswith("http"):  # a URL's folder cannot be listed
             folders.insert(0, (os.path.dirname(resumed) or ".", False))
         folders += [(folder, True) for folder in self._dirs]  # the run's, as its entry says
         weights_only = _fit_weights_only(trainer)
         found: list[tuple[str, dict[str, Any]]] = []
-        for path in _checkpoint_files(folders):
-            if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
-                continue  # the ledger holds its entry (Lightning loaded it as the user asked)
-            if "://" not in path and os.path.islink(path) and not os.path.exists(path):
-                continue  # a dangling link (save_last="link" to a removed file) holds nothing
-            entry = self._entry_in(path, weights_only)
-            named = entry.get("checkpoint") if is_entry(entry) else None
-            if isinstance(named, dict) and named.get("run") == self._run:
-                found.append((path, entry))
+        looked: list[tuple[str, bool]] = []
+        read: set[str] = set()
+        while folders:  # review rfw: and the folders the run's entries found name
+            looked += folders
+            for path in _checkpoint_files(folders):
+                if path in read:
+                    continue
+                read.add(path)
+                if "://" not in path and os.path.realpath(path) == os.path.realpath(resumed):
+                    continue  # the ledger holds its entry (Lightning loaded it as asked)
+                if "://" not in path and os.path.islink(path) and not os.path.exists(path):
+                    continue  # a dangling link (save_last="link" to a removed file)
+                entry = self._entry_in(path, weights_only)
+                named = entry.get("checkpoint") if is_entry(entry) else None
+                if isinstance(named, dict) and named.get("run") == self._run:
+                    found.append((path, entry))
+            named_dirs = [(folder, True) for _p, entry in found for folder in _named_dirs(entry)]
+            folders = [folder for folder in dict.fromkeys(named_dirs) if folder not in looked]
         return found
 
     def _entry_in(self, path: str, weights_only: bool | None) -> Any:
@@ -443,7 +581,12 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         if not self._restored or self._run is None:
             self._run = secrets.token_hex(16)  # a new run: its checkpoints' entries name it
             self._dirs = ()
+        if not self._restored:
+            self._carry_weights(trainer, pl_module)  # task fw: a weights-only resume
+        # task fw: this fit's branch of the run, and the charges it began with (check_branches)
+        self._branch, self._base = secrets.token_hex(16), len(self.ledger.history)
         self._dirs = _saved_in(trainer, self._dirs)
+        self._module = pl_module  # its weights' digest goes into each entry (task fw)
         optimizer = find_dp_optimizer(trainer.optimizers)
         loaders = _train_loaders(trainer)
         allocated = [loader for loader in loaders if allocation_sampler(loader) is not None]
@@ -636,10 +779,20 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._detach()
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_module", None)  # the module travels on its own (spawn-based strategies)
+        return state
+
     def state_dict(self) -> dict[str, Any]:
         entry = ledger_entry(self.ledger)
         if self._run is not None:  # the run that wrote it (review lrw: _later_of_run)
             entry["checkpoint"] = {"run": self._run, "dirs": list(self._dirs)}
+            if self._branch is not None:
+                entry["checkpoint"].update(branch=self._branch, base=self._base)
+            weights = weights_digest(self._module) if self._module is not None else None
+            if weights is not None:  # None: sharded, not tied (as Hugging Face's)
+                entry["checkpoint"]["weights"] = weights
         return {"privguard": entry}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -653,6 +806,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                 raise LedgerStateError(f"LedgerCallback state: the entry's checkpoint field is "
                                        f"malformed: {check.short(named)}")
             restore(self.ledger, entry, where="LedgerCallback state")
+            self._resumed = entry  # its branch is checked with the run's others (task fw)
             self._run = run  # None: written before run ids (its later entries are not found)
             self._dirs = tuple(dirs)
             self._restored = True

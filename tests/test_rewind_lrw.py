@@ -406,3 +406,44 @@ def test_a_folder_whose_name_holds_glob_characters_is_searched(tmp_path):
     folder = tmp_path / "run[1]" / "ckpts"
     _fit(Ledger(delta=1e-5), 6, folder)
     _resume_carries(Ledger(delta=1e-5), folder, r"step=6\.ckpt \(6 charges, 4 carried over")
+
+
+def test_branches_alike_charge_for_charge_are_refused_not_taken_as_one(tmp_path):
+    # Task fw: step=4.ckpt was moved aside while a resume from step=2 ran steps 3 and 4
+    # again (again-step=4.ckpt, 4 charges: it could not see the first 4); moved back, the
+    # two entries at step 4 hold journals alike charge for charge, so carry_later's prefix
+    # check took them for one sequence (4 charges) while 6 steps ran. Each fit records the
+    # charges it began with: a branch that began below another's writes is a fork, from
+    # either checkpoint (the resumed one's branch counts too).
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 4, folder)
+    shutil.move(str(folder / "step=4.ckpt"), str(tmp_path / "aside.ckpt"))
+    _fit(Ledger(delta=1e-5), 4, folder, name="again-{step}", ckpt_path=folder / "step=2.ckpt")
+    shutil.move(str(tmp_path / "aside.ckpt"), str(folder / "step=4.ckpt"))
+    _resume_refused(folder, "fork")
+    fresh = Ledger(delta=1e-5)
+    with pytest.raises(LedgerStateError, match="fork"):
+        _fit(fresh, 5, ckpt_path=folder / "again-step=4.ckpt")
+    assert len(fresh.history) == 4
+
+
+def test_a_weights_only_load_then_fit_carries_the_charges_of_the_run_that_saved_them(tmp_path):
+    # Task fw: LightningModule.load_from_checkpoint, then fit without ckpt_path=, started a
+    # fresh budget (documented): the ε left out the steps that trained the weights. Each
+    # entry records the weights saved with it; a fit whose module holds them carries the
+    # charges of the run that saved them (its later checkpoints' too), with a warning.
+    folder = tmp_path / "ckpts"
+    _fit(Ledger(delta=1e-5), 6, folder)
+    model = TinyDP.load_from_checkpoint(folder / "step=2.ckpt")
+    fresh = Ledger(delta=1e-5)
+    cb = LedgerCallback(fresh)
+    trainer = pl.Trainer(callbacks=[cb, ModelCheckpoint(
+        dirpath=folder, filename="again-{step}", every_n_train_steps=2, save_top_k=-1)],
+        accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, max_steps=1)
+    with pytest.warns(UserWarning, match="load_from_checkpoint"):
+        trainer.fit(model)
+    assert len(fresh.history) == 6 + 1
+    other = Ledger(delta=1e-5)  # a fresh module's weights match no entry: a fresh budget
+    _fit(other, 1, folder, name="fresh-{step}")
+    assert len(other.history) == 1
