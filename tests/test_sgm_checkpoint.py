@@ -121,3 +121,21 @@ def test_the_subsampled_gaussian_changed_for_every_older_version(mechanism, vers
 def test_version_5_types_other_than_the_subsampled_gaussian_are_resumed_from(mechanism) -> None:
     """Version 5 wrote review al's and task cv's curves as they are today."""
     assert not changed(mechanism.to_dict(), 5)
+
+
+def test_pre_sg_computes_the_curve_of_before_task_sg_outside_the_cache() -> None:
+    """``_legacy.pre_sg`` (a fix entry main derived, checked on load): Opacus' value kept
+    within 10⁻⁹ as before (9.2·10⁻¹⁰ below the truth here), today's curve outside it, and
+    the older one never cached for ordinary callers."""
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from privguard._curves import _legacy
+
+    opacus = float(compute_rdp(q=0.01, noise_multiplier=1e3, steps=1, orders=[56.0])[0])
+    today = float(M.SubsampledGaussian(1e3, 0.01).rdp([56.0])[0])
+    with _legacy.pre_sg():
+        assert _legacy.active()
+        assert float(M.SubsampledGaussian(1e3, 0.01).rdp([56.0])[0]) == opacus
+    with _legacy.pre_flat():  # before task cv: before task sg too
+        assert float(M.SubsampledGaussian(1e3, 0.01).rdp([56.0])[0]) == opacus
+    assert float(M.SubsampledGaussian(1e3, 0.01).rdp([56.0])[0]) == today > opacus
