@@ -185,14 +185,11 @@ def _state_of(path, replayed, resumable=True):  # noqa: F811
     return out
 
 
-def test_a_version_4_file_main_wrote_is_replayed_and_its_dp_sgd_totals_are_not_above(
-        tmp_path, replayed):  # noqa: F811
-    """A file main itself wrote, Poisson tuning and σ = 1e155 before its checkpoint: resumed
-    from between review ral and task sg, with its whole state and ε bit for bit those of a
-    replay. Its DP-SGD rows changed since (task sg, curve version 6): replayed from the
-    genesis now; resuming from it would have held main's totals, nowhere above today's."""
+def _replayed_and_forced(fixture, tmp_path, replayed):  # noqa: F811
+    """A copy of ``fixture`` (version-4 checkpoint): replayed from the genesis, and what
+    resuming from its checkpoint would have held (spent totals and ε of both), its path."""
     path = str(tmp_path / "old.db")
-    shutil.copy(OLD_V4, path)
+    shutil.copy(fixture, path)
     assert _checkpoint_version(path) == 4
     rows, _, spent, eps = _state_of(path, replayed)
     assert rows == 531
@@ -201,7 +198,18 @@ def test_a_version_4_file_main_wrote_is_replayed_and_its_dp_sgd_totals_are_not_a
         patch.setattr(_rows, "changed", lambda data, version=2: False)
         forced_rows, _, forced, forced_eps = _state_of(path, replayed)
     assert forced_rows <= 531 - 512 + 1
-    assert np.all(np.asarray(forced) <= np.asarray(spent)) and forced_eps <= eps
+    assert forced_eps <= eps
+    return np.asarray(spent), np.asarray(forced), path
+
+
+def test_a_version_4_file_main_wrote_is_replayed_and_its_dp_sgd_totals_are_not_above(
+        tmp_path, replayed):  # noqa: F811
+    """A file main itself wrote, Poisson tuning and σ = 1e155 before its checkpoint: resumed
+    from between review ral and task sg, with its whole state and ε bit for bit those of a
+    replay. Its DP-SGD rows changed since (task sg, curve version 6): replayed from the
+    genesis now; resuming from it would have held main's totals, nowhere above today's."""
+    spent, forced, path = _replayed_and_forced(OLD_V4, tmp_path, replayed)
+    assert np.all(forced <= spent)
     assert cli_verify(path)["checkpoints"] == 1  # the old snapshot a revision up
 
 
@@ -209,16 +217,6 @@ def test_a_version_4_file_main_wrote_with_a_tnb_tuner_is_replayed_above_its_tota
         tmp_path, replayed):  # noqa: F811
     """Its checkpoint holds main's lower truncated-negative-binomial totals (review al):
     the file is replayed from the genesis, to today's curve, above the checkpoint's."""
-    path = str(tmp_path / "old.db")
-    shutil.copy(OLD_V4_TNB, path)
-    assert _checkpoint_version(path) == 4
-    rows, _, spent, eps = _state_of(path, replayed)
-    assert rows == 531
-    with pytest.MonkeyPatch.context() as patch:  # what resuming from it would have held
-        from privguard._stores import _rows
-        patch.setattr(_rows, "changed", lambda data, version=2: False)
-        forced_rows, _, forced, forced_eps = _state_of(path, replayed)
-    assert forced_rows <= 531 - 512 + 1
-    spent, forced = np.asarray(spent), np.asarray(forced)
-    assert np.all(forced <= spent) and np.any(forced < spent) and forced_eps <= eps
+    spent, forced, path = _replayed_and_forced(OLD_V4_TNB, tmp_path, replayed)
+    assert np.all(forced <= spent) and np.any(forced < spent)
     assert cli_verify(path)["checkpoints"] == 1  # the old snapshot a revision up
