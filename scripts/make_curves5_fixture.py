@@ -9,8 +9,9 @@ is a checkout of main, put before the venv's editable install of this branch):
     python scripts/make_curves5_fixture.py tests/data/ledger-curves5-e0b2a80.db /tmp/sg-base
 
 ``Ledger(epsilon=1e4, delta=1e-5)``, 530 charges: DP-SGD at (σ, q) = (10, 1e-3) and
-(1.1, 4e-3) on labels a and b (values task sg raised: Opacus' cancellation put them up to
-7.7e-7 relative below the truth), and every 23rd charge a Laplace or a Gaussian; one
+(1.1, 4e-3) on labels a and b (Opacus' own values there lie up to 7.7e-7 relative below
+privguard's; task sg raised some of main's by up to 2e-9), and every 23rd charge a Laplace
+or a Gaussian; one
 checkpoint, at row 512.
 """
 

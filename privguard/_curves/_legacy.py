@@ -24,10 +24,13 @@ and :func:`pre_revision` does too (files of before e08c1f5 predate task cv).
 
 Task sg (checkpoint curves version 6) lowered the tolerance within which Opacus' subsampled
 Gaussian values are kept bit for bit (``_sgm.RELIABLE_RTOL`` and ``FRACTIONAL_RTOL``) from
-1e-9 to 1e-12: values Opacus' cancellation put up to 1e-9 below the truth rose (up to
-2e-6 relative at σ = 1e3, q = 1e-3). :func:`pre_sg` computes the curves of before it (those
-of checkpoint version 5, PureDP as today); :func:`pre_flat` and :func:`pre_revision` imply
-it (both predate task sg).
+1e-9 to 1e-12 (fractional: 5e-13 since review rsg): values Opacus' cancellation put up to
+1e-9 below the truth rose (by at most 2e-9 relative on the default grid at σ ≤ 10; review
+rsg), and task sg's weighted rounding margin lowered some values main had replaced by the
+bound (at σ ≥ 100, by up to 2.5e-11: docs/theory.md §1.2). :func:`pre_sg` computes the
+curves of before it with version 5's tolerances (PureDP as today) but today's bound, so
+within 2.5e-11 of version 5's, well inside ``check_fix``'s 1e-9; :func:`pre_flat` and
+:func:`pre_revision` imply it (both predate task sg).
 """
 
 from __future__ import annotations

@@ -80,7 +80,12 @@ def log_moment_upper(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     j·log q). So t_j ≤ t̃_j·e^(ρ_j) and B ≤ B̃·(1 + s) with the weighted mean
     s = Σ_j (t̃_j/B̃)·expm1(ρ_j) (task sg: until then the largest ρ_j, which terms
     negligible in B could set: 3.8e-12 above the truth at σ = 2, q = 1e-3, α = 54, now
-    1.2e-12); :func:`_weighted_expm1` evaluates s with its own rounding covered. ``logsumexp`` adds a relative error of at most (α+1)·4u. So B̃ = B(1 + r)
+    1.2e-12); :func:`_weighted_expm1` evaluates s with its own rounding covered. ``logsumexp`` adds a relative error of at most (α+1)·4u, plus u·|log B̃| from its final
+    addition of the largest log-term (review rsg: |log B| ≤ Σ_j (t_j/B)·M_j + log(α+1), so
+    that part is covered by the slack of 32u over the 12u the terms need). The per-part
+    bound rests on scipy's ``gammaln`` being within a few ulps of its value at integer
+    arguments: measured, not proven (3.3u at most for arguments up to 2·10⁵ and at 2²⁰+1
+    and 10⁷+1, review rsg). So B̃ = B(1 + r)
     with r ≥ −r̄, r̄ = s + 4(α+1)u, and since log1p(B) − log1p(B̃) ≤ r̄(1 + 2r̄)·B̃/(1+B̃)
     (the derivative of log1p is 1/(1+B), and B ≤ B̃/(1 − r̄) ≤ B̃(1 + 2r̄)),
     log1p(B̃) + r̄(1 + 2r̄)·B̃/(1+B̃) + 4u·log1p(B̃) bounds log A_α from above (the last
