@@ -19,13 +19,16 @@ ORDERS = np.array(DEFAULT_ORDERS)
 @pytest.mark.parametrize("sigma,q,steps", [(1.1, 0.004, 1), (0.8, 0.01, 7), (2.0, 0.3, 100), (1.0, 1.0, 3)])
 def _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, orders):
     """privguard keeps Opacus' value bit for bit except at fractional orders where Opacus'
-    series stops early and lies more than RDP_RTOL below the truth (docs/theory.md §1.1,
-    step 3b): there ours is above Opacus' and within 1e-8 (relative) of an mpmath quadrature,
-    not below it (beyond round-off)."""
+    series lies more than 1e-12 below the stable estimate, or next to a replaced integer
+    order (docs/theory.md §1.1, step 3b; task sg, was RDP_RTOL = 1e-9 until then): there
+    ours is above Opacus' and within 1e-8 (relative) of an mpmath quadrature, not below it
+    by more than 1e-12. Opacus was then below the truth, or ours is the estimate raised by
+    ESTIMATE_RAISE (1e-9), or at an integer order the cancellation-free bound, where its
+    proven rounding margin exceeds 1e-12 (σ = 1, q = 1e-5, α = 24: 1.8e-12 above the truth,
+    Opacus exact)."""
     ours, ref, orders = np.asarray(ours), np.asarray(ref), np.asarray(orders)
     assert np.all(ours >= ref)
-    differ = ours != ref
-    assert not np.any(differ & (orders == np.round(orders))), orders[differ]
+    differ = ours != ref  # an integer order too, since task sg: the cancellation-free bound
     mp = pytest.importorskip("mpmath")
     for alpha in orders[differ]:
         with mp.workdps(30):
@@ -33,8 +36,9 @@ def _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, orders):
             f = lambda z: mp.npdf(z, 0, s) * (1 - qm + qm * mp.e ** ((2 * z - 1) / (2 * s**2))) ** a
             truth = steps * mp.log(mp.quad(f, [-mp.inf, -5, 0, 5, mp.inf])) / (a - 1)
             mine, theirs = mp.mpf(ours[orders == alpha][0]), mp.mpf(ref[orders == alpha][0])
-            assert truth * (1 - RDP_RTOL) <= mine <= truth * (1 + 1e-8), (alpha, mine, truth)
-            assert theirs < truth * (1 - RDP_RTOL), (alpha, theirs, truth)  # Opacus was low
+            assert truth * (1 - 1e-12) <= mine <= truth * (1 + 1e-8), (alpha, mine, truth)
+            assert theirs < truth * (1 - 1e-12) or mine <= truth * (1 + 2 * RDP_RTOL), (
+                alpha, theirs, truth)  # Opacus was low, or ours is the tight estimate
     return int(differ.sum())
 
 
@@ -42,7 +46,10 @@ def _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, orders):
 def test_subsampled_gaussian_equals_opacus_compute_rdp(sigma, q, steps):
     ours = M.SubsampledGaussian(sigma, q, steps).rdp(ORDERS)
     ref = compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=list(DEFAULT_ORDERS))
-    assert _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, ORDERS) <= 6
+    # every value that differs is checked against mpmath; at most 6 did until task sg, which
+    # raised fractional values Opacus' series puts 1e-12 to 1e-9 below the truth (up to 42
+    # of 157 here: docs/theory.md §1.2)
+    _opacus_or_above_it_where_it_is_low(ours, ref, sigma, q, steps, ORDERS)
 
 
 @pytest.mark.parametrize("sigma,q", [(1.1, 0.004), (0.7, 0.05), (3.0, 0.5)])

@@ -124,9 +124,11 @@ def test_changed_is_per_version():
     for mechanism in (TNB, HYPO, RESERVE, SUBSET):
         assert all(changed(mechanism.to_dict(), v) for v in (2, 3, 4))
     # a version this module does not decide for (today's, a newer one, a forged one)
-    for version in (1, 5, 6, None, "4", 4.0, True):
-        assert changed(SGD.to_dict(), version)
-    assert not changed(SGD.to_dict(), 4)
+    for version in (1, 6, 7, None, "4", 4.0, True):
+        assert changed(M.Gaussian(1.0).to_dict(), version)
+    assert not changed(M.Gaussian(1.0).to_dict(), 4)
+    # task sg: the subsampled Gaussian changed in version 6, for every older version
+    assert all(changed(SGD.to_dict(), v) for v in (2, 3, 4, 5))
     assert changed({"type": "NewMechanism", "params": {}}, 4)
 
 
@@ -183,28 +185,11 @@ def _state_of(path, replayed, resumable=True):  # noqa: F811
     return out
 
 
-def test_a_version_4_file_main_wrote_is_resumed_from_and_equals_a_replay(tmp_path, replayed):  # noqa: F811
-    """The premise of resuming (docs/theory.md §7) on a file main itself wrote, Poisson
-    tuning and σ = 1e155 before its checkpoint: resumed from (before review ral: replayed),
-    and its whole state and ε bit for bit those of a replay from the genesis."""
+def _replayed_and_forced(fixture, tmp_path, replayed):  # noqa: F811
+    """A copy of ``fixture`` (version-4 checkpoint): replayed from the genesis, and what
+    resuming from its checkpoint would have held (spent totals and ε of both), its path."""
     path = str(tmp_path / "old.db")
-    shutil.copy(OLD_V4, path)
-    assert _checkpoint_version(path) == 4
-    rows, *resumed = _state_of(path, replayed)
-    assert rows <= 531 - 512 + 1
-    full_rows, *replay = _state_of(path, replayed, resumable=False)
-    assert full_rows == 531
-    assert resumed[0] == replay[0]
-    assert np.array_equal(resumed[1], replay[1]) and resumed[2] == replay[2]
-    assert cli_verify(path)["checkpoints"] == 1  # the snapshot equal to the replay exactly
-
-
-def test_a_version_4_file_main_wrote_with_a_tnb_tuner_is_replayed_above_its_totals(
-        tmp_path, replayed):  # noqa: F811
-    """Its checkpoint holds main's lower truncated-negative-binomial totals (review al):
-    the file is replayed from the genesis, to today's curve, above the checkpoint's."""
-    path = str(tmp_path / "old.db")
-    shutil.copy(OLD_V4_TNB, path)
+    shutil.copy(fixture, path)
     assert _checkpoint_version(path) == 4
     rows, _, spent, eps = _state_of(path, replayed)
     assert rows == 531
@@ -213,6 +198,25 @@ def test_a_version_4_file_main_wrote_with_a_tnb_tuner_is_replayed_above_its_tota
         patch.setattr(_rows, "changed", lambda data, version=2: False)
         forced_rows, _, forced, forced_eps = _state_of(path, replayed)
     assert forced_rows <= 531 - 512 + 1
-    spent, forced = np.asarray(spent), np.asarray(forced)
-    assert np.all(forced <= spent) and np.any(forced < spent) and forced_eps <= eps
+    assert forced_eps <= eps
+    return np.asarray(spent), np.asarray(forced), path
+
+
+def test_a_version_4_file_main_wrote_is_replayed_and_its_dp_sgd_totals_are_not_above(
+        tmp_path, replayed):  # noqa: F811
+    """A file main itself wrote, Poisson tuning and σ = 1e155 before its checkpoint: resumed
+    from between review ral and task sg, with its whole state and ε bit for bit those of a
+    replay. Its DP-SGD rows changed since (task sg, curve version 6): replayed from the
+    genesis now; resuming from it would have held main's totals, nowhere above today's."""
+    spent, forced, path = _replayed_and_forced(OLD_V4, tmp_path, replayed)
+    assert np.all(forced <= spent)
+    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot a revision up
+
+
+def test_a_version_4_file_main_wrote_with_a_tnb_tuner_is_replayed_above_its_totals(
+        tmp_path, replayed):  # noqa: F811
+    """Its checkpoint holds main's lower truncated-negative-binomial totals (review al):
+    the file is replayed from the genesis, to today's curve, above the checkpoint's."""
+    spent, forced, path = _replayed_and_forced(OLD_V4_TNB, tmp_path, replayed)
+    assert np.all(forced <= spent) and np.any(forced < spent)
     assert cli_verify(path)["checkpoints"] == 1  # the old snapshot a revision up

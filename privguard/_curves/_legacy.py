@@ -21,6 +21,16 @@ near α = 1 (on a grid with such orders and ε₀ ≳ 1e10). A fix entry derived
 such a ``PureDP`` (its mixture weights, δ shares) by privguard before task cv is likewise
 an older data-independent choice: :func:`pre_flat` computes that curve for the load paths,
 and :func:`pre_revision` does too (files of before e08c1f5 predate task cv).
+
+Task sg (checkpoint curves version 6) lowered the tolerance within which Opacus' subsampled
+Gaussian values are kept bit for bit (``_sgm.RELIABLE_RTOL`` and ``FRACTIONAL_RTOL``) from
+1e-9 to 1e-12 (fractional: 5e-13 since review rsg): values Opacus' cancellation put up to
+1e-9 below the truth rose (by at most 2e-9 relative on the default grid at σ ≤ 10; review
+rsg), and task sg's weighted rounding margin lowered some values main had replaced by the
+bound (at σ ≥ 100, by up to 2.5e-11: docs/theory.md §1.2). :func:`pre_sg` computes the
+curves of before it with version 5's tolerances (PureDP as today) but today's bound, so
+within 2.5e-11 of version 5's, well inside ``check_fix``'s 1e-9; :func:`pre_flat` and
+:func:`pre_revision` imply it (both predate task sg).
 """
 
 from __future__ import annotations
@@ -38,10 +48,44 @@ _FRACTIONAL_RTOL: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 _PRE_FLAT: contextvars.ContextVar[bool] = contextvars.ContextVar("_PRE_FLAT", default=False)
 
+LEGACY_KEEP_RTOL = 1e-9
+"""How far (relative) an Opacus value could lie below privguard's check and be kept before
+task sg (``privguard._curves._sgm.RELIABLE_RTOL`` then, checkpoint curves up to version 5)."""
+
+_PRE_SG: contextvars.ContextVar[bool] = contextvars.ContextVar("_PRE_SG", default=False)
+
 
 def active() -> bool:
     """Whether this context computes older curves (then nothing may cache them)."""
-    return _FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get()
+    return _FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get() or _PRE_SG.get()
+
+
+def keep_rtol(today: float) -> float:
+    """How far an Opacus value may lie below privguard's check and be kept in this context
+    (steps 2b and 3b of :mod:`privguard._curves._sgm`): ``today``'s unless :func:`pre_sg`,
+    :func:`pre_flat` or :func:`pre_revision` is on (then 1e-9, as before task sg)."""
+    return LEGACY_KEEP_RTOL if _PRE_SG.get() or _PRE_FLAT.get() else today
+
+
+@contextlib.contextmanager
+def pre_sg() -> Iterator[None]:
+    """Compute subsampled-Gaussian curves as before task sg (checkpoint curves version 5:
+    Opacus' values kept within 1e-9 of the check, not 1e-12) within the block, in this
+    context only (thread-safe; curves computed inside are not cached).
+
+    Example:
+        >>> from privguard._curves import _legacy
+        >>> with _legacy.pre_sg():
+        ...     _legacy.keep_rtol(1e-12)
+        1e-09
+        >>> _legacy.keep_rtol(1e-12)
+        1e-12
+    """
+    token = _PRE_SG.set(True)
+    try:
+        yield
+    finally:
+        _PRE_SG.reset(token)
 
 
 def pure_dp_flat() -> bool:
@@ -53,7 +97,8 @@ def pure_dp_flat() -> bool:
 @contextlib.contextmanager
 def pre_flat() -> Iterator[None]:
     """Compute ``PureDP``'s curve as before task cv within the block (the stable form for
-    every ε₀), in this context only (thread-safe; curves computed inside are not cached).
+    every ε₀), and the subsampled Gaussian's as before task sg (:func:`keep_rtol`: task cv
+    preceded it), in this context only (thread-safe; curves computed inside are not cached).
 
     Example:
         >>> from privguard._curves import _legacy

@@ -58,7 +58,8 @@ class SubsampledGaussian(Mechanism):
     ``noise_multiplier`` to the clipped sum. The curve is Opacus' own analysis
     (``opacus.accountants.analysis.rdp.compute_rdp``), so a ledger agrees with
     Opacus' ``RDPAccountant`` bit for bit on the same grid, wherever Opacus'
-    value is reliable; elsewhere (integer orders above 1024, fractional
+    value is shown within 1e-12 (relative) of the truth; elsewhere (Opacus' rounding
+    or cancellation below that, integer orders above 1024, fractional
     orders whose series Opacus cannot sum, extreme σ) it is a valid upper
     bound instead of Opacus' NaN, garbage or endless loop (see
     ``privguard._curves._sgm``). ``steps`` is at most 2^53.

@@ -32,14 +32,29 @@ only the changes of version 5 count (review al's: a ``TruncatedNegativeBinomial`
 ``SubsetTuning``, a ``DeltaReserve``; task cv's ``PureDP`` rules; a type not reviewed): the Poisson curve and the Gaussian whose 2σ²
 overflows were already today's when version 4 was written (a05d7b9, 2ad6965 precede it,
 c07976b), and counting them made every file main wrote with Poisson tuning before its
-checkpoint replay its journal from the genesis at every open (review ral).
+checkpoint replay its journal from the genesis at every open (review ral). For a checkpoint
+of version 5 the types of version 5 count as unchanged (``PureDP`` at every ε₀ included),
+less those changed since.
+
+Since version 5: task sg's subsampled Gaussian (:data:`SG_CHANGED`): Opacus' values are
+kept only within 1e-12 (was 1e-9) of privguard's cancellation-free check, so values that
+Opacus' cancellation had put up to 1e-9 below the truth rose (by at most 2e-9 relative on
+the default grid at σ ≤ 10), and some at σ ≥ 100 fell by up to 2.5e-11 (a tighter rounding
+margin, still above the truth; docs/theory.md §1.2, review rsg). Which (σ, q) and grids are affected is not proven
+from the parameters (Opacus' rounding depends on both and on every order), so every
+``SubsampledGaussian`` and ``AccumulatedSubsampledGaussian`` (``micro_batches = 1`` is the
+subsampled Gaussian bit for bit; fail closed for the rest) counts as changed for every older
+version, at any depth (a tuner or a composition over one, a plan holding one): such a file
+replays its journal once, and a writable open writes a fresh checkpoint (task ckw).
+``RandomAllocation`` uses only the Gaussian bound of :mod:`privguard._curves._sgm`:
+unchanged.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3, 4})
+RESUMABLE = frozenset({2, 3, 4, 5})
 """The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
@@ -47,8 +62,9 @@ MECHANISMS = frozenset({
     "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "Gaussian",
     "Laplace", "PureDP", "RDPCurve", "RandomAllocation", "RepeatAndSelect",
     "SubsampledGaussian", "ZCDP"})
-"""Mechanisms reviewed: their curves are the same floats today as in versions 2, 3 and 4
-wherever no parameter reaches :data:`HUGE` and no law of runs is inside (``Poisson`` and
+"""Mechanisms reviewed: their curves are the same floats in versions 2 to 5 wherever no
+parameter reaches :data:`HUGE`, task cv's ``PureDP`` rules do not apply (:func:`changed`)
+and no law of runs is inside; version 6 changed :data:`SG_CHANGED` (task sg) (``Poisson`` and
 ``TruncatedNegativeBinomial`` are not here: a ``RepeatAndSelect`` or ``DPHyPO`` always holds
 one, so it counts as changed). ``DeltaReserve`` is not here: its level was rounded up in
 version 5 (review al).
@@ -63,10 +79,25 @@ NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
 HUGE = 1e150
 """Below the smallest σ whose 2σ² overflows (≈ 9.5e153, where 2ad6965 changed the curve)."""
 
-UNCHANGED_SINCE = {2: MECHANISMS, 3: MECHANISMS, 4: MECHANISMS | {"Poisson"}}
+SG_CHANGED = frozenset({"SubsampledGaussian", "AccumulatedSubsampledGaussian"})
+"""Task sg (curve version 6): the subsampled Gaussian and the mechanisms computed from it
+(see the module); changed for every older version."""
+
+VERSION_5 = MECHANISMS | {"Poisson", "TruncatedNegativeBinomial", "SubsetTuning", "DeltaReserve"}
+"""The types whose curves version 5 wrote as they are (versions 2–4 counted the last three
+changed: review al), ``PureDP`` at every ε₀ (task cv's rule was version 5's)."""
+
+UNCHANGED_SINCE = {2: MECHANISMS - SG_CHANGED, 3: MECHANISMS - SG_CHANGED,
+                   4: (MECHANISMS | {"Poisson"}) - SG_CHANGED,
+                   5: VERSION_5 - SG_CHANGED}  # task sg: the subsampled Gaussian changed
 """Per older curve version (:data:`RESUMABLE`): the types (mechanisms and laws of runs) whose
 curves are the same floats today as when a checkpoint of that version was written. Version
-4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral)."""
+4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral). Version 5 adds
+review al's types. Task sg removes :data:`SG_CHANGED` from every version."""
+
+PURE_DP_CHANGED = frozenset({2, 3, 4})
+"""The older versions for which task cv's ``PureDP`` rules (ε₀ ≥ 40, a tuner over a
+``PureDP`` base) count as a change (version 5 is task cv's)."""
 
 HUGE_CHANGED = frozenset({2, 3})
 """The older versions for which a parameter of magnitude :data:`HUGE` or more counts as a
@@ -94,13 +125,15 @@ def _pure_base(params: Any) -> bool:
 
 def changed(data: Any, version: int = 2) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
-    depth, a mechanism whose curve may differ from curve version ``version``'s (2, 3 or 4;
+    depth, a mechanism whose curve may differ from curve version ``version``'s (2, 3, 4 or 5;
     see the module; anything else counts as changed). Iterative: no recursion limit.
 
     Example:
-        >>> changed({"type": "SubsampledGaussian",
-        ...          "params": {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 1}})
+        >>> changed({"type": "Gaussian", "params": {"noise_multiplier": 1.0}})
         False
+        >>> changed({"type": "SubsampledGaussian",
+        ...          "params": {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 1}}, 5)
+        True
         >>> changed({"plan": {"step": {"type": "RepeatAndSelect", "params": {
         ...     "base": {"type": "Gaussian", "params": {"noise_multiplier": 1.0}},
         ...     "runs": {"type": "Poisson", "params": {"mean": 3.0}}}}}})
@@ -109,6 +142,7 @@ def changed(data: Any, version: int = 2) -> bool:
     if type(version) is not int or version not in UNCHANGED_SINCE:
         return True
     reviewed, huge = UNCHANGED_SINCE[version], version in HUGE_CHANGED
+    pure = version in PURE_DP_CHANGED
     stack: list[tuple[Any, bool]] = [(data, False)]  # (item, inside a mechanism's params)
     while stack:
         item, inside = stack.pop()
@@ -117,9 +151,9 @@ def changed(data: Any, version: int = 2) -> bool:
                 kind = item["type"]
                 if not isinstance(kind, str) or kind not in reviewed | NOT_MECHANISMS:
                     return True  # a changed curve, or a type never reviewed: fail closed
-                if kind == "PureDP" and _pure_dp_changed(item["params"]):
+                if pure and kind == "PureDP" and _pure_dp_changed(item["params"]):
                     return True  # task cv, since version 4: every older version
-                if kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
+                if pure and kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
                     return True  # its pure-DP corollary is PureDP((2+η)ε₀...): any ε₀
                 inside = kind in reviewed
             stack.extend((value, inside) for value in item.values())

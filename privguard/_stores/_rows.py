@@ -138,7 +138,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 5
+CHECKPOINT_CURVES = 6
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -155,7 +155,10 @@ rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-
 ``DPHyPO``) rounded up (review al: its float value was up to 1.3e-14, relative, below seed
 002 Theorem 2's; its subset-tuning sums and ``DeltaReserve``'s level too), and ``PureDP``'s curve
 is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative below the truth near
-α = 1 from rounding), with every curve built on it there. A checkpoint of version 2, 3 or 4 is resumed from only where no row
+α = 1 from rounding), with every curve built on it there. 6: the subsampled Gaussian keeps
+Opacus' values only within 1e-12 (was 1e-9) of its cancellation-free check (task sg: kept
+values were up to 9.2e-10 below the truth), with every curve built on it. A checkpoint of
+version 2, 3, 4 or 5 is resumed from only where no row
 before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
@@ -635,10 +638,11 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
     derived = _at_recorded_steps(fixed, derived)
     field = first_difference(fixed, derived)
     if field is not None:
-        # the same plan, derived with the curves before task cv (PureDP from ε₀ = 40: main
-        # until checkpoint curves version 5) or before e08c1f5 (and task cv; docs/theory.md
-        # §1.1, "Fix entries derived before the revision"): another data-independent choice
-        for context in (_legacy.pre_flat, _legacy.pre_revision):
+        # the same plan, derived with the curves before task sg (the subsampled Gaussian's
+        # 1e-9 tolerance: checkpoint curves version 5), before task cv (PureDP from ε₀ = 40:
+        # version 4) or before e08c1f5 (docs/theory.md §1.1, "Fix entries derived before
+        # the revision"): another data-independent choice
+        for context in (_legacy.pre_sg, _legacy.pre_flat, _legacy.pre_revision):
             try:
                 legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan, context))
             except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
