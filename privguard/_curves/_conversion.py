@@ -54,7 +54,8 @@ def improved_upper(rdp: np.ndarray, terms: tuple[np.ndarray, np.ndarray, np.ndar
     ``rdp`` (every operation rounds monotonically): the fast path relies on it
     (privguard/_accounting/_fastpath.py). NaN only where rdp = +inf meets a = −inf."""
     a, b, s = terms
-    return ((rdp - a) + b) + (s + SLACK * rdp)
+    with np.errstate(over="ignore"):  # a value near the largest float: +inf, refused
+        return ((rdp - a) + b) + (s + SLACK * rdp)
 
 
 def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = IMPROVED
@@ -73,12 +74,12 @@ def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = 
     This one is also a tail bound on the privacy loss,
     P(Loss > ε) ≤ δ, which is the form the odometer needs (seed 001 Thm 2).
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if method == IMPROVED:
             eps = improved_upper(np.abs(rdp), improved_terms(orders, delta))
         elif method == CLASSIC:
             c = np.log(delta) / (orders - 1)
-            eps = (rdp - c) + SLACK * ((np.abs(rdp) + np.abs(c)) + 1.0)
+            eps = (rdp - c) + ((SLACK * np.abs(rdp) + SLACK * np.abs(c)) + SLACK)
         else:  # pragma: no cover - guarded by callers
             raise ValueError(method)
     # inf - inf can only arise from rdp = inf with delta = 0: unusable either way.
@@ -138,9 +139,9 @@ def rdp_budget_below(orders: np.ndarray, epsilon: float, terms) -> np.ndarray:
     (:data:`SLACK`; the same terms :func:`improved_upper` adds, and the rounding of
     this expression's two sums)."""
     a, b, s = terms
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         budget = (epsilon + a) - b
-        budget = budget - (s + SLACK * (abs(epsilon) + np.abs(budget)))
+        budget = budget - ((s + SLACK * abs(epsilon)) + SLACK * np.abs(budget))
     return np.where(np.isnan(budget), -np.inf, budget)
 
 

@@ -33,13 +33,18 @@ only the changes of version 5 count (review al's: a ``TruncatedNegativeBinomial`
 overflows were already today's when version 4 was written (a05d7b9, 2ad6965 precede it,
 c07976b), and counting them made every file main wrote with Poisson tuning before its
 checkpoint replay its journal from the genesis at every open (review ral).
+Since version 5: task ul's absolute margin on ``PureDP`` near the smallest normal float
+(``_curves._stable.PURE_DP_ABS``: a curve with ε₀ below :data:`PURE_DP_TINY` may differ, at
+every older version, :func:`_pure_dp_tiny`) and its round-up of the pure-ε corollaries
+(``RepeatAndSelect`` and ``DPHyPO`` with a ``PureDP`` base, already counted at every
+version); for a checkpoint of version 5 task cv's ``PureDP`` rule (ε₀ ≥ 40) no longer counts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3, 4})
+RESUMABLE = frozenset({2, 3, 4, 5})
 """The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
 checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
@@ -63,7 +68,10 @@ NOT_MECHANISMS = frozenset({"Uniform", "Concentrated", "Explicit"})
 HUGE = 1e150
 """Below the smallest σ whose 2σ² overflows (≈ 9.5e153, where 2ad6965 changed the curve)."""
 
-UNCHANGED_SINCE = {2: MECHANISMS, 3: MECHANISMS, 4: MECHANISMS | {"Poisson"}}
+UNCHANGED_SINCE = {2: MECHANISMS, 3: MECHANISMS, 4: MECHANISMS | {"Poisson"},
+                   # task ul: every version-5 type; PureDP and the pure-DP tuners by params
+                   5: MECHANISMS | {"Poisson", "TruncatedNegativeBinomial", "SubsetTuning",
+                                    "DeltaReserve"}}
 """Per older curve version (:data:`RESUMABLE`): the types (mechanisms and laws of runs) whose
 curves are the same floats today as when a checkpoint of that version was written. Version
 4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral)."""
@@ -85,6 +93,19 @@ def _pure_dp_changed(params: Any) -> bool:
             or not abs(eps) < PURE_DP_FLAT)
 
 
+PURE_DP_TINY = 1e-140
+"""``PureDP``'s ε₀ below which task ul's absolute margin may change its curve (every value
+from it on exceeds 10⁻²⁸¹, where the margin 2⁻¹⁰⁵² is below half an ulp:
+``_curves._stable.PURE_DP_ABS``; tests/test_ul_pure_dp.py checks the floats)."""
+
+
+def _pure_dp_tiny(params: Any) -> bool:
+    """Whether a ``PureDP``'s params may give a curve other than version 5's (fail closed)."""
+    eps = params.get("epsilon") if isinstance(params, dict) else None
+    return (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not abs(eps) >= PURE_DP_TINY)
+
+
 def _pure_base(params: Any) -> bool:
     """Whether a tuner's params have a ``PureDP`` base (or are unreadable: fail closed); its
     curve takes the minimum with ``PureDP`` at (2+η)ε₀ or more, which may reach 40."""
@@ -94,7 +115,7 @@ def _pure_base(params: Any) -> bool:
 
 def changed(data: Any, version: int = 2) -> bool:
     """Whether JSON data (a row's body, a mechanism's or a snapshot's dict) describes, at any
-    depth, a mechanism whose curve may differ from curve version ``version``'s (2, 3 or 4;
+    depth, a mechanism whose curve may differ from curve version ``version``'s (2 to 5;
     see the module; anything else counts as changed). Iterative: no recursion limit.
 
     Example:
@@ -117,8 +138,9 @@ def changed(data: Any, version: int = 2) -> bool:
                 kind = item["type"]
                 if not isinstance(kind, str) or kind not in reviewed | NOT_MECHANISMS:
                     return True  # a changed curve, or a type never reviewed: fail closed
-                if kind == "PureDP" and _pure_dp_changed(item["params"]):
-                    return True  # task cv, since version 4: every older version
+                if kind == "PureDP" and ((version < 5 and _pure_dp_changed(item["params"]))
+                                         or _pure_dp_tiny(item["params"])):
+                    return True  # task cv, since version 4; task ul, since version 5
                 if kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
                     return True  # its pure-DP corollary is PureDP((2+η)ε₀...): any ε₀
                 inside = kind in reviewed

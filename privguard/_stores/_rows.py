@@ -138,7 +138,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 5
+CHECKPOINT_CURVES = 6
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -155,7 +155,10 @@ rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-
 ``DPHyPO``) rounded up (review al: its float value was up to 1.3e-14, relative, below seed
 002 Theorem 2's; its subset-tuning sums and ``DeltaReserve``'s level too), and ``PureDP``'s curve
 is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative below the truth near
-α = 1 from rounding), with every curve built on it there. A checkpoint of version 2, 3 or 4 is resumed from only where no row
+α = 1 from rounding), with every curve built on it there. 6: task ul's ``PureDP`` near the
+smallest normal float (an absolute margin; ε₀ below 1e-140 only) and its round-up of the
+pure-ε corollaries of ``RepeatAndSelect`` and ``DPHyPO`` over a ``PureDP`` base. A checkpoint
+of version 2, 3, 4 or 5 is resumed from only where no row
 before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""
