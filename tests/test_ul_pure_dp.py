@@ -8,7 +8,7 @@ import numpy as np
 
 from privguard import mechanisms as M
 from privguard._curves import _stable
-from privguard.tuning import Geometric, TruncatedNegativeBinomial
+from privguard.tuning import TruncatedNegativeBinomial
 
 mp.mp.dps = 50
 
@@ -58,7 +58,7 @@ def test_the_pure_epsilon_corollaries_are_never_below_the_theorems():
         big, small = float(10.0 ** rng.uniform(0, 300)), float(10.0 ** rng.uniform(-300, 0))
         ras = M.RepeatAndSelect(M.PureDP(e0), _tnb(eta)).pure_epsilon
         exact_ras = (2 + Fraction(eta)) * Fraction(e0)
-        assert (ras == float("inf") and exact_ras > Fraction(1.7976931348623157e308)
+        assert ((ras == float("inf") and exact_ras > Fraction(1.7976931348623157e308))
                 or Fraction(ras) >= exact_ras), (eta, e0)
         below_before += (2 + eta) * e0 < float("inf") and Fraction((2 + eta) * e0) < exact_ras
         hypo = M.DPHyPO(M.PureDP(e0), _tnb(eta), C=big, c=small).pure_epsilon
