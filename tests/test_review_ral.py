@@ -124,9 +124,9 @@ def test_changed_is_per_version():
     for mechanism in (TNB, HYPO, RESERVE, SUBSET):
         assert all(changed(mechanism.to_dict(), v) for v in (2, 3, 4))
     # a version this module does not decide for (today's, a newer one, a forged one)
-    for version in (1, 5, 6, None, "4", 4.0, True):
+    for version in (1, 6, 7, None, "4", 4.0, True):  # 5: resumable since task ul (version 6)
         assert changed(SGD.to_dict(), version)
-    assert not changed(SGD.to_dict(), 4)
+    assert not changed(SGD.to_dict(), 4) and not changed(SGD.to_dict(), 5)
     assert changed({"type": "NewMechanism", "params": {}}, 4)
 
 
