@@ -40,8 +40,10 @@ class DPFilter:
     On the views where α survives, the interaction is the single-order filter
     of seed 001 Theorem 1 at budget b(α), hence (ε, δ_α)-DP; partitioning the
     views by a surviving order gives (ε, Σ δ_α)-DP. The comparison is made in
-    ε space with Opacus' own expression, so with all of δ on one order the
-    filter admits exactly the steps Opacus' accountant would.
+    ε space with Opacus' own expression rounded up by the bound on its rounding
+    (task ul, :func:`conv.improved_upper`), so with all of δ on one order the
+    filter admits the steps Opacus' accountant would, except those within a few
+    10⁻¹⁵ (relative) of the target, where the exact value may overspend.
     """
 
     kind = "dp"
