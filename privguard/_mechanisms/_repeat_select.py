@@ -249,13 +249,15 @@ class DPHyPO(Mechanism):
         """(2+θ)(ε + log(C/c)) for a pure ε-DP base (seed 003 Theorem 2), else None; rounded
         up (task ul): log(C/c) is raised by 2⁻⁵⁰·(1 + log(C/c)) (C/c rounded: an ulp,
         absolute, in its log; math.log: within an ulp of its value, 2⁻⁵² relative) and the
-        rest is exact (:func:`_product_above`)."""
+        rest is exact (:func:`_product_above`). No margin where log(C/c) is 0: C/c rounds
+        to 1 only for C = c = 1 (C ≥ 1 ≥ c), whose log is exactly 0, as :func:`_tnb_bound`
+        has it; the pure-ε value is then RepeatAndSelect's, as the curve is (review rul)."""
         if isinstance(self.base, PureDP):
             if not math.isfinite(self.log_ratio):  # C/c past the float range
                 return math.inf
             ratio = Fraction(self.log_ratio)
-            return _product_above(self.runs.eta, Fraction(self.base.epsilon)
-                                  + ratio + Fraction(2.0**-50) * (1 + ratio))
+            margin = Fraction(2.0**-50) * (1 + ratio) if ratio else Fraction(0)
+            return _product_above(self.runs.eta, Fraction(self.base.epsilon) + ratio + margin)
         return None
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
