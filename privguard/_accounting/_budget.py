@@ -62,8 +62,9 @@ class Budget:
         epsilon: the filter's target ε.
         delta: the filter's δ.
         spent: the meter, in ε units: 0.0 before any charge, at most ``epsilon``
-            (above it only after a retarget to a smaller target, when every
-            charge is refused).
+            (above it only after a retarget to a smaller target, or in a journal
+            written before task ul whose charges were admitted within the rounding
+            slack of the target (docs/theory.md §2); every charge is then refused).
         part: which part decides: ``"RDP filter"``, ``"hybrid: PLD on plan"``
             (part A) or ``"hybrid: RDP fallback"`` (part B).
 
