@@ -80,3 +80,13 @@ def test_draws_follow_the_density():
     counts = np.bincount([draw_index(rng, f) for _ in range(30000)], minlength=3)
     assert np.all(np.abs(counts / 30000 - f) < 0.015)
     assert math.isclose(counts.sum(), 30000)
+
+
+@pytest.mark.parametrize("bad", [[math.nan, 1.0], [-0.5, 1.0], [math.inf, 1.0], [0.0, 0.0], []])
+def test_a_density_that_is_not_one_is_refused_not_drawn_from(bad):
+    # review rul: NaN and negative weights were read as 0 (a candidate never drawn: below
+    # c·π⁽⁰⁾, outside S_{C,c}), +inf raised OverflowError and no weights ValueError
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        draw_index(np.random.default_rng(0), np.array(bad))

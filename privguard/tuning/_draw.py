@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from privguard._errors import InvalidArgumentError
+
 
 def draw_index(rng: np.random.Generator, f: np.ndarray) -> int:
     """An index i with probability exactly f_i / Σ f (f finite, ≥ 0, Σ f > 0)."""
@@ -32,7 +34,17 @@ def draw_index(rng: np.random.Generator, f: np.ndarray) -> int:
 
 
 def integer_weights(f: np.ndarray) -> list[int]:
-    """Integers N_i = f_i · 2^k for one k (exact: a float is m·2^e, m·2^53 an integer)."""
-    parts = [math.frexp(x) for x in np.asarray(f, dtype=float).tolist()]
+    """Integers N_i = f_i · 2^k for one k (exact: a float is m·2^e, m·2^53 an integer).
+
+    Raises:
+        InvalidArgumentError: a value NaN, infinite or negative, or none positive (review
+            rul: a NaN or negative value was read as 0, a candidate never drawn, below the
+            c·π⁽⁰⁾ the bound assumes; +inf raised OverflowError, no values ValueError).
+    """
+    values = np.asarray(f, dtype=float).ravel()
+    if not (values.size and np.all(np.isfinite(values)) and np.all(values >= 0)
+            and np.any(values > 0)):
+        raise InvalidArgumentError("f", values, "must be finite weights >= 0, one positive")
+    parts = [math.frexp(x) for x in values.tolist()]
     low = min(e for m, e in parts if m > 0)  # the smallest binary exponent carried
     return [int(m * 2**53) << (e - low) if m > 0 else 0 for m, e in parts]
