@@ -44,7 +44,9 @@ def integer_weights(f: np.ndarray) -> list[int]:
     values = np.asarray(f, dtype=float).ravel()
     if not (values.size and np.all(np.isfinite(values)) and np.all(values >= 0)
             and np.any(values > 0)):
-        raise InvalidArgumentError("f", values, "must be finite weights >= 0, one positive")
+        # the values are withheld: a density depends on the candidates' scores
+        raise InvalidArgumentError("f", f"{values.size} weights (withheld)",
+                                   "must be finite weights >= 0, one positive")
     parts = [math.frexp(x) for x in values.tolist()]
     low = min(e for m, e in parts if m > 0)  # the smallest binary exponent carried
     return [int(m * 2**53) << (e - low) if m > 0 else 0 for m, e in parts]
