@@ -19,6 +19,7 @@ import numpy as np
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
+from privguard.tuning._draw import draw_index
 from privguard.tuning._quiet import quiet_warnings
 from privguard.tuning._space import SearchSpace
 
@@ -202,7 +203,7 @@ class DPHyPOSampler(optuna.samplers.BaseSampler):
             pi = self.density(history)
         except Exception:  # the rule with the prior as fallback, as in DPHyPOSearch
             pi = self.prior
-        return dict(self.candidates[int(self._rng.choice(len(pi), p=pi / pi.sum()))])
+        return dict(self.candidates[draw_index(self._rng, pi)])  # exactly π/Σπ (task ul)
 
     def sample_independent(self, study: Any, trial: Any, param_name: str,
                            param_distribution: Any) -> Any:

@@ -72,6 +72,7 @@ from privguard.integrations._optuna_trial import (
 )
 from privguard.tuning._base import TuningPlan, accept, check_ledger, check_objective
 from privguard.tuning._dp_hypo import DPHyPOSearch
+from privguard.tuning._draw import draw_index
 from privguard.tuning._executors import resolve
 from privguard.tuning._random_search import RandomSearch
 from privguard.tuning._space import IntUniform
@@ -401,7 +402,7 @@ def rehearse(objective: Callable[[PrivateTrial, Ledger], Any], *, cost: Any = No
         params: dict[str, Any] = {SEED_KEY: _SEEDS.sample(rng)}
     else:
         pi = dp_hypo.density([])
-        index = int(rng.choice(len(pi), p=pi / pi.sum()))
+        index = draw_index(rng, pi)  # exactly π/Σπ (task ul)
         params = dict(dp_hypo.candidates[index])
     mech = tuner.costs.single or tuner.costs.per_candidate[index]
     budgets = tuner.costs.budgets(grid)

@@ -13,14 +13,17 @@ import numpy as np
 
 from privguard._accounting._filters import DPFilter
 from privguard._accounting._lease import FRACTION, meter_room
+from privguard._curves import _conversion as conv
 
 
 def old_rdp_meter(flt: DPFilter, spent: np.ndarray) -> float:
     weights = flt.resolve_weights(None)
     flt.admits(spent, weights)
-    a, b = flt._terms
+    a, b, s = flt._terms
     with np.errstate(invalid="ignore"):
-        eps = (spent - a) + b
+        # task ul's rounding slack (conv.improved_upper), written out: the comparison is
+        # of lc's sizing, not of the conversion's rounding
+        eps = ((spent - a) + b) + (s + conv.SLACK * spent)
     if eps.size == 0:
         return math.inf
     low = float(np.min(np.where(np.isnan(eps), np.inf, eps)))

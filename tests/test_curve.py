@@ -18,11 +18,13 @@ def curve(sigma=1.0, q=0.01, steps=2000) -> RDPCurve:
 
 
 @pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])
-def test_improved_conversion_equals_opacus(delta):
+def test_improved_conversion_is_opacus_rounded_up(delta):
+    # Opacus' expression, raised by the bound on its rounding (task ul): never below it,
+    # above it by a few 10⁻¹⁵ relative, at the same order
     c = curve()
     eps, order = c.epsilon_and_order(delta)
     ref_eps, ref_order = get_privacy_spent(orders=list(DEFAULT_ORDERS), rdp=c.as_array(), delta=delta)
-    assert eps == ref_eps and order == ref_order
+    assert ref_eps < eps <= ref_eps * (1 + 1e-13) and order == ref_order
 
 
 @pytest.mark.parametrize("delta", [1e-3, 1e-5, 1e-8])

@@ -86,7 +86,7 @@ def test_report_compares_the_three_numbers_at_one_delta_after_a_retarget(tmp_pat
 def test_nonadaptive_epsilon_is_opacus_rdp_number_unless_its_best_order_is_its_last(
         sigma, q, steps):
     """What README/docstrings say of nonadaptive_epsilon(): Opacus' RDPAccountant number
-    (its default 151 orders) bit for bit when Opacus' best order is inside its grid; when
+    (its default 151 orders), rounded up (task ul), when Opacus' best order is inside its grid; when
     it is Opacus' largest, 63, the ledger's orders up to 1024 give a smaller ε (σ = 20,
     q = 0.001, 10 steps: 0.0035 against Opacus' 0.103), and then even the any-time ε is
     below Opacus' RDP number."""
@@ -104,8 +104,8 @@ def test_nonadaptive_epsilon_is_opacus_rdp_number_unless_its_best_order_is_its_l
         theirs, order = acc.get_privacy_spent(delta=1e-5)
     ledger = Ledger(delta=1e-5)
     ledger.charge(M.SubsampledGaussian(sigma, q, steps=steps))
-    if order < 63:
-        assert ledger.nonadaptive_epsilon() == theirs
+    if order < 63:  # rounded up since task ul: a few 1e-15 above, never below
+        assert theirs <= ledger.nonadaptive_epsilon() <= theirs * (1 + 1e-13)
     else:
         assert ledger.nonadaptive_epsilon() < theirs
         if sigma == 20.0:

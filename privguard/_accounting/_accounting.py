@@ -91,7 +91,7 @@ class Change:
 
 
 def nonadaptive_epsilon(orders: np.ndarray, spent: np.ndarray, delta: float) -> float:
-    """The improved conversion of a spent curve (Opacus' number; valid only for a
+    """The improved conversion of a spent curve (Opacus' number rounded up; valid only for a
     sequence fixed in advance: formulas.md §1)."""
     return conv.best(orders, conv.epsilon_per_order(orders, spent, delta))[0]
 

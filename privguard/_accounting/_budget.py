@@ -7,10 +7,12 @@ retargets). It measures budget consumption; it is not a privacy statement
 (the statement to report is :meth:`privguard.Ledger.guarantee`).
 
 * RDP filter (docs/theory.md §2): with the weights w_α fixed at the first
-  charge, meter = max(0, min_α [(spent(α) − a_α) + b_α]), where
+  charge, meter = max(0, min_α [(spent(α) − a_α) + b_α + slack_α]), where
   a_α = (log(w_α·δ) + log α)/(α−1) and b_α = log((α−1)/α) are the improved
   conversion's terms (Canonne, Kamath & Steinke 2020, Prop. 12; formulas.md
-  §1) evaluated with the very arrays ``DPFilter.admits`` compares with ε.
+  §1) and slack_α the bound on their rounding (task ul; ``conv.improved_upper``:
+  the meter is never below the exact conversion), evaluated with the very arrays
+  ``DPFilter.admits`` compares with ε.
 * Hybrid filter (docs/theory.md §2b): min(meter_A, meter_B). meter_B is the
   above for part B at δ_B. meter_A, while A is alive, is the PLD ε at δ_A of
   the smallest count of a fixed grid at or above A's count (dp-accounting's
@@ -31,6 +33,7 @@ import numpy as np
 
 from privguard._accounting._filters import DPFilter
 from privguard._accounting._results import exact, lower, upper
+from privguard._curves import _conversion as conv
 from privguard._floats import float_below
 
 #: The grid of part A's counts at which the PLD ε is evaluated: T_A, then repeatedly
@@ -59,8 +62,9 @@ class Budget:
         epsilon: the filter's target ε.
         delta: the filter's δ.
         spent: the meter, in ε units: 0.0 before any charge, at most ``epsilon``
-            (above it only after a retarget to a smaller target, when every
-            charge is refused).
+            (above it only after a retarget to a smaller target, or in a journal
+            written before task ul whose charges were admitted within the rounding
+            slack of the target (docs/theory.md §2); every charge is then refused).
         part: which part decides: ``"RDP filter"``, ``"hybrid: PLD on plan"``
             (part A) or ``"hybrid: RDP fallback"`` (part B).
 
@@ -96,23 +100,25 @@ class Budget:
 
 # ------------------------------------------------------------------ RDP filter
 def rdp_meter(flt: DPFilter, spent: np.ndarray) -> float:
-    """max(0, min_α [(spent(α) − a_α) + b_α]) with the terms ``flt.admits`` compares.
+    """max(0, min_α improved_upper(spent, terms)(α)) with the terms ``flt.admits``
+    compares.
 
-    ``flt.admits(spent, w)`` is ``any((spent − a) + b ≤ ε)``, so (ε > 0)
+    ``flt.admits(spent, w)`` is ``any(improved_upper(spent, terms) ≤ ε)``, so (ε > 0)
     ``rdp_meter(flt, spent) ≤ ε`` exactly when ``flt.admits(spent, w)``.
     """
-    a, b = flt.terms(flt.resolve_weights(None))  # the arrays DPFilter.admits compares with
+    terms = flt.terms(flt.resolve_weights(None))  # the arrays DPFilter.admits compares with
     with np.errstate(invalid="ignore"):
-        return meter_from_terms(a, b, spent)
+        return meter_from_terms(terms, spent)
 
 
-def meter_from_terms(a: np.ndarray, b: np.ndarray, spent: np.ndarray) -> float:
-    """:func:`rdp_meter` from the filter's terms ``(a, b) = flt.terms(weights)``, for a
+def meter_from_terms(terms: tuple[np.ndarray, np.ndarray, np.ndarray], spent: np.ndarray
+                     ) -> float:
+    """:func:`rdp_meter` from the filter's terms ``flt.terms(weights)``, for a
     caller that evaluates the meter at many spent curves (a lease's sizing,
     :func:`privguard._accounting._lease.meter_room`) under one
     ``np.errstate(invalid="ignore")``, which the caller holds. A NaN order is skipped
     (``fmin`` ignores it; all NaN: ∞); the rest is the minimum's exact selection."""
-    eps = (spent - a) + b  # the expression of DPFilter.admits, operation for operation
+    eps = conv.improved_upper(spent, terms)  # DPFilter.admits' expression
     if eps.size == 0:
         return math.inf
     low = float(np.fmin.reduce(eps))

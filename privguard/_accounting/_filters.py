@@ -40,8 +40,10 @@ class DPFilter:
     On the views where α survives, the interaction is the single-order filter
     of seed 001 Theorem 1 at budget b(α), hence (ε, δ_α)-DP; partitioning the
     views by a surviving order gives (ε, Σ δ_α)-DP. The comparison is made in
-    ε space with Opacus' own expression, so with all of δ on one order the
-    filter admits exactly the steps Opacus' accountant would.
+    ε space with Opacus' own expression rounded up by the bound on its rounding
+    (task ul, :func:`conv.improved_upper`), so with all of δ on one order the
+    filter admits the steps Opacus' accountant would, except those within a few
+    10⁻¹⁵ (relative) of the target, where the exact value may overspend.
     """
 
     kind = "dp"
@@ -90,18 +92,22 @@ class DPFilter:
     def load_state(self, state: dict[str, Any]) -> None:
         pass
 
-    def terms(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The improved conversion's (a, b) at these weights, as :meth:`admits` compares
-        (cached once the weights are fixed; the budget meter reads the same arrays)."""
+    def terms(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The improved conversion's (a, b) and slack s at these weights, as :meth:`admits`
+        compares (cached once the weights are fixed; the budget meter reads the same arrays)."""
         if weights is not self._terms_for:
             self._terms = conv.improved_terms(self.orders, delta_parts(weights, self.delta))
             self._terms_for = weights
         return self._terms
 
     def admits(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
-        a, b = self.terms(weights)
+        """Whether some order's improved ε, rounded up (:func:`conv.improved_upper`), is
+        ≤ ε: then its exact value at these floats is too (task ul; before, the
+        round-to-nearest value was compared, and a charge whose exact ε lay within ulps
+        above the budget could be admitted). Monotone in ``spent_after``."""
         # a is finite or -inf (zero share), so no inf - inf can arise here.
-        return bool(((spent_after - a) + b <= self.epsilon).any())
+        return bool((conv.improved_upper(spent_after, self.terms(weights))
+                     <= self.epsilon).any())
 
     def admitted_at_weighted_deltas(self, spent_after: np.ndarray, weights: np.ndarray) -> bool:
         """Whether the rule before the exact δ split (review lo3) admitted this: δ_α converted at the products
@@ -109,15 +115,18 @@ class DPFilter:
         For journals re-read only (``Accounting._readmit``): a charge admitted then within
         ulps of the budget is refused by :meth:`admits` now, and its ledger would no longer
         open (review rlo3). Never for a new charge. At :attr:`shape_delta`: a hybrid's
-        δ_B before task fp, up to an ulp above today's."""
-        a, b = conv.improved_terms(self.orders,
-                                   np.asarray(weights, dtype=float) * self.shape_delta)
+        δ_B before task fp, up to an ulp above today's. Round to nearest, without the
+        slack :meth:`admits` adds since task ul: its products are at least the δ_α main
+        converted at, so this also admits every charge main's rule (:func:`delta_parts`,
+        no slack) admitted, and a journal main wrote still opens."""
+        a, b, _ = conv.improved_terms(self.orders,
+                                      np.asarray(weights, dtype=float) * self.shape_delta)
         return bool(((spent_after - a) + b <= self.epsilon).any())
 
     def headroom(self, spent: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Per-order RDP budget left (negative where an order is exhausted)."""
-        return conv.rdp_budget_per_order(self.orders, self.epsilon,
-                                         delta_parts(weights, self.delta)) - spent
+        """Per-order RDP budget left (negative where an order is exhausted), rounded down
+        (:func:`conv.rdp_budget_below`)."""
+        return conv.rdp_budget_below(self.orders, self.epsilon, self.terms(weights)) - spent
 
     def describe(self) -> str:
         # the target as stated, never rounded (review lo2)

@@ -196,15 +196,15 @@ def meter_room(flt: Any, spent: np.ndarray, curve: np.ndarray, times: int, n: in
         return n
     # The filter's terms once, and one errstate for every evaluation: each is
     # rdp_meter(dp, spent + m * curve) bit for bit (meter_from_terms).
-    a, b = dp.terms(dp.resolve_weights(None))
+    terms = dp.terms(dp.resolve_weights(None))
     with np.errstate(invalid="ignore"):
-        m0 = meter_from_terms(a, b, spent)
+        m0 = meter_from_terms(terms, spent)
         room = FRACTION * (dp.epsilon - m0)
 
         def fits(m: int) -> bool:  # the meter is non-decreasing in m (theory §12, Prop. 2)
             with np.errstate(over="ignore"):  # +inf past the float range: refused (review rbd)
                 probe = spent + m * curve
-            return meter_from_terms(a, b, probe) - m0 <= room
+            return meter_from_terms(terms, probe) - m0 <= room
 
         if fits(n):
             return n

@@ -21,6 +21,17 @@ import numpy as np
 #: thousand units in the last place, far above the few the evaluation can lose.
 MARGIN = 2.0**-42
 
+#: Absolute upward margin on a pure-DP curve value (task ul), for values near the smallest
+#: normal float, where MARGIN (relative) does not cover the rounding: e^L in
+#: :func:`pure_dp_rdp` is then subnormal and carries an absolute error up to half its
+#: smallest step, 2⁻¹⁰⁷⁵, which log1p keeps and the division by α − 1 ≥ 10⁻⁵ > 2⁻¹⁷
+#: (``MIN_ORDER``) raises to 2⁻¹⁰⁵⁸; the product by (1 + MARGIN) and the quotient add half
+#: a subnormal step each. 2⁻¹⁰⁵² ≈ 1.1·10⁻³¹⁷ covers 32 times all that. Added to a value
+#: above 2⁻⁹⁹⁸ ≈ 10⁻³⁰⁰ it changes no float (below half its ulp), so PureDP(ε₀) with
+#: ε₀ ≥ 10⁻¹⁴⁰ (every value ≥ ε₀·tanh(ε₀/2)·(1 − 10⁻⁵) > 10⁻²⁸¹) keeps its curve bit for
+#: bit (checkpoint curves version 6, docs/theory.md §1.2, §7).
+PURE_DP_ABS = 2.0**-1052
+
 #: From this ε₀ on, the pure-DP curve is ε₀ at every order (task cv). Proof: with
 #: D = log1p(e^(−ε₀)) − log1p(e^(−(2α−1)ε₀)) ≥ 0, Mironov 2017, Prop. 5 reads
 #: ε(α) = ε₀ − D/(α−1) ≤ ε₀, and ε₀ − ε(α) ≤ e^(−ε₀)/(α−1) ≤ e^(−40)/10⁻⁵ < 4.3·10⁻¹³ on any

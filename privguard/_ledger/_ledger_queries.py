@@ -109,7 +109,8 @@ class LedgerQueries:
     def nonadaptive_epsilon(self, delta: float | None = None) -> float:
         """ε of the spent curve by the improved conversion (what Opacus' RDP accountant reports).
 
-        On the ledger's orders: Opacus' number bit for bit unless an order Opacus'
+        On the ledger's orders: Opacus' number rounded up by the bound on its rounding
+        (2⁻⁴⁸ times the terms' magnitudes and 1; docs/theory.md §1.2) unless an order Opacus'
         default grid lacks does better, and then smaller: 11 (Opacus goes 10.9, 12), or
         64 to 1024 where Opacus' best is its largest, 63. NOT a guarantee when noise, batch size or stopping were chosen
         adaptively: it is valid only for a sequence fixed in advance. Use

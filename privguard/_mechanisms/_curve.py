@@ -176,7 +176,7 @@ class RDPCurve(Mechanism):
         e = check.non_negative_finite("epsilon", epsilon)
         _check_method(method)
         log_d = conv.log_delta_per_order(self._orders, self._values, e, method)
-        return float(min(1.0, np.exp(np.min(log_d))))
+        return conv.delta_from_log(float(np.min(log_d)))  # rounded up (task ul)
 
     # -- as a mechanism ---------------------------------------------------
     def _rdp(self, orders: np.ndarray) -> np.ndarray:

@@ -156,12 +156,13 @@ class PureDP(Mechanism):
         # near α = 1 lost up to 6.3e-12 (relative, beyond MARGIN) to rounding:
         # PureDP(1e20).rdp([1.00001]) was below the truth. ε₀ is within 1.1e-14 (relative) above
         # the truth there (_stable.PURE_DP_FLAT; docs/theory.md §1.2). Not while a load
-        # re-derives a fix entry of before task cv (_legacy.pre_flat).
+        # re-derives a fix entry of before task cv (_legacy.pre_flat). Near the smallest
+        # normal float an absolute PURE_DP_ABS covers what MARGIN does not (task ul).
         e, a = self.epsilon, orders
         if e >= _stable.PURE_DP_FLAT and _legacy.pure_dp_flat():
             return np.full_like(a, e)
         with np.errstate(invalid="ignore", over="ignore"):
-            val = _stable.pure_dp_rdp(e, a) * (1.0 + _stable.MARGIN)
+            val = _stable.pure_dp_rdp(e, a) * (1.0 + _stable.MARGIN) + _stable.PURE_DP_ABS
         return np.clip(np.where(np.isnan(val), e, val), min(_TINY, e), e)
 
 

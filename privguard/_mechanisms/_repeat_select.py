@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
+from privguard._floats import float_above
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
 from privguard._mechanisms._mechanisms import PureDP
 from privguard._mechanisms._runs import (
@@ -106,6 +108,14 @@ def _poisson_convex_bound(orders: np.ndarray, base: np.ndarray, mean: float) -> 
     return mean * np.expm1((orders - 1) * base) / (orders - 1) * (1.0 + 2.0**-48)
 
 
+def _product_above(eta: float, epsilon: Fraction | float) -> float:
+    """(2 + η)·ε as the smallest float at or above its exact value (task ul): the pure-ε
+    corollaries (seed 002 Corollary 3, seed 003 Theorem 2) in floats rounded twice, to
+    nearest, and their values could lie an ulp or two below the theorems' (covered before
+    only by PureDP's relative MARGIN on the curve, not on :attr:`pure_epsilon`)."""
+    return float_above((2 + Fraction(eta)) * Fraction(epsilon))
+
+
 def _finish(orders: np.ndarray, out: np.ndarray, pure_epsilon: float | None) -> np.ndarray:
     """NaN → inf, the pure-DP corollary if any, then the monotone envelope."""
     out = np.where(np.isnan(out), np.inf, out)
@@ -159,7 +169,7 @@ class RepeatAndSelect(Mechanism):
     def pure_epsilon(self) -> float | None:
         """(2+η)ε₀ when the base is ε₀-DP and K ~ D_{η,γ} (seed 002 Corollary 3), else None."""
         if isinstance(self.base, PureDP) and isinstance(self.runs, TruncatedNegativeBinomial):
-            return (2 + self.runs.eta) * self.base.epsilon
+            return _product_above(self.runs.eta, self.base.epsilon)
         return None
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
@@ -236,9 +246,18 @@ class DPHyPO(Mechanism):
 
     @property
     def pure_epsilon(self) -> float | None:
-        """(2+θ)(ε + log(C/c)) for a pure ε-DP base (seed 003 Theorem 2), else None."""
+        """(2+θ)(ε + log(C/c)) for a pure ε-DP base (seed 003 Theorem 2), else None; rounded
+        up (task ul): log(C/c) is raised by 2⁻⁵⁰·(1 + log(C/c)) (C/c rounded: an ulp,
+        absolute, in its log; math.log: within an ulp of its value, 2⁻⁵² relative) and the
+        rest is exact (:func:`_product_above`). No margin where log(C/c) is 0: C/c rounds
+        to 1 only for C = c = 1 (C ≥ 1 ≥ c), whose log is exactly 0, as :func:`_tnb_bound`
+        has it; the pure-ε value is then RepeatAndSelect's, as the curve is (review rul)."""
         if isinstance(self.base, PureDP):
-            return (2 + self.runs.eta) * (self.base.epsilon + self.log_ratio)
+            if not math.isfinite(self.log_ratio):  # C/c past the float range
+                return math.inf
+            ratio = Fraction(self.log_ratio)
+            margin = Fraction(2.0**-50) * (1 + ratio) if ratio else Fraction(0)
+            return _product_above(self.runs.eta, Fraction(self.base.epsilon) + ratio + margin)
         return None
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:

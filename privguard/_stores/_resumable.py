@@ -48,6 +48,13 @@ version, at any depth (a tuner or a composition over one, a plan holding one): s
 replays its journal once, and a writable open writes a fresh checkpoint (task ckw).
 ``RandomAllocation`` uses only the Gaussian bound of :mod:`privguard._curves._sgm`:
 unchanged.
+
+Since version 5, too: task ul's absolute margin on ``PureDP`` near the smallest normal float
+(``_curves._stable.PURE_DP_ABS``: a curve with ε₀ below :data:`PURE_DP_TINY` may differ, at
+every older version, :func:`_pure_dp_tiny`) and its round-up of the pure-ε corollaries
+(``RepeatAndSelect`` and ``DPHyPO`` with a ``PureDP`` base, already counted at every
+version: the rule for them now holds for version 5 as well); for a checkpoint of version 5
+task cv's ``PureDP`` rule (ε₀ ≥ 40) no longer counts.
 """
 
 from __future__ import annotations
@@ -96,8 +103,9 @@ curves are the same floats today as when a checkpoint of that version was writte
 review al's types. Task sg removes :data:`SG_CHANGED` from every version."""
 
 PURE_DP_CHANGED = frozenset({2, 3, 4})
-"""The older versions for which task cv's ``PureDP`` rules (ε₀ ≥ 40, a tuner over a
-``PureDP`` base) count as a change (version 5 is task cv's)."""
+"""The older versions for which task cv's ``PureDP`` rule (ε₀ ≥ 40) counts as a change
+(version 5 is task cv's). A tuner over a ``PureDP`` base counts at every older version (task
+cv's rule, then task ul's round-up of its corollary in version 6)."""
 
 HUGE_CHANGED = frozenset({2, 3})
 """The older versions for which a parameter of magnitude :data:`HUGE` or more counts as a
@@ -114,6 +122,19 @@ def _pure_dp_changed(params: Any) -> bool:
     eps = params.get("epsilon") if isinstance(params, dict) else None
     return (not isinstance(eps, (int, float)) or isinstance(eps, bool)
             or not abs(eps) < PURE_DP_FLAT)
+
+
+PURE_DP_TINY = 1e-140
+"""``PureDP``'s ε₀ below which task ul's absolute margin may change its curve (every value
+from it on exceeds 10⁻²⁸¹, where the margin 2⁻¹⁰⁵² is below half an ulp:
+``_curves._stable.PURE_DP_ABS``; tests/test_ul_pure_dp.py checks the floats)."""
+
+
+def _pure_dp_tiny(params: Any) -> bool:
+    """Whether a ``PureDP``'s params may give a curve other than version 5's (fail closed)."""
+    eps = params.get("epsilon") if isinstance(params, dict) else None
+    return (not isinstance(eps, (int, float)) or isinstance(eps, bool)
+            or not abs(eps) >= PURE_DP_TINY)
 
 
 def _pure_base(params: Any) -> bool:
@@ -151,9 +172,10 @@ def changed(data: Any, version: int = 2) -> bool:
                 kind = item["type"]
                 if not isinstance(kind, str) or kind not in reviewed | NOT_MECHANISMS:
                     return True  # a changed curve, or a type never reviewed: fail closed
-                if pure and kind == "PureDP" and _pure_dp_changed(item["params"]):
-                    return True  # task cv, since version 4: every older version
-                if pure and kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
+                if kind == "PureDP" and ((pure and _pure_dp_changed(item["params"]))
+                                         or _pure_dp_tiny(item["params"])):
+                    return True  # task cv, since version 4; task ul, since version 5
+                if kind in ("RepeatAndSelect", "DPHyPO") and _pure_base(item["params"]):
                     return True  # its pure-DP corollary is PureDP((2+η)ε₀...): any ε₀
                 inside = kind in reviewed
             stack.extend((value, inside) for value in item.values())

@@ -157,8 +157,10 @@ rounded the K = 0 bound up by 2⁻⁴⁸ after version 3 was written (a version-
 is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative below the truth near
 α = 1 from rounding), with every curve built on it there. 6: the subsampled Gaussian keeps
 Opacus' values only within 1e-12 (was 1e-9) of its cancellation-free check (task sg: kept
-values were up to 9.2e-10 below the truth), with every curve built on it. A checkpoint of
-version 2, 3, 4 or 5 is resumed from only where no row
+values were up to 9.2e-10 below the truth), with every curve built on it. Also 6: task ul's ``PureDP`` near the smallest normal float (an absolute margin; ε₀ below
+1e-140 only) and its round-up of the pure-ε corollaries of ``RepeatAndSelect`` and
+``DPHyPO`` over a ``PureDP`` base. A checkpoint of version 2, 3, 4 or 5 is resumed from
+only where no row
 before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
 §7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
 genesis."""

@@ -38,6 +38,7 @@ from privguard.tuning._base import (
     make_rng,
 )
 from privguard.tuning._charged_run import charged_run
+from privguard.tuning._draw import draw_index
 from privguard.tuning._projection import project_density
 from privguard.tuning._rehearse import RehearseOne
 from privguard.tuning._space import Choice, SearchSpace
@@ -274,7 +275,7 @@ class DPHyPOSearch(RehearseOne, Tuner):
         best = Best(self.mode)
         for step in range(t):
             pi = self._density_or_prior(history)
-            i = int(rng.choice(len(pi), p=pi / pi.sum()))
+            i = draw_index(rng, pi)  # exactly π/Σπ (task ul)
             budget = budgets[0] if len(budgets) == 1 else budgets[i]
 
             def reduce(_: int, params: dict, outcome: Any, step: int = step, i: int = i) -> None:

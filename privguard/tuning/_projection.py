@@ -10,6 +10,8 @@ equation exactly. O(n log n), no general-purpose solver.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from privguard import _validation as check
@@ -89,8 +91,36 @@ def _settled(f: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     room = hi - f if residual > 0 else f - lo
     total = float(room.sum())
     if residual == 0.0 or not total > 0.0:
-        return f
-    return np.clip(f + residual * (room / total), lo, hi)
+        return _exactly_one(f, lo, hi)
+    return _exactly_one(np.clip(f + residual * (room / total), lo, hi), lo, hi)
+
+
+def _exactly_one(f: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``f`` with its exact sum moved to within an ulp of 1 (task ul), within its bounds.
+
+    After :func:`_settled`'s spreading the exact Σ f may still be n·2⁻⁵² from 1, and a
+    sampler drawing f/Σ f exactly (privguard/tuning/_draw.py) then draws a coordinate at
+    C·π⁽⁰⁾ with density up to (1 + n·2⁻⁵²)·C·π⁽⁰⁾, beyond the 2⁻⁵⁰ DP-HyPO's curve adds
+    to log(C/c) once n > 4. Here the exact residual r = 1 − Σ f (``math.fsum``, correctly
+    rounded) is moved onto the coordinate with the most room, clipped to its bound, until
+    an addition no longer changes it (|r| is then at most half an ulp of that coordinate,
+    ≤ 2⁻⁵³·max f) or no room is left in r's direction (every coordinate at that bound:
+    f/Σ f is then the prior's own shape, to 2⁻⁵³ per coordinate). So the law f/Σ f of every
+    draw lies within [c(1 − 2⁻⁵³)², C(1 + 2⁻⁵³)²] × π⁽⁰⁾/Σ π⁽⁰⁾, independently of n
+    (docs/theory.md §9)."""
+    f = np.array(f, dtype=float)
+    for _ in range(2 * f.size + 2):  # each pass fills one coordinate's room or ends
+        r = math.fsum([1.0, *(-f).tolist()])
+        room = hi - f if r > 0 else f - lo
+        k = int(np.argmax(room))
+        if r == 0.0 or not room[k] > 0.0:
+            break
+        new = min(max(f[k] + (r if abs(r) <= room[k] else math.copysign(room[k], r)), lo[k]),
+                  hi[k])
+        if new == f[k]:
+            break
+        f[k] = new
+    return f
 
 
 def project_density(p, prior, C: float, c: float) -> np.ndarray:
