@@ -26,11 +26,12 @@ Task sg (checkpoint curves version 6) lowered the tolerance within which Opacus'
 Gaussian values are kept bit for bit (``_sgm.RELIABLE_RTOL`` and ``FRACTIONAL_RTOL``) from
 1e-9 to 1e-12 (fractional: 5e-13 since review rsg): values Opacus' cancellation put up to
 1e-9 below the truth rose (by at most 2e-9 relative on the default grid at σ ≤ 10; review
-rsg), and task sg's weighted rounding margin lowered some values main had replaced by the
-bound (at σ ≥ 100, by up to 2.5e-11: docs/theory.md §1.2). :func:`pre_sg` computes the
-curves of before it with version 5's tolerances (PureDP as today) but today's bound, so
-within 2.5e-11 of version 5's, well inside ``check_fix``'s 1e-9; :func:`pre_flat` and
-:func:`pre_revision` imply it (both predate task sg).
+rsg); none fell (task sgr: the bound's rounding margin is main's again, and today's curve
+is never below the one :func:`pre_sg` computes, docs/theory.md §1.2). :func:`pre_sg`
+computes the curves of before it with version 5's tolerances (PureDP as today) and the
+same bound, so bit for bit version 5's (checked against main e0b2a80 on the default grid
+at 50 (σ, q), task sgr); :func:`pre_flat` and :func:`pre_revision` imply it (both predate
+task sg).
 """
 
 from __future__ import annotations

@@ -70,9 +70,12 @@ checks every value that differs: above Opacus', within 1e-8 of an mpmath quadrat
 Since task sg more values differ at ordinary (σ, q): fractional orders where Opacus'
 series is 1e-12 to 1e-9 low, and integer orders at σ ≳ 2 where its sum is (or where the
 bound's rounding margin exceeds 1e-12); each by at most 2e-9 relative above main's value
-(``python scripts/sgm_opacus_agreement.py`` prints the counts; docs/theory.md §1.2). At
-σ ≥ 100 some integer values main had replaced by the bound fell, by up to 2.5e-11 (the
-bound's tighter margin; still at or above the exact value: review rsg). Near
+(``python scripts/sgm_opacus_agreement.py`` prints the counts, ``python
+scripts/sgm_against_main.py CHECKOUT`` those against main; docs/theory.md §1.2). No value
+is below main's (task sgr): the bound's rounding margin is main's (task sg's weighted one
+lowered values at σ ≥ 100 by up to 2.5e-11), and steps 2b to 5 run with today's
+tolerances and with those of before task sg, the larger value kept (both rules give valid
+bounds; a step-3b cap below a value the older rule kept would otherwise lower it). Near
 α = 1, Opacus' own values can decrease by round-off (up to 1.8e-11 in the script's scan):
 step 5 raises them by that much.
 """
@@ -232,14 +235,31 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     for n in integers:
         if n > OPACUS_MAX_ORDER:
             values[float(n)] = integer_order(q, sigma, n)
-    replaced = _raise_to_upper_bound(q, sigma, values, integers, keep_rtol)
+    upper = _integer_upper(q, sigma, integers)
     # Opacus' fractional values to check against the estimate: where log A_α < 1 (above, an
     # absolute error of its series of ~1e-13 is below 1e-12 of the value), and where
     # the estimate's nodes stay few (α/σ < 360: up to 2,200 of them)
     checked = sorted(a for a in trusted if (a - 1.0) * values[a] < 1.0 and a / sigma < 360.0)
     estimate = dict(zip(checked, _sgm_upper.fractional_estimate(q, sigma, np.array(checked))
                         .tolist())) if checked else {}
+    out = _assemble(q, sigma, alphas, fractional, dict(values), upper, estimate, bound,
+                    keep_rtol, fractional_rtol)
+    if not _legacy.active():
+        # task sgr: never below the curve of before task sg (tolerances 1e-9), whatever the
+        # chord or Taylor cap of step 3b does where only today's tolerances replace a value
+        # (the older value was a valid bound by the older rule: the larger one is too)
+        older = _legacy.LEGACY_KEEP_RTOL
+        out = np.maximum(out, _assemble(q, sigma, alphas, fractional, values, upper, estimate,
+                                        bound, older, older))
+    return out
 
+
+def _assemble(q: float, sigma: float, alphas: list[float], fractional: set[float],
+              values: dict[float, float], upper: dict[int, float],
+              estimate: dict[float, float], bound: np.ndarray, keep_rtol: float,
+              fractional_rtol: float) -> np.ndarray:
+    """Steps 2b to 5 on Opacus' ``values`` (changed in place) with the given tolerances."""
+    replaced = _raise_to_upper_bound(values, upper, keep_rtol)
     out = np.empty(len(alphas))
     for idx, a in enumerate(alphas):
         v = values.get(a, math.nan)
@@ -270,8 +290,15 @@ def curve(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(out)
 
 
-def _raise_to_upper_bound(q: float, sigma: float, values: dict[float, float],
-                          integers: set[int], rtol: float = RELIABLE_RTOL) -> set[int]:
+def _integer_upper(q: float, sigma: float, integers: set[int]) -> dict[int, float]:
+    """The cancellation-free upper bound :func:`privguard._curves._sgm_upper.upper` at each
+    integer order (step 2b)."""
+    ints = sorted(integers)
+    return dict(zip(ints, _sgm_upper.upper(q, sigma, np.array(ints, dtype=np.float64)).tolist()))
+
+
+def _raise_to_upper_bound(values: dict[float, float], upper: dict[int, float],
+                          rtol: float = RELIABLE_RTOL) -> set[int]:
     """Step 2b (issue z27): replace each integer order's value that lies below the
     cancellation-free upper bound :func:`privguard._curves._sgm_upper.upper` by more than
     ``rtol`` (relative; :data:`RELIABLE_RTOL`) by that bound, in place; return the orders
@@ -287,10 +314,8 @@ def _raise_to_upper_bound(q: float, sigma: float, values: dict[float, float],
     is kept too (it is then above the truth: at q = 8.3e-12, σ = 20 Opacus' ε(2) is 5.6e-17
     against a true 1.7e-25), so values only go up.
     """
-    ints = sorted(integers)
-    bound = _sgm_upper.upper(q, sigma, np.array(ints, dtype=np.float64))
     replaced = set()
-    for n, u in zip(ints, bound.tolist()):
+    for n, u in upper.items():
         if not values[float(n)] >= (1.0 - rtol) * u:  # also NaN
             values[float(n)] = u
             replaced.add(n)

@@ -73,21 +73,20 @@ def _log_terms(q: float, two_var: float, n: np.ndarray, j: np.ndarray
 def log_moment_upper(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     """An upper bound on log A_α at integer orders α ≥ 2 (0 < q < 1), never below the truth.
 
-    log A_α = log1p(B), B = Σ_{j≥2} t_j, t_j = e^(L_j) (module docstring). Each L_j is a
-    sum of six parts (log-gammas, j·log q, (α−j)·log1p(−q), log expm1((j²−j)/(2σ²))), each
-    within a few ulps of its magnitude, so |L̃_j − L_j| ≤ ρ_j = 32u·M_j with M_j the sum of
-    the parts' magnitudes (u = 2⁻⁵³; 12u would do: 6 parts, 6 additions, 2 roundings in
-    j·log q). So t_j ≤ t̃_j·e^(ρ_j) and B ≤ B̃·(1 + s) with the weighted mean
-    s = Σ_j (t̃_j/B̃)·expm1(ρ_j) (task sg: until then the largest ρ_j, which terms
-    negligible in B could set: 3.8e-12 above the truth at σ = 2, q = 1e-3, α = 54, now
-    1.2e-12); :func:`_weighted_expm1` evaluates s with its own rounding covered. ``logsumexp`` adds a relative error of at most (α+1)·4u, plus u·|log B̃| from its final
-    addition of the largest log-term (review rsg: |log B| ≤ Σ_j (t_j/B)·M_j + log(α+1), so
-    that part is covered by the slack of 32u over the 12u the terms need). The per-part
-    bound rests on scipy's ``gammaln`` being within a few ulps of its value at integer
-    arguments: measured, not proven (3.3u at most for arguments up to 2·10⁵ and at 2²⁰+1
-    and 10⁷+1, review rsg). So B̃ = B(1 + r)
-    with r ≥ −r̄, r̄ = s + 4(α+1)u, and since log1p(B) − log1p(B̃) ≤ r̄(1 + 2r̄)·B̃/(1+B̃)
-    (the derivative of log1p is 1/(1+B), and B ≤ B̃/(1 − r̄) ≤ B̃(1 + 2r̄)),
+    log A_α = log1p(B), B = Σ_{j≥2} e^(L_j) (module docstring). Each L_j is a sum of six
+    parts (log-gammas, j·log q, (α−j)·log1p(−q), log expm1((j²−j)/(2σ²))), each within a
+    few ulps of its magnitude, so |L̃_j − L_j| ≤ 32u·M_j with M_j the sum of the parts'
+    magnitudes (u = 2⁻⁵³; 12u would do: 6 parts, 6 additions, 2 roundings in j·log q).
+    The per-part bound rests on scipy's ``gammaln`` being within a few ulps of its value at
+    integer arguments: measured, not proven (3.3u at most for arguments up to 2·10⁵ and at
+    2²⁰+1 and 10⁷+1, review rsg). ``logsumexp`` adds a relative error of at most (α+1)·4u,
+    plus u·|log B̃| from its final addition of the largest log-term (review rsg:
+    |log B| ≤ max_j M_j + log(α+1), so that part is covered by the slack of 32u over the 12u
+    the terms need). So B̃ = B(1 + r) with |r| ≤ r̄ = 32u·max_j M_j + 4(α+1)u (the largest
+    M_j, whatever the term's share of B: task sg's margin weighted by the shares lowered
+    values at σ ≥ 100 and was reverted, task sgr, so that no value goes down), and since
+    log1p(B(1+r)) − log1p(B) ≤ r·B/(1+B) (the derivative of log1p is 1/(1+B)) and
+    B ≤ B̃/(1 − r̄) ≤ B̃(1 + 2r̄),
     log1p(B̃) + r̄(1 + 2r̄)·B̃/(1+B̃) + 4u·log1p(B̃) bounds log A_α from above (the last
     term covers log1p's own rounding).
     """
@@ -104,31 +103,9 @@ def log_moment_upper(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
                        np.arange(int(n_all[i]) + 1, dtype=np.float64)[None, :]))
     for idx, n, j in groups:
         log_t, mag = _log_terms(q, two_var, n, j)
-        log_b = logsumexp(log_t, axis=1)
-        out[idx] = _log1p_upper(log_b, _weighted_expm1(log_t, log_b, _PER_MAGNITUDE * mag)
-                                + 4 * (n[:, 0] + 1.0) * _U)
+        out[idx] = _log1p_upper(logsumexp(log_t, axis=1),
+                                _PER_MAGNITUDE * mag.max(axis=1) + 4 * (n[:, 0] + 1.0) * _U)
     return out
-
-
-def _weighted_expm1(log_t: np.ndarray, log_b: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """An upper bound on s = Σ_j (t̃_j/B̃)·expm1(ρ_j) per row (:func:`log_moment_upper`), with
-    t̃_j = e^(log_t), B̃ = e^(log_b) and the rounding bounds ρ_j ≥ 0 of each log-term.
-
-    Each float weight e^(log_t − log_b) is within a relative (α+1)·4u of t̃_j/B̃ (the same
-    logsumexp rounding), and each product and the sum add at most (α+3)u more: the factor
-    1 + 8(α+1)u covers both. A weight that underflows stands for a term below 2.3e-308 of
-    B̃: (α+1)·2.3e-308·max_j expm1(ρ_j) covers all of them. The result is at most the
-    largest expm1(ρ_j) (the weights sum to about 1): never looser than the bound it refines.
-    """
-    with np.errstate(under="ignore", invalid="ignore"):
-        growth = np.expm1(rho)
-        weights = np.exp(log_t - log_b[:, None])  # 0 where log_t = −inf (no term)
-        terms = log_t.shape[1]
-        largest = growth.max(axis=1)
-        weighted = np.where(weights > 0.0, weights * growth, 0.0)  # no 0·inf
-        s = (weighted.sum(axis=1) * (1.0 + 8 * (terms + 1) * _U)
-             + terms * 2.3e-308 * largest)
-        return np.where(np.isfinite(log_b), np.minimum(s, largest * (1.0 + 4 * _U)), largest)
 
 
 def _log1p_upper(log_b: np.ndarray, r_bar: np.ndarray) -> np.ndarray:

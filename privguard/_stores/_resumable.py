@@ -39,8 +39,9 @@ less those changed since.
 Since version 5: task sg's subsampled Gaussian (:data:`SG_CHANGED`): Opacus' values are
 kept only within 1e-12 (was 1e-9) of privguard's cancellation-free check, so values that
 Opacus' cancellation had put up to 1e-9 below the truth rose (by at most 2e-9 relative on
-the default grid at σ ≤ 10), and some at σ ≥ 100 fell by up to 2.5e-11 (a tighter rounding
-margin, still above the truth; docs/theory.md §1.2, review rsg). Which (σ, q) and grids are affected is not proven
+the default grid at σ ≤ 10 and at σ ∈ {100, 1e3, 1e4}); none fell (task sgr reverted task
+sg's weighted rounding margin, which had lowered some at σ ≥ 100 by up to 2.5e-11;
+docs/theory.md §1.2). Which (σ, q) and grids are affected is not proven
 from the parameters (Opacus' rounding depends on both and on every order), so every
 ``SubsampledGaussian`` and ``AccumulatedSubsampledGaussian`` (``micro_batches = 1`` is the
 subsampled Gaussian bit for bit; fail closed for the rest) counts as changed for every older
