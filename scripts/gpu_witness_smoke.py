@@ -13,17 +13,22 @@ Run: python scripts/gpu_witness_smoke.py [--device cuda] [--runs 20] [--steps 30
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from opacus import PrivacyEngine
-from opacus.optimizers.optimizer import _generate_noise
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from privguard import Ledger, PipelineMismatchError
 from privguard.integrations.opacus import attach
+
+# the injected bugs of the unit suite (tests/test_witnesses.py), the same code on a device
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_witnesses import _half_noise, _no_clipping, _no_noise
 
 warnings.filterwarnings("ignore")
 
@@ -57,32 +62,6 @@ def train(model, opt, loader, device: torch.device, steps: int) -> int | None:
                 return None
 
 
-def half_noise(opt) -> None:
-    def add_noise():
-        for p in opt.params:
-            noise = _generate_noise(std=0.5 * opt.noise_multiplier * opt.max_grad_norm,
-                                    reference=p.summed_grad)
-            p.grad = (p.summed_grad + noise).view_as(p)
-    opt.add_noise = add_noise
-
-
-def no_noise(opt) -> None:
-    def add_noise():
-        for p in opt.params:
-            p.grad = p.summed_grad.clone().view_as(p)
-    opt.add_noise = add_noise
-
-
-def no_clipping(handle) -> None:
-    opt = handle.witnesses.optimizer
-
-    def clip_and_accumulate():
-        for p in opt.params:
-            grad = opt._get_flat_grad_sample(p).sum(0)
-            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
-    handle.witnesses._original = clip_and_accumulate
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -105,13 +84,13 @@ def main() -> None:
                       ("clipping off (C = 0.05)", 0.05)):
         model, opt, loader = pipeline(device, 1000, clip)
         if bug.startswith("σ"):
-            half_noise(opt)
+            _half_noise(opt)
         elif bug == "noise off":
-            no_noise(opt)
+            _no_noise(opt)
         handle = attach(opt, Ledger(epsilon=50.0, delta=1e-5), data_loader=loader,
                         witnesses=True)
         if bug.startswith("clipping"):
-            no_clipping(handle)
+            _no_clipping(opt, handle)
         caught = train(model, opt, loader, device, 50)
         print(f"{bug}: {'refused at step ' + str(caught) if caught else 'NOT caught in 50 steps'}")
 
