@@ -5,7 +5,6 @@ computes more than 10⁻¹² below the truth is raised, by at most 2·10⁻⁹ r
 
 from __future__ import annotations
 
-
 #: How far above Opacus' number a subsampled Gaussian's may be (task sg's raised values).
 SGM_RAISE = 2e-9
 
