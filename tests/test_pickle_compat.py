@@ -34,6 +34,14 @@ def _charged_like_the_fixture() -> Ledger:
     return ledger
 
 
+def _at_least_and_close(now: float, then: float) -> bool:
+    """The ε a 0.2 pickle shows now against the one it showed then: its charges are
+    re-derived with today's curves (``_charged_like_the_fixture`` gives the same number),
+    which only ever rose since (task sg raised subsampled-Gaussian values by at most 2e-9
+    relative; task ul rounds the conversion up: docs/theory.md §1.2)."""
+    return then <= now <= then * (1 + 2e-9)
+
+
 def test_every_fixture_is_checked():
     assert sorted(p.name.removesuffix("-0.2.pickle") for p in DATA.glob("*-0.2.pickle")) \
         == sorted(EXPECTED)
@@ -43,7 +51,7 @@ def test_a_pickled_ledger_loads_with_its_charges_and_epsilon():
     ledger = _load("ledger")
     assert isinstance(ledger, Ledger)
     assert len(ledger.history) == EXPECTED["ledger"]["charges"] == 4
-    assert ledger.epsilon() == EXPECTED["ledger"]["epsilon"]
+    assert _at_least_and_close(ledger.epsilon(), EXPECTED["ledger"]["epsilon"])
     assert ledger.epsilon() == _charged_like_the_fixture().epsilon()
     assert [r.label for r in ledger.history] == ["step"] * 3 + ["release"]
     # It is a working ledger: it charges, and the charge is seen.
@@ -59,7 +67,8 @@ def test_a_pickled_callback_loads_with_its_ledger(name, module):
     assert type(callback).__module__ == f"privguard.integrations.{module}"
     assert callback.handle is None
     assert len(callback.ledger.history) == EXPECTED[name]["charges"]
-    assert callback.ledger.epsilon() == EXPECTED[name]["epsilon"]
+    assert _at_least_and_close(callback.ledger.epsilon(), EXPECTED[name]["epsilon"])
+    assert callback.ledger.epsilon() == _charged_like_the_fixture().epsilon()
 
 
 def test_a_pickled_tuning_result_loads():
