@@ -9,10 +9,10 @@ count of the newest run. It cannot update or delete a row, change a target
 or write a checkpoint. Row triggers hold the same rules for every role, the
 owner's own functions included: journal rows are insert-only except that the
 newest run's count may grow, a run's numbers are present and its times
-finite, a checkpoint is written at the head only, the head always describes
-the rows, the
+finite, a checkpoint is written at the head only (on a row that has one, only
+one of a newer curve version: schema 3), the head always describes the rows, the
 configuration changes only together with an appended event row, and no
-journal, head, mechanism or checkpoint row is ever deleted.
+journal, head, mechanism or checkpoint row is ever deleted or updated.
 
 What the database cannot check, the client does at every replay: each row's
 digest chain, that every run is what the recorded budget admits, and that a
@@ -23,7 +23,14 @@ from __future__ import annotations
 
 # 2: NOT NULL run fields, finite times, mechanisms looked up by (digest, body) without a
 # unique index on the body, checkpoints only at the head (version 1 was never released).
-SCHEMA_VERSION = 2
+# 3 (task pgh): a checkpoint is keyed by (ledger, row, curve version), the version read from
+# its snapshot by the database, so that the owner can put a checkpoint of today's curve
+# version beside a stale one on the journal's head row (MIGRATE_FROM_2 upgrades a version-2
+# schema in place; docs/theory.md §7, "A fresh checkpoint after such an open").
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = frozenset({2, 3})
+"""Schema versions this library reads: a version-2 schema (main before task pgh) is read as
+it is by a role that cannot migrate it (its checkpoints: one per row, never replaced)."""
 
 # Functions a charging role may execute (signatures as GRANT spells them).
 CHARGING_FUNCTIONS = [
@@ -52,6 +59,43 @@ _LOCK = """
 """
 
 _DEFINER = "SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+
+# The curve version a checkpoint's snapshot names (``_rows.checkpoint_body``'s "curves"), 0
+# where it names none or is no JSON: what the checkpoints table keys a checkpoint by. It
+# orders checkpoints only; the reader trusts nothing of a checkpoint but what its MAC covers.
+_SNAPSHOT_CURVES = """CREATE FUNCTION privguard.snapshot_curves(p_snapshot text)
+       RETURNS integer LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    DECLARE v jsonb;
+    BEGIN
+      v := p_snapshot::jsonb -> 'curves';
+      IF jsonb_typeof(v) = 'number' AND v::text ~ '^[0-9]{1,9}$' THEN
+        RETURN v::text::integer;
+      END IF;
+      RETURN 0;
+    EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+      RETURN 0;
+    END $$"""
+
+# A checkpoint is written at the journal's head only; on a row that has one, only one of a
+# newer curve version (its stale one stays: checkpoints are never updated or deleted). A
+# BEFORE trigger does not see the generated ``curves``: it computes it itself.
+_GUARD_CHECKPOINT = """{verb} FUNCTION privguard.guard_checkpoint() RETURNS trigger
+       LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+    BEGIN
+      IF NOT EXISTS (SELECT 1 FROM privguard.ledgers l WHERE l.name = NEW.ledger
+                     AND l.entries = NEW.entries AND l.last_count = NEW.last_count
+                     AND l.head = NEW.head AND l.prev = NEW.prev) THEN
+        RAISE EXCEPTION 'privguard: a checkpoint is written at the journal''s head only'
+          USING ERRCODE = 'check_violation';
+      END IF;
+      IF EXISTS (SELECT 1 FROM privguard.checkpoints c WHERE c.ledger = NEW.ledger
+                 AND c.entries = NEW.entries
+                 AND c.curves >= privguard.snapshot_curves(NEW.snapshot)) THEN
+        RAISE EXCEPTION 'privguard: row % has a checkpoint of this curve version or a newer '
+          'one', NEW.entries USING ERRCODE = 'check_violation';
+      END IF;
+      RETURN NEW;
+    END $$"""
 
 STATEMENTS = [
     "CREATE TABLE privguard.meta (key text PRIMARY KEY, value text NOT NULL)",
@@ -102,6 +146,7 @@ STATEMENTS = [
             AND last < 'Infinity'::float8 AND last >= first AND body IS NULL)),
         CONSTRAINT body_fields CHECK (kind = 'run' OR (
             body IS NOT NULL AND mech IS NULL AND count IS NULL)))""",
+    _SNAPSHOT_CURVES,
     """CREATE TABLE privguard.checkpoints (
         ledger text NOT NULL REFERENCES privguard.ledgers (name),
         entries bigint NOT NULL,
@@ -110,7 +155,9 @@ STATEMENTS = [
         prev text NOT NULL,
         snapshot text NOT NULL,
         mac text NOT NULL,
-        PRIMARY KEY (ledger, entries))""",
+        curves integer NOT NULL GENERATED ALWAYS AS (privguard.snapshot_curves(snapshot))
+          STORED,
+        PRIMARY KEY (ledger, entries, curves))""",
     # -- triggers: the rules hold for every role, the owner's functions included ------------
     """CREATE FUNCTION privguard.refuse() RETURNS trigger LANGUAGE plpgsql
        SET search_path = pg_catalog, pg_temp AS $$
@@ -173,17 +220,7 @@ STATEMENTS = [
       END IF;
       RETURN NEW;
     END $$""",
-    """CREATE FUNCTION privguard.guard_checkpoint() RETURNS trigger LANGUAGE plpgsql
-       SET search_path = pg_catalog, pg_temp AS $$
-    BEGIN
-      IF NOT EXISTS (SELECT 1 FROM privguard.ledgers l WHERE l.name = NEW.ledger
-                     AND l.entries = NEW.entries AND l.last_count = NEW.last_count
-                     AND l.head = NEW.head AND l.prev = NEW.prev) THEN
-        RAISE EXCEPTION 'privguard: a checkpoint is written at the journal''s head only'
-          USING ERRCODE = 'check_violation';
-      END IF;
-      RETURN NEW;
-    END $$""",
+    _GUARD_CHECKPOINT.format(verb="CREATE"),
     """CREATE TRIGGER checkpoints_at_head BEFORE INSERT ON privguard.checkpoints
        FOR EACH ROW EXECUTE FUNCTION privguard.guard_checkpoint()""",
     """CREATE TRIGGER entries_append_only BEFORE INSERT OR UPDATE ON privguard.entries
@@ -287,6 +324,22 @@ STATEMENTS = [
     "REVOKE ALL ON ALL TABLES IN SCHEMA privguard FROM PUBLIC",
     "REVOKE ALL ON ALL FUNCTIONS IN SCHEMA privguard FROM PUBLIC",
 ]
+
+
+MIGRATE_FROM_2 = [
+    # The owner's, in one transaction under the schema's advisory lock (_postgres.migrate).
+    # Adding a stored generated column rewrites the table without firing a row trigger: the
+    # rows stay as they are, each keyed by its snapshot's curve version.
+    _SNAPSHOT_CURVES,
+    "REVOKE ALL ON FUNCTION privguard.snapshot_curves(text) FROM PUBLIC",
+    """ALTER TABLE privguard.checkpoints ADD COLUMN curves integer NOT NULL
+       GENERATED ALWAYS AS (privguard.snapshot_curves(snapshot)) STORED""",
+    "ALTER TABLE privguard.checkpoints DROP CONSTRAINT checkpoints_pkey",
+    "ALTER TABLE privguard.checkpoints ADD PRIMARY KEY (ledger, entries, curves)",
+    _GUARD_CHECKPOINT.format(verb="CREATE OR REPLACE"),
+    f"UPDATE privguard.meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'",
+]
+"""The statements that turn a version-2 schema into version 3 (task pgh)."""
 
 
 def grants(role_sql: str) -> list[str]:

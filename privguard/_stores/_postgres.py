@@ -103,6 +103,8 @@ class PostgresStore:
         self._body_of: dict[Mechanism, str] = {}
         self._owner = False  # may write checkpoints (the charging role may not)
         self._checkpointed = 0  # rows covered by the newest checkpoint
+        self._schema = _pgschema.SCHEMA_VERSION  # the schema version read at opening
+        self._newest: tuple[int, int | None] | None = None  # its (row, curve version) then
         self._depth = 0
         self._writing = False
         self._written: tuple[int, str] | None = None  # (row, digest) written in this transaction
@@ -400,6 +402,8 @@ class PostgresStore:
         self._depth, self._writing = 1, not self.read_only
         try:
             try:
+                if not self.read_only:
+                    self._migrate(conn)
                 result = self._open(conn, config, acc, retarget, create)
                 conn.execute("COMMIT")
                 return result
@@ -411,6 +415,37 @@ class PostgresStore:
             raise self._error(exc, "cannot open the ledger") from exc
         finally:
             self._depth, self._writing = 0, False
+
+    def _migrate(self, conn: Any) -> None:
+        """A version-2 schema (main before task pgh) becomes version 3 at a writable open by
+        a role that holds its owner's privileges, as that owner, in a transaction of its own
+        under the schema's advisory lock, before the open's (which locks the head: a charging
+        role's open holds the head and then reads the checkpoints). Any other role reads a
+        version-2 schema as it is (:data:`_pgschema.READABLE_VERSIONS`)."""
+        pg = self._pg
+        conn.execute(f"BEGIN; {self._lock_timeout()}")
+        try:
+            owner = conn.execute(
+                "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'privguard' "
+                "AND pg_has_role(current_user, nspowner, 'USAGE') AND "
+                "to_regclass('privguard.meta') IS NOT NULL").fetchone()
+            if owner is not None and self._schema_version(conn) == "2":
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
+                if self._schema_version(conn) == "2":  # not migrated while this one waited
+                    conn.execute(pg.sql.SQL("SET LOCAL ROLE {}").format(
+                        pg.sql.Identifier(owner[0])))
+                    for statement in _pgschema.MIGRATE_FROM_2:
+                        conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+
+    @staticmethod
+    def _schema_version(conn: Any) -> str | None:
+        row = conn.execute("SELECT value FROM privguard.meta WHERE key = 'schema_version'"
+                           ).fetchone()
+        return None if row is None else str(row[0])
 
     def _open(self, conn: Any, config: Config | None, acc: Accounting | None,
               retarget: str | None, create: bool) -> Accounting:
@@ -424,12 +459,12 @@ class PostgresStore:
                 raise LedgerStateError(f"{self.path}: this database has no privguard schema "
                                        "(privguard server-init creates it)")
             self._install(conn)
-        version = conn.execute("SELECT value FROM privguard.meta WHERE key = "
-                               "'schema_version'").fetchone()
-        if version is None or version[0] != str(_pgschema.SCHEMA_VERSION):
+        version = self._schema_version(conn)
+        if version not in {str(v) for v in _pgschema.READABLE_VERSIONS}:
             raise LedgerStateError(
-                f"{self.path}: privguard schema version {None if version is None else version[0]}"
-                f" is not supported by this privguard (it reads {_pgschema.SCHEMA_VERSION})")
+                f"{self.path}: privguard schema version {version} is not supported by this "
+                f"privguard (it reads {', '.join(map(str, sorted(_pgschema.READABLE_VERSIONS)))})")
+        self._schema = int(str(version))
         self._owner = bool(conn.execute("SELECT has_table_privilege('privguard.checkpoints', "
                                         "'INSERT')").fetchone()[0]) and not self.read_only
         exists = conn.execute("SELECT 1 FROM privguard.ledgers WHERE name = %s",
@@ -456,9 +491,22 @@ class PostgresStore:
         if config is not None and config != stored.config:
             self._retarget(conn, stored, config, retarget)
         if self._owner and self._cursor is not None \
-                and self._cursor.entries - self._checkpointed >= CHECKPOINT_EVERY:
+                and self._cursor.entries - self._checkpointed >= CHECKPOINT_EVERY \
+                and self._head_takes_checkpoint(self._cursor):
             self._checkpoint(conn, stored, self._cursor)
         return stored
+
+    def _head_takes_checkpoint(self, head: _Cursor) -> bool:
+        """Whether the journal's head row may take a checkpoint of today's curve version:
+        it has none, or (schema 3) only older ones, such as the stale checkpoint an open could
+        not resume from (:func:`_rows.passed_over`; task pgh: before, a version-5 checkpoint
+        on the head row was never replaced and every open replayed from the genesis). The
+        newest checkpoint is the one :meth:`_resume` read: at the head's row, any there is."""
+        newest = self._newest
+        if newest is None or newest[0] != head.entries:
+            return True
+        curves = newest[1]
+        return self._schema >= 3 and curves is not None and curves < _rows.CHECKPOINT_CURVES
 
     @staticmethod
     def _schema_exists(conn: Any) -> bool:
@@ -518,15 +566,20 @@ class PostgresStore:
 
     def _resume(self, conn: Any, genesis_config: Config) -> Accounting:
         """The accounting at the owner's newest checkpoint, then the rows after it replayed."""
-        row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac FROM "
-                           "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC "
-                           "LIMIT 1", (self.ledger,)).fetchone()
-        acc, self._cursor = _rows.resume(self, row, genesis_config, conn, lambda n: conn.execute(
-            f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s AND idx < %s ORDER BY idx",
-            (self.ledger, n)).fetchall())
+        # Schema 3: of the checkpoints on the newest row, the newest curve version's (task pgh).
+        newest = ("curves DESC" if self._schema >= 3 else "last_count DESC")
+        row = conn.execute("SELECT entries, last_count, head, prev, snapshot, mac, "
+                           f"{'curves' if self._schema >= 3 else 'NULL'} FROM "
+                           "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC, "
+                           f"{newest} LIMIT 1", (self.ledger,)).fetchone()
+        self._newest = None if row is None else (row[0], row[6])
+        acc, self._cursor = _rows.resume(
+            self, None if row is None else tuple(row[:6]), genesis_config, conn,
+            lambda n: conn.execute(f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s "
+                                   "AND idx < %s ORDER BY idx", (self.ledger, n)).fetchall())
         # 0 after an older checkpoint it could not resume from (_rows.passed_over): the tail
-        # then counts from the genesis, and an owner's open writes a fresh checkpoint (_open;
-        # not where the journal's head is that checkpoint's row: one per row, never replaced)
+        # then counts from the genesis, and an owner's open writes a fresh checkpoint (_open),
+        # beside the stale one where the journal's head is its row (schema 3, task pgh)
         self._checkpointed = self._cursor.entries
         head = self._read_head(conn)
         self._sync(conn, acc, head)
@@ -646,7 +699,8 @@ class PostgresStore:
 
     def _checkpoint(self, conn: Any, acc: Accounting, c: _Cursor) -> None:
         snapshot = _dumps(_rows.checkpoint_body(acc, c.last_kind))
-        conn.execute("INSERT INTO privguard.checkpoints VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        conn.execute("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
+                     "prev, snapshot, mac) VALUES (%s, %s, %s, %s, %s, %s, %s) "
                      "ON CONFLICT DO NOTHING",
                      (self.ledger, *c.as_tuple(), snapshot, self._checkpoint_mac(c, snapshot)))
         self._checkpointed = c.entries
@@ -681,7 +735,8 @@ class PostgresStore:
         with self._reading() as conn:
             return _rows.verify(self, conn, conn.execute(
                 "SELECT entries, last_count, head, prev, snapshot, mac FROM "
-                "privguard.checkpoints WHERE ledger = %s", (self.ledger,)),
+                "privguard.checkpoints WHERE ledger = %s ORDER BY entries, last_count",
+                (self.ledger,)),
                 self._all_rows(conn), started)
 
     def reference(self) -> dict[str, Any]:

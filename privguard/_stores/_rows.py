@@ -478,8 +478,10 @@ def verify(store: Any, conn: Any, checkpoint_rows: Iterable[tuple], rows: Iterab
     """
     genesis_config, current = store._read_meta(conn)
     acc = Accounting(genesis_config, fix_now=False)
-    checkpoints = {int(r[0]): r for r in checkpoint_rows}
-    found = len(checkpoints)
+    checkpoints: dict[int, list[tuple]] = {}  # a row may have several (PostgreSQL, task pgh)
+    for r in checkpoint_rows:
+        checkpoints.setdefault(int(r[0]), []).append(r)
+    found = sum(len(at) for at in checkpoints.values())
     n_rows = _replay_all(store, conn, acc, rows, checkpoints)
     if acc.config != current:
         raise LedgerStateError(f"{store.path}: the stored configuration was edited")
@@ -503,7 +505,9 @@ def recertify(acc: Accounting, path: str) -> None:
 
 
 def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
-                checkpoints: dict[int, tuple]) -> int:
+                checkpoints: dict[int, list[tuple]]) -> int:
+    """Replay ``rows``; check each checkpoint (``checkpoints[n]``: those that end on row n - 1,
+    a run's in the order of its count) where the journal reaches it."""
     cursor = Cursor(0, 0, str(store.genesis), str(store.genesis), None)
     live, store.live = store.live, False
     n_rows = 0
@@ -512,23 +516,27 @@ def _replay_all(store: Any, conn: Any, acc: Accounting, rows: Iterable[tuple],
         with gc_paused():
             for row in rows:
                 n_rows += 1
-                cp = checkpoints.get(row[0] + 1)  # a checkpoint that ends on this row
-                if cp is not None and row[1] == "run" and cp[1] != row[5]:
+                at_end, seen = [], None  # checkpoints that end on this row
+                for cp in checkpoints.pop(row[0] + 1, []):
+                    if not (row[1] == "run" and cp[1] != row[5]):
+                        at_end.append(cp)
+                        continue
                     # The run grew after the checkpoint was written: replay the row as the
                     # checkpoint saw it first, so that everything it holds is compared.
-                    try:
-                        replay_row(store, conn, acc, _as_checkpointed(store, cp, row), cursor)
-                    except LedgerStateError as exc:  # the row or the checkpoint was edited
-                        raise LedgerStateError(
-                            f"{store.path}: checkpoint at row {row[0] + 1} does not match "
-                            f"journal row {row[0]} as it saw it ({exc})") from None
-                    unchanged.see(row)
-                    verify_checkpoint(store, checkpoints.pop(row[0] + 1), cursor, acc,
-                                      unchanged.since)
+                    if cp[1] != seen:  # (not twice for two checkpoints of that count)
+                        try:
+                            replay_row(store, conn, acc, _as_checkpointed(store, cp, row),
+                                       cursor)
+                        except LedgerStateError as exc:  # the row or the checkpoint was edited
+                            raise LedgerStateError(
+                                f"{store.path}: checkpoint at row {row[0] + 1} does not match "
+                                f"journal row {row[0]} as it saw it ({exc})") from None
+                        unchanged.see(row)
+                        seen = cp[1]
+                    verify_checkpoint(store, cp, cursor, acc, unchanged.since)
                 replay_row(store, conn, acc, row, cursor)
                 unchanged.see(row)
-                cp = checkpoints.pop(cursor.entries, None)
-                if cp is not None:
+                for cp in at_end:
                     verify_checkpoint(store, cp, cursor, acc, unchanged.since)
     finally:
         store.live = live

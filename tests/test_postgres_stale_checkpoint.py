@@ -1,0 +1,253 @@
+"""Task pgh: a PostgreSQL ledger whose checkpoint on the journal's head row is of an older curve
+version (review rsg) gets a fresh one beside it at its owner's next writable open (schema 3),
+and a database whose schema main created (version 2) is migrated by that open.
+
+Before, a checkpoint was keyed by its row alone and never replaced: a version-5 checkpoint on
+the head row of a subsampled-Gaussian ledger (changed in curve version 6) made every open
+replay the journal from the genesis, until a charge and then an owner's open. Whether an open
+resumed is seen in the number of rows it replayed (``replayed``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import _pgserver
+import numpy as np
+import psycopg
+import pytest
+from test_checkpoint_v2_resume import (
+    EVERY,
+    RESUMED,
+    _charges,
+    _curve_version,
+    _open,
+    _todays,
+    replayed,  # noqa: F401  (a fixture)
+)
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard._stores import _rows
+from privguard._stores._postgres import PostgresStore
+
+OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
+SCHEMA_V2 = Path(__file__).parent / "data" / "pgschema-v2-main-5a474ed.sql"
+DPSGD = M.SubsampledGaussian(1.0, 0.01, steps=100)  # its curve changed in version 6 (task sg)
+CHARGES = _charges(first=[DPSGD])[:EVERY - 1]  # and the fix row: the checkpoint's row is EVERY
+GROWN = CHARGES + [CHARGES[-1]] * 3  # then the last run grows: the head stays on that row
+
+
+def _version_2_database(srv):
+    """A new database whose privguard schema is main's (version 2), owned by the test owner,
+    the test charging role granted as server-init granted it."""
+    db = srv.new_database()
+    srv.admin(f"CREATE SCHEMA privguard AUTHORIZATION {OWNER}", db=db)
+    text = "\n".join(line for line in SCHEMA_V2.read_text().splitlines()
+                     if not line.startswith("--"))
+    statements = [s.strip() for s in text.split("\n;;") if s.strip()]
+    with psycopg.connect(srv.url(OWNER, db), autocommit=True) as conn:
+        with conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+            for grant in (f"GRANT USAGE ON SCHEMA privguard TO {CHARGER}",
+                          f"GRANT SELECT ON ALL TABLES IN SCHEMA privguard TO {CHARGER}",
+                          f"GRANT EXECUTE ON FUNCTION privguard.lock_head(text) TO {CHARGER}"):
+                conn.execute(grant)
+            for fn in ("mechanism(text, text, text, text)",
+                       "append(text, text, bigint, text, bigint, text, bigint, bigint, double "
+                       "precision, double precision, text, text, text)",
+                       "extend(text, text, bigint, bigint, double precision, text, text)"):
+                conn.execute(f"GRANT EXECUTE ON FUNCTION privguard.{fn} TO {CHARGER}")
+    assert _schema_version(srv, db) == "2"
+    return db
+
+
+def _schema_version(srv, db):
+    return srv.admin("SELECT value FROM privguard.meta WHERE key = 'schema_version'", db=db)[0][0]
+
+
+def _write_stale(url, charges):
+    """The ledger at ``url`` charged with ``charges`` as main wrote it: its checkpoint of curve
+    version 5, a version-2 schema left as it is (main's code never migrated)."""
+    with pytest.MonkeyPatch.context() as mp, _curve_version(5):
+        mp.setattr(PostgresStore, "_migrate", lambda self, conn: None, raising=False)
+        ledger = Ledger(epsilon=1e6, delta=1e-5, path=url)
+        for mechanism, label in charges:
+            ledger.charge(mechanism, label=label)
+        epsilon = ledger.epsilon()
+        ledger.close()
+    return epsilon
+
+
+def _checkpoints(srv, db, name):
+    """(row, count, curve version) of each checkpoint of ledger ``name``, in order."""
+    return [(n, c, json.loads(s)["curves"]) for n, c, s in srv.admin(
+        "SELECT entries, last_count, snapshot FROM privguard.checkpoints WHERE ledger = %s "
+        "ORDER BY entries, last_count, snapshot::json->>'curves'", (name,), db=db)]
+
+
+def _opened(url, replayed, read_only):  # noqa: F811
+    ledger, rows = _open(url, replayed, read_only)
+    out = rows, ledger.epsilon(), ledger.spent, ledger.state_dict()
+    ledger.close()
+    return out
+
+
+def _replaced_once(srv, db, name, replayed, written, charges=GROWN):  # noqa: F811
+    """The checks both tests make: the owner's first writable open replays from the genesis
+    and writes a checkpoint of today's version beside the stale one; every later open (owner,
+    charging role, read-only) resumes from it, with the same state; the ledger charges on."""
+    owner, charger = srv.url(OWNER, db, name), srv.url(CHARGER, db, name)
+    stale = _checkpoints(srv, db, name)
+    assert stale == [(EVERY, 1, 5)]
+    for url in (charger, owner):  # cannot (or, read-only, may not) write one: replays each time
+        for read_only in (False, True) if url == charger else (True,):
+            assert _opened(url, replayed, read_only)[0] > EVERY - 2
+    assert _checkpoints(srv, db, name) == stale
+    first = _opened(owner, replayed, False)
+    assert first[0] > EVERY - 2  # from the genesis, once
+    assert first[1] >= written  # the ε it showed then, or higher (today's curves)
+    assert np.array_equal(first[2], _todays(charges))
+    count = 1 + len(charges) - len(CHARGES)  # the count of the head's run now
+    assert _checkpoints(srv, db, name) == [(EVERY, 1, 5), (EVERY, count, _rows.CHECKPOINT_CURVES)]
+    for url, read_only in ((owner, False), (owner, True), (charger, False), (charger, True)):
+        again = _opened(url, replayed, read_only)
+        assert again[0] <= RESUMED  # resumed from the fresh checkpoint
+        assert again[1] == first[1] and np.array_equal(again[2], first[2])
+        assert again[3] == first[3]
+    for url in (owner, charger):
+        ledger = Ledger.open(url)
+        ledger.charge(M.Gaussian(7.0), label="after")
+        ledger.close()
+    ledger, rows = _open(charger, replayed, False)
+    assert rows <= RESUMED + 2 and ledger.epsilon() > first[1]
+    report = ledger._store.verify()  # every checkpoint, both on row EVERY, held to the replay
+    assert report["checkpoints"] == 2 and report["charges"] == len(charges) + 2
+    ledger.close()
+
+
+@pytest.mark.parametrize("charges", [CHARGES, GROWN], ids=["same-count", "grown"])
+def test_a_stale_checkpoint_on_the_head_row_is_replaced_once(pg, replayed, charges):  # noqa: F811
+    srv, db, name = pg
+    written = _write_stale(srv.url(OWNER, db, name), charges)
+    _pgserver.allow_charger(db, name)
+    _replaced_once(srv, db, name, replayed, written, charges)
+
+
+def test_a_database_main_created_is_migrated_by_its_owners_open(pg_server,
+                                                                replayed):  # noqa: F811
+    srv, name = pg_server, "old"
+    db = _version_2_database(srv)
+    written = _write_stale(srv.url(OWNER, db, name), GROWN)
+    srv.admin("INSERT INTO privguard.chargers VALUES (%s, %s)", (name, CHARGER), db=db,
+              user=OWNER)
+    assert _schema_version(srv, db) == "2"
+    # a charging role and a read-only open read it as it is (they never migrate) ...
+    assert _opened(srv.url(CHARGER, db, name), replayed, False)[1] >= written
+    assert _opened(srv.url(OWNER, db, name), replayed, True)[1] >= written
+    assert _schema_version(srv, db) == "2"
+    # ... the owner's writable open migrates it (once), then replaces the stale checkpoint
+    _replaced_once(srv, db, name, replayed, written)
+    assert _schema_version(srv, db) == "3"
+    assert srv.admin("SELECT pg_get_userbyid(proowner) FROM pg_proc WHERE proname = "
+                     "'snapshot_curves'", db=db) == [(OWNER,)]
+
+
+def _as_owner(srv, db, sql, params=()):
+    with psycopg.connect(srv.url(OWNER, db), autocommit=True) as conn:
+        conn.execute(sql, params)
+
+
+@pytest.fixture
+def refreshed(pg, replayed):  # noqa: F811
+    """A ledger whose head row holds a stale (version 5) and a fresh checkpoint."""
+    srv, db, name = pg
+    _write_stale(srv.url(OWNER, db, name), GROWN)
+    _pgserver.allow_charger(db, name)
+    Ledger.open(srv.url(OWNER, db, name)).close()
+    assert [c[2] for c in _checkpoints(srv, db, name)] == [5, _rows.CHECKPOINT_CURVES]
+    return srv, db, name
+
+
+REFUSED = [  # (statement as the owner, what the database says)
+    ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
+     " SELECT ledger, entries, last_count, head, prev, replace(snapshot, '\"curves\":6', "
+     "'\"curves\":5'), mac FROM privguard.checkpoints WHERE ledger = %(n)s AND curves = 6",
+     "this curve version or a newer one"),
+    ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
+     " SELECT ledger, entries, last_count, head, prev, 'not json', mac FROM "
+     "privguard.checkpoints WHERE ledger = %(n)s AND curves = 6",
+     "this curve version or a newer one"),
+    ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
+     " SELECT ledger, entries, last_count, head, prev, snapshot, mac FROM privguard.checkpoints"
+     " WHERE ledger = %(n)s AND curves > 5", "duplicate key|this curve version or a newer one"),
+    ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
+     " SELECT ledger, entries - 1, last_count, head, prev, snapshot || ' ', mac FROM "
+     "privguard.checkpoints WHERE ledger = %(n)s AND curves = 5", "at the journal's head only"),
+    ("INSERT INTO privguard.checkpoints SELECT * FROM privguard.checkpoints WHERE ledger = %(n)s",
+     "generated column|non-DEFAULT value"),
+    ("UPDATE privguard.checkpoints SET snapshot = replace(snapshot, '\"curves\":5', "
+     "'\"curves\":9') WHERE ledger = %(n)s", "append-only"),
+    ("DELETE FROM privguard.checkpoints WHERE ledger = %(n)s AND curves = 5", "append-only"),
+]
+
+
+@pytest.mark.parametrize("sql,match", REFUSED, ids=[f"owner{i}" for i in range(len(REFUSED))])
+def test_the_owner_adds_only_a_newer_checkpoint_at_the_head(refreshed, sql, match):
+    srv, db, name = refreshed
+    before = _checkpoints(srv, db, name)
+    with pytest.raises(psycopg.Error, match=match):
+        _as_owner(srv, db, sql, {"n": name})
+    assert _checkpoints(srv, db, name) == before
+
+
+def test_a_charging_role_still_writes_no_checkpoint(refreshed):
+    srv, db, name = refreshed
+    with psycopg.connect(srv.url(CHARGER, db), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
+                         "prev, snapshot, mac) SELECT ledger, entries, last_count, head, prev, "
+                         "replace(snapshot, '\"curves\":6', '\"curves\":8'), mac FROM "
+                         "privguard.checkpoints WHERE ledger = %s AND curves = 6", (name,))
+
+
+@pytest.mark.parametrize("snapshot", ['{"curves": 99}', '{"curves": 7, "accounting": {}}'])
+def test_a_forged_newer_checkpoint_is_refused_not_resumed(refreshed, snapshot):
+    """The reader takes the newest curve version on the newest row: a forged one there (the
+    owner's INSERT, with no valid MAC) fails closed, at every open and in verify."""
+    srv, db, name = refreshed
+    _as_owner(srv, db, "INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
+              "prev, snapshot, mac) SELECT ledger, entries, last_count, head, prev, %s, 'forged' "
+              "FROM privguard.checkpoints WHERE ledger = %s AND curves = 6", (snapshot, name))
+    for user, read_only in ((OWNER, False), (OWNER, True), (CHARGER, False)):
+        with pytest.raises(LedgerStateError, match="digest"):
+            Ledger.open(srv.url(user, db, name), read_only=read_only)
+
+
+def test_verify_refuses_a_remacd_newer_checkpoint_that_disagrees(pg):
+    """Unkeyed, the owner can compute a MAC: a checkpoint beside the stale one whose
+    accounting is not the journal's (half its spending) is refused by verify, which holds every
+    checkpoint on the row to the replay."""
+    srv, db, name = pg
+    url = srv.url(OWNER, db, name)
+    _write_stale(url, GROWN)
+    store = PostgresStore(url, read_only=True)
+    acc = store.open(None, None, None)
+    c = store._cursor
+    snap = _rows.checkpoint_body(acc, c.last_kind)  # today's, at the head: what a refresh writes
+    journal = snap["accounting"]["journal"]
+    journal["base"] = [x / 2 for x in journal["base"]]  # half what the journal spent
+    text = json.dumps(snap, separators=(",", ":"))
+    mac = store._checkpoint_mac(c, text)
+    store.close()
+    _as_owner(srv, db, "INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
+              "prev, snapshot, mac) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+              (name, *c.as_tuple(), text, mac))
+    ledger = Ledger.open(url, read_only=True)
+    try:
+        with pytest.raises(LedgerStateError, match="does not match the replayed journal"):
+            ledger._store.verify()
+    finally:
+        ledger.close()
