@@ -18,8 +18,10 @@ A *charging role* (``privguard server-init``) can only call the functions
 that append: it cannot rewind, retarget or write a checkpoint. Checkpoints
 come from the owner alone (an owner's ledger writes one every
 ``CHECKPOINT_EVERY`` rows, and whenever it opens a ledger whose tail is
-longer), so an opener never adopts a snapshot that a charging role wrote;
-it replays the rows after the owner's newest checkpoint. A fix row, which a
+longer, or whose newest checkpoint is of an older curve version and could not be
+resumed from: schema 3 keeps the stale one and takes the new one beside it, on
+the same row if need be), so an opener never adopts a snapshot that a charging
+role wrote; it replays the rows after the owner's newest checkpoint. A fix row, which a
 charging role writes at a ledger's first charge, must be exactly what this
 library derives from its plan (floats to 1e-9 relative, for another CPU's
 libm), so it cannot carry weaker filter weights.
