@@ -42,6 +42,7 @@ GROWN = CHARGES + [CHARGES[-1]] * 3  # then the last run grows: the head stays o
 def _version_2_database(srv):
     """A new database whose privguard schema is main's (version 2), owned by the test owner,
     the test charging role granted as server-init granted it."""
+    _pgserver.initialised_database()  # the roles, with their passwords
     db = srv.new_database()
     srv.admin(f"CREATE SCHEMA privguard AUTHORIZATION {OWNER}", db=db)
     text = "\n".join(line for line in SCHEMA_V2.read_text().splitlines()
@@ -141,8 +142,10 @@ def test_a_database_main_created_is_migrated_by_its_owners_open(pg_server,
     srv, name = pg_server, "old"
     db = _version_2_database(srv)
     written = _write_stale(srv.url(OWNER, db, name), GROWN)
-    srv.admin("INSERT INTO privguard.chargers VALUES (%s, %s)", (name, CHARGER), db=db,
-              user=OWNER)
+    short = _write_stale(srv.url(OWNER, db, "short"), CHARGES[:5])  # no checkpoint
+    for ledger in (name, "short"):
+        srv.admin("INSERT INTO privguard.chargers VALUES (%s, %s)", (ledger, CHARGER), db=db,
+                  user=OWNER)
     assert _schema_version(srv, db) == "2"
     # a charging role and a read-only open read it as it is (they never migrate) ...
     assert _opened(srv.url(CHARGER, db, name), replayed, False)[1] >= written
@@ -151,6 +154,13 @@ def test_a_database_main_created_is_migrated_by_its_owners_open(pg_server,
     # ... the owner's writable open migrates it (once), then replaces the stale checkpoint
     _replaced_once(srv, db, name, replayed, written)
     assert _schema_version(srv, db) == "3"
+    for user in (CHARGER, OWNER):  # the other ledger: the same ε, and it charges on
+        ledger = Ledger.open(srv.url(user, db, "short"))
+        assert ledger.epsilon() >= short
+        ledger.charge(M.Gaussian(7.0), label=user)
+        assert ledger.epsilon() > short
+        ledger.close()
+    assert Ledger.open(srv.url(CHARGER, db, "short"))._store.verify()["charges"] == 7
     assert srv.admin("SELECT pg_get_userbyid(proowner) FROM pg_proc WHERE proname = "
                      "'snapshot_curves'", db=db) == [(OWNER,)]
 
