@@ -261,3 +261,18 @@ def test_verify_refuses_a_remacd_newer_checkpoint_that_disagrees(pg):
             ledger._store.verify()
     finally:
         ledger.close()
+
+
+def test_server_init_migrates_a_version_2_schema(pg_server):
+    """server-init on a database main initialised opens its ledger as the owner: the same
+    migration, after which the charging role charges the new ledger."""
+    from privguard._stores._pgadmin import server_init
+
+    srv = pg_server
+    db = _version_2_database(srv)
+    out = server_init(srv.url(db=db), "team", 3.0, 1e-5, charger=CHARGER, owner=OWNER)
+    assert _schema_version(srv, db) == "3" and out["charges"] == 0
+    ledger = Ledger.open(srv.url(CHARGER, db, "team"))
+    ledger.charge(DPSGD, label="job")
+    assert ledger._store.verify()["charges"] == 1
+    ledger.close()
