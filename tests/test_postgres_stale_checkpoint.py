@@ -1,6 +1,7 @@
 """Task pgh: a PostgreSQL ledger whose checkpoint on the journal's head row is of an older curve
 version (review rsg) gets a fresh one beside it at its owner's next writable open (schema 3),
-and a database whose schema main created (version 2) is migrated by that open.
+and a database whose schema main created (version 2) works as it is until an administrator
+runs ``privguard server-upgrade`` (review rpgh: no open migrates a schema).
 
 Before, a checkpoint was keyed by its row alone and never replaced: a version-5 checkpoint on
 the head row of a subsampled-Gaussian ledger (changed in curve version 6) made every open
@@ -11,6 +12,7 @@ resumed is seen in the number of rows it replayed (``replayed``).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import _pgserver
@@ -30,7 +32,9 @@ from test_checkpoint_v2_resume import (
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._stores import _rows
-from privguard._stores._postgres import PostgresStore
+from privguard._cli._cli import main as cli
+from privguard._stores._pgadmin import server_upgrade
+from privguard._stores._postgres import PostgresStore, SchemaUpgradeWarning
 
 OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
 SCHEMA_V2 = Path(__file__).parent / "data" / "pgschema-v2-main-5a474ed.sql"
@@ -72,8 +76,7 @@ def _schema_version(srv, db):
 def _write_stale(url, charges):
     """The ledger at ``url`` charged with ``charges`` as main wrote it: its checkpoint of curve
     version 5, a version-2 schema left as it is (main's code never migrated)."""
-    with pytest.MonkeyPatch.context() as mp, _curve_version(5):
-        mp.setattr(PostgresStore, "_migrate", lambda self, conn: None, raising=False)
+    with _curve_version(5):
         ledger = Ledger(epsilon=1e6, delta=1e-5, path=url)
         for mechanism, label in charges:
             ledger.charge(mechanism, label=label)
@@ -137,8 +140,12 @@ def test_a_stale_checkpoint_on_the_head_row_is_replaced_once(pg, replayed, charg
     _replaced_once(srv, db, name, replayed, written, charges)
 
 
-def test_a_database_main_created_is_migrated_by_its_owners_open(pg_server,
-                                                                replayed):  # noqa: F811
+def test_a_database_main_created_is_upgraded_by_server_upgrade_alone(pg_server, replayed,
+                                                                     capsys):  # noqa: F811
+    """Review rpgh: no open migrates a schema (the builder's owner's open did, locking every
+    older client of the server out mid-fleet). On a version-2 schema every open works as
+    main's did, replaying where main replayed, and the owner is told once what to run;
+    ``privguard server-upgrade`` upgrades it, after which the owner's open refreshes."""
     srv, name = pg_server, "old"
     db = _version_2_database(srv)
     written = _write_stale(srv.url(OWNER, db, name), GROWN)
@@ -147,13 +154,29 @@ def test_a_database_main_created_is_migrated_by_its_owners_open(pg_server,
         srv.admin("INSERT INTO privguard.chargers VALUES (%s, %s)", (ledger, CHARGER), db=db,
                   user=OWNER)
     assert _schema_version(srv, db) == "2"
-    # a charging role and a read-only open read it as it is (they never migrate) ...
-    assert _opened(srv.url(CHARGER, db, name), replayed, False)[1] >= written
-    assert _opened(srv.url(OWNER, db, name), replayed, True)[1] >= written
-    assert _schema_version(srv, db) == "2"
-    # ... the owner's writable open migrates it (once), then replaces the stale checkpoint
-    _replaced_once(srv, db, name, replayed, written)
+    stale = _checkpoints(srv, db, name)
+    for url, read_only in ((srv.url(CHARGER, db, name), False), (srv.url(OWNER, db, name), True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # only the owner's writable open is told
+            assert _opened(url, replayed, read_only)[1] >= written
+    with pytest.warns(SchemaUpgradeWarning, match="privguard server-upgrade"):
+        rows, epsilon, *_ = _opened(srv.url(OWNER, db, name), replayed, False)
+    assert rows > EVERY - 2 and epsilon >= written  # replayed, as main did, and charges on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per ledger and process
+        assert _opened(srv.url(OWNER, db, name), replayed, False)[0] > EVERY - 2
+    assert _schema_version(srv, db) == "2" and _checkpoints(srv, db, name) == stale
+    assert srv.admin("SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                     "'privguard' AND table_name = 'checkpoints' AND column_name = 'curves'",
+                     db=db) == [(0,)]
+    # the charging role may not upgrade it; the owner (or a superuser) does, once
+    with pytest.raises(LedgerStateError, match="owned by"):
+        server_upgrade(srv.url(CHARGER, db))
+    assert cli(["server-upgrade", srv.url(db=db)]) == 0
+    assert "upgraded from version 2 to 3" in capsys.readouterr().out
     assert _schema_version(srv, db) == "3"
+    assert server_upgrade(srv.url(OWNER, db)) == {"schema_owner": OWNER, "from": 3, "to": 3}
+    _replaced_once(srv, db, name, replayed, written)
     for user in (CHARGER, OWNER):  # the other ledger: the same ε, and it charges on
         ledger = Ledger.open(srv.url(user, db, "short"))
         assert ledger.epsilon() >= short
@@ -263,16 +286,21 @@ def test_verify_refuses_a_remacd_newer_checkpoint_that_disagrees(pg):
         ledger.close()
 
 
-def test_server_init_migrates_a_version_2_schema(pg_server):
-    """server-init on a database main initialised opens its ledger as the owner: the same
-    migration, after which the charging role charges the new ledger."""
-    from privguard._stores._pgadmin import server_init
-
+def test_server_init_leaves_a_version_2_schema_and_names_the_upgrade(pg_server, capsys):
+    """server-init on a database main initialised adds the ledger to the version-2 schema as
+    it is (review rpgh: the builder's migrated it), says so, and the charging role charges."""
     srv = pg_server
     db = _version_2_database(srv)
-    out = server_init(srv.url(db=db), "team", 3.0, 1e-5, charger=CHARGER, owner=OWNER)
-    assert _schema_version(srv, db) == "3" and out["charges"] == 0
+    assert cli(["server-init", srv.url(db=db), "--ledger", "team", "--epsilon", "3",
+                "--delta", "1e-5", "--charger", CHARGER, "--owner", OWNER]) == 0
+    assert "privguard server-upgrade" in capsys.readouterr().out
+    assert _schema_version(srv, db) == "2"
     ledger = Ledger.open(srv.url(CHARGER, db, "team"))
     ledger.charge(DPSGD, label="job")
     assert ledger._store.verify()["charges"] == 1
     ledger.close()
+    fresh = srv.new_database()  # a new schema is this version: nothing to say
+    assert cli(["server-init", srv.url(db=fresh), "--ledger", "team", "--epsilon", "3",
+                "--delta", "1e-5", "--charger", CHARGER, "--owner", OWNER]) == 0
+    assert "server-upgrade" not in capsys.readouterr().out
+    assert _schema_version(srv, fresh) == "3"

@@ -5,12 +5,15 @@
     privguard verify budget.db
     privguard upgrade budget.db --epsilon E --delta D
     privguard server-init postgresql://admin@host/db --ledger NAME --epsilon E --delta D
+    privguard server-upgrade postgresql://admin@host/db
     privguard demo [--db PATH] [--quick] [--epsilon E]
     privguard audit [--quick] [--seed N] [--steps N] [--canaries N]
 
 Each PATH may also be a ``postgresql://USER@HOST:PORT/DB?ledger=NAME`` URL
 (``pip install 'privguard[postgres]'``); ``server-init`` creates the schema,
-an owner and a charging role there, and the ledger.
+an owner and a charging role there, and the ledger; ``server-upgrade`` brings a
+schema an older privguard created to this privguard's version (an explicit step: no
+open upgrades a schema, and older clients refuse an upgraded one).
 
 ``upgrade`` converts a privguard 0.1 file. Nothing in a 0.1 file protects its
 target, so you restate the target you set and it must equal the file's:
@@ -91,6 +94,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="the charging role (created if missing; default privguard_charger)")
     ini.add_argument("--owner", default="privguard_owner",
                      help="the owner role (created if missing; default privguard_owner)")
+    upg2 = sub.add_parser("server-upgrade", help="upgrade the privguard schema of a PostgreSQL "
+                          "database to this privguard's version (run as the schema's owner or "
+                          "a superuser; older privguard clients then refuse the database)")
+    upg2.add_argument("url", help="postgresql://USER@HOST:PORT/DB")
     demo = sub.add_parser("demo", help="tune, train and report a private model (the main job)")
     demo.add_argument("--db", default=None, help="ledger file (default: a new one under "
                       "./privguard-demo/)")
@@ -142,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "server-init":
             from privguard._accounting._results import exact
             from privguard._stores._pgadmin import server_init
+            from privguard._stores._pgschema import SCHEMA_VERSION
 
             done = server_init(args.url, args.ledger, args.epsilon, args.delta,
                                charger=args.charger, owner=args.owner)
@@ -151,7 +159,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ledger {done['ledger']!r}: target (ε = {eps}, δ = {delta}), "
                   f"{done['charges']} charges so far; schema owner {done['schema_owner']!r}, "
                   f"charging role {done['charger']!r}.\n"
+                  + (f"The privguard schema is version {done['schema_version']}, an older "
+                     "privguard's, used as it is; `privguard server-upgrade` upgrades it "
+                     "(then older clients refuse the database).\n"
+                     if done["schema_version"] != SCHEMA_VERSION else "") +
                   f"Jobs charge it with Ledger({eps}, {delta}, path={done['charger_url']!r})")
+        elif args.command == "server-upgrade":
+            from privguard._stores._pgadmin import server_upgrade
+
+            done = server_upgrade(args.url)
+            print(f"privguard schema (owner {done['schema_owner']!r}): "
+                  + (f"already version {done['to']}" if done["from"] == done["to"] else
+                     f"upgraded from version {done['from']} to {done['to']}; privguard clients "
+                     "older than this one now refuse this database"))
         elif args.command == "verify":
             from privguard._stores import open_store
             from privguard._stores._snapshot import snapshot

@@ -30,8 +30,9 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
     """Create (or check) the schema, the owner and charging roles, and the ledger.
 
     Returns:
-        What exists now: schema owner, charging role, ledger, target, and the
-        URL a charging job uses.
+        What exists now: schema owner, schema version (an existing schema of an older
+        version is used as it is: ``server_upgrade`` upgrades it), charging role, ledger,
+        target, and the URL a charging job uses.
 
     Raises:
         InvalidArgumentError: a malformed URL, ledger name, role or target.
@@ -93,6 +94,7 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
         store = PostgresStore(_with_ledger(url, ledger), role=owner)
         try:
             acc = store.open(config, Accounting(config), None)
+            schema_version = store._schema  # an existing schema is left at its version
         finally:
             store.close()
         with pg.connect(conninfo, autocommit=True) as conn:
@@ -107,10 +109,75 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         detail = _pgurl.scrub(detail, url)
         raise LedgerStateError(f"{shown}: server-init failed ({detail})") from exc
-    return {"schema_owner": owner, "charger": charger, "ledger": ledger,
+    return {"schema_owner": owner, "schema_version": schema_version,
+            "charger": charger, "ledger": ledger,
             "target": [acc.config.epsilon, acc.config.delta],
             "charges": acc.journal.charges,
             "charger_url": _pgurl.with_user(_with_ledger(url, ledger), charger)}
+
+
+def server_upgrade(url: str, *, lock_timeout: float = 10.0) -> dict[str, Any]:
+    """``privguard server-upgrade``: bring a database's privguard schema to this privguard's
+    version (version 2, main before task pgh, to 3), the explicit administrative step no open
+    takes on its own (review rpgh).
+
+    Run as the schema's owner or a role that may act as it (a superuser, say): one
+    transaction, under the advisory lock ``server-init`` takes, as the owner; it waits at most
+    ``lock_timeout`` seconds for a lock (a client's open holds the checkpoints' briefly), and
+    then changes nothing. A schema already at this version is left alone. After it, privguard
+    clients older than this one refuse the database (fail closed): upgrade them first.
+
+    Returns:
+        ``{"schema_owner", "from", "to"}``: the versions before and after.
+
+    Raises:
+        InvalidArgumentError: a malformed URL.
+        LedgerStateError: no privguard schema there, a version this privguard cannot
+            upgrade, a role that cannot act as the schema's owner, or the database refused
+            (a lock not granted in time included; nothing was changed).
+    """
+    pg = require("psycopg", "postgres")
+    sql = pg.sql
+    conninfo, _, shown = _pgurl.parse(url)
+    if not (isinstance(lock_timeout, (int, float)) and 0 < lock_timeout < 86400):
+        raise InvalidArgumentError("lock_timeout", lock_timeout, "must be seconds, > 0")
+    target = _pgschema.SCHEMA_VERSION
+    try:
+        with pg.connect(conninfo, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
+                owner = conn.execute(
+                    "SELECT pg_get_userbyid(nspowner), pg_has_role(current_user, nspowner, "
+                    "'MEMBER') FROM pg_namespace WHERE nspname = 'privguard' AND "
+                    "to_regclass('privguard.meta') IS NOT NULL").fetchone()
+                if owner is None:
+                    raise LedgerStateError(f"{shown}: this database has no privguard schema "
+                                           "(privguard server-init creates it)")
+                if not owner[1]:
+                    raise LedgerStateError(
+                        f"{shown}: schema privguard is owned by {owner[0]!r}: run "
+                        "server-upgrade as that role or one that may act as it (a superuser)")
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(owner[0])))
+                row = conn.execute("SELECT value FROM privguard.meta WHERE key = "
+                                   "'schema_version'").fetchone()
+                found = None if row is None else str(row[0])
+                if found == str(target):
+                    return {"schema_owner": owner[0], "from": target, "to": target}
+                if found != "2":
+                    raise LedgerStateError(
+                        f"{shown}: privguard schema version {found} cannot be upgraded by "
+                        f"this privguard (it upgrades 2 to {target})")
+                for statement in _pgschema.MIGRATE_FROM_2:
+                    conn.execute(statement)
+    except pg.Error as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = _pgurl.scrub(detail, url)
+        if isinstance(exc, pg.errors.LockNotAvailable):
+            detail += ("; a client held a lock longer than the lock timeout: nothing was "
+                       "changed, run it again")
+        raise LedgerStateError(f"{shown}: server-upgrade failed ({detail})") from exc
+    return {"schema_owner": owner[0], "from": 2, "to": target}
 
 
 # Predefined roles whose members can write any table, server files or run programs.

@@ -29,8 +29,11 @@ from __future__ import annotations
 # schema in place; docs/theory.md §7, "A fresh checkpoint after such an open").
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = frozenset({2, 3})
-"""Schema versions this library reads: a version-2 schema (main before task pgh) is read as
-it is by a role that cannot migrate it (its checkpoints: one per row, never replaced)."""
+"""Schema versions this library reads and writes: a version-2 schema (main before task pgh)
+is used as it is (its checkpoints: one per row, never replaced) until an administrator runs
+:data:`UPGRADE_COMMAND` (review rpgh: no open migrates a schema, as no older client is locked
+out of a shared server by a newer one's open)."""
+UPGRADE_COMMAND = "privguard server-upgrade postgresql://ADMIN@HOST:PORT/DB"
 
 # Functions a charging role may execute (signatures as GRANT spells them).
 CHARGING_FUNCTIONS = [
@@ -327,7 +330,7 @@ STATEMENTS = [
 
 
 MIGRATE_FROM_2 = [
-    # The owner's, in one transaction under the schema's advisory lock (_postgres.migrate).
+    # The owner's, in one transaction under the schema's advisory lock (_pgadmin.server_upgrade).
     # Adding a stored generated column rewrites the table without firing a row trigger: the
     # rows stay as they are, each keyed by its snapshot's curve version.
     _SNAPSHOT_CURVES,

@@ -37,9 +37,11 @@ of the journal) and must be reopened, unless the charge was recorded.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,6 +82,24 @@ class _Txn:
 
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         self.store._write_guarded(acc, changes)
+
+
+class SchemaUpgradeWarning(UserWarning):
+    """A database's privguard schema is older than this privguard's, and that costs something
+    an explicit upgrade (``privguard server-upgrade``) would fix."""
+
+
+_TOLD_UPGRADE: set[str] = set()  # ledger ids whose owner was told (SchemaUpgradeWarning)
+
+
+def _snapshot_curves(snapshot: Any) -> int | None:
+    """The curve version a checkpoint's snapshot names (schema 2 has no column for it); None
+    where it names none or cannot be read (the warning is then left out: resuming decides)."""
+    try:
+        version = json.loads(snapshot).get("curves")
+    except (TypeError, ValueError, AttributeError, RecursionError):
+        return None
+    return version if type(version) is int else None
 
 
 class PostgresStore:
@@ -404,8 +424,6 @@ class PostgresStore:
         self._depth, self._writing = 1, not self.read_only
         try:
             try:
-                if not self.read_only:
-                    self._migrate(conn)
                 result = self._open(conn, config, acc, retarget, create)
                 conn.execute("COMMIT")
                 return result
@@ -417,31 +435,6 @@ class PostgresStore:
             raise self._error(exc, "cannot open the ledger") from exc
         finally:
             self._depth, self._writing = 0, False
-
-    def _migrate(self, conn: Any) -> None:
-        """A version-2 schema (main before task pgh) becomes version 3 at a writable open by
-        a role that holds its owner's privileges, as that owner, in a transaction of its own
-        under the schema's advisory lock, before the open's (which locks the head: a charging
-        role's open holds the head and then reads the checkpoints). Any other role reads a
-        version-2 schema as it is (:data:`_pgschema.READABLE_VERSIONS`)."""
-        pg = self._pg
-        conn.execute(f"BEGIN; {self._lock_timeout()}")
-        try:
-            owner = conn.execute(
-                "SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'privguard' "
-                "AND pg_has_role(current_user, nspowner, 'USAGE') AND "
-                "to_regclass('privguard.meta') IS NOT NULL").fetchone()
-            if owner is not None and self._schema_version(conn) == "2":
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
-                if self._schema_version(conn) == "2":  # not migrated while this one waited
-                    conn.execute(pg.sql.SQL("SET LOCAL ROLE {}").format(
-                        pg.sql.Identifier(owner[0])))
-                    for statement in _pgschema.MIGRATE_FROM_2:
-                        conn.execute(statement)
-            conn.execute("COMMIT")
-        except BaseException:
-            self._rollback()
-            raise
 
     @staticmethod
     def _schema_version(conn: Any) -> str | None:
@@ -493,10 +486,33 @@ class PostgresStore:
         if config is not None and config != stored.config:
             self._retarget(conn, stored, config, retarget)
         if self._owner and self._cursor is not None \
-                and self._cursor.entries - self._checkpointed >= CHECKPOINT_EVERY \
-                and self._head_takes_checkpoint(self._cursor):
-            self._checkpoint(conn, stored, self._cursor)
+                and self._cursor.entries - self._checkpointed >= CHECKPOINT_EVERY:
+            if self._head_takes_checkpoint(self._cursor):
+                self._checkpoint(conn, stored, self._cursor)
+            else:
+                self._tell_upgrade(self._cursor)
         return stored
+
+    def _tell_upgrade(self, head: _Cursor) -> None:
+        """Warn the owner, once per ledger and process, that a version-2 schema keeps this
+        ledger replaying from the genesis: its newest checkpoint, on the head row, is of an
+        older curve version, and schema 2 holds one checkpoint per row (review rpgh: the
+        schema is upgraded by an explicit ``privguard server-upgrade``, never by an open)."""
+        newest = self._newest
+        if self._schema >= 3 or newest is None or type(newest[1]) is not int \
+                or newest[1] >= _rows.CHECKPOINT_CURVES or self.ledger_id in _TOLD_UPGRADE:
+            return
+        _TOLD_UPGRADE.add(str(self.ledger_id))
+        warnings.warn(
+            f"{self.path}: the newest checkpoint of ledger {self.ledger!r} is on the journal's "
+            f"head row ({head.entries}) and of an older curve version ({newest[1]}; this "
+            f"privguard writes {_rows.CHECKPOINT_CURVES}), and this database's privguard schema "
+            "(version 2) takes one checkpoint per row: every open replays the journal from the "
+            "genesis until a charge adds a row and the owner opens the ledger again. "
+            f"`{_pgschema.UPGRADE_COMMAND}`, run once by the schema's owner or a superuser, "
+            "upgrades the schema to version 3, after which the owner's next open writes a fresh "
+            "checkpoint beside the stale one (privguard clients older than this one then "
+            "refuse the database: upgrade them first)", SchemaUpgradeWarning, stacklevel=2)
 
     def _head_takes_checkpoint(self, head: _Cursor) -> bool:
         """Whether the journal's head row may take a checkpoint of today's curve version:
@@ -574,7 +590,8 @@ class PostgresStore:
                            f"{'curves' if self._schema >= 3 else 'NULL'} FROM "
                            "privguard.checkpoints WHERE ledger = %s ORDER BY entries DESC, "
                            f"{newest} LIMIT 1", (self.ledger,)).fetchone()
-        self._newest = None if row is None else (row[0], row[6])
+        self._newest = None if row is None else (
+            row[0], row[6] if self._schema >= 3 else _snapshot_curves(row[4]))
         acc, self._cursor = _rows.resume(
             self, None if row is None else tuple(row[:6]), genesis_config, conn,
             lambda n: conn.execute(f"SELECT {_ROW} FROM privguard.entries WHERE ledger = %s "
