@@ -31,8 +31,8 @@ from test_checkpoint_v2_resume import (
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._stores import _rows
 from privguard._cli._cli import main as cli
+from privguard._stores import _rows
 from privguard._stores._pgadmin import server_upgrade
 from privguard._stores._postgres import PostgresStore, SchemaUpgradeWarning
 
@@ -140,8 +140,8 @@ def test_a_stale_checkpoint_on_the_head_row_is_replaced_once(pg, replayed, charg
     _replaced_once(srv, db, name, replayed, written, charges)
 
 
-def test_a_database_main_created_is_upgraded_by_server_upgrade_alone(pg_server, replayed,
-                                                                     capsys):  # noqa: F811
+def test_a_database_main_created_is_upgraded_by_server_upgrade_alone(
+        pg_server, replayed, capsys):  # noqa: F811
     """Review rpgh: no open migrates a schema (the builder's owner's open did, locking every
     older client of the server out mid-fleet). On a version-2 schema every open works as
     main's did, replaying where main replayed, and the owner is told once what to run;
