@@ -12,7 +12,9 @@ charges, so the version-5 checkpoint (every 512 rows) sits on the journal's head
 writable, read-only), each in a new process (no curve cached), and prints the seconds
 and the checkpoints. ``--pg`` uses a throw-away PostgreSQL server (tests/_pgserver.py)
 instead of SQLite files, whose database main's checkout makes (``privguard server-init``:
-its schema version, 2 before task pgh), and prints the schema version after each open.
+its schema version, 2 before task pgh), and prints the schema version after each open;
+there it runs this branch's ``privguard server-upgrade`` after the first writable open
+(review rpgh: no open upgrades a schema), then opens three more times.
 
 Since main moved to curve version 6, the checkout is a commit before task sg, e.g.
 ``git worktree add --detach /tmp/pgh-v5 93d7b40`` (task pgh).
@@ -69,7 +71,18 @@ def main(checkout: str, pg: bool) -> None:
         path = f"{_database(checkout, tmp)}?ledger=l{n}" if pg else os.path.join(tmp, f"l{n}.db")
         subprocess.run([sys.executable, "-c", WRITE.format(checkout=checkout, path=path, n=n)],
                        check=True, env=os.environ.copy(), cwd=tmp)
-        for read_only in (True, False, False, True):
+        steps: tuple = (True, False, False, True)
+        if pg:  # review rpgh: the schema is upgraded by server-upgrade alone, never by an open
+            steps = (True, False, "upgrade", False, False, True)
+        for read_only in steps:
+            if read_only == "upgrade":
+                out = subprocess.run([sys.executable, "-m", "privguard", "server-upgrade",
+                                      path.split("?ledger=")[0]], check=True,
+                                     capture_output=True, text=True, env=os.environ.copy(),
+                                     cwd=tmp).stdout.strip()
+                print(f"{n} charges, privguard server-upgrade: {out}, schema {_schema(path)}",
+                      flush=True)
+                continue
             took = float(subprocess.run([sys.executable, "-c", OPEN.format(
                 path=path, read_only=read_only)], check=True, capture_output=True, text=True,
                 env=os.environ.copy(), cwd=tmp).stdout)

@@ -304,3 +304,112 @@ def test_server_init_leaves_a_version_2_schema_and_names_the_upgrade(pg_server, 
                 "--delta", "1e-5", "--charger", CHARGER, "--owner", OWNER]) == 0
     assert "server-upgrade" not in capsys.readouterr().out
     assert _schema_version(srv, fresh) == "3"
+
+
+# -- server-upgrade beside running clients (review rpgh) ----------------------------------------
+def _curves_column(srv, db):
+    return srv.admin("SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                     "'privguard' AND table_name = 'checkpoints' AND column_name = 'curves'",
+                     db=db)[0][0]
+
+
+def test_two_upgrades_at_once_upgrade_once(pg_server):
+    import concurrent.futures
+
+    srv = pg_server
+    db = _version_2_database(srv)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda user: server_upgrade(srv.url(user, db)), [OWNER, _pgserver.SUPERUSER]))
+    assert sorted(d["from"] for d in done) == [2, 3] and _schema_version(srv, db) == "3"
+    assert _curves_column(srv, db) == 1
+
+
+def test_an_upgrade_that_cannot_lock_changes_nothing(pg_server):
+    """A client's transaction holds the checkpoints (an open reading them): the upgrade waits
+    its lock timeout, then fails with nothing changed (one transaction), and runs later."""
+    srv = pg_server
+    db = _version_2_database(srv)
+    with psycopg.connect(srv.url(OWNER, db)) as reader:
+        reader.execute("SELECT count(*) FROM privguard.checkpoints").fetchone()  # in a txn
+        with pytest.raises(LedgerStateError, match="run it again"):
+            server_upgrade(srv.url(db=db), lock_timeout=0.3)
+        reader.rollback()
+    assert _schema_version(srv, db) == "2" and _curves_column(srv, db) == 0
+    assert srv.admin("SELECT count(*) FROM pg_proc WHERE proname = 'snapshot_curves'",
+                     db=db) == [(0,)]
+    assert server_upgrade(srv.url(db=db))["from"] == 2 and _schema_version(srv, db) == "3"
+
+
+def test_clients_charge_and_open_through_an_upgrade(pg_server):
+    """A charging role charging and opening in a loop, and an owner's ledger opened on the
+    version-2 schema that charges on across the upgrade and past a checkpoint row: no charge
+    lost, no error, and the journal verifies with its checkpoints after."""
+    import threading
+    import time
+
+    srv = pg_server
+    db = _version_2_database(srv)
+    owner_url, name = srv.url(OWNER, db, "team"), "team"
+    Ledger(epsilon=1e6, delta=1e-5, path=owner_url).close()
+    srv.admin("INSERT INTO privguard.chargers VALUES (%s, %s)", (name, CHARGER), db=db,
+              user=OWNER)
+    owner = Ledger.open(owner_url, lease=1)  # opened on schema 2: keeps its reading of it
+    for i in range(EVERY - 20):
+        owner.charge(M.Gaussian(5.0 + i % 2), label="o")
+    stop, errors, charged = threading.Event(), [], [0]
+
+    def charging():
+        try:
+            while not stop.is_set():
+                ledger = Ledger.open(srv.url(CHARGER, db, name), lease=1)  # a charge, a count
+                for _ in range(3):
+                    ledger.charge(M.Gaussian(9.0), label="c")
+                    charged[0] += 1
+                ledger.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=charging)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        assert server_upgrade(srv.url(db=db), lock_timeout=30)["from"] == 2
+        for i in range(40):  # past row EVERY: the owner's checkpoint, written on schema 3
+            owner.charge(M.Gaussian(5.0 + i % 2), label="o")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    owner.close()
+    assert charged[0] > 0
+    again = Ledger.open(owner_url, read_only=True)
+    report = again._store.verify()
+    assert report["charges"] == EVERY - 20 + 40 + charged[0] and report["checkpoints"] >= 1
+    again.close()
+    assert [c[2] for c in _checkpoints(srv, db, name)] == [_rows.CHECKPOINT_CURVES]
+
+
+def test_verify_holds_two_checkpoints_of_a_run_that_grew_past_both(pg):
+    """The stale checkpoint (count 1) and the fresh one (count 4) on the head row, and then
+    the run that wrote that row grows on (count 6): verify replays the row as each saw it,
+    in the order of its count, then as it is; a fresh one edited fails there."""
+    srv, db, name = pg
+    url = srv.url(OWNER, db, name)
+    with _curve_version(5):
+        writer = Ledger(epsilon=1e6, delta=1e-5, path=url, lease=1)  # a charge, a count
+        for mechanism, label in CHARGES:
+            writer.charge(mechanism, label=label)
+    for _ in range(3):
+        writer.charge(*CHARGES[-1][:1], label=CHARGES[-1][1])
+    Ledger.open(url).close()  # the owner's open: a fresh checkpoint beside the stale one
+    for _ in range(2):
+        writer.charge(*CHARGES[-1][:1], label=CHARGES[-1][1])
+    writer.close()
+    assert _checkpoints(srv, db, name) == [(EVERY, 1, 5), (EVERY, 4, _rows.CHECKPOINT_CURVES)]
+    assert srv.admin("SELECT count FROM privguard.entries WHERE ledger = %s AND idx = %s",
+                     (name, EVERY - 1), db=db) == [(6,)]  # written as each saw it
+    ledger = Ledger.open(url, read_only=True)
+    report = ledger._store.verify()
+    assert report["checkpoints"] == 2 and report["charges"] == len(CHARGES) + 5
+    ledger.close()

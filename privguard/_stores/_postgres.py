@@ -20,7 +20,8 @@ come from the owner alone (an owner's ledger writes one every
 ``CHECKPOINT_EVERY`` rows, and whenever it opens a ledger whose tail is
 longer, or whose newest checkpoint is of an older curve version and could not be
 resumed from: schema 3 keeps the stale one and takes the new one beside it, on
-the same row if need be), so an opener never adopts a snapshot that a charging
+the same row if need be; a version-2 schema is used as it is until
+``privguard server-upgrade``), so an opener never adopts a snapshot that a charging
 role wrote; it replays the rows after the owner's newest checkpoint. A fix row, which a
 charging role writes at a ledger's first charge, must be exactly what this
 library derives from its plan (floats to 1e-9 relative, for another CPU's
