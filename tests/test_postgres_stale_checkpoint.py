@@ -413,3 +413,26 @@ def test_verify_holds_two_checkpoints_of_a_run_that_grew_past_both(pg):
     report = ledger._store.verify()
     assert report["checkpoints"] == 2 and report["charges"] == len(CHARGES) + 5
     ledger.close()
+
+
+def test_two_owners_opening_at_once_write_one_fresh_checkpoint(pg):
+    """Both owner's opens find the stale checkpoint on the head row; the head's lock orders
+    them, the second reads the first's fresh checkpoint and resumes from it (no error from
+    the trigger's newer-only rule), and one fresh checkpoint is written."""
+    import concurrent.futures
+
+    srv, db, name = pg
+    url = srv.url(OWNER, db, name)
+    _write_stale(url, GROWN)
+
+    def opened(_):
+        ledger = Ledger.open(url)
+        try:
+            return ledger.epsilon()
+        finally:
+            ledger.close()
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(opened, range(2))
+    assert first == second
+    assert [c[2] for c in _checkpoints(srv, db, name)] == [5, _rows.CHECKPOINT_CURVES]
