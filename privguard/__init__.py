@@ -29,6 +29,7 @@ from privguard._errors import (
     LedgerStateError,
     PipelineMismatchError,
     PrivguardError,
+    SchemaUpgradeWarning,
     UnknownMechanismError,
 )
 from privguard._ledger._ledger import Ledger
@@ -86,6 +87,7 @@ __all__ = [
     "RDPCurve",
     "Remaining",
     "Run",
+    "SchemaUpgradeWarning",
     "Uniform",
     "UnknownMechanismError",
     "mechanism_from_dict",

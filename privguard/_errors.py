@@ -14,6 +14,12 @@ class PrivguardError(Exception):
     """Base class of every error privguard raises on purpose."""
 
 
+class SchemaUpgradeWarning(UserWarning):
+    """A PostgreSQL database's privguard schema is older than this privguard's, and that
+    costs something (an open that replays its journal) which ``privguard server-upgrade``,
+    an explicit administrative step, would end. Said once per ledger and process."""
+
+
 class InvalidArgumentError(PrivguardError, ValueError):
     """An argument is out of its domain; the message names it and its value.
 

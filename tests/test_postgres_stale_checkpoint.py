@@ -29,12 +29,12 @@ from test_checkpoint_v2_resume import (
     replayed,  # noqa: F401  (a fixture)
 )
 
-from privguard import Ledger, LedgerStateError
+from privguard import Ledger, LedgerStateError, SchemaUpgradeWarning
 from privguard import mechanisms as M
 from privguard._cli._cli import main as cli
 from privguard._stores import _rows
 from privguard._stores._pgadmin import server_upgrade
-from privguard._stores._postgres import PostgresStore, SchemaUpgradeWarning
+from privguard._stores._postgres import PostgresStore
 
 OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
 SCHEMA_V2 = Path(__file__).parent / "data" / "pgschema-v2-main-5a474ed.sql"

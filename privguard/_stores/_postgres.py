@@ -50,7 +50,7 @@ from privguard._accounting import _config
 from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config
 from privguard._accounting._journal import Run
-from privguard._errors import LedgerStateError, PrivguardError
+from privguard._errors import LedgerStateError, PrivguardError, SchemaUpgradeWarning
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard._stores import _devnull, _extent, _pgschema, _pgurl, _rows
@@ -83,11 +83,6 @@ class _Txn:
 
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         self.store._write_guarded(acc, changes)
-
-
-class SchemaUpgradeWarning(UserWarning):
-    """A database's privguard schema is older than this privguard's, and that costs something
-    an explicit upgrade (``privguard server-upgrade``) would fix."""
 
 
 _TOLD_UPGRADE: set[str] = set()  # ledger ids whose owner was told (SchemaUpgradeWarning)
