@@ -29,7 +29,7 @@ from test_checkpoint_v2_resume import (
     replayed,  # noqa: F401  (a fixture)
 )
 
-from privguard import Ledger, LedgerStateError, SchemaUpgradeWarning
+from privguard import InvalidArgumentError, Ledger, LedgerStateError, SchemaUpgradeWarning
 from privguard import mechanisms as M
 from privguard._cli._cli import main as cli
 from privguard._stores import _rows
@@ -436,3 +436,18 @@ def test_two_owners_opening_at_once_write_one_fresh_checkpoint(pg):
         first, second = pool.map(opened, range(2))
     assert first == second
     assert [c[2] for c in _checkpoints(srv, db, name)] == [5, _rows.CHECKPOINT_CURVES]
+
+
+def test_server_upgrade_refuses_what_it_cannot_upgrade(pg_server, capsys):
+    srv = pg_server
+    bare = srv.new_database()
+    assert cli(["server-upgrade", srv.url(db=bare)]) == 2
+    assert "no privguard schema" in capsys.readouterr().err
+    db = _version_2_database(srv)
+    srv.admin("UPDATE privguard.meta SET value = '1' WHERE key = 'schema_version'", db=db,
+              user=OWNER)
+    with pytest.raises(LedgerStateError, match="version 1 cannot be upgraded"):
+        server_upgrade(srv.url(db=db))
+    assert _curves_column(srv, db) == 0
+    with pytest.raises(InvalidArgumentError, match="lock_timeout"):
+        server_upgrade(srv.url(db=db), lock_timeout=0)
