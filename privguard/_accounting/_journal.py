@@ -32,17 +32,31 @@ def _bound(curve: np.ndarray) -> float:
     return float(curve.max()) if curve.size else 0.0
 
 
+def _up(x: np.ndarray) -> np.ndarray:
+    """Each entry of ``x`` (a round-to-nearest result ≥ 0 of an operation on operands ≥ 0)
+    raised to the next float, except an exact 0, which stays 0: an upper bound on the exact
+    result (docs/theory.md §6, "Rounding up"). +inf stays +inf; the largest finite float
+    goes to +inf (no overflow warning)."""
+    with np.errstate(over="ignore"):
+        up = np.nextafter(x, np.inf)
+    np.copyto(up, x, where=x == 0)
+    return up
+
+
 def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
                curve_bound: float) -> np.ndarray:
-    """``base + n × curve`` for curves ≥ 0 with these upper bounds: the same floats as the
-    plain expression, without numpy's overflow warning (an error under ``-W error``) where
-    a huge curve (``PureDP(1e308)`` charged twice) sends an order past the float range. It
-    rounds to +inf there, above every budget: refused, the safe side (review bd). The
-    bounds are Python floats, whose products and sums go to inf without a warning."""
+    """An upper bound on the exact ``base + n × curve`` for curves ≥ 0 with these upper
+    bounds: the product and the sum are each rounded to nearest and then raised to the
+    next float (:func:`_up`; docs/theory.md §6, "Rounding up"), so the result is never
+    below the exact (rational) value, and a 0 stays 0 where the exact value is 0. Monotone
+    in ``n`` (each step is). No numpy overflow warning (an error under ``-W error``) where
+    a huge curve (``PureDP(1e308)`` charged twice) sends an order past the float range: it
+    goes to +inf there, above every budget: refused, the safe side (review bd). The bounds
+    are Python floats, whose products and sums go to inf without a warning."""
     if base_bound + n * curve_bound < _SAFE:
-        return base + n * curve
+        return _up(base + _up(n * curve))
     with np.errstate(over="ignore"):
-        return base + n * curve
+        return _up(base + _up(n * curve))
 
 
 @dataclasses.dataclass(frozen=True)
