@@ -20,11 +20,8 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from privguard._curves._upward import sum_up, times_up
 from privguard._mechanisms._base import Mechanism
-
-#: Below this, ``base + n × curve`` cannot overflow: a bound on each term under it keeps
-#: their sum finite (and far from the float range's end, 1.8e308).
-_SAFE = 1e300
 
 
 def _bound(curve: np.ndarray) -> float:
@@ -32,31 +29,19 @@ def _bound(curve: np.ndarray) -> float:
     return float(curve.max()) if curve.size else 0.0
 
 
-def _up(x: np.ndarray) -> np.ndarray:
-    """Each entry of ``x`` (a round-to-nearest result ≥ 0 of an operation on operands ≥ 0)
-    raised to the next float, except an exact 0, which stays 0: an upper bound on the exact
-    result (docs/theory.md §6, "Rounding up"). +inf stays +inf; the largest finite float
-    goes to +inf (no overflow warning)."""
-    with np.errstate(over="ignore"):
-        up = np.nextafter(x, np.inf)
-    np.copyto(up, x, where=x == 0)
-    return up
-
-
 def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
                curve_bound: float) -> np.ndarray:
-    """An upper bound on the exact ``base + n × curve`` for curves ≥ 0 with these upper
-    bounds: the product and the sum are each rounded to nearest and then raised to the
-    next float (:func:`_up`; docs/theory.md §6, "Rounding up"), so the result is never
-    below the exact (rational) value, and a 0 stays 0 where the exact value is 0. Monotone
-    in ``n`` (each step is). No numpy overflow warning (an error under ``-W error``) where
-    a huge curve (``PureDP(1e308)`` charged twice) sends an order past the float range: it
-    goes to +inf there, above every budget: refused, the safe side (review bd). The bounds
-    are Python floats, whose products and sums go to inf without a warning."""
-    if base_bound + n * curve_bound < _SAFE:
-        return _up(base + _up(n * curve))
-    with np.errstate(over="ignore"):
-        return _up(base + _up(n * curve))
+    """An upper bound on the exact ``base + n × curve`` (n ≥ 1) for curves ≥ 0 with these
+    upper bounds (docs/theory.md §6, "Rounding up"): ``n × curve`` rounded up
+    (:func:`times_up`), then the sum rounded up (:func:`sum_up`): each the exact result
+    rounded toward +inf, so an exact result stays exact. Never below the exact
+    (rational) value; a 0 stays 0 where the exact value is 0; monotone in ``n`` and in
+    ``base`` (each step is). A huge curve (``PureDP(1e308)`` charged twice) sends an order
+    past the float range: +inf there, above every budget (refused, the safe side; review
+    bd), without numpy's overflow warning (an error under ``-W error``). The bounds are
+    Python floats (``curve_bound`` is unused: kept for the callers' signature)."""
+    part = times_up(n, curve)
+    return part if base_bound == 0.0 else sum_up(base, part)  # onto zeros: exact
 
 
 @dataclasses.dataclass(frozen=True)

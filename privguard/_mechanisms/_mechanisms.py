@@ -19,6 +19,7 @@ from privguard._curves import (
     _sgm,
     _stable,
 )
+from privguard._curves._upward import times_up
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
 
@@ -86,9 +87,12 @@ class SubsampledGaussian(Mechanism):
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         # Mironov, Talwar & Zhang 2019, §3.3 (formulas.md §1): Opacus' value
         # where it is reliable, a valid upper bound elsewhere (privguard._curves._sgm).
-        # k-fold composition is k × one step, as compute_rdp(steps=k) computes it.
+        # k-fold composition is k × one step (Mironov 2017, Prop. 1), the product rounded
+        # up for k ≥ 2 (docs/theory.md §6: an ulp above compute_rdp(steps=k)'s where that
+        # rounds; the same floats as k charges of one step in a journal).
         with np.errstate(over="ignore"):
-            return _sgm.curve(self.sample_rate, self.noise_multiplier, orders) * self.steps
+            return times_up(self.steps, _sgm.curve(self.sample_rate, self.noise_multiplier,
+                                                   orders))
 
 
 @dataclasses.dataclass(frozen=True)

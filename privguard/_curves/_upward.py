@@ -1,0 +1,78 @@
+"""Sums and multiples of RDP curves rounded up: never below the exact (rational) value.
+
+Curve entries are ≥ 0 or +inf. Round to nearest puts ``fl(x)`` within half an ulp of the
+exact ``x``, on either side. Where ``fl(x) < x``, no float lies strictly between them, so
+the next float up is ≥ ``x``. Each operation here computes ``fl(x)`` and its exact error
+``x − fl(x)`` (error-free transformations: Dekker's Fast2Sum and TwoProduct, exact in
+round-to-nearest binary64 without overflow or underflow), and takes the next float up
+exactly where that error is > 0; where it is 0 or below, ``fl(x)`` is kept (it is then
+≥ x). Where the transformation's conditions may fail (a product or factor outside
+[2⁻⁹⁰⁰, 2⁹⁰⁰], a count ≥ 2⁵³), the next float up is taken whenever the result is > 0: an
+over-count by an ulp. 0 stays 0 (an exact 0: a product n·c with n ≥ 1 is 0 only if c = 0,
+a sum of values ≥ 0 only if both are). docs/theory.md §6, "Rounding up".
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitting constant for binary64
+_TINY, _HUGE = 2.0 ** -900, 2.0 ** 900  # where Dekker's products cannot under- or overflow
+
+
+def _raise_where(x: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """``x`` with the entries where ``low`` holds raised to the next float (x is fresh)."""
+    if low.any():
+        with np.errstate(over="ignore"):  # the largest float goes to +inf
+            x[low] = np.nextafter(x[low], np.inf)
+    return x
+
+
+def sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An upper bound on the exact ``a + b`` (entries ≥ 0 or +inf): the rounded sum, raised
+    to the next float where it lies below the exact sum. Fast2Sum (Dekker 1971): with
+    hi ≥ lo ≥ 0, s = fl(hi + lo), the error lo − (s − hi) is computed exactly and equals
+    (hi + lo) − s when s is finite. +inf stays +inf (past the float range too)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b
+        hi, lo = np.maximum(a, b), np.minimum(a, b)
+        err = lo - (s - hi)  # NaN or -inf where s or hi is +inf: nothing raised
+    return _raise_where(s, err > 0)
+
+
+def times_up(n: int, curve: np.ndarray) -> np.ndarray:
+    """An upper bound on the exact ``n × curve`` (an integer n ≥ 1, entries ≥ 0 or +inf):
+    the curve itself for n = 1, else the rounded product, raised to the next float where it
+    lies below the exact product (Dekker's TwoProduct: n and each entry split into halves of
+    at most 27 and 26 bits, whose products are exact). +inf past the float range. The
+    composition of n copies of a mechanism (Mironov 2017, Prop. 1) and the journal's
+    ``n × curve`` (:func:`privguard._accounting._journal.scaled_sum`) are both this, the
+    same floats, so a child ledger whose budget is a declared n-step run admits exactly n
+    steps (docs/theory.md §6)."""
+    c = np.array(curve, dtype=float)
+    if n == 1:
+        return c
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = n * c
+        if n >= 2 ** 53:  # n may not be a float: a float ≥ n, and every positive entry raised
+            p = math.nextafter(float(n), math.inf) * c
+            return _raise_where(p, p > 0)
+        nh = float((n >> 26) << 26)
+        nl = float(n) - nh
+        t = _SPLIT * c
+        ch = t - (t - c)
+        cl = c - ch
+        err = ((nh * ch - p) + nh * cl + nl * ch) + nl * cl  # n·c − p, exactly
+        unsure = (c < _TINY) | (c > _HUGE)  # Dekker's conditions may fail: raise if > 0
+    return _raise_where(p, (err > 0) | (unsure & (p > 0) & np.isfinite(p)))
+
+
+def up_sum(base: np.ndarray, n: int, curve: np.ndarray) -> np.ndarray:
+    """An upper bound on the exact ``base + n × curve``: :func:`sum_up` of ``base`` and
+    :func:`times_up`, each never below its exact operation, and monotone in n and base."""
+    return sum_up(base, times_up(n, curve))
+
+
+__all__ = ["sum_up", "times_up", "up_sum"]

@@ -1,0 +1,127 @@
+"""The ledger's spent curve is never below the exact (rational) sum of the charged float
+curves, at every order (task sr, docs/theory.md §6, "Rounding up"): in memory, with repeats
+and leases on a SQLite file, across checkpoints and reopening. Before, the journal summed
+``base + n × curve`` to nearest, up to about an ulp per run below the exact sum
+(``python scripts/rul_spent_rounding.py``)."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from privguard import Ledger, RDPCurve
+from privguard import mechanisms as M
+from privguard._curves._upward import sum_up, times_up
+from privguard._stores import _sqlite
+
+ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
+
+
+def _mechanisms():
+    zero_at_low = RDPCurve(ORDERS, [0.0, 0.0, 1e-3, 0.1, 0.3, 0.7, 1.9, 3.1])  # exact 0s kept
+    return [M.Gaussian(3.0), M.Gaussian(7.1), M.SubsampledGaussian(1.1, 0.013),
+            M.SubsampledGaussian(0.9, 0.3, steps=7), M.Laplace(40.0), M.PureDP(0.013),
+            M.ZCDP(1e-3), zero_at_low]
+
+
+def _exact(ledger):
+    """Σ over the journal's runs of count × the run's float curve, in rationals."""
+    acc = ledger._acc
+    total = [Fraction(0)] * len(ORDERS)
+    for run in ledger.runs:
+        curve = acc.curve(run.mechanism).tolist()
+        total = [t + run.count * Fraction(c) for t, c in zip(total, curve)]
+    return total
+
+
+def _never_below(ledger):
+    exact = _exact(ledger)
+    spent = ledger.spent.tolist()
+    for alpha, s, e in zip(ORDERS, spent, exact):
+        assert Fraction(s) >= e, (alpha, s, float(e))
+        assert (s == 0) == (e == 0), (alpha, s)  # an exact 0 stays 0
+    return exact
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_in_memory_spent_is_never_below_the_exact_sum(seed):
+    rng = random.Random(seed)
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    mechanisms = _mechanisms()
+    for _ in range(60):
+        mech = rng.choice(mechanisms)
+        for _ in range(rng.choice([1, 1, 2, 5])):  # repeats: a streak, the repeat lane
+            ledger.charge(mech, label=rng.choice(["a", "b"]), times=rng.choice([1, 1, 3]))
+        _never_below(ledger)
+
+
+def test_three_mechanisms_in_turn_the_case_main_summed_below():
+    # scripts/rul_spent_rounding.py's sequence (main: 486 u below the exact sum at 3,000)
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    mechanisms = [M.Gaussian(3.0), M.Gaussian(7.1), M.SubsampledGaussian(1.1, 0.013)]
+    for i in range(600):
+        ledger.charge(mechanisms[i % 3])
+    _never_below(ledger)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_file_ledger_with_leases_checkpoints_and_reopening(tmp_path, monkeypatch, seed):
+    monkeypatch.setattr(_sqlite, "CHECKPOINT_EVERY", 3)  # as at 512 rows, sooner
+    rng = random.Random(seed)
+    path = tmp_path / "l.db"
+    mechanisms = _mechanisms()
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5, path=path)  # leases on
+    for round_ in range(4):
+        for _ in range(15):
+            mech = rng.choice(mechanisms)
+            for _ in range(rng.choice([1, 4, 9])):
+                ledger.charge(mech, label=rng.choice(["a", "b"]))
+            _never_below(ledger)  # the journal's spent includes the prepaid lease steps
+        before = ledger.spent.copy()
+        ledger.close()
+        ledger = Ledger.open(path)  # resumed from the newest checkpoint, rows after replayed
+        _never_below(ledger)
+        assert np.array_equal(ledger.spent, before)  # the same floats as before closing
+    replayed = _replay(ledger)
+    assert np.array_equal(replayed.spent, ledger.spent)
+    ledger.close()
+
+
+def _replay(ledger):
+    """An in-memory ledger charged with the file's runs, run by run (the genesis replay)."""
+    fresh = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    for run in ledger.runs:
+        fresh.charge(run.mechanism, label=run.label, times=run.count)
+    return fresh
+
+
+def test_k_fold_curves_are_the_journals_sums_so_a_child_admits_its_declared_run():
+    # a mechanism of k steps is k × one step rounded up: the floats the journal sums k
+    # charges of one step to, so a child whose budget is that run admits k steps, no more
+    step = M.SubsampledGaussian(1.1, 0.013)
+    run = M.SubsampledGaussian(1.1, 0.013, steps=37)
+    kid = Ledger(orders=ORDERS).child(run)
+    for _ in range(37):
+        kid.charge(step)
+    assert np.array_equal(kid.spent, run.rdp(ORDERS))
+    assert not kid.can_afford(step)
+
+
+def test_the_rounding_up_is_the_exact_value_rounded_toward_infinity():
+    rng = random.Random(5)
+    for _ in range(400):
+        n = rng.choice([1, 2, 3, 250, 2**26 + 3, rng.randrange(1, 2**53)])  # below 2⁵³
+        curve = np.array([rng.choice([0.0, rng.random(), rng.random() * 10 ** rng.randint(-300, 290),
+                                      0.5, 2.0 ** -1070]) for _ in range(6)])
+        base = np.array([rng.choice([0.0, rng.random(), 1e-310, 3.0]) for _ in range(6)])
+        prod = times_up(n, curve)
+        total = sum_up(base, prod)
+        for c, p, b, t in zip(curve.tolist(), prod.tolist(), base.tolist(), total.tolist()):
+            exact_p, exact_t = n * Fraction(c), Fraction(b) + Fraction(p)
+            assert Fraction(p) >= exact_p and Fraction(t) >= exact_t
+            if 2.0 ** -900 <= c <= 2.0 ** 900:  # the error-free product: the smallest float above
+                assert p == 0 or Fraction(np.nextafter(p, 0.0)) < exact_p
+            assert t == 0 or Fraction(np.nextafter(t, 0.0)) < exact_t
