@@ -7,15 +7,18 @@ and leases on a SQLite file, across checkpoints and reopening. Before, the journ
 from __future__ import annotations
 
 import random
+import shutil
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
+from test_sqlite import cli_verify
 
 from privguard import Ledger, RDPCurve
 from privguard import mechanisms as M
 from privguard._curves._upward import sum_up, times_up
-from privguard._stores import _sqlite
+from privguard._stores import _rows, _sqlite
 
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
 
@@ -30,7 +33,7 @@ def _mechanisms():
 def _exact(ledger):
     """Σ over the journal's runs of count × the run's float curve, in rationals."""
     acc = ledger._acc
-    total = [Fraction(0)] * len(ORDERS)
+    total = [Fraction(0)] * ledger.orders.size
     for run in ledger.runs:
         curve = acc.curve(run.mechanism).tolist()
         total = [t + run.count * Fraction(c) for t, c in zip(total, curve)]
@@ -125,3 +128,57 @@ def test_the_rounding_up_is_the_exact_value_rounded_toward_infinity():
             if 2.0 ** -900 <= c <= 2.0 ** 900:  # the error-free product: the smallest float above
                 assert p == 0 or Fraction(np.nextafter(p, 0.0)) < exact_p
             assert t == 0 or Fraction(np.nextafter(t, 0.0)) < exact_t
+
+
+OLD_V6 = Path(__file__).parent / "data" / "ledger-curves6-5a474ed.db"
+"""Written by privguard main 5a474ed (checkpoints of curve version 6) itself:
+``python scripts/make_curves6_fixture.py tests/data/ledger-curves6-5a474ed.db /tmp/sr-base``
+(the script's docstring). 530 charges, three mechanisms in turn and every 23rd a
+SubsampledGaussian of 7 steps, leases on; one checkpoint, at row 512."""
+
+
+def _open_counting(path, monkeypatch, read_only=True):
+    """The ledger at ``path`` and the number of journal rows replayed to open it."""
+    count = [0]
+    real = _rows.replay_row
+
+    def counting(*args, **kw):
+        count[0] += 1
+        return real(*args, **kw)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_rows, "replay_row", counting)
+        ledger = Ledger.open(path, read_only=read_only)
+    return ledger, count[0]
+
+
+def test_a_version_6_file_main_wrote_opens_replayed_and_nothing_fell(tmp_path, monkeypatch):
+    path = str(tmp_path / "v6.db")
+    shutil.copy(OLD_V6, path)
+    ledger, rows = _open_counting(path, monkeypatch)
+    assert rows == 531  # from the genesis: its checkpoint summed to nearest (version 6)
+    _never_below_on(ledger)
+    spent, eps = ledger.spent, ledger.epsilon()
+    ledger.close()
+    with monkeypatch.context() as patch:  # what resuming from main's checkpoint would hold
+        patch.setattr(_rows, "RESUMABLE", frozenset({6}))
+        patch.setattr(_rows, "changed", lambda data, version=2: False)
+        ledger, forced_rows = _open_counting(path, monkeypatch)
+        forced, forced_eps = ledger.spent, ledger.epsilon()
+        ledger.close()
+    assert forced_rows <= 531 - 512 + 1
+    # main's totals lay below the exact sums; today's replay is nowhere below them
+    assert np.all(forced <= spent) and np.any(forced < spent) and forced_eps <= eps
+    assert cli_verify(path)["checkpoints"] == 1  # the old snapshot accepted as a revision up
+    ledger, rows = _open_counting(path, monkeypatch, read_only=False)  # writes version 7
+    assert rows == 531 and np.array_equal(ledger.spent, spent)
+    ledger.charge(M.Gaussian(3.0), label="a")  # and it goes on charging
+    ledger.close()
+    ledger, rows = _open_counting(path, monkeypatch)
+    assert rows <= 2 and ledger.epsilon() >= eps  # resumed from its version-7 checkpoint
+    _never_below_on(ledger)
+    ledger.close()
+
+
+def _never_below_on(ledger):
+    assert all(Fraction(s) >= e for s, e in zip(ledger.spent.tolist(), _exact(ledger)))
