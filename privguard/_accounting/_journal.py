@@ -5,9 +5,10 @@ the same mechanism with the same label from the same process again extends
 the current run, so a 10⁶-step DP-SGD run whose σ changes every 1,000 steps
 costs a thousand runs, not a million records, in memory and on disk.
 
-The spent curve is kept as ``base + count × curve`` for the current run, so
-T identical charges add up to exactly T × curve, the float Opacus'
-``compute_rdp(..., steps=T)`` gives. Every process that replays the same
+The spent curve is kept as ``base + count × curve`` for the current streak, the
+product and the sum each rounded up (:func:`scaled_sum`; docs/theory.md §6, "Rounding
+up"), so it is never below the exact sum of the charged float curves, and T identical
+charges cost the floats of one mechanism of T steps. Every process that replays the same
 runs in the same order computes the same floats.
 """
 
@@ -163,9 +164,9 @@ class Journal:
 
     Closed runs are kept as :class:`Run` values; the current run is kept as
     mutable fields, so extending it allocates nothing. The spent curve is
-    ``base + streak × curve``, where the streak counts consecutive charges of
-    one mechanism across runs (labels and processes do not matter to it), so
-    T consecutive identical charges add up to exactly T × curve.
+    ``base + streak × curve`` rounded up (:func:`scaled_sum`), where the streak counts
+    consecutive charges of one mechanism across runs (labels and processes do not matter
+    to it), so T consecutive identical charges add up to one mechanism of T steps.
 
     A journal resumed from a checkpoint holds only the runs from the
     checkpoint on, plus the spent state before them; ``load_prefix``

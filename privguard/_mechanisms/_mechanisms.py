@@ -57,9 +57,10 @@ class SubsampledGaussian(Mechanism):
     Each step samples every example independently with probability
     ``sample_rate`` and adds Gaussian noise with multiplier
     ``noise_multiplier`` to the clipped sum. The curve is Opacus' own analysis
-    (``opacus.accountants.analysis.rdp.compute_rdp``), so a ledger agrees with
-    Opacus' ``RDPAccountant`` bit for bit on the same grid, wherever Opacus'
-    value is shown within 1e-12 (relative) of the truth; elsewhere (Opacus' rounding
+    (``opacus.accountants.analysis.rdp.compute_rdp``) for one step, wherever Opacus'
+    value is shown within 1e-12 (relative) of the truth; k steps are k × one step
+    rounded up (docs/theory.md §6: at most an ulp above Opacus', as a ledger's sums);
+    elsewhere (Opacus' rounding
     or cancellation below that, integer orders above 1024, fractional
     orders whose series Opacus cannot sum, extreme σ) it is a valid upper
     bound instead of Opacus' NaN, garbage or endless loop (see
