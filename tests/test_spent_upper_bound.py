@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from test_sqlite import cli_verify
 
-from privguard import Ledger, RDPCurve
+from privguard import Ledger, RDPCurve, single_order
 from privguard import mechanisms as M
+from privguard._accounting import _fastpath, _journal
 from privguard._curves._upward import sum_up, times_up
 from privguard._stores import _rows, _sqlite
 
@@ -182,3 +183,52 @@ def test_a_version_6_file_main_wrote_opens_replayed_and_nothing_fell(tmp_path, m
 
 def _never_below_on(ledger):
     assert all(Fraction(s) >= e for s, e in zip(ledger.spent.tolist(), _exact(ledger)))
+
+
+def _nearest_sum(base, base_bound, n, curve, curve_bound):
+    """main 5a474ed's journal sum: base + n × curve, each operation rounded to nearest."""
+    with np.errstate(over="ignore"):
+        return base + n * curve
+
+
+PREFIX = [M.Gaussian(30.0), M.Gaussian(71.0), M.Gaussian(43.0)] * 1000  # 3,000 runs in turn
+
+
+def _prefix(eps, nearest, monkeypatch):
+    """An in-memory ledger charged with PREFIX, summing as main did if ``nearest``."""
+    with monkeypatch.context() as patch:
+        if nearest:
+            patch.setattr(_journal, "scaled_sum", _nearest_sum)
+            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
+        ledger = Ledger(eps, 1e-5, shares=single_order(8.0))
+        for mech in PREFIX:
+            ledger.charge(mech)
+    return ledger
+
+
+def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
+    # The last charge main admitted within ulps of the budget, at its round-to-nearest sums
+    # (3,000 runs: up to about 10⁻¹³ below today's, more than task ul's slack): re-read at
+    # today's rounded-up sums it would be refused, and the journal would not open.
+    # Accounting._readmit falls back to a curve below main's sums (_admitted_at_nearest_sums);
+    # new charges are decided at the rounded-up sums alone.
+    found = 0
+    for k in range(3):
+        eps = 40.0 + 3.7 * k
+        main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
+        lo, hi = 0.05, 50.0  # main refuses at lo, admits at hi
+        with monkeypatch.context() as patch:
+            patch.setattr(_journal, "scaled_sum", _nearest_sum)
+            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
+            for _ in range(64):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+            main.charge(M.Gaussian(hi))  # the smallest σ main admitted, to float resolution
+        if today.can_afford(M.Gaussian(hi)):
+            continue  # today admits it too: not an edge case
+        found += 1
+        ledger = Ledger.load_state_dict(main.state_dict())  # re-read: every charge decided
+        assert len(ledger.history) == len(PREFIX) + 1
+        _never_below_on(ledger)
+        assert not ledger.can_afford(M.Gaussian(hi))  # nothing more at the edge
+    assert found  # the case arises

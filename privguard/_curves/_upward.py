@@ -75,4 +75,24 @@ def up_sum(base: np.ndarray, n: int, curve: np.ndarray) -> np.ndarray:
     return sum_up(base, times_up(n, curve))
 
 
-__all__ = ["sum_up", "times_up", "up_sum"]
+
+def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
+    """A curve nowhere above the round-to-nearest evaluation of the sums that :func:`up_sum`
+    evaluated rounding up to ``spent``, given at most ``ops`` operations (each a product or
+    a sum, on curves each at most an ulp apart): what privguard before task sr computed for
+    the same charges, for re-read charges only (``Accounting._readmit``; docs/theory.md §6,
+    "Journals written before"). With u = 2⁻⁵³ and K = ops < 2⁴⁹: round to nearest gives
+    ≥ x(1 − u) − 2⁻¹⁰⁷⁵ and rounding up ≤ x(1 + 2u) + 2⁻¹⁰⁷⁴ per operation, so the older
+    value is ≥ spent·(1 − 3Ku) − 2K·2⁻¹⁰⁷⁴; this returns max(0, pred(pred(spent·f) − c))
+    with f = 1 − 4(K + 1)u and c = (2K + 2)·2⁻¹⁰⁷⁴, each pred (the next float toward 0)
+    undoing the rounding of the operation before it."""
+    k = min(int(ops), 2 ** 48)
+    factor = 1.0 - 4 * (k + 1) * 2.0 ** -53  # exact: a multiple of 2⁻⁵³ in [1/2, 1]
+    shift = (2 * k + 2) * 2.0 ** -1074  # exact: a multiple of the smallest subnormal
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.nextafter(np.asarray(spent, dtype=float) * factor, 0.0)
+        low = np.nextafter(scaled - shift, -np.inf)
+    return np.maximum(low, 0.0)
+
+
+__all__ = ["below_nearest_sums", "sum_up", "times_up", "up_sum"]
