@@ -33,6 +33,7 @@ from privguard._stores._rows import Cursor
 from privguard.tuning import Geometric, Poisson
 
 EVERY = _sqlite.CHECKPOINT_EVERY
+RESUMED = 10  # at most: the checkpoint's last row, then the (at most 9) rows after it
 DPSGD = [M.SubsampledGaussian(1.0 + i / 8, 0.01) for i in range(2)]
 # task sg (curve version 6) changed the subsampled Gaussian for every older version: the
 # rows that fill a file resumed from are Gaussian steps, the same floats since version 2

@@ -21,8 +21,12 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
-from privguard._curves._upward import sum_up, times_up
+from privguard._curves._upward import scaled_sum_up
 from privguard._mechanisms._base import Mechanism
+
+#: Below this, no entry of ``base + n × curve`` nor of its operations overflows, and none is
+#: inf (:func:`scaled_sum_up` then skips numpy's error state).
+_SAFE = 1e300
 
 
 def _bound(curve: np.ndarray) -> float:
@@ -40,9 +44,9 @@ def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
     ``base`` (each step is). A huge curve (``PureDP(1e308)`` charged twice) sends an order
     past the float range: +inf there, above every budget (refused, the safe side; review
     bd), without numpy's overflow warning (an error under ``-W error``). The bounds are
-    Python floats (``curve_bound`` is unused: kept for the callers' signature)."""
-    part = times_up(n, curve)
-    return part if base_bound == 0.0 else sum_up(base, part)  # onto zeros: exact
+    Python floats, whose products and sums go to inf without a warning."""
+    finite = base_bound + n * curve_bound < _SAFE  # Python floats: inf without a warning
+    return scaled_sum_up(None if base_bound == 0.0 else base, n, curve, finite)  # onto 0s: exact
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,11 +23,15 @@ _TINY, _HUGE = 2.0 ** -900, 2.0 ** 900  # where Dekker's products cannot under- 
 
 
 def _raise_where(x: np.ndarray, low: np.ndarray) -> np.ndarray:
-    """``x`` with the entries where ``low`` holds raised to the next float (x is fresh)."""
-    if low.any():
-        with np.errstate(over="ignore"):  # the largest float goes to +inf
-            x[low] = np.nextafter(x[low], np.inf)
-    return x
+    """``x`` with the entries where ``low`` holds raised to the next float (the largest
+    float to +inf: callers ignore the overflow where it can arise)."""
+    return np.nextafter(x, np.where(low, np.inf, x))
+
+
+def _sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    s = a + b
+    err = np.minimum(a, b) - (s - np.maximum(a, b))  # NaN or -inf where s or hi is +inf
+    return _raise_where(s, err > 0)
 
 
 def sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -36,10 +40,22 @@ def sum_up(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     hi ≥ lo ≥ 0, s = fl(hi + lo), the error lo − (s − hi) is computed exactly and equals
     (hi + lo) − s when s is finite. +inf stays +inf (past the float range too)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        s = a + b
-        hi, lo = np.maximum(a, b), np.minimum(a, b)
-        err = lo - (s - hi)  # NaN or -inf where s or hi is +inf: nothing raised
-    return _raise_where(s, err > 0)
+        return _sum_up(a, b)
+
+
+def _times_up(n: int, c: np.ndarray) -> np.ndarray:
+    p = n * c
+    if n >= 2 ** 53:  # n may not be a float: a float ≥ n, and every positive entry raised
+        p = math.nextafter(float(n), math.inf) * c
+        return _raise_where(p, p > 0)
+    nh = float((n >> 26) << 26)
+    nl = float(n) - nh
+    t = _SPLIT * c
+    ch = t - (t - c)
+    cl = c - ch
+    err = ((nh * ch - p) + nh * cl + nl * ch) + nl * cl  # n·c − p, exactly
+    unsure = (c < _TINY) | (c > _HUGE)  # Dekker's conditions may fail: raise if > 0
+    return _raise_where(p, (err > 0) | (unsure & (p > 0) & (p < np.inf)))
 
 
 def times_up(n: int, curve: np.ndarray) -> np.ndarray:
@@ -55,18 +71,19 @@ def times_up(n: int, curve: np.ndarray) -> np.ndarray:
     if n == 1:
         return c
     with np.errstate(over="ignore", invalid="ignore"):
-        p = n * c
-        if n >= 2 ** 53:  # n may not be a float: a float ≥ n, and every positive entry raised
-            p = math.nextafter(float(n), math.inf) * c
-            return _raise_where(p, p > 0)
-        nh = float((n >> 26) << 26)
-        nl = float(n) - nh
-        t = _SPLIT * c
-        ch = t - (t - c)
-        cl = c - ch
-        err = ((nh * ch - p) + nh * cl + nl * ch) + nl * cl  # n·c − p, exactly
-        unsure = (c < _TINY) | (c > _HUGE)  # Dekker's conditions may fail: raise if > 0
-    return _raise_where(p, (err > 0) | (unsure & (p > 0) & np.isfinite(p)))
+        return _times_up(n, c)
+
+
+def scaled_sum_up(base: np.ndarray, n: int, curve: np.ndarray, finite: bool) -> np.ndarray:
+    """``sum_up(base, times_up(n, curve))`` (n ≥ 1; base is not copied where it is all
+    zeros, ``base`` None). ``finite``: the caller knows every entry of base and n × curve
+    is below 1e300, so no operation here overflows or meets an inf, and numpy's error
+    state need not be set (it costs more than the arithmetic on a grid of 157 orders)."""
+    if not finite:
+        part = times_up(n, curve)
+        return part if base is None else sum_up(base, part)
+    part = curve.copy() if n == 1 else _times_up(n, curve)
+    return part if base is None else _sum_up(base, part)
 
 
 def up_sum(base: np.ndarray, n: int, curve: np.ndarray) -> np.ndarray:
@@ -95,4 +112,4 @@ def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
     return np.maximum(low, 0.0)
 
 
-__all__ = ["below_nearest_sums", "sum_up", "times_up", "up_sum"]
+__all__ = ["below_nearest_sums", "scaled_sum_up", "sum_up", "times_up", "up_sum"]
