@@ -74,9 +74,10 @@ def times_up(n: int, curve: np.ndarray) -> np.ndarray:
         return _times_up(n, c)
 
 
-def scaled_sum_up(base: np.ndarray, n: int, curve: np.ndarray, finite: bool) -> np.ndarray:
-    """``sum_up(base, times_up(n, curve))`` (n ≥ 1; base is not copied where it is all
-    zeros, ``base`` None). ``finite``: the caller knows every entry of base and n × curve
+def scaled_sum_up(base: np.ndarray | None, n: int, curve: np.ndarray, finite: bool
+                  ) -> np.ndarray:
+    """``sum_up(base, times_up(n, curve))`` (n ≥ 1), or ``times_up(n, curve)`` alone for
+    ``base`` None (a base of zeros: the sum is exact). ``finite``: the caller knows every entry of base and n × curve
     is below 1e300, so no operation here overflows or meets an inf, and numpy's error
     state need not be set (it costs more than the arithmetic on a grid of 157 orders)."""
     if not finite:
@@ -84,13 +85,6 @@ def scaled_sum_up(base: np.ndarray, n: int, curve: np.ndarray, finite: bool) -> 
         return part if base is None else sum_up(base, part)
     part = curve.copy() if n == 1 else _times_up(n, curve)
     return part if base is None else _sum_up(base, part)
-
-
-def up_sum(base: np.ndarray, n: int, curve: np.ndarray) -> np.ndarray:
-    """An upper bound on the exact ``base + n × curve``: :func:`sum_up` of ``base`` and
-    :func:`times_up`, each never below its exact operation, and monotone in n and base."""
-    return sum_up(base, times_up(n, curve))
-
 
 
 def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
@@ -112,4 +106,4 @@ def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
     return np.maximum(low, 0.0)
 
 
-__all__ = ["below_nearest_sums", "scaled_sum_up", "sum_up", "times_up", "up_sum"]
+__all__ = ["below_nearest_sums", "scaled_sum_up", "sum_up", "times_up"]
