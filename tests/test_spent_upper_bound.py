@@ -232,3 +232,19 @@ def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
         _never_below_on(ledger)
         assert not ledger.can_afford(M.Gaussian(hi))  # nothing more at the edge
     assert found  # the case arises
+
+
+def test_the_reports_trajectory_ends_at_the_ledgers_own_sums():
+    # privguard report sums the runs' streaks as the journal does (rounded up), so its last
+    # point is the ledger's own running ε, bit for bit; before, it summed run by run to
+    # nearest, below the journal's sums
+    from privguard._cli._report import trajectory
+
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    mechanisms = [M.Gaussian(3.0), M.Gaussian(7.1), M.SubsampledGaussian(1.1, 0.013)]
+    for i in range(300):
+        ledger.charge(mechanisms[(i // 4) % 3], label="ab"[i % 2])  # streaks of 4, 4 runs each
+    out = trajectory(ledger, points=300)
+    assert out["charges"][-1] == 300
+    delta = 1e-5
+    assert out["running_epsilon"][-1] == ledger._acc.odometer(delta).epsilon(ledger.spent, delta)
