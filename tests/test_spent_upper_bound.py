@@ -237,7 +237,8 @@ def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
 def test_the_reports_trajectory_ends_at_the_ledgers_own_sums():
     # privguard report sums the runs' streaks as the journal does (rounded up), so its last
     # point is the ledger's own running ε, bit for bit; before, it summed run by run to
-    # nearest, below the journal's sums
+    # nearest, other floats than the journal's streaks (main: 25.943353284064457 against
+    # the ledger's 25.943353284064425 here)
     from privguard._cli._report import trajectory
 
     ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
