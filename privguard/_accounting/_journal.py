@@ -45,7 +45,7 @@ def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
     past the float range: +inf there, above every budget (refused, the safe side; review
     bd), without numpy's overflow warning (an error under ``-W error``). The bounds are
     Python floats, whose products and sums go to inf without a warning."""
-    finite = base_bound + n * curve_bound < _SAFE  # Python floats: inf without a warning
+    finite = base_bound + float(n) * curve_bound < _SAFE  # Python floats: inf, no warning
     return scaled_sum_up(None if base_bound == 0.0 else base, n, curve, finite)  # onto 0s: exact
 
 

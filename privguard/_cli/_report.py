@@ -86,7 +86,7 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
                                   _bound(acc.curve(streak)))
             streak, done = run.mechanism, 0
         while i < marks.size and marks[i] <= run.start + run.count:
-            spent = scaled_sum(base, _bound(base), done + marks[i] - run.start, curve,
+            spent = scaled_sum(base, _bound(base), int(done + marks[i] - run.start), curve,
                                _bound(curve))
             out["charges"].append(int(marks[i]))
             out["running_epsilon"].append(odometer.epsilon(spent, delta))
