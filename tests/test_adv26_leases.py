@@ -451,8 +451,10 @@ def test_strict_lease_takes_at_most_a_tenth_of_the_budget_left(fast_dir):
     # strict filter, of the smallest remaining per-order budget (in steps of this curve).
     import numpy as np
 
+    from privguard._curves._upward import times_up
+
     curve = np.asarray(STEP.rdp(ORDERS))
-    budget = curve * 200
+    budget = times_up(200, curve)  # 200 steps, as a ledger sums them (rounded up: §6)
     ledger = Ledger(orders=ORDERS, rdp_budget=budget, path=fast_dir / "strict.db",
                     prefetch=False)  # lease sizes read per charge
     worst = 0.0

@@ -9,7 +9,6 @@ import pytest
 import test_checkpoint_v2_resume as V
 from test_checkpoint_v2_resume import (
     EVERY,
-    RESUMED,
     _charges,
     _checkpoint_version,
     _open,
@@ -58,12 +57,12 @@ def test_a_version_4_checkpoint_after_a_big_pure_dp_charge_is_replayed(tmp_path,
     ledger.close()
 
 
-def test_a_version_4_checkpoint_of_dp_sgd_is_resumed_from(tmp_path, replayed):
+def test_a_version_4_checkpoint_of_dp_sgd_is_replayed_since_version_7(tmp_path, replayed):
     path = str(tmp_path / "v4.db")
     charges = _charges(first=[M.PureDP(1.0)])
     _write(path, charges, version=4)
     ledger, rows = _open(path, replayed, True)
-    assert rows <= RESUMED
+    assert rows > EVERY  # resumed from before task sr (curve version 7: docs/theory.md §6)
     assert np.array_equal(ledger.spent, _todays(charges))
     ledger.close()
 
@@ -133,7 +132,7 @@ def test_a_server_ledger_main_wrote_after_a_huge_pure_dp_opens_and_replays(pg, r
     charges = _charges(first=[M.PureDP(1.0)])
     _write_as_main(plain, charges, version=4)
     ledger, rows = _open(plain, replayed, False)
-    assert rows <= RESUMED  # unchanged rows: resumed from the version-4 checkpoint
+    assert rows > EVERY  # unchanged rows, but version 4 < 7 (task sr): replayed
     assert np.array_equal(ledger.spent, _todays(charges, HUGE_BUDGET))
     ledger.close()
 

@@ -33,6 +33,7 @@ from privguard._stores._rows import Cursor
 from privguard.tuning import Geometric, Poisson
 
 EVERY = _sqlite.CHECKPOINT_EVERY
+RESUMED = 10  # at most: the checkpoint's last row, then the (at most 9) rows after it
 DPSGD = [M.SubsampledGaussian(1.0 + i / 8, 0.01) for i in range(2)]
 # task sg (curve version 6) changed the subsampled Gaussian for every older version: the
 # rows that fill a file resumed from are Gaussian steps, the same floats since version 2
@@ -43,7 +44,6 @@ HUGE_SIGMA = M.Gaussian(1e155)
 # review lo3 changed SubsetTuning's value at an order a rounding error above an integer
 SUBSET = M.SubsetTuning(M.RepeatAndSelect(M.Gaussian(2.0), Geometric(mean=3.0)),
                         M.Gaussian(3.0), 0.1)
-RESUMED = 10  # at most: the checkpoint's last row, then the (at most 9) rows after it
 
 
 def _charges(first=(), after=(), steps=STEPS):
@@ -129,14 +129,13 @@ def test_a_version_2_file_of_unchanged_steps_is_resumed_from_its_checkpoint(
     _write(path, charges, config=config)
     assert _checkpoint_version(path) == 2
     ledger, rows = _open(path, replayed, read_only)
-    if config is CONFIG:
-        assert rows <= RESUMED  # the checkpoint's last row, then those after it
-    else:
-        assert rows > EVERY  # task sg: the subsampled Gaussian changed since version 2
+    # task sr (curve version 7): no checkpoint of an older version is resumed from, its
+    # spent totals summed to nearest (docs/theory.md §6); before, the Gaussian file was
+    assert rows > EVERY
     assert np.array_equal(ledger.spent, _todays(charges, config))  # bit for bit a full replay
-    # its whole snapshot equal to the replay (a revision up for the hybrid file, whose
-    # writable open writes a fresh checkpoint after replaying: task ckw)
-    fresh = not read_only and config is not CONFIG
+    # its snapshot within the revision up of the replay; a writable open writes a fresh
+    # checkpoint after replaying (task ckw)
+    fresh = not read_only
     assert cli_verify(path)["checkpoints"] == 1 + fresh
     if not read_only:
         ledger.charge(DPSGD[0], label="a")  # and it goes on charging
@@ -175,7 +174,7 @@ def test_a_changed_curve_only_after_the_checkpoint_is_replayed_with_todays_curve
         R._poisson_bound, R._poisson_convex_bound = saved
         _base._cached_curve.cache_clear()
     ledger, rows = _open(path, replayed, True)
-    assert rows <= RESUMED
+    assert rows > EVERY  # task sr (curve version 7): an older checkpoint is not resumed from
     assert np.array_equal(ledger.spent, _todays(charges))
     ledger.close()
 
@@ -211,7 +210,7 @@ def test_a_version_3_file_of_unchanged_steps_is_resumed_from(tmp_path, replayed)
     charges = _charges()
     _write(path, charges, version=3)
     ledger, rows = _open(path, replayed, True)
-    assert rows <= RESUMED
+    assert rows > EVERY  # task sr (curve version 7): an older checkpoint is not resumed from
     assert np.array_equal(ledger.spent, _todays(charges))
     ledger.close()
 
@@ -249,19 +248,22 @@ def _rewrite_checkpoint(path, edit):
         conn.close()
 
 
-def test_verify_holds_a_resumable_version_2_checkpoint_to_the_replay_exactly(tmp_path):
-    """A version-2 checkpoint an opener resumes from must equal the replay, as one of
-    today's version must: totals below it by less than the revision tolerance (which verify
-    allows a checkpoint that is never resumed from) are refused."""
+def test_verify_holds_a_version_2_checkpoint_to_the_replay_within_the_revision(tmp_path):
+    """A version-2 checkpoint is never resumed from since curve version 7 (task sr): verify
+    allows its totals below the replay by less than the revision tolerance, never above."""
     path = str(tmp_path / "v2.db")
     _write(path, _charges())
     assert cli_verify(path)["checkpoints"] == 1
 
-    def lower(snap):
-        base = snap["accounting"]["journal"]["base"]
-        snap["accounting"]["journal"]["base"] = [v * (1 - 1e-9) for v in base]
+    def scale(factor):
+        def edit(snap):
+            base = snap["accounting"]["journal"]["base"]
+            snap["accounting"]["journal"]["base"] = [v * factor for v in base]
+        return edit
 
-    _rewrite_checkpoint(path, lower)
+    _rewrite_checkpoint(path, scale(1 - 1e-9))
+    assert cli_verify(path)["checkpoints"] == 1
+    _rewrite_checkpoint(path, scale((1 + 1e-6) / (1 - 1e-9)))
     with pytest.raises(LedgerStateError, match="does not match the replayed journal"):
         cli_verify(path)
 
@@ -353,7 +355,7 @@ def test_a_version_2_server_ledger_of_unchanged_steps_is_resumed_from(pg, replay
     charges = _charges()
     _write(url, charges)
     ledger, rows = _open(url, replayed, False)
-    assert rows <= RESUMED
+    assert rows > EVERY  # task sr (curve version 7): an older checkpoint is not resumed from
     assert np.array_equal(ledger.spent, _todays(charges))
     ledger.close()
     with_poisson = server.url(_pgserver.OWNER, db, name + "p")
@@ -407,6 +409,7 @@ def test_a_version_2_file_written_by_the_old_code_is_resumed_from_as_a_replay(tm
     # the premise, with the tuner and DP-SGD counted as unchanged: equal but for their
     # rounding-up (the tuner's) and task sg's raise (DP-SGD's), neither ever down
     monkeypatch.setattr(_rows, "changed", lambda data, version=2: False)
+    monkeypatch.setattr(_rows, "RESUMABLE", frozenset({2}))  # none since version 7 (task sr)
     forced, replay = _resumed_and_replayed(path, replayed, monkeypatch)
     assert forced[0] <= 531 - 512 + 1  # the checkpoint's last row, then those after it
     old, new = np.asarray(forced[2]), np.asarray(replay[1])

@@ -281,10 +281,13 @@ def test_a_prefetched_lease_keeps_the_tenth_rule(tmp_path, deferred):
     # without that remainder. Strict budget of 400 steps: every count is in steps.
     import numpy as np
 
+    from privguard._curves._upward import times_up
+
     kept, run_next = deferred
     orders = [2.0, 4.0, 8.0, 16.0, 32.0]
     curve = np.asarray(STEP.rdp(orders))
-    ledger = Ledger(orders=orders, rdp_budget=curve * 400, path=tmp_path / "s.db", prefetch=True)
+    budget = times_up(400, curve)  # 400 steps as a ledger sums them (rounded up: §6)
+    ledger = Ledger(orders=orders, rdp_budget=budget, path=tmp_path / "s.db", prefetch=True)
     sizes = []
     with pytest.raises(BudgetExhausted):
         for _ in range(500):

@@ -15,6 +15,7 @@ from privguard import mechanisms as M
 from privguard._accounting import _lease
 from privguard._accounting._budget import rdp_meter
 from privguard._curves import _conversion as conv
+from privguard._curves._upward import times_up
 from privguard._stores import open_store
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
@@ -62,7 +63,7 @@ def test_leases_are_on_for_files_and_off_in_memory(tmp_path):
     assert len(mem.history) == len(off.history) == 40
     # 1 + 1 + 2 + 4 + 8 + 16 + 16 steps leased: 48 spent, 8 of them not yet released
     assert len(on.history) == 48
-    assert np.array_equal(on.spent, 48 * mem._acc.curve(STEP))
+    assert np.array_equal(on.spent, times_up(48, mem._acc.curve(STEP)))  # rounded up (§6)
     on.close()
     again = Ledger.open(tmp_path / "on.db")
     assert len(again.history) == 48  # the unused remainder stays spent

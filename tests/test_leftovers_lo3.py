@@ -386,6 +386,14 @@ def test_a_ledger_filled_to_its_budget_before_the_exact_delta_split_still_opens(
         m.setattr(_filters, "delta_parts", lambda w, d: np.asarray(w, dtype=float) * d)
         # and without task ul's rounding slack, as the code before both compared
         m.setattr(_filters.conv, "improved_upper", lambda r, t: (r - t[0]) + t[1])
+        # and summing the spent curve to nearest, as the code before task sr did
+        from privguard._accounting import _fastpath, _journal
+
+        def nearest(base, base_bound, n, curve, curve_bound):
+            return base + n * curve
+
+        m.setattr(_journal, "scaled_sum", nearest)
+        m.setattr(_fastpath, "scaled_sum", nearest)
         old = Ledger(eps, delta, path=path)
         for mechanism in (*before_last, last):
             old.charge(mechanism)

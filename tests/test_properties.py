@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from privguard import BudgetExhausted, Ledger, Odometer, single_order
 from privguard import mechanisms as M
+from privguard._accounting._journal import scaled_sum
 from privguard._curves import _conversion as conv
 
 steps = st.tuples(st.floats(0.5, 5.0), st.floats(1e-3, 1.0))
@@ -72,12 +73,14 @@ def test_curves_are_non_decreasing_in_the_order(sigma, q, t):
                           st.integers(1, 50)), min_size=1, max_size=30))
 def test_the_kept_spent_curve_is_the_journal_recomputed_and_replays_bit_for_bit(seq):
     # The journal keeps the spent curve each admitted verdict computed instead of
-    # recomputing it: that must be exactly base + count·curve, live and after a replay.
+    # recomputing it: that must be exactly base + count·curve (each operation rounded up,
+    # scaled_sum: docs/theory.md §6), live and after a replay.
     ledger = Ledger(delta=1e-5, orders=ORDERS)
     for sigma, q, times in seq:
         ledger.charge(M.SubsampledGaussian(sigma, q), times=times)
         j = ledger._acc.journal
-        assert np.array_equal(ledger.spent, j._base + j._streak_count * j._streak_curve)
+        assert np.array_equal(ledger.spent, scaled_sum(j._base, j._base_bound, j._streak_count,
+                                                       j._streak_curve, j._streak_bound))
     again = Ledger.load_state_dict(ledger.state_dict())
     assert np.array_equal(again.spent, ledger.spent)
 

@@ -21,7 +21,6 @@ from test_checkpoint_v2_resume import (
     EVERY,
     HUGE_SIGMA,
     NESTED,
-    RESUMED,
     SUBSET,
     TUNER,
     _charges,
@@ -48,16 +47,16 @@ RESERVE = M.DeltaReserve(0.01, 1.1)
 
 @pytest.mark.parametrize("first", [[TUNER], [NESTED], [HUGE_SIGMA]],
                          ids=["poisson", "poisson-nested", "sigma-1e155"])
-def test_a_version_4_file_whose_curves_did_not_change_since_is_resumed_from(
+def test_a_version_4_file_whose_curves_did_not_change_since_is_replayed_since_version_7(
         tmp_path, replayed, first):  # noqa: F811
-    # Before review ral every Poisson tuner (and σ ≥ 1e150) counted as changed for any
-    # older version: a file main wrote with one before its checkpoint replayed its whole
-    # journal at every open, though its curve is the same floats since version 4
+    # Review ral: a Poisson tuner (or σ ≥ 1e150) before a version-4 checkpoint counts as
+    # unchanged (changed(), below); task sr (curve version 7) resumes from no older
+    # checkpoint (its spent totals summed to nearest): replayed, to today's floats
     path = str(tmp_path / "v4.db")
     charges = _charges(first=first)
     _write(path, charges, version=4)
     ledger, rows = _open(path, replayed, True)
-    assert rows <= RESUMED  # the checkpoint's last row, then those after it
+    assert rows > EVERY
     assert np.array_equal(ledger.spent, _todays(charges))  # bit for bit a full replay
     ledger.close()
     assert cli_verify(path)["checkpoints"] == 1  # its snapshot equal to the replay
@@ -117,7 +116,7 @@ def test_a_version_4_file_of_the_lower_tnb_totals_opens_with_todays(tmp_path, tu
 
 def test_changed_is_per_version():
     from privguard._stores._resumable import RESUMABLE, UNCHANGED_SINCE
-    assert set(UNCHANGED_SINCE) == RESUMABLE  # every version an opener may resume from
+    assert set(UNCHANGED_SINCE) == {2, 3, 4, 5} and not RESUMABLE  # none since 7 (task sr)
     poisson = TUNER.to_dict()
     assert changed(poisson, 2) and changed(poisson, 3) and not changed(poisson, 4)
     assert changed(HUGE_SIGMA.to_dict(), 3) and not changed(HUGE_SIGMA.to_dict(), 4)
@@ -132,17 +131,16 @@ def test_changed_is_per_version():
     assert changed({"type": "NewMechanism", "params": {}}, 4)
 
 
-def test_a_version_4_server_ledger_is_resumed_from_or_replayed_as_a_file(pg, replayed):  # noqa: F811
+def test_a_version_4_server_ledger_is_replayed_as_a_file(pg, replayed):  # noqa: F811
     import _pgserver
 
     server, db, name = pg
-    for suffix, first, resumed in (("p", [TUNER], True), ("t", [TNB], False),
-                                   ("r", [RESERVE], False)):
+    for suffix, first in (("p", [TUNER]), ("t", [TNB]), ("r", [RESERVE])):
         url = server.url(_pgserver.OWNER, db, name + suffix)
         charges = _charges(first=first)
         _write(url, charges, version=4)
         ledger, rows = _open(url, replayed, False)
-        assert (rows <= RESUMED) if resumed else (rows > EVERY)
+        assert rows > EVERY  # task sr (curve version 7): no older checkpoint resumed from
         assert np.array_equal(ledger.spent, _todays(charges))
         ledger.close()
 
@@ -196,6 +194,7 @@ def _replayed_and_forced(fixture, tmp_path, replayed):  # noqa: F811
     with pytest.MonkeyPatch.context() as patch:  # what resuming from it would have held
         from privguard._stores import _rows
         patch.setattr(_rows, "changed", lambda data, version=2: False)
+        patch.setattr(_rows, "RESUMABLE", frozenset({4}))  # none since version 7 (task sr)
         forced_rows, _, forced, forced_eps = _state_of(path, replayed)
     assert forced_rows <= 531 - 512 + 1
     assert forced_eps <= eps

@@ -26,6 +26,7 @@ import pytest
 
 from privguard import Ledger, LedgerStateError
 from privguard._curves import _legacy, _sgm
+from privguard._curves._upward import times_up
 from privguard._mechanisms._base import _cached_curve
 from privguard._stores import _state
 from privguard._stores._integrity import Integrity, canonical
@@ -76,7 +77,7 @@ def test_state_from_before_the_fractional_revision_loads(monkeypatch):
     assert ledger._acc.fixed == state["fixed"]  # the older derivation, kept for life
     ledger.charge(STEP, "y")
     # charged with today's curve: the ledger's own cache never held the older one
-    assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
+    assert np.array_equal(ledger._acc.spent(), times_up(101, _today(ledger.orders)))  # §6
 
 
 def test_the_older_curve_is_only_used_inside_a_load(monkeypatch):
@@ -134,7 +135,7 @@ def _opens_and_charges_today(monkeypatch, path):
     ledger = Ledger.open(path)
     assert ledger._acc.fixed == old["fixed"]
     ledger.charge(STEP, "y")
-    assert np.array_equal(ledger._acc.spent(), 101 * _today(ledger.orders))
+    assert np.array_equal(ledger._acc.spent(), times_up(101, _today(ledger.orders)))  # §6
     ledger.close()
     return old
 

@@ -78,6 +78,7 @@ def test_a_version_5_file_main_wrote_replays_to_the_higher_spend(tmp_path, repla
     assert np.array_equal(spent, _todays())  # today's curves, bit for bit
     with pytest.MonkeyPatch.context() as patch:  # what resuming from it would have held
         patch.setattr(_rows, "changed", lambda data, version=2: False)
+        patch.setattr(_rows, "RESUMABLE", frozenset({5}))  # none since version 7 (task sr)
         ledger, forced_rows = _open(path, replayed)
         forced = ledger.spent
         ledger.close()
@@ -86,12 +87,13 @@ def test_a_version_5_file_main_wrote_replays_to_the_higher_spend(tmp_path, repla
     assert cli_verify(path)["checkpoints"] == 1  # the old snapshot accepted as a revision up
 
 
-def test_a_writable_open_writes_a_version_6_checkpoint_then_resumes(tmp_path, replayed):  # noqa: F811
+def test_a_writable_open_writes_a_checkpoint_of_todays_version_then_resumes(tmp_path,
+                                                                           replayed):  # noqa: F811
     path = str(tmp_path / "v5.db")
     shutil.copy(OLD_V5, path)
     ledger, rows = _open(path, replayed, read_only=False)
     ledger.close()
-    assert rows == ROWS and _versions(path)[-1] == _rows.CHECKPOINT_CURVES == 6
+    assert rows == ROWS and _versions(path)[-1] == _rows.CHECKPOINT_CURVES == 7
     ledger, rows = _open(path, replayed)
     assert rows <= 1 and np.array_equal(ledger.spent, _todays())
     ledger.close()

@@ -80,6 +80,28 @@ def _admitted_at_weighted_deltas(verdict: Verdict) -> Verdict | None:
     return None
 
 
+def _admitted_at_nearest_sums(verdict: Verdict, runs: int) -> Verdict | None:
+    """A re-read charge refused at the spent curve summed rounding up (task sr), admitted
+    if the filter, or the rule of :func:`_admitted_at_weighted_deltas`, admits it at a
+    curve nowhere above the round-to-nearest sums privguard computed before
+    (:func:`_upward.below_nearest_sums`, 3 operations per run counted: a product, a sum and
+    a k-step curve's rounding); None otherwise. A journal main wrote whose last charge was
+    admitted within ulps of its budget still opens; new charges are decided at the
+    rounded-up curve alone (docs/theory.md §6, "Journals written before")."""
+    flt, spent = verdict.filter, verdict.spent_after
+    if spent is None or flt is None:
+        return None
+    from privguard._curves._upward import below_nearest_sums
+
+    low = below_nearest_sums(spent, 3 * (runs + 2))
+    admitted, state = flt.decide(low, verdict.mechanism, verdict.times)
+    if admitted:
+        return verdict._replace(admitted=True, filter_state=state)
+    older = _admitted_at_weighted_deltas(verdict._replace(spent_after=low))
+    return None if older is None else verdict._replace(admitted=True,
+                                                       filter_state=older.filter_state)
+
+
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One journal change for a store: ``kind`` is "fix", "run" or "event"."""
@@ -506,7 +528,9 @@ class Accounting:
         except PrivguardError as exc:
             raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
         if not verdict.admitted:
-            verdict = _admitted_at_weighted_deltas(verdict) or verdict
+            verdict = (_admitted_at_weighted_deltas(verdict)
+                       or _admitted_at_nearest_sums(verdict, self.journal.run_count)
+                       or verdict)
         if not verdict.admitted:
             raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "
                                    "would be refused by the recorded budget"

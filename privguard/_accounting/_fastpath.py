@@ -7,10 +7,10 @@ filter's answer for the n-th charge of the streak is a function of n, with
 everything else (``base``, ``curve``, the filter and its fixed weights) fixed
 while the streak lasts, and it is monotone in n:
 
-* n ↦ n × curve(α) is non-decreasing for a curve ≥ 0 (a checked RDP curve is),
-  since float multiplication by a non-negative number is monotone, and so are
-  the float additions and subtractions that follow (IEEE 754 rounds
-  monotonically);
+* n ↦ base + n × curve(α), each operation rounded up (:func:`scaled_sum`, the
+  exact value rounded toward +inf: docs/theory.md §6, "Rounding up"), is
+  non-decreasing for a curve ≥ 0 (a checked RDP curve is), and so are the float
+  additions and subtractions that follow (IEEE 754 rounds monotonically);
 * the RDP filter admits iff SOME order's improved conversion stays ≤ ε
   (``DPFilter.admits``), the strict filter iff EVERY order stays within its
   budget: a union and an intersection of sets {n ≤ n_α}, both down-sets.

@@ -5,9 +5,10 @@ the same mechanism with the same label from the same process again extends
 the current run, so a 10⁶-step DP-SGD run whose σ changes every 1,000 steps
 costs a thousand runs, not a million records, in memory and on disk.
 
-The spent curve is kept as ``base + count × curve`` for the current run, so
-T identical charges add up to exactly T × curve, the float Opacus'
-``compute_rdp(..., steps=T)`` gives. Every process that replays the same
+The spent curve is kept as ``base + count × curve`` for the current streak, the
+product and the sum each rounded up (:func:`scaled_sum`; docs/theory.md §6, "Rounding
+up"), so it is never below the exact sum of the charged float curves, and T identical
+charges cost the floats of one mechanism of T steps. Every process that replays the same
 runs in the same order computes the same floats.
 """
 
@@ -20,10 +21,11 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from privguard._curves._upward import scaled_sum_up
 from privguard._mechanisms._base import Mechanism
 
-#: Below this, ``base + n × curve`` cannot overflow: a bound on each term under it keeps
-#: their sum finite (and far from the float range's end, 1.8e308).
+#: Below this, no entry of ``base + n × curve`` nor of its operations overflows, and none is
+#: inf (:func:`scaled_sum_up` then skips numpy's error state).
 _SAFE = 1e300
 
 
@@ -34,15 +36,17 @@ def _bound(curve: np.ndarray) -> float:
 
 def scaled_sum(base: np.ndarray, base_bound: float, n: int, curve: np.ndarray,
                curve_bound: float) -> np.ndarray:
-    """``base + n × curve`` for curves ≥ 0 with these upper bounds: the same floats as the
-    plain expression, without numpy's overflow warning (an error under ``-W error``) where
-    a huge curve (``PureDP(1e308)`` charged twice) sends an order past the float range. It
-    rounds to +inf there, above every budget: refused, the safe side (review bd). The
-    bounds are Python floats, whose products and sums go to inf without a warning."""
-    if base_bound + n * curve_bound < _SAFE:
-        return base + n * curve
-    with np.errstate(over="ignore"):
-        return base + n * curve
+    """An upper bound on the exact ``base + n × curve`` (n ≥ 1) for curves ≥ 0 with these
+    upper bounds (docs/theory.md §6, "Rounding up"): ``n × curve`` rounded up
+    (:func:`times_up`), then the sum rounded up (:func:`sum_up`): each the exact result
+    rounded toward +inf, so an exact result stays exact. Never below the exact
+    (rational) value; a 0 stays 0 where the exact value is 0; monotone in ``n`` and in
+    ``base`` (each step is). A huge curve (``PureDP(1e308)`` charged twice) sends an order
+    past the float range: +inf there, above every budget (refused, the safe side; review
+    bd), without numpy's overflow warning (an error under ``-W error``). The bounds are
+    Python floats, whose products and sums go to inf without a warning."""
+    finite = base_bound + float(n) * curve_bound < _SAFE  # Python floats: inf, no warning
+    return scaled_sum_up(None if base_bound == 0.0 else base, n, curve, finite)  # onto 0s: exact
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +168,9 @@ class Journal:
 
     Closed runs are kept as :class:`Run` values; the current run is kept as
     mutable fields, so extending it allocates nothing. The spent curve is
-    ``base + streak × curve``, where the streak counts consecutive charges of
-    one mechanism across runs (labels and processes do not matter to it), so
-    T consecutive identical charges add up to exactly T × curve.
+    ``base + streak × curve`` rounded up (:func:`scaled_sum`), where the streak counts
+    consecutive charges of one mechanism across runs (labels and processes do not matter
+    to it), so T consecutive identical charges add up to one mechanism of T steps.
 
     A journal resumed from a checkpoint holds only the runs from the
     checkpoint on, plus the spent state before them; ``load_prefix``

@@ -29,7 +29,7 @@ import numpy as np
 from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
-from privguard._accounting._journal import Run
+from privguard._accounting._journal import Run, _bound, scaled_sum
 from privguard._accounting._results import describe, exact, lower, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
@@ -73,13 +73,21 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
     flt = acc.filter if ledger.budget() is not None and not acc.retargeted else None
     # the meter at about METER_POINTS of the marks (a hybrid's part A: one PLD per grid count)
     stride = max(1, math.ceil(marks.size / METER_POINTS))
+    # the journal's own sums (Journal.spent_after): base + n × curve over a streak of one
+    # mechanism, each operation rounded up (docs/theory.md §6), +inf past the float range
     base = np.zeros(ledger.orders.size)
+    streak, done = None, 0  # the streak's mechanism, and its charges in earlier runs
     i = 0
     for run in runs:
         curve = acc.curve(run.mechanism)
+        if streak is None or not (run.mechanism is streak or run.mechanism == streak):
+            if streak is not None:
+                base = scaled_sum(base, _bound(base), done, acc.curve(streak),
+                                  _bound(acc.curve(streak)))
+            streak, done = run.mechanism, 0
         while i < marks.size and marks[i] <= run.start + run.count:
-            with np.errstate(over="ignore"):  # past the float range: +inf, as the journal
-                spent = base + (marks[i] - run.start) * curve
+            spent = scaled_sum(base, _bound(base), int(done + marks[i] - run.start), curve,
+                               _bound(curve))
             out["charges"].append(int(marks[i]))
             out["running_epsilon"].append(odometer.epsilon(spent, delta))
             out["naive_epsilon"].append(nonadaptive_epsilon(acc.orders, spent, delta))
@@ -87,8 +95,7 @@ def trajectory(ledger: Ledger, points: int = 200) -> dict[str, list]:
                 out["meter_charges"].append(int(marks[i]))
                 out["meter"].append(_meter_at(flt, spent, run, marks[i] - run.start))
             i += 1
-        with np.errstate(over="ignore"):  # (review bd: PureDP(1e308) charged 3 times)
-            base = base + run.count * curve
+        done += run.count
         if flt is not None and flt.kind == "hybrid":  # part A's state after the run
             from privguard._accounting._hybrid import envelope_steps_in
 

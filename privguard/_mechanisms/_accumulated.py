@@ -52,6 +52,7 @@ from scipy.special import gammaln, log_ndtr, logsumexp
 
 from privguard import _validation as check
 from privguard._curves import _sgm
+from privguard._curves._upward import times_up
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism
 from privguard._mechanisms._mechanisms import SubsampledGaussian
@@ -505,7 +506,8 @@ class AccumulatedSubsampledGaussian(Mechanism):
             return SubsampledGaussian(self.noise_multiplier, self.sample_rate,
                                       self.steps)._rdp(orders)
         # docs/theory.md §14 (Lemmas 14.1–14.5): max of both directions, each bounded;
-        # k-fold composition is k × one step (Mironov 2017, Prop. 1).
+        # k-fold composition is k × one step (Mironov 2017, Prop. 1), rounded up for k ≥ 2
+        # (docs/theory.md §6, as a journal sums k charges of one step).
         with np.errstate(over="ignore"):
-            return curve(self.sample_rate, self.noise_multiplier, self.micro_batches,
-                         orders, self.aligned) * self.steps
+            return times_up(self.steps, curve(self.sample_rate, self.noise_multiplier,
+                                              self.micro_batches, orders, self.aligned))

@@ -43,6 +43,7 @@ from scipy.special import gammaln
 
 from privguard import _validation as check
 from privguard._curves import _sgm
+from privguard._curves._upward import times_up
 from privguard._mechanisms import _allocation_add
 from privguard._mechanisms._base import Mechanism
 
@@ -221,4 +222,7 @@ class RandomAllocation(Mechanism):
         # docs/theory.md §15: max(remove, add) per epoch, capped by α/(2σ²)
         # (Mironov 2017, Prop. 7); epochs compose additively (Mironov 2017, Prop. 1).
         with np.errstate(over="ignore"):
-            return epoch_curve(self.noise_multiplier, self.steps, orders) * self.epochs
+            # e epochs: e × one epoch (Mironov 2017, Prop. 1), rounded up for e ≥ 2
+            # (docs/theory.md §6, as a journal sums e charges of one epoch)
+            return times_up(self.epochs, epoch_curve(self.noise_multiplier, self.steps,
+                                                     orders))

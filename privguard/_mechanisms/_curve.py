@@ -14,6 +14,7 @@ import numpy as np
 
 from privguard import _validation as check
 from privguard._curves import _conversion as conv
+from privguard._curves._upward import sum_up, times_up
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism
 
@@ -126,22 +127,25 @@ class RDPCurve(Mechanism):
                 f"and {other._orders.size} orders that differ)")
 
     def __add__(self, other: RDPCurve) -> RDPCurve:
-        """Composition (adaptive too, with fixed parameters): curves add."""
+        """Composition (adaptive too, with fixed parameters): curves add (the sum rounded
+        up, never below the exact one: docs/theory.md §6)."""
         if isinstance(other, numbers.Number) and other == 0:
             return self
         self._same_grid(other, "composition")
-        return RDPCurve._trusted(self._orders, self._values + other._values)
+        return RDPCurve._trusted(self._orders, sum_up(self._values, other._values))
 
     __radd__ = __add__  # so that sum([...]) works
 
     def __mul__(self, k: int) -> RDPCurve:
-        """k-fold composition: k × the curve (k an integer, 0 <= k <= 2^53)."""
+        """k-fold composition: k × the curve (k an integer, 0 <= k <= 2^53), rounded up as a
+        journal sums k charges (docs/theory.md §6)."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise InvalidArgumentError("k", check.short(k), "k-fold composition needs an integer k >= 0")
         n = check._as_int("k", k)
         if not 0 <= n <= check.MAX_STEPS:
             raise InvalidArgumentError("k", k, f"k-fold composition needs 0 <= k <= {check.MAX_STEPS}")
-        return RDPCurve._trusted(self._orders, self._values * n)
+        return RDPCurve._trusted(self._orders, np.zeros_like(self._values) if n == 0
+                                 else times_up(n, self._values))
 
     __rmul__ = __mul__
 

@@ -19,6 +19,7 @@ from privguard._curves import (
     _sgm,
     _stable,
 )
+from privguard._curves._upward import times_up
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
 
@@ -56,9 +57,10 @@ class SubsampledGaussian(Mechanism):
     Each step samples every example independently with probability
     ``sample_rate`` and adds Gaussian noise with multiplier
     ``noise_multiplier`` to the clipped sum. The curve is Opacus' own analysis
-    (``opacus.accountants.analysis.rdp.compute_rdp``), so a ledger agrees with
-    Opacus' ``RDPAccountant`` bit for bit on the same grid, wherever Opacus'
-    value is shown within 1e-12 (relative) of the truth; elsewhere (Opacus' rounding
+    (``opacus.accountants.analysis.rdp.compute_rdp``) for one step, wherever Opacus'
+    value is shown within 1e-12 (relative) of the truth; k steps are k × one step
+    rounded up (docs/theory.md §6: at most an ulp above Opacus', as a ledger's sums);
+    elsewhere (Opacus' rounding
     or cancellation below that, integer orders above 1024, fractional
     orders whose series Opacus cannot sum, extreme σ) it is a valid upper
     bound instead of Opacus' NaN, garbage or endless loop (see
@@ -86,9 +88,12 @@ class SubsampledGaussian(Mechanism):
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
         # Mironov, Talwar & Zhang 2019, §3.3 (formulas.md §1): Opacus' value
         # where it is reliable, a valid upper bound elsewhere (privguard._curves._sgm).
-        # k-fold composition is k × one step, as compute_rdp(steps=k) computes it.
+        # k-fold composition is k × one step (Mironov 2017, Prop. 1), the product rounded
+        # up for k ≥ 2 (docs/theory.md §6: an ulp above compute_rdp(steps=k)'s where that
+        # rounds; the same floats as k charges of one step in a journal).
         with np.errstate(over="ignore"):
-            return _sgm.curve(self.sample_rate, self.noise_multiplier, orders) * self.steps
+            return times_up(self.steps, _sgm.curve(self.sample_rate, self.noise_multiplier,
+                                                   orders))
 
 
 @dataclasses.dataclass(frozen=True)

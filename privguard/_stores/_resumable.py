@@ -62,9 +62,16 @@ from __future__ import annotations
 
 from typing import Any
 
-RESUMABLE = frozenset({2, 3, 4, 5})
-"""The older curve versions whose checkpoints :func:`changed` decides for (version 1, a
-checkpoint without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
+RESUMABLE: frozenset[int] = frozenset()
+"""The older curve versions whose checkpoints may be resumed from where :func:`changed`
+says no row before them changed: none since version 7 (task sr). Version 7 sums the
+journal's spent curve rounding every product and sum up (docs/theory.md §6, "Rounding up");
+a checkpoint of versions 2 to 6 holds spent totals summed to nearest, which may lie up to
+about an ulp per run below the exact sum of the charged curves, whatever its mechanisms, so
+it is never resumed from: the journal is replayed from the genesis (and a writable open
+writes a fresh checkpoint, task ckw). It was {2, 3, 4, 5} under version 6; :func:`changed`
+still decides, for each of those versions, which curves changed (version 1, a checkpoint
+without ``"curves"``, predates the revision of §1.1 and is never resumed from)."""
 
 MECHANISMS = frozenset({
     "AccumulatedSubsampledGaussian", "Composed", "DPHyPO", "Gaussian",

@@ -138,7 +138,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 6
+CHECKPOINT_CURVES = 7
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -159,11 +159,13 @@ is ε₀ itself from ε₀ = 40 on (task cv; it was up to 6.3e-12 relative below
 Opacus' values only within 1e-12 (was 1e-9) of its cancellation-free check (task sg: kept
 values were up to 9.2e-10 below the truth), with every curve built on it. Also 6: task ul's ``PureDP`` near the smallest normal float (an absolute margin; ε₀ below
 1e-140 only) and its round-up of the pure-ε corollaries of ``RepeatAndSelect`` and
-``DPHyPO`` over a ``PureDP`` base. A checkpoint of version 2, 3, 4 or 5 is resumed from
-only where no row
-before it describes a mechanism whose curve changed since (:mod:`privguard._stores._resumable`; docs/theory.md
-§7, "Resuming from an older checkpoint"); otherwise the journal is replayed from the
-genesis."""
+``DPHyPO`` over a ``PureDP`` base. 7: the journal's spent curve is summed with every
+product and sum rounded up (task sr, docs/theory.md §6, "Rounding up"): an older
+checkpoint's spent totals were summed to nearest, up to about an ulp per run below the exact
+sum of the charged curves, so no checkpoint of an older version is resumed from
+(:data:`privguard._stores._resumable.RESUMABLE` is empty; docs/theory.md §7, "Resuming from
+an older checkpoint"): the journal is replayed from the genesis, and a writable open writes
+a fresh checkpoint (task ckw)."""
 
 
 def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
