@@ -128,7 +128,14 @@ def rdp_budget_per_order(orders: np.ndarray, epsilon: float, delta) -> np.ndarra
     admission is decided by the filter with :func:`improved_upper`, never by this.
     """
     a, b, _ = improved_terms(orders, delta)
-    with np.errstate(invalid="ignore"):
+    return _level(epsilon, a, b)
+
+
+def _level(epsilon: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(ε + a) − b, round to nearest: the improved conversion solved for ε(α), from its
+    terms (:func:`improved_terms`). NaN (ε = +inf meets a = −inf at a zero share) is
+    −inf: the order admits nothing."""
+    with np.errstate(invalid="ignore", over="ignore"):
         budget = (epsilon + a) - b
     return np.where(np.isnan(budget), -np.inf, budget)
 
@@ -139,8 +146,8 @@ def rdp_budget_below(orders: np.ndarray, epsilon: float, terms) -> np.ndarray:
     (:data:`SLACK`; the same terms :func:`improved_upper` adds, and the rounding of
     this expression's two sums)."""
     a, b, s = terms
+    budget = _level(epsilon, a, b)  # −inf stays −inf below
     with np.errstate(invalid="ignore", over="ignore"):
-        budget = (epsilon + a) - b
         budget = budget - ((s + SLACK * abs(epsilon)) + SLACK * np.abs(budget))
     return np.where(np.isnan(budget), -np.inf, budget)
 

@@ -1,0 +1,36 @@
+"""Leftovers of the last closing notes (task lo4): each test fails on the code before,
+or pins a behaviour-neutral mend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privguard._curves import _conversion as conv
+
+
+def _grid(rng: np.random.Generator):
+    orders = np.concatenate([1 + rng.exponential(5, size=20), [1.0000001, 1.5, 2, 64, 1e6]])
+    shares = 10 ** rng.uniform(-320, 0, size=orders.size)
+    shares[rng.random(orders.size) < 0.2] = 0.0  # zero shares: a = −inf, s = +inf
+    return orders, shares
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 5e-324, 1e-9, 0.7, 8.0, 1e3, 1e308, np.inf])
+def test_the_level_below_is_the_level_per_order_lowered_by_its_slack(epsilon):
+    # Task lo4: rdp_budget_below restated rdp_budget_per_order's level (ε + a) − b; both
+    # now compute it once. Pinned exactly (bit for bit, NaN mapped to −inf): the level is
+    # Opacus' inverse of the improved conversion, and the level below is that level
+    # lowered by s + SLACK·(|ε| + |level|) (docs/theory.md §1.2).
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        orders, shares = _grid(rng)
+        a, b, s = terms = conv.improved_terms(orders, shares)
+        with np.errstate(invalid="ignore", over="ignore"):
+            level = (epsilon + a) - b
+            level = np.where(np.isnan(level), -np.inf, level)
+            below = level - ((s + conv.SLACK * abs(epsilon)) + conv.SLACK * np.abs(level))
+        below = np.where(np.isnan(below), -np.inf, below)
+        assert conv.rdp_budget_per_order(orders, epsilon, shares).tobytes() == level.tobytes()
+        assert conv.rdp_budget_below(orders, epsilon, terms).tobytes() == below.tobytes()
+        assert np.all(below <= level)
