@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from privguard import LedgerStateError
 from privguard._curves import _conversion as conv
 
 
@@ -34,3 +35,30 @@ def test_the_level_below_is_the_level_per_order_lowered_by_its_slack(epsilon):
         assert conv.rdp_budget_per_order(orders, epsilon, shares).tobytes() == level.tobytes()
         assert conv.rdp_budget_below(orders, epsilon, terms).tobytes() == below.tobytes()
         assert np.all(below <= level)
+
+
+def _entry(run: str, charges: int, base: int, parents: list[str]) -> dict:
+    return {"charges": charges, "checkpoint": {"run": run, "base": base, "from": parents}}
+
+
+@pytest.mark.parametrize("edit", ["from removed", "base above charges", "none"])
+@pytest.mark.parametrize("taken", [True, False])
+def test_lineage_checks_each_entry_once_and_still_refuses_an_edited_one(edit, taken):
+    # Task lo4: lineage checks each entry's base/from once (check_branches no longer checks
+    # the taken ones again). An edited entry refuses whether its run is in the family taken
+    # (B resumed A at 4 charges) or outside it (C, of no relation: an edit may disconnect
+    # its own run).
+    from privguard.integrations._later import lineage
+
+    entries = [("a2", _entry("A", 2, 0, [])), ("a4", _entry("A", 4, 0, [])),
+               ("b6", _entry("B", 6, 4, ["A"])), ("c3", _entry("C", 3, 0, []))]
+    edited = entries[2 if taken else 3][1]["checkpoint"]
+    if edit == "from removed":
+        del edited["from"]
+    elif edit == "base above charges":
+        edited["base"] = 7
+    if edit == "none":
+        assert [p for p, _ in lineage(entries, {"A"})] == ["a2", "a4", "b6"]
+    else:
+        with pytest.raises(LedgerStateError, match="edited entry"):
+            lineage(entries, {"A"})
