@@ -62,3 +62,28 @@ def test_lineage_checks_each_entry_once_and_still_refuses_an_edited_one(edit, ta
     else:
         with pytest.raises(LedgerStateError, match="edited entry"):
             lineage(entries, {"A"})
+
+
+@pytest.mark.parametrize("argv", [["--hook-steps", "20"], ["--hook-steps", "0"],
+                                  ["--rounds", "0"]])
+def test_the_lease_step_profile_refuses_too_few_steps_with_a_usage_error(argv, monkeypatch,
+                                                                          capsys):
+    # Task lo4: part 3 drops 20 warm-up steps (attach_overhead.hook_cost); --hook-steps 20
+    # crashed with StatisticsError ("no median for empty data") after the training began.
+    pytest.importorskip("opacus")
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import lease_step_profile as script
+
+    def no_part(*args):
+        raise AssertionError("a part ran")
+
+    for part in ("part1", "part2", "part3", "part4"):
+        monkeypatch.setattr(script, part, no_part)
+    monkeypatch.setattr(sys, "argv", ["lease_step_profile.py", "--only", "3", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert exit_.value.code == 2
+    assert f"argument {argv[0]}: must be at least" in capsys.readouterr().err
