@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _poisson_exact import exact_poisson_curve
 
 from privguard import LedgerStateError
+from privguard import mechanisms as M
 from privguard._curves import _conversion as conv
 
 
@@ -87,3 +89,49 @@ def test_the_lease_step_profile_refuses_too_few_steps_with_a_usage_error(argv, m
         script.main()
     assert exit_.value.code == 2
     assert f"argument {argv[0]}: must be at least" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("sigma", "q", "mu"), [(0.7, 1e-6, 3.0), (0.7, 1e-6, 1.0),
+                                               (0.4, 1e-4, 3.0), (0.7, 1e-7, 0.5)])
+def test_poisson_tuning_is_charged_at_least_its_exact_curve_where_delta_hat_cancels(sigma, q,
+                                                                                    mu):
+    # Task lo4: δ̂ of Theorem 6 was rounded to nearest, and its Bretagnolle–Huber term
+    # ½·log1p(−exp(−ε(α))) kept only ~ε(α)/u of its digits for a tiny ε(α) (here the
+    # subsampled Gaussian's at the smallest orders, ~10⁻¹²): the charge was up to 2·10⁻¹¹
+    # (relative) below the exact curve, far beyond the 2⁻⁴⁸ the bound adds. Now δ̂ is
+    # rounded up (_repeat_select._delta_hat).
+    from privguard.tuning import Poisson
+
+    orders = np.array([1.1, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 15.0, 20.0, 28.0, 40.0, 64.0])
+    base = M.SubsampledGaussian(sigma, q, steps=1).rdp(orders)
+    charged = M.RepeatAndSelect(M.SubsampledGaussian(sigma, q, steps=1), Poisson(mu)).rdp(orders)
+    exact = exact_poisson_curve(orders, base, mu)
+    below = [(float(lam), float((c - e) / e)) for lam, c, e in zip(orders, charged, exact)
+             if c < e]
+    assert not below
+
+
+def test_delta_hat_is_at_or_above_its_exact_value_on_random_and_edge_curves():
+    # Task lo4: δ̂ (at ε̂ = log(1 + 1/(λ−1)), which the theorem needs exactly or below) is
+    # at or above the exact minimum over the grid, in 50 digits: curves from 10⁻³⁰⁰ to 10³,
+    # orders to 10⁴ (the conversion's terms (α−1)·ε(α) cancel to a small log δ), a zero.
+    import mpmath as mp
+
+    from privguard._mechanisms._repeat_select import _delta_hat
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        orders = np.sort(1 + 10 ** rng.uniform(-3, 4, size=12))
+        base = np.sort(10 ** rng.uniform(-300 if trial % 3 == 0 else -14, 3, size=12))
+        if trial == 5:
+            base[0] = 0.0
+        got = _delta_hat(orders, base)
+        with mp.workdps(50):
+            a = [mp.mpf(float(x)) for x in orders]
+            b = [mp.mpf(float(x)) for x in base]
+            kl = min(mp.log(-mp.expm1(-x)) / 2 if x > 0 else -mp.inf for x in b)
+            for lam, d in zip(a, got):
+                eh = mp.log1p(1 / (lam - 1))
+                log_d = min([(x - 1) * (y - eh) - mp.log(x) + (x - 1) * mp.log1p(-1 / x)
+                             for x, y in zip(a, b)] + [kl])
+                assert mp.mpf(float(d)) >= min(mp.exp(log_d), 1), (trial, float(lam))
