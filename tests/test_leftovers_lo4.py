@@ -135,3 +135,68 @@ def test_delta_hat_is_at_or_above_its_exact_value_on_random_and_edge_curves():
                 log_d = min([(x - 1) * (y - eh) - mp.log(x) + (x - 1) * mp.log1p(-1 / x)
                              for x, y in zip(a, b)] + [kl])
                 assert mp.mpf(float(d)) >= min(mp.exp(log_d), 1), (trial, float(lam))
+
+
+def _float64_step(a, g, sigma, scale=64.0):
+    from types import SimpleNamespace
+
+    from privguard.integrations._witnesses import Witnesses
+
+    opt = SimpleNamespace(params=[SimpleNamespace(grad=g, summed_grad=a, dtype=a.dtype)],
+                          max_grad_norm=1.0, noise_multiplier=sigma, loss_reduction="mean",
+                          expected_batch_size=int(scale), accumulated_iterations=1)
+    return Witnesses(opt, None, false_alarm=1e-10, noise=True)
+
+
+@pytest.mark.parametrize("seed", [5, 9, 10, 13])
+def test_a_float64_step_without_noise_is_not_passed_on_its_squares_underflow(seed):
+    # Task lo4: float64 entries ~10⁻¹⁵⁹ have squares below 2⁻¹⁰²² (subnormal), rounded by up
+    # to 2⁻¹⁰⁷⁵ absolute either way; ‖a‖² − 2s⟨a, g⟩ + s²‖g‖² of a step with no noise at all
+    # (g = a/s exactly) came out positive, read as noise σC = 3·10⁻¹⁶² (its square > 0, so
+    # wr's guard let it through), and the step passed the noise test. Refused now: the
+    # squares' underflow allowance is at least σC√d/16 there (docs/theory.md §16.1).
+    torch = pytest.importorskip("torch")
+    from privguard import PipelineMismatchError
+
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(64, generator=gen, dtype=torch.float64) * 1e-159
+    w = _float64_step(a, a / 64.0, 3e-162)
+    with pytest.raises(PipelineMismatchError, match="too small to be measured"):
+        w._check_noise(3e-162, 64)
+
+
+@pytest.mark.parametrize("noise", [True, False])
+def test_above_the_underflow_guard_float64_steps_are_judged_by_the_noise_test(noise):
+    # Just above the guard (σC = 10⁻¹⁴⁸, s = 64) the underflow allowance does not blind the
+    # test: a step without noise is refused by it, a correct one passes.
+    torch = pytest.importorskip("torch")
+    from privguard import PipelineMismatchError
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(400, generator=gen, dtype=torch.float64) * 1e-159
+    z = torch.randn(400, generator=gen, dtype=torch.float64) * 1e-148 if noise else 0.0
+    w = _float64_step(a, (a + z) / 64.0, 1e-148)
+    if noise:
+        w._check_noise(1e-148, 64)
+        assert w.failure is None and w.noise_checks == 1
+    else:
+        with pytest.raises(PipelineMismatchError, match="P\\(this little noise"):
+            w._check_noise(1e-148, 64)
+
+
+def test_a_float64_clipped_sum_over_its_bound_is_not_hidden_by_its_squares_underflow():
+    # Task lo4: entries 10⁻¹⁶³ square to 0 in float64, so ‖a‖ read 0 and a clipped sum 10⁷
+    # times over B·C (C = 10⁻¹⁷⁰, noise σC = 10⁻¹⁴⁸) passed the clipping check. The bound on
+    # ‖a‖ now adds the squares' underflow (fail closed: a float64 step with B·C ≲ 10⁻¹⁵²
+    # is refused whatever its clipped sum).
+    torch = pytest.importorskip("torch")
+    from privguard import PipelineMismatchError
+
+    gen = torch.Generator().manual_seed(4)
+    a = torch.full((64,), 1e-163, dtype=torch.float64)
+    z = torch.randn(64, generator=gen, dtype=torch.float64) * 1e-148
+    w = _float64_step(a, (a + z) / 64.0, 1e22)
+    w.optimizer.max_grad_norm = 1e-170
+    with pytest.raises(PipelineMismatchError) as info:
+        w._check_noise(1e22, 64)
+    assert info.value.witness == "clipping"
