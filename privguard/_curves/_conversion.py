@@ -86,9 +86,12 @@ def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = 
     return np.where(np.isnan(eps), np.inf, eps)
 
 
-def log_delta_per_order(orders: np.ndarray, rdp: np.ndarray, epsilon: float,
+def log_delta_per_order(orders: np.ndarray, rdp: np.ndarray, epsilon: float | np.ndarray,
                         method: str = IMPROVED) -> np.ndarray:
     """log δ at which each order's RDP value gives (ε, δ)-DP, rounded up (:data:`SLACK`).
+
+    ``epsilon`` may be an array broadcast against ``orders`` (random-K tuning's ε̂ per
+    order, privguard/_mechanisms/_repeat_select.py): the bound holds element by element.
 
     improved (the inverse of the above; formulas.md §1):
         δ = exp((α−1)(ε(α) − ε)) / α · (1 − 1/α)^(α−1)
