@@ -92,6 +92,20 @@ def make_step(variant: str, tmp: str):
     return step, ledger
 
 
+#: Steps of :func:`hook_cost` not timed (warm-up): a run needs more than this many.
+WARMUP = 20
+
+
+def at_least(least: int):
+    """An argparse ``type``: an int ≥ ``least``, else a clear usage error (not a crash)."""
+    def count(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    return count
+
+
 def hook_cost(variant: str, steps: int, tmp: str,
               prepare=None) -> tuple[float, float]:
     """Median and mean time of attach's step hook (the charge) per step, timed around the
@@ -108,7 +122,8 @@ def hook_cost(variant: str, steps: int, tmp: str,
             step()
     if ledger is not None:
         ledger.close()
-    return statistics.median(spent[20:]) / 1e9, statistics.mean(spent[20:]) / 1e9
+    return (statistics.median(spent[WARMUP:]) / 1e9,
+            statistics.mean(spent[WARMUP:]) / 1e9)
 
 
 @contextlib.contextmanager
@@ -226,8 +241,9 @@ EXTRA = ["attach, in memory, fast path off"]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=at_least(1), default=5)
+    parser.add_argument("--steps", type=at_least(WARMUP + 1), default=300,
+                        help=f"steps per variant; the first {WARMUP} are not timed")
     parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args()
     extra = list(EXTRA)

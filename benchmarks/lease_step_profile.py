@@ -139,6 +139,8 @@ def part2(steps: int, rounds: int, tmp: str) -> None:
                 ledger.charge(STEP, label=LABEL)
                 (commits if commit else others).append((time.perf_counter_ns() - t0) / 1e9)
             ledger.close()
+            if not others:  # the first steps of a streak all commit
+                sys.exit(f"--steps {steps}: every step committed a lease; take more steps")
             total = sum(commits) + sum(others)
             rows[sync].append((len(commits), statistics.median(commits),
                                statistics.mean(commits), statistics.median(others),
@@ -228,11 +230,13 @@ def part4(commits: int, rounds: int, tmp: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--hook-steps", type=int, default=400)
-    parser.add_argument("--commits", type=int, default=200)
+    parser.add_argument("--calls", type=ao.at_least(1), default=20000)
+    parser.add_argument("--steps", type=ao.at_least(1), default=600)
+    parser.add_argument("--rounds", type=ao.at_least(1), default=3)
+    parser.add_argument("--hook-steps", type=ao.at_least(ao.WARMUP + 1), default=400,
+                        help=f"steps per variant in part 3; the first {ao.WARMUP} are not "
+                             "timed")
+    parser.add_argument("--commits", type=ao.at_least(1), default=200)
     parser.add_argument("--only", choices=["1", "2", "3", "4"], default=None)
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")

@@ -72,7 +72,7 @@ def lineage(entries: list[tuple[str, dict[str, Any]]], runs: set[str],
             todo += list(links.get(run, ()))
             todo += [r for r, parents in links.items() if run in parents]
     taken = [(path, entry) for path, entry in entries if entry["checkpoint"]["run"] in family]
-    check_branches(taken)
+    check_branches(taken, fields_checked=True)  # each entry's fields once, above
     return taken
 
 
@@ -92,7 +92,8 @@ def _check_branch_fields(path: str, entry: dict[str, Any]) -> None:
                                f"than the {charges} it holds: an edited entry")
 
 
-def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
+def check_branches(entries: list[tuple[str, dict[str, Any]]], *,
+                   fields_checked: bool = False) -> None:
     """Refuse entries of several branches that are not one sequence in which each branch
     began holding every charge the branches before it wrote.
 
@@ -101,6 +102,10 @@ def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
     before task fw names none: 0, an earlier place in the order, which only makes the check
     stricter). Ordered by base, a branch that began below the charges an earlier one wrote
     did not carry them, and its own steps ran beside them: a fork.
+
+    ``fields_checked``: the caller has already refused every entry whose ``base`` and
+    ``from``/``branch`` disagree (:func:`_check_branch_fields`; :func:`lineage` checks
+    each entry, taken or not), so it is not checked twice.
 
     Raises:
         LedgerStateError: a malformed or inconsistent ``branch``/``base``, or a fork.
@@ -113,7 +118,8 @@ def check_branches(entries: list[tuple[str, dict[str, Any]]]) -> None:
         if not isinstance(branch, str) or type(base) is not int or base < 0:
             raise LedgerStateError(f"{path}: the entry's checkpoint field is malformed "
                                    f"(branch {check.short(branch)}, base {check.short(base)})")
-        _check_branch_fields(path, entry)
+        if not fields_checked:
+            _check_branch_fields(path, entry)
         if bases.setdefault(branch, base) != base:
             raise LedgerStateError(f"{path}: the entry's branch began at {base} charges, its "
                                    f"other entries say {bases[branch]}: an edited entry")

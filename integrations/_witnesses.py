@@ -338,8 +338,21 @@ class _Layout:
         # (float32: η = 1.4·10⁻⁴⁵, float64: 4.9·10⁻³²⁴; it moves no float32 statistic.)
         etas = [max(torch.finfo(t).smallest_normal * torch.finfo(t).eps for t in pair)
                 for _, *pair, _ in key]
-        self.tiny = [eta * math.sqrt(d_p) for eta, d_p in zip(etas, sizes, strict=True)]
-        self.tiny_total = max(etas, default=0.0) * math.sqrt(d)
+        # Task lo4: the float64 statistics square their entries, and a product below 2⁻¹⁰²²
+        # (entries ≲ 10⁻¹⁵⁴: float64 gradients only) errs by up to 2⁻¹⁰⁷⁵ absolute, or by
+        # all of it where results are flushed to zero: each Gram entry and squared norm by
+        # up to 2d·2⁻¹⁰²² (a product and an addition per term), either way, not γ_d of its
+        # value. In norm that is at most √(d·2⁻¹⁰²⁰), and for ‖a‖² − 2s⟨a, g⟩ + s²‖g‖²
+        # (1 + s)·√(d·2⁻¹⁰²⁰): folded into the subnormal terms, which every statistic adds
+        # times (1 + s) and the precision guard counts in its allowance. Without it a float64
+        # step with no noise at all passed at σC ≈ 10⁻¹⁶¹ (its Gram product's underflow read
+        # as noise; docs/theory.md §16.1, *Squares below the normal range*).
+        squares = [math.sqrt(2.0 ** -1020) if torch.float64 in pair else 0.0
+                   for _, *pair, _ in key]
+        self.squares_total = max(squares, default=0.0) * math.sqrt(d)
+        self.tiny = [(eta + sq) * math.sqrt(d_p)
+                     for eta, sq, d_p in zip(etas, squares, sizes, strict=True)]
+        self.tiny_total = max(etas, default=0.0) * math.sqrt(d) + self.squares_total
 
 
 class Witnesses:
@@ -791,11 +804,16 @@ class Witnesses:
         assert self._buf is not None and self._norms_high is not None
         lay = self._buf
         sd = sigma * c
-        if not sd * sd > 0.0:  # (σC)² underflows float64: the statistics divide by it (wr)
+        # (σC)² underflows float64: the statistics divide by it (wr); or (task lo4) a float64
+        # step's squares' underflow allowance, (1 + s)·√(d·2⁻¹⁰²⁰) (_Layout), is ≥ σC√d/16,
+        # so that it could pass a step without noise: σC ≲ 4.8·10⁻¹⁵³·(1 + s). A function of
+        # σ, C, s and the dtype only
+        if not (sd * sd > 0.0 and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
             self._fail(PipelineMismatchError(
                 f"noise witness: the charged noise σ·C = {_exact(sd)} per coordinate (σ = "
                 f"{_exact(sigma)}, C = {_exact(c)}) is too small to be measured in float64 ((σC)² "
-                "underflows). Nothing was charged or applied",
+                "underflows, or the squares of float64 gradients of its size do). Nothing was "
+                "charged or applied",
                 witness="noise", charged=sigma, measured=math.nan, interval=None,
                 step=self.steps))
         # Review rwl: the total statistic's allowance E = 4u_p·s‖g‖ (wr, _measure) alone
@@ -931,10 +949,12 @@ class Witnesses:
         root_a, root_g = math.sqrt(max(aa, 0.0)), math.sqrt(max(gg, 0.0))
         r = (root_a + scale * root_g) ** 2
         up = 1.0 + 2.0 ** -40
-        sum_high = math.sqrt(max(aa, 0.0) / (1.0 - gamma)) * up
+        # (task lo4: plus the float64 squares' underflow, lay.squares_total, _Layout)
+        floor = lay.squares_total * lay.squares_total
+        sum_high = math.sqrt((max(aa, 0.0) + floor) / (1.0 - gamma)) * up
         # upper bounds on ‖a‖ and ‖g‖ (each Gram diagonal entry within a relative γ_d): the
         # per-parameter and repeat tests' rounding allowances (_noise_parts) use them
-        g_high = math.sqrt(max(gg, 0.0) / (1.0 - gamma)) * up
+        g_high = math.sqrt((max(gg, 0.0) + floor) / (1.0 - gamma)) * up
         # wr: the bound above is on ‖z‖, z = s·g − a the noise's trace on the stored values;
         # the noise drawn is Z = z within Opacus' own rounding of g = fl(fl(a + Z)/s) in the
         # gradient's dtype, ‖Z − z‖ ≤ 4u_p·s‖g‖ (u_p ≤ the coarsest unit roundoff; review sb,

@@ -147,9 +147,9 @@ def test_a_file_that_cannot_be_written_opens_as_before(tmp_path, replayed, monke
     assert cli_verify(path)["checkpoints"] == 1
 
 
-def test_a_version_5_file_writes_no_checkpoint_at_open(tmp_path, replayed):  # noqa: F811
+def test_a_file_at_the_current_version_writes_no_checkpoint_at_open(tmp_path, replayed):  # noqa: F811
     """A file resumed from its newest checkpoint is not written at opening."""
-    path = str(tmp_path / "v5.db")
+    path = str(tmp_path / "current.db")
     _write(path, _charges(first=[TNB]), version=_rows.CHECKPOINT_CURVES)
     before = _files(path)
     rows, *_ = _state(path, replayed, False)

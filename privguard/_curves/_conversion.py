@@ -86,9 +86,12 @@ def epsilon_per_order(orders: np.ndarray, rdp: np.ndarray, delta, method: str = 
     return np.where(np.isnan(eps), np.inf, eps)
 
 
-def log_delta_per_order(orders: np.ndarray, rdp: np.ndarray, epsilon: float,
+def log_delta_per_order(orders: np.ndarray, rdp: np.ndarray, epsilon: float | np.ndarray,
                         method: str = IMPROVED) -> np.ndarray:
     """log δ at which each order's RDP value gives (ε, δ)-DP, rounded up (:data:`SLACK`).
+
+    ``epsilon`` may be an array broadcast against ``orders`` (random-K tuning's ε̂ per
+    order, privguard/_mechanisms/_repeat_select.py): the bound holds element by element.
 
     improved (the inverse of the above; formulas.md §1):
         δ = exp((α−1)(ε(α) − ε)) / α · (1 − 1/α)^(α−1)
@@ -128,7 +131,14 @@ def rdp_budget_per_order(orders: np.ndarray, epsilon: float, delta) -> np.ndarra
     admission is decided by the filter with :func:`improved_upper`, never by this.
     """
     a, b, _ = improved_terms(orders, delta)
-    with np.errstate(invalid="ignore"):
+    return _level(epsilon, a, b)
+
+
+def _level(epsilon: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(ε + a) − b, round to nearest: the improved conversion solved for ε(α), from its
+    terms (:func:`improved_terms`). NaN (ε = +inf meets a = −inf at a zero share) is
+    −inf: the order admits nothing."""
+    with np.errstate(invalid="ignore", over="ignore"):
         budget = (epsilon + a) - b
     return np.where(np.isnan(budget), -np.inf, budget)
 
@@ -139,8 +149,8 @@ def rdp_budget_below(orders: np.ndarray, epsilon: float, terms) -> np.ndarray:
     (:data:`SLACK`; the same terms :func:`improved_upper` adds, and the rounding of
     this expression's two sums)."""
     a, b, s = terms
+    budget = _level(epsilon, a, b)  # −inf stays −inf below
     with np.errstate(invalid="ignore", over="ignore"):
-        budget = (epsilon + a) - b
         budget = budget - ((s + SLACK * abs(epsilon)) + SLACK * np.abs(budget))
     return np.where(np.isnan(budget), -np.inf, budget)
 

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from privguard import _validation as check
+from privguard._curves import _conversion as conv
+from privguard._curves._conversion import SLACK
 from privguard._errors import InvalidArgumentError
 from privguard._floats import float_above
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
@@ -35,19 +37,41 @@ def _monotone_envelope(orders: np.ndarray, curve: np.ndarray) -> np.ndarray:
 
 
 def _log_delta_hat(orders: np.ndarray, base: np.ndarray, eps_hat: np.ndarray) -> np.ndarray:
-    """log δ̂ at each ε̂: the smallest δ for which the base curve gives (ε̂, δ̂)-DP.
+    """log δ̂ at each ε̂: the smallest δ for which the base curve gives (ε̂, δ̂)-DP, rounded
+    up (task lo4; docs/theory.md §7, "Rounding of δ̂").
 
     Per base order, the improved RDP conversion (formulas.md §1), and
     δ ≤ TV ≤ sqrt(1 − e^(−KL)) (Bretagnolle–Huber) with KL ≤ ε(α) for every
-    α > 1; minimised over the grid.
+    α > 1; minimised over the grid. The conversion is
+    :func:`~privguard._curves._conversion.log_delta_per_order` (Opacus' operations, raised
+    by SLACK·(size + 2): its proof, docs/theory.md §1.2, holds order by order for each ε̂).
+    The KL term is ½·log(−expm1(−ε(α))): 1 − e^(−ε) is formed by expm1 to 4 ulps relative
+    (1 − exp(−ε) lost all but ~ε/u of its digits for small ε: up to 2·10⁻¹¹ relative in
+    the charge, tests/test_leftovers_lo4.py), log adds 4 ulps of its value, so the term
+    errs by at most 4.1 u + 8.1 u·|value|; SLACK·(|value| + 2) covers that and the exp a
+    caller takes (:func:`_delta_hat`), as in the conversion. ε(α) = 0 gives −∞ exactly.
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        kl = 0.5 * np.log1p(-np.exp(-base))  # per order; -inf where base = 0
+        kl = 0.5 * np.log(-np.expm1(-base))  # per order; -inf where base = 0
+        kl = np.where(kl == -np.inf, -np.inf, kl + SLACK * (np.abs(kl) + 2.0))
         kl_best = np.min(np.where(np.isnan(kl), np.inf, kl))
-        a = orders[None, :]
-        log_d = (a - 1) * (base[None, :] - eps_hat[:, None]) - np.log(a) + (a - 1) * np.log1p(-1 / a)
-        log_d = np.where(np.isnan(log_d), np.inf, log_d)
+        log_d = conv.log_delta_per_order(orders[None, :], base[None, :], eps_hat[:, None])
     return np.minimum(np.min(log_d, axis=1), kl_best)
+
+
+def _delta_hat(orders: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """δ̂ of seed 002 Theorem 6 at each order λ, rounded up (task lo4; docs/theory.md §7).
+
+    The theorem needs e^ε̂ ≤ 1 + 1/(λ−1); ε̂ = log1p(1/(λ−1)) in floats errs by at most
+    10.1 u relative (λ − 1 and the quotient an ulp each, relative condition of log1p ≤ 1,
+    log1p within 4 ulps), so ε̂·(1 − SLACK) (32 u, then rounded: 31 u below) is below the
+    exact value: a smaller ε̂ satisfies the condition, with a larger δ̂. δ̂ = exp(log δ̂)
+    one step up (an exp's subnormal result, as :func:`~privguard._curves._conversion.
+    delta_from_log`) and at most 1, which every pair of laws satisfies."""
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        eps_hat = np.log1p(1 / (orders - 1)) * (1.0 - SLACK)
+        delta = np.nextafter(np.exp(_log_delta_hat(orders, base, eps_hat)), np.inf)
+    return np.minimum(delta, 1.0)
 
 
 def _tnb_bound(orders: np.ndarray, base: np.ndarray, runs: TruncatedNegativeBinomial,
@@ -183,8 +207,7 @@ class RepeatAndSelect(Mechanism):
                 # (docs/theory.md §7, "K = 0"): e^((λ−1)ε') = e^(−μ) + μ·e^((λ−1)(ε + μδ̂));
                 # and the joint-convexity bound (§7, review acc); both hold at every μ,
                 # so the smaller one does (a NaN in either becomes ∞ in _finish)
-                eps_hat = np.log1p(1 / (orders - 1))
-                delta_hat = np.exp(_log_delta_hat(orders, base, eps_hat))
+                delta_hat = _delta_hat(orders, base)  # rounded up (task lo4)
                 mean = runs.mean  # type: ignore[attr-defined]  # every distribution has one
                 out = np.minimum(_poisson_bound(orders, base, mean, delta_hat),
                                  _poisson_convex_bound(orders, base, mean))
