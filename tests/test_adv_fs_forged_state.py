@@ -10,6 +10,7 @@ let that exception escape.
 from __future__ import annotations
 
 import copy
+import sqlite3
 
 import numpy as np
 import pytest
@@ -72,3 +73,38 @@ def test_a_forged_header_field_is_refused_in_place_and_changes_nothing(ledger_an
         ledger.load_state_dict(forged)
     assert ledger.epsilon() == before
     assert ledger.state_dict() == state
+
+
+def _keyed(monkeypatch) -> None:
+    monkeypatch.setenv("PRIVGUARD_LEDGER_KEY", "s3cret")
+    monkeypatch.delenv("PRIVGUARD_LEDGER_KEY_FILE", raising=False)
+
+
+@pytest.mark.parametrize("check", ["é" * 64, 7, None], ids=["non-ascii", "int", "none"])
+def test_a_keyed_state_with_a_forged_key_check_is_refused(monkeypatch, check):
+    # "é": compare_digest raised TypeError (non-ASCII str), before the checksum was read.
+    _keyed(monkeypatch)
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    ledger.charge(M.Gaussian(5.0), "b")
+    state = copy.deepcopy(ledger.state_dict())
+    assert state["keyed"] is True
+    state["key_check"] = check
+    with pytest.raises(LedgerStateError, match="ledger key"):
+        Ledger.load_state_dict(state)
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_keyed_file_with_a_non_ascii_key_check_is_refused(tmp_path, monkeypatch, read_only):
+    # An edited meta row: opening raised TypeError, and `privguard verify` printed
+    # "error: TypeError" with exit status 1 instead of refusing the file.
+    _keyed(monkeypatch)
+    path = tmp_path / "k.db"
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path=path)
+    ledger.charge(M.Gaussian(5.0), "b")
+    ledger.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'key_check'", ("é" * 64,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerStateError, match="ledger key"):
+        Ledger.open(path, read_only=read_only)
