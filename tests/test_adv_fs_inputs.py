@@ -1,0 +1,68 @@
+"""Adversarial pass fs: bad input to public helpers raises InvalidArgumentError naming the
+argument, never a built-in exception. Each test failed before (the built-in named)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privguard import InvalidArgumentError, RDPCurve
+from privguard.tuning import (
+    Choice,
+    Geometric,
+    IntUniform,
+    Logarithmic,
+    LogUniform,
+    Poisson,
+    SearchSpace,
+    TruncatedNegativeBinomial,
+    UniformFloat,
+)
+
+NOT_A_GENERATOR = [None, True, 0, np.random.RandomState(0), "rng"]
+SPACES = [
+    SearchSpace({"x": [1, 2]}),
+    SearchSpace({"x": UniformFloat(0.0, 1.0)}),
+    SearchSpace({"x": LogUniform(1e-3, 1.0)}),
+    SearchSpace({"x": IntUniform(0, 3)}),
+]
+
+
+@pytest.mark.parametrize("rng", NOT_A_GENERATOR, ids=repr)
+@pytest.mark.parametrize("space", SPACES, ids=repr)
+def test_a_space_draws_only_from_a_numpy_generator(space, rng):
+    # AttributeError ('NoneType' object has no attribute 'integers'), or a draw from
+    # whatever object had that method
+    for draw in (space.sample, space.draw):
+        with pytest.raises(InvalidArgumentError, match="rng"):
+            draw(rng)
+
+
+@pytest.mark.parametrize("rng", NOT_A_GENERATOR, ids=repr)
+def test_a_dimension_draws_only_from_a_numpy_generator(rng):
+    for draw in (Choice([1, 2]).sample, Choice([1, 2]).position, UniformFloat(0.0, 1.0).sample,
+                 LogUniform(1e-3, 1.0).sample, IntUniform(0, 3).sample):
+        with pytest.raises(InvalidArgumentError, match="rng"):
+            draw(rng)
+
+
+@pytest.mark.parametrize("runs", [Poisson(2.0), Geometric(mean=2.0), Logarithmic(mean=2.0),
+                                  TruncatedNegativeBinomial(eta=0.5, mean=3.0)], ids=repr)
+@pytest.mark.parametrize("k", [10**400, 2**1100], ids=["1e400", "2^1100"])
+def test_a_count_beyond_the_float_range_is_refused_by_the_pmf(runs, k):
+    # OverflowError (int too large to convert to float) for 10**400
+    with pytest.raises(InvalidArgumentError, match="k="):
+        runs.pmf(k)
+    assert runs.pmf(2**1000) == 0.0 == runs.pmf(-(10**400)) and 0.0 < runs.pmf(1) < 1.0
+
+
+@pytest.mark.parametrize("method", [np.array(["improved", "classic"]), np.array([1.0, 2.0]),
+                                    {"improved"}, ["improved"]], ids=repr)
+def test_a_conversion_method_that_is_not_a_string_is_refused(method):
+    # an array raised ValueError (the truth value of an array is ambiguous)
+    curve = RDPCurve([2.0, 3.0], [0.1, 0.2])
+    for convert in (curve.epsilon, curve.optimal_order, curve.epsilon_and_order):
+        with pytest.raises(InvalidArgumentError, match="method"):
+            convert(1e-5, method=method)
+    with pytest.raises(InvalidArgumentError, match="method"):
+        curve.delta(1.0, method=method)
