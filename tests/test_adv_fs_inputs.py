@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privguard import InvalidArgumentError, RDPCurve
+from privguard import InvalidArgumentError, Ledger, RDPCurve
 from privguard.tuning import (
     Choice,
     Geometric,
@@ -66,3 +66,18 @@ def test_a_conversion_method_that_is_not_a_string_is_refused(method):
             convert(1e-5, method=method)
     with pytest.raises(InvalidArgumentError, match="method"):
         curve.delta(1.0, method=method)
+
+
+@pytest.mark.parametrize("value", [np.array(["raise", "stop"]), np.array("stop"), ["stop"]],
+                         ids=repr)
+def test_attach_refuses_an_on_exhausted_that_is_not_a_string(value):
+    # an array raised ValueError (the truth value of an array is ambiguous)
+    from _tiny_opacus import private_linear
+
+    _, optimizer, loader = private_linear()
+    from privguard.integrations.opacus import attach
+
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    with pytest.raises(InvalidArgumentError, match="on_exhausted"):
+        attach(optimizer, ledger, data_loader=loader, on_exhausted=value)
+    assert len(ledger.runs) == 0
