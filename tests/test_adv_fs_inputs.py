@@ -81,3 +81,38 @@ def test_attach_refuses_an_on_exhausted_that_is_not_a_string(value):
     with pytest.raises(InvalidArgumentError, match="on_exhausted"):
         attach(optimizer, ledger, data_loader=loader, on_exhausted=value)
     assert len(ledger.runs) == 0
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [
+    ("epsilon", {"epsilon": -1.0, "delta": 1e-5}),
+    ("epsilon", {"epsilon": "1", "delta": 1e-5}),
+    ("delta", {"epsilon": 1.0, "delta": 2.0}),
+    ("rate_key", {"epsilon": 1.0, "delta": 1e-5, "rate_key": np.array([1, 2])}),
+    ("steps_key", {"epsilon": 1.0, "delta": 1e-5, "steps_key": 5}),
+], ids=repr)
+def test_dpsgd_cost_names_a_bad_argument_when_it_is_built(name, kwargs):
+    # accepted before; the tuner that called the cost then refused "cost=<function ...>
+    # raised InvalidArgumentError (or TypeError, for an array key)", naming neither
+    from privguard.tuning import dpsgd_cost
+
+    with pytest.raises(InvalidArgumentError, match=f"^{name}="):
+        dpsgd_cost(**kwargs)
+
+
+def test_paper_extrapolation_names_a_bad_key_params_scale_or_learning_rate():
+    # TypeError ('unhashable type', 'str' * float, 'NoneType' is not iterable), ValueError
+    # (dict() of a string) or OverflowError (10**400 * scale) before
+    from privguard.tuning import paper_extrapolation
+
+    with pytest.raises(InvalidArgumentError, match=r"^lr_key="):
+        paper_extrapolation(lr_key=np.array([1, 2]))
+    rule = paper_extrapolation()
+    for params, scale, name in [(None, 2.0, "params"), ("ab", 2.0, "params"),
+                                ({"lr": "0.1"}, 2.0, r"params\['lr'\]"),
+                                ({"lr": 10**400}, 2.0, r"params\['lr'\]"),
+                                ({"lr": 1e308}, 10.0, r"params\['lr'\]"),
+                                ({"lr": 0.1}, None, "scale"), ({"lr": 0.1}, float("nan"), "scale")]:
+        with pytest.raises(InvalidArgumentError, match=f"^{name}="):
+            rule(params, scale)
+    assert rule({"lr": 0.1, "clip": 1.0}, 4.0) == {"lr": 0.4, "clip": 1.0}
+    assert paper_extrapolation("adam")({"lr": 0.1}, 4.0) == {"lr": 0.1}
