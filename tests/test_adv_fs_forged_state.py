@@ -10,6 +10,7 @@ let that exception escape.
 from __future__ import annotations
 
 import copy
+import pickle
 import sqlite3
 
 import numpy as np
@@ -108,3 +109,30 @@ def test_a_keyed_file_with_a_non_ascii_key_check_is_refused(tmp_path, monkeypatc
     conn.close()
     with pytest.raises(LedgerStateError, match="ledger key"):
         Ledger.open(path, read_only=read_only)
+
+
+def _edited_pickle(ledger: Ledger, old: str, new: str) -> bytes:
+    data = pickle.dumps(ledger)
+    # SHORT_BINUNICODE: the opcode, one length byte, the UTF-8 text
+    before, after = (b"\x8c" + bytes([len(x)]) + x.encode() for x in (old, new))
+    assert data.count(before) == 1 and len(before) == len(after)
+    return data.replace(before, after)
+
+
+def test_an_edited_pickle_of_an_in_memory_ledger_is_refused():
+    # the payload's key "state" renamed: KeyError before
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    ledger.charge(M.Gaussian(5.0), "b")
+    with pytest.raises(LedgerStateError, match="pickle"):
+        pickle.loads(_edited_pickle(ledger, "state", "stale"))
+
+
+def test_an_edited_pickle_of_a_file_ledger_is_refused(tmp_path):
+    # the reference's key "path" renamed: KeyError before
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path=tmp_path / "p.db")
+    ledger.charge(M.Gaussian(5.0), "b")
+    try:
+        with pytest.raises(LedgerStateError, match="pickle"):
+            pickle.loads(_edited_pickle(ledger, "path", "pith"))
+    finally:
+        ledger.close()
