@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privguard import InvalidArgumentError, Ledger, RDPCurve
+from privguard import DEFAULT_ORDERS, InvalidArgumentError, Ledger, Odometer, RDPCurve
 from privguard.tuning import (
     Choice,
     Geometric,
@@ -116,3 +116,16 @@ def test_paper_extrapolation_names_a_bad_key_params_scale_or_learning_rate():
             rule(params, scale)
     assert rule({"lr": 0.1, "clip": 1.0}, 4.0) == {"lr": 0.4, "clip": 1.0}
     assert paper_extrapolation("adam")({"lr": 0.1}, 4.0) == {"lr": 0.1}
+
+
+@pytest.mark.parametrize(("name", "call"), [
+    ("weights", lambda o: Odometer(o, weights=np.ones(o.size))),
+    ("weights", lambda o: Odometer(o, weights=np.full(o.size, -1.0))),
+    ("spent", lambda o: Odometer(o).epsilon(np.full(o.size, np.nan), 1e-5)),
+    ("spent", lambda o: Odometer(o).epsilon(np.zeros((2, o.size)), 1e-5)),
+], ids=["sum", "negative", "nan", "2-D"])
+def test_an_odometer_refusal_names_its_argument_in_a_readable_message(name, call):
+    # the whole 157-value array was printed (messages of 750-950 characters)
+    with pytest.raises(InvalidArgumentError, match=f"^{name}=") as info:
+        call(np.asarray(DEFAULT_ORDERS))
+    assert len(str(info.value)) < 300, str(info.value)
