@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -148,6 +149,7 @@ class LedgerAccountant(IAccountant):
     def load_state_dict(self, state_dict: Any) -> None:
         if not isinstance(state_dict, dict):
             raise InvalidArgumentError("state_dict", type(state_dict).__name__, "must be a dict")
+        history = _opacus_history(state_dict.get("history", []))  # before the ledger moves
         if "privguard" in state_dict:
             restore(self.ledger, state_dict["privguard"], where="state_dict['privguard']")
         elif "privguard_ledger" in state_dict:  # written by privguard 0.1
@@ -157,7 +159,24 @@ class LedgerAccountant(IAccountant):
                 "this accountant state holds no privguard ledger (it was written by "
                 f"Opacus' {state_dict.get('mechanism')!r} accountant); load it into Opacus' "
                 "accountant and attach() the ledger, which charges the steps it recorded")
-        self.history = [tuple(row) for row in state_dict.get("history", [])]
+        self.history = history
+
+
+def _opacus_history(value: Any) -> list[tuple]:
+    """Opacus' run-length record, [(noise_multiplier, sample_rate, steps), ...], checked
+    (review fs: 5 raised TypeError after the ledger was restored; "ab" loaded as rows)."""
+    where = "state_dict['history']"
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InvalidArgumentError(where, check.short(value), "must be a list of "
+                                   "(noise_multiplier, sample_rate, steps) rows")
+    for i, row in enumerate(value):
+        if not (isinstance(row, (list, tuple)) and len(row) == 3
+                and check._real(row[0]) is not None and check._real(row[1]) is not None
+                and isinstance(row[2], numbers.Integral) and not isinstance(row[2], bool)
+                and row[2] >= 1):
+            raise InvalidArgumentError(where, check.short(value), f"row {i} is not "
+                                       "(noise_multiplier, sample_rate, steps >= 1)")
+    return [tuple(row) for row in value]
 
 
 def _record(history: list, sigma: float, rate: float) -> None:

@@ -16,7 +16,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from privguard import Ledger, LedgerStateError
+from privguard import InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 
 
@@ -136,3 +136,21 @@ def test_an_edited_pickle_of_a_file_ledger_is_refused(tmp_path):
             pickle.loads(_edited_pickle(ledger, "path", "pith"))
     finally:
         ledger.close()
+
+
+@pytest.mark.parametrize("history", [5, None, [1, 2], "ab", [(1.1, 0.01)], [(1.1, 0.01, 0)]],
+                         ids=repr)
+def test_a_ledger_accountant_state_with_a_malformed_history_is_refused_before_loading(history):
+    # 5, None, [1, 2]: TypeError after the ledger had been restored; "ab", a 2-row or a
+    # 0-step row loaded as the accountant's history
+    pytest.importorskip("opacus")
+    from privguard.integrations.opacus import LedgerAccountant
+
+    source = LedgerAccountant(Ledger(epsilon=8.0, delta=1e-5))
+    source.step(noise_multiplier=1.1, sample_rate=0.01)
+    state = dict(source.state_dict())
+    state["history"] = history
+    target = LedgerAccountant(Ledger(epsilon=8.0, delta=1e-5))
+    with pytest.raises(InvalidArgumentError, match=r"state_dict\['history'\]"):
+        target.load_state_dict(state)
+    assert len(target.ledger.runs) == 0 and target.history == []
