@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import copy
-import numbers
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe
-from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._checkpoint import is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
 
@@ -149,7 +148,8 @@ class LedgerAccountant(IAccountant):
     def load_state_dict(self, state_dict: Any) -> None:
         if not isinstance(state_dict, dict):
             raise InvalidArgumentError("state_dict", type(state_dict).__name__, "must be a dict")
-        history = _opacus_history(state_dict.get("history", []))  # before the ledger moves
+        # before the ledger moves
+        history = _opacus_history(state_dict.get("history", []), "state_dict['history']")
         if "privguard" in state_dict:
             restore(self.ledger, state_dict["privguard"], where="state_dict['privguard']")
         elif "privguard_ledger" in state_dict:  # written by privguard 0.1
@@ -162,20 +162,17 @@ class LedgerAccountant(IAccountant):
         self.history = history
 
 
-def _opacus_history(value: Any) -> list[tuple]:
-    """Opacus' run-length record, [(noise_multiplier, sample_rate, steps), ...], checked
-    (review fs: 5 raised TypeError after the ledger was restored; "ab" loaded as rows)."""
-    where = "state_dict['history']"
+def _opacus_history(value: Any, where: str) -> list[tuple]:
+    """Opacus' run-length record, [(noise_multiplier, sample_rate, steps), ...], checked as a
+    checkpoint entry's accountant_history is (review fs: 5 raised TypeError after the ledger
+    was restored, "ab" loaded as rows, and an array's truth value raised ValueError)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise InvalidArgumentError(where, check.short(value), "must be a list of "
                                    "(noise_multiplier, sample_rate, steps) rows")
     for i, row in enumerate(value):
-        if not (isinstance(row, (list, tuple)) and len(row) == 3
-                and check._real(row[0]) is not None and check._real(row[1]) is not None
-                and isinstance(row[2], numbers.Integral) and not isinstance(row[2], bool)
-                and row[2] >= 1):
+        if not is_step_row(row):
             raise InvalidArgumentError(where, check.short(value), f"row {i} is not "
-                                       "(noise_multiplier, sample_rate, steps >= 1)")
+                                       "(noise_multiplier, sample_rate, steps)")
     return [tuple(row) for row in value]
 
 
@@ -250,6 +247,7 @@ class EngineView(IAccountant):
                     "this checkpoint was written by a LedgerAccountant in place of Opacus' "
                     "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
             if "history" in state_dict:
+                _opacus_history(state_dict["history"], "state_dict['history']")  # review fs
                 try:
                     self.wrapped.load_state_dict(
                         {k: state_dict[k] for k in ("history", "mechanism") if k in state_dict})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import pickle
 import sqlite3
+import warnings
 
 import numpy as np
 import pytest
@@ -138,11 +139,11 @@ def test_an_edited_pickle_of_a_file_ledger_is_refused(tmp_path):
         ledger.close()
 
 
-@pytest.mark.parametrize("history", [5, None, [1, 2], "ab", [(1.1, 0.01)], [(1.1, 0.01, 0)]],
-                         ids=repr)
+@pytest.mark.parametrize("history", [5, None, [1, 2], "ab", [(1.1, 0.01)], [(1.1, "x", 2)],
+                                     np.array([[1.1, 0.01, 2]])], ids=repr)
 def test_a_ledger_accountant_state_with_a_malformed_history_is_refused_before_loading(history):
-    # 5, None, [1, 2]: TypeError after the ledger had been restored; "ab", a 2-row or a
-    # 0-step row loaded as the accountant's history
+    # 5, None, [1, 2]: TypeError after the ledger had been restored; "ab", a row of two
+    # or a row holding a string loaded as the accountant's history, and an array too
     pytest.importorskip("opacus")
     from privguard.integrations.opacus import LedgerAccountant
 
@@ -154,3 +155,48 @@ def test_a_ledger_accountant_state_with_a_malformed_history_is_refused_before_lo
     with pytest.raises(InvalidArgumentError, match=r"state_dict\['history'\]"):
         target.load_state_dict(state)
     assert len(target.ledger.runs) == 0 and target.history == []
+
+
+def _engine_attached():
+    """An Opacus engine (RDP accountant) whose optimizer is attached to a fresh ledger,
+    after one epoch of 4 steps."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard.integrations.opacus import attach
+
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)), batch_size=5)
+    engine = PrivacyEngine(accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+        ledger = Ledger(epsilon=8.0, delta=1e-5)
+        attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    return engine, ledger
+
+
+@pytest.mark.parametrize(("key", "name"), [("history", r"state_dict\['history'\]"),
+                                           ("format", "privguard")], ids=["history", "format"])
+def test_an_engine_checkpoint_holding_an_array_is_refused(key, name):
+    # ValueError (the truth value of an array) from Opacus' history read back, or from the
+    # entry's format compared element-wise
+    engine, _ = _engine_attached()
+    state = copy.deepcopy(engine.accountant.state_dict())
+    if key == "history":
+        state["history"] = np.array([1, 2])
+    else:
+        state["privguard"]["format"] = np.array([1, 2])
+    fresh, ledger = _engine_attached()
+    before = ledger.epsilon()
+    with pytest.raises((InvalidArgumentError, LedgerStateError), match=name):
+        fresh.accountant.load_state_dict(state)
+    assert ledger.epsilon() == before
