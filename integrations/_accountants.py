@@ -19,7 +19,7 @@ from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe
-from privguard.integrations._checkpoint import ledger_entry, restore
+from privguard.integrations._checkpoint import is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
 
@@ -148,6 +148,8 @@ class LedgerAccountant(IAccountant):
     def load_state_dict(self, state_dict: Any) -> None:
         if not isinstance(state_dict, dict):
             raise InvalidArgumentError("state_dict", type(state_dict).__name__, "must be a dict")
+        # before the ledger moves
+        history = _opacus_history(state_dict.get("history", []), "state_dict['history']")
         if "privguard" in state_dict:
             restore(self.ledger, state_dict["privguard"], where="state_dict['privguard']")
         elif "privguard_ledger" in state_dict:  # written by privguard 0.1
@@ -157,7 +159,21 @@ class LedgerAccountant(IAccountant):
                 "this accountant state holds no privguard ledger (it was written by "
                 f"Opacus' {state_dict.get('mechanism')!r} accountant); load it into Opacus' "
                 "accountant and attach() the ledger, which charges the steps it recorded")
-        self.history = [tuple(row) for row in state_dict.get("history", [])]
+        self.history = history
+
+
+def _opacus_history(value: Any, where: str) -> list[tuple]:
+    """Opacus' run-length record, [(noise_multiplier, sample_rate, steps), ...], checked as a
+    checkpoint entry's accountant_history is (review fs: 5 raised TypeError after the ledger
+    was restored, "ab" loaded as rows, and an array's truth value raised ValueError)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InvalidArgumentError(where, check.short(value), "must be a list of "
+                                   "(noise_multiplier, sample_rate, steps) rows")
+    for i, row in enumerate(value):
+        if not is_step_row(row):
+            raise InvalidArgumentError(where, check.short(value), f"row {i} is not "
+                                       "(noise_multiplier, sample_rate, steps)")
+    return [tuple(row) for row in value]
 
 
 def _record(history: list, sigma: float, rate: float) -> None:
@@ -231,6 +247,7 @@ class EngineView(IAccountant):
                     "this checkpoint was written by a LedgerAccountant in place of Opacus' "
                     "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
             if "history" in state_dict:
+                _opacus_history(state_dict["history"], "state_dict['history']")  # review fs
                 try:
                     self.wrapped.load_state_dict(
                         {k: state_dict[k] for k in ("history", "mechanism") if k in state_dict})

@@ -80,7 +80,9 @@ def ledger_entry(ledger: Ledger, accountant_history: list | None = None) -> dict
 
 def is_entry(value: Any) -> bool:
     """Whether ``value`` looks like an entry written by :func:`ledger_entry`."""
-    return isinstance(value, dict) and value.get("format") == ENTRY_FORMAT
+    # a str first: an array compared element-wise, and its truth value raised (review fs)
+    return isinstance(value, dict) and isinstance(value.get("format"), str) \
+        and value.get("format") == ENTRY_FORMAT
 
 
 def check_entry(entry: Any, where: str) -> None:
@@ -96,7 +98,7 @@ def check_entry(entry: Any, where: str) -> None:
             or not isinstance(entry.get("fingerprint"), str):
         raise LedgerStateError(f"{where}: checkpoint entry is malformed")
     held = entry.get("accountant_history")
-    if held is not None and not (isinstance(held, (list, tuple)) and all(map(_is_step, held))):
+    if held is not None and not (isinstance(held, (list, tuple)) and all(map(is_step_row, held))):
         # read as (σ, q, steps) triples at resume: 5 raised TypeError there, [[1.0, 0.01]]
         # ValueError (task bs)
         raise LedgerStateError(f"{where}: checkpoint entry is malformed (accountant_history "
@@ -104,7 +106,7 @@ def check_entry(entry: Any, where: str) -> None:
                                "privguard writes it)")
 
 
-def _is_step(row: Any) -> bool:
+def is_step_row(row: Any) -> bool:
     """Whether ``row`` is an accountant history row (σ, q, steps) as :func:`ledger_entry`
     writes it, or with numpy or torch numbers in place of Python's (the resume reads them
     as they are, as it did before bs refused them: review rbs)."""

@@ -18,7 +18,13 @@ import numpy as np
 
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
-from privguard.tuning._dp_hypo import DPHyPOSearch, GPUpdate, bounded_density, ordinal_coordinates
+from privguard.tuning._dp_hypo import (
+    DPHyPOSearch,
+    GPUpdate,
+    bounded_density,
+    check_history,
+    ordinal_coordinates,
+)
 from privguard.tuning._draw import draw_index
 from privguard.tuning._quiet import quiet_warnings
 from privguard.tuning._space import SearchSpace
@@ -265,6 +271,7 @@ class TPERule:
         self.n_samples, self.tpe_options = n_samples, dict(tpe_options)
 
     def __call__(self, history: list, coords: Any) -> np.ndarray:
+        history = check_history(history, len(self.candidates))  # review fs
         counts = np.zeros(len(self.candidates))
         with silenced():
             study = optuna.create_study(

@@ -1024,7 +1024,7 @@ def attach(
                                    "must be an Opacus DPOptimizer (see PrivacyEngine.make_private)")
     if not isinstance(ledger, Ledger):
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-    if on_exhausted not in ("raise", "stop"):
+    if not isinstance(on_exhausted, str) or on_exhausted not in ("raise", "stop"):  # review fs
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string or None")

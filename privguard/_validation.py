@@ -113,6 +113,13 @@ def _as_int(name: str, value: Any) -> int:
     raise InvalidArgumentError(name, short(value), "must be an integer")
 
 
+def generator(name: str, value: Any) -> np.random.Generator:
+    """``value`` if it is a ``numpy.random.Generator`` (what every draw takes)."""
+    if not isinstance(value, np.random.Generator):
+        raise InvalidArgumentError(name, short(value), "must be a numpy.random.Generator")
+    return value
+
+
 def flag(name: str, value: Any) -> bool:
     """``value`` if it is True or False (an assertion or a switch: nothing merely truthy)."""
     if not isinstance(value, bool):

@@ -452,16 +452,16 @@ def _checked_weights(weights: Any, n: int) -> np.ndarray:
     try:
         w = np.array(weights, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float64
-        raise InvalidArgumentError("weights", weights, "must be a sequence of numbers") from None
+        raise InvalidArgumentError("weights", check.short(weights), "must be a sequence of numbers") from None
     if w.ndim != 1 or w.size != n:
-        raise InvalidArgumentError("weights", weights, f"must be 1-D with one weight per order ({n})")
+        raise InvalidArgumentError("weights", check.short(weights), f"must be 1-D with one weight per order ({n})")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise InvalidArgumentError("weights", weights, "must be finite and >= 0")
+        raise InvalidArgumentError("weights", check.short(weights), "must be finite and >= 0")
     total = math.fsum(w.tolist())
     if not total > 0:
-        raise InvalidArgumentError("weights", weights, "must have a positive entry")
+        raise InvalidArgumentError("weights", check.short(weights), "must have a positive entry")
     if total > 1.0 + 1e-9:
-        raise InvalidArgumentError("weights", weights, f"must sum to at most 1 (sum {total!r})")
+        raise InvalidArgumentError("weights", check.short(weights), f"must sum to at most 1 (sum {total!r})")
     w = _at_most_one(w)  # a sum over 1 by rounding only: scaled down, never up
     w.setflags(write=False)
     return w
@@ -538,11 +538,11 @@ class Odometer:
             raise InvalidArgumentError("spent", check.short(spent),
                                        "must be an array of numbers") from None
         if arr.ndim == 0 or arr.shape[-1] != self.orders.size:
-            raise InvalidArgumentError("spent", spent,
+            raise InvalidArgumentError("spent", check.short(spent),
                                        f"must have one value per order ({self.orders.size}) "
                                        "in its last axis")
         if np.isnan(arr).any() or (arr < 0).any():
-            raise InvalidArgumentError("spent", spent, "spent RDP must be >= 0 (+inf allowed), not NaN")
+            raise InvalidArgumentError("spent", check.short(spent), "spent RDP must be >= 0 (+inf allowed), not NaN")
         return arr
 
     def _legacy(self, spent: np.ndarray, delta: float) -> np.ndarray:
@@ -572,7 +572,7 @@ class Odometer:
         """
         arr = self._spent(spent)
         if arr.ndim != 1:
-            raise InvalidArgumentError("spent", spent, "must be one curve (1-D)")
+            raise InvalidArgumentError("spent", check.short(spent), "must be one curve (1-D)")
         delta = check.delta("delta", delta)
         if self.mode == MIXTURE:
             return _mixture_epsilon_1d(arr, self._log_w, self._am1, delta)

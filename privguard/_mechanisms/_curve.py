@@ -196,5 +196,6 @@ class RDPCurve(Mechanism):
 
 
 def _check_method(method: str) -> None:
-    if method not in conv.METHODS:
+    # a str first: an array compared element-wise (ValueError, review fs)
+    if not isinstance(method, str) or method not in conv.METHODS:
         raise InvalidArgumentError("method", method, f"must be one of {conv.METHODS}")

@@ -72,7 +72,7 @@ class Poisson(RunsDistribution):
         return int(_generator(rng).poisson(self.mean))
 
     def pmf(self, k: int) -> float:
-        k = check._as_int("k", k)
+        k = _count(k)
         if k < 0:
             return 0.0
         return math.exp(k * math.log(self.mean) - self.mean - math.lgamma(k + 1))
@@ -86,9 +86,17 @@ MAX_POISSON_MEAN = 1e18
 
 
 def _generator(rng: Any) -> np.random.Generator:
-    if not isinstance(rng, np.random.Generator):
-        raise InvalidArgumentError("rng", check.short(rng), "must be a numpy.random.Generator")
-    return rng
+    return check.generator("rng", rng)
+
+
+def _count(k: Any) -> int:
+    """``k`` for a pmf: an integer within the float range (its formulas compute in floats:
+    10**400 raised OverflowError, review fs)."""
+    n = check._as_int("k", k)
+    if n > sys.float_info.max:
+        raise InvalidArgumentError("k", check.short(k), "must be at most the float range "
+                                   f"(k <= {sys.float_info.max:g})")
+    return n
 
 
 def _unit(name: str, x: Any) -> float:
@@ -193,7 +201,7 @@ class TruncatedNegativeBinomial(RunsDistribution):
                                        "candidates); make E[K] smaller")
 
     def pmf(self, k: int) -> float:
-        k = check._as_int("k", k)
+        k = _count(k)
         if k < 1:
             return 0.0
         g, eta = self.gamma, self.eta

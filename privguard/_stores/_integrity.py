@@ -142,7 +142,9 @@ class Integrity:
         if keyed and self._key is None:
             raise LedgerStateError(
                 f"{where} is protected by a ledger key: set {KEY_ENV} or {KEY_FILE_ENV}")
-        if keyed and not hmac.compare_digest(str(check), str(self.key_check())):
+        # a str only, and ASCII: compare_digest raises TypeError on a non-ASCII str (review fs)
+        if keyed and not (type(check) is str and check.isascii()
+                          and hmac.compare_digest(check, str(self.key_check()))):
             raise LedgerStateError(f"{where}: the configured ledger key is not this ledger's key")
         if not keyed and self._key is not None:
             raise LedgerStateError(

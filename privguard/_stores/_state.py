@@ -48,7 +48,7 @@ from privguard._accounting._accounting import Accounting, is_retarget
 from privguard._accounting._derivation import DERIVATION, derivation_of, first_difference
 from privguard._accounting._journal import Run
 from privguard._accounting._plan import Plan
-from privguard._errors import LedgerStateError, PrivguardError
+from privguard._errors import LedgerStateError, PrivguardError, _shown
 from privguard._mechanisms._base import mechanism_from_dict
 from privguard._mechanisms._poisson_revision import poisson_tuning_hint
 from privguard._stores._integrity import Integrity, canonical
@@ -102,19 +102,31 @@ def load(state: Any) -> tuple[Accounting, list[Run]]:
     """
     if not isinstance(state, dict):
         raise LedgerStateError(f"state must be a dict, got {type(state).__name__}")
-    if state.get("format") != FORMAT:
-        raise LedgerStateError(f"not a privguard ledger state (format={state.get('format')!r})")
+    # Each header field is typed before it is compared: an array, or an object whose ==,
+    # str or repr raises, escaped as that built-in exception (review fs).
+    fmt = state.get("format")
+    if type(fmt) is not str or fmt != FORMAT:
+        raise LedgerStateError(f"not a privguard ledger state (format={_shown(fmt)})")
     version = state.get("version")
+    if type(version) is not int:
+        raise LedgerStateError(f"state version {_shown(version)} is not an integer; "
+                               "refusing to load")
     if version == 1:
         return _load_v1(state)
     if version != VERSION:
         raise LedgerStateError(f"state version {version!r} is not supported by this privguard "
                                f"(it reads 1 and {VERSION}); refusing to load")
+    keyed = state.get("keyed")
+    if type(keyed) is not bool:
+        raise LedgerStateError(f"the state's keyed {_shown(keyed)} is not a bool (True or False)")
     integrity = Integrity.from_environment()
-    integrity.require_matches(bool(state.get("keyed")), state.get("key_check"), "this state")
+    integrity.require_matches(keyed, state.get("key_check"), "this state")
     body = {k: v for k, v in state.items() if k != "checksum"}
     expected = _checksum(lambda: integrity.digest("state", body))
-    if not hmac.compare_digest(str(state.get("checksum")), expected):
+    checksum = state.get("checksum")
+    # compare_digest raises TypeError on a str with non-ASCII characters
+    if type(checksum) is not str or not checksum.isascii() or not hmac.compare_digest(
+            checksum, expected):
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
     _check_keys(state)
     derivation = derivation_of(state)

@@ -110,6 +110,13 @@ def dpsgd_cost(epsilon: float, delta: float, *, orders=None, rate_key: str = "sa
     then close, and the order-wise maximum the tuner uses stays tight
     (seed 000 §4.1). Calibrations are cached per (q, T).
     """
+    # checked here, by name (review fs: a bad ε or δ, or a key that is not a str, surfaced
+    # only when a tuner called the cost, as "cost=<function ...> raised ...")
+    epsilon = check.positive_finite("epsilon", epsilon)
+    delta = check.delta("delta", delta)
+    for name, key in (("rate_key", rate_key), ("steps_key", steps_key)):
+        if not isinstance(key, str):
+            raise InvalidArgumentError(name, check.short(key), "must be a str (a key of params)")
     grid = tuple(_grid(orders).tolist())
 
     @functools.cache

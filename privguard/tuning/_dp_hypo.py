@@ -67,6 +67,33 @@ def ordinal_coordinates(space: SearchSpace) -> np.ndarray:
     return np.array(list(itertools.product(*grids)), dtype=float).reshape(-1, len(grids))
 
 
+def check_history(history: Any, candidates: int) -> History:
+    """``history`` as a list of (candidate index, finite score) pairs, each index in
+    [0, ``candidates``), or InvalidArgumentError naming it (review fs: a malformed one
+    raised whichever built-in the rule met first, and index −1 read the last candidate)."""
+    if isinstance(history, (str, bytes)) or not isinstance(history, (list, tuple)):
+        raise InvalidArgumentError("history", check.short(history),
+                                   "must be a list of (candidate index, score) pairs")
+    out: History = []
+    for i, pair in enumerate(history):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise InvalidArgumentError("history", check.short(history),
+                                       f"item {i} is not an (index, score) pair")
+        index, score = pair
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not (
+                0 <= index < candidates):
+            raise InvalidArgumentError("history", check.short(history),
+                                       f"item {i}'s index {check.short(index)!r} is not an "
+                                       f"integer in [0, {candidates})")
+        value = check._real(score)
+        if value is None or not np.isfinite(value):
+            raise InvalidArgumentError("history", check.short(history),
+                                       f"item {i}'s score {check.short(score)!r} is not a "
+                                       "finite real number")
+        out.append((int(index), value))
+    return out
+
+
 def bounded_density(update: Callable[[History, np.ndarray], np.ndarray], coords: np.ndarray,
                     prior: np.ndarray, C: float, c: float, history: History) -> np.ndarray:
     """The rule's density after ``history``, projected onto S_{C,c}(prior) (seed 003 eq. 3.1).
@@ -77,6 +104,7 @@ def bounded_density(update: Callable[[History, np.ndarray], np.ndarray], coords:
     Raises:
         InvalidArgumentError: the rule's output is not one finite weight per candidate.
     """
+    history = check_history(history, len(prior))
     if not history:
         return project_density(prior, prior, C, c)
     raw = np.asarray(update(history, coords), float)
@@ -105,6 +133,12 @@ class GPUpdate:
         gaussian_process = require("sklearn.gaussian_process", "gp")
         GaussianProcessRegressor = gaussian_process.GaussianProcessRegressor
         RBF, WhiteKernel = gaussian_process.kernels.RBF, gaussian_process.kernels.WhiteKernel
+        if not (isinstance(coords, np.ndarray) and coords.ndim == 2 and coords.shape[0] > 0):
+            raise InvalidArgumentError("coords", check.short(coords),
+                                       "must be a 2-D array, one row per candidate")
+        history = check_history(history, coords.shape[0])
+        if not history:  # a GP needs a point (density() gives the prior for none)
+            raise InvalidArgumentError("history", history, "must hold at least one pair")
         idx = np.array([i for i, _ in history])
         y = np.array([s for _, s in history], dtype=float)
         kernel = RBF(self.length_scale, "fixed") + WhiteKernel(self.noise, "fixed")

@@ -108,9 +108,19 @@ class ProposeTestResult:
 
 
 def partitions(n: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Assign each of n examples to one of k partitions independently; return index arrays."""
-    labels = rng.integers(k, size=n)
-    return [np.flatnonzero(labels == i) for i in range(k)]
+    """Assign each of n examples to one of k partitions independently; return index arrays.
+
+    Raises:
+        InvalidArgumentError: ``n`` too large for this process to hold a label per
+            example (numpy's ValueError or MemoryError escaped before, review fs).
+    """
+    try:
+        labels = rng.integers(k, size=n)
+        return [np.flatnonzero(labels == i) for i in range(k)]
+    except (MemoryError, ValueError, OverflowError) as exc:
+        raise InvalidArgumentError(
+            "n_examples", n, f"its partition labels cannot be drawn in this process "
+            f"({type(exc).__name__}: about 8 bytes per example); nothing was charged") from None
 
 
 class ProposeTest:
@@ -323,7 +333,12 @@ class ProposeTest:
         if not ledger.can_afford(self.round_mechanism()):
             return ProposeTestResult(False, None, 0, True, self.u0, self.seed is not None)
         rng = make_rng(self.seed)
-        return sealed(lambda: self._run(objective, ledger, n, rng))
+        # The partitions are drawn before the sealed part (data-independent, from the
+        # same stream, first, as before): an n_examples too large to draw them for is
+        # refused here, not as a TuningAborted saying a bound was charged (review fs).
+        # They then live only in _run's frame (the list is emptied there).
+        drawn = [partitions(n, self.k, rng)]
+        return sealed(lambda: self._run(objective, ledger, drawn, rng))
 
     def _examples(self, n_examples: Any) -> int:
         """``n_examples``, at least the number of partitions k (review bx: k = 10⁹ over 100
@@ -335,8 +350,8 @@ class ProposeTest:
                                        f"of partitions, {self.k} (each trains on its own part)")
         return n
 
-    def _run(self, objective: Callable, ledger: Ledger, n: int, rng: np.random.Generator
-             ) -> ProposeTestResult:
+    def _run(self, objective: Callable, ledger: Ledger, drawn: list,
+             rng: np.random.Generator) -> ProposeTestResult:
         """Everything that touches the data; its only exit is the charged loop's result.
 
         ``ledger`` refuses every read and charge while the partitions train (as in every
@@ -346,8 +361,10 @@ class ProposeTest:
         objective may decide from a utility, none of it paid for by a round; held, such a
         call raises ``LedgerStateError`` and the partition is ⊥ (0).
         """
+        parts = drawn.pop()
         with held(ledger):
-            u_s = _collect(objective, self.candidates, partitions(n, self.k, rng), self.k)
+            u_s = _collect(objective, self.candidates, parts, self.k)
+        del parts
         return self._loop(u_s, ledger, rng, "propose-test round")
 
     def worst_case_rounds(self) -> int:

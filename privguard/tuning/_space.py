@@ -36,7 +36,7 @@ class Choice:
 
     def position(self, rng: np.random.Generator) -> int:
         """The position of a uniformly drawn value (what :meth:`sample` draws)."""
-        return int(rng.integers(len(self.values)))
+        return int(check.generator("rng", rng).integers(len(self.values)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class UniformFloat:
         object.__setattr__(self, "high", high)
 
     def sample(self, rng: np.random.Generator) -> float:
-        return float(rng.uniform(self.low, self.high))
+        return float(check.generator("rng", rng).uniform(self.low, self.high))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +76,8 @@ class LogUniform:
             raise InvalidArgumentError("low, high", (self.low, self.high), "need low < high")
 
     def sample(self, rng: np.random.Generator) -> float:
-        return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+        draw = check.generator("rng", rng).uniform(math.log(self.low), math.log(self.high))
+        return float(math.exp(draw))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,7 @@ class IntUniform:
         object.__setattr__(self, "high", high)
 
     def sample(self, rng: np.random.Generator) -> int:
-        return int(rng.integers(self.low, self.high + 1))
+        return int(check.generator("rng", rng).integers(self.low, self.high + 1))
 
 
 _DIMENSIONS = (Choice, UniformFloat, LogUniform, IntUniform)

@@ -16,8 +16,9 @@ curve the plan assumed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -57,11 +58,23 @@ def paper_extrapolation(optimizer: str = "sgd", lr_key: str = "lr") -> Callable[
     """
     if not isinstance(optimizer, str) or optimizer not in ("sgd", "adam"):
         raise InvalidArgumentError("optimizer", optimizer, "must be 'sgd' or 'adam'")
+    if not isinstance(lr_key, str):  # an array raised TypeError at the first call (review fs)
+        raise InvalidArgumentError("lr_key", check.short(lr_key), "must be a str")
 
     def rule(params: dict, scale: float) -> dict:
+        # review fs: a non-dict, a bad scale or a learning rate that cannot be scaled
+        # raised the built-in of the line that met it
+        if not isinstance(params, Mapping):
+            raise InvalidArgumentError("params", check.short(params), "must be a dict")
+        factor = check.positive_finite("scale", scale)
         out = dict(params)
         if optimizer == "sgd" and lr_key in out:
-            out[lr_key] = out[lr_key] * scale
+            lr = out[lr_key]
+            x = check._real(lr)
+            if x is None or not math.isfinite(x * factor):
+                raise InvalidArgumentError(f"params[{lr_key!r}]", check.short(lr),
+                                           "must be a real number whose scaled value is finite")
+            out[lr_key] = lr * factor
         return out
 
     return rule
