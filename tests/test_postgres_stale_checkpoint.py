@@ -38,6 +38,7 @@ from privguard._stores._postgres import PostgresStore
 
 OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
 SCHEMA_V2 = Path(__file__).parent / "data" / "pgschema-v2-main-5a474ed.sql"
+V = _rows.CHECKPOINT_CURVES  # the curve version this library writes
 DPSGD = M.SubsampledGaussian(1.0, 0.01, steps=100)  # its curve changed in version 6 (task sg)
 CHARGES = _charges(first=[DPSGD])[:EVERY - 1]  # and the fix row: the checkpoint's row is EVERY
 GROWN = CHARGES + [CHARGES[-1]] * 3  # then the last run grows: the head stays on that row
@@ -206,12 +207,12 @@ def refreshed(pg, replayed):  # noqa: F811
 
 REFUSED = [  # (statement as the owner, what the database says)
     ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
-     " SELECT ledger, entries, last_count, head, prev, replace(snapshot, '\"curves\":6', "
-     "'\"curves\":5'), mac FROM privguard.checkpoints WHERE ledger = %(n)s AND curves = 6",
+     f" SELECT ledger, entries, last_count, head, prev, replace(snapshot, '\"curves\":{V}', "
+     f"'\"curves\":5'), mac FROM privguard.checkpoints WHERE ledger = %(n)s AND curves = {V}",
      "this curve version or a newer one"),
     ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
      " SELECT ledger, entries, last_count, head, prev, 'not json', mac FROM "
-     "privguard.checkpoints WHERE ledger = %(n)s AND curves = 6",
+     f"privguard.checkpoints WHERE ledger = %(n)s AND curves = {V}",
      "this curve version or a newer one"),
     ("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, prev, snapshot, mac)"
      " SELECT ledger, entries, last_count, head, prev, snapshot, mac FROM privguard.checkpoints"
@@ -242,18 +243,18 @@ def test_a_charging_role_still_writes_no_checkpoint(refreshed):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
                          "prev, snapshot, mac) SELECT ledger, entries, last_count, head, prev, "
-                         "replace(snapshot, '\"curves\":6', '\"curves\":8'), mac FROM "
-                         "privguard.checkpoints WHERE ledger = %s AND curves = 6", (name,))
+                         f"replace(snapshot, '\"curves\":{V}', '\"curves\":{V + 2}'), mac FROM "
+                         f"privguard.checkpoints WHERE ledger = %s AND curves = {V}", (name,))
 
 
-@pytest.mark.parametrize("snapshot", ['{"curves": 99}', '{"curves": 7, "accounting": {}}'])
+@pytest.mark.parametrize("snapshot", ['{"curves": 99}', f'{{"curves": {V + 1}, "accounting": {{}}}}'])
 def test_a_forged_newer_checkpoint_is_refused_not_resumed(refreshed, snapshot):
     """The reader takes the newest curve version on the newest row: a forged one there (the
     owner's INSERT, with no valid MAC) fails closed, at every open and in verify."""
     srv, db, name = refreshed
     _as_owner(srv, db, "INSERT INTO privguard.checkpoints (ledger, entries, last_count, head, "
               "prev, snapshot, mac) SELECT ledger, entries, last_count, head, prev, %s, 'forged' "
-              "FROM privguard.checkpoints WHERE ledger = %s AND curves = 6", (snapshot, name))
+              f"FROM privguard.checkpoints WHERE ledger = %s AND curves = {V}", (snapshot, name))
     for user, read_only in ((OWNER, False), (OWNER, True), (CHARGER, False)):
         with pytest.raises(LedgerStateError, match="digest"):
             Ledger.open(srv.url(user, db, name), read_only=read_only)
