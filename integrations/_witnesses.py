@@ -808,7 +808,22 @@ class Witnesses:
         # step's squares' underflow allowance, (1 + s)·√(d·2⁻¹⁰²⁰) (_Layout), is ≥ σC√d/16,
         # so that it could pass a step without noise: σC ≲ 4.8·10⁻¹⁵³·(1 + s). A function of
         # σ, C, s and the dtype only
-        if not (sd * sd > 0.0 and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
+        # Review rlo4: and where that allowance alone passes a step without noise. The 16×
+        # rule keeps its share of the statistic at d/256 or less, which χ²_d's quantile at α_j
+        # is below for small d (α = 10⁻¹⁰: d < 10): a float64 step of 4 coordinates with no
+        # noise at all passed at σC up to ~10⁻¹⁴⁷ (s = 64), which main refused (its statistic
+        # ~0). A step without noise reads at most `under` here from the squares' underflow
+        # (√ of ‖ẑ‖²'s error, (1 + s)·√(d·2⁻¹⁰²¹), plus the allowance (1 + s)·√(d·2⁻¹⁰²⁰)):
+        # refused, not charged, unless that still alarms the test; a function of σ, C, s, d,
+        # the dtype and the step's level α_j only
+        under = 2.0 * (1.0 + scale) * lay.squares_total * (1.0 + 2.0 ** -40)
+        blind = False
+        if under > 0.0 and sd * sd > 0.0:
+            x = under * under / (sd * sd)
+            blind = not (x <= self._noise_cut(d) and _chi2_lower_tail(x, d)
+                         <= level(self.noise_checks + 1, self.false_alarm))
+        if blind or not (sd * sd > 0.0
+                         and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
             self._fail(PipelineMismatchError(
                 f"noise witness: the charged noise σ·C = {_exact(sd)} per coordinate (σ = "
                 f"{_exact(sigma)}, C = {_exact(c)}) is too small to be measured in float64 ((σC)² "

@@ -65,3 +65,46 @@ def test_delta_hat_is_never_below_mains_on_random_curves():
             log_d = np.where(np.isnan(log_d), np.inf, log_d)
             main = np.exp(np.minimum(np.min(log_d, axis=1), np.min(kl)))
         assert np.all(rs._delta_hat(orders, base) >= main), trial
+
+
+@pytest.mark.parametrize("d", [1, 2, 4])
+@pytest.mark.parametrize("above", [1.01, 4.0, 30.0])
+def test_a_small_float64_step_without_noise_is_not_passed_on_the_underflow_allowance(d, above):
+    # Review rlo4: lo4 refused float64 steps where the squares' underflow allowance is
+    # ≥ σC√d/16, its share of the statistic d/256 or less above that; but χ²_d's quantile at
+    # α_j is below d/256 for small d (α = 10⁻¹⁰: d < 10), so a step with no noise at all
+    # passed there on the allowance alone, at σC from the guard up to ~10⁻¹⁴⁷ (s = 64),
+    # where main refused it (its statistic ~0). Now refused, not charged (a function of σ,
+    # C, s, d, the dtype and α_j), unless such a statistic still alarms the test.
+    torch = pytest.importorskip("torch")
+    from test_leftovers_lo4 import _float64_step
+
+    from privguard import PipelineMismatchError
+
+    sd = above * 16 * 65 * 2.0 ** -510  # above lo4's guard, 16(1 + s)·2⁻⁵¹⁰ at s = 64
+    a = torch.randn(d, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 1e-160
+    w = _float64_step(a, a / 64.0, sd)
+    with pytest.raises(PipelineMismatchError, match="too small to be measured") as info:
+        w._check_noise(sd, 64)
+    assert not getattr(info.value, "step_charged", False)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_small_steps_at_ordinary_magnitudes_are_judged_as_before(dtype):
+    # The guard above moves no ordinary step: a correct float64 or float32 step of 4
+    # coordinates at σC = 1 passes, one without noise alarms the noise test.
+    torch = pytest.importorskip("torch")
+    from test_leftovers_lo4 import _float64_step
+
+    from privguard import PipelineMismatchError
+
+    kind = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(4, generator=gen, dtype=torch.float64).to(kind) * 0.1
+    z = torch.randn(4, generator=gen, dtype=torch.float64).to(kind)
+    w = _float64_step(a, (a + z) / 64.0, 1.0)
+    w._check_noise(1.0, 64)
+    assert w.failure is None and w.noise_checks == 1
+    w = _float64_step(a, a / 64.0, 1.0)
+    with pytest.raises(PipelineMismatchError, match="P\\(this little noise"):
+        w._check_noise(1.0, 64)
