@@ -810,9 +810,9 @@ class Witnesses:
         # σ, C, s and the dtype only
         # Review rlo4: and where that allowance alone passes a step without noise. The 16×
         # rule keeps its share of the statistic at d/256 or less, which χ²_d's quantile at α_j
-        # is below for small d (α = 10⁻¹⁰: d < 10): a float64 step of 4 coordinates with no
-        # noise at all passed at σC up to ~10⁻¹⁴⁷ (s = 64), which main refused (its statistic
-        # ~0). A step without noise reads at most `under` here from the squares' underflow
+        # is below for small d (α = 10⁻¹⁰: d < 10): a float64 step with no noise at all passed
+        # at σC up to ~10⁻¹⁴³ (d = 1, s = 64; 5·10⁻¹⁵⁰ at d = 4), which main refused (its
+        # statistic ~0). A step without noise reads at most `under` here from the squares' underflow
         # (√ of ‖ẑ‖²'s error, (1 + s)·√(d·2⁻¹⁰²¹), plus the allowance (1 + s)·√(d·2⁻¹⁰²⁰)):
         # refused, not charged, unless that still alarms the test; a function of σ, C, s, d,
         # the dtype and the step's level α_j only

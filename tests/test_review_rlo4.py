@@ -73,7 +73,7 @@ def test_a_small_float64_step_without_noise_is_not_passed_on_the_underflow_allow
     # Review rlo4: lo4 refused float64 steps where the squares' underflow allowance is
     # ≥ σC√d/16, its share of the statistic d/256 or less above that; but χ²_d's quantile at
     # α_j is below d/256 for small d (α = 10⁻¹⁰: d < 10), so a step with no noise at all
-    # passed there on the allowance alone, at σC from the guard up to ~10⁻¹⁴⁷ (s = 64),
+    # passed there on the allowance alone, at σC from the guard up to ~10⁻¹⁴³ (d = 1, s = 64),
     # where main refused it (its statistic ~0). Now refused, not charged (a function of σ,
     # C, s, d, the dtype and α_j), unless such a statistic still alarms the test.
     torch = pytest.importorskip("torch")
