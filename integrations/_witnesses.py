@@ -1175,6 +1175,16 @@ class Witnesses:
         eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
         tolerance = (1e-3 + 4.0 * records * eps) * bound + _stabiliser(c) * records
+        if size > bound + tolerance and self._buf.squares_total > 0.0 \
+                and bound + tolerance < 2.0 ** -300:
+            # Review rlo4: the bound on ‖a‖ adds the float64 squares' underflow, √(d·2⁻¹⁰²⁰)
+            # (task lo4), which alone exceeds a small B·C: every float64 step of an empty
+            # Poisson batch (B = 0: the bound is 0) was refused at any C, and at B·C ~ √d·10⁻¹⁵⁵
+            # a correct step was refused or not depending on its clipped sum (not charged).
+            # Here ‖a‖ is measured again without underflow: a scaled by 2⁶⁰⁰ (exact) squares
+            # to normal floats (from 2⁻⁹⁴⁸) or overflows to inf, which only an entry above
+            # 2⁻⁸⁸ ≫ B·C + tolerance does (a clipped sum over its bound: refused)
+            size = self._clipped_norm_high()
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "
@@ -1186,6 +1196,23 @@ class Witnesses:
                 "record moved the sum by more than C. Nothing was charged or applied",
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))
+
+    def _clipped_norm_high(self) -> float:
+        """An upper bound on ‖summed_grad‖ without the squares' underflow (review rlo4): the
+        clipped sums in float64 times 2⁶⁰⁰ (exact), summed squares (each term within u of
+        its value, the sum within γ: :func:`gram_widening`), then scaled back. Only where
+        :meth:`_check_clipped_sum` would refuse a float64 step at a bound below 2⁻³⁰⁰ (one
+        more pass over the clipped sums, never on an ordinary step)."""
+        terms = [p.summed_grad for p in self.optimizer.params
+                 if p.grad is not None and p.summed_grad is not None]
+        with torch.no_grad():
+            total = sum((torch.sum(torch.square(t.detach().to(torch.float64) * 2.0 ** 600))
+                         for t in terms), torch.zeros((), dtype=torch.float64))
+        size = float(total)
+        if not size < math.inf:  # an entry above 2⁻⁸⁸ (or a NaN): far over any such bound
+            return math.inf
+        count = sum(t.numel() for t in terms) + len(terms)
+        return math.sqrt(size / (1.0 - gram_widening(count))) * (1.0 + 2.0 ** -40) * 2.0 ** -600
 
     def _check_sampling(self, sizes: Any, q: float, accumulated: int) -> None:
         """Each of ``sizes`` drawn in ``accumulated`` Poisson(q) draws of the dataset.

@@ -108,3 +108,47 @@ def test_small_steps_at_ordinary_magnitudes_are_judged_as_before(dtype):
     w = _float64_step(a, a / 64.0, 1.0)
     with pytest.raises(PipelineMismatchError, match="P\\(this little noise"):
         w._check_noise(1.0, 64)
+
+
+def _clipping_run(a, sigma, c, records):
+    torch = pytest.importorskip("torch")
+    from test_leftovers_lo4 import _float64_step
+
+    z = torch.randn(a.numel(), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    w = _float64_step(a, (a + z.to(a.dtype)) / 64.0, sigma)
+    w.optimizer.max_grad_norm = c
+    w._check_noise(sigma, records)
+    assert w.failure is None
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_an_empty_poisson_batch_of_a_float64_model_passes_the_clipping_check(dtype):
+    # Review rlo4: lo4's bound on ‖a‖ adds √(d·2⁻¹⁰²⁰) for float64 steps, so with B = 0
+    # records (an empty Poisson batch: the bound is 0) every float64 step was refused
+    # ("the clipped sum of this step's 0 records has norm 2.38666e-153 > 0 × C"), at C = 1.
+    torch = pytest.importorskip("torch")
+    _clipping_run(torch.zeros(64, dtype=getattr(torch, dtype)), 1.0, 1.0, 0)
+
+
+def test_a_nonzero_clipped_sum_of_no_records_is_refused_below_the_underflow():
+    # ... while a clipped sum of no records that is not 0 is refused however small (main
+    # passed entries of 10⁻¹⁷⁰: their squares round to 0)
+    torch = pytest.importorskip("torch")
+    from privguard import PipelineMismatchError
+
+    with pytest.raises(PipelineMismatchError) as info:
+        _clipping_run(torch.full((64,), 1e-170, dtype=torch.float64), 1.0, 1.0, 0)
+    assert info.value.witness == "clipping"
+
+
+@pytest.mark.parametrize("norm", [0.0, 0.5, 0.99])
+def test_a_correct_float64_clipped_sum_is_never_refused_at_a_tiny_bound(norm):
+    # Review rlo4: at B·C just below √(d·2⁻¹⁰²⁰)/11 (C ≈ 3.4·10⁻¹⁵⁶, B = 64, d = 64) lo4
+    # refused a correct step whose ‖a‖ = 0.99·B·C and passed one whose a = 0: a refusal,
+    # not charged, that depends on the clipped sum. A correct clip never trips the check.
+    torch = pytest.importorskip("torch")
+    import math
+
+    x = math.sqrt(64 * 2.0 ** -1020 / 120.5)  # B·C
+    u = torch.randn(64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    _clipping_run(u / u.norm() * norm * x, 64.0 / x, x / 64, 64)
