@@ -1175,8 +1175,8 @@ class Witnesses:
         eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
         tolerance = (1e-3 + 4.0 * records * eps) * bound + _stabiliser(c) * records
-        if size > bound + tolerance and self._buf.squares_total > 0.0 \
-                and bound + tolerance < 2.0 ** -300:
+        if size > bound + tolerance and bound + tolerance < 2.0 ** -300 \
+                and self._buf.squares_total > 0.0:
             # Review rlo4: the bound on ‖a‖ adds the float64 squares' underflow, √(d·2⁻¹⁰²⁰)
             # (task lo4), which alone exceeds a small B·C: every float64 step of an empty
             # Poisson batch (B = 0: the bound is 0) was refused at any C, and at B·C ~ √d·10⁻¹⁵⁵
