@@ -820,8 +820,11 @@ class Witnesses:
         blind = False
         if under > 0.0 and sd * sd > 0.0:
             x = under * under / (sd * sd)
-            blind = not (x <= self._noise_cut(d) and _chi2_lower_tail(x, d)
-                         <= level(self.noise_checks + 1, self.false_alarm))
+            alpha = level(self.noise_checks + 1, self.false_alarm)
+            # P(χ²_d ≤ x) ≤ P(χ²_1 ≤ x) ≤ √x: an ordinary float64 step (√x ~ 10⁻¹⁵⁰) makes
+            # no scipy call here
+            if math.sqrt(x) > alpha:
+                blind = not (x <= self._noise_cut(d) and _chi2_lower_tail(x, d) <= alpha)
         if blind or not (sd * sd > 0.0
                          and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
             self._fail(PipelineMismatchError(
