@@ -150,3 +150,24 @@ def test_a_correct_float64_clipped_sum_is_never_refused_at_a_tiny_bound(norm):
     x = math.sqrt(64 * 2.0 ** -1020 / 120.5)  # B·C
     u = torch.randn(64, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     _clipping_run(u / u.norm() * norm * x, 64.0 / x, x / 64, 64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_steps_without_float64_tensors_keep_mains_allowances_bit_for_bit(dtype):
+    # Task lo4's squares' allowance and review rlo4's guards are float64's only: a step of
+    # another dtype keeps main's subnormal terms η·√d exactly, and no floor.
+    torch = pytest.importorskip("torch")
+    import math
+
+    from test_leftovers_lo4 import _float64_step
+
+    kind = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(6)
+    a = (torch.randn(40, generator=gen, dtype=torch.float64) * 0.1).to(kind)
+    z = torch.randn(40, generator=gen, dtype=torch.float64).to(kind)
+    w = _float64_step(a, (a + z) / 64.0, 1.0)
+    w._check_noise(1.0, 64)
+    lay = w._buf
+    eta = torch.finfo(kind).smallest_normal * torch.finfo(kind).eps
+    assert lay.squares_total == 0.0
+    assert lay.tiny == [eta * math.sqrt(40)] and lay.tiny_total == eta * math.sqrt(40)
