@@ -808,7 +808,25 @@ class Witnesses:
         # step's squares' underflow allowance, (1 + s)·√(d·2⁻¹⁰²⁰) (_Layout), is ≥ σC√d/16,
         # so that it could pass a step without noise: σC ≲ 4.8·10⁻¹⁵³·(1 + s). A function of
         # σ, C, s and the dtype only
-        if not (sd * sd > 0.0 and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
+        # Review rlo4: and where that allowance alone passes a step without noise. The 16×
+        # rule keeps its share of the statistic at d/256 or less, which χ²_d's quantile at α_j
+        # is below for small d (α = 10⁻¹⁰: d < 10): a float64 step with no noise at all passed
+        # at σC up to ~10⁻¹⁴³ (d = 1, s = 64; 5·10⁻¹⁵⁰ at d = 4), which main refused (its
+        # statistic ~0). A step without noise reads at most `under` here from the squares' underflow
+        # (√ of ‖ẑ‖²'s error, (1 + s)·√(d·2⁻¹⁰²¹), plus the allowance (1 + s)·√(d·2⁻¹⁰²⁰)):
+        # refused, not charged, unless that still alarms the test; a function of σ, C, s, d,
+        # the dtype and the step's level α_j only
+        under = 2.0 * (1.0 + scale) * lay.squares_total * (1.0 + 2.0 ** -40)
+        blind = False
+        if under > 0.0 and sd * sd > 0.0:
+            x = under * under / (sd * sd)
+            alpha = level(self.noise_checks + 1, self.false_alarm)
+            # P(χ²_d ≤ x) ≤ P(χ²_1 ≤ x) ≤ √x: an ordinary float64 step (√x ~ 10⁻¹⁵⁰) makes
+            # no scipy call here
+            if math.sqrt(x) > alpha:
+                blind = not (x <= self._noise_cut(d) and _chi2_lower_tail(x, d) <= alpha)
+        if blind or not (sd * sd > 0.0
+                         and sd * math.sqrt(d) > 16.0 * (1.0 + scale) * lay.squares_total):
             self._fail(PipelineMismatchError(
                 f"noise witness: the charged noise σ·C = {_exact(sd)} per coordinate (σ = "
                 f"{_exact(sigma)}, C = {_exact(c)}) is too small to be measured in float64 ((σC)² "
@@ -1160,6 +1178,16 @@ class Witnesses:
         eps = self._buf.eps  # the coarsest dtype of this step's clipped sums and gradients
         bound = records * c
         tolerance = (1e-3 + 4.0 * records * eps) * bound + _stabiliser(c) * records
+        if size > bound + tolerance and bound + tolerance < 2.0 ** -300 \
+                and self._buf.squares_total > 0.0:
+            # Review rlo4: the bound on ‖a‖ adds the float64 squares' underflow, √(d·2⁻¹⁰²⁰)
+            # (task lo4), which alone exceeds a small B·C: every float64 step of an empty
+            # Poisson batch (B = 0: the bound is 0) was refused at any C, and at B·C ~ √d·10⁻¹⁵⁵
+            # a correct step was refused or not depending on its clipped sum (not charged).
+            # Here ‖a‖ is measured again without underflow: a scaled by 2⁶⁰⁰ (exact) squares
+            # to normal floats (from 2⁻⁹⁴⁸) or overflows to inf, which only an entry above
+            # 2⁻⁸⁸ ≫ B·C + tolerance does (a clipped sum over its bound: refused)
+            size = self._clipped_norm_high()
         if size > bound + tolerance:
             self._fail(PipelineMismatchError(
                 f"clipping witness: the clipped sum of this step's {records} records has norm "
@@ -1171,6 +1199,23 @@ class Witnesses:
                 "record moved the sum by more than C. Nothing was charged or applied",
                 witness="clipping", charged=c, measured=size, interval=None,
                 step=self.steps))
+
+    def _clipped_norm_high(self) -> float:
+        """An upper bound on ‖summed_grad‖ without the squares' underflow (review rlo4): the
+        clipped sums in float64 times 2⁶⁰⁰ (exact), summed squares (each term within u of
+        its value, the sum within γ: :func:`gram_widening`), then scaled back. Only where
+        :meth:`_check_clipped_sum` would refuse a float64 step at a bound below 2⁻³⁰⁰ (one
+        more pass over the clipped sums, never on an ordinary step)."""
+        terms = [p.summed_grad for p in self.optimizer.params
+                 if p.grad is not None and p.summed_grad is not None]
+        with torch.no_grad():
+            total = sum((torch.sum(torch.square(t.detach().to(torch.float64) * 2.0 ** 600))
+                         for t in terms), torch.zeros((), dtype=torch.float64))
+        size = float(total)
+        if not size < math.inf:  # an entry above 2⁻⁸⁸ (or a NaN): far over any such bound
+            return math.inf
+        count = sum(t.numel() for t in terms) + len(terms)
+        return math.sqrt(size / (1.0 - gram_widening(count))) * (1.0 + 2.0 ** -40) * 2.0 ** -600
 
     def _check_sampling(self, sizes: Any, q: float, accumulated: int) -> None:
         """Each of ``sizes`` drawn in ``accumulated`` Poisson(q) draws of the dataset.

@@ -50,10 +50,21 @@ def _log_delta_hat(orders: np.ndarray, base: np.ndarray, eps_hat: np.ndarray) ->
     the charge, tests/test_leftovers_lo4.py), log adds 4 ulps of its value, so the term
     errs by at most 4.1 u + 8.1 u·|value|; SLACK·(|value| + 2) covers that and the exp a
     caller takes (:func:`_delta_hat`), as in the conversion. ε(α) = 0 gives −∞ exactly.
+
+    Review rlo4: and never below the value before task lo4, ½·log1p(−exp(−ε(α))), which lost
+    digits either way (1 − e^(−ε) to within u/2 absolute, so ~u/ε(α) of the term): where it
+    was above the exact value, the rounded-up term alone put δ̂ and the charge below main's (by up to
+    2.5·10⁻⁵ relative at Poisson(10⁴), 2.2·10⁻⁸ at Poisson(3)), and a ledger main wrote
+    with such a charge failed to load ("does not replay to the recorded spent totals": a
+    stored total may lie below today's curve, never above it,
+    privguard/_stores/_revision.py). Every other step rounds monotonically and is at or
+    above main's (ε̂ lowered, the conversion's slack, the exp one step up), so δ̂ and the
+    curve are at or above main's everywhere (tests/test_review_rlo4.py).
     """
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         kl = 0.5 * np.log(-np.expm1(-base))  # per order; -inf where base = 0
         kl = np.where(kl == -np.inf, -np.inf, kl + SLACK * (np.abs(kl) + 2.0))
+        kl = np.maximum(kl, 0.5 * np.log1p(-np.exp(-base)))  # main's: never below it (rlo4)
         kl_best = np.min(np.where(np.isnan(kl), np.inf, kl))
         log_d = conv.log_delta_per_order(orders[None, :], base[None, :], eps_hat[:, None])
     return np.minimum(np.min(log_d, axis=1), kl_best)
