@@ -103,12 +103,15 @@ VERSION_5 = MECHANISMS | {"Poisson", "TruncatedNegativeBinomial", "SubsetTuning"
 changed: review al), ``PureDP`` at every ε₀ (task cv's rule was version 5's)."""
 
 UNCHANGED_SINCE = {2: MECHANISMS - SG_CHANGED, 3: MECHANISMS - SG_CHANGED,
-                   4: (MECHANISMS | {"Poisson"}) - SG_CHANGED,
-                   5: VERSION_5 - SG_CHANGED}  # task sg: the subsampled Gaussian changed
+                   4: MECHANISMS - SG_CHANGED,
+                   5: VERSION_5 - SG_CHANGED - {"Poisson"}}  # tasks sg and lo4
 """Per older curve version (:data:`RESUMABLE`): the types (mechanisms and laws of runs) whose
 curves are the same floats today as when a checkpoint of that version was written. Version
 4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral). Version 5 adds
-review al's types. Task sg removes :data:`SG_CHANGED` from every version."""
+review al's types. Task sg removes :data:`SG_CHANGED` from every version. Task lo4 (version
+7) rounds the Poisson law's δ̂ up (docs/theory.md §7, "Rounding of δ̂"): ``Poisson`` counts as
+changed for every older version again (none is resumed from since version 7 anyway:
+:data:`RESUMABLE`)."""
 
 PURE_DP_CHANGED = frozenset({2, 3, 4})
 """The older versions for which task cv's ``PureDP`` rule (ε₀ ≥ 40) counts as a change
