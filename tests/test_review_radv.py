@@ -1,0 +1,52 @@
+"""Review radv (of branch adv, "review fs"): regressions and gaps in its input checks.
+
+Each test failed on adv's head (960c27a).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from privguard import InvalidArgumentError
+
+
+def test_dp_hypo_sampler_takes_an_optuna_history_with_an_infinite_value():
+    # Optuna completes a trial whose value is inf; DPHyPOSampler hands the rule such a
+    # history (as on main). adv refused it in density(), and sample_relative's fallback
+    # then drew every later trial from the prior, silently.
+    optuna = pytest.importorskip("optuna")
+    from privguard.integrations.optuna import DPHyPOSampler, TPERule
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = {"x": [0, 1, 2, 3], "y": [0, 1]}
+    sampler = DPHyPOSampler(space, rule=TPERule(space, n_samples=16, seed=0))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study.enqueue_trial({"x": 3, "y": 1})
+    study.optimize(lambda t: (math.inf if (t.suggest_categorical("x", [0, 1, 2, 3]),
+                                           t.suggest_categorical("y", [0, 1])) == (3, 1)
+                              else 1.0), n_trials=1)
+    assert study.trials[0].state == optuna.trial.TrialState.COMPLETE
+    assert study.trials[0].value == math.inf
+    for history in ([(7, math.inf), (0, 1.0)], [(7, -math.inf)]):
+        density = sampler.density(history)
+        assert density.shape == (8,) and abs(density.sum() - 1.0) < 1e-12
+        assert not np.allclose(density, sampler.prior)  # the rule's, not the fallback
+    # the rule itself, as on main
+    assert TPERule(space, n_samples=8, seed=0)([(7, math.inf)], None).sum() == 8
+
+
+def test_nan_and_the_gp_rules_infinite_scores_are_still_refused():
+    optuna = pytest.importorskip("optuna")
+    pytest.importorskip("sklearn")
+    from privguard.integrations.optuna import DPHyPOSampler, TPERule
+    from privguard.tuning import GPUpdate
+
+    del optuna
+    space = {"x": [0, 1, 2, 3]}
+    with pytest.raises(InvalidArgumentError, match="history"):
+        DPHyPOSampler(space, rule=TPERule(space, n_samples=4)).density([(0, math.nan)])
+    with pytest.raises(InvalidArgumentError, match="history"):
+        GPUpdate()([(0, math.inf)], np.zeros((4, 1)))
