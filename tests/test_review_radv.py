@@ -5,12 +5,14 @@ Each test failed on adv's head (960c27a).
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 
-from privguard import InvalidArgumentError
+from privguard import InvalidArgumentError, LedgerStateError
+from tests.test_adv_fs_forged_state import _engine_attached
 
 
 def test_dp_hypo_sampler_takes_an_optuna_history_with_an_infinite_value():
@@ -50,3 +52,25 @@ def test_nan_and_the_gp_rules_infinite_scores_are_still_refused():
         DPHyPOSampler(space, rule=TPERule(space, n_samples=4)).density([(0, math.nan)])
     with pytest.raises(InvalidArgumentError, match="history"):
         GPUpdate()([(0, math.inf)], np.zeros((4, 1)))
+
+
+@pytest.mark.parametrize("forge", ["charges", "version", "not a dict"])
+def test_an_engine_checkpoint_with_a_malformed_entry_leaves_opacus_record_as_it_was(forge):
+    # adv checked Opacus' history before loading it, but the entry only in restore(), after
+    # Opacus' accountant had taken the checkpoint's history: a refused load left the engine's
+    # record moved and the ledger not (a later checkpoint then paired them)
+    engine, _ = _engine_attached()
+    state = copy.deepcopy(engine.accountant.state_dict())
+    state["history"] = [(2.0, 0.25, 3)]
+    if forge == "charges":
+        state["privguard"]["charges"] = -1
+    elif forge == "version":
+        state["privguard"]["version"] = 99
+    else:
+        state["privguard"] = {"format": state["privguard"]["format"], "x": 1}
+    fresh, ledger = _engine_attached()
+    record, before = copy.deepcopy(fresh.accountant.history), ledger.epsilon()
+    with pytest.raises((InvalidArgumentError, LedgerStateError)):
+        fresh.accountant.load_state_dict(state)
+    assert fresh.accountant.history == record != [(2.0, 0.25, 3)]
+    assert ledger.epsilon() == before
