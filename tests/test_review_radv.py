@@ -74,3 +74,34 @@ def test_an_engine_checkpoint_with_a_malformed_entry_leaves_opacus_record_as_it_
         fresh.accountant.load_state_dict(state)
     assert fresh.accountant.history == record != [(2.0, 0.25, 3)]
     assert ledger.epsilon() == before
+
+
+def _payload_pickle(payload: object) -> bytes:
+    """A pickle of a Ledger whose __setstate__ payload is ``payload`` (an edited pickle)."""
+    import pickle
+
+    from privguard import Ledger
+
+    class _Edited:
+        def __reduce__(self):
+            return (Ledger.__new__, (Ledger,), payload)
+
+    return pickle.dumps(_Edited())
+
+
+@pytest.mark.parametrize("store", [None, 5, "p.db", {"path": "p.db"}], ids=repr)
+def test_a_pickle_payload_with_a_state_beside_a_store_is_refused(store):
+    # {"store": None, "state": ...} passed adv's check and raised TypeError (None["path"]);
+    # __getstate__ writes one or the other, never both
+    import pickle
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    ledger.charge(M.Gaussian(5.0), "b")
+    with pytest.raises(LedgerStateError, match="pickle"):
+        pickle.loads(_payload_pickle({"store": store, "state": ledger.state_dict()}))
+    # the payloads privguard writes still load
+    assert pickle.loads(_payload_pickle({"state": ledger.state_dict()})).epsilon() == \
+        ledger.epsilon()
