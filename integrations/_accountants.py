@@ -262,5 +262,9 @@ class EngineView(IAccountant):
                 held = [tuple(r) for r in entry.get("accountant_history") or []]
         except PrivguardError as exc:  # under DDP, raised on every rank alike below
             error = exc
-        self._handle._charge_recorded(history_of(self.wrapped), held, CHECKPOINT_LABEL,
+        try:
+            current = history_of(self.wrapped)
+        except LedgerStateError as exc:  # a malformed record: raised on every rank alike
+            current, error = [], error or exc
+        self._handle._charge_recorded(current, held, CHECKPOINT_LABEL,
                                       from_entry=entry is not None, stacklevel=3, error=error)

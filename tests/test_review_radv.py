@@ -105,3 +105,39 @@ def test_a_pickle_payload_with_a_state_beside_a_store_is_refused(store):
     # the payloads privguard writes still load
     assert pickle.loads(_payload_pickle({"state": ledger.state_dict()})).epsilon() == \
         ledger.epsilon()
+
+
+@pytest.mark.parametrize("bad_row", [(1.0, 0.25), "junk", (1.0, 0.25, 2.5), (1.0, 0.25, -3)],
+                         ids=repr)
+def test_attach_refuses_an_opacus_record_with_a_malformed_row(bad_row):
+    # history_of read a record with one malformed row as [] (nothing recorded): attach then
+    # charged none of the 100 steps the well-formed row recorded (main and adv alike)
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("opacus")
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privguard import Ledger
+    from privguard.integrations.opacus import attach
+
+    def attached(history):
+        model = torch.nn.Linear(2, 1)
+        loader = DataLoader(TensorDataset(torch.randn(20, 2), torch.randn(20, 1)),
+                            batch_size=5)
+        engine = PrivacyEngine(accountant="rdp")
+        ledger = Ledger(epsilon=80.0, delta=1e-5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, optimizer, loader = engine.make_private(
+                module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+            engine.accountant.load_state_dict({"history": history, "mechanism": "rdp"})
+            attach(optimizer, ledger, data_loader=loader, privacy_engine=engine)
+        return ledger
+
+    assert len(attached([(1.0, 0.25, 100)]).history) == 100
+    assert len(attached([(1.0, 0.25, 100), (1.0, 0.25, 0)]).history) == 100  # 0 steps: none
+    with pytest.raises(LedgerStateError, match="Opacus' accountant history"):
+        attached([(1.0, 0.25, 100), bad_row])
