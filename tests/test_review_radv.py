@@ -141,3 +141,26 @@ def test_attach_refuses_an_opacus_record_with_a_malformed_row(bad_row):
     assert len(attached([(1.0, 0.25, 100), (1.0, 0.25, 0)]).history) == 100  # 0 steps: none
     with pytest.raises(LedgerStateError, match="Opacus' accountant history"):
         attached([(1.0, 0.25, 100), bad_row])
+
+
+@pytest.mark.parametrize("file_id", [np.array([1, 2]), None, 5], ids=repr)
+def test_an_edited_pickle_of_a_file_ledger_with_a_forged_file_id_is_refused(tmp_path, file_id):
+    # an array as the reference's file_id raised ValueError (an array's truth value) out
+    # of pickle.loads; None and 5 were refused already
+    import pickle
+
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path=tmp_path / "f.db")
+    try:
+        ledger.charge(M.Gaussian(5.0), "b")
+        payload = ledger.__getstate__()
+        payload["store"] = dict(payload["store"], file_id=file_id)
+        with pytest.raises(LedgerStateError, match="not the ledger that was pickled"):
+            pickle.loads(_payload_pickle(payload))
+        copy_ = pickle.loads(pickle.dumps(ledger))
+        assert copy_.epsilon() == ledger.epsilon()
+        copy_.close()
+    finally:
+        ledger.close()
