@@ -164,3 +164,37 @@ def test_an_edited_pickle_of_a_file_ledger_with_a_forged_file_id_is_refused(tmp_
         copy_.close()
     finally:
         ledger.close()
+
+
+class _RaisingCompare:
+    """A value whose comparison, str and repr all raise (what a pickle can carry)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("compared")
+
+    __ne__ = __eq__  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+    __repr__ = __str__
+
+
+@pytest.mark.parametrize("checksum", [np.array([1.0, 2.0]), np.array(["a", "b"]),
+                                      _RaisingCompare(), "é" * 64, None],
+                         ids=["float array", "str array", "raising ==", "non-ASCII", "None"])
+def test_a_version_1_state_with_a_forged_checksum_is_refused(checksum):
+    # adv typed load()'s header fields, but a 0.1 state (version 1) is read by _load_v1,
+    # whose checksum comparison let ValueError (an array) or the raising == escape
+    import json
+    import pathlib
+
+    from privguard import Ledger
+
+    path = pathlib.Path(__file__).parent / "data" / "state-0.1.json"
+    state = json.loads(path.read_text())
+    assert Ledger.load_state_dict(state).epsilon() > 0  # the state as 0.1 wrote it loads
+    with pytest.raises(LedgerStateError, match="checksum"):
+        Ledger.load_state_dict(dict(state, checksum=checksum))
