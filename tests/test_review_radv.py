@@ -198,3 +198,25 @@ def test_a_version_1_state_with_a_forged_checksum_is_refused(checksum):
     assert Ledger.load_state_dict(state).epsilon() > 0  # the state as 0.1 wrote it loads
     with pytest.raises(LedgerStateError, match="checksum"):
         Ledger.load_state_dict(dict(state, checksum=checksum))
+
+
+@pytest.mark.parametrize("field", ["version", "path"])
+def test_a_checkpoint_entry_whose_field_cannot_be_shown_is_refused(field):
+    # the refusal's message showed the field with !r: an object whose repr raises (what a
+    # pickled checkpoint can carry) let RuntimeError escape
+    pytest.importorskip("opacus")
+    from privguard import Ledger
+    from privguard import mechanisms as M
+    from privguard.integrations.opacus import LedgerAccountant
+
+    source = LedgerAccountant(Ledger(epsilon=8.0, delta=1e-5))
+    source.step(noise_multiplier=1.1, sample_rate=0.01)
+    state = copy.deepcopy(dict(source.state_dict()))
+    state["privguard"][field] = _RaisingCompare()
+    if field == "path":  # a file's entry (no state) that this ledger does not hold
+        state["privguard"]["state"] = None
+    target = LedgerAccountant(Ledger(epsilon=8.0, delta=1e-5))
+    target.ledger.charge(M.Gaussian(5.0))
+    with pytest.raises(LedgerStateError, match="repr failed"):
+        target.load_state_dict(state)
+    assert len(target.ledger.history) == 1 and target.history == []
