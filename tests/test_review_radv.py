@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from privguard import InvalidArgumentError, LedgerStateError
-from tests.test_adv_fs_forged_state import _engine_attached
+from tests.test_adv_fs_forged_state import _engine_attached, _RaisingCompare
 
 
 def test_dp_hypo_sampler_takes_an_optuna_history_with_an_infinite_value():
@@ -164,22 +164,6 @@ def test_an_edited_pickle_of_a_file_ledger_with_a_forged_file_id_is_refused(tmp_
         copy_.close()
     finally:
         ledger.close()
-
-
-class _RaisingCompare:
-    """A value whose comparison, str and repr all raise (what a pickle can carry)."""
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __eq__(self, other: object) -> bool:
-        raise RuntimeError("compared")
-
-    __ne__ = __eq__  # type: ignore[assignment]
-
-    def __str__(self) -> str:
-        raise RuntimeError("str")
-
-    __repr__ = __str__
 
 
 @pytest.mark.parametrize("checksum", [np.array([1.0, 2.0]), np.array(["a", "b"]),
