@@ -19,7 +19,7 @@ from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe
-from privguard.integrations._checkpoint import is_step_row, ledger_entry, restore
+from privguard.integrations._checkpoint import check_entry, is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
 
@@ -246,8 +246,11 @@ class EngineView(IAccountant):
                 raise LedgerStateError(
                     "this checkpoint was written by a LedgerAccountant in place of Opacus' "
                     "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
+            where = "privacy_accountant_state_dict['privguard']"
             if "history" in state_dict:
                 _opacus_history(state_dict["history"], "state_dict['history']")  # review fs
+                if entry is not None:  # before Opacus' record moves (review radv)
+                    check_entry(entry, where)
                 try:
                     self.wrapped.load_state_dict(
                         {k: state_dict[k] for k in ("history", "mechanism") if k in state_dict})
@@ -255,9 +258,13 @@ class EngineView(IAccountant):
                     raise LedgerStateError(
                         f"Opacus' accountant refused the checkpoint: {exc}") from exc
             if entry is not None:
-                restore(self.ledger, entry, where="privacy_accountant_state_dict['privguard']")
+                restore(self.ledger, entry, where=where)
                 held = [tuple(r) for r in entry.get("accountant_history") or []]
         except PrivguardError as exc:  # under DDP, raised on every rank alike below
             error = exc
-        self._handle._charge_recorded(history_of(self.wrapped), held, CHECKPOINT_LABEL,
+        try:
+            current = history_of(self.wrapped)
+        except LedgerStateError as exc:  # a malformed record: raised on every rank alike
+            current, error = [], error or exc
+        self._handle._charge_recorded(current, held, CHECKPOINT_LABEL,
                                       from_entry=entry is not None, stacklevel=3, error=error)

@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from privguard import _validation as check
-from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._errors import InvalidArgumentError, LedgerStateError, _shown
 from privguard._ledger._ledger import Ledger
 
 __all__ = ["ENTRY_FORMAT", "check_entry", "holds", "is_entry", "ledger_entry", "restore"]
@@ -92,8 +92,8 @@ def check_entry(entry: Any, where: str) -> None:
                                    "is not a privguard checkpoint entry")
     version = entry.get("version")
     if not isinstance(version, int) or not 1 <= version <= ENTRY_VERSION:
-        raise LedgerStateError(f"{where}: checkpoint entry version {version!r} is not supported "
-                               f"by this privguard (supports up to {ENTRY_VERSION})")
+        raise LedgerStateError(f"{where}: checkpoint entry version {_shown(version)} is not "
+                               f"supported by this privguard (supports up to {ENTRY_VERSION})")
     if not isinstance(entry.get("charges"), int) or entry["charges"] < 0 \
             or not isinstance(entry.get("fingerprint"), str):
         raise LedgerStateError(f"{where}: checkpoint entry is malformed")
@@ -146,10 +146,10 @@ def restore(ledger: Ledger, entry: Any, *, where: str) -> Ledger:
     if not holds(ledger, count, fingerprint):
         if entry.get("path") is not None:
             raise LedgerStateError(
-                f"{where}: the checkpoint's ledger is the file {entry['path']!r} with "
+                f"{where}: the checkpoint's ledger is the file {_shown(entry['path'])} with "
                 f"{count} charges, and this ledger does not hold them (it has "
                 f"{len(ledger.history)}); resume with the same file: Ledger(..., "
-                f"path={entry['path']!r}) or Ledger.open({entry['path']!r})")
+                f"path={_shown(entry['path'])}) or Ledger.open({_shown(entry['path'])})")
         raise LedgerStateError(
             f"{where}: the ledger does not hold the checkpoint's {count} charges after "
             "loading them")

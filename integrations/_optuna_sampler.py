@@ -271,7 +271,8 @@ class TPERule:
         self.n_samples, self.tpe_options = n_samples, dict(tpe_options)
 
     def __call__(self, history: list, coords: Any) -> np.ndarray:
-        history = check_history(history, len(self.candidates))  # review fs
+        # review fs; ±inf as before (Optuna completes such trials, and TPE takes them)
+        history = check_history(history, len(self.candidates), finite=False)
         counts = np.zeros(len(self.candidates))
         with silenced():
             study = optuna.create_study(

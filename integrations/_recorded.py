@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from privguard import _validation as check
 from privguard import mechanisms as M
 from privguard._accounting._results import exact
-from privguard._errors import BudgetExhausted
+from privguard._errors import BudgetExhausted, LedgerStateError
+from privguard.integrations._checkpoint import _item, is_step_row
 
 __all__ = ["History", "find_opacus_hook", "history_of", "replay", "steps_beyond", "total_steps"]
 
@@ -71,12 +73,23 @@ def _number(rate: Any) -> float | None:
 
 
 def history_of(accountant: Any) -> History:
-    """The accountant's history as a list of (σ, q, steps), or [] if it has none."""
-    rows = getattr(accountant, "history", None) or []
-    try:
-        return [(float(s), float(q), int(k)) for s, q, k in rows]
-    except (TypeError, ValueError):
+    """The accountant's history as a list of (σ, q, steps), or [] if it has none.
+
+    Raises:
+        LedgerStateError: the history is not a list of (σ, q, steps) rows as Opacus writes
+            them (numpy or torch numbers allowed). It read as [] before review radv: one
+            malformed row in a loaded Opacus history, and attach charged none of the steps
+            the others recorded.
+    """
+    rows = getattr(accountant, "history", None)
+    if rows is None:
         return []
+    if not isinstance(rows, (list, tuple)) or not all(map(is_step_row, rows)):
+        raise LedgerStateError(
+            f"Opacus' accountant history {check.short(rows)} is not a list of "
+            "(noise_multiplier, sample_rate, steps) rows, so the steps it recorded cannot be "
+            "charged; it was edited, or written by something other than Opacus")
+    return [(float(_item(s)), float(_item(q)), int(_item(k))) for s, q, k in rows]
 
 
 def total_steps(history: History) -> int:

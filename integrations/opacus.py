@@ -1187,8 +1187,12 @@ def attach(
                                      together=coordinator is not None)
     if recorder is not None:
         held = None if entry is None else [tuple(r) for r in entry.get("accountant_history") or []]
-        handle._charge_recorded(history_of(recorder), held, REPLAY_LABEL,
-                                from_entry=entry is not None, stacklevel=2)
+        try:
+            current, recorded_error = history_of(recorder), None
+        except LedgerStateError as exc:  # a malformed record: raised on every rank alike
+            current, recorded_error = [], exc
+        handle._charge_recorded(current, held, REPLAY_LABEL, from_entry=entry is not None,
+                                stacklevel=2, error=recorded_error)
     kind = getattr(recorder, "mechanism", lambda: None)()
     if kind in ("prv", "gdp") and ledger._acc.config.filter != "hybrid" and sampler is None:
         # (a hybrid filter keeps pace with PRV on plan: nothing to warn about)

@@ -176,13 +176,15 @@ class LedgerState:
     def __setstate__(self, data: dict[str, Any]) -> None:
         # the payload __getstate__ writes, else refused: an edited pickle raised KeyError or
         # TypeError here (review fs)
+        # exactly one of the two: a 'state' beside a 'store' that is not a reference (None)
+        # passed and then raised TypeError (review radv)
         store = data.get("store") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or not (
-                (isinstance(store, dict) and "path" in store) or "state" in data):
+        if not isinstance(data, dict) or ("store" in data) == ("state" in data) or (
+                "store" in data and not (isinstance(store, dict) and "path" in store)):
             raise LedgerStateError(
                 "a pickled Ledger's payload is not one privguard writes (a dict with a "
-                "'store' reference naming its 'path', or a 'state'): the pickle was edited "
-                "or is not a Ledger's; refusing it")
+                "'store' reference naming its 'path', or a 'state', not both): the pickle was "
+                "edited or is not a Ledger's; refusing it")
         other = (type(self).open(data["store"]["path"], lease=data.get("lease"),
                                  prefetch=data.get("prefetch"),
                                  read_only=data.get("read_only", False))

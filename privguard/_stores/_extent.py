@@ -33,7 +33,9 @@ _ROWS_MAX = 2**63
 def check_identity(store: Any, key: str, found: Any, pickled: Any, how: str) -> None:
     """Refuse a store whose identity (``key``: ``file_id``, ``ledger_id``) is not the
     pickled one (reviews sq, pgf); ``how``: how that comes about, for the message."""
-    if found != pickled:
+    # the same type first: an edited pickle's array compared element-wise, and its truth
+    # value raised ValueError out of pickle.loads (review radv)
+    if type(pickled) is not type(found) or found != pickled:
         raise LedgerStateError(
             f"{store.path} is not the ledger that was pickled (its {key} is {found}, the "
             f"pickle's {pickled}): {how}")

@@ -240,7 +240,10 @@ def _check_replay(acc: Accounting, recorded: np.ndarray, filter_state: Any) -> N
 def _load_v1(state: dict[str, Any]) -> tuple[Accounting, list[Run]]:
     """privguard 0.1's format: one record per charge, SHA-256 checksum, weights at the top."""
     body = {k: v for k, v in state.items() if k != "checksum"}
-    if state.get("checksum") != _checksum(lambda: hashlib.sha256(canonical(body)).hexdigest()):
+    expected = _checksum(lambda: hashlib.sha256(canonical(body)).hexdigest())
+    checksum = state.get("checksum")
+    # a str first, as in load(): an array's truth value, or a raising ==, escaped (review radv)
+    if type(checksum) is not str or checksum != expected:
         raise LedgerStateError("state checksum mismatch: the state was modified or corrupted")
     if set(state) != _V1_KEYS:
         raise LedgerStateError(f"the version-1 state's keys {sorted(map(str, state))} are not "

@@ -67,10 +67,16 @@ def ordinal_coordinates(space: SearchSpace) -> np.ndarray:
     return np.array(list(itertools.product(*grids)), dtype=float).reshape(-1, len(grids))
 
 
-def check_history(history: Any, candidates: int) -> History:
-    """``history`` as a list of (candidate index, finite score) pairs, each index in
-    [0, ``candidates``), or InvalidArgumentError naming it (review fs: a malformed one
-    raised whichever built-in the rule met first, and index −1 read the last candidate)."""
+def check_history(history: Any, candidates: int, *, finite: bool = True) -> History:
+    """``history`` as a list of (candidate index, score) pairs, each index in
+    [0, ``candidates``) and each score a real number, finite or (``finite=False``) ±inf,
+    never NaN; or InvalidArgumentError naming it (review fs: a malformed one raised
+    whichever built-in the rule met first, and index −1 read the last candidate).
+
+    ``finite=False`` is what :func:`bounded_density` and the Optuna ``TPERule`` take:
+    an Optuna study completes a trial whose value is ±inf, and ``DPHyPOSampler`` hands its
+    rule such a history, as before review fs (refusing it sent every later trial to the
+    prior, silently: review radv). :class:`GPUpdate` needs finite scores."""
     if isinstance(history, (str, bytes)) or not isinstance(history, (list, tuple)):
         raise InvalidArgumentError("history", check.short(history),
                                    "must be a list of (candidate index, score) pairs")
@@ -86,10 +92,11 @@ def check_history(history: Any, candidates: int) -> History:
                                        f"item {i}'s index {check.short(index)!r} is not an "
                                        f"integer in [0, {candidates})")
         value = check._real(score)
-        if value is None or not np.isfinite(value):
+        if value is None or np.isnan(value) or (finite and not np.isfinite(value)):
             raise InvalidArgumentError("history", check.short(history),
                                        f"item {i}'s score {check.short(score)!r} is not a "
-                                       "finite real number")
+                                       f"{'finite ' if finite else ''}real number"
+                                       f"{'' if finite else ' (±inf allowed, not NaN)'}")
         out.append((int(index), value))
     return out
 
@@ -104,7 +111,7 @@ def bounded_density(update: Callable[[History, np.ndarray], np.ndarray], coords:
     Raises:
         InvalidArgumentError: the rule's output is not one finite weight per candidate.
     """
-    history = check_history(history, len(prior))
+    history = check_history(history, len(prior), finite=False)  # the rule decides on ±inf
     if not history:
         return project_density(prior, prior, C, c)
     raw = np.asarray(update(history, coords), float)
