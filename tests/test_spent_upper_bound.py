@@ -268,3 +268,90 @@ def test_a_composed_mechanism_is_never_below_the_exact_sum_of_its_parts():
     assert one.spent.tolist() == each.spent.tolist()
     big = M.Composed((M.PureDP(1e308), M.PureDP(1e308)))  # past the float range: +inf
     assert np.isinf(big.rdp(ORDERS)).all()
+
+
+def test_a_journal_main_filled_to_the_edge_with_composed_runs_still_opens(monkeypatch):
+    # Review rsr: a Composed of m parts is m − 1 sums, rounded up since the review (numpy
+    # summed to nearest); the re-read fallback counted 3 operations per run, too few for
+    # a run of Composed(2000 parts) (about 10³ ulps above main's curve at α = 8): main's edge
+    # journal did not open. It counts each run's
+    # curve's operations now.
+    from privguard._mechanisms import _base, _mechanisms
+
+    def main_composed(self, orders):
+        return np.sum([m._rdp_checked(orders) for m in self.mechanisms], axis=0)
+
+    parts = M.Composed(tuple(M.Gaussian(36.0 + i / 100) for i in range(2000)))
+    prefix = [parts]
+    found = 0
+    for k in range(4):
+        eps = 9.0 + 1.3 * k
+        _base._cached_curve.cache_clear()
+        with monkeypatch.context() as patch:
+            for module in (_journal, _fastpath):
+                patch.setattr(module, "scaled_sum", _nearest_sum)
+            patch.setattr(_mechanisms.Composed, "_rdp", main_composed)
+            main = Ledger(eps, 1e-5, shares=single_order(8.0))
+            for mech in prefix:
+                main.charge(mech)
+            lo, hi = 0.05, 50.0
+            for _ in range(64):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+            main.charge(M.Gaussian(hi))
+            state = main.state_dict()
+        _base._cached_curve.cache_clear()  # today's Composed curves from here on
+        today = Ledger(eps, 1e-5, shares=single_order(8.0))
+        for mech in prefix:
+            today.charge(mech)
+        if today.can_afford(M.Gaussian(hi)):
+            continue  # today admits it too: not an edge case
+        found += 1
+        ledger = Ledger.load_state_dict(state)
+        _never_below_on(ledger)
+        assert not ledger.can_afford(M.Gaussian(hi))
+    assert found
+
+
+def test_the_re_read_fallback_fails_closed_past_mains_rounding(monkeypatch):
+    # Review rsr: the fallback admits a re-read charge only within main's rounding (about
+    # 12 ulps per run relative here): a main edge journal edited so that its last charge
+    # costs 10⁻¹¹ more (σ lowered), or with one more charge of Gaussian(10⁵) after it,
+    # and re-checksummed, does not open.
+    import json
+
+    from privguard._errors import LedgerStateError
+    from privguard._stores._integrity import Integrity
+
+    for k in range(3):
+        eps = 40.0 + 3.7 * k
+        main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
+        lo, hi = 0.05, 50.0
+        with monkeypatch.context() as patch:
+            patch.setattr(_journal, "scaled_sum", _nearest_sum)
+            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
+            for _ in range(64):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+            main.charge(M.Gaussian(hi))
+        if not today.can_afford(M.Gaussian(hi)):
+            break
+    else:
+        raise AssertionError("no edge case")
+    text = json.dumps(main.state_dict())
+    Ledger.load_state_dict(json.loads(text))  # as written, it opens (the fallback)
+
+    def resigned(state):
+        body = {key: v for key, v in state.items() if key != "checksum"}
+        return {**state, "checksum": Integrity.from_environment().digest("state", body)}
+
+    lowered = json.loads(text.replace(repr(hi), repr(hi * (1 - 1e-11))))
+    assert lowered != json.loads(text)
+    with pytest.raises(LedgerStateError, match="would be refused by the recorded budget"):
+        Ledger.load_state_dict(resigned(lowered))
+    more = json.loads(text)
+    more["mechanisms"].append(M.Gaussian(1e5).to_dict())
+    more["journal"].append([*more["journal"][-1][:1], len(more["mechanisms"]) - 1,
+                            *more["journal"][-1][2:]])
+    with pytest.raises(LedgerStateError, match="would be refused by the recorded budget"):
+        Ledger.load_state_dict(resigned(more))
