@@ -18,7 +18,7 @@ from test_sqlite import cli_verify
 from privguard import Ledger, RDPCurve, single_order
 from privguard import mechanisms as M
 from privguard._accounting import _fastpath, _journal
-from privguard._curves._upward import sum_up, times_up
+from privguard._curves._upward import below_nearest_sums, sum_up, times_up
 from privguard._stores import _rows, _sqlite
 
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
@@ -355,3 +355,24 @@ def test_the_re_read_fallback_fails_closed_past_mains_rounding(monkeypatch):
                             *more["journal"][-1][2:]])
     with pytest.raises(LedgerStateError, match="would be refused by the recorded budget"):
         Ledger.load_state_dict(resigned(more))
+
+
+def test_a_subnormal_product_is_exact_and_the_fallback_stays_below_mains_sums():
+    # Review rsr: n × c below the normal range is exact (a multiple of 2⁻¹⁰⁷⁴), yet it was
+    # raised by an ulp there (Dekker's range check), an over-count of 1/3000 here that the
+    # next product multiplied by 100: below_nearest_sums(spent) then lay 80 ulps above
+    # main's round-to-nearest sum (it assumes an ulp per operation, relative or 2⁻¹⁰⁷⁴).
+    tiny = 2.0 ** -1074
+    c = np.array([3 * tiny, 0.0, 1e-300])
+    step = times_up(1000, c)
+    assert step[0] == 3000 * tiny and step[1] == 0.0  # exact: kept
+    assert Fraction(step[2]) >= 1000 * Fraction(1e-300)
+    spent = times_up(100, step)
+    assert spent[0] == 300000 * tiny
+    main = 100 * (1000 * c)  # main's sums, to nearest
+    assert (below_nearest_sums(spent, 9) <= main).all()
+    curve = RDPCurve(ORDERS, [3 * tiny] * len(ORDERS)) * 1000  # through a ledger too
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    for _ in range(100):
+        ledger.charge(curve)
+    assert ledger.spent.tolist() == [300000 * tiny] * len(ORDERS)
