@@ -206,6 +206,21 @@ def _prefix(eps, nearest, monkeypatch):
     return ledger
 
 
+def _main_edge(eps, monkeypatch):
+    """PREFIX charged as main summed (``main``) and as today (``today``), then main charged
+    Gaussian(hi): the smallest σ main admitted, to float resolution (it refuses below)."""
+    main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
+    lo, hi = 0.05, 50.0  # main refuses at lo, admits at hi
+    with monkeypatch.context() as patch:
+        patch.setattr(_journal, "scaled_sum", _nearest_sum)
+        patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
+        for _ in range(64):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+        main.charge(M.Gaussian(hi))
+    return main, today, hi
+
+
 def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
     # The last charge main admitted within ulps of the budget, at its round-to-nearest sums
     # (3,000 runs: up to about 10⁻¹³ below today's, more than task ul's slack): re-read at
@@ -214,16 +229,7 @@ def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
     # new charges are decided at the rounded-up sums alone.
     found = 0
     for k in range(3):
-        eps = 40.0 + 3.7 * k
-        main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
-        lo, hi = 0.05, 50.0  # main refuses at lo, admits at hi
-        with monkeypatch.context() as patch:
-            patch.setattr(_journal, "scaled_sum", _nearest_sum)
-            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
-            for _ in range(64):
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
-            main.charge(M.Gaussian(hi))  # the smallest σ main admitted, to float resolution
+        main, today, hi = _main_edge(40.0 + 3.7 * k, monkeypatch)
         if today.can_afford(M.Gaussian(hi)):
             continue  # today admits it too: not an edge case
         found += 1
@@ -324,16 +330,7 @@ def test_the_re_read_fallback_fails_closed_past_mains_rounding(monkeypatch):
     from privguard._stores._integrity import Integrity
 
     for k in range(3):
-        eps = 40.0 + 3.7 * k
-        main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
-        lo, hi = 0.05, 50.0
-        with monkeypatch.context() as patch:
-            patch.setattr(_journal, "scaled_sum", _nearest_sum)
-            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
-            for _ in range(64):
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
-            main.charge(M.Gaussian(hi))
+        main, today, hi = _main_edge(40.0 + 3.7 * k, monkeypatch)
         if not today.can_afford(M.Gaussian(hi)):
             break
     else:
