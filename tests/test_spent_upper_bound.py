@@ -18,7 +18,7 @@ from test_sqlite import cli_verify
 from privguard import Ledger, RDPCurve, single_order
 from privguard import mechanisms as M
 from privguard._accounting import _fastpath, _journal
-from privguard._curves._upward import sum_up, times_up
+from privguard._curves._upward import below_nearest_sums, sum_up, times_up
 from privguard._stores import _rows, _sqlite
 
 ORDERS = [1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 32.0, 64.0]
@@ -206,6 +206,21 @@ def _prefix(eps, nearest, monkeypatch):
     return ledger
 
 
+def _main_edge(eps, monkeypatch):
+    """PREFIX charged as main summed (``main``) and as today (``today``), then main charged
+    Gaussian(hi): the smallest σ main admitted, to float resolution (it refuses below)."""
+    main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
+    lo, hi = 0.05, 50.0  # main refuses at lo, admits at hi
+    with monkeypatch.context() as patch:
+        patch.setattr(_journal, "scaled_sum", _nearest_sum)
+        patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
+        for _ in range(64):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+        main.charge(M.Gaussian(hi))
+    return main, today, hi
+
+
 def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
     # The last charge main admitted within ulps of the budget, at its round-to-nearest sums
     # (3,000 runs: up to about 10⁻¹³ below today's, more than task ul's slack): re-read at
@@ -214,16 +229,7 @@ def test_a_journal_main_filled_to_the_edge_still_opens(monkeypatch):
     # new charges are decided at the rounded-up sums alone.
     found = 0
     for k in range(3):
-        eps = 40.0 + 3.7 * k
-        main, today = _prefix(eps, True, monkeypatch), _prefix(eps, False, monkeypatch)
-        lo, hi = 0.05, 50.0  # main refuses at lo, admits at hi
-        with monkeypatch.context() as patch:
-            patch.setattr(_journal, "scaled_sum", _nearest_sum)
-            patch.setattr(_fastpath, "scaled_sum", _nearest_sum)
-            for _ in range(64):
-                mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
-            main.charge(M.Gaussian(hi))  # the smallest σ main admitted, to float resolution
+        main, today, hi = _main_edge(40.0 + 3.7 * k, monkeypatch)
         if today.can_afford(M.Gaussian(hi)):
             continue  # today admits it too: not an edge case
         found += 1
@@ -249,3 +255,121 @@ def test_the_reports_trajectory_ends_at_the_ledgers_own_sums():
     assert out["charges"][-1] == 300
     delta = 1e-5
     assert out["running_epsilon"][-1] == ledger._acc.odometer(delta).epsilon(ledger.spent, delta)
+
+
+def test_a_composed_mechanism_is_never_below_the_exact_sum_of_its_parts():
+    # Review rsr: Composed summed its parts' curves with numpy, to nearest, below the exact
+    # sum at 3 of these 8 orders (RDPCurve's + rounds up); now each sum is rounded up, the
+    # floats of charging the parts one after the other.
+    parts = (M.Gaussian(3.0), M.SubsampledGaussian(1.1, 0.013), M.ZCDP(1e-3))
+    curve = M.Composed(parts).rdp(ORDERS)
+    exact = [sum(Fraction(float(p.rdp(ORDERS)[i])) for p in parts) for i in range(len(ORDERS))]
+    assert all(Fraction(float(c)) >= e for c, e in zip(curve, exact))
+    assert (curve >= np.sum([p.rdp(ORDERS) for p in parts], axis=0)).all()  # never below before
+    one, each = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5), Ledger(orders=ORDERS, epsilon=1e6,
+                                                                        delta=1e-5)
+    one.charge(M.Composed(parts))
+    for p in parts:
+        each.charge(p)
+    assert one.spent.tolist() == each.spent.tolist()
+    big = M.Composed((M.PureDP(1e308), M.PureDP(1e308)))  # past the float range: +inf
+    assert np.isinf(big.rdp(ORDERS)).all()
+
+
+def test_a_journal_main_filled_to_the_edge_with_composed_runs_still_opens(monkeypatch):
+    # Review rsr: a Composed of m parts is m − 1 sums, rounded up since the review (numpy
+    # summed to nearest); the re-read fallback counted 3 operations per run, too few for
+    # a run of Composed(2000 parts) (about 10³ ulps above main's curve at α = 8): main's edge
+    # journal did not open. It counts each run's
+    # curve's operations now.
+    from privguard._mechanisms import _base, _mechanisms
+
+    def main_composed(self, orders):
+        return np.sum([m._rdp_checked(orders) for m in self.mechanisms], axis=0)
+
+    parts = M.Composed(tuple(M.Gaussian(36.0 + i / 100) for i in range(2000)))
+    prefix = [parts]
+    found = 0
+    for k in range(4):
+        eps = 9.0 + 1.3 * k
+        _base._cached_curve.cache_clear()
+        with monkeypatch.context() as patch:
+            for module in (_journal, _fastpath):
+                patch.setattr(module, "scaled_sum", _nearest_sum)
+            patch.setattr(_mechanisms.Composed, "_rdp", main_composed)
+            main = Ledger(eps, 1e-5, shares=single_order(8.0))
+            for mech in prefix:
+                main.charge(mech)
+            lo, hi = 0.05, 50.0
+            for _ in range(64):
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if main.can_afford(M.Gaussian(mid)) else (mid, hi)
+            main.charge(M.Gaussian(hi))
+            state = main.state_dict()
+        _base._cached_curve.cache_clear()  # today's Composed curves from here on
+        today = Ledger(eps, 1e-5, shares=single_order(8.0))
+        for mech in prefix:
+            today.charge(mech)
+        if today.can_afford(M.Gaussian(hi)):
+            continue  # today admits it too: not an edge case
+        found += 1
+        ledger = Ledger.load_state_dict(state)
+        _never_below_on(ledger)
+        assert not ledger.can_afford(M.Gaussian(hi))
+    assert found
+
+
+def test_the_re_read_fallback_fails_closed_past_mains_rounding(monkeypatch):
+    # Review rsr: the fallback admits a re-read charge only within main's rounding (about
+    # 12 ulps per run relative here): a main edge journal edited so that its last charge
+    # costs 10⁻¹¹ more (σ lowered), or with one more charge of Gaussian(10⁵) after it,
+    # and re-checksummed, does not open.
+    import json
+
+    from privguard._errors import LedgerStateError
+    from privguard._stores._integrity import Integrity
+
+    for k in range(3):
+        main, today, hi = _main_edge(40.0 + 3.7 * k, monkeypatch)
+        if not today.can_afford(M.Gaussian(hi)):
+            break
+    else:
+        raise AssertionError("no edge case")
+    text = json.dumps(main.state_dict())
+    Ledger.load_state_dict(json.loads(text))  # as written, it opens (the fallback)
+
+    def resigned(state):
+        body = {key: v for key, v in state.items() if key != "checksum"}
+        return {**state, "checksum": Integrity.from_environment().digest("state", body)}
+
+    lowered = json.loads(text.replace(repr(hi), repr(hi * (1 - 1e-11))))
+    assert lowered != json.loads(text)
+    with pytest.raises(LedgerStateError, match="would be refused by the recorded budget"):
+        Ledger.load_state_dict(resigned(lowered))
+    more = json.loads(text)
+    more["mechanisms"].append(M.Gaussian(1e5).to_dict())
+    more["journal"].append([*more["journal"][-1][:1], len(more["mechanisms"]) - 1,
+                            *more["journal"][-1][2:]])
+    with pytest.raises(LedgerStateError, match="would be refused by the recorded budget"):
+        Ledger.load_state_dict(resigned(more))
+
+
+def test_a_subnormal_product_is_exact_and_the_fallback_stays_below_mains_sums():
+    # Review rsr: n × c below the normal range is exact (a multiple of 2⁻¹⁰⁷⁴), yet it was
+    # raised by an ulp there (Dekker's range check), an over-count of 1/3000 here that the
+    # next product multiplied by 100: below_nearest_sums(spent) then lay 80 ulps above
+    # main's round-to-nearest sum (it assumes an ulp per operation, relative or 2⁻¹⁰⁷⁴).
+    tiny = 2.0 ** -1074
+    c = np.array([3 * tiny, 0.0, 1e-300])
+    step = times_up(1000, c)
+    assert step[0] == 3000 * tiny and step[1] == 0.0  # exact: kept
+    assert Fraction(step[2]) >= 1000 * Fraction(1e-300)
+    spent = times_up(100, step)
+    assert spent[0] == 300000 * tiny
+    main = 100 * (1000 * c)  # main's sums, to nearest
+    assert (below_nearest_sums(spent, 9) <= main).all()
+    curve = RDPCurve(ORDERS, [3 * tiny] * len(ORDERS)) * 1000  # through a ledger too
+    ledger = Ledger(orders=ORDERS, epsilon=1e6, delta=1e-5)
+    for _ in range(100):
+        ledger.charge(curve)
+    assert ledger.spent.tolist() == [300000 * tiny] * len(ORDERS)

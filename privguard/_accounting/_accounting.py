@@ -80,20 +80,74 @@ def _admitted_at_weighted_deltas(verdict: Verdict) -> Verdict | None:
     return None
 
 
-def _admitted_at_nearest_sums(verdict: Verdict, runs: int) -> Verdict | None:
+def _curve_operations(mechanism: Any, seen: dict[int, tuple[Any, int]]) -> int:
+    """The operations of a mechanism's curve that task sr rounds up where privguard before
+    rounded to nearest: one (its k-step product), and for a :class:`Composed` one sum per
+    part after the first, each part's own counted too (review rsr: a Composed of m parts is
+    m − 1 sums, beyond the 3 per run counted before); mechanisms held by another counted
+    as parts. ``seen``: (mechanism, count) by ``id``, the mechanism kept so that its id is
+    not reused while ``seen`` lives; a mechanism repeated over runs is walked once."""
+    key = id(mechanism)
+    if key not in seen:
+        parts = [v for f in dataclasses.fields(mechanism) if f.init
+                 for v in _mechanisms_in(getattr(mechanism, f.name))] \
+            if dataclasses.is_dataclass(mechanism) else []
+        ops = 1 + max(len(parts) - 1, 0) + sum(_curve_operations(p, seen) for p in parts)
+        seen[key] = (mechanism, ops)
+    return seen[key][1]
+
+
+def _mechanisms_in(value: Any) -> list[Any]:
+    if isinstance(value, Mechanism):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, Mechanism)]
+    return []
+
+
+class _RereadOperations:
+    """The operations behind the spent curve after a re-read charge of a mechanism: per
+    run, its product and sum (2) and its curve's (:func:`_curve_operations`); 3 per run for
+    the runs before a checkpoint, which are not held; 3 more for the margin (at least the
+    3 × (runs + 2) counted before review rsr). The closed runs' part is kept and extended
+    (a journal's closed runs are only appended to), so a replay that falls back at every
+    charge walks each run once, not once per charge."""
+
+    def __init__(self) -> None:
+        self.journal: Any = None
+        self.counted = self.total = 0
+        self.seen: dict[int, tuple[Any, int]] = {}
+
+    def __call__(self, journal: Any, mechanism: Any) -> int:
+        closed = journal._closed
+        if journal is not self.journal or self.counted > len(closed):
+            self.journal, self.counted, self.total = journal, 0, 0
+        seen = self.seen
+        self.total += sum(2 + _curve_operations(run.mechanism, seen)
+                          for run in closed[self.counted:])
+        self.counted = len(closed)
+        cur = journal.current_fields()
+        held = len(closed) + (cur is not None)
+        ops = (self.total + (0 if cur is None else 2 + _curve_operations(cur[4], seen))
+               + 3 * max(journal.run_count - held, 0) + 6 + _curve_operations(mechanism, seen))
+        return ops
+
+
+def _admitted_at_nearest_sums(verdict: Verdict, ops: int) -> Verdict | None:
     """A re-read charge refused at the spent curve summed rounding up (task sr), admitted
     if the filter, or the rule of :func:`_admitted_at_weighted_deltas`, admits it at a
     curve nowhere above the round-to-nearest sums privguard computed before
-    (:func:`_upward.below_nearest_sums`, 3 operations per run counted: a product, a sum and
-    a k-step curve's rounding); None otherwise. A journal main wrote whose last charge was
-    admitted within ulps of its budget still opens; new charges are decided at the
-    rounded-up curve alone (docs/theory.md §6, "Journals written before")."""
+    (:func:`_upward.below_nearest_sums`, ``ops`` operations counted: per run a product, a
+    sum and its curve's own, :class:`_RereadOperations`); None otherwise. A journal main
+    wrote whose last charge was admitted within ulps of its budget still opens; new charges
+    are decided at the rounded-up curve alone (docs/theory.md §6, "Journals written
+    before")."""
     flt, spent = verdict.filter, verdict.spent_after
     if spent is None or flt is None:
         return None
     from privguard._curves._upward import below_nearest_sums
 
-    low = below_nearest_sums(spent, 3 * (runs + 2))
+    low = below_nearest_sums(spent, ops)
     admitted, state = flt.decide(low, verdict.mechanism, verdict.times)
     if admitted:
         return verdict._replace(admitted=True, filter_state=state)
@@ -423,6 +477,15 @@ class Accounting:
 
     _limit: _fastpath.Limit | None = None
 
+    _reread_memo: _RereadOperations | None = None
+
+    def _reread_operations(self, journal: Journal, mechanism: Mechanism) -> int:
+        """:class:`_RereadOperations` for this accounting (created on first use)."""
+        memo = self._reread_memo
+        if memo is None:
+            memo = self._reread_memo = _RereadOperations()
+        return memo(journal, mechanism)
+
     def repeat(self, mechanism: Any, label: Any, pid: int, clock: Callable[[], float]
                ) -> ChargeRecord | None:
         """One more charge of the current run (an equal mechanism, an equal label, the same
@@ -529,7 +592,8 @@ class Accounting:
             raise LedgerStateError(f"{where}: unreadable charge ({exc})") from exc
         if not verdict.admitted:
             verdict = (_admitted_at_weighted_deltas(verdict)
-                       or _admitted_at_nearest_sums(verdict, self.journal.run_count)
+                       or _admitted_at_nearest_sums(verdict, self._reread_operations(
+                           self.journal, run.mechanism))
                        or verdict)
         if not verdict.admitted:
             raise LedgerStateError(f"{where} ({run.label!r}, {times} × {run.mechanism!r}) "

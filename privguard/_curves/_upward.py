@@ -7,7 +7,8 @@ the next float up is ≥ ``x``. Each operation here computes ``fl(x)`` and its e
 round-to-nearest binary64 without overflow or underflow), and takes the next float up
 exactly where that error is > 0; where it is 0 or below, ``fl(x)`` is kept (it is then
 ≥ x). Where the transformation's conditions may fail (a product or factor outside
-[2⁻⁹⁰⁰, 2⁹⁰⁰], a count ≥ 2⁵³), the next float up is taken whenever the result is > 0: an
+[2⁻⁹⁰⁰, 2⁹⁰⁰], a count ≥ 2⁵³), the next float up is taken whenever the result is > 0
+(for a product of a count below 2⁵³, whenever it is a normal float: below, it is exact): an
 over-count by an ulp. 0 stays 0 (an exact 0: a product n·c with n ≥ 1 is 0 only if c = 0,
 a sum of values ≥ 0 only if both are). docs/theory.md §6, "Rounding up".
 """
@@ -20,6 +21,7 @@ import numpy as np
 
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitting constant for binary64
 _TINY, _HUGE = 2.0 ** -900, 2.0 ** 900  # where Dekker's products cannot under- or overflow
+_NORMAL = 2.0 ** -1022  # the smallest normal float
 
 
 def _raise_where(x: np.ndarray, low: np.ndarray) -> np.ndarray:
@@ -54,8 +56,14 @@ def _times_up(n: int, c: np.ndarray) -> np.ndarray:
     ch = t - (t - c)
     cl = c - ch
     err = ((nh * ch - p) + nh * cl + nl * ch) + nl * cl  # n·c − p, exactly
-    unsure = (c < _TINY) | (c > _HUGE)  # Dekker's conditions may fail: raise if > 0
-    return _raise_where(p, (err > 0) | (unsure & (p > 0) & (p < np.inf)))
+    # Where Dekker's conditions may fail, err is not used: the next float up wherever p is
+    # a positive finite normal float (an over-count of at most 2u relative). A p below the
+    # normal range (2⁻¹⁰²²) is exact: c is then subnormal (c normal and n ≥ 2 give
+    # p ≥ 2⁻¹⁰²¹), n·c a multiple of 2⁻¹⁰⁷⁴ below 2⁻¹⁰²², a float. Raising it too was an
+    # over-count of up to 100% there, which a later product multiplied (review rsr: the
+    # re-read fallback's bound, below_nearest_sums, then lay above main's sums).
+    unsure = (c < _TINY) | (c > _HUGE)
+    return _raise_where(p, np.where(unsure, (p >= _NORMAL) & (p < np.inf), err > 0))
 
 
 def times_up(n: int, curve: np.ndarray) -> np.ndarray:
@@ -88,8 +96,8 @@ def scaled_sum_up(base: np.ndarray | None, n: int, curve: np.ndarray, finite: bo
 
 
 def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
-    """A curve nowhere above the round-to-nearest evaluation of the sums that :func:`up_sum`
-    evaluated rounding up to ``spent``, given at most ``ops`` operations (each a product or
+    """A curve nowhere above the round-to-nearest evaluation of the sums that
+    evaluated rounding up (:func:`scaled_sum_up`) to ``spent``, given at most ``ops`` operations (each a product or
     a sum, on curves each at most an ulp apart): what privguard before task sr computed for
     the same charges, for re-read charges only (``Accounting._readmit``; docs/theory.md §6,
     "Journals written before"). With u = 2⁻⁵³ and K = ops < 2⁴⁹: round to nearest gives
