@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from _poisson_exact import exact_poisson_curve  # noqa: E402
-from test_review_rlo4 import _main_curve  # noqa: E402
+from _poisson_exact import exact_poisson_curve
+from test_review_rlo4 import _main_curve
 
-from privguard import DEFAULT_ORDERS  # noqa: E402
-from privguard import mechanisms as M  # noqa: E402
-from privguard.tuning import Poisson  # noqa: E402
+from privguard import DEFAULT_ORDERS
+from privguard import mechanisms as M
+from privguard.tuning import Poisson
 
 ORDERS = np.array(DEFAULT_ORDERS)
 BASES = ([M.SubsampledGaussian(s, q, steps=1) for s in (0.4, 0.7, 1.0)
