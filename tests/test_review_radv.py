@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 import pytest
+from test_adv_fs_forged_state import _engine_attached, _RaisingCompare
 
 from privguard import InvalidArgumentError, LedgerStateError
-from tests.test_adv_fs_forged_state import _engine_attached, _RaisingCompare
 
 
 def test_dp_hypo_sampler_takes_an_optuna_history_with_an_infinite_value():
