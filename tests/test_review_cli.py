@@ -10,6 +10,7 @@ from privguard._accounting._budget import Budget
 from privguard._accounting._results import lower, upper
 from privguard._cli._cli import main
 from privguard._cli._report import print_report
+from privguard._stores._pgschema import SCHEMA_VERSION
 
 
 def test_budget_line_rounds_spent_up_and_left_down():
@@ -73,7 +74,7 @@ def test_server_init_prints_the_stored_target_exactly(monkeypatch, capsys):
     # refused (another configuration). The line must name the stored target.
     def fake(url, ledger, epsilon, delta, *, charger, owner):
         return {"ledger": ledger, "target": [epsilon, delta], "charges": 0,
-                "schema_owner": owner, "charger": charger,
+                "schema_owner": owner, "schema_version": SCHEMA_VERSION, "charger": charger,
                 "charger_url": f"postgresql://{charger}@h/db?ledger={ledger}"}
 
     monkeypatch.setattr("privguard._stores._pgadmin.server_init", fake)
