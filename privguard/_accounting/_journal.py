@@ -21,7 +21,9 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from privguard import _validation as check
 from privguard._curves._upward import scaled_sum_up
+from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism
 
 #: Below this, no entry of ``base + n × curve`` nor of its operations overflows, and none is
@@ -100,9 +102,6 @@ class Run(NamedTuple):
             InvalidArgumentError: ``i`` is not an integer in [0, count) (review bd: -1 or
                 10⁹ gave a record of a charge the run does not hold).
         """
-        from privguard import _validation as check
-        from privguard._errors import InvalidArgumentError
-
         n = check._as_int("i", i)
         if not 0 <= n < self.count:
             raise InvalidArgumentError("i", i, f"must lie in [0, {self.count}) (the run's "
@@ -118,8 +117,19 @@ class Run(NamedTuple):
         return (self.mechanism, self.label, self.pid)
 
 
+class _HistoryIndexError(InvalidArgumentError, IndexError):
+    """An index past either end of a :class:`History`: an :class:`InvalidArgumentError`
+    that names it, and an ``IndexError`` as the sequence protocol expects (a loop over
+    ``history[i]`` or ``reversed`` stops at it)."""
+
+
 class History(Sequence[ChargeRecord]):
-    """Every admitted charge, one :class:`ChargeRecord` each, expanded from runs on demand."""
+    """Every admitted charge, one :class:`ChargeRecord` each, expanded from runs on demand.
+
+    A read-only sequence as a list is, except that a bad argument (a float or bool index,
+    a zero slice step, a value not held) raises :class:`InvalidArgumentError` naming it;
+    an index out of range raises one that is also an ``IndexError``.
+    """
 
     def __init__(self, runs: Sequence[Run]) -> None:
         self._runs = list(runs)
@@ -135,15 +145,58 @@ class History(Sequence[ChargeRecord]):
     def __getitem__(self, i: slice) -> list[ChargeRecord]: ...
     def __getitem__(self, i: int | slice) -> ChargeRecord | list[ChargeRecord]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._len))]
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"history indices must be integers, not {type(i).__name__}")
-        if i < 0:
-            i += self._len
-        if not 0 <= i < self._len:
-            raise IndexError("history index out of range")
+            parts = [None if x is None else check._as_int("index", x)
+                     for x in (i.start, i.stop, i.step)]
+            if parts[2] == 0:
+                raise InvalidArgumentError("index", i, "a slice step must not be zero")
+            return [self._at(j) for j in range(*slice(*parts).indices(self._len))]
+        # an int, a numpy integer or a 0-d integer array, as a list takes them (task lo5:
+        # history[np.int64(2)] raised TypeError); a bool or a float is refused
+        n = check._as_int("index", i)
+        if n < 0:
+            n += self._len
+        if not 0 <= n < self._len:
+            raise _HistoryIndexError("index", i, f"must lie in [-{self._len}, {self._len}) "
+                                     "(the history's charges)")
+        return self._at(n)
+
+    def _at(self, i: int) -> ChargeRecord:
+        """The i-th charge, for 0 ≤ i < len(self)."""
         run = self._runs[bisect.bisect_right(self._starts, i) - 1]
         return run._record(i - run.start)
+
+    def _holds(self, value: object) -> bool:
+        """Whether ``value`` is one of the records (a record's ``index`` is its position;
+        anything but a :class:`ChargeRecord` equals none of them, and is never compared:
+        an array's ``==`` would give an array, whose truth raises ValueError)."""
+        return (isinstance(value, ChargeRecord) and type(value.index) is int
+                and 0 <= value.index < self._len and self._at(value.index) == value)
+
+    def __contains__(self, value: object) -> bool:
+        return self._holds(value)
+
+    def count(self, value: Any) -> int:
+        return 1 if self._holds(value) else 0  # records differ in ``index``: at most one
+
+    def index(self, value: Any, start: Any = 0, stop: Any = None) -> int:
+        """The position of ``value``, searched in ``[start, stop)`` as ``list.index`` does.
+
+        Raises:
+            InvalidArgumentError: ``start`` or ``stop`` is not an integer, or ``value`` is
+                not in that part of the history (list.index raises ValueError, which this
+                is too).
+        """
+        lo, hi, _ = slice(check._as_int("start", start),
+                          None if stop is None else check._as_int("stop", stop)).indices(self._len)
+        if self._holds(value) and lo <= value.index < hi:
+            return int(value.index)
+        raise InvalidArgumentError("value", check.short(value),
+                                   f"is not in the history's charges [{lo}, {hi})")
+
+    def __reversed__(self) -> Iterator[ChargeRecord]:
+        for run in reversed(self._runs):
+            for i in range(run.count - 1, -1, -1):
+                yield run._record(i)
 
     def __iter__(self) -> Iterator[ChargeRecord]:
         for run in self._runs:
@@ -154,7 +207,8 @@ class History(Sequence[ChargeRecord]):
         if isinstance(other, History):
             return self._runs == other._runs
         if isinstance(other, (list, tuple)):
-            return len(other) == self._len and all(a == b for a, b in zip(self, other))
+            return len(other) == self._len and all(
+                isinstance(b, ChargeRecord) and a == b for a, b in zip(self, other))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
