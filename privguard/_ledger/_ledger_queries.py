@@ -151,6 +151,14 @@ class LedgerQueries:
                     "delta", None, f"the ledger's δ = {self._acc.config.delta:g} was set by a "
                     "retarget of a ledger created without δ, after outputs, so it is not "
                     "covered (docs/theory.md §4); pass delta=... fixed in advance")
+            if fixed is None and self._acc.config.filter == "strict":
+                # Task lo5: a child (Ledger.child without delta=) refused with no reason.
+                raise InvalidArgumentError(
+                    "delta", None, "this ledger is a strict per-order RDP filter "
+                    "(Ledger(rdp_budget=...) or parent.child(...)) created without δ: its "
+                    "budget is a curve, not an (ε, δ) target, and a child does not take its "
+                    "parent's δ; pass delta=... here, or to child(..., delta=...) or "
+                    "Ledger(..., delta=...)")
             if fixed is None:
                 raise InvalidArgumentError("delta", None, "this ledger has no δ; pass delta=...")
             return fixed
