@@ -96,3 +96,29 @@ def test_a_child_without_delta_says_why_it_has_no_epsilon():
     assert "parent's δ" in message, message
     assert child.epsilon(1e-5) > 0  # the remedy works
     assert parent.child(M.Gaussian(2.0), delta=1e-5).epsilon() == 0.0
+
+
+# -- 3. The Poisson refusal hint names both changes of the curve --------------------------
+def test_a_refused_poisson_tuning_state_names_both_curve_changes(monkeypatch):
+    """A state written where the Poisson tuner's curve was lower (a stand-in for a privguard
+    before lo4's rounded-up δ̂ at a μ whose rise passes the revision tolerance: the curve
+    1e-3 lower) does not load, and the refusal names that cause, not only K = 0."""
+    from privguard import LedgerStateError
+    from privguard._mechanisms import _base
+    from privguard._mechanisms import _repeat_select as R
+    from privguard.tuning import Poisson
+
+    tuner = M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01, steps=100), Poisson(5.0))
+    today = R.RepeatAndSelect._rdp
+    with monkeypatch.context() as patch:
+        patch.setattr(R.RepeatAndSelect, "_rdp", lambda self, orders: today(self, orders) * (1 - 1e-3))
+        _base._cached_curve.cache_clear()
+        ledger = Ledger(epsilon=1e6, delta=1e-5)
+        ledger.charge(tuner, label="tune")
+        state = ledger.state_dict()
+    _base._cached_curve.cache_clear()
+    with pytest.raises(LedgerStateError) as info:
+        Ledger.load_state_dict(state)
+    message = str(info.value)
+    assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message, message
+    assert "Rounding of δ̂" in message and "task lo4" in message, message  # only K = 0 before

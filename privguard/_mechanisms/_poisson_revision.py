@@ -1,11 +1,13 @@
-"""Why a ledger holding Poisson random-K tuning, written before the K = 0 fix, is refused.
+"""Why a ledger holding Poisson random-K tuning, written before a change of its curve, is refused.
 
 ``RepeatAndSelect(base, Poisson(μ))`` is charged differently from before the fix of
 docs/theory.md §7, "K = 0 (Poisson)": seed 002 Theorem 6 as stated leaves out the
 outcome K = 0 and under-counts for μ < 1 (now more), and the joint-convexity bound is
-lower at some orders (now less). A ledger (file, journal or ``state_dict``) written
-before the fix replays to today's curve, which can differ from what it recorded (by more
-than the revision tolerance of privguard/_stores/_revision.py), exceed what its budget
+lower at some orders (now less); and since task lo4 Theorem 6's δ̂ is rounded up
+(docs/theory.md §7, "Rounding of δ̂"), which raised the curve again (by up to 1.78·10⁻⁵
+relative where measured, μ ≤ 10⁴: scripts/lo4_poisson_sweep.py). A ledger (file,
+journal or ``state_dict``) written before either change replays to today's curve, which
+can differ from what it recorded (by more than the revision tolerance of privguard/_stores/_revision.py), exceed what its budget
 admitted, or derive other choices from its plan; loading then refuses it, and stays
 refusing (no migration: the old record may be below what was released). The
 refusals name a row, a checkpoint, a total or a fix entry, which says nothing of this
@@ -20,13 +22,16 @@ from privguard._mechanisms._base import Mechanism
 
 HINT = (
     ". This ledger holds Poisson random-K tuning (RepeatAndSelect(..., Poisson(μ))), whose "
-    "curve this privguard computes differently from versions before the fix of "
-    "docs/theory.md §7 \"K = 0 (Poisson)\" (seed 002 Theorem 6 leaves out the outcome "
-    "K = 0 and under-counts for μ < 1; a joint-convexity bound is lower at some orders): if "
-    "it was written before that fix, this is why it does not load, and it stays refused, "
-    "because what it recorded may be below what was released. Read it with the privguard "
-    "that wrote it, and go on in a new ledger whose budget leaves room for its spend as this "
-    "privguard charges it (charge its runs there again); if it was not, it was edited")
+    "curve this privguard computes differently from older versions, in two changes: "
+    "(1) the fix of docs/theory.md §7 \"K = 0 (Poisson)\" (seed 002 Theorem 6 leaves out "
+    "the outcome K = 0 and under-counts for μ < 1; a joint-convexity bound is lower at some "
+    "orders), and (2) Theorem 6's δ̂ rounded up (docs/theory.md §7, \"Rounding of δ̂\", "
+    "task lo4), which raised the curve by up to 1.78·10⁻⁵ (relative) where it was measured "
+    "(μ ≤ 10⁴); a rise beyond the revision tolerance of 10⁻⁴ refuses. If it was written "
+    "before either change, this is why it does not load, and it stays refused, because what "
+    "it recorded may be below what was released. Read it with the privguard that wrote it, "
+    "and go on in a new ledger whose budget leaves room for its spend as this privguard "
+    "charges it (charge its runs there again); if it was not, it was edited")
 
 
 def _holds(data: Any) -> bool:
