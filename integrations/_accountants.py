@@ -247,6 +247,7 @@ class EngineView(IAccountant):
                     "this checkpoint was written by a LedgerAccountant in place of Opacus' "
                     "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
             where = "privacy_accountant_state_dict['privguard']"
+            before = copy.copy(self.wrapped.history)  # Opacus' record, put back on failure
             if "history" in state_dict:
                 _opacus_history(state_dict["history"], "state_dict['history']")  # review fs
                 if entry is not None:  # before Opacus' record moves (review radv)
@@ -258,7 +259,14 @@ class EngineView(IAccountant):
                     raise LedgerStateError(
                         f"Opacus' accountant refused the checkpoint: {exc}") from exc
             if entry is not None:
-                restore(self.ledger, entry, where=where)
+                try:
+                    restore(self.ledger, entry, where=where)
+                except BaseException:
+                    # All or nothing (task lo5): Opacus' record goes back to what it held, so
+                    # a refused load leaves it as it was (the ledger only ever moves forward:
+                    # whatever restore() loaded before failing stays charged, never less).
+                    self.wrapped.history = before
+                    raise
                 held = [tuple(r) for r in entry.get("accountant_history") or []]
         except PrivguardError as exc:  # under DDP, raised on every rank alike below
             error = exc

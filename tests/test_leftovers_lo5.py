@@ -122,3 +122,30 @@ def test_a_refused_poisson_tuning_state_names_both_curve_changes(monkeypatch):
     message = str(info.value)
     assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message, message
     assert "Rounding of δ̂" in message and "task lo4" in message, message  # only K = 0 before
+
+
+# -- 6. EngineView.load_state_dict: all or nothing ---------------------------------------
+def test_an_engine_checkpoint_whose_ledger_refuses_leaves_opacus_record_as_it_was():
+    """The entry is well formed (check_entry passes) but restore() refuses it: its ledger
+    state is another journal than the attached ledger's. Before, Opacus' accountant had
+    already taken the checkpoint's history (a later checkpoint paired them)."""
+    import copy
+
+    from test_adv_fs_forged_state import _engine_attached
+
+    from privguard import LedgerStateError
+    from privguard.integrations._checkpoint import ledger_entry
+
+    other = Ledger(epsilon=8.0, delta=1e-5)
+    for _ in range(5):
+        other.charge(M.Gaussian(3.0))
+    engine, ledger = _engine_attached()
+    state = copy.deepcopy(engine.accountant.state_dict())
+    state["history"] = [(2.0, 0.25, 3)]
+    state["privguard"] = ledger_entry(other, [(2.0, 0.25, 3)])
+    record, spent = copy.deepcopy(engine.accountant.history), ledger.spent
+    with pytest.raises(LedgerStateError):
+        engine.accountant.load_state_dict(state)
+    assert engine.accountant.history == record != [(2.0, 0.25, 3)]
+    assert engine.accountant.wrapped.history == record
+    assert np.array_equal(ledger.spent, spent) and len(ledger.history) == 4
