@@ -149,3 +149,21 @@ def test_an_engine_checkpoint_whose_ledger_refuses_leaves_opacus_record_as_it_wa
     assert engine.accountant.history == record != [(2.0, 0.25, 3)]
     assert engine.accountant.wrapped.history == record
     assert np.array_equal(ledger.spent, spent) and len(ledger.history) == 4
+
+
+# -- 5. A relative path= is resolved once, at construction --------------------------------
+def test_a_relative_path_stays_the_same_file_after_chdir(tmp_path, monkeypatch):
+    # Before: after os.chdir every charge and read refused ("the ledger file is gone"), and a
+    # file of that name in the new directory was taken for a replacement
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path="rel.db")
+    ledger.charge(M.Gaussian(5.0))
+    monkeypatch.chdir(tmp_path / "b")
+    Ledger(epsilon=8.0, delta=1e-5, path="rel.db").close()  # another file of that name
+    ledger.charge(M.Gaussian(5.0))
+    assert len(ledger.history) == 2 and ledger.epsilon() > 0
+    ledger.close()
+    assert len(Ledger.open(tmp_path / "a" / "rel.db", read_only=True).history) == 2
+    assert len(Ledger.open(tmp_path / "b" / "rel.db", read_only=True).history) == 0

@@ -59,7 +59,7 @@ from privguard._accounting import _config
 from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config, retarget_remedy
 from privguard._accounting._journal import Run
-from privguard._errors import LedgerStateError
+from privguard._errors import InvalidArgumentError, LedgerStateError
 from privguard._mechanisms._base import Mechanism
 from privguard._stores import _extent, _lockfds, _rows, _snapshot
 from privguard._stores._integrity import Integrity, canonical
@@ -175,13 +175,31 @@ def _identity_before_connect(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _absolute(path: str) -> str:
+    """``path`` made absolute against the working directory now, once (task lo5: a relative
+    path was resolved at every reconnect and check, so after ``os.chdir`` the ledger
+    refused as "gone", and a fork's reconnect opened whatever file of that name lay in the
+    new directory). Not normalised: ``a/../b`` stays as the OS resolves it.
+
+    Raises:
+        InvalidArgumentError: the path is relative and the working directory is gone.
+    """
+    if os.path.isabs(path):
+        return path
+    try:
+        return os.path.join(os.getcwd(), path)
+    except OSError as exc:
+        raise InvalidArgumentError("path", path, "is relative, and the working directory "
+                                   f"cannot be read ({exc}); pass an absolute path") from None
+
+
 class SQLiteStore:
     """The SQLite journal behind ``Ledger(..., path=...)``. Not used directly."""
 
     PEER = "process"  # who else may write the journal (for messages)
 
     def __init__(self, path: str, *, read_only: bool = False, timeout: float = 60.0) -> None:
-        self.path = path
+        self.path = _absolute(path)
         self.read_only = read_only
         self.timeout = timeout
         self._conn: sqlite3.Connection | None = None
