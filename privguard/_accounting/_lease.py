@@ -233,7 +233,7 @@ def largest_fitting(fits: Any, lo: int, hi: int, guess: int) -> int:
     ``hi``; ``lo`` itself is never probed (kept, as a bisection from [lo, hi] keeps it).
     The same answer as that bisection, with fewer probes near ``guess``: the first probe
     is ``guess`` (clamped into (lo, hi)), then steps of 1, 2, 4, … away from it toward
-    the boundary, then a bisection of what is left (review qs: the lease sizing's
+    the boundary, then a bisection of what is left (task qs: the lease sizing's
     meter cap bisected [1, 117] in 7 probes for a lease of 1 step, at each of the last
     ~60 leases of the README's quick start)."""
     if hi - lo <= 1:
