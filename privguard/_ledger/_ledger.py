@@ -548,8 +548,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             else:
                 lease, pid = self._lease, os.getpid()
                 # a label equal to the lease's (checked) one, of type str: a valid label
+                # (lease.covers without its count: _from_lease checks that under the lock)
                 record = None if lease is None or not (label is None or type(label) is str) \
-                    or not lease.covers(mechanism, label, pid, 1) \
+                    or not lease.same_key(mechanism, label, pid) \
                     else self._from_lease(lease, mechanism, label, pid, 1)
             if record is not None:
                 if self._listeners:
@@ -684,7 +685,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         it let ``_lock`` go and sync in a read transaction (both locks, in order: it waits
         for a prefetch in flight), which verifies the journal, before the step."""
         with self._lock:
-            if not self._lease_open(lease, times):
+            if not (self._broken is None and self._held is None and self._lease is lease
+                    and lease.left >= times):  # _lease_open, written out (task qs)
                 return None
             if self._file_unchanged():
                 return self._take(lease, label, pid, times)
@@ -743,7 +745,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         (LedgerStateError); False when it changed since the store's last transaction
         (another writer, a checkpoint, or rolled back in place): the caller syncs."""
         check = self._check_lease
-        return check is None or bool(self._guard(check))
+        if check is None:
+            return True
+        try:  # self._guard(check), written out on every leased step's path (task qs)
+            return bool(check())
+        except LedgerStateError as exc:
+            self._break(str(exc))
+            raise
 
     def _lease_stands(self, lease: leases.Lease) -> bool:
         """Under both locks: whether ``lease`` is still this ledger's after the check a
