@@ -21,9 +21,15 @@ instead (:func:`against`): two worker processes, one importing each library (tha
 commit's ``privguard/`` and ``integrations/`` from ``git archive``), step the same
 variants in turn, a round each, in alternating order, so a load that comes and goes hits
 both alike; each round is the interleaved measure above plus attach's hook timed in place.
+``--cpu-time`` times the interleaved steps in CPU time of the thread (``time.thread_time``,
+as witness_cost.py does) instead of wall time: a step the scheduler preempts on a loaded
+machine is then not counted as slower (its caches, evicted meanwhile, still are). It
+leaves out other threads' work: a leased ledger's prefetch commits its next lease on a
+thread of its own (docs/theory.md §13 "Prefetch"), which wall time on a busy machine counts
+and CPU time of the stepping thread does not.
 
 Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300] [--postgres]
-     [--against COMMIT]
+     [--against COMMIT] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 DELTA = 1e-5
 PG: dict[str, str] = {}  # with --postgres: the database of a local throwaway server
+CLOCK = {"now": time.perf_counter}  # the interleaved steps' clock (--cpu-time: the thread's)
 _NAMES = itertools.count()
 
 
@@ -225,9 +232,10 @@ def _interleave(step, plain, steps: int, spent: list[int] | None = None
             handle._active = kind == 0
             run_one = plain if kind == 2 else step
             kept = None if spent is None else len(spent)
-            t0 = time.perf_counter()
+            clock = CLOCK["now"]
+            t0 = clock()
             run_one()
-            times[kind].append(time.perf_counter() - t0)
+            times[kind].append(clock() - t0)
             if kept is not None and kind != 0:
                 del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
     handle._active = True
@@ -273,7 +281,8 @@ def _library_of(commit: str, into: str) -> str:
     return src
 
 
-def against(commit: str, rounds: int, steps: int, variants: list[str]) -> None:
+def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time: bool = False
+            ) -> None:
     """This tree's attach against ``commit``'s, in one run (``--against``): per variant, the
     medians over ``rounds`` of each round's on/off and on/plain ratios (interleaved steps)
     and of attach's hook timed in place."""
@@ -289,7 +298,8 @@ def against(commit: str, rounds: int, steps: int, variants: list[str]) -> None:
             files = os.path.join(tmp, f"ledgers{i}")  # each worker its own ledger files
             os.mkdir(files)
             workers[name] = subprocess.Popen(
-                [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files],
+                [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
+                 *(["--cpu-time"] if cpu_time else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         try:
             for r in range(rounds):
@@ -308,7 +318,8 @@ def against(commit: str, rounds: int, steps: int, variants: list[str]) -> None:
                 worker.stdin.close()
                 worker.wait()
     print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
-          f"{steps} steps of on, off and plain Opacus interleaved; medians over rounds")
+          f"{steps} steps of on, off and plain Opacus interleaved "
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
     print("| variant | library | on/off (medians) | on/off (means) | on/plain | hook in place |")
     print("|---|---|---|---|---|---|")
     for v in variants:
@@ -353,14 +364,18 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--against", metavar="COMMIT", default=None,
                         help="this tree against COMMIT's library, in one run")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the interleaved steps in CPU time of the thread")
     parser.add_argument("--worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu_time:
+        CLOCK["now"] = time.thread_time
     if args.worker is not None:
         _worker(args.worker)
         return
     if args.against is not None:
         against(args.against, args.rounds, args.steps,
-                ["attach, in memory", "attach, SQLite file, leases"])
+                ["attach, in memory", "attach, SQLite file, leases"], args.cpu_time)
         return
     extra = list(EXTRA)
     if args.postgres:
