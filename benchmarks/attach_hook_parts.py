@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from attach_overhead import make_step  # benchmarks/ (the script's folder)
+from witness_profile import _timed  # a call's time appended to a list
 
 from privguard._accounting._accounting import Accounting
 from privguard._ledger._ledger import Ledger
@@ -51,16 +52,6 @@ LAYERS: list[tuple[Any, str, str]] = [
 ]
 
 
-def _timed(fn: Any, spent: list[int]) -> Any:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter_ns()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent.append(time.perf_counter_ns() - t0)
-    return timed
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
@@ -70,13 +61,13 @@ def main() -> None:
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in LAYERS]
     try:
         for owner, name, row in LAYERS:
-            setattr(owner, name, _timed(getattr(owner, name), times.setdefault(row, [])))
+            setattr(owner, name, _timed(times.setdefault(row, []), getattr(owner, name)))
         with tempfile.TemporaryDirectory() as tmp:
             step, ledger = make_step(args.variant, tmp)
             handle = _ATTACHED[step.optimizer]
             previous = handle._previous_hook
-            handle._previous_hook = _timed(previous, times.setdefault(
-                "  Opacus' accountant hook (plain Opacus runs it too)", []))
+            handle._previous_hook = _timed(times.setdefault(
+                "  Opacus' accountant hook (plain Opacus runs it too)", []), previous)
             whole = times.setdefault("the whole step", [])
             for _ in range(args.steps):
                 t0 = time.perf_counter_ns()
