@@ -98,8 +98,10 @@ class DrawnRates:
             # ``same`` if the window holds a draw, which it does iff it is not empty (the
             # iterators' factor is at least 1) and a rate is kept: the window's own answer,
             # bit for bit, without reading it (issue 26, task hk: ~4 µs of the hook a step)
-            held = same is not None and self.since + self.before + self.ahead > 0
-            q = max(charged, same) if held else charged
+            if same is not None and self.since + self.before + self.ahead > 0:
+                q = max(charged, same)
+            else:
+                q = charged
         else:
             # the window read from the newest draw back (review rsmp: a copy of every kept
             # rate, up to _KEPT, on each step cost ~15 µs, about 1% of a small model's step)
