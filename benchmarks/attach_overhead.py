@@ -16,7 +16,20 @@ step times.
 file or server ledger, docs/theory.md §13). ``--postgres`` adds a PostgreSQL ledger on a
 local throwaway server (tests/_pgserver.py; needs the PostgreSQL binaries).
 
+``--against COMMIT`` measures this tree against the library of ``COMMIT`` in one run
+instead (:func:`against`): two worker processes, one importing each library (that
+commit's ``privguard/`` and ``integrations/`` from ``git archive``), step the same
+variants in turn, a round each, in alternating order, so a load that comes and goes hits
+both alike; each round is the interleaved measure above plus attach's hook timed in place.
+``--cpu-time`` times the interleaved steps in CPU time of the thread (``time.thread_time``,
+as witness_cost.py does) instead of wall time: a step the scheduler preempts on a loaded
+machine is then not counted as slower (its caches, evicted meanwhile, still are). It
+leaves out other threads' work: a leased ledger's prefetch commits its next lease on a
+thread of its own (docs/theory.md §13 "Prefetch"), which wall time on a busy machine counts
+and CPU time of the stepping thread does not.
+
 Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300] [--postgres]
+     [--against COMMIT] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -24,9 +37,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import warnings
@@ -43,6 +59,7 @@ warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 DELTA = 1e-5
 PG: dict[str, str] = {}  # with --postgres: the database of a local throwaway server
+CLOCK = {"now": time.perf_counter}  # the interleaved steps' clock (--cpu-time: the thread's)
 _NAMES = itertools.count()
 
 
@@ -191,27 +208,127 @@ def interleaved(variant: str, steps: int, tmp: str) -> tuple[float, float, float
     as plain Opacus does), and a plain Opacus step, in alternating order, ``steps`` of
     each. Returns the medians (on, off, plain) and the ratio of the means on/off (the
     mean counts the steps that commit a lease)."""
-    from privguard.integrations.opacus import _ATTACHED
-
     step, ledger = make_step(variant, tmp)
     plain, _ = make_step("plain Opacus", tmp)
-    handle = _ATTACHED[step.optimizer]
     for _ in range(20):
         step()
         plain()
+    measured = _interleave(step, plain, steps)
+    if ledger is not None:
+        ledger.close()
+    return measured
+
+
+def _interleave(step, plain, steps: int, spent: list[int] | None = None
+                ) -> tuple[float, float, float, float]:
+    """:func:`interleaved`'s measure on made steps; ``spent`` (the list :func:`hook_timed`
+    fills): kept to the hook's times of the steps with the hook on."""
+    from privguard.integrations.opacus import _ATTACHED
+
+    handle = _ATTACHED[step.optimizer]
     times: dict[int, list[float]] = {0: [], 1: [], 2: []}  # on, off, plain
     for i in range(steps):
         for kind in ((0, 1, 2) if i % 2 else (2, 1, 0)):
             handle._active = kind == 0
             run_one = plain if kind == 2 else step
-            t0 = time.perf_counter()
+            kept = None if spent is None else len(spent)
+            clock = CLOCK["now"]
+            t0 = clock()
             run_one()
-            times[kind].append(time.perf_counter() - t0)
+            times[kind].append(clock() - t0)
+            if kept is not None and kind != 0:
+                del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
     handle._active = True
-    if ledger is not None:
-        ledger.close()
     on, off, pl = (statistics.median(times[k]) for k in range(3))
     return on, off, pl, statistics.mean(times[0]) / statistics.mean(times[1])
+
+
+def _worker(tmp: str) -> None:
+    """``--worker``: answer each request line (a variant and a step count) on stdin with
+    one JSON line: :func:`interleaved`'s on, off, plain and means, and the median of
+    attach's hook timed in place over the steps with the hook on. One model per variant,
+    made at its first request and kept (warmed up once)."""
+    import privguard.integrations.opacus as opacus_integration
+
+    print(f"worker: {opacus_integration.__file__}", file=sys.stderr, flush=True)
+    spent: list[int] = []
+    made: dict[str, tuple] = {}
+    with hook_timed(spent):
+        for line in sys.stdin:
+            variant, steps = line.rstrip("\n").split("\t")
+            if variant not in made:
+                made[variant] = (make_step(variant, tmp), make_step("plain Opacus", tmp))
+                for _ in range(WARMUP):
+                    made[variant][0][0]()
+                    made[variant][1][0]()
+            (step, _ledger), (plain, _) = made[variant]
+            spent.clear()
+            on, off, pl, means = _interleave(step, plain, int(steps), spent)
+            print(json.dumps([on, off, pl, means, statistics.median(spent) / 1e9]), flush=True)
+
+
+def _library_of(commit: str, into: str) -> str:
+    """A folder to put first on ``PYTHONPATH`` whose ``privguard`` is ``commit``'s (with its
+    ``integrations/`` as ``privguard.integrations``, as the wheel installs it)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    archive = os.path.join(into, "src.tar")
+    subprocess.run(["git", "archive", "-o", archive, commit, "privguard", "integrations"],
+                   cwd=root, check=True)
+    src = os.path.join(into, "src")
+    with tarfile.open(archive) as tar:
+        tar.extractall(src, filter="data")
+    os.rename(os.path.join(src, "integrations"), os.path.join(src, "privguard", "integrations"))
+    return src
+
+
+def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time: bool = False
+            ) -> None:
+    """This tree's attach against ``commit``'s, in one run (``--against``): per variant, the
+    medians over ``rounds`` of each round's on/off and on/plain ratios (interleaved steps)
+    and of attach's hook timed in place."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    results: dict[tuple[str, str], list[list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"this tree": None, commit: _library_of(commit, tmp)}
+        workers = {}
+        for i, (name, path) in enumerate(trees.items()):
+            env = dict(os.environ)
+            if path is not None:
+                env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+            files = os.path.join(tmp, f"ledgers{i}")  # each worker its own ledger files
+            os.mkdir(files)
+            workers[name] = subprocess.Popen(
+                [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
+                 *(["--cpu-time"] if cpu_time else [])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            for r in range(rounds):
+                order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+                for v in variants:
+                    for name in order:
+                        worker = workers[name]
+                        assert worker.stdin is not None and worker.stdout is not None
+                        worker.stdin.write(f"{v}\t{steps}\n")
+                        worker.stdin.flush()
+                        results.setdefault((name, v), []).append(
+                            json.loads(worker.stdout.readline()))
+        finally:
+            for worker in workers.values():
+                assert worker.stdin is not None
+                worker.stdin.close()
+                worker.wait()
+    print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
+          f"{steps} steps of on, off and plain Opacus interleaved "
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
+    print("| variant | library | on/off (medians) | on/off (means) | on/plain | hook in place |")
+    print("|---|---|---|---|---|---|")
+    for v in variants:
+        for name in trees:
+            rows = results[(name, v)]
+            print(f"| {v} | {name} | {statistics.median(r[0] / r[1] for r in rows):.4f}× | "
+                  f"{statistics.median(r[3] for r in rows):.4f}× | "
+                  f"{statistics.median(r[0] / r[2] for r in rows):.4f}× | "
+                  f"{statistics.median(r[4] for r in rows) * 1e6:.1f} µs |")
 
 
 def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
@@ -245,7 +362,21 @@ def main() -> None:
     parser.add_argument("--steps", type=at_least(WARMUP + 1), default=300,
                         help=f"steps per variant; the first {WARMUP} are not timed")
     parser.add_argument("--postgres", action="store_true")
+    parser.add_argument("--against", metavar="COMMIT", default=None,
+                        help="this tree against COMMIT's library, in one run")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the interleaved steps in CPU time of the thread")
+    parser.add_argument("--worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu_time:
+        CLOCK["now"] = time.thread_time
+    if args.worker is not None:
+        _worker(args.worker)
+        return
+    if args.against is not None:
+        against(args.against, args.rounds, args.steps,
+                ["attach, in memory", "attach, SQLite file, leases"], args.cpu_time)
+        return
     extra = list(EXTRA)
     if args.postgres:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
