@@ -1,0 +1,131 @@
+"""Adversarial pass over the tuners and their integrations (task adv2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard.tuning import Poisson, ProposeTest, RandomSearch
+
+RUN = M.Gaussian(10.0)
+
+
+def _tuner() -> RandomSearch:
+    return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
+
+
+# ---- 1. a second handle of the tuned ledger's file, opened inside a candidate
+
+def test_a_candidate_reopening_the_tuned_file_cannot_charge_it(tmp_path):
+    # The hold was a flag of the one Ledger object the tuner charged: a candidate that
+    # opened the same file again (Ledger.open(path) in its training helper) charged the
+    # journal once per candidate (['tuning', 'leak', 'leak', ...]: K in the journal).
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    refusals = []
+
+    def objective(params, child):
+        other = Ledger.open(path)
+        try:
+            other.charge(M.Gaussian(100.0), label="leak")
+        except LedgerStateError as exc:
+            refusals.append(str(exc))
+            raise
+        finally:
+            other.close()
+        return 1.0
+
+    result = _tuner().run(objective, ledger)
+    assert not result.selected  # every candidate was refused, hence ⊥
+    assert [r.label for r in ledger.history] == ["tuning"]
+    assert refusals and all("held by a privguard tuner" in text for text in refusals)
+    reopened = Ledger.open(path)  # after the run: usable again
+    reopened.charge(M.Gaussian(100.0), label="after")
+    assert [r.label for r in reopened.history] == ["tuning", "after"]
+    reopened.close()
+    ledger.close()
+
+
+def test_a_handle_opened_before_the_run_is_held_too(tmp_path):
+    # Every handle of the same file in this process, by its identity: one opened before
+    # the run (another thread's monitor, a closure's) too.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    before = Ledger.open(path)
+    seen = []
+
+    def objective(params, child):
+        try:
+            before.charge(M.Gaussian(100.0), label="leak")
+            seen.append("charged")
+        except LedgerStateError:
+            seen.append("refused")
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    before.charge(M.Gaussian(100.0), label="after")  # the hold ended with the run
+    assert [r.label for r in before.history] == ["tuning", "after"]
+    before.close()
+    ledger.close()
+
+
+def test_propose_test_partitions_cannot_charge_a_second_handle(tmp_path):
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+
+    def objective(params, indices):
+        other = Ledger.open(path)
+        try:
+            other.charge(M.Gaussian(100.0), label="leak")
+        finally:
+            other.close()
+        return 0.5
+
+    tuner = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=0.5, partitions=2, seed=0,
+                        progress=False)
+    result = tuner.run(objective, ledger, 10)
+    assert {r.label for r in ledger.history} == {"propose-test round"}
+    assert len(ledger.history) == result.rounds
+    ledger.close()
+
+
+def test_an_unrelated_file_stays_usable_while_a_tuner_holds_another(tmp_path):
+    # The hold is the held ledger's file only: a separate ledger (its own budget, what the
+    # refusal advises) is charged as before.
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=str(tmp_path / "a.db"))
+    separate = Ledger(epsilon=50.0, delta=1e-5, path=str(tmp_path / "b.db"))
+
+    def objective(params, child):
+        separate.charge(M.Gaussian(100.0), label="own budget")
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert len(separate.history) >= 1
+    separate.close()
+    ledger.close()
+
+
+@pytest.mark.parametrize("make", ["open", "init"])
+def test_every_way_of_opening_the_file_is_held(tmp_path, make):
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    seen = []
+
+    def objective(params, child):
+        other = (Ledger.open(path) if make == "open"
+                 else Ledger(epsilon=50.0, delta=1e-5, path=path))
+        try:
+            other.epsilon()  # a read, refused as a charge is
+            seen.append("read")
+        except LedgerStateError:
+            seen.append("refused")
+        finally:
+            other.close()
+        return 1.0
+
+    _tuner().run(objective, ledger)
+    assert seen and set(seen) == {"refused"}
+    ledger.close()
+
