@@ -129,3 +129,50 @@ def test_every_way_of_opening_the_file_is_held(tmp_path, make):
     assert seen and set(seen) == {"refused"}
     ledger.close()
 
+
+# ---- 3. bad input to the Optuna trial's suggest_* and report
+
+def _trial():
+    pytest.importorskip("optuna")
+    from privguard.integrations._optuna_trial import SEED_KEY, PrivateTrial
+
+    return PrivateTrial({SEED_KEY: 7}, fixed=False, pruner=None)
+
+
+@pytest.mark.parametrize("call", [
+    # a built-in escaped (OverflowError at the draw, after Optuna's warning)
+    lambda t: t.suggest_float("x", 0.0, 1.0, step=float("nan")),
+    lambda t: t.suggest_float("x", 0.0, 1.0, step=float("inf")),
+    lambda t: t.suggest_float("x", 0.0, 1.0, step="0.1"),
+    # taken with another meaning: "no" is truthy (a log scale)
+    lambda t: t.suggest_float("x", 1.0, 2.0, log="no"),
+    lambda t: t.suggest_int("n", 1, 8, log=1),
+    # suggest_int truncated a bound or a step that is not an integer
+    lambda t: t.suggest_int("n", 0.5, 5),
+    lambda t: t.suggest_int("n", 0, 5.5),
+    lambda t: t.suggest_int("n", 0, 5, step=1.5),
+    lambda t: t.suggest_int("n", 0, 5, step=True),
+    # a string's characters became the choices
+    lambda t: t.suggest_categorical("c", "adam"),
+    # a string or a bool reported as a number
+    lambda t: t.report("0.5", 0),
+    lambda t: t.report(True, 0),
+], ids=["step-nan", "step-inf", "step-str", "log-str", "int-log-1", "int-low-0.5",
+        "int-high-5.5", "int-step-1.5", "int-step-bool", "choices-str", "report-str",
+        "report-bool"])
+def test_trial_refuses_bad_input_naming_it(call):
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        call(_trial())
+
+
+def test_trial_still_takes_what_optuna_takes():
+    import numpy as np
+
+    t = _trial()
+    assert 0.0 <= t.suggest_float("x", 0, 1, step=0.25) <= 1.0
+    assert 1 <= t.suggest_int("n", np.int64(1), 9, step=2, log=False) <= 9
+    assert t.suggest_categorical("c", ("adam", "sgd")) in ("adam", "sgd")
+    t.report(np.float32(0.5), 0)
+    t.report(float("nan"), 1)
