@@ -176,3 +176,56 @@ def test_trial_still_takes_what_optuna_takes():
     assert t.suggest_categorical("c", ("adam", "sgd")) in ("adam", "sgd")
     t.report(np.float32(0.5), 0)
     t.report(float("nan"), 1)
+
+
+def test_a_second_handle_in_another_thread_waits_for_the_run_as_the_same_handle_does(tmp_path):
+    # Two handles of one file in one process: while a tuner's candidates run on one, the
+    # other refuses (as the same handle in another thread did), and after the run both work.
+    import threading
+
+    path = str(tmp_path / "budget.db")
+    a, b = Ledger(epsilon=50.0, delta=1e-5, path=path), Ledger.open(path)
+    running, done, refused = threading.Event(), threading.Event(), []
+
+    def objective(params, child):
+        running.set()
+        done.wait(60)
+        return 1.0
+
+    def other():
+        running.wait(60)
+        try:
+            _tuner().run(lambda p, c: 1.0, b)
+        except LedgerStateError as exc:
+            refused.append(str(exc))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert RandomSearch({"x": [1]}, Poisson(2.0), cost=RUN, seed=0, progress=False).run(
+        objective, a).selected
+    thread.join()
+    assert len(refused) == 1 and "another handle of the same ledger" in refused[0]
+    assert [r.label for r in b.history] == ["tuning"]
+    _tuner().run(lambda p, c: 1.0, b)  # after the run: b's own tuning is admitted
+    assert [r.label for r in a.history] == ["tuning", "tuning"]
+    a.close()
+    b.close()
+
+
+def test_holds_of_two_handles_end_each_with_its_own_release(tmp_path):
+    # (Ledger._hold, as tuning._base.held uses it.) A handle held only through another may
+    # still be held by its own tuner, and that hold outlasts the other's release; the
+    # first holder's release leaves it refusing through the second's.
+    path = str(tmp_path / "budget.db")
+    a, b, c = Ledger(delta=1e-5, path=path), Ledger.open(path), Ledger.open(path)
+    assert a._hold("A's tuner") and b._hold("B's tuner")
+    a._unhold()
+    for handle in (a, b, c):
+        with pytest.raises(LedgerStateError, match="B's tuner"):
+            handle.epsilon()
+    b._unhold()
+    for handle in (a, b, c):
+        handle.epsilon()
+        handle.close()

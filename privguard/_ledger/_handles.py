@@ -13,9 +13,11 @@ including a handle opened while the hold lasts. Handles in other processes (a Ra
 worker, a subprocess) are not reached: the Ray executor refuses an objective that
 carries a stored ledger, and a ledger another process opens is that process's.
 
-A handle held through another gets its own reason string (:func:`hold_others`),
-so that its release clears exactly what it set: a handle's own hold, or a hold
-through another holder still in force, stays.
+A handle held through another gets that hold's own reason, a :class:`Through`
+string (:func:`hold_others`), so that its release clears exactly what it set: a
+handle's own hold stays, and so does a hold through another holder still in force.
+A handle held only through another can still be held by a tuner of its own
+(``Ledger._hold``), which then outlasts the other's release.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ _lock = threading.Lock()
 _handles: dict[Hashable, weakref.WeakSet[Any]] = {}
 #: store key -> {id(holder): the reason the other handles refuse with}, in hold order
 _holds: dict[Hashable, dict[int, str]] = {}
+
+
+class Through(str):
+    """The reason a handle refuses while another handle of its store is held."""
 
 
 def store_key(store: Any) -> Hashable | None:
@@ -64,7 +70,7 @@ def hold_others(holder: Any, reason: str) -> None:
     key = store_key(holder._store)
     if key is None:
         return
-    text = f"{reason} (through another handle of the same ledger in this process)"
+    text = Through(f"{reason} (through another handle of the same ledger in this process)")
     with _lock:
         _holds.setdefault(key, {})[id(holder)] = text
         for other in list(_handles.get(key, ())):
@@ -72,22 +78,26 @@ def hold_others(holder: Any, reason: str) -> None:
                 _set(other, None, text)
 
 
-def release_others(holder: Any) -> None:
-    """End what :func:`hold_others` set for ``holder``; another holder's hold stays."""
+def release_others(holder: Any) -> str | None:
+    """End what :func:`hold_others` set for ``holder``; another holder's hold stays.
+
+    Returns the hold through another holder still in force for ``holder``'s store (what
+    ``holder`` itself refuses with once its own hold ends), or None.
+    """
     key = store_key(holder._store)
     if key is None:
-        return
+        return None
     with _lock:
         reasons = _holds.get(key)
         text = None if reasons is None else reasons.pop(id(holder), None)
-        if text is None:
-            return
         left = next(iter(reasons.values()), None) if reasons else None
-        if not reasons:
+        if reasons is not None and not reasons:
             del _holds[key]
-        for other in list(_handles.get(key, ())):
-            if other is not holder:
-                _set(other, text, left)
+        if text is not None:
+            for other in list(_handles.get(key, ())):
+                if other is not holder:
+                    _set(other, text, left)
+        return left
 
 
 def _set(ledger: Any, was: str | None, now: str | None) -> None:

@@ -497,7 +497,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         A prefetch in flight commits first (``_txn``); one not begun then commits nothing.
         """
         with self._txn, self._lock:
-            if self._broken is not None or self._held is not None:
+            # held only through another handle of its store: its own hold outlasts that one
+            if self._broken is not None or (self._held is not None
+                                            and not isinstance(self._held, _handles.Through)):
                 return False
             self._held = reason
         # and every other handle of the same file or server ledger in this process: a
@@ -507,9 +509,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
 
     def _unhold(self) -> None:
         """End a hold; a ledger broken meanwhile stays broken (fail closed)."""
+        left = _handles.release_others(self)  # another handle's hold still in force, or None
         with self._lock:
-            self._held = None
-        _handles.release_others(self)
+            self._held = left
 
     def _break(self, reason: str) -> None:
         """Refuse everything from now on (fail closed); the first cause is the one reported."""
