@@ -229,3 +229,32 @@ def test_holds_of_two_handles_end_each_with_its_own_release(tmp_path):
     for handle in (a, b, c):
         handle.epsilon()
         handle.close()
+
+
+@pytest.mark.parametrize("reopen", ["pickle", "deepcopy"])
+def test_a_copy_of_the_held_file_ledger_is_held(tmp_path, reopen):
+    # A file ledger pickles (and deep-copies) as a reference that reopens its file: while
+    # held, the copy a candidate made of the ledger it captured (pickled for a worker of
+    # its own, or deep-copied with its config) charged the journal once per candidate.
+    import copy
+    import pickle
+
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=str(tmp_path / "budget.db"))
+    seen = []
+
+    def objective(params, child):
+        other = (pickle.loads(pickle.dumps(ledger)) if reopen == "pickle"
+                 else copy.deepcopy(ledger))
+        try:
+            other.charge(M.Gaussian(100.0), label="leak")
+            seen.append("charged")
+        except LedgerStateError:
+            seen.append("refused")
+        finally:
+            other.close()
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    assert [r.label for r in ledger.history] == ["tuning"]
+    ledger.close()
