@@ -258,3 +258,19 @@ def test_a_copy_of_the_held_file_ledger_is_held(tmp_path, reopen):
     assert seen and set(seen) == {"refused"}
     assert [r.label for r in ledger.history] == ["tuning"]
     ledger.close()
+
+
+def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_path):
+    # A hold is released by the key its handle registered, not by the (closed) store.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+
+    def objective(params, child):
+        ledger.close()
+        return 1.0
+
+    _tuner().run(objective, ledger)
+    reopened = Ledger.open(path)
+    reopened.charge(M.Gaussian(100.0), label="after")
+    assert [r.label for r in reopened.history] == ["tuning", "after"]
+    reopened.close()

@@ -54,8 +54,12 @@ def store_key(store: Any) -> Hashable | None:
 
 
 def register(ledger: Any) -> None:
-    """Know ``ledger`` (just opened) as a handle of its store; held now if the store is."""
-    key = store_key(ledger._store)
+    """Know ``ledger`` (just opened) as a handle of its store; held now if the store is.
+
+    The key is kept on the ledger (``_store_key``), so that a release finds it after the
+    store was closed (a candidate may close the ledger it captured while it is held).
+    """
+    key = ledger._store_key = store_key(ledger._store)
     if key is None:
         return
     with _lock:
@@ -67,7 +71,7 @@ def register(ledger: Any) -> None:
 
 def hold_others(holder: Any, reason: str) -> None:
     """Hold every other handle of ``holder``'s store (now and opened later) with ``reason``."""
-    key = store_key(holder._store)
+    key = getattr(holder, "_store_key", None)
     if key is None:
         return
     text = Through(f"{reason} (through another handle of the same ledger in this process)")
@@ -84,7 +88,7 @@ def release_others(holder: Any) -> str | None:
     Returns the hold through another holder still in force for ``holder``'s store (what
     ``holder`` itself refuses with once its own hold ends), or None.
     """
-    key = store_key(holder._store)
+    key = getattr(holder, "_store_key", None)
     if key is None:
         return None
     with _lock:
