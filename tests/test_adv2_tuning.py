@@ -15,6 +15,22 @@ def _tuner() -> RandomSearch:
     return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
 
 
+def _try_charge(handle: Ledger, seen: list) -> None:
+    """Charge ``handle`` once; record whether it was charged or refused (held)."""
+    try:
+        handle.charge(M.Gaussian(100.0), label="leak")
+        seen.append("charged")
+    except LedgerStateError:
+        seen.append("refused")
+
+
+def _usable_after(handle: Ledger) -> None:
+    """After the run the file takes a charge again: its journal is the tuning, then it."""
+    handle.charge(M.Gaussian(100.0), label="after")
+    assert [r.label for r in handle.history] == ["tuning", "after"]
+    handle.close()
+
+
 # ---- 1. a second handle of the tuned ledger's file, opened inside a candidate
 
 def test_a_candidate_reopening_the_tuned_file_cannot_charge_it(tmp_path):
@@ -40,10 +56,7 @@ def test_a_candidate_reopening_the_tuned_file_cannot_charge_it(tmp_path):
     assert not result.selected  # every candidate was refused, hence ⊥
     assert [r.label for r in ledger.history] == ["tuning"]
     assert refusals and all("held by a privguard tuner" in text for text in refusals)
-    reopened = Ledger.open(path)  # after the run: usable again
-    reopened.charge(M.Gaussian(100.0), label="after")
-    assert [r.label for r in reopened.history] == ["tuning", "after"]
-    reopened.close()
+    _usable_after(Ledger.open(path))
     ledger.close()
 
 
@@ -56,18 +69,12 @@ def test_a_handle_opened_before_the_run_is_held_too(tmp_path):
     seen = []
 
     def objective(params, child):
-        try:
-            before.charge(M.Gaussian(100.0), label="leak")
-            seen.append("charged")
-        except LedgerStateError:
-            seen.append("refused")
+        _try_charge(before, seen)
         return 1.0
 
     assert _tuner().run(objective, ledger).selected
     assert seen and set(seen) == {"refused"}
-    before.charge(M.Gaussian(100.0), label="after")  # the hold ended with the run
-    assert [r.label for r in before.history] == ["tuning", "after"]
-    before.close()
+    _usable_after(before)  # the hold ended with the run
     ledger.close()
 
 
@@ -245,13 +252,8 @@ def test_a_copy_of_the_held_file_ledger_is_held(tmp_path, reopen):
     def objective(params, child):
         other = (pickle.loads(pickle.dumps(ledger)) if reopen == "pickle"
                  else copy.deepcopy(ledger))
-        try:
-            other.charge(M.Gaussian(100.0), label="leak")
-            seen.append("charged")
-        except LedgerStateError:
-            seen.append("refused")
-        finally:
-            other.close()
+        _try_charge(other, seen)
+        other.close()
         return 1.0
 
     assert _tuner().run(objective, ledger).selected
@@ -270,7 +272,4 @@ def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_pa
         return 1.0
 
     _tuner().run(objective, ledger)
-    reopened = Ledger.open(path)
-    reopened.charge(M.Gaussian(100.0), label="after")
-    assert [r.label for r in reopened.history] == ["tuning", "after"]
-    reopened.close()
+    _usable_after(Ledger.open(path))
