@@ -273,3 +273,21 @@ def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_pa
 
     _tuner().run(objective, ledger)
     _usable_after(Ledger.open(path))
+
+
+# ---- 3. bad input to the framework callbacks, refused when they are made
+
+@pytest.mark.parametrize("framework", ["lightning", "huggingface"])
+@pytest.mark.parametrize("label", ["step\x00", "step\ud800"], ids=["nul", "lone-surrogate"])
+def test_callbacks_refuse_a_label_no_store_can_keep_when_made(framework, label):
+    # check_callback_arguments took any str; the ledger refused it only when training began
+    from privguard import InvalidArgumentError
+
+    if framework == "lightning":
+        pytest.importorskip("lightning")
+        from privguard.integrations.lightning import LedgerCallback as Callback
+    else:
+        pytest.importorskip("transformers")
+        from privguard.integrations.huggingface import LedgerTrainerCallback as Callback
+    with pytest.raises(InvalidArgumentError, match="label"):
+        Callback(Ledger(epsilon=1.0, delta=1e-5), label=label)
