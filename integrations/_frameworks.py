@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from privguard import _validation as check
+from privguard._accounting._accounting import check_label
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
@@ -52,6 +53,9 @@ def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poiss
         raise InvalidArgumentError("log_name", log_name, "must be a string")
     if not isinstance(label, str):
         raise InvalidArgumentError("label", label, "must be a string")
+    # the ledger's own check (NUL, lone surrogates), here rather than when training begins
+    # (task adv2: LedgerCallback(ledger, label="a\x00b") was taken and refused at fit)
+    check_label(label)
     check.flag("check_poisson", check_poisson)
 
 

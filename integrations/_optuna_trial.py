@@ -27,6 +27,9 @@ import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from privguard import _validation as check
 from privguard._errors import InvalidArgumentError
 from privguard._optional import require
 
@@ -162,10 +165,13 @@ class PrivateTrial:
         trial's child ledger (it decides pruning, which is part of the trial's output)."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
             raise InvalidArgumentError("step", step, "must be an integer >= 0")
+        # a string or a bool was taken through float() ("0.5", True as 1.0; task adv2)
         try:
+            if isinstance(value, (bool, np.bool_, str, bytes)):
+                raise TypeError
             number = float(value)
         except (TypeError, ValueError, OverflowError):
-            raise InvalidArgumentError("value", value, "must be a number") from None
+            raise InvalidArgumentError("value", check.short(value), "must be a number") from None
         self._values.setdefault(int(step), number)  # Optuna keeps the first report
 
     def should_prune(self) -> bool:
@@ -189,12 +195,31 @@ class PrivateTrial:
 
 
 def _distribution(argument: str, make: Callable[..., Any], **args: Any) -> Any:
-    """Optuna's distribution, its refusal (low > high, NaN, a bad step) as InvalidArgumentError."""
-    for bound in ("low", "high"):  # Optuna takes NaN and ±inf, and its draw then overflows
-        value = args.get(bound, 0)
+    """Optuna's distribution, its refusal (low > high, NaN, a bad step) as InvalidArgumentError.
+
+    Checked here first, since Optuna takes each of these with another meaning or lets a
+    built-in escape (task adv2): NaN or ±inf bounds (its draw then overflows); a ``step``
+    of NaN or ±inf (``OverflowError`` at the draw, after a warning); ``log="no"`` (truthy:
+    a log scale); ``suggest_int`` with bounds or a step that are not integers (0.5 and
+    1.5 were truncated); ``suggest_categorical`` with a string (its characters became the
+    choices) or with no sequence at all.
+    """
+    integral = make is optuna.distributions.IntDistribution
+    kind = "an integer" if integral else "a finite number"
+    for bound in ("low", "high", "step"):
+        if bound not in args or (bound == "step" and args[bound] is None and not integral):
+            continue
+        value = args[bound]
         if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                or not (isinstance(value, numbers.Integral) or math.isfinite(value))):
-            raise InvalidArgumentError(argument, args, f"{bound} must be a finite number")
+                or not (isinstance(value, numbers.Integral)
+                        or (not integral and math.isfinite(value)))):
+            raise InvalidArgumentError(argument, args, f"{bound} must be {kind}")
+    if "log" in args and not isinstance(args["log"], bool):
+        raise InvalidArgumentError(argument, args, "log must be True or False")
+    if "choices" in args and (isinstance(args["choices"], (str, bytes))
+                              or not isinstance(args["choices"], Sequence)):
+        raise InvalidArgumentError(argument, check.short(args["choices"]),
+                                   "must be a sequence of choices (a list or a tuple)")
     try:
         return make(**args)
     except (TypeError, ValueError, OverflowError) as exc:

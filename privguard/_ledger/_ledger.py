@@ -40,7 +40,7 @@ from privguard._accounting._journal import ChargeRecord
 from privguard._accounting._plan import Plan
 from privguard._accounting._results import LedgerEvent, exact
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
-from privguard._ledger import _fork
+from privguard._ledger import _fork, _handles
 from privguard._ledger._ledger_queries import LedgerQueries
 from privguard._ledger._ledger_state import LedgerState
 from privguard._ledger._listeners import LedgerListeners
@@ -189,6 +189,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         else:
             self._acc = self._store.open(config, Accounting(config), retarget)
             self._store.live = True
+            _handles.register(self)  # a hold of another handle of this store holds it (adv2)
 
     def _setup(self, listeners: list[Callable[[LedgerEvent], None]], store: Any) -> None:
         self._txn = threading.RLock()  # the transaction lock: taken before _lock
@@ -250,6 +251,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._set_leases(cap, prefetch)
         self._acc = self._store.open(None, None, None)
         self._store.live = True
+        _handles.register(self)  # a hold of another handle of this store holds it (adv2)
         return self
 
     def close(self) -> None:
@@ -495,15 +497,21 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         A prefetch in flight commits first (``_txn``); one not begun then commits nothing.
         """
         with self._txn, self._lock:
-            if self._broken is not None or self._held is not None:
+            # held only through another handle of its store: its own hold outlasts that one
+            if self._broken is not None or (self._held is not None
+                                            and not isinstance(self._held, _handles.Through)):
                 return False
             self._held = reason
-            return True
+        # and every other handle of the same file or server ledger in this process: a
+        # candidate's Ledger.open(path) charged the journal once per candidate (task adv2)
+        _handles.hold_others(self, reason)
+        return True
 
     def _unhold(self) -> None:
         """End a hold; a ledger broken meanwhile stays broken (fail closed)."""
+        left = _handles.release_others(self)  # another handle's hold still in force, or None
         with self._lock:
-            self._held = None
+            self._held = left
 
     def _break(self, reason: str) -> None:
         """Refuse everything from now on (fail closed); the first cause is the one reported."""

@@ -1,0 +1,111 @@
+"""Every open handle of a stored ledger in this process, by store: a hold reaches them all.
+
+A tuner holds the ledger it charged its bound to: the ledger refuses every read and
+charge while the candidates run (:func:`privguard.tuning._base.held`), since one charge
+of it per candidate would count the hidden number of runs K. The hold was a flag of
+that one ``Ledger`` object, so a candidate that opened the same file again
+(``Ledger.open(path)`` in the objective, or in a training helper it calls) got a
+second handle that was not held, and charged the journal once per candidate: the
+journal then showed K, and every charge's time (task adv2). Here the handles of one
+store (a SQLite file by its ``(st_dev, st_ino)``, a server ledger by its
+``ledger_id``) are known process-wide, and a hold of one of them holds every other,
+including a handle opened while the hold lasts. Handles in other processes (a Ray
+worker, a subprocess) are not reached: the Ray executor refuses an objective that
+carries a stored ledger, and a ledger another process opens is that process's.
+
+A handle held through another gets that hold's own reason, a :class:`Through`
+string (:func:`hold_others`), so that its release clears exactly what it set: a
+handle's own hold stays, and so does a hold through another holder still in force.
+A handle held only through another can still be held by a tuner of its own
+(``Ledger._hold``), which then outlasts the other's release.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Hashable
+from typing import Any
+
+_lock = threading.Lock()
+#: store key -> the live handles (Ledger objects) of that store in this process
+_handles: dict[Hashable, weakref.WeakSet[Any]] = {}
+#: store key -> {id(holder): the reason the other handles refuse with}, in hold order
+_holds: dict[Hashable, dict[int, str]] = {}
+
+
+class Through(str):
+    """The reason a handle refuses while another handle of its store is held."""
+
+
+def store_key(store: Any) -> Hashable | None:
+    """The identity of ``store``'s journal in this process, or None (in memory, unknown).
+
+    A SQLite file by ``(st_dev, st_ino)`` (a second path or a link to it is the same
+    file), a server ledger by its ``ledger_id``.
+    """
+    identity = getattr(store, "_identity", None)
+    if identity is not None:
+        return ("file", *identity)
+    ledger_id = getattr(store, "ledger_id", None)
+    if isinstance(ledger_id, str) and ledger_id:
+        return ("server", ledger_id)
+    return None
+
+
+def register(ledger: Any) -> None:
+    """Know ``ledger`` (just opened) as a handle of its store; held now if the store is.
+
+    The key is kept on the ledger (``_store_key``), so that a release finds it after the
+    store was closed (a candidate may close the ledger it captured while it is held).
+    """
+    key = ledger._store_key = store_key(ledger._store)
+    if key is None:
+        return
+    with _lock:
+        _handles.setdefault(key, weakref.WeakSet()).add(ledger)
+        reasons = _holds.get(key)
+        if reasons:
+            _set(ledger, None, next(iter(reasons.values())))
+
+
+def hold_others(holder: Any, reason: str) -> None:
+    """Hold every other handle of ``holder``'s store (now and opened later) with ``reason``."""
+    key = getattr(holder, "_store_key", None)
+    if key is None:
+        return
+    text = Through(f"{reason} (through another handle of the same ledger in this process)")
+    with _lock:
+        _holds.setdefault(key, {})[id(holder)] = text
+        for other in list(_handles.get(key, ())):
+            if other is not holder:
+                _set(other, None, text)
+
+
+def release_others(holder: Any) -> str | None:
+    """End what :func:`hold_others` set for ``holder``; another holder's hold stays.
+
+    Returns the hold through another holder still in force for ``holder``'s store (what
+    ``holder`` itself refuses with once its own hold ends), or None.
+    """
+    key = getattr(holder, "_store_key", None)
+    if key is None:
+        return None
+    with _lock:
+        reasons = _holds.get(key)
+        text = None if reasons is None else reasons.pop(id(holder), None)
+        left = next(iter(reasons.values()), None) if reasons else None
+        if reasons is not None and not reasons:
+            del _holds[key]
+        if text is not None:
+            for other in list(_handles.get(key, ())):
+                if other is not holder:
+                    _set(other, text, left)
+        return left
+
+
+def _set(ledger: Any, was: str | None, now: str | None) -> None:
+    """``ledger._held = now`` if it is ``was`` (None: not held), under its state lock."""
+    with ledger._lock:
+        if ledger._held is was:
+            ledger._held = now
