@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import subprocess
+import sys
 from collections import deque
 from itertools import islice
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +155,53 @@ def test_a_step_read_while_a_larger_draw_is_recorded_is_charged_as_on_main():
     finally:
         drawn.restore()
         drawn.sampler.sample_rate = 0.125
+
+
+_BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+_ROOT = _BENCHMARKS.parent
+
+
+def _run(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    environ = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_attach_overheads_this_tree_is_this_tree_not_the_installed_privguard(tmp_path):
+    # review rhk: --against's worker for "this tree" imported whichever privguard the
+    # interpreter found (an installed release, another checkout's editable install) and
+    # printed its times as this tree's; here one comes first on PYTHONPATH and refuses
+    installed = tmp_path / "installed" / "privguard"
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("raise ImportError('the installed privguard')\n")
+    # the commit's library: this tree's files laid out as the wheel (no git needed here)
+    code = f"""
+import os, shutil, sys
+sys.path.insert(0, {str(_BENCHMARKS)!r})
+import attach_overhead as bench
+
+def library_of(commit, into):
+    src = os.path.join(into, "commit")
+    shutil.copytree({str(_ROOT / "privguard")!r}, os.path.join(src, "privguard"))
+    shutil.copytree({str(_ROOT / "integrations")!r},
+                    os.path.join(src, "privguard", "integrations"))
+    return src
+
+bench._library_of = library_of
+os.environ["PYTHONPATH"] = {str(installed.parent)!r}
+bench.against("COMMIT", 1, bench.WARMUP + 1, ["attach, in memory"])
+"""
+    done = _run(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| attach, in memory")]
+    assert [row.split("|")[2].strip() for row in rows] == ["this tree", "COMMIT"], done.stdout
+
+
+def test_attach_overheads_worker_refuses_a_library_it_did_not_import(tmp_path):
+    # the worker checks what it imported against the library it was started for
+    done = subprocess.run(
+        [sys.executable, str(_BENCHMARKS / "attach_overhead.py"), "--worker", str(tmp_path),
+         "--library", str(tmp_path / "elsewhere")],
+        input="", capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "not from" in done.stderr and str(tmp_path / "elsewhere") in done.stderr
