@@ -17,8 +17,10 @@ file or server ledger, docs/theory.md §13). ``--postgres`` adds a PostgreSQL le
 local throwaway server (tests/_pgserver.py; needs the PostgreSQL binaries).
 
 ``--against COMMIT`` measures this tree against the library of ``COMMIT`` in one run
-instead (:func:`against`): two worker processes, one importing each library (that
-commit's ``privguard/`` and ``integrations/`` from ``git archive``), step the same
+instead (:func:`against`): two worker processes, one importing each library (a copy of
+this tree's ``privguard/`` and ``integrations/``, and that commit's from ``git archive``,
+each laid out as the wheel installs them; a worker whose ``privguard`` comes from
+elsewhere, an installed one, exits), step the same
 variants in turn, a round each, in alternating order, so a load that comes and goes hits
 both alike; each round is the interleaved measure above plus attach's hook timed in place.
 ``--cpu-time`` times the interleaved steps in CPU time of the thread (``time.thread_time``,
@@ -39,6 +41,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -243,14 +246,21 @@ def _interleave(step, plain, steps: int, spent: list[int] | None = None
     return on, off, pl, statistics.mean(times[0]) / statistics.mean(times[1])
 
 
-def _worker(tmp: str) -> None:
+def _worker(tmp: str, library: str) -> None:
     """``--worker``: answer each request line (a variant and a step count) on stdin with
     one JSON line: :func:`interleaved`'s on, off, plain and means, and the median of
     attach's hook timed in place over the steps with the hook on. One model per variant,
-    made at its first request and kept (warmed up once)."""
+    made at its first request and kept (warmed up once). Exits at once, naming what it
+    imported, unless its ``privguard`` (and integrations) are ``library``'s (review rhk)."""
+    import privguard
     import privguard.integrations.opacus as opacus_integration
 
     print(f"worker: {opacus_integration.__file__}", file=sys.stderr, flush=True)
+    inside = os.path.realpath(os.path.join(library, "privguard")) + os.sep
+    for module in (privguard, opacus_integration):
+        if not os.path.realpath(module.__file__ or "").startswith(inside):
+            sys.exit(f"worker: {module.__name__} imported from {module.__file__}, not from "
+                     f"{inside}: the timing would not be of that library")
     spent: list[int] = []
     made: dict[str, tuple] = {}
     with hook_timed(spent):
@@ -265,6 +275,20 @@ def _worker(tmp: str) -> None:
             spent.clear()
             on, off, pl, means = _interleave(step, plain, int(steps), spent)
             print(json.dumps([on, off, pl, means, statistics.median(spent) / 1e9]), flush=True)
+
+
+def _this_tree(into: str) -> str:
+    """:func:`_library_of` for this working tree as it is (review rhk: the worker of "this
+    tree" imported whichever ``privguard`` the interpreter had installed, this tree's only
+    where that was an editable install of it)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    src = os.path.join(into, "here")
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(os.path.join(root, "privguard"), os.path.join(src, "privguard"),
+                    ignore=skip)
+    shutil.copytree(os.path.join(root, "integrations"),
+                    os.path.join(src, "privguard", "integrations"), ignore=skip)
+    return src
 
 
 def _library_of(commit: str, into: str) -> str:
@@ -289,17 +313,17 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
     here = os.path.dirname(os.path.abspath(__file__))
     results: dict[tuple[str, str], list[list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"this tree": None, commit: _library_of(commit, tmp)}
+        trees = {"this tree": _this_tree(tmp), commit: _library_of(commit, tmp)}
         workers = {}
         for i, (name, path) in enumerate(trees.items()):
             env = dict(os.environ)
-            if path is not None:
-                env["PYTHONPATH"] = os.pathsep.join([path, env.get("PYTHONPATH", "")])
+            env["PYTHONPATH"] = os.pathsep.join(
+                [path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
             files = os.path.join(tmp, f"ledgers{i}")  # each worker its own ledger files
             os.mkdir(files)
             workers[name] = subprocess.Popen(
                 [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
-                 *(["--cpu-time"] if cpu_time else [])],
+                 "--library", path, *(["--cpu-time"] if cpu_time else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         try:
             for r in range(rounds):
@@ -308,14 +332,19 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                     for name in order:
                         worker = workers[name]
                         assert worker.stdin is not None and worker.stdout is not None
-                        worker.stdin.write(f"{v}\t{steps}\n")
-                        worker.stdin.flush()
-                        results.setdefault((name, v), []).append(
-                            json.loads(worker.stdout.readline()))
+                        answer = ""
+                        with contextlib.suppress(BrokenPipeError):  # a worker that exited
+                            worker.stdin.write(f"{v}\t{steps}\n")
+                            worker.stdin.flush()
+                            answer = worker.stdout.readline()
+                        if not answer:
+                            raise SystemExit(f"the worker of {name} stopped (its error above)")
+                        results.setdefault((name, v), []).append(json.loads(answer))
         finally:
             for worker in workers.values():
                 assert worker.stdin is not None
-                worker.stdin.close()
+                with contextlib.suppress(BrokenPipeError):
+                    worker.stdin.close()
                 worker.wait()
     print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
           f"{steps} steps of on, off and plain Opacus interleaved "
@@ -367,11 +396,14 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the interleaved steps in CPU time of the thread")
     parser.add_argument("--worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--library", default=None, help=argparse.SUPPRESS)  # the worker's
     args = parser.parse_args()
     if args.cpu_time:
         CLOCK["now"] = time.thread_time
     if args.worker is not None:
-        _worker(args.worker)
+        if args.library is None:
+            parser.error("--worker needs --library (the folder its privguard must come from)")
+        _worker(args.worker, args.library)
         return
     if args.against is not None:
         against(args.against, args.rounds, args.steps,

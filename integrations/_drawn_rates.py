@@ -82,12 +82,15 @@ class DrawnRates:
         except (TypeError, ValueError, RuntimeError):
             rate = 1.0  # not a number: the step is charged as if every record were drawn
         rate = rate if rate == rate else 1.0
-        self.rates.append(rate)
-        self.since += 1
+        # the flags before the record (review rhk): a step read on another thread between
+        # the two sees a new rate only with the flag that sends it to the window (at the
+        # first draw it may see the rate before the record holds it: more, never less)
         if self._same is None and not self._mixed:
             self._same = rate
         elif rate != self._same or rate == 0:  # (0.0 and -0.0 are equal, not the same float)
             self._mixed = True
+        self.rates.append(rate)
+        self.since += 1
 
     def rate(self, charged: float) -> float:
         """The rate to charge the next real step at: ``charged`` (the rate in force), or
