@@ -220,9 +220,11 @@ def _secant_guess(n: int, room: float, over: float) -> int:
     """Where the meter's rise over m steps, f(m), crosses ``room``, from f(n) = ``over`` >
     ``room`` (a guess only: :func:`largest_fitting` verifies it). Per order, the improved
     ε is affine in the spent RDP (:func:`privguard._curves._conversion.improved_upper`),
-    hence in m; the meter, a minimum of them, is concave in m with f(0) = 0, so
-    f(m) ≥ (m / n) f(n): the crossing is at most n · room / f(n), and near it when f is
-    nearly linear (one order binds). 0 where that is no finite number."""
+    hence in m; their minimum is concave in m, so where the meter at the spent curve is
+    above its floor 0, f(m) ≥ (m / n) f(n): the crossing is at most n · room / f(n), and
+    near it when f is nearly linear (one order binds). (Where the minimum is below 0 at
+    the spent curve, the meter clamps it and the crossing may lie above the guess; the
+    search only needs f non-decreasing: review rqs.) 0 where that is no finite number."""
     guess = n * room / over if 0.0 < room < over < math.inf else 0.0
     return int(guess) if math.isfinite(guess) else 0
 

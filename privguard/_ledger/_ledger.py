@@ -693,8 +693,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         it let ``_lock`` go and sync in a read transaction (both locks, in order: it waits
         for a prefetch in flight), which verifies the journal, before the step."""
         with self._lock:
-            if not (self._broken is None and self._held is None and self._lease is lease
-                    and lease.left >= times):  # _lease_open, written out (task qs)
+            if not self._lease_open(lease, times):
                 return None
             if self._file_unchanged():
                 return self._take(lease, label, pid, times)
@@ -705,7 +704,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def _lease_open(self, lease: leases.Lease, times: int) -> bool:
         """Under ``_lock``: whether ``lease`` is the current lease and hands out ``times``
         steps. A held ledger refuses (the ordinary path raises), as a broken one; the
-        lease's key never changes, and every caller checked it (covers) for this charge."""
+        lease's key never changes, and every caller checked it (covers, or same_key on the
+        repeat lane) for this charge."""
         return (self._broken is None and self._held is None and self._lease is lease
                 and lease.left >= times)
 
@@ -753,13 +753,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         (LedgerStateError); False when it changed since the store's last transaction
         (another writer, a checkpoint, or rolled back in place): the caller syncs."""
         check = self._check_lease
-        if check is None:
-            return True
-        try:  # self._guard(check), written out on every leased step's path (task qs)
-            return bool(check())
-        except LedgerStateError as exc:
-            self._break(str(exc))
-            raise
+        return check is None or bool(self._guard(check))
 
     def _lease_stands(self, lease: leases.Lease) -> bool:
         """Under both locks: whether ``lease`` is still this ledger's after the check a
