@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import pytest
 from test_adv_fs_forged_state import _engine_attached
 
-from privguard import BudgetExhausted, LedgerStateError
+from privguard import BudgetExhausted, Ledger, LedgerStateError
+from privguard import mechanisms as M
 
 
 # -- EngineView.load_state_dict: all or nothing, whatever refuses the load -----------------
@@ -56,3 +58,49 @@ def test_the_engine_loads_charging_warning_still_points_at_the_caller():
         engine.load_checkpoint(path=buffer, module=torch.nn.Module())
     ours = [w for w in caught if "Opacus' accountant recorded" in str(w.message)]
     assert ours and ours[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
+
+
+# -- A path through a symlink and "..": every open reads the file the OS resolves ---------
+def _symlink_then_up(tmp_path, monkeypatch):
+    """cwd X holding s -> other/deep/d: the OS resolves s/../rel.db to other/deep/rel.db,
+    a lexical normalisation (os.path.abspath) to X/rel.db. Both files are ledgers: 3 charges
+    in the one the OS resolves, 1 in the other."""
+    x, deep = tmp_path / "X", tmp_path / "other" / "deep" / "d"
+    x.mkdir()
+    deep.mkdir(parents=True)
+    try:
+        (x / "s").symlink_to(deep, target_is_directory=True)
+    except (OSError, NotImplementedError):
+        pytest.skip("no symbolic links here")
+    monkeypatch.chdir(x)
+    ledger = Ledger(epsilon=8.0, delta=1e-5, path="s/../rel.db")
+    for _ in range(3):
+        ledger.charge(M.Gaussian(5.0))
+    other = Ledger(epsilon=8.0, delta=1e-5, path=x / "rel.db")
+    other.charge(M.Gaussian(5.0))
+    other.close()
+    assert len(Ledger.open(tmp_path / "other" / "deep" / "rel.db", read_only=True).history) == 3
+    return ledger
+
+
+def test_a_read_only_open_through_a_symlink_and_dotdot_reads_the_file_the_os_resolves(
+        tmp_path, monkeypatch):
+    """lo5 made path= absolute without normalising (as the OS resolves it), but the
+    read-only connection's URI still went through os.path.abspath, which drops "s/.."
+    lexically: SQLite read X/rel.db (1 charge) while the identity checks watched the file
+    the OS resolves (3): a report or verify of another ledger, silently."""
+    _symlink_then_up(tmp_path, monkeypatch).close()
+    reader = Ledger.open("s/../rel.db", read_only=True)
+    assert len(reader.history) == 3  # 1 before: the other ledger's
+    reader.close()
+
+
+def test_a_ledger_pickled_through_a_symlink_and_dotdot_loads(tmp_path, monkeypatch):
+    """The pickled reference went through os.path.abspath too: it named X/rel.db, whose
+    file_id is not the pickled ledger's, and the pickle was refused."""
+    ledger = _symlink_then_up(tmp_path, monkeypatch)
+    blob = pickle.dumps(ledger)
+    ledger.close()
+    again = pickle.loads(blob)
+    assert len(again.history) == 3
+    again.close()
