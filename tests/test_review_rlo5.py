@@ -9,7 +9,7 @@ import warnings
 import pytest
 from test_adv_fs_forged_state import _engine_attached
 
-from privguard import BudgetExhausted, Ledger, LedgerStateError
+from privguard import BudgetExhausted, InvalidArgumentError, Ledger, LedgerStateError
 from privguard import mechanisms as M
 
 
@@ -104,3 +104,24 @@ def test_a_ledger_pickled_through_a_symlink_and_dotdot_loads(tmp_path, monkeypat
     again = pickle.loads(blob)
     assert len(again.history) == 3
     again.close()
+
+
+# -- History: a record holding an array is compared without its truth value --------------
+@pytest.mark.parametrize("field", ["label", "time"])
+def test_history_in_count_index_and_eq_with_a_record_holding_an_array(field):
+    """lo5's in/count/index/== compared a ChargeRecord field by field through the
+    dataclass' ==, so an array in one (a record built by hand) raised ValueError."""
+    import dataclasses
+
+    import numpy as np
+
+    ledger = Ledger(epsilon=8.0, delta=1e-5)
+    for _ in range(3):
+        ledger.charge(M.Gaussian(3.0), label="a")
+    history = ledger.history
+    forged = dataclasses.replace(history[0], **{field: np.array([1.0, 2.0])})
+    assert forged not in history and history.count(forged) == 0
+    with pytest.raises(InvalidArgumentError, match="value="):
+        history.index(forged)
+    assert history != [forged] * 3 and history == list(history)
+    assert history.index(history[2]) == 2 and history[1] in history  # the held ones still
