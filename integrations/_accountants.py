@@ -234,7 +234,22 @@ class EngineView(IAccountant):
         Steps the loaded accountant holds that the ledger does not (a
         checkpoint written without the ledger) are charged. Under DDP every
         rank must load (as every rank attached); a failure on one stops all.
+
+        All or nothing for Opacus' record: whatever refuses the load (the ledger's
+        restore, a record that does not extend the one saved with the ledger, steps
+        that do not fit the budget, another rank's failure), Opacus' record goes back to
+        what it held (tasks lo5, rlo5). Left moved, a later checkpoint saved it as the
+        steps the ledger holds, and a resume from it charged none of them. The ledger
+        only moves forward: what it took before the refusal stays charged, never less.
         """
+        before = copy.copy(self.wrapped.history)
+        try:
+            self._load(state_dict)
+        except BaseException:
+            self.wrapped.history = before
+            raise
+
+    def _load(self, state_dict: Any) -> None:
         error: PrivguardError | None = None
         entry = state_dict.get("privguard") if isinstance(state_dict, dict) else None
         held: History = []
@@ -247,7 +262,6 @@ class EngineView(IAccountant):
                     "this checkpoint was written by a LedgerAccountant in place of Opacus' "
                     "accountant; resume the same way (engine.accountant = LedgerAccountant(ledger))")
             where = "privacy_accountant_state_dict['privguard']"
-            before = copy.copy(self.wrapped.history)  # Opacus' record, put back on failure
             if "history" in state_dict:
                 _opacus_history(state_dict["history"], "state_dict['history']")  # review fs
                 if entry is not None:  # before Opacus' record moves (review radv)
@@ -259,14 +273,7 @@ class EngineView(IAccountant):
                     raise LedgerStateError(
                         f"Opacus' accountant refused the checkpoint: {exc}") from exc
             if entry is not None:
-                try:
-                    restore(self.ledger, entry, where=where)
-                except BaseException:
-                    # All or nothing (task lo5): Opacus' record goes back to what it held, so
-                    # a refused load leaves it as it was (the ledger only ever moves forward:
-                    # whatever restore() loaded before failing stays charged, never less).
-                    self.wrapped.history = before
-                    raise
+                restore(self.ledger, entry, where=where)
                 held = [tuple(r) for r in entry.get("accountant_history") or []]
         except PrivguardError as exc:  # under DDP, raised on every rank alike below
             error = exc
@@ -275,4 +282,4 @@ class EngineView(IAccountant):
         except LedgerStateError as exc:  # a malformed record: raised on every rank alike
             current, error = [], error or exc
         self._handle._charge_recorded(current, held, CHECKPOINT_LABEL,
-                                      from_entry=entry is not None, stacklevel=3, error=error)
+                                      from_entry=entry is not None, stacklevel=4, error=error)

@@ -179,6 +179,7 @@ def checkpoint(rank: int, workdir: str, epsilon: float) -> dict:
         out["mismatch"] = "not detected"
     except RankDisagreementError:
         out["mismatch"] = "refused"
+    out["record"] = [list(r) for r in engine.accountant.history]  # Opacus' (review rlo5)
     return out
 
 

@@ -108,6 +108,9 @@ def test_checkpoints_under_ddp_and_ranks_out_of_step_are_refused_not_hung(tmp_pa
         assert r["resumed"] == 4 and r["replayed"] == 0  # each replica took the state
         assert r["journal"] == 6
         assert r["mismatch"] == "refused"  # a load on one rank met a step on the other
+    # review rlo5: the refused load left rank 0's Opacus record as it was (its 6 steps), not
+    # the checkpoint's 4 (lo5 put it back only when the ledger's restore() refused)
+    assert sum(row[2] for row in r0["record"]) == 6, r0["record"]
 
 
 def test_one_server_ledger_is_charged_once_per_global_step_however_ranks_spell_its_url(

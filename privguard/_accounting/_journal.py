@@ -117,6 +117,14 @@ class Run(NamedTuple):
         return (self.mechanism, self.label, self.pid)
 
 
+def _same_record(held: ChargeRecord, other: ChargeRecord) -> bool:
+    """``held == other`` without comparing an array: each field of the same type first
+    (review rlo5: a record built with an array label or time made ``in``, ``count``,
+    ``index`` and ``==`` raise ValueError, the truth value of the array ``==`` gave)."""
+    return all(type(a) is type(b) and bool(a == b) for a, b in (
+        (getattr(held, f.name), getattr(other, f.name)) for f in dataclasses.fields(held)))
+
+
 class _HistoryIndexError(InvalidArgumentError, IndexError):
     """An index past either end of a :class:`History`: an :class:`InvalidArgumentError`
     that names it, and an ``IndexError`` as the sequence protocol expects (a loop over
@@ -170,7 +178,7 @@ class History(Sequence[ChargeRecord]):
         anything but a :class:`ChargeRecord` equals none of them, and is never compared:
         an array's ``==`` would give an array, whose truth raises ValueError)."""
         return (isinstance(value, ChargeRecord) and type(value.index) is int
-                and 0 <= value.index < self._len and self._at(value.index) == value)
+                and 0 <= value.index < self._len and _same_record(self._at(value.index), value))
 
     def __contains__(self, value: object) -> bool:
         return self._holds(value)
@@ -208,7 +216,7 @@ class History(Sequence[ChargeRecord]):
             return self._runs == other._runs
         if isinstance(other, (list, tuple)):
             return len(other) == self._len and all(
-                isinstance(b, ChargeRecord) and a == b for a, b in zip(self, other))
+                isinstance(b, ChargeRecord) and _same_record(a, b) for a, b in zip(self, other))
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

@@ -341,8 +341,11 @@ class SQLiteStore:
         """
         # every byte but '/' and the unreserved ones percent-encoded (review sq): a '#' left
         # as is ended the path there, and dropped "?mode=ro" with it ("a#b.db" opened, and
-        # created, "a" read-write), a '%' was decoded ("c%41.db" named "cA.db")
-        uri = ("file:" + urllib.parse.quote(os.fsencode(os.path.abspath(self.path)), safe="/")
+        # created, "a" read-write), a '%' was decoded ("c%41.db" named "cA.db"). The path
+        # as the OS resolves it (absolute since task lo5), not os.path.abspath's: that drops
+        # "link/.." lexically, and SQLite read another file than the one the identity
+        # checks watch (review rlo5)
+        uri = ("file:" + urllib.parse.quote(os.fsencode(self.path), safe="/")
                + "?mode=ro")
         held = _snapshot.held_path(self.path)
         if held is not None and not os.path.exists(self.path + "-wal") and _is_wal(self.path):
@@ -1007,7 +1010,9 @@ class SQLiteStore:
         relative name there, and one loaded after the file was deleted and created again
         opened the new, empty ledger, silently. The loader refuses another ``file_id``.
         And how far this ledger's journal went (review rsq, :meth:`check_reference`)."""
-        ref: dict[str, Any] = {"path": os.path.abspath(self.path), "file_id": self.file_id}
+        # self.path, absolute and as the OS resolves it (os.path.abspath's "link/.."
+        # dropped lexically named another file: the pickle was refused; review rlo5)
+        ref: dict[str, Any] = {"path": self.path, "file_id": self.file_id}
         c = self._cursor
         # review ir3: a forked child's store let go of the parent's connection (forked)
         # and is still open: its extent is pickled too (before, a ledger pickled in a
