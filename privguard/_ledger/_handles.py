@@ -54,19 +54,28 @@ def store_key(store: Any) -> Hashable | None:
 
 
 def register(ledger: Any) -> None:
-    """Know ``ledger`` (just opened) as a handle of its store; held now if the store is.
+    """Know ``ledger`` (just opened, or just unpickled) as a handle of its store; held now
+    if the store is.
 
     The key is kept on the ledger (``_store_key``), so that a release finds it after the
-    store was closed (a candidate may close the ledger it captured while it is held).
+    store was closed (a candidate may close the ledger it captured while it is held). A
+    ledger that arrives with a hold through another handle (an unpickled copy takes its
+    temporary ledger's state) gets the hold in force now: none if it ended meanwhile.
+    Stores none of whose handles is alive any more are forgotten here (review radv2: a
+    key per store ever opened stayed for the life of the process).
     """
     key = ledger._store_key = store_key(ledger._store)
     if key is None:
         return
     with _lock:
+        for gone in [k for k, handles in _handles.items() if not handles and k not in _holds]:
+            del _handles[gone]
         _handles.setdefault(key, weakref.WeakSet()).add(ledger)
         reasons = _holds.get(key)
-        if reasons:
-            _set(ledger, None, next(iter(reasons.values())))
+        now = next(iter(reasons.values())) if reasons else None
+        was = ledger._held
+        if was is None or isinstance(was, Through):
+            _set(ledger, was, now)
 
 
 def hold_others(holder: Any, reason: str) -> None:

@@ -1,0 +1,143 @@
+"""Review radv2 of task adv2: the process-wide registry of a stored ledger's handles
+(privguard/_ledger/_handles.py), which a tuner's hold reaches, and the Optuna trial's checks."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import pickle
+
+import pytest
+
+from privguard import Ledger, LedgerStateError
+from privguard import mechanisms as M
+from privguard._ledger import _handles
+from privguard.tuning import Poisson, RandomSearch
+
+RUN = M.Gaussian(10.0)
+
+
+def _tuner() -> RandomSearch:
+    return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
+
+
+def _charges_seen(handle: Ledger, seen: list) -> None:
+    try:
+        handle.charge(M.Gaussian(100.0), label="leak")
+        seen.append("charged")
+    except LedgerStateError:
+        seen.append("refused")
+
+
+# ---- a copy made before the run
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copy_made_before_the_run_is_held(tmp_path, how):
+    # __setstate__ opened the file as a temporary ledger (registered) and moved its
+    # __dict__ into the copy, which was never registered: a copy made before the run
+    # (a closure's deep-copied config, a pickled handle for a helper) charged the journal
+    # once per candidate, ['tuning', 'leak', 'leak', ...]: K in the journal.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    early = pickle.loads(pickle.dumps(ledger)) if how == "pickle" else copy.deepcopy(ledger)
+    seen: list = []
+
+    def objective(params, child):
+        _charges_seen(early, seen)
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    assert [r.label for r in ledger.history] == ["tuning"]
+    early.charge(M.Gaussian(100.0), label="after")  # the hold ended with the run
+    assert [r.label for r in ledger.history] == ["tuning", "after"]
+    early.close()
+    ledger.close()
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_tuner_on_a_copy_holds_the_original(tmp_path, how):
+    path = str(tmp_path / "budget.db")
+    original = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    ledger = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
+    seen: list = []
+
+    def objective(params, child):
+        _charges_seen(original, seen)
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    assert [r.label for r in original.history] == ["tuning"]
+    original.close()
+    ledger.close()
+
+
+# ---- the registry of a long-lived process
+
+def test_the_registry_forgets_stores_whose_handles_are_gone(tmp_path):
+    # A key per store ever opened stayed in _handles for the life of the process (a
+    # service opening one ledger per tenant or per experiment grew without bound).
+    gc.collect()
+    start = len(_handles._handles)
+    for i in range(30):
+        ledger = Ledger(epsilon=1.0, delta=1e-5, path=str(tmp_path / f"l{i}.db"))
+        ledger.close()
+        del ledger
+        gc.collect()
+    keep = Ledger(epsilon=1.0, delta=1e-5, path=str(tmp_path / "kept.db"))
+    assert len(_handles._handles) <= start + 1
+    assert _handles._handles[keep._store_key]  # a live handle stays known
+    keep.close()
+
+
+# ---- links and paths: one file, one key
+
+def test_a_symlink_and_a_relative_path_are_the_same_file(tmp_path, monkeypatch):
+    # (a hard link's second name is refused by SQLite itself: "disk I/O error")
+    path = tmp_path / "budget.db"
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=str(path))
+    os.symlink(path, tmp_path / "soft.db")
+    monkeypatch.chdir(tmp_path)
+    seen: list = []
+
+    def objective(params, child):
+        for name in ("soft.db", "budget.db", str(tmp_path / "." / "budget.db")):
+            other = Ledger.open(name)
+            _charges_seen(other, seen)
+            other.close()
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    assert [r.label for r in ledger.history] == ["tuning"]
+    ledger.close()
+
+
+# ---- server ledgers: the ledger_id is the key
+
+def test_two_handles_of_one_server_ledger_are_held_and_another_ledger_is_not(pg):
+    import _pgserver
+
+    srv, db, name = pg
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=srv.url(_pgserver.OWNER, db, name))
+    _pgserver.allow_charger(db, name)
+    separate = Ledger(epsilon=50.0, delta=1e-5, path=srv.url(_pgserver.OWNER, db, name + "b"))
+    seen: list = []
+    separate_seen: list = []
+
+    def objective(params, child):
+        for url in (srv.url(_pgserver.OWNER, db, name), srv.url(_pgserver.CHARGER, db, name)):
+            other = Ledger.open(url)
+            _charges_seen(other, seen)
+            other.close()
+        _charges_seen(separate, separate_seen)
+        return 1.0
+
+    assert _tuner().run(objective, ledger).selected
+    assert seen and set(seen) == {"refused"}
+    assert separate_seen and set(separate_seen) == {"charged"}
+    assert [r.label for r in ledger.history] == ["tuning"]
+    ledger.close()
+    separate.close()
