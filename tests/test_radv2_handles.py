@@ -7,6 +7,9 @@ import copy
 import gc
 import os
 import pickle
+import signal
+import threading
+import warnings
 
 import pytest
 
@@ -90,6 +93,83 @@ def test_the_registry_forgets_stores_whose_handles_are_gone(tmp_path):
     assert len(_handles._handles) <= start + 1
     assert _handles._handles[keep._store_key]  # a live handle stays known
     keep.close()
+
+
+# ---- a fork while another thread is inside the registry
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs os.fork")
+
+
+@needs_fork
+def test_a_child_forked_while_a_thread_holds_the_registry_lock_can_open_a_ledger(tmp_path):
+    # A thread inside hold_others/release_others holds _handles._lock (it waits there for
+    # a ledger's state lock, which the at-fork hook holds during a fork). The child has
+    # the lock held by a thread it does not have: its first Ledger(path=...) (a DataLoader
+    # worker's, a subprocess helper's) waited for ever.
+    inside, leave = threading.Event(), threading.Event()
+
+    def in_registry():
+        with _handles._lock:
+            inside.set()
+            leave.wait(60)
+
+    thread = threading.Thread(target=in_registry)
+    thread.start()
+    assert inside.wait(60)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                signal.alarm(20)
+                child = Ledger(epsilon=1.0, delta=1e-5, path=str(tmp_path / "child.db"))
+                child.charge(M.Gaussian(100.0))
+                child.close()
+                code = 0
+            finally:
+                os._exit(code)
+    finally:
+        leave.set()
+        thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@needs_fork
+def test_a_child_forked_inside_a_candidate_stays_held(tmp_path):
+    # A DataLoader worker forked by a candidate: the hold is the parent's and the child
+    # never releases it, so it refuses the file (fail closed), by its own handle too.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    codes: list = []
+
+    def objective(params, child):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                signal.alarm(20)
+                for handle in (ledger, Ledger.open(path)):
+                    try:
+                        handle.charge(M.Gaussian(100.0), label="leak")
+                        code = 2
+                    except LedgerStateError:
+                        pass
+                code = 0 if code == 1 else code
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        codes.append(os.waitstatus_to_exitcode(status))
+        return 1.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _tuner().run(objective, ledger)
+    assert codes and set(codes) == {0}
+    assert [r.label for r in ledger.history] == ["tuning"]
+    ledger.close()
 
 
 # ---- links and paths: one file, one key

@@ -22,6 +22,7 @@ A handle held only through another can still be held by a tuner of its own
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Hashable
@@ -118,3 +119,25 @@ def _set(ledger: Any, was: str | None, now: str | None) -> None:
     with ledger._lock:
         if ledger._held is was:
             ledger._held = now
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock in a forked child: a thread of the parent inside :func:`hold_others` or
+    :func:`release_others` at the fork (waiting there for a ledger's state lock, which the
+    at-fork hook holds) left ``_lock`` held by a thread the child does not have, and the
+    child's first ``Ledger(path=...)`` waited for ever (review radv2). Every hold in force
+    is applied again to every handle, so that one such call cut short by the fork leaves
+    no handle of a held store unheld (fail closed; the child never releases a parent's
+    hold: its tuner's thread is the parent's).
+    """
+    global _lock
+    _lock = threading.Lock()
+    for key, reasons in _holds.items():
+        now = next(iter(reasons.values()), None)
+        for ledger in list(_handles.get(key, ())):
+            if now is not None and ledger._held is None:
+                ledger._held = now  # the child's ledger locks are its own (the at-fork hook)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
