@@ -102,7 +102,7 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="nee
 
 @needs_fork
 def test_a_child_forked_while_a_thread_holds_the_registry_lock_can_open_a_ledger(tmp_path):
-    # A thread inside hold_others/release_others holds _handles._lock (it waits there for
+    # A thread inside hold_others/release holds _handles._lock (it waits there for
     # a ledger's state lock, which the at-fork hook holds during a fork). The child has
     # the lock held by a thread it does not have: its first Ledger(path=...) (a DataLoader
     # worker's, a subprocess helper's) waited for ever.
@@ -221,3 +221,64 @@ def test_two_handles_of_one_server_ledger_are_held_and_another_ledger_is_not(pg)
     assert [r.label for r in ledger.history] == ["tuning"]
     ledger.close()
     separate.close()
+
+
+# ---- a hold that begins while another handle's hold ends
+
+class _HookedLock:
+    """A ledger's state lock that runs ``hook()`` once, when armed, before a thread takes it."""
+
+    def __init__(self, real):
+        self._real, self.hook = real, None
+
+    def acquire(self, blocking=True, timeout=-1):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return self._real.acquire(blocking, timeout)
+
+    def release(self):
+        self._real.release()
+
+    def _is_owned(self):
+        return self._real._is_owned()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_a_hold_begun_while_another_ends_holds_the_ending_handle(tmp_path):
+    # A's release cleared its hold of the other handles, then set A's own state from what
+    # it had read as left in force, outside the registry's lock. C's tuner holding in
+    # between found A still held by its own tuner (so did not hold it), and A's release
+    # then set A free: C's candidates could charge the file through A, once each.
+    path = str(tmp_path / "budget.db")
+    a, c = Ledger(epsilon=50.0, delta=1e-5, path=path), Ledger.open(path)
+    assert a._hold("A's tuner")
+    hooked = a._lock = _HookedLock(a._lock)
+    held: list = []
+
+    def c_begins():  # another thread's tuner, at that instant
+        if _handles._lock.locked():  # A's release holds the registry: C waits for it
+            thread = threading.Thread(target=lambda: held.append(c._hold("C's tuner")))
+            thread.start()
+            held.append(thread)
+        else:
+            held.append(c._hold("C's tuner"))
+
+    hooked.hook = c_begins
+    a._unhold()
+    if isinstance(held[0], threading.Thread):
+        held.pop(0).join(60)
+    assert held == [True]
+    with pytest.raises(LedgerStateError, match="C's tuner"):
+        a.charge(M.Gaussian(100.0), label="leak")
+    c._unhold()
+    a.charge(M.Gaussian(100.0), label="after")
+    assert [r.label for r in c.history] == ["after"]
+    a.close()
+    c.close()

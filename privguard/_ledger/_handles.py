@@ -14,8 +14,9 @@ worker, a subprocess) are not reached: the Ray executor refuses an objective tha
 carries a stored ledger, and a ledger another process opens is that process's.
 
 A handle held through another gets that hold's own reason, a :class:`Through`
-string (:func:`hold_others`), so that its release clears exactly what it set: a
-handle's own hold stays, and so does a hold through another holder still in force.
+string (:func:`hold_others`), so that its release (:func:`release`) clears exactly what
+it set: a handle's own hold stays, and so does a hold through another holder still in
+force.
 A handle held only through another can still be held by a tuner of its own
 (``Ledger._hold``), which then outlasts the other's release.
 """
@@ -92,15 +93,19 @@ def hold_others(holder: Any, reason: str) -> None:
                 _set(other, None, text)
 
 
-def release_others(holder: Any) -> str | None:
-    """End what :func:`hold_others` set for ``holder``; another holder's hold stays.
+def release(holder: Any) -> None:
+    """End ``holder``'s own hold and what :func:`hold_others` set for it; another holder's
+    hold stays, and ``holder`` refuses with it from now on.
 
-    Returns the hold through another holder still in force for ``holder``'s store (what
-    ``holder`` itself refuses with once its own hold ends), or None.
+    ``holder``'s own state is set under ``_lock`` too (review radv2: set after it, from what
+    was read as left in force, a hold another handle's tuner began in between, which found
+    ``holder`` held by its own tuner and so left it alone, was undone for ``holder``, and
+    that tuner's candidates could charge the file through it).
     """
     key = getattr(holder, "_store_key", None)
     if key is None:
-        return None
+        _set(holder, holder._held, None)
+        return
     with _lock:
         reasons = _holds.get(key)
         text = None if reasons is None else reasons.pop(id(holder), None)
@@ -111,7 +116,7 @@ def release_others(holder: Any) -> str | None:
             for other in list(_handles.get(key, ())):
                 if other is not holder:
                     _set(other, text, left)
-        return left
+        _set(holder, holder._held, left)
 
 
 def _set(ledger: Any, was: str | None, now: str | None) -> None:
@@ -123,7 +128,7 @@ def _set(ledger: Any, was: str | None, now: str | None) -> None:
 
 def _after_fork_in_child() -> None:
     """A fresh lock in a forked child: a thread of the parent inside :func:`hold_others` or
-    :func:`release_others` at the fork (waiting there for a ledger's state lock, which the
+    :func:`release` at the fork (waiting there for a ledger's state lock, which the
     at-fork hook holds) left ``_lock`` held by a thread the child does not have, and the
     child's first ``Ledger(path=...)`` waited for ever (review radv2). Every hold in force
     is applied again to every handle, so that one such call cut short by the fork leaves
