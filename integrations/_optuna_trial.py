@@ -223,6 +223,10 @@ def _distribution(argument: str, make: Callable[..., Any], **args: Any) -> Any:
         if number is None:
             raise InvalidArgumentError(argument, given, f"{bound} must be {kind}")
         args[bound] = number
+    if "high" in args and not integral and not math.isfinite(
+            (args["high"] - args["low"]) / (args["step"] or 1.0)):
+        # numpy's draw overflowed (finite bounds, an infinite width; review radv2)
+        raise InvalidArgumentError(argument, given, "(high - low) / step must be finite")
     if "log" in args:
         if not isinstance(args["log"], (bool, np.bool_)):  # numpy's True is True (radv2)
             raise InvalidArgumentError(argument, given, "log must be True or False")
@@ -237,8 +241,8 @@ def _distribution(argument: str, make: Callable[..., Any], **args: Any) -> Any:
                                        "1-d array)")
     try:
         return make(**args)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidArgumentError(argument, given, str(exc)) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # decimal's too (radv2)
+        raise InvalidArgumentError(argument, given, str(exc) or type(exc).__name__) from None
 
 
 def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:

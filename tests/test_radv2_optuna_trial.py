@@ -37,3 +37,15 @@ def test_trial_still_refuses_what_is_not_meant(call):
 
     with pytest.raises(InvalidArgumentError):
         call(_trial())
+
+
+@pytest.mark.parametrize("low,high,step", [(-1e308, 1e308, None), (-1e308, 1e308, 1e300),
+                                           (0.0, 1e308, 1e-308)],
+                         ids=["range", "range-step", "step-count"])
+def test_trial_refuses_a_float_range_whose_draw_overflows(low, high, step):
+    # finite bounds whose width is not: numpy's OverflowError ("Range exceeds valid
+    # bounds") escaped suggest_float at the draw, on main and on adv2
+    from privguard import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="suggest_float"):
+        _trial().suggest_float("x", low, high, step=step)
