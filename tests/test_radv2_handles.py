@@ -282,3 +282,48 @@ def test_a_hold_begun_while_another_ends_holds_the_ending_handle(tmp_path):
     assert [r.label for r in c.history] == ["after"]
     a.close()
     c.close()
+
+
+# ---- a retarget is a write too
+
+def _retargets_refused(open_url, ledger):
+    opened: list = []
+    n = [0]
+
+    def objective(params, child):
+        n[0] += 1
+        try:  # a training helper that "raises the budget" of the file it was given
+            other = Ledger(epsilon=50.0 + n[0], delta=1e-5, path=open_url,
+                           retarget=f"helper {n[0]}")
+            opened.append("retargeted")
+            other.close()
+        except LedgerStateError as exc:
+            assert "held by a privguard tuner" in str(exc)
+            opened.append("refused")
+        return 1.0
+
+    _tuner().run(objective, ledger)
+    assert opened and set(opened) == {"refused"}
+    reopened = Ledger.open(open_url)
+    assert not reopened.events and reopened.target == (50.0, 1e-5)
+    reopened.close()
+
+
+def test_a_candidate_cannot_retarget_the_held_file(tmp_path):
+    # Ledger(path=..., retarget=...) writes a retarget event as it opens, before the new
+    # handle is known to the registry: one event per candidate (K and each candidate's
+    # time in the journal) and a new target for the file, from inside a candidate.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    _retargets_refused(path, ledger)
+    ledger.close()
+
+
+def test_a_candidate_cannot_retarget_the_held_server_ledger(pg):
+    import _pgserver
+
+    srv, db, name = pg
+    url = srv.url(_pgserver.OWNER, db, name)
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=url)
+    _retargets_refused(url, ledger)
+    ledger.close()

@@ -29,6 +29,8 @@ import weakref
 from collections.abc import Hashable
 from typing import Any
 
+from privguard._errors import LedgerStateError
+
 _lock = threading.Lock()
 #: store key -> the live handles (Ledger objects) of that store in this process
 _handles: dict[Hashable, weakref.WeakSet[Any]] = {}
@@ -53,6 +55,23 @@ def store_key(store: Any) -> Hashable | None:
     if isinstance(ledger_id, str) and ledger_id:
         return ("server", ledger_id)
     return None
+
+
+def refuse_if_held(store: Any) -> None:
+    """Raise :class:`LedgerStateError` if ``store``'s journal is held in this process.
+
+    For a write a store makes as it opens, before its ledger is a known handle: a
+    retarget (``Ledger(path=..., retarget=...)``) in a candidate wrote one event per
+    candidate, and a new target for the held ledger (review radv2).
+    """
+    key = store_key(store)
+    if key is None:
+        return
+    with _lock:
+        reasons = _holds.get(key)
+        reason = next(iter(reasons.values()), None) if reasons else None
+    if reason is not None:
+        raise LedgerStateError(f"ledger refuses a retarget for now: {reason}")
 
 
 def register(ledger: Any) -> None:
