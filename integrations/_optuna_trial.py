@@ -206,24 +206,43 @@ def _distribution(argument: str, make: Callable[..., Any], **args: Any) -> Any:
     """
     integral = make is optuna.distributions.IntDistribution
     kind = "an integer" if integral else "a finite number"
+    given = dict(args)  # as the caller gave them, for the messages
     for bound in ("low", "high", "step"):
         if bound not in args or (bound == "step" and args[bound] is None and not integral):
             continue
-        value = args[bound]
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                or not (isinstance(value, numbers.Integral)
-                        or (not integral and math.isfinite(value)))):
-            raise InvalidArgumentError(argument, args, f"{bound} must be {kind}")
-    if "log" in args and not isinstance(args["log"], bool):
-        raise InvalidArgumentError(argument, args, "log must be True or False")
-    if "choices" in args and (isinstance(args["choices"], (str, bytes))
-                              or not isinstance(args["choices"], Sequence)):
-        raise InvalidArgumentError(argument, check.short(args["choices"]),
-                                   "must be a sequence of choices (a list or a tuple)")
+        # the project's own reading of a number: numpy scalars and 0-d arrays as the one
+        # number they hold (review radv2: np.array(0.0) was refused), never a bool
+        if integral:
+            try:
+                number: Any = check._as_int(bound, args[bound])
+            except InvalidArgumentError:
+                number = None
+        else:
+            number = check._real(args[bound])
+            number = number if number is not None and math.isfinite(number) else None
+        if number is None:
+            raise InvalidArgumentError(argument, given, f"{bound} must be {kind}")
+        args[bound] = number
+    if "high" in args and not integral and not math.isfinite(
+            (args["high"] - args["low"]) / (args["step"] or 1.0)):
+        # numpy's draw overflowed (finite bounds, an infinite width; review radv2)
+        raise InvalidArgumentError(argument, given, "(high - low) / step must be finite")
+    if "log" in args:
+        if not isinstance(args["log"], (bool, np.bool_)):  # numpy's True is True (radv2)
+            raise InvalidArgumentError(argument, given, "log must be True or False")
+        args["log"] = bool(args["log"])
+    if "choices" in args:
+        choices = args["choices"]
+        if isinstance(choices, np.ndarray) and choices.ndim == 1:  # as Optuna takes it
+            choices = args["choices"] = tuple(choices.tolist())
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
+            raise InvalidArgumentError(argument, check.short(choices),
+                                       "must be a sequence of choices (a list, a tuple or a "
+                                       "1-d array)")
     try:
         return make(**args)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise InvalidArgumentError(argument, args, str(exc)) from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # decimal's too (radv2)
+        raise InvalidArgumentError(argument, given, str(exc) or type(exc).__name__) from None
 
 
 def _fixed(chosen: dict[str, Any], name: str, dist: Any) -> Any:

@@ -14,18 +14,22 @@ worker, a subprocess) are not reached: the Ray executor refuses an objective tha
 carries a stored ledger, and a ledger another process opens is that process's.
 
 A handle held through another gets that hold's own reason, a :class:`Through`
-string (:func:`hold_others`), so that its release clears exactly what it set: a
-handle's own hold stays, and so does a hold through another holder still in force.
+string (:func:`hold_others`), so that its release (:func:`release`) clears exactly what
+it set: a handle's own hold stays, and so does a hold through another holder still in
+force.
 A handle held only through another can still be held by a tuner of its own
 (``Ledger._hold``), which then outlasts the other's release.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Hashable
 from typing import Any
+
+from privguard._errors import LedgerStateError
 
 _lock = threading.Lock()
 #: store key -> the live handles (Ledger objects) of that store in this process
@@ -53,20 +57,46 @@ def store_key(store: Any) -> Hashable | None:
     return None
 
 
+def refuse_if_held(store: Any) -> None:
+    """Raise :class:`LedgerStateError` if ``store``'s journal is held in this process.
+
+    For a write a store makes as it opens, before its ledger is a known handle: a
+    retarget (``Ledger(path=..., retarget=...)``) in a candidate wrote one event per
+    candidate, and a new target for the held ledger (review radv2).
+    """
+    key = store_key(store)
+    if key is None:
+        return
+    with _lock:
+        reasons = _holds.get(key)
+        reason = next(iter(reasons.values()), None) if reasons else None
+    if reason is not None:
+        raise LedgerStateError(f"ledger refuses a retarget for now: {reason}")
+
+
 def register(ledger: Any) -> None:
-    """Know ``ledger`` (just opened) as a handle of its store; held now if the store is.
+    """Know ``ledger`` (just opened, or just unpickled) as a handle of its store; held now
+    if the store is.
 
     The key is kept on the ledger (``_store_key``), so that a release finds it after the
-    store was closed (a candidate may close the ledger it captured while it is held).
+    store was closed (a candidate may close the ledger it captured while it is held). A
+    ledger that arrives with a hold through another handle (an unpickled copy takes its
+    temporary ledger's state) gets the hold in force now: none if it ended meanwhile.
+    Stores none of whose handles is alive any more are forgotten here (review radv2: a
+    key per store ever opened stayed for the life of the process).
     """
     key = ledger._store_key = store_key(ledger._store)
     if key is None:
         return
     with _lock:
+        for gone in [k for k, handles in _handles.items() if not handles and k not in _holds]:
+            del _handles[gone]
         _handles.setdefault(key, weakref.WeakSet()).add(ledger)
         reasons = _holds.get(key)
-        if reasons:
-            _set(ledger, None, next(iter(reasons.values())))
+        now = next(iter(reasons.values())) if reasons else None
+        was = ledger._held
+        if was is None or isinstance(was, Through):
+            _set(ledger, was, now)
 
 
 def hold_others(holder: Any, reason: str) -> None:
@@ -82,15 +112,19 @@ def hold_others(holder: Any, reason: str) -> None:
                 _set(other, None, text)
 
 
-def release_others(holder: Any) -> str | None:
-    """End what :func:`hold_others` set for ``holder``; another holder's hold stays.
+def release(holder: Any) -> None:
+    """End ``holder``'s own hold and what :func:`hold_others` set for it; another holder's
+    hold stays, and ``holder`` refuses with it from now on.
 
-    Returns the hold through another holder still in force for ``holder``'s store (what
-    ``holder`` itself refuses with once its own hold ends), or None.
+    ``holder``'s own state is set under ``_lock`` too (review radv2: set after it, from what
+    was read as left in force, a hold another handle's tuner began in between, which found
+    ``holder`` held by its own tuner and so left it alone, was undone for ``holder``, and
+    that tuner's candidates could charge the file through it).
     """
     key = getattr(holder, "_store_key", None)
     if key is None:
-        return None
+        _set(holder, holder._held, None)
+        return
     with _lock:
         reasons = _holds.get(key)
         text = None if reasons is None else reasons.pop(id(holder), None)
@@ -101,7 +135,7 @@ def release_others(holder: Any) -> str | None:
             for other in list(_handles.get(key, ())):
                 if other is not holder:
                     _set(other, text, left)
-        return left
+        _set(holder, holder._held, left)
 
 
 def _set(ledger: Any, was: str | None, now: str | None) -> None:
@@ -109,3 +143,25 @@ def _set(ledger: Any, was: str | None, now: str | None) -> None:
     with ledger._lock:
         if ledger._held is was:
             ledger._held = now
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock in a forked child: a thread of the parent inside :func:`hold_others` or
+    :func:`release` at the fork (waiting there for a ledger's state lock, which the
+    at-fork hook holds) left ``_lock`` held by a thread the child does not have, and the
+    child's first ``Ledger(path=...)`` waited for ever (review radv2). Every hold in force
+    is applied again to every handle, so that one such call cut short by the fork leaves
+    no handle of a held store unheld (fail closed; the child never releases a parent's
+    hold: its tuner's thread is the parent's).
+    """
+    global _lock
+    _lock = threading.Lock()
+    for key, reasons in _holds.items():
+        now = next(iter(reasons.values()), None)
+        for ledger in list(_handles.get(key, ())):
+            if now is not None and ledger._held is None:
+                ledger._held = now  # the child's ledger locks are its own (the at-fork hook)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -509,9 +509,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
 
     def _unhold(self) -> None:
         """End a hold; a ledger broken meanwhile stays broken (fail closed)."""
-        left = _handles.release_others(self)  # another handle's hold still in force, or None
-        with self._lock:
-            self._held = left
+        # and what it set on every other handle of its store; another handle's hold still
+        # in force is this one's from now on (set under the registry's lock: review radv2)
+        _handles.release(self)
 
     def _break(self, reason: str) -> None:
         """Refuse everything from now on (fail closed); the first cause is the one reported."""

@@ -16,7 +16,7 @@ from privguard._accounting._accounting import is_retarget
 from privguard._accounting._derivation import first_difference
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
-from privguard._ledger import _fork
+from privguard._ledger import _fork, _handles
 from privguard._stores import _state as state_io
 
 if TYPE_CHECKING:
@@ -203,8 +203,12 @@ class LedgerState:
             other.close()
         self.__dict__.update(other.__dict__)
         # ``other`` registered itself for the at-fork hook (its locks, the lease drop:
-        # docs/theory.md §13 "Forks"); ``self`` is the ledger that lives on from now on
+        # docs/theory.md §13 "Forks") and as a handle of its store, which a tuner's hold
+        # reaches (review radv2: a copy made before the run was not, and charged the
+        # journal once per candidate); ``self`` is the ledger that lives on from now on
         _fork.track(self)
+        if self._store is not None and self._broken is None:  # a closed copy stays closed
+            _handles.register(self)
 
 
 def _differing_fix(mine: list[Any], theirs: list[Any]) -> str | None:

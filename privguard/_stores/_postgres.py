@@ -51,6 +51,7 @@ from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError, SchemaUpgradeWarning
+from privguard._ledger import _handles
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard._stores import _devnull, _extent, _pgschema, _pgurl, _rows
@@ -614,6 +615,8 @@ class PostgresStore:
             raise LedgerStateError(
                 f"{self.path}: ledger {self.ledger!r} has another configuration "
                 f"({acc.config.mismatch(config)}). " + _config.retarget_remedy(differs, "Ledger.open(url)", owner=True))
+        # not while a tuner holds this ledger in this process (review radv2)
+        _handles.refuse_if_held(self)
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
         acc.replay_event(body)

@@ -60,6 +60,7 @@ from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config, retarget_remedy
 from privguard._accounting._journal import Run
 from privguard._errors import InvalidArgumentError, LedgerStateError
+from privguard._ledger import _handles
 from privguard._mechanisms._base import Mechanism
 from privguard._stores import _extent, _lockfds, _rows, _snapshot
 from privguard._stores._integrity import Integrity, canonical
@@ -840,6 +841,8 @@ class SQLiteStore:
             raise LedgerStateError(
                 f"{self.path} has another configuration ({acc.config.mismatch(config)}). "
                 + retarget_remedy(differs, "Ledger.open(path)"))
+        # not while a tuner holds this ledger in this process (review radv2)
+        _handles.refuse_if_held(self)
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
         acc.replay_event(body)
