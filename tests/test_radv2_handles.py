@@ -12,26 +12,12 @@ import threading
 import warnings
 
 import pytest
+from test_adv2_tuning import _try_charge as _charges_seen
+from test_adv2_tuning import _tuner
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._ledger import _handles
-from privguard.tuning import Poisson, RandomSearch
-
-RUN = M.Gaussian(10.0)
-
-
-def _tuner() -> RandomSearch:
-    return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
-
-
-def _charges_seen(handle: Ledger, seen: list) -> None:
-    try:
-        handle.charge(M.Gaussian(100.0), label="leak")
-        seen.append("charged")
-    except LedgerStateError:
-        seen.append("refused")
-
 
 # ---- a copy made before the run
 
