@@ -1,5 +1,5 @@
 """Review radv2 of task adv2: the process-wide registry of a stored ledger's handles
-(privguard/_ledger/_handles.py), which a tuner's hold reaches, and the Optuna trial's checks."""
+(privguard/_stores/_handles.py), which a tuner's hold reaches, and the Optuna trial's checks."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from test_adv2_tuning import _tuner
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
-from privguard._ledger import _handles
+from privguard._stores import _handles
 
 # ---- a copy made before the run
 

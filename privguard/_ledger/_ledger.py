@@ -40,13 +40,13 @@ from privguard._accounting._journal import ChargeRecord
 from privguard._accounting._plan import Plan
 from privguard._accounting._results import LedgerEvent, exact
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
-from privguard._ledger import _fork, _handles
+from privguard._ledger import _fork
 from privguard._ledger._ledger_queries import LedgerQueries
 from privguard._ledger._ledger_state import LedgerState
 from privguard._ledger._listeners import LedgerListeners
 from privguard._ledger._prefetch import Prefetch
 from privguard._mechanisms._base import Mechanism
-from privguard._stores import MemoryStore, open_store
+from privguard._stores import MemoryStore, _handles, open_store
 
 
 class _GuardedTxn:

@@ -16,7 +16,8 @@ from privguard._accounting._accounting import is_retarget
 from privguard._accounting._derivation import first_difference
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError
-from privguard._ledger import _fork, _handles
+from privguard._ledger import _fork
+from privguard._stores import _handles
 from privguard._stores import _state as state_io
 
 if TYPE_CHECKING:

@@ -51,10 +51,9 @@ from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config
 from privguard._accounting._journal import Run
 from privguard._errors import LedgerStateError, PrivguardError, SchemaUpgradeWarning
-from privguard._ledger import _handles
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
-from privguard._stores import _devnull, _extent, _pgschema, _pgurl, _rows
+from privguard._stores import _devnull, _extent, _handles, _pgschema, _pgurl, _rows
 from privguard._stores._integrity import Integrity
 from privguard._stores._rows import checked_items
 from privguard._stores._sqlite import _Cursor, _dumps

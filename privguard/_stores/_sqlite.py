@@ -60,9 +60,8 @@ from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config, retarget_remedy
 from privguard._accounting._journal import Run
 from privguard._errors import InvalidArgumentError, LedgerStateError
-from privguard._ledger import _handles
 from privguard._mechanisms._base import Mechanism
-from privguard._stores import _extent, _lockfds, _rows, _snapshot
+from privguard._stores import _extent, _handles, _lockfds, _rows, _snapshot
 from privguard._stores._integrity import Integrity, canonical
 from privguard._stores._journalmode import journal_mode
 from privguard._stores._paths import explain, require_regular_file
