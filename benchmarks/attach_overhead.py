@@ -41,7 +41,6 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import time
 import warnings
 
 import torch
+from _installed_layout import as_installed
 from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -282,13 +282,7 @@ def _this_tree(into: str) -> str:
     tree" imported whichever ``privguard`` the interpreter had installed, this tree's only
     where that was an editable install of it)."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    src = os.path.join(into, "here")
-    skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(os.path.join(root, "privguard"), os.path.join(src, "privguard"),
-                    ignore=skip)
-    shutil.copytree(os.path.join(root, "integrations"),
-                    os.path.join(src, "privguard", "integrations"), ignore=skip)
-    return src
+    return as_installed(root, os.path.join(into, "here"))
 
 
 def _library_of(commit: str, into: str) -> str:

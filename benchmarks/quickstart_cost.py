@@ -28,13 +28,17 @@ Run: python benchmarks/quickstart_cost.py [--rounds 3] [--against DIR] [--skip-l
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _installed_layout import as_installed
 
 from privguard import BudgetExhausted, Ledger, Plan
 from privguard import mechanisms as M
@@ -117,19 +121,36 @@ def meter_evaluations(tmp: str, tag: str = "") -> tuple[dict[int, int], int]:
     return dict(sorted(counts.items())), leased
 
 
+_LAYOUTS: dict[str, str] = {}
+
+
+def _layout(checkout: str) -> str:
+    """``checkout``'s package as the wheel installs it, copied once per process (its
+    ``integrations/`` as ``privguard.integrations``: the bare ``privguard/`` of a checkout
+    has no such subpackage, and failed to import beside an installed wheel: CI62)."""
+    if checkout not in _LAYOUTS:
+        into = tempfile.mkdtemp(prefix="quickstart-cost-")
+        atexit.register(shutil.rmtree, into, True)
+        _LAYOUTS[checkout] = as_installed(checkout, os.path.join(into, "lib"))
+    return _LAYOUTS[checkout]
+
+
 def in_subprocess(checkout: str, call: str) -> object:
     """``call`` (an expression of this module, ``q``) evaluated in a fresh process with the
-    package of ``checkout`` first on the path; raises unless that package was imported."""
+    package of ``checkout`` (laid out as installed) first on the path, and run in that
+    folder (an editable install's current-directory entry shadowed ``PYTHONPATH``); raises
+    unless that package was imported."""
     checkout = os.path.abspath(checkout)
+    lib = _layout(checkout)
     code = (f"import sys, json; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
             f"import quickstart_cost as q, privguard; print(privguard.__file__); "
             f"print(json.dumps({call}))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True,
-                          env=dict(os.environ, PYTHONPATH=checkout), text=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=lib, capture_output=True,
+                          env=dict(os.environ, PYTHONPATH=lib), text=True)
     if done.returncode:
         raise RuntimeError(f"{checkout}: {call} failed:\n{done.stderr}")
     out = done.stdout.splitlines()
-    if not os.path.abspath(out[0]).startswith(os.path.join(checkout, "privguard") + os.sep):
+    if not os.path.abspath(out[0]).startswith(os.path.join(lib, "privguard") + os.sep):
         raise RuntimeError(f"{checkout}: the package imported was {out[0]}")
     return json.loads(out[1])
 
