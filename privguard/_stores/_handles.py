@@ -68,8 +68,7 @@ def refuse_if_held(store: Any) -> None:
     if key is None:
         return
     with _lock:
-        reasons = _holds.get(key)
-        reason = next(iter(reasons.values()), None) if reasons else None
+        reason = _in_force(key)
     if reason is not None:
         raise LedgerStateError(f"ledger refuses a retarget for now: {reason}")
 
@@ -92,8 +91,7 @@ def register(ledger: Any) -> None:
         for gone in [k for k, handles in _handles.items() if not handles and k not in _holds]:
             del _handles[gone]
         _handles.setdefault(key, weakref.WeakSet()).add(ledger)
-        reasons = _holds.get(key)
-        now = next(iter(reasons.values())) if reasons else None
+        now = _in_force(key)
         was = ledger._held
         if was is None or isinstance(was, Through):
             _set(ledger, was, now)
@@ -128,7 +126,7 @@ def release(holder: Any) -> None:
     with _lock:
         reasons = _holds.get(key)
         text = None if reasons is None else reasons.pop(id(holder), None)
-        left = next(iter(reasons.values()), None) if reasons else None
+        left = _in_force(key)
         if reasons is not None and not reasons:
             del _holds[key]
         if text is not None:
@@ -136,6 +134,12 @@ def release(holder: Any) -> None:
                 if other is not holder:
                     _set(other, text, left)
         _set(holder, holder._held, left)
+
+
+def _in_force(key: Hashable) -> str | None:
+    """The hold in force for ``key``'s store (the first still held), or None; under ``_lock``."""
+    reasons = _holds.get(key)
+    return next(iter(reasons.values()), None) if reasons else None
 
 
 def _set(ledger: Any, was: str | None, now: str | None) -> None:
@@ -156,8 +160,8 @@ def _after_fork_in_child() -> None:
     """
     global _lock
     _lock = threading.Lock()
-    for key, reasons in _holds.items():
-        now = next(iter(reasons.values()), None)
+    for key in _holds:
+        now = _in_force(key)
         for ledger in list(_handles.get(key, ())):
             if now is not None and ledger._held is None:
                 ledger._held = now  # the child's ledger locks are its own (the at-fork hook)
