@@ -11,16 +11,28 @@ median over rounds of each round's ratio to Opacus' step of the same round
 ``--against COMMIT`` adds a fourth mode, the witnesses of that commit
 (``git show COMMIT:integrations/_witnesses.py``, installed on an attach of
 this tree in place of the current ones), to compare before and after in one run.
+``--against-library COMMIT`` compares whole libraries instead (the witnesses' other
+modules too, _inclusion.py, _sampling.py, _shard.py, _tails.py, and attach's own step
+path): two worker processes, one importing this tree and one ``COMMIT``'s, each laid out
+as the wheel installs it (benchmarks/_installed_layout.py, as attach_overhead.py
+--against does), each step the three pipelines above in interleaved rounds, in blocks of
+``--block`` rounds, the workers alternating block by block so that a load that comes and
+goes hits both alike; the paired ratios are reported per library.
 
 Run: python benchmarks/witness_cost.py [--rounds 600] [--against COMMIT]
+     python benchmarks/witness_cost.py --against-library COMMIT [--rounds 600] [--block 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
 import warnings
@@ -55,12 +67,111 @@ def step_with_witnesses_of(commit: str):
     return step
 
 
+def _rounds(steps: dict, rounds: int, times: dict[str, list[float]]) -> None:
+    """``rounds`` interleaved rounds of ``steps``, each step's CPU time into ``times``."""
+    for _ in range(rounds):
+        for mode in steps:
+            start = time.thread_time()
+            steps[mode]()
+            times[mode].append(time.thread_time() - start)
+
+
+def _worker(library: str, warmup: int) -> None:
+    """``--worker``: for each line on stdin (a number of rounds), that many interleaved rounds
+    of :data:`MODES`, answered with one JSON line of their CPU times. Exits at once unless
+    its ``privguard`` (and integrations) are ``library``'s (as attach_overhead.py's)."""
+    import privguard
+    import privguard.integrations.opacus as opacus_integration
+
+    inside = os.path.realpath(os.path.join(library, "privguard")) + os.sep
+    for module in (privguard, opacus_integration):
+        if not os.path.realpath(module.__file__ or "").startswith(inside):
+            sys.exit(f"worker: {module.__name__} imported from {module.__file__}, not from "
+                     f"{inside}: the timing would not be of that library")
+    steps = {mode: dp_sgd_step(mode) for mode in MODES}
+    _rounds(steps, warmup, {mode: [] for mode in MODES})
+    for line in sys.stdin:
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        _rounds(steps, int(line), times)
+        print(json.dumps(times), flush=True)
+
+
+def against_library(commit: str, rounds: int, block: int) -> None:
+    """This tree's library against ``commit``'s in one run (``--against-library``)."""
+    from attach_overhead import _library_of, _this_tree
+
+    here = os.path.abspath(__file__)
+    times: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"this tree": _this_tree(tmp), commit: _library_of(commit, tmp)}
+        workers = {}
+        for name, path in trees.items():
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+            workers[name] = subprocess.Popen(
+                [sys.executable, here, "--worker", path], cwd=path, env=env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            times[name] = {mode: [] for mode in MODES}
+        try:
+            done = 0
+            while done < rounds:
+                n = min(block, rounds - done)
+                order = list(trees) if (done // block) % 2 == 0 else list(trees)[::-1]
+                for name in order:
+                    worker = workers[name]
+                    assert worker.stdin is not None and worker.stdout is not None
+                    answer = ""
+                    with contextlib.suppress(BrokenPipeError):  # a worker that exited
+                        worker.stdin.write(f"{n}\n")
+                        worker.stdin.flush()
+                        answer = worker.stdout.readline()
+                    if not answer:
+                        raise SystemExit(f"the worker of {name} stopped (its error above)")
+                    for mode, got in json.loads(answer).items():
+                        times[name][mode] += got
+                done += n
+        finally:
+            for worker in workers.values():
+                assert worker.stdin is not None
+                with contextlib.suppress(BrokenPipeError):
+                    worker.stdin.close()
+                worker.wait()
+    print(f"this tree against {commit}: {rounds} interleaved rounds each, in blocks of {block} "
+          "alternating between the two libraries; CPU time of the thread per step")
+    for name, per_mode in times.items():
+        _report(f"{name}: ", per_mode)
+
+
+def _report(prefix: str, times: dict[str, list[float]]) -> None:
+    """Medians, minima and paired ratios to Opacus alone, and witnesses to attach paired."""
+    base_median, base_min = statistics.median(times["opacus"]), min(times["opacus"])
+    for mode in times:
+        med, low = statistics.median(times[mode]), min(times[mode])
+        paired = statistics.median(t / b for t, b in zip(times[mode], times["opacus"],
+                                                          strict=True))
+        print(f"  {prefix}{mode:18s} median {med * 1e3:.3f} ms ({med / base_median:.3f}×)   "
+              f"min {low * 1e3:.3f} ms ({low / base_min:.3f}×)   paired {paired:.3f}×")
+    paired = statistics.median(t / b for t, b in zip(times["witnesses"], times["attach"],
+                                                      strict=True))
+    print(f"  {prefix}witnesses / attach, paired {paired:.3f}×")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--against", metavar="COMMIT", default=None)
+    parser.add_argument("--against-library", metavar="COMMIT", default=None)
+    parser.add_argument("--block", type=int, default=20)
+    parser.add_argument("--worker", metavar="LIBRARY", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker is not None:
+        _worker(args.worker, args.warmup)
+        return
+    if args.against_library:
+        against_library(args.against_library, args.rounds, args.block)
+        return
     steps = {mode: dp_sgd_step(mode) for mode in MODES}
     if args.against:
         steps[f"at {args.against}"] = step_with_witnesses_of(args.against)
@@ -68,20 +179,9 @@ def main() -> None:
         for _ in range(args.warmup):
             steps[mode]()
     times: dict[str, list[float]] = {mode: [] for mode in steps}
-    for _ in range(args.rounds):
-        for mode in steps:
-            start = time.thread_time()
-            steps[mode]()
-            times[mode].append(time.thread_time() - start)
-    base_median, base_min = statistics.median(times["opacus"]), min(times["opacus"])
+    _rounds(steps, args.rounds, times)
     print(f"{args.rounds} interleaved rounds, CPU time of the thread per step:")
-    for mode in steps:
-        med, low = statistics.median(times[mode]), min(times[mode])
-        paired = statistics.median(t / b for t, b in zip(times[mode], times["opacus"],
-                                                          strict=True))
-        print(f"  {mode:18s} median {med * 1e3:.3f} ms ({med / base_median:.3f}×)   "
-              f"min {low * 1e3:.3f} ms ({low / base_min:.3f}×)   paired {paired:.3f}×")
-
+    _report("", times)
 
 if __name__ == "__main__":
     main()

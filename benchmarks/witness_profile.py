@@ -22,15 +22,24 @@ timing proxy of the module's ``torch`` (the code timed is the tree's own), summe
 step; ``Python`` is the rest of ``_measure``, and the rest of the check stage is printed
 beside it.
 
+With ``--ablate``, the whole paired gap attributed instead, with no timer inside the step
+(:func:`ablate`): attach alone and five witnessed pipelines, each with one more part of the
+witnesses switched off, step in turn a round each, in a new random order each round (CPU
+time of the thread, as witness_cost.py times them); each part's cost is the difference of
+the medians of two neighbours, so the parts sum to the whole gap (the difference of the
+medians of the witnessed step and attach's), cache effects included.
+
 Timers add about a microsecond each; the VM's load moves every number (run it
 twice). What the witnesses cost as a ratio: benchmarks/witness_cost.py.
 
-Run: python benchmarks/witness_profile.py [--steps 3000] [--ops]
+Run: python benchmarks/witness_profile.py [--steps 3000] [--ops | --ablate]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import random
 import statistics
 import sys
 import time
@@ -171,11 +180,76 @@ def ops(steps: int) -> None:
           "the sampling tests, the per-record counts)")
 
 
+_ABLATED = ("attach", "all off", "+ loader records", "+ clip wrapper", "+ check stage",
+            "witnesses")
+
+
+def _witnessed(parts: int):
+    """A witnessed step with only the first ``parts`` of the witnesses on: 0, none (the
+    hook's other witness work: the δ reserve, the refusal handling); 1, the loader's records
+    (the micro-batch sizes and the per-record indices); 2, the clipping wrapper, without
+    its per-sample recomputation; 3, the check stage (noise, clipped-sum bound, sampling
+    tests); 4, all of it (the recomputation on 1 micro-batch in 8)."""
+    from privguard.integrations.opacus import _ATTACHED
+
+    before = set(_ATTACHED)
+    step = dp_sgd_step("witnesses")
+    (optimizer,) = [o for o in _ATTACHED if o not in before]
+    handle = _ATTACHED[optimizer]
+    w = handle.witnesses
+    if parts < 4:
+        w._coins = SimpleNamespace(random=lambda: 1.0)  # no recomputation after the first
+    if parts < 3:
+        w.check = lambda mechanism: None
+    if parts < 2:  # Opacus' own clipping, unwrapped
+        vars(optimizer).pop("clip_and_accumulate", None)
+    if parts < 1:  # the loader's records off: its sampler's class back, no sizes recorded
+        if w.inclusion is not None:
+            w.inclusion.restore()
+        handle.counter.sizes = None
+    return step
+
+
+def ablate(rounds: int) -> None:
+    """Print the paired gap of the witnessed step over attach's, part by part."""
+    steps = {"attach": dp_sgd_step("attach")}
+    steps.update({name: _witnessed(i) for i, name in enumerate(_ABLATED[1:])})
+    for _ in range(50):  # warm-up, past the first micro-batch's recomputation
+        for step in steps.values():
+            step()
+    times: dict[str, list[float]] = {mode: [] for mode in steps}
+    order, shuffle = list(steps), random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for mode in order:
+            start = time.thread_time()
+            steps[mode]()
+            times[mode].append(time.thread_time() - start)
+    medians = {mode: statistics.median(t) for mode, t in times.items()}
+    base = medians["attach"]
+    print(f"{rounds} interleaved rounds (random order), CPU time of the thread per step; "
+          f"attach alone {base * 1e6:.0f} µs (median); each part: the difference of its "
+          "median from the row above's, µs")
+    names = list(steps)
+    for above, name in itertools.pairwise(names):
+        print(f"  {name:18s} {(medians[name] - medians[above]) * 1e6:8.1f}")
+    whole = medians["witnesses"] - base
+    paired = statistics.median(t / b for t, b in zip(times["witnesses"], times["attach"],
+                                                      strict=True))
+    print(f"  {'whole gap':18s} {whole * 1e6:8.1f}   ({1 + whole / base:.3f}× attach; "
+          f"paired {paired:.3f}×)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--ops", action="store_true", help="the noise pass op by op")
+    parser.add_argument("--ablate", action="store_true",
+                        help="the whole paired gap, part by part (no timer inside the step)")
     args = parser.parse_args()
+    if args.ablate:
+        ablate(args.steps)
+        return
     if args.ops:
         ops(args.steps)
         return
