@@ -9,8 +9,10 @@ imported the checkout's bare ``privguard/`` and failed on the installed wheel).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from typing import Any
 
 
 def as_installed(checkout: str, into: str) -> str:
@@ -28,3 +30,45 @@ def as_installed(checkout: str, into: str) -> str:
     shutil.copytree(parts[0], os.path.join(into, "privguard"), ignore=skip)
     shutil.copytree(parts[1], os.path.join(into, "privguard", "integrations"), ignore=skip)
     return into
+
+
+def require_library(library: str) -> None:
+    """In a worker: exit at once, naming what it imported, unless its ``privguard`` and
+    ``privguard.integrations.opacus`` are ``library``'s (review rhk: a worker that imported
+    an installed release printed its times as the library's)."""
+    import sys
+
+    import privguard
+    import privguard.integrations.opacus as opacus_integration
+
+    inside = os.path.realpath(os.path.join(library, "privguard")) + os.sep
+    for module in (privguard, opacus_integration):
+        if not os.path.realpath(module.__file__ or "").startswith(inside):
+            sys.exit(f"worker: {module.__name__} imported from {module.__file__}, not from "
+                     f"{inside}: the timing would not be of that library")
+
+
+def ask(worker: Any, name: str, request: str) -> str:
+    """Send one request line to a worker process and return its one answer line.
+
+    Raises:
+        SystemExit: the worker stopped (its own error is on stderr above).
+    """
+    assert worker.stdin is not None and worker.stdout is not None
+    answer = ""
+    with contextlib.suppress(BrokenPipeError):  # a worker that exited
+        worker.stdin.write(f"{request}\n")
+        worker.stdin.flush()
+        answer = worker.stdout.readline()
+    if not answer:
+        raise SystemExit(f"the worker of {name} stopped (its error above)")
+    return str(answer)
+
+
+def close(workers: Any) -> None:
+    """Close each worker's requests and wait for it to exit."""
+    for worker in workers:
+        assert worker.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            worker.stdin.close()
+        worker.wait()

@@ -50,7 +50,7 @@ import time
 import warnings
 
 import torch
-from _installed_layout import as_installed
+from _installed_layout import as_installed, ask, close, require_library
 from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -252,15 +252,10 @@ def _worker(tmp: str, library: str) -> None:
     attach's hook timed in place over the steps with the hook on. One model per variant,
     made at its first request and kept (warmed up once). Exits at once, naming what it
     imported, unless its ``privguard`` (and integrations) are ``library``'s (review rhk)."""
-    import privguard
     import privguard.integrations.opacus as opacus_integration
 
     print(f"worker: {opacus_integration.__file__}", file=sys.stderr, flush=True)
-    inside = os.path.realpath(os.path.join(library, "privguard")) + os.sep
-    for module in (privguard, opacus_integration):
-        if not os.path.realpath(module.__file__ or "").startswith(inside):
-            sys.exit(f"worker: {module.__name__} imported from {module.__file__}, not from "
-                     f"{inside}: the timing would not be of that library")
+    require_library(library)
     spent: list[int] = []
     made: dict[str, tuple] = {}
     with hook_timed(spent):
@@ -324,22 +319,10 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                 order = list(trees) if r % 2 == 0 else list(trees)[::-1]
                 for v in variants:
                     for name in order:
-                        worker = workers[name]
-                        assert worker.stdin is not None and worker.stdout is not None
-                        answer = ""
-                        with contextlib.suppress(BrokenPipeError):  # a worker that exited
-                            worker.stdin.write(f"{v}\t{steps}\n")
-                            worker.stdin.flush()
-                            answer = worker.stdout.readline()
-                        if not answer:
-                            raise SystemExit(f"the worker of {name} stopped (its error above)")
+                        answer = ask(workers[name], name, f"{v}\t{steps}")
                         results.setdefault((name, v), []).append(json.loads(answer))
         finally:
-            for worker in workers.values():
-                assert worker.stdin is not None
-                with contextlib.suppress(BrokenPipeError):
-                    worker.stdin.close()
-                worker.wait()
+            close(workers.values())
     print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
           f"{steps} steps of on, off and plain Opacus interleaved "
           f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")

@@ -26,7 +26,6 @@ Run: python benchmarks/witness_cost.py [--rounds 600] [--against COMMIT]
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -80,14 +79,9 @@ def _worker(library: str, warmup: int) -> None:
     """``--worker``: for each line on stdin (a number of rounds), that many interleaved rounds
     of :data:`MODES`, answered with one JSON line of their CPU times. Exits at once unless
     its ``privguard`` (and integrations) are ``library``'s (as attach_overhead.py's)."""
-    import privguard
-    import privguard.integrations.opacus as opacus_integration
+    from _installed_layout import require_library
 
-    inside = os.path.realpath(os.path.join(library, "privguard")) + os.sep
-    for module in (privguard, opacus_integration):
-        if not os.path.realpath(module.__file__ or "").startswith(inside):
-            sys.exit(f"worker: {module.__name__} imported from {module.__file__}, not from "
-                     f"{inside}: the timing would not be of that library")
+    require_library(library)
     steps = {mode: dp_sgd_step(mode) for mode in MODES}
     _rounds(steps, warmup, {mode: [] for mode in MODES})
     for line in sys.stdin:
@@ -98,6 +92,7 @@ def _worker(library: str, warmup: int) -> None:
 
 def against_library(commit: str, rounds: int, block: int) -> None:
     """This tree's library against ``commit``'s in one run (``--against-library``)."""
+    from _installed_layout import ask, close
     from attach_overhead import _library_of, _this_tree
 
     here = os.path.abspath(__file__)
@@ -119,24 +114,11 @@ def against_library(commit: str, rounds: int, block: int) -> None:
                 n = min(block, rounds - done)
                 order = list(trees) if (done // block) % 2 == 0 else list(trees)[::-1]
                 for name in order:
-                    worker = workers[name]
-                    assert worker.stdin is not None and worker.stdout is not None
-                    answer = ""
-                    with contextlib.suppress(BrokenPipeError):  # a worker that exited
-                        worker.stdin.write(f"{n}\n")
-                        worker.stdin.flush()
-                        answer = worker.stdout.readline()
-                    if not answer:
-                        raise SystemExit(f"the worker of {name} stopped (its error above)")
-                    for mode, got in json.loads(answer).items():
+                    for mode, got in json.loads(ask(workers[name], name, str(n))).items():
                         times[name][mode] += got
                 done += n
         finally:
-            for worker in workers.values():
-                assert worker.stdin is not None
-                with contextlib.suppress(BrokenPipeError):
-                    worker.stdin.close()
-                worker.wait()
+            close(workers.values())
     print(f"this tree against {commit}: {rounds} interleaved rounds each, in blocks of {block} "
           "alternating between the two libraries; CPU time of the thread per step")
     for name, per_mode in times.items():

@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,40 +25,31 @@ _BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 _ROOT = _BENCHMARKS.parent
 
 
-def _run(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=600)
+def _library_of(commit: str, into: str) -> str:
+    """``commit``'s library for the test: this tree's files laid out as the wheel (no git)."""
+    src = os.path.join(into, "commit")
+    shutil.copytree(_ROOT / "privguard", os.path.join(src, "privguard"))
+    shutil.copytree(_ROOT / "integrations", os.path.join(src, "privguard", "integrations"))
+    return src
 
 
-def test_against_library_times_this_tree_and_the_commit_not_the_installed_privguard(tmp_path):
+def test_against_library_times_this_tree_and_the_commit_not_the_installed_privguard(
+        tmp_path, monkeypatch, capsys):
     installed = tmp_path / "installed" / "privguard"
     installed.mkdir(parents=True)
     (installed / "__init__.py").write_text("raise ImportError('the installed privguard')\n")
-    # the commit's library: this tree's files laid out as the wheel (no git needed here)
-    code = f"""
-import os, shutil, sys
-sys.path.insert(0, {str(_BENCHMARKS)!r})
-import attach_overhead
-import witness_cost
-
-def library_of(commit, into):
-    src = os.path.join(into, "commit")
-    shutil.copytree({str(_ROOT / "privguard")!r}, os.path.join(src, "privguard"))
-    shutil.copytree({str(_ROOT / "integrations")!r},
-                    os.path.join(src, "privguard", "integrations"))
-    return src
-
-attach_overhead._library_of = library_of
-os.environ["PYTHONPATH"] = {str(installed.parent)!r}
-sys.argv = ["witness_cost.py", "--against-library", "COMMIT", "--rounds", "3", "--block", "2",
-            "--warmup", "2"]
-witness_cost.main()
-"""
-    done = _run(code, tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line.split(":")[0].strip() for line in done.stdout.splitlines()
+    monkeypatch.syspath_prepend(str(_BENCHMARKS))
+    attach_overhead = importlib.import_module("attach_overhead")
+    witness_cost = importlib.import_module("witness_cost")
+    monkeypatch.setattr(attach_overhead, "_library_of", _library_of)
+    monkeypatch.setenv("PYTHONPATH", str(installed.parent))  # first for the workers
+    monkeypatch.setattr(sys, "argv", ["witness_cost.py", "--against-library", "COMMIT",
+                                      "--rounds", "3", "--block", "2", "--warmup", "2"])
+    witness_cost.main()
+    out = capsys.readouterr().out
+    rows = [line.split(":")[0].strip() for line in out.splitlines()
             if "witnesses / attach, paired" in line]
-    assert rows == ["this tree", "COMMIT"], done.stdout
+    assert rows == ["this tree", "COMMIT"], out
 
 
 def test_the_worker_refuses_a_library_it_did_not_import(tmp_path):
