@@ -90,8 +90,9 @@ def _worker(library: str, warmup: int) -> None:
         print(json.dumps(times), flush=True)
 
 
-def against_library(commit: str, rounds: int, block: int) -> None:
-    """This tree's library against ``commit``'s in one run (``--against-library``)."""
+def against_library(commit: str, rounds: int, block: int, warmup: int = 30) -> None:
+    """This tree's library against ``commit``'s in one run (``--against-library``); each
+    worker warms up ``warmup`` rounds first."""
     from _installed_layout import ask, close
     from attach_overhead import _library_of, _this_tree
 
@@ -105,7 +106,8 @@ def against_library(commit: str, rounds: int, block: int) -> None:
             env["PYTHONPATH"] = os.pathsep.join(
                 [path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
             workers[name] = subprocess.Popen(
-                [sys.executable, here, "--worker", path], cwd=path, env=env,
+                [sys.executable, here, "--worker", path, "--warmup", str(warmup)], cwd=path,
+                env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             times[name] = {mode: [] for mode in MODES}
         try:
@@ -148,11 +150,18 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=20)
     parser.add_argument("--worker", metavar="LIBRARY", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # review rwc: --block 0 ended in a ZeroDivisionError and --block -3 looped forever,
+    # --rounds 0 in a StatisticsError; --warmup never reached the --against-library workers
+    for name, least in (("rounds", 1), ("block", 1), ("warmup", 0)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} must be at least {least}, got {getattr(args, name)}")
+    if args.against and args.against_library:
+        parser.error("--against and --against-library: give one")
     if args.worker is not None:
         _worker(args.worker, args.warmup)
         return
     if args.against_library:
-        against_library(args.against_library, args.rounds, args.block)
+        against_library(args.against_library, args.rounds, args.block, args.warmup)
         return
     steps = {mode: dp_sgd_step(mode) for mode in MODES}
     if args.against:
@@ -164,6 +173,7 @@ def main() -> None:
     _rounds(steps, args.rounds, times)
     print(f"{args.rounds} interleaved rounds, CPU time of the thread per step:")
     _report("", times)
+
 
 if __name__ == "__main__":
     main()
