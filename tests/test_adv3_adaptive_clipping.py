@@ -1,0 +1,95 @@
+"""Task adv3: Opacus' adaptive clipping (``make_private(..., clipping="adaptive")``, an
+``AdaClipDPOptimizer``) was attached and every step charged ``SubsampledGaussian(σ, q)`` at
+its accounting σ, while the step also releases the noisy count of unclipped records (add/remove
+sensitivity 1, not the ½ Opacus' noise split assumes) divided by the drawn batch size: an
+under-count (docs/theory.md §14.8). ``attach`` and ``LedgerAccountant`` now refuse it, with
+``InvalidArgumentError`` naming ``optimizer``, before anything is charged or updated."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+
+from opacus import PrivacyEngine  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privguard import InvalidArgumentError, Ledger  # noqa: E402
+from privguard import mechanisms as M  # noqa: E402
+from privguard.integrations.opacus import LedgerAccountant, attach  # noqa: E402
+
+SIGMA, SIGMA_U = 1.0, 1.0
+
+
+def _adaptive(engine=None):
+    """(model, optimizer, loader) of make_private with adaptive clipping: 40 rows in expected
+    batches of 10, σ = 1, unclipped_num_std = 1."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    loader = DataLoader(TensorDataset(torch.randn(40, 2), torch.randn(40, 1)), batch_size=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return (engine or PrivacyEngine()).make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=1.0, clipping="adaptive",
+            target_unclipped_quantile=0.5, clipbound_learning_rate=0.2, max_clipbound=10.0,
+            min_clipbound=0.01, unclipped_num_std=SIGMA_U)
+
+
+def _step(model, optimizer, batch):
+    x, y = batch
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    return optimizer.step()
+
+
+def test_the_charge_at_sigma_is_below_what_one_adaptive_step_releases():
+    """The reason (docs/theory.md §14.8, Proposition 14.9): the gradient's noise σ_g and the
+    count's σ_u compose to a subsampled Gaussian of σ' = (σ_g⁻² + σ_u⁻²)^(−1/2) < σ, whose ε
+    exceeds the one of the charge at σ that main wrote."""
+    _model, optimizer, _loader = _adaptive()
+    sigma_g = (SIGMA ** -2 - (2 * SIGMA_U) ** -2) ** -0.5  # Opacus' own split
+    sigma_step = (sigma_g ** -2 + optimizer.unclipped_num_std ** -2) ** -0.5
+    assert math.isclose(sigma_step, (SIGMA ** -2 + 0.75 * SIGMA_U ** -2) ** -0.5)
+    released, charged = Ledger(delta=1e-5), Ledger(delta=1e-5)
+    released.charge(M.SubsampledGaussian(sigma_step, 0.25))
+    charged.charge(M.SubsampledGaussian(optimizer.noise_multiplier, 0.25))  # main's charge
+    assert released.epsilon() > charged.epsilon()
+
+
+def test_attach_refuses_an_adaptive_clipping_optimizer_and_changes_nothing():
+    _model, optimizer, loader = _adaptive()
+    ledger = Ledger(delta=1e-5)
+    hook = optimizer.step_hook
+    with pytest.raises(InvalidArgumentError) as caught:
+        attach(optimizer, ledger, data_loader=loader)
+    assert caught.value.argument == "optimizer"
+    assert "AdaClipDPOptimizer" in str(caught.value) and "adaptive" in str(caught.value)
+    assert len(ledger.history) == 0 and optimizer.step_hook is hook
+    assert "step" not in vars(optimizer)  # no graceful-step wrapper left behind
+
+
+def test_a_ledger_accountant_refuses_the_first_adaptive_step_before_its_update():
+    engine = PrivacyEngine()
+    ledger = Ledger(delta=1e-5)
+    engine.accountant = LedgerAccountant(ledger)
+    model, optimizer, loader = _adaptive(engine)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(InvalidArgumentError) as caught:
+        _step(model, optimizer, next(iter(loader)))
+    assert caught.value.argument == "optimizer"
+    assert len(ledger.history) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_ledger_accountant_that_does_not_charge_still_records_an_adaptive_step():
+    """charge=False (Opacus' record only, attach charges): nothing to refuse there."""
+    engine = PrivacyEngine()
+    engine.accountant = LedgerAccountant(Ledger(delta=1e-5), charge=False)
+    model, optimizer, loader = _adaptive(engine)
+    _step(model, optimizer, next(iter(loader)))
+    assert engine.accountant.history == [(SIGMA, 0.25, 1)]
