@@ -188,7 +188,11 @@ class _Canaries:
                 setattr(self.opt, name, self._own[name])
 
 
-def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int:
+def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
+           loss_from: str = "loss") -> int:
+    """Train ``steps`` real steps; ``loss_from`` names the argument the loss came from
+    (``loss``, or ``build`` for a 4th item), which a loss that cannot be back-propagated
+    is refused under."""
     done = 0
     while done < steps:
         seen = False
@@ -203,7 +207,7 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
             x, y = batch
             seen = True
             opt.zero_grad()
-            loss(model(x), y).backward()
+            _backward(loss(model(x), y), loss_from)
             opt.step()
             done += 1
             if done >= steps:
@@ -211,6 +215,29 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
         if not seen:
             break
     return done
+
+
+def _backward(value: Any, loss_from: str) -> None:
+    """``value.backward()``, after refusing a loss value it cannot run on (task adv3: a
+    per-sample loss, ``CrossEntropyLoss(reduction="none")``, or one detached from the model
+    raised torch's RuntimeError out of audit_opacus). Refused before this step's backward, so
+    the step is neither taken nor charged. Opacus' ghost-clipping criterion returns its own
+    tensor type, which is back-propagated as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or not value.requires_grad:
+            # its shape is not shown: a per-sample loss's length is the drawn batch's size
+            what = "a loss without a gradient" if value.numel() == 1 else \
+                f"a loss of {value.dim()} dimension(s), not a scalar"
+            raise InvalidArgumentError(
+                loss_from, what,
+                "must give a scalar loss of the batch that depends on the model (reduction "
+                "'mean' or 'sum'), which the audit back-propagates")
+    elif not callable(getattr(value, "backward", None)):
+        raise InvalidArgumentError(loss_from, type(value).__name__,
+                                   "must give a loss tensor, which the audit back-propagates")
+    value.backward()
 
 
 def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
@@ -315,7 +342,7 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         handle.detach()
         raise
     try:
-        _train(model, opt, loader, steps, loss)
+        _train(model, opt, loader, steps, loss, "build" if len(built) == 4 else "loss")
     finally:
         probe.remove()
         handle.detach()
