@@ -35,17 +35,33 @@ __all__ = ["is_adaptive_clipping", "refuse_adaptive_clipping"]
 
 
 def is_adaptive_clipping(optimizer: Any) -> bool:
-    """Whether ``optimizer`` is (a subclass of) Opacus' ``AdaClipDPOptimizer``.
+    """Whether ``optimizer`` is (a subclass of) Opacus' ``AdaClipDPOptimizer``, or a
+    ghost-clipping optimizer whose noise Opacus' adaptive criterion has set
+    (:func:`_ghost_adaptive`).
 
     Example:
         >>> is_adaptive_clipping(object())
         False
     """
+    if _ghost_adaptive(optimizer):
+        return True
     try:
         from opacus.optimizers import AdaClipDPOptimizer
     except ImportError:  # an Opacus without adaptive clipping
         return False
     return isinstance(optimizer, AdaClipDPOptimizer)
+
+
+def _ghost_adaptive(optimizer: Any) -> bool:
+    """Whether Opacus' ghost-clipping adaptive criterion has run a backward for ``optimizer``
+    (review radv3). ``PrivacyEngineAdaptiveClipping.make_private(..., grad_sample_mode=
+    "ghost")`` returns a plain ``DPOptimizerFastGradientClipping``, so only its criterion
+    (``DPLossFastGradientAdaptiveClipping``) clips adaptively: each backward moves the bound
+    by the batch's noisy unclipped count, of noise std (drawn batch size)/20, and sets the
+    optimizer's ``_adjusted_noise_multiplier`` (σ⁻² − (size/10)⁻²)^(−1/2), which its
+    ``add_noise`` draws at instead of σ: the noise's scale releases the drawn batch size.
+    That attribute is read, never a value of the data."""
+    return getattr(optimizer, "_adjusted_noise_multiplier", None) is not None
 
 
 def refuse_adaptive_clipping(optimizer: Any) -> None:
@@ -55,7 +71,8 @@ def refuse_adaptive_clipping(optimizer: Any) -> None:
         return
     raise InvalidArgumentError(
         "optimizer", type(optimizer).__name__,
-        "clips adaptively (make_private(..., clipping='adaptive')): each step also releases "
+        "clips adaptively (make_private(..., clipping='adaptive'), or the criterion of "
+        "opacus.utils.adaptive_clipping.PrivacyEngineAdaptiveClipping): each step also releases "
         "the noisy count of unclipped records, divided by the drawn batch size, so it is not "
         "the SubsampledGaussian(noise_multiplier, q) it would be charged as (an add/remove of "
         "one record moves the count by 1, not the ½ Opacus' noise split assumes; "

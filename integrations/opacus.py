@@ -600,7 +600,10 @@ class AttachHandle:
         ghost-clipping check (an unclipped gradient, a batch added twice) and the aligned
         opt-in's dropout re-check (dropout switched on since attach). Under DDP they run
         inside the step's collective (:meth:`_checked_mechanism`, and the random-allocation
-        step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's."""
+        step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's.
+        Review radv3: first, Opacus' ghost-clipping adaptive criterion, seen only once its
+        backward has set the optimizer's noise (integrations/_adaptive_clipping.py)."""
+        refuse_adaptive_clipping(self.optimizer)
         if self.ghost is not None:
             self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None:

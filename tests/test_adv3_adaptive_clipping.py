@@ -93,3 +93,36 @@ def test_a_ledger_accountant_that_does_not_charge_still_records_an_adaptive_step
     model, optimizer, loader = _adaptive(engine)
     _step(model, optimizer, next(iter(loader)))
     assert engine.accountant.history == [(SIGMA, 0.25, 1)]
+
+
+def test_attach_refuses_opacus_ghost_adaptive_clipping_at_its_first_step():
+    """Review radv3: Opacus' other adaptive clipping, ``PrivacyEngineAdaptiveClipping`` under
+    ghost clipping, returns a plain ``DPOptimizerFastGradientClipping``: only its criterion's
+    backward moves the bound and sets ``_adjusted_noise_multiplier``, of noise std (drawn
+    batch size)/20, whose noise scale releases the drawn batch size. adv3's refusal looked at
+    the optimizer's class only; the ghost check then refused the step as "a loss that is not
+    from the criterion make_private returned" (a PipelineMismatchError, untrue). It is refused
+    as adaptive clipping, before anything is charged or updated."""
+    adaptive = pytest.importorskip("opacus.utils.adaptive_clipping")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = DataLoader(TensorDataset(torch.randn(400, 2), torch.randn(400, 1)), batch_size=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, optimizer, criterion, loader = adaptive.PrivacyEngineAdaptiveClipping().make_private(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=data,
+            criterion=torch.nn.MSELoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
+            grad_sample_mode="ghost", target_unclipped_quantile=0.5, min_clipbound=0.01,
+            max_clipbound=10.0, clipbound_learning_rate=0.2)
+    ledger = Ledger(delta=1e-5)
+    handle = attach(optimizer, ledger, data_loader=loader)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = next(iter(loader))
+    optimizer.zero_grad()
+    criterion(model(x), y).backward()
+    assert optimizer._adjusted_noise_multiplier > SIGMA  # the adaptive criterion ran
+    with pytest.raises(InvalidArgumentError) as caught:
+        optimizer.step()
+    assert caught.value.argument == "optimizer" and "adaptive" in str(caught.value)
+    assert len(ledger.history) == 0 and handle.steps_charged == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
