@@ -208,6 +208,7 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
             seen = True
             opt.zero_grad()
             _backward(loss(model(x), y), loss_from)
+            _check_reached(opt, loss_from)
             opt.step()
             done += 1
             if done >= steps:
@@ -226,10 +227,17 @@ def _backward(value: Any, loss_from: str) -> None:
     import torch
 
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or not value.requires_grad:
-            # its shape is not shown: a per-sample loss's length is the drawn batch's size
-            what = "a loss without a gradient" if value.numel() == 1 else \
-                f"a loss of {value.dim()} dimension(s), not a scalar"
+        # its shape is not shown: a per-sample loss's length is the drawn batch's size
+        if value.numel() != 1:
+            what = f"a loss of {value.dim()} dimension(s), not a scalar"
+        elif not value.requires_grad or value.grad_fn is None:
+            # review radv3: also a leaf that requires grad, made apart from the model
+            what = "a loss without a gradient"
+        elif not value.is_floating_point():  # review radv3: complex, torch's RuntimeError
+            what = "a loss that is not real"
+        else:
+            what = ""
+        if what:
             raise InvalidArgumentError(
                 loss_from, what,
                 "must give a scalar loss of the batch that depends on the model (reduction "
@@ -238,6 +246,26 @@ def _backward(value: Any, loss_from: str) -> None:
         raise InvalidArgumentError(loss_from, type(value).__name__,
                                    "must give a loss tensor, which the audit back-propagates")
     value.backward()
+
+
+def _check_reached(opt: Any, loss_from: str) -> None:
+    """Refuse, before ``opt.step()``, a loss whose backward left a trained parameter without
+    per-sample gradients (review radv3: a loss of a tensor that requires grad but not of the
+    model let Opacus' ValueError "Per sample gradient is not initialized" escape). Opacus'
+    ghost-clipping optimizer keeps none (it clips by norms), so it is not checked here."""
+    try:
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+    except ImportError:  # pragma: no cover - an Opacus without ghost clipping
+        ghost: tuple[type, ...] = ()
+    else:
+        ghost = (DPOptimizerFastGradientClipping,)
+    if isinstance(opt, ghost):
+        return
+    if any(getattr(p, "grad_sample", None) is None for p in getattr(opt, "params", ())):
+        raise InvalidArgumentError(
+            loss_from, "a loss that does not reach every trained parameter",
+            "must give a scalar loss of the batch that depends on the model (reduction "
+            "'mean' or 'sum'), which the audit back-propagates")
 
 
 def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
