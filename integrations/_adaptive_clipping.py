@@ -35,19 +35,22 @@ __all__ = ["is_adaptive_clipping", "refuse_adaptive_clipping"]
 
 
 def is_adaptive_clipping(optimizer: Any) -> bool:
-    """Whether ``optimizer`` is (a subclass of) Opacus' ``AdaClipDPOptimizer``, or a
-    ghost-clipping optimizer whose noise Opacus' adaptive criterion has set
+    """Whether ``optimizer`` is (a subclass of) Opacus' ``AdaClipDPOptimizer``, or has its
+    ``unclipped_num_std`` or ``update_max_grad_norm``, or is a ghost-clipping optimizer whose noise Opacus' adaptive criterion has set
     (:func:`_ghost_adaptive`).
 
     Example:
         >>> is_adaptive_clipping(object())
         False
     """
-    if _ghost_adaptive(optimizer):
+    if _ghost_adaptive(optimizer) or any(
+            hasattr(optimizer, name) for name in ("unclipped_num_std", "update_max_grad_norm")):
+        # review radv3: by what it does too, not by the class only: an Opacus that moves or
+        # renames AdaClipDPOptimizer (the import below failing) was attached as a fixed bound
         return True
     try:
         from opacus.optimizers import AdaClipDPOptimizer
-    except ImportError:  # an Opacus without adaptive clipping
+    except ImportError:  # an Opacus without adaptive clipping, or one that moved it
         return False
     return isinstance(optimizer, AdaClipDPOptimizer)
 

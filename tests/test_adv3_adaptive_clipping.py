@@ -126,3 +126,19 @@ def test_attach_refuses_opacus_ghost_adaptive_clipping_at_its_first_step():
     assert caught.value.argument == "optimizer" and "adaptive" in str(caught.value)
     assert len(ledger.history) == 0 and handle.steps_charged == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_attach_refuses_adaptive_clipping_where_opacus_moved_its_class(monkeypatch):
+    """Review radv3: adv3 decided by ``isinstance`` against ``opacus.optimizers.
+    AdaClipDPOptimizer`` and took a failed import for "no adaptive clipping", so an Opacus
+    that moves or renames the class was attached and charged σ. Here the name is removed
+    from ``opacus.optimizers`` (the import fails); the optimizer still has what makes it
+    adaptive (``unclipped_num_std``, ``update_max_grad_norm``) and is refused."""
+    import opacus.optimizers
+
+    _model, optimizer, loader = _adaptive()
+    monkeypatch.delattr(opacus.optimizers, "AdaClipDPOptimizer")
+    ledger = Ledger(delta=1e-5)
+    with pytest.raises(InvalidArgumentError) as caught:
+        attach(optimizer, ledger, data_loader=loader)
+    assert caught.value.argument == "optimizer" and len(ledger.history) == 0
