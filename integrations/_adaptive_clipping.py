@@ -31,7 +31,7 @@ from typing import Any
 
 from privguard._errors import InvalidArgumentError
 
-__all__ = ["is_adaptive_clipping", "refuse_adaptive_clipping"]
+__all__ = ["is_adaptive_clipping", "is_adaptive_criterion", "refuse_adaptive_clipping"]
 
 
 def is_adaptive_clipping(optimizer: Any) -> bool:
@@ -65,6 +65,19 @@ def _ghost_adaptive(optimizer: Any) -> bool:
     ``add_noise`` draws at instead of σ: the noise's scale releases the drawn batch size.
     That attribute is read, never a value of the data."""
     return getattr(optimizer, "_adjusted_noise_multiplier", None) is not None
+
+
+def is_adaptive_criterion(criterion: Any) -> bool:
+    """Whether ``criterion`` is Opacus' ghost-clipping adaptive criterion
+    (``DPLossFastGradientAdaptiveClipping``, from ``PrivacyEngineAdaptiveClipping``), known by
+    what it holds, before any backward sets the optimizer's noise (review radv3).
+
+    Example:
+        >>> is_adaptive_criterion(object())
+        False
+    """
+    return all(hasattr(criterion, name)
+               for name in ("target_unclipped_quantile", "clipbound_learning_rate"))
 
 
 def refuse_adaptive_clipping(optimizer: Any) -> None:

@@ -303,9 +303,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     Raises:
         InvalidArgumentError: a bad argument, or ``build()`` did not return
             an Opacus pipeline with a Poisson loader, one process's (not a distributed
-            optimizer, a model under DDP or FSDP, or a process group of several ranks).
+            optimizer, a model under DDP or FSDP, or a process group of several ranks),
+            or one that clips adaptively (docs/theory.md §14.8).
     """
     from privguard._ledger._ledger import Ledger
+    from privguard.integrations._adaptive_clipping import (
+        is_adaptive_clipping,
+        is_adaptive_criterion,
+    )
     from privguard.integrations.opacus import attach
 
     steps = check.positive_int("steps", steps)
@@ -347,6 +352,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         raise InvalidArgumentError("build", build, f"returned a distributed optimizer "
                                    f"({type(opt).__name__}); the one-run audit runs in one "
                                    f"process (DPOptimizer, non-distributed)")
+    if is_adaptive_clipping(opt) or is_adaptive_criterion(loss):
+        # review radv3: attach refused it naming "optimizer", no argument of this call (and
+        # Opacus' ghost-clipping adaptive criterion only at the first step, after build)
+        raise InvalidArgumentError("build", build, "returned an adaptive-clipping pipeline "
+                                   "(make_private(..., clipping='adaptive'), or Opacus' "
+                                   "PrivacyEngineAdaptiveClipping criterion), whose step is not "
+                                   "the SubsampledGaussian it would be charged as "
+                                   "(docs/theory.md §14.8); use a fixed clipping bound")
     wrapper = _data_parallel(model)
     if wrapper is not None:
         # task fp: plain DDP (or FSDP, Opacus' DPDDP) around the model with a non-distributed

@@ -142,3 +142,47 @@ def test_attach_refuses_adaptive_clipping_where_opacus_moved_its_class(monkeypat
     with pytest.raises(InvalidArgumentError) as caught:
         attach(optimizer, ledger, data_loader=loader)
     assert caught.value.argument == "optimizer" and len(ledger.history) == 0
+
+
+def _ghost_adaptive_build():
+    adaptive = pytest.importorskip("opacus.utils.adaptive_clipping")
+
+    def build():
+        torch.manual_seed(0)
+        x = torch.randn(400, 4)
+        model = torch.nn.Linear(4, 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, optimizer, criterion, loader = \
+                adaptive.PrivacyEngineAdaptiveClipping().make_private(
+                    module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                    data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()),
+                                           batch_size=100),
+                    criterion=torch.nn.CrossEntropyLoss(), noise_multiplier=SIGMA,
+                    max_grad_norm=1.0, grad_sample_mode="ghost")
+        return model, optimizer, loader, criterion  # the audit's order
+
+    return build
+
+
+def _adaptive_build():
+    def build():
+        model, optimizer, loader = _adaptive()
+        return model, optimizer, loader, torch.nn.functional.mse_loss
+
+    return build
+
+
+@pytest.mark.parametrize("make", [_adaptive_build, _ghost_adaptive_build],
+                         ids=["AdaClipDPOptimizer", "ghost-adaptive-criterion"])
+def test_audit_opacus_refuses_adaptive_clipping_naming_build(make):
+    """Review radv3: audit_opacus let attach's refusal name ``optimizer``, no argument of
+    audit_opacus (its other refusals of what build() returned name ``build``), and took the
+    ghost-clipping adaptive criterion only to its first step's PipelineMismatchError."""
+    from privguard.audit import audit_opacus
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(InvalidArgumentError) as caught:
+            audit_opacus(make(), steps=2, canaries=4, seed=0)
+    assert caught.value.argument == "build" and "adaptive" in str(caught.value)
