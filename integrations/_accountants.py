@@ -19,6 +19,7 @@ from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
 from privguard.integrations import _describe
+from privguard.integrations._adaptive_clipping import refuse_adaptive_clipping
 from privguard.integrations._checkpoint import check_entry, is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
@@ -53,7 +54,8 @@ class LedgerAccountant(IAccountant):
     which the optimizer reports as ``accumulated_iterations``) is charged as
     ``AccumulatedSubsampledGaussian(σ, q, k)`` (docs/theory.md §14), not as
     the ``SubsampledGaussian(σ, k·q)`` Opacus records; a ghost-clipping
-    optimizer (it reports one) is refused before its first update. It sees
+    optimizer (it reports one) is refused before its first update, and so is an
+    adaptive-clipping one (docs/theory.md §14.8). It sees
     neither the loader's sampling, nor micro-batches accumulated through the
     loop's own ``signal_skip_step``, nor a clipping bound lowered between
     the virtual steps of one real step: :func:`attach` with ``data_loader=``
@@ -111,6 +113,8 @@ class LedgerAccountant(IAccountant):
                     "optimizer", type(optim).__name__,
                     "is distributed: a LedgerAccountant would charge once per rank; call "
                     "attach(optimizer, ledger) on every rank instead")
+            if self._charge:  # task adv3: its step is not SubsampledGaussian(σ, q) (§14.8)
+                refuse_adaptive_clipping(optim)
             k = self._micro_batches(optim) if self._charge else 1
             if k == 1:
                 opacus_hook(optim)

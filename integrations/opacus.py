@@ -114,6 +114,7 @@ from privguard.integrations import (
     _skips,
 )
 from privguard.integrations._accountants import EngineView, LedgerAccountant
+from privguard.integrations._adaptive_clipping import refuse_adaptive_clipping
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -599,7 +600,10 @@ class AttachHandle:
         ghost-clipping check (an unclipped gradient, a batch added twice) and the aligned
         opt-in's dropout re-check (dropout switched on since attach). Under DDP they run
         inside the step's collective (:meth:`_checked_mechanism`, and the random-allocation
-        step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's."""
+        step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's.
+        Review radv3: first, Opacus' ghost-clipping adaptive criterion, seen only once its
+        backward has set the optimizer's noise (integrations/_adaptive_clipping.py)."""
+        refuse_adaptive_clipping(self.optimizer)
         if self.ghost is not None:
             self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
@@ -995,7 +999,8 @@ def attach(
     Raises:
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
-            :class:`LedgerAccountant`).
+            :class:`LedgerAccountant`), or clips adaptively (Opacus'
+            ``AdaClipDPOptimizer``, docs/theory.md §14.8).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
             or a ghost-clipping optimizer (which reports one micro-batch per
             step whatever ran) comes with neither ``data_loader`` nor
@@ -1024,6 +1029,7 @@ def attach(
                                    "must be an Opacus DPOptimizer (see PrivacyEngine.make_private)")
     if not isinstance(ledger, Ledger):
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
+    refuse_adaptive_clipping(optimizer)  # task adv3: its step is not the charge (§14.8)
     if not isinstance(on_exhausted, str) or on_exhausted not in ("raise", "stop"):  # review fs
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):

@@ -188,7 +188,11 @@ class _Canaries:
                 setattr(self.opt, name, self._own[name])
 
 
-def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int:
+def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
+           loss_from: str = "loss") -> int:
+    """Train ``steps`` real steps; ``loss_from`` names the argument the loss came from
+    (``loss``, or ``build`` for a 4th item), which a loss that cannot be back-propagated
+    is refused under."""
     done = 0
     while done < steps:
         seen = False
@@ -203,7 +207,8 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
             x, y = batch
             seen = True
             opt.zero_grad()
-            loss(model(x), y).backward()
+            _backward(loss(model(x), y), loss_from)
+            _check_reached(opt, loss_from)
             opt.step()
             done += 1
             if done >= steps:
@@ -211,6 +216,56 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable) -> int
         if not seen:
             break
     return done
+
+
+def _backward(value: Any, loss_from: str) -> None:
+    """``value.backward()``, after refusing a loss value it cannot run on (task adv3: a
+    per-sample loss, ``CrossEntropyLoss(reduction="none")``, or one detached from the model
+    raised torch's RuntimeError out of audit_opacus). Refused before this step's backward, so
+    the step is neither taken nor charged. Opacus' ghost-clipping criterion returns its own
+    tensor type, which is back-propagated as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        # its shape is not shown: a per-sample loss's length is the drawn batch's size
+        if value.numel() != 1:
+            what = f"a loss of {value.dim()} dimension(s), not a scalar"
+        elif not value.requires_grad or value.grad_fn is None:
+            # review radv3: also a leaf that requires grad, made apart from the model
+            what = "a loss without a gradient"
+        elif not value.is_floating_point():  # review radv3: complex, torch's RuntimeError
+            what = "a loss that is not real"
+        else:
+            what = ""
+        if what:
+            raise InvalidArgumentError(
+                loss_from, what,
+                "must give a scalar loss of the batch that depends on the model (reduction "
+                "'mean' or 'sum'), which the audit back-propagates")
+    elif not callable(getattr(value, "backward", None)):
+        raise InvalidArgumentError(loss_from, type(value).__name__,
+                                   "must give a loss tensor, which the audit back-propagates")
+    value.backward()
+
+
+def _check_reached(opt: Any, loss_from: str) -> None:
+    """Refuse, before ``opt.step()``, a loss whose backward left a trained parameter without
+    per-sample gradients (review radv3: a loss of a tensor that requires grad but not of the
+    model let Opacus' ValueError "Per sample gradient is not initialized" escape). Opacus'
+    ghost-clipping optimizer keeps none (it clips by norms), so it is not checked here."""
+    try:
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+    except ImportError:  # pragma: no cover - an Opacus without ghost clipping
+        ghost: tuple[type, ...] = ()
+    else:
+        ghost = (DPOptimizerFastGradientClipping,)
+    if isinstance(opt, ghost):
+        return
+    if any(getattr(p, "grad_sample", None) is None for p in getattr(opt, "params", ())):
+        raise InvalidArgumentError(
+            loss_from, "a loss that does not reach every trained parameter",
+            "must give a scalar loss of the batch that depends on the model (reduction "
+            "'mean' or 'sum'), which the audit back-propagates")
 
 
 def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
@@ -248,9 +303,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
     Raises:
         InvalidArgumentError: a bad argument, or ``build()`` did not return
             an Opacus pipeline with a Poisson loader, one process's (not a distributed
-            optimizer, a model under DDP or FSDP, or a process group of several ranks).
+            optimizer, a model under DDP or FSDP, or a process group of several ranks),
+            or one that clips adaptively (docs/theory.md §14.8).
     """
     from privguard._ledger._ledger import Ledger
+    from privguard.integrations._adaptive_clipping import (
+        is_adaptive_clipping,
+        is_adaptive_criterion,
+    )
     from privguard.integrations.opacus import attach
 
     steps = check.positive_int("steps", steps)
@@ -292,6 +352,14 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         raise InvalidArgumentError("build", build, f"returned a distributed optimizer "
                                    f"({type(opt).__name__}); the one-run audit runs in one "
                                    f"process (DPOptimizer, non-distributed)")
+    if is_adaptive_clipping(opt) or is_adaptive_criterion(loss):
+        # review radv3: attach refused it naming "optimizer", no argument of this call (and
+        # Opacus' ghost-clipping adaptive criterion only at the first step, after build)
+        raise InvalidArgumentError("build", build, "returned an adaptive-clipping pipeline "
+                                   "(make_private(..., clipping='adaptive'), or Opacus' "
+                                   "PrivacyEngineAdaptiveClipping criterion), whose step is not "
+                                   "the SubsampledGaussian it would be charged as "
+                                   "(docs/theory.md §14.8); use a fixed clipping bound")
     wrapper = _data_parallel(model)
     if wrapper is not None:
         # task fp: plain DDP (or FSDP, Opacus' DPDDP) around the model with a non-distributed
@@ -315,7 +383,7 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         handle.detach()
         raise
     try:
-        _train(model, opt, loader, steps, loss)
+        _train(model, opt, loader, steps, loss, "build" if len(built) == 4 else "loss")
     finally:
         probe.remove()
         handle.detach()
