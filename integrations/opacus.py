@@ -602,9 +602,11 @@ class AttachHandle:
         inside the step's collective (:meth:`_checked_mechanism`, and the random-allocation
         step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's.
         Review radv3: first, Opacus' ghost-clipping adaptive criterion, seen only once its
-        backward has set the optimizer's noise (integrations/_adaptive_clipping.py)."""
-        refuse_adaptive_clipping(self.optimizer)
+        backward has set the optimizer's noise (integrations/_adaptive_clipping.py); its
+        optimizer is a ghost-clipping one, which always has a backward counter (attach
+        refused the other adaptive optimizers by their class)."""
         if self.ghost is not None:
+            refuse_adaptive_clipping(self.optimizer)
             self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
