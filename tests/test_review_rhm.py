@@ -1,0 +1,87 @@
+"""Review rhm (adversarial pass over task hm: attach's per-step cost, issue 26).
+
+Task hm re-arms ``DrawnRates``' one-rate shortcut in ``_drawn`` (the flag cleared once
+the record holds one rate again) and leaves ``_rank_checks`` out of a step with neither
+a ghost counter nor a dropout guard.
+"""
+
+from __future__ import annotations
+
+import threading
+from itertools import islice
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+
+from _private_mlp import private as _private  # noqa: E402
+
+from privguard.integrations import _drawn_rates  # noqa: E402
+
+_KEPT = _drawn_rates._KEPT
+
+
+def _window_rate(drawn: _drawn_rates.DrawnRates, charged: float) -> float:
+    """main's ``DrawnRates.rate`` (the window read from the newest draw back), without
+    its side effect."""
+    window = drawn.since + drawn.before + drawn.ahead * max(1, len(drawn._iterators))
+    q = max(charged, max(islice(reversed(list(drawn.rates)), window), default=charged))
+    return max(q, drawn.last) if not drawn.since else q
+
+
+class _Paused(_drawn_rates.DrawnRates):
+    """A DrawnRates whose ``_mixed`` setter, on the thread named ``paused``, waits (at
+    most ``wait`` seconds) for another thread's draw right after marking the record mixed:
+    two loader threads drawing from one sampler, one preempted inside ``_drawn``."""
+
+    def __init__(self, *args, **kwargs):
+        self.paused: threading.Thread | None = None
+        self.marked = threading.Event()
+        self.go_on = threading.Event()
+        self.wait = 2.0
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _mixed(self) -> bool:  # type: ignore[override]
+        return self.__dict__["_mixed"]
+
+    @_mixed.setter
+    def _mixed(self, value: bool) -> None:
+        self.__dict__["_mixed"] = value
+        if value and threading.current_thread() is self.paused:
+            self.marked.set()
+            self.go_on.wait(self.wait)
+
+
+def test_a_draw_on_another_thread_does_not_rearm_the_shortcut_over_a_larger_draw():
+    # hm's re-arm: thread 2 draws at 0.5 and marks the record mixed; before it records
+    # the 0.5, thread 1 finishes a draw at 0.125 (the record's one rate), sees the flag
+    # set and every kept rate 0.125, and clears it; thread 2 then records its 0.5. The
+    # shortcut answered 0.125 for a step whose window holds a batch drawn at 0.5
+    drawn = _Paused(_private(batch_size=8)[2], 0.125)
+    try:
+        drawn.sampler.sample_rate = 0.125
+        for _ in range(_KEPT):
+            drawn._drawn(None)
+        drawn.take()
+        drawn.sampler.sample_rate = 0.5
+        second = threading.Thread(target=drawn._drawn, args=(None,))
+        drawn.paused = second
+        second.start()
+        assert drawn.marked.wait(30), "the second thread did not draw"
+        drawn.sampler.sample_rate = 0.125
+        first = threading.Thread(target=drawn._drawn, args=(None,))
+        first.start()
+        first.join(drawn.wait / 2)  # on hm it ends here; under a lock it waits for the 2nd
+        drawn.go_on.set()
+        first.join(30)
+        second.join(30)
+        assert not first.is_alive() and not second.is_alive()
+        assert 0.5 in drawn.rates
+        assert _window_rate(drawn, 0.125) == 0.5
+        assert drawn.rate(0.125) == 0.5
+    finally:
+        drawn.go_on.set()
+        drawn.restore()
+        drawn.sampler.sample_rate = 0.125
