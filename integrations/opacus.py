@@ -498,10 +498,8 @@ class AttachHandle:
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
         k = self._micro_batches(predict=False)
-        if self._coordinator is None and (self.ghost is not None
-                                          or self.dropout_guard is not None):
-            self._rank_checks()  # under DDP inside the step's collective (nothing to check
-            # without either: the call is left out at every step, issue 26 task hm)
+        if self._coordinator is None:  # under DDP inside the step's collective
+            self._rank_checks()
         # σ read once per step (review lo2; it was read again for the charge after the
         # witnesses' check): Opacus noised the step at σ·C before calling this hook, and
         # nothing between here and the charge changes σ, C or the clip bounds (they change

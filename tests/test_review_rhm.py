@@ -85,3 +85,30 @@ def test_a_draw_on_another_thread_does_not_rearm_the_shortcut_over_a_larger_draw
         drawn.go_on.set()
         drawn.restore()
         drawn.sampler.sample_rate = 0.125
+
+
+def test_every_charged_step_runs_the_rank_checks(monkeypatch):
+    # hm called _rank_checks only where a ghost counter or a dropout guard exists,
+    # restating its conditions beside it: a check added there would run on no plain
+    # step. Whatever it checks, it runs before every charge outside DDP
+    from _private_mlp import step
+
+    from privguard import Ledger
+    from privguard.integrations.opacus import AttachHandle, attach
+
+    calls: list[int] = []
+    original = AttachHandle._rank_checks
+
+    def counted(self):
+        calls.append(self.steps_charged)
+        return original(self)
+
+    monkeypatch.setattr(AttachHandle, "_rank_checks", counted)
+    model, opt, loader = _private()
+    handle = attach(opt, Ledger(delta=1e-5), data_loader=loader)
+    assert handle.ghost is None and handle.dropout_guard is None
+    for _ in range(3):
+        step(model, opt, loader)
+    assert handle.steps_charged == 3
+    assert calls == [0, 1, 2]
+    handle.detach()
