@@ -23,7 +23,7 @@ import numpy as np
 from privguard._accounting import _fastpath, _lease
 from privguard._accounting._config import Config
 from privguard._accounting._filters import DPFilter, StrictFilter
-from privguard._accounting._journal import ChargeRecord, Journal, Run, charge_record
+from privguard._accounting._journal import ChargeRecord, Journal, Run
 from privguard._accounting._odometer import MIXTURE, Odometer, _checked_weights, mixture_weights
 from privguard._accounting._plan import Plan
 from privguard._curves import _conversion as conv
@@ -519,7 +519,7 @@ class Accounting:
                 return None
             flt.apply(None)  # the RDP and strict filters keep no state (as apply())
         t = clock()
-        return charge_record(journal.repeat_current(t), run_label, m, t, pid)
+        return ChargeRecord(journal.repeat_current(t), run_label, m, t, pid)
 
     def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
         """Commit an admitted verdict; returns the journal changes to persist."""

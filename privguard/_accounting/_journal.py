@@ -70,28 +70,6 @@ class ChargeRecord:
                 "time": self.time, "pid": self.pid}
 
 
-_RECORD_FIELDS = ("index", "label", "mechanism", "time", "pid")
-assert tuple(f.name for f in dataclasses.fields(ChargeRecord)) == _RECORD_FIELDS
-
-
-def charge_record(index: int, label: str | None, mechanism: Mechanism, time: float | None,
-                  pid: int) -> ChargeRecord:
-    """``ChargeRecord(index, label, mechanism, time, pid)``, built for the repeat lane at
-    every step (issue 26, task hm): the frozen dataclass's ``__init__`` sets each field
-    through ``object.__setattr__`` (about 1.3 µs of a step, warm); here the same five
-    fields go straight into the instance's ``__dict__``, where that ``__init__`` puts
-    them (ChargeRecord has no ``__post_init__`` and no slots), so the record is equal,
-    hashes alike and reads alike (tests/test_charge_record_fast.py)."""
-    record = object.__new__(ChargeRecord)
-    fields = record.__dict__
-    fields["index"] = index
-    fields["label"] = label
-    fields["mechanism"] = mechanism
-    fields["time"] = time
-    fields["pid"] = pid
-    return record
-
-
 class Run(NamedTuple):
     """``count`` identical consecutive charges of ``mechanism`` with one label, by one process.
 
