@@ -112,3 +112,92 @@ def test_every_charged_step_runs_the_rank_checks(monkeypatch):
     assert handle.steps_charged == 3
     assert calls == [0, 1, 2]
     handle.detach()
+
+
+class _RearmedWhileRead(_drawn_rates.DrawnRates):
+    """A DrawnRates whose first read of ``_mixed`` after ``racing`` is set records
+    ``_KEPT`` draws at ``next_rate`` first: a loader thread re-arming the shortcut at a new
+    rate while a step reads its rate on the training thread."""
+
+    def __init__(self, *args, **kwargs):
+        self.racing = False
+        self.next_rate = 0.5
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _mixed(self) -> bool:  # type: ignore[override]
+        if self.racing:
+            self.racing = False
+            self.sampler.sample_rate = self.next_rate
+            for _ in range(_KEPT):
+                self._drawn(None)
+        return self.__dict__["_mixed"]
+
+    @_mixed.setter
+    def _mixed(self, value: bool) -> None:
+        self.__dict__["_mixed"] = value
+
+
+def test_a_step_read_while_the_shortcut_is_rearmed_at_a_larger_rate_reads_that_rate():
+    # hm's memory-order argument: rate() reads the flag, then the rate (the re-arm writes
+    # the rate, then clears the flag). Read the other way round, a step read the old
+    # rate (0.125), the loader thread then re-armed at 0.5 (every kept draw at 0.5), and
+    # the step saw the flag cleared: charged 0.125 for a window of 0.5 draws only
+    drawn = _RearmedWhileRead(_private(batch_size=8)[2], 0.125)
+    try:
+        drawn.sampler.sample_rate = 0.125
+        for _ in range(3):
+            drawn._drawn(None)
+        drawn.sampler.sample_rate = 0.25
+        drawn._drawn(None)  # the record mixed: the re-arm below has a flag to clear
+        drawn.take()
+        drawn.racing = True
+        got = drawn.rate(0.125)
+        assert not drawn.racing, "the race was not modelled"
+        assert set(drawn.rates) == {0.5} and not drawn.__dict__["_mixed"]
+        assert got == _window_rate(drawn, 0.125) == 0.5
+    finally:
+        drawn.restore()
+        drawn.sampler.sample_rate = 0.125
+
+
+class _ReadWhileRearming(_drawn_rates.DrawnRates):
+    """A DrawnRates whose ``_same`` setter, once ``racing``, reads the step's rate before
+    writing: a training thread reading while a loader thread re-arms the shortcut."""
+
+    def __init__(self, *args, **kwargs):
+        self.racing = False
+        self.seen: list[tuple[float, float]] = []
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _same(self) -> float | None:  # type: ignore[override]
+        return self.__dict__["_same"]
+
+    @_same.setter
+    def _same(self, value: float | None) -> None:
+        if self.racing:
+            self.seen.append((self.rate(0.125), _window_rate(self, 0.125)))
+        self.__dict__["_same"] = value
+
+
+def test_a_step_read_while_the_shortcut_is_rearmed_reads_the_window():
+    # the re-arm writes the rate, then clears the flag: a step read between the writes
+    # reads the window (the flag still set). The other way round it read the old rate
+    # with the flag cleared: 0.125 for a record of 0.5 draws only
+    drawn = _ReadWhileRearming(_private(batch_size=8)[2], 0.125)
+    try:
+        drawn.sampler.sample_rate = 0.125
+        drawn._drawn(None)
+        drawn.sampler.sample_rate = 0.5
+        for _ in range(_KEPT - 1):
+            drawn._drawn(None)
+        drawn.take()
+        drawn.racing = True
+        drawn._drawn(None)  # the last 0.125 leaves the record: re-armed at 0.5
+        assert drawn.seen, "the race was not modelled"
+        assert all(got == window == 0.5 for got, window in drawn.seen), drawn.seen
+        assert not drawn.__dict__["_mixed"] and drawn.rate(0.125) == 0.5
+    finally:
+        drawn.restore()
+        drawn.sampler.sample_rate = 0.125
