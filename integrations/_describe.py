@@ -99,7 +99,8 @@ def batch_size(batch: Any) -> int:
 
 def reported_micro_batches(optimizer: Any) -> int | None:
     """The optimizer's ``accumulated_iterations``, or None where it cannot be trusted."""
-    if is_ghost(optimizer):
+    cls: type = type(optimizer)
+    if _ghost_class(cls):  # is_ghost(optimizer), one call less at every step (task hm)
         return None
     try:
         value = optimizer.accumulated_iterations

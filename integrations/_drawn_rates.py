@@ -24,6 +24,7 @@ more than one step is not seen: lower the rate where it holds none.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import deque
 from itertools import islice
@@ -56,11 +57,20 @@ class DrawnRates:
         self.before = 0  # draws between the real step before it and that step (review rsmp)
         self.last = rate_now  # the rate the last step was charged at (at attach: the loader's)
         self._seen = rate_now
-        # every rate recorded so far in ``rates`` (this very deque) is ``_same`` (None: none
+        # every rate kept in ``rates`` (this very deque) is ``_same`` (None: none
         # recorded), unless ``_mixed``: then :meth:`rate` needs no window (issue 26, task hk)
         self._record = self.rates
         self._same: float | None = None
         self._mixed = False
+        # the newest draws' rate and how many draws in a row were at it (nonzero): once
+        # they are as many as the record keeps, every kept rate is that one again and the
+        # shortcut is re-armed (a schedule that changed the rate once; issue 26, task hm)
+        self._tail: float | None = None
+        self._tail_count = 0
+        # one draw recorded at a time (review rhm: two threads drawing from the sampler,
+        # one preempted between marking the record mixed and recording its rate, while
+        # the other re-armed the shortcut over it: a step charged below its window)
+        self._recording_lock = threading.Lock()
         self._original, self._recording = swap_iter(self.sampler, self._drawn)
         # the sampler's iterators alive (a DataLoader iterator holds its own until it is
         # dropped): each may hold ``ahead`` draws in flight
@@ -76,27 +86,43 @@ class DrawnRates:
         cls.__iter__ = __iter__
 
     def _drawn(self, _batch: Any) -> None:
-        # read in the same next() call that drew the batch: the rate it was drawn at
-        try:
-            rate = float(self.sampler.sample_rate)
-        except (TypeError, ValueError, RuntimeError):
-            rate = 1.0  # not a number: the step is charged as if every record were drawn
-        rate = rate if rate == rate else 1.0
-        # the flags before the record (review rhk): a step read on another thread between
-        # the two sees a new rate only with the flag that sends it to the window (at the
-        # first draw it may see the rate before the record holds it: more, never less)
-        if self._same is None and not self._mixed:
-            self._same = rate
-        elif rate != self._same or rate == 0:  # (0.0 and -0.0 are equal, not the same float)
-            self._mixed = True
-        self.rates.append(rate)
-        self.since += 1
+        with self._recording_lock:  # one draw at a time (review rhm)
+            # read in the same next() call that drew the batch: the rate it was drawn at
+            try:
+                rate = float(self.sampler.sample_rate)
+            except (TypeError, ValueError, RuntimeError):
+                rate = 1.0  # not a number: the step is charged as if every record were drawn
+            rate = rate if rate == rate else 1.0
+            # the flags before the record (review rhk): a step read on another thread between
+            # the two sees a new rate only with the flag that sends it to the window (at the
+            # first draw it may see the rate before the record holds it: more, never less)
+            if self._same is None and not self._mixed:
+                self._same = rate
+            elif rate != self._same or rate == 0:  # (0.0 and -0.0 are equal, not the same float)
+                self._mixed = True
+            if rate == self._tail and rate != 0:  # equal and nonzero: the same float
+                self._tail_count += 1
+            else:
+                self._tail, self._tail_count = rate, 1
+            self.rates.append(rate)
+            if self._mixed and rate != 0 and self._tail_count >= len(self.rates) \
+                    and self.rates is self._record:
+                # every kept rate is ``rate`` (the record holds the newest draws, all at it):
+                # the shortcut's answer is the window's again. ``_same`` before the flag, and
+                # :meth:`rate` reads the flag first: a step that sees the flag cleared reads
+                # this rate (one read before sees the flag set and reads the window)
+                self._same = rate
+                self._mixed = False
+            self.since += 1
 
     def rate(self, charged: float) -> float:
         """The rate to charge the next real step at: ``charged`` (the rate in force), or
         more where a batch it may train on was drawn at more."""
+        # the flag first, then the rate (:meth:`_drawn` re-arms the shortcut by writing
+        # ``_same`` before clearing the flag)
+        mixed = self._mixed
         same = self._same
-        if not self._mixed and self.rates is self._record:
+        if not mixed and self.rates is self._record:
             # every kept rate is ``same`` (None: none kept), so the window's largest is
             # ``same`` if the window holds a draw, which it does iff it is not empty (the
             # iterators' factor is at least 1) and a rate is kept: the window's own answer,

@@ -306,16 +306,22 @@ class AttachHandle:
         the charged σ times this bound). The witnesses check the step against it (task lo3:
         they read ``max_grad_norm``, and a per-layer list raised between backward and step
         made a correctly clipped step, charged at σ·C/C′, fail their clipped-sum check)."""
-        sigma = float(self.optimizer.noise_multiplier)
-        now = _skips.noise_bound(self.optimizer)
-        drawn = None if self.layer_noise is None else self.layer_noise.drawn
+        optimizer = self.optimizer
+        sigma = float(optimizer.noise_multiplier)
+        now = _skips.noise_bound(optimizer)
+        layer_noise = self.layer_noise
+        drawn = None if layer_noise is None else layer_noise.drawn
         if drawn is not None:  # DistributedPerLayerOptimizer: the pair its noise used (lo2)
             sigma, now = drawn
-        bounds = [count.clip_bound for count in (self.skips, self.ghost)
-                  if count is not None and count.clip_bound is not None]
-        if not bounds:
+        # the largest clipping bound the skip counter and the ghost counter saw (written
+        # out, not as a list: read at every step, issue 26 task hm)
+        skips, ghost = self.skips, self.ghost
+        clipped = None if skips is None else skips.clip_bound
+        other = None if ghost is None else ghost.clip_bound
+        if other is not None:  # under ghost clipping also the wrapped module's own bound
+            clipped = other if clipped is None else max(clipped, other)
+        if clipped is None:
             return sigma, now
-        clipped = max(bounds)  # under ghost clipping also the wrapped module's own bound
         # docs/theory.md §14.7, Lemma 14.8: clipped at C′, noised at σ·C, the step is the
         # Gaussian of noise multiplier σ·C/C′; for C′ ≤ C charging σ over-counts
         return (sigma * now / clipped, clipped) if clipped > now else (sigma, now)
@@ -328,11 +334,14 @@ class AttachHandle:
         return _describe.reported_micro_batches(self.optimizer)
 
     def _micro_batches(self, predict: bool) -> int:
-        counted = 0 if self.counter is None else self.counter.count
-        reported = self._reported() or 1
+        counter, ghost, skips = self.counter, self.ghost, self.skips
+        counted = 0 if counter is None else counter.count
+        # :meth:`_reported`, without its call (read at every step: issue 26, task hm)
+        reported = (ghost.reported() if ghost is not None
+                    else _describe.reported_micro_batches(self.optimizer)) or 1
         k = max(counted, reported, self.declared_micro_batches)
-        if self.skips is not None:  # the loop's own skipped steps (u27: an iterator made
-            k = max(k, self.skips.floor(reported))  # before attach is not counted above)
+        if skips is not None:  # the loop's own skipped steps (u27: an iterator made
+            k = max(k, skips.floor(reported))  # before attach is not counted above)
         return max(k, self._last_micro_batches) if predict else k
 
     def _mechanism(self, predict: bool) -> M.Mechanism:
@@ -475,9 +484,17 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
-            if count is not None:
-                count.take()
+        # each written out, not a loop over a tuple (at every step: issue 26, task hm)
+        if self.counter is not None:
+            self.counter.take()
+        if self.skips is not None:
+            self.skips.take()
+        if self.ghost is not None:
+            self.ghost.take()
+        if self.drawn is not None:
+            self.drawn.take()
+        if self.layer_noise is not None:
+            self.layer_noise.take()
 
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""
