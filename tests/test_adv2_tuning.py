@@ -263,7 +263,9 @@ def test_a_copy_of_the_held_file_ledger_is_held(tmp_path, reopen):
 
 
 def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_path):
-    # A hold is released by the key its handle registered, not by the (closed) store.
+    # A hold is released by the key its handle registered, not by the (closed) store; a
+    # candidate's close of the held ledger is refused (task lo6), and the file is usable
+    # after the run through it and through a new handle alike.
     path = str(tmp_path / "budget.db")
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
 
@@ -271,8 +273,9 @@ def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_pa
         ledger.close()
         return 1.0
 
-    _tuner().run(objective, ledger)
+    assert not _tuner().run(objective, ledger).selected  # every close refused: ⊥
     _usable_after(Ledger.open(path))
+    ledger.close()
 
 
 # ---- 3. bad input to the framework callbacks, refused when they are made

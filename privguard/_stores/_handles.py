@@ -92,6 +92,7 @@ def register(ledger: Any) -> None:
             del _handles[gone]
         _handles.setdefault(key, weakref.WeakSet()).add(ledger)
         now = _in_force(key)
+        ledger._born_under = now  # it may close under this hold (Ledger.close, task lo6)
         was = ledger._held
         if was is None or isinstance(was, Through):
             _set(ledger, was, now)
