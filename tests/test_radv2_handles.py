@@ -249,7 +249,8 @@ def test_a_hold_begun_while_another_ends_holds_the_ending_handle(tmp_path):
     held: list = []
 
     def c_begins():  # another thread's tuner, at that instant
-        if _handles._lock.locked():  # A's release holds the registry: C waits for it
+        # A's release holds the registry (re-entrant: task lo6): C's thread waits for it
+        if _handles._lock._is_owned():
             thread = threading.Thread(target=lambda: held.append(c._hold("C's tuner")))
             thread.start()
             held.append(thread)

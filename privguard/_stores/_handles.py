@@ -31,7 +31,12 @@ from typing import Any
 
 from privguard._errors import LedgerStateError
 
-_lock = threading.Lock()
+#: Re-entrant: a garbage collection may run a finaliser (an object's ``__del__`` that opens
+#: a ledger: :func:`register`) while this thread holds it, which waited for ever on a plain
+#: lock (task lo6). A nested call finds the tables consistent: each write here is whole
+#: (a hold is recorded before the handles it reaches are set, a handle added before the
+#: hold in force is read for it), and a ledger's state lock (``_set``) is re-entrant too.
+_lock = threading.RLock()
 #: store key -> the live handles (Ledger objects) of that store in this process
 _handles: dict[Hashable, weakref.WeakSet[Any]] = {}
 #: store key -> {id(holder): the reason the other handles refuse with}, in hold order
@@ -160,7 +165,7 @@ def _after_fork_in_child() -> None:
     hold: its tuner's thread is the parent's).
     """
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     for key in _holds:
         now = _in_force(key)
         for ledger in list(_handles.get(key, ())):
