@@ -10,18 +10,13 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _tuning_holds import tuner as _tuner
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard._accounting import _lease
-from privguard.tuning import Poisson, RandomSearch
 
-RUN = M.Gaussian(10.0)
 STEP = M.SubsampledGaussian(1.0, 0.01)
-
-
-def _tuner() -> RandomSearch:
-    return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
 
 
 def _unused(path) -> list:
