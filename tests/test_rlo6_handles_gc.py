@@ -119,3 +119,27 @@ def test_a_collection_between_two_forgotten_stores(tmp_path, monkeypatch, no_aut
     assert len(holder.history) == 0
     for ledger in (opened[0], holder, other, kept):
         ledger.close()
+
+
+def test_an_interrupt_while_the_hold_begins_leaves_the_ledger_closable(tmp_path, monkeypatch):
+    # A KeyboardInterrupt (or the RuntimeError above) inside hold_others left the tuner's
+    # own hold set and never released (held() releases only a hold _hold returned), and
+    # since task lo6 a held ledger refuses close(): it stayed held and unclosable.
+    path = str(tmp_path / "budget.db")
+    ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
+    before = Ledger.open(path)
+    hold_others = _handles.hold_others
+
+    def interrupted(holder, reason):
+        hold_others(holder, reason)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_handles, "hold_others", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tuner().run(lambda params, child: 1.0, ledger)
+    monkeypatch.undo()
+    assert ledger._held is None and before._held is None  # released: nothing held
+    before.charge(M.Gaussian(100.0), label="after")
+    assert [r.label for r in ledger.history] == ["tuning", "after"]
+    before.close()
+    ledger.close()

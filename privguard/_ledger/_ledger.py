@@ -517,7 +517,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._held = reason
         # and every other handle of the same file or server ledger in this process: a
         # candidate's Ledger.open(path) charged the journal once per candidate (task adv2)
-        _handles.hold_others(self, reason)
+        try:
+            _handles.hold_others(self, reason)
+        except BaseException:  # an interrupt part-way: the caller never releases this
+            # hold, and a held ledger refuses close() (task lo6): it stayed held and
+            # unclosable for good (review rlo6)
+            _handles.release(self)
+            raise
         return True
 
     def _unhold(self) -> None:
