@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from _tuning_holds import RUN, probes_refused, try_charge
+from _tuning_holds import tuner as _tuner
+from _tuning_holds import usable_after as _usable_after
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
 from privguard.tuning import Poisson, ProposeTest, RandomSearch
-
-RUN = M.Gaussian(10.0)
-
-
-def _tuner() -> RandomSearch:
-    return RandomSearch({"x": [1, 2]}, Poisson(6.0), cost=RUN, seed=3, progress=False)
-
-
-def _try_charge(handle: Ledger, seen: list) -> None:
-    """Charge ``handle`` once; record whether it was charged or refused (held)."""
-    try:
-        handle.charge(M.Gaussian(100.0), label="leak")
-        seen.append("charged")
-    except LedgerStateError:
-        seen.append("refused")
-
-
-def _usable_after(handle: Ledger) -> None:
-    """After the run the file takes a charge again: its journal is the tuning, then it."""
-    handle.charge(M.Gaussian(100.0), label="after")
-    assert [r.label for r in handle.history] == ["tuning", "after"]
-    handle.close()
-
 
 # ---- 1. a second handle of the tuned ledger's file, opened inside a candidate
 
@@ -66,14 +46,7 @@ def test_a_handle_opened_before_the_run_is_held_too(tmp_path):
     path = str(tmp_path / "budget.db")
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
     before = Ledger.open(path)
-    seen = []
-
-    def objective(params, child):
-        _try_charge(before, seen)
-        return 1.0
-
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
+    probes_refused(ledger, lambda seen: try_charge(before, seen))
     _usable_after(before)  # the hold ended with the run
     ledger.close()
 
@@ -118,9 +91,8 @@ def test_an_unrelated_file_stays_usable_while_a_tuner_holds_another(tmp_path):
 def test_every_way_of_opening_the_file_is_held(tmp_path, make):
     path = str(tmp_path / "budget.db")
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
-    seen = []
 
-    def objective(params, child):
+    def probe(seen):
         other = (Ledger.open(path) if make == "open"
                  else Ledger(epsilon=50.0, delta=1e-5, path=path))
         try:
@@ -130,10 +102,8 @@ def test_every_way_of_opening_the_file_is_held(tmp_path, make):
             seen.append("refused")
         finally:
             other.close()
-        return 1.0
 
-    _tuner().run(objective, ledger)
-    assert seen and set(seen) == {"refused"}
+    probes_refused(ledger, probe)
     ledger.close()
 
 
@@ -247,23 +217,21 @@ def test_a_copy_of_the_held_file_ledger_is_held(tmp_path, reopen):
     import pickle
 
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=str(tmp_path / "budget.db"))
-    seen = []
 
-    def objective(params, child):
+    def probe(seen):
         other = (pickle.loads(pickle.dumps(ledger)) if reopen == "pickle"
                  else copy.deepcopy(ledger))
-        _try_charge(other, seen)
+        try_charge(other, seen)
         other.close()
-        return 1.0
 
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
-    assert [r.label for r in ledger.history] == ["tuning"]
+    probes_refused(ledger, probe)
     ledger.close()
 
 
 def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_path):
-    # A hold is released by the key its handle registered, not by the (closed) store.
+    # A hold is released by the key its handle registered, not by the (closed) store; a
+    # candidate's close of the held ledger is refused (task lo6), and the file is usable
+    # after the run through it and through a new handle alike.
     path = str(tmp_path / "budget.db")
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
 
@@ -271,8 +239,9 @@ def test_a_candidate_closing_the_held_ledger_does_not_leave_its_file_held(tmp_pa
         ledger.close()
         return 1.0
 
-    _tuner().run(objective, ledger)
+    assert not _tuner().run(objective, ledger).selected  # every close refused: ⊥
     _usable_after(Ledger.open(path))
+    ledger.close()
 
 
 # ---- 3. bad input to the framework callbacks, refused when they are made

@@ -45,18 +45,29 @@ def test_a_plain_close_records_the_remainder(tmp_path, how):
     assert [(e["steps"], e["reason"]) for e in _recorded(path)] == [(6, "close")]
 
 
-def test_a_held_ledger_closes_and_records_the_remainder(tmp_path):
-    # A ledger held by private_optimize while its trials run refuses reads and charges;
-    # its close raised that refusal (after closing the file) and left the remainder
-    # unrecorded. Closing reads and charges nothing: it closes, records, and ends the hold.
+def test_a_held_ledger_refuses_a_close_and_closes_after_the_hold(tmp_path):
+    # A ledger held by a tuner while its candidates run refuses reads and charges; its
+    # close raised that refusal after closing the file and left the remainder unrecorded
+    # (task lo), then closed it (task lo: a candidate's close, depending on its score, then
+    # left a closed ledger after the run). Now it refuses before changing anything, and
+    # closes (recording the remainder) once the hold has ended (task lo6).
     path = tmp_path / "l.db"
     ledger = _leased(path)
     assert ledger._hold("held for a test")
+    with pytest.raises(LedgerStateError, match="refuses a close for now: held for a test"):
+        ledger.close()
+    ledger._unhold()  # the holder's release: the ledger is as it was
+    ledger.charge(STEP)
+    assert (len(ledger.history), ledger.leased_unused) == (16, 5)
     ledger.close()
-    ledger._unhold()  # the holder's release, after the close: the ledger stays closed
     with pytest.raises(LedgerStateError, match="closed"):
         ledger.charge(STEP)
-    assert [(e["steps"], e["reason"]) for e in _recorded(path)] == [(6, "close")]
+    again = Ledger.open(path, read_only=True)
+    try:
+        assert [(e["steps"], e["reason"]) for e in again.events
+                if e["event"] == _lease.UNUSED] == [(5, "close")]
+    finally:
+        again.close()
 
 
 _CHARGE_THEN_DIE = r"""
@@ -212,15 +223,20 @@ def test_a_reader_whose_snapshot_holds_every_charge_gives_no_warning(tmp_path, r
         again.close()
 
 
-def test_a_held_ledger_closes_records_its_remainder_and_refuses_on_every_store(leased_store):
-    # Review rlo: task lo's held close on PostgreSQL (owner, charging role) as on SQLite
+def test_a_held_ledger_refuses_a_close_then_records_its_remainder_on_every_store(
+        leased_store):
+    # Review rlo: task lo's held close on PostgreSQL (owner, charging role) as on SQLite;
+    # task lo6: refused while held, nothing changed, and closed as usual after the hold
     ledger = leased_store.make(8.0, 1e-5, prefetch=False)
     for _ in range(10):
         ledger.charge(STEP, label="train")
     left, spent = ledger._lease.left, len(ledger.history)
     assert left > 0 and ledger._hold("held for a test")
-    ledger.close()  # it raised the hold's refusal on the code before task lo
+    with pytest.raises(LedgerStateError, match="refuses a close"):
+        ledger.close()
     ledger._unhold()
+    assert (ledger._lease.left, len(ledger.history)) == (left, spent)
+    ledger.close()
     for call in (lambda: ledger.charge(STEP, label="train"), ledger.epsilon):
         with pytest.raises(LedgerStateError, match="closed"):
             call()
@@ -257,34 +273,36 @@ def test_a_refused_open_beside_a_reader_raises_its_own_error_under_a_warnings_fi
         ledger.close()
 
 
-def test_a_trial_that_closes_the_tuned_ledger_records_its_remainder_once(tmp_path):
+def test_a_trial_cannot_close_the_tuned_ledger(tmp_path):
     # Task lo through the public path: private_optimize holds the ledger while its trials
     # run; a trial's close raised the hold's refusal after closing the file, and the
-    # lease's remainder was never recorded. Now it closes, records it once, and the
-    # ledger stays closed after the hold ends.
+    # lease's remainder was never recorded. Task lo made it close and record the
+    # remainder; a trial that did so depending on its score then left a closed ledger and
+    # a lease-unused event after the run (task lo6). Now the close is refused before it
+    # changes anything, and the ledger is as the tuning charge left it.
     from privguard.integrations.optuna import private_optimize
     from privguard.tuning import Poisson
 
     path = tmp_path / "t.db"
     ledger = _leased(path)
-    closes = []
+    refused = []
 
     def objective(trial, child):
         child.charge(M.Gaussian(10.0))
-        if not closes:
+        try:
             ledger.close()
-            closes.append(1)
+        except LedgerStateError as exc:
+            refused.append(str(exc))
         return trial.suggest_float("x", -1.0, 1.0) ** 2
 
     private_optimize(objective, ledger, runs=Poisson(3.0), cost=M.Gaussian(10.0),
                      progress=False, seed=1)
-    assert closes
-    with pytest.raises(LedgerStateError, match="closed"):
-        ledger.charge(STEP)
+    assert refused and all("refuses a close" in text for text in refused)
+    assert len(ledger.history) == 16 + 1  # the training lease and the tuning bound
+    ledger.close()
     again = Ledger.open(path, read_only=True)
     try:
         unused = [(e["steps"], e["reason"]) for e in again.events if e["event"] == _lease.UNUSED]
-        assert unused == [(6, "close")]
-        assert len(again.history) == 16 + 1  # the training lease and the tuning bound
+        assert unused == [(6, "close")]  # the close after the run, once
     finally:
         again.close()

@@ -12,8 +12,9 @@ import threading
 import warnings
 
 import pytest
-from test_adv2_tuning import _try_charge as _charges_seen
-from test_adv2_tuning import _tuner
+from _tuning_holds import probes_refused, usable_after
+from _tuning_holds import try_charge as _charges_seen
+from _tuning_holds import tuner as _tuner
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -30,18 +31,8 @@ def test_a_copy_made_before_the_run_is_held(tmp_path, how):
     path = str(tmp_path / "budget.db")
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=path)
     early = pickle.loads(pickle.dumps(ledger)) if how == "pickle" else copy.deepcopy(ledger)
-    seen: list = []
-
-    def objective(params, child):
-        _charges_seen(early, seen)
-        return 1.0
-
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
-    assert [r.label for r in ledger.history] == ["tuning"]
-    early.charge(M.Gaussian(100.0), label="after")  # the hold ended with the run
-    assert [r.label for r in ledger.history] == ["tuning", "after"]
-    early.close()
+    probes_refused(ledger, lambda seen: _charges_seen(early, seen))
+    usable_after(early)  # the hold ended with the run
     ledger.close()
 
 
@@ -50,15 +41,7 @@ def test_a_tuner_on_a_copy_holds_the_original(tmp_path, how):
     path = str(tmp_path / "budget.db")
     original = Ledger(epsilon=50.0, delta=1e-5, path=path)
     ledger = pickle.loads(pickle.dumps(original)) if how == "pickle" else copy.deepcopy(original)
-    seen: list = []
-
-    def objective(params, child):
-        _charges_seen(original, seen)
-        return 1.0
-
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
-    assert [r.label for r in original.history] == ["tuning"]
+    probes_refused(ledger, lambda seen: _charges_seen(original, seen), journal=original)
     original.close()
     ledger.close()
 
@@ -166,18 +149,14 @@ def test_a_symlink_and_a_relative_path_are_the_same_file(tmp_path, monkeypatch):
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=str(path))
     os.symlink(path, tmp_path / "soft.db")
     monkeypatch.chdir(tmp_path)
-    seen: list = []
 
-    def objective(params, child):
+    def probe(seen):
         for name in ("soft.db", "budget.db", str(tmp_path / "." / "budget.db")):
             other = Ledger.open(name)
             _charges_seen(other, seen)
             other.close()
-        return 1.0
 
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
-    assert [r.label for r in ledger.history] == ["tuning"]
+    probes_refused(ledger, probe)
     ledger.close()
 
 
@@ -190,21 +169,17 @@ def test_two_handles_of_one_server_ledger_are_held_and_another_ledger_is_not(pg)
     ledger = Ledger(epsilon=50.0, delta=1e-5, path=srv.url(_pgserver.OWNER, db, name))
     _pgserver.allow_charger(db, name)
     separate = Ledger(epsilon=50.0, delta=1e-5, path=srv.url(_pgserver.OWNER, db, name + "b"))
-    seen: list = []
     separate_seen: list = []
 
-    def objective(params, child):
+    def probe(seen):
         for url in (srv.url(_pgserver.OWNER, db, name), srv.url(_pgserver.CHARGER, db, name)):
             other = Ledger.open(url)
             _charges_seen(other, seen)
             other.close()
         _charges_seen(separate, separate_seen)
-        return 1.0
 
-    assert _tuner().run(objective, ledger).selected
-    assert seen and set(seen) == {"refused"}
+    probes_refused(ledger, probe)
     assert separate_seen and set(separate_seen) == {"charged"}
-    assert [r.label for r in ledger.history] == ["tuning"]
     ledger.close()
     separate.close()
 
@@ -249,7 +224,8 @@ def test_a_hold_begun_while_another_ends_holds_the_ending_handle(tmp_path):
     held: list = []
 
     def c_begins():  # another thread's tuner, at that instant
-        if _handles._lock.locked():  # A's release holds the registry: C waits for it
+        # A's release holds the registry (re-entrant: task lo6): C's thread waits for it
+        if _handles._lock._is_owned():
             thread = threading.Thread(target=lambda: held.append(c._hold("C's tuner")))
             thread.start()
             held.append(thread)

@@ -117,12 +117,26 @@ class Run(NamedTuple):
         return (self.mechanism, self.label, self.pid)
 
 
+def _position(record: ChargeRecord) -> int | None:
+    """``record.index`` as an int if it is an int or a numpy integer, else None (a bool, a
+    float, an array). A list matches a record whose index is ``np.int64(2)`` to the one at
+    2 (their ``==`` is the fields'), and indexing takes numpy integers (task lo5); the
+    lookups matched it to nothing (task lo6)."""
+    index = record.index
+    if type(index) is int:
+        return index
+    return int(index) if isinstance(index, np.integer) else None
+
+
 def _same_record(held: ChargeRecord, other: ChargeRecord) -> bool:
     """``held == other`` without comparing an array: each field of the same type first
     (review rlo5: a record built with an array label or time made ``in``, ``count``,
-    ``index`` and ``==`` raise ValueError, the truth value of the array ``==`` gave)."""
-    return all(type(a) is type(b) and bool(a == b) for a, b in (
-        (getattr(held, f.name), getattr(other, f.name)) for f in dataclasses.fields(held)))
+    ``index`` and ``==`` raise ValueError, the truth value of the array ``==`` gave); the
+    index as :func:`_position` reads it (``held``'s is an int)."""
+    return _position(other) == held.index and all(
+        type(a) is type(b) and bool(a == b) for a, b in (
+            (getattr(held, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(held) if f.name != "index"))
 
 
 class _HistoryIndexError(InvalidArgumentError, IndexError):
@@ -177,8 +191,10 @@ class History(Sequence[ChargeRecord]):
         """Whether ``value`` is one of the records (a record's ``index`` is its position;
         anything but a :class:`ChargeRecord` equals none of them, and is never compared:
         an array's ``==`` would give an array, whose truth raises ValueError)."""
-        return (isinstance(value, ChargeRecord) and type(value.index) is int
-                and 0 <= value.index < self._len and _same_record(self._at(value.index), value))
+        if not isinstance(value, ChargeRecord):
+            return False
+        at = _position(value)
+        return at is not None and 0 <= at < self._len and _same_record(self._at(at), value)
 
     def __contains__(self, value: object) -> bool:
         return self._holds(value)

@@ -32,6 +32,14 @@ computes the curves of before it with version 5's tolerances (PureDP as today) a
 same bound, so bit for bit version 5's (checked against main e0b2a80 on the default grid
 at 50 (σ, q), task sgr); :func:`pre_flat` and :func:`pre_revision` imply it (both predate
 task sg).
+
+Commit 4fcbec5 (review rsr, checkpoint curves version 7) rounds up each sum of a
+``Composed``'s parts' curves; before, numpy's sum rounded to nearest, up to an ulp lower
+per part. ``Concentrated`` δ shares put their share on the order where the plan is
+cheapest against its budget (an argmax), which that ulp moves where two orders nearly tie:
+a fix entry of then was refused on load (task lo6, tests/test_lo6_sum_up_fix.py).
+:func:`pre_sum_up` adds to nearest for the load paths; :func:`pre_sg`, :func:`pre_flat`
+and :func:`pre_revision` imply it (all predate 4fcbec5).
 """
 
 from __future__ import annotations
@@ -55,10 +63,41 @@ task sg (``privguard._curves._sgm.RELIABLE_RTOL`` then, checkpoint curves up to 
 
 _PRE_SG: contextvars.ContextVar[bool] = contextvars.ContextVar("_PRE_SG", default=False)
 
+_NEAREST_SUMS: contextvars.ContextVar[bool] = contextvars.ContextVar("_NEAREST_SUMS",
+                                                                    default=False)
+
 
 def active() -> bool:
     """Whether this context computes older curves (then nothing may cache them)."""
-    return _FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get() or _PRE_SG.get()
+    return (_FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get() or _PRE_SG.get()
+            or _NEAREST_SUMS.get())
+
+
+def nearest_sums() -> bool:
+    """Whether ``Composed`` adds its parts' curves to nearest in this context, as before
+    4fcbec5: inside :func:`pre_sum_up`, :func:`pre_sg`, :func:`pre_flat` or
+    :func:`pre_revision` (today's sums are rounded up)."""
+    return _NEAREST_SUMS.get() or _PRE_SG.get() or _PRE_FLAT.get()
+
+
+@contextlib.contextmanager
+def pre_sum_up() -> Iterator[None]:
+    """Add a ``Composed``'s curves to nearest within the block, as before 4fcbec5 (all else
+    as today), in this context only (thread-safe; curves computed inside are not cached).
+
+    Example:
+        >>> from privguard._curves import _legacy
+        >>> with _legacy.pre_sum_up():
+        ...     _legacy.nearest_sums()
+        True
+        >>> _legacy.nearest_sums()
+        False
+    """
+    token = _NEAREST_SUMS.set(True)
+    try:
+        yield
+    finally:
+        _NEAREST_SUMS.reset(token)
 
 
 def keep_rtol(today: float) -> float:

@@ -196,6 +196,9 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         self._lock = threading.RLock()  # the state lock (the module docstring)
         self._broken: str | None = None
         self._held: str | None = None
+        # the hold in force when this handle was opened (_handles.register), if any: a
+        # candidate's own handle, which it may close while that hold lasts (task lo6)
+        self._born_under: str | None = None
         self._listeners = listeners  # checked by _listener_list
         self._store = store
         self._check_lease = getattr(store, "check_lease", None)  # a leased step's check
@@ -265,11 +268,20 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         in-memory ledger open (or its ``state_dict()``) to read it later.
 
         The unused remainder of a lease is recorded in the journal as a
-        ``lease-unused`` event first (it stays spent), also while the ledger is
-        held (``private_optimize``'s trials run): a hold refuses reads and
-        charges, and a close is neither; it ends the hold, and the ledger is closed.
+        ``lease-unused`` event first (it stays spent).
+
+        Raises:
+            LedgerStateError: a tuner holds the ledger (its candidates run), nothing
+                changed: a candidate that closed the ledger it captured, or another
+                handle of its store opened before the run, depending on its own score,
+                left a closed ledger (and a ``lease-unused`` event) after the run that
+                told its score (task lo6). A handle opened while the hold lasts (a
+                candidate's own ``Ledger.open(path)``) closes as usual.
         """
         with self._txn, self._lock:  # a prefetch in flight commits first
+            if (self._held is not None and self._held is not self._born_under
+                    and self._broken != "closed"):  # closing again does nothing
+                raise LedgerStateError(f"ledger refuses a close for now: {self._held}")
             if self._store is None:  # (task lo: an in-memory ledger went on answering)
                 if self._broken is None:
                     self._broken = "closed"
@@ -277,7 +289,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
                 try:
                     self._settle()  # a prefetch in flight finished (or never begins)
                     # A held ledger's close raised the hold's refusal at this write (after
-                    # closing the file) and left the remainder unrecorded (task lo)
+                    # closing the file) and left the remainder unrecorded (task lo); the
+                    # only hold left here is the one this handle was opened under
                     self._held = None
                     self._record_unused("close")
                 finally:
@@ -504,7 +517,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             self._held = reason
         # and every other handle of the same file or server ledger in this process: a
         # candidate's Ledger.open(path) charged the journal once per candidate (task adv2)
-        _handles.hold_others(self, reason)
+        try:
+            _handles.hold_others(self, reason)
+        except BaseException:  # an interrupt part-way: the caller never releases this
+            # hold, and a held ledger refuses close() (task lo6): it stayed held and
+            # unclosable for good (review rlo6)
+            _handles.release(self)
+            raise
         return True
 
     def _unhold(self) -> None:

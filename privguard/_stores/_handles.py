@@ -31,7 +31,14 @@ from typing import Any
 
 from privguard._errors import LedgerStateError
 
-_lock = threading.Lock()
+#: Re-entrant: a garbage collection may run a finaliser (an object's ``__del__`` that opens
+#: a ledger: :func:`register`) while this thread holds it, which waited for ever on a plain
+#: lock (task lo6). A nested call finds the tables consistent: each write here is whole
+#: (a hold is recorded before the handles it reaches are set, a handle added before the
+#: hold in force is read for it), and a ledger's state lock (``_set``) is re-entrant too;
+#: the loops here run over copies that a nested call cannot break (:func:`_forget_gone`,
+#: :func:`_live`: review rlo6).
+_lock = threading.RLock()
 #: store key -> the live handles (Ledger objects) of that store in this process
 _handles: dict[Hashable, weakref.WeakSet[Any]] = {}
 #: store key -> {id(holder): the reason the other handles refuse with}, in hold order
@@ -88,10 +95,10 @@ def register(ledger: Any) -> None:
     if key is None:
         return
     with _lock:
-        for gone in [k for k, handles in _handles.items() if not handles and k not in _holds]:
-            del _handles[gone]
+        _forget_gone()
         _handles.setdefault(key, weakref.WeakSet()).add(ledger)
         now = _in_force(key)
+        ledger._born_under = now  # it may close under this hold (Ledger.close, task lo6)
         was = ledger._held
         if was is None or isinstance(was, Through):
             _set(ledger, was, now)
@@ -105,7 +112,7 @@ def hold_others(holder: Any, reason: str) -> None:
     text = Through(f"{reason} (through another handle of the same ledger in this process)")
     with _lock:
         _holds.setdefault(key, {})[id(holder)] = text
-        for other in list(_handles.get(key, ())):
+        for other in _live(key):
             if other is not holder:
                 _set(other, None, text)
 
@@ -130,10 +137,42 @@ def release(holder: Any) -> None:
         if reasons is not None and not reasons:
             del _holds[key]
         if text is not None:
-            for other in list(_handles.get(key, ())):
+            for other in _live(key):
                 if other is not holder:
                     _set(other, text, left)
         _set(holder, holder._held, left)
+
+
+def _forget_gone() -> None:
+    """Forget the stores none of whose handles is alive and none held; under ``_lock``.
+
+    Each store is checked as it is deleted, over a copy of the keys: a finaliser that a
+    garbage collection runs in this thread between two deletions (``_lock`` is re-entrant)
+    may register a handle of a store listed as gone, and deleting that store's set from a
+    list made before dropped the handle from the registry, where no later hold reached it
+    (review rlo6: fail open); iterating the dict itself raised RuntimeError (changed
+    during iteration) out of ``Ledger.open``."""
+    for key in list(_handles):  # copied in C: no finaliser runs inside
+        handles = _handles.get(key)
+        if handles is not None and not handles and key not in _holds:
+            del _handles[key]
+
+
+def _live(key: Hashable) -> list[Any]:
+    """The live handles of ``key``'s store, as a list; under ``_lock``.
+
+    Copying a WeakSet iterates it in Python: a finaliser that a garbage collection runs in
+    this thread meanwhile (``_lock`` is re-entrant) and that opens a ledger of the same
+    store adds to it, and the copy raises RuntimeError (the set changed size during
+    iteration; review rlo6: it escaped a tuner's ``run`` and left the ledger held). Such a
+    registration is whole when the copy is retried, and one made while the caller's loop
+    runs found the tables as the caller left them (the hold recorded first, or released).
+    """
+    while True:
+        try:
+            return list(_handles.get(key, ()))
+        except RuntimeError:  # changed by a finaliser's register() mid-copy: copy again
+            continue
 
 
 def _in_force(key: Hashable) -> str | None:
@@ -159,10 +198,10 @@ def _after_fork_in_child() -> None:
     hold: its tuner's thread is the parent's).
     """
     global _lock
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     for key in _holds:
         now = _in_force(key)
-        for ledger in list(_handles.get(key, ())):
+        for ledger in _live(key):
             if now is not None and ledger._held is None:
                 ledger._held = now  # the child's ledger locks are its own (the at-fork hook)
 

@@ -654,7 +654,10 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
         # 1e-9 tolerance: checkpoint curves version 5), before task cv (PureDP from ε₀ = 40:
         # version 4) or before e08c1f5 (docs/theory.md §1.1, "Fix entries derived before
         # the revision"): another data-independent choice
-        for context in (_legacy.pre_sg, _legacy.pre_flat, _legacy.pre_revision):
+        # with Composed's sums to nearest (before 4fcbec5: _legacy.pre_sum_up; the older
+        # three imply it), where a near tie moved Concentrated's order (task lo6)
+        for context in (_legacy.pre_sum_up, _legacy.pre_sg, _legacy.pre_flat,
+                        _legacy.pre_revision):
             try:
                 legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan, context))
             except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -127,6 +127,13 @@ class SearchSpace:
             raise InvalidArgumentError("space", dimensions, "must be a non-empty {name: values} mapping")
         dims = {}
         for name, dim in dimensions.items():
+            # a name is a key of every candidate's params, a string as Optuna's suggest_*
+            # and this package's Optuna sampler take it; 1, None or ("lr",) were taken
+            # (task lo6)
+            if not isinstance(name, str):
+                raise InvalidArgumentError("space", check.short(dimensions),
+                                           f"has the name {name!r}: hyperparameter names "
+                                           "are strings")
             if isinstance(dim, _DIMENSIONS):
                 dims[name] = dim
             elif isinstance(dim, (list, tuple)):
