@@ -21,7 +21,7 @@ from privguard import InvalidArgumentError  # noqa: E402
 from privguard.audit import audit_opacus  # noqa: E402
 
 
-def _pipeline(*extra):
+def _pipeline(*extra, batch_size=16):
     def build():
         torch.manual_seed(0)
         x = torch.randn(64, 4)
@@ -30,7 +30,8 @@ def _pipeline(*extra):
             warnings.simplefilter("ignore")
             built = PrivacyEngine().make_private(
                 module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=16),
+                data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()),
+                                       batch_size=batch_size),
                 noise_multiplier=1.0, max_grad_norm=1.0)
         return (*built, *extra)
 
@@ -86,16 +87,7 @@ def test_review_radv3_a_loss_opacus_or_torch_raised_on_is_an_invalid_argument(lo
 def test_review_radv3_empty_poisson_batches_are_not_refused_as_a_loss_apart_from_the_model():
     """The check that every trained parameter got per-sample gradients must not refuse the
     empty batches Poisson sampling draws (expected batch 1 of 64: most are empty)."""
-    def build():
-        torch.manual_seed(0)
-        x = torch.randn(64, 4)
-        model = torch.nn.Linear(4, 2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return PrivacyEngine().make_private(
-                module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=1),
-                noise_multiplier=1.0, max_grad_norm=1.0)
+    build = _pipeline(batch_size=1)
 
     def summed(logits, labels):  # 0 (not NaN) on an empty batch
         return torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
