@@ -114,6 +114,7 @@ from privguard.integrations import (
     _skips,
 )
 from privguard.integrations._accountants import EngineView, LedgerAccountant
+from privguard.integrations._adaptive_ghost import refuse_adaptive_ghost
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -995,7 +996,8 @@ def attach(
     Raises:
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
-            :class:`LedgerAccountant`).
+            :class:`LedgerAccountant`), or Opacus' adaptive ghost clipping is in use
+            (``integrations/_adaptive_ghost.py``).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
             or a ghost-clipping optimizer (which reports one micro-batch per
             step whatever ran) comes with neither ``data_loader`` nor
@@ -1046,6 +1048,7 @@ def attach(
             "micro_batches= if the loop accumulates a fixed number)")
     if _describe.is_ghost(optimizer):
         _ghost.check_torch(optimizer)  # task gz: its per-gradient check needs torch >= 2.1
+        refuse_adaptive_ghost(optimizer, privacy_engine)  # task adv4: not SubsampledGaussian
     check.flag("witnesses", witnesses)
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
