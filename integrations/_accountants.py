@@ -18,10 +18,11 @@ from privguard import _validation as check
 from privguard import mechanisms as M
 from privguard._errors import InvalidArgumentError, LedgerStateError, PrivguardError
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _describe, _skips
+from privguard.integrations import _describe
 from privguard.integrations._checkpoint import check_entry, is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
+from privguard.integrations._skips import _bound, noise_bound
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -177,7 +178,7 @@ def _refuse_clip_above_noise(optim: DPOptimizer) -> None:
     (docs/theory.md §14.7, Lemma 14.8), which Opacus' hook records as σ. ``attach`` charges
     σ·C/C′; this accountant, which charges what Opacus' hook reports, refuses the step
     before the update (``_skips._bound``: the bound clipped at, ``noise_bound``: the noise's)."""
-    clipped, noised = _skips._bound(optim), _skips.noise_bound(optim)
+    clipped, noised = _bound(optim), noise_bound(optim)
     if clipped > noised:
         raise InvalidArgumentError(
             "optimizer", type(optim).__name__,

@@ -105,6 +105,7 @@ from privguard._errors import (
 from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
+    _adaptive_ghost,
     _allocation,
     _describe,
     _ghost,
@@ -114,7 +115,6 @@ from privguard.integrations import (
     _skips,
 )
 from privguard.integrations._accountants import EngineView, LedgerAccountant
-from privguard.integrations._adaptive_ghost import refuse_adaptive_ghost
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -1048,7 +1048,7 @@ def attach(
             "micro_batches= if the loop accumulates a fixed number)")
     if _describe.is_ghost(optimizer):
         _ghost.check_torch(optimizer)  # task gz: its per-gradient check needs torch >= 2.1
-        refuse_adaptive_ghost(optimizer, privacy_engine)  # task adv4: not SubsampledGaussian
+        _adaptive_ghost.refuse_adaptive_ghost(optimizer, privacy_engine)  # task adv4
     check.flag("witnesses", witnesses)
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
