@@ -934,6 +934,9 @@ def attach(
             (until detach) by a view that reports the ledger's ε
             (``engine.get_epsilon(delta)``) and puts the ledger's entry into
             ``engine.save_checkpoint`` next to Opacus' own accountant state.
+            Under ghost clipping, Opacus' adaptive ``PrivacyEngineAdaptiveClipping``
+            (or an optimizer carrying its ``_adjusted_noise_multiplier``) is refused
+            with :class:`InvalidArgumentError` (``integrations/_adaptive_ghost.py``).
         check_poisson: check ``data_loader`` for Poisson sampling (default
             True; without ``data_loader`` a warning says it was not checked).
             ``False`` is the documented opt-out: you accept that the reported
@@ -996,8 +999,7 @@ def attach(
     Raises:
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
-            :class:`LedgerAccountant`), or Opacus' adaptive ghost clipping is in use
-            (``integrations/_adaptive_ghost.py``).
+            :class:`LedgerAccountant`).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
             or a ghost-clipping optimizer (which reports one micro-batch per
             step whatever ran) comes with neither ``data_loader`` nor
