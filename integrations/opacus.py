@@ -105,6 +105,7 @@ from privguard._errors import (
 from privguard._ledger._ledger import Ledger
 from privguard._mechanisms._accumulated import MAX_MICRO_BATCHES
 from privguard.integrations import (
+    _adaptive_ghost,
     _allocation,
     _describe,
     _ghost,
@@ -939,6 +940,9 @@ def attach(
             (until detach) by a view that reports the ledger's ε
             (``engine.get_epsilon(delta)``) and puts the ledger's entry into
             ``engine.save_checkpoint`` next to Opacus' own accountant state.
+            Under ghost clipping, Opacus' adaptive ``PrivacyEngineAdaptiveClipping``
+            (or an optimizer carrying its ``_adjusted_noise_multiplier``) is refused
+            with :class:`InvalidArgumentError` (``integrations/_adaptive_ghost.py``).
         check_poisson: check ``data_loader`` for Poisson sampling (default
             True; without ``data_loader`` a warning says it was not checked).
             ``False`` is the documented opt-out: you accept that the reported
@@ -1054,6 +1058,7 @@ def attach(
             "micro_batches= if the loop accumulates a fixed number)")
     if _describe.is_ghost(optimizer):
         _ghost.check_torch(optimizer)  # task gz: its per-gradient check needs torch >= 2.1
+        _adaptive_ghost.refuse_adaptive_ghost(optimizer, privacy_engine)  # task adv4
     check.flag("witnesses", witnesses)
     if witnesses:
         reserve_for(ledger)  # raises before anything changes: no (ε, δ) target
