@@ -242,11 +242,7 @@ class BackwardCounter:
         """Refuse the real step (the ``step``-th of the handle) whose clipped sum holds a
         gradient of no wrapped backward (task gz) or one batch twice (review rgc)."""
         from privguard._errors import PipelineMismatchError
-        from privguard.integrations._adaptive_ghost import refuse_adaptive_ghost
 
-        # task adv4: adaptive ghost clipping (its backward is not the one counted here, so
-        # its gradient also reads as unclipped below; this names the cause first)
-        refuse_adaptive_ghost(self.optimizer)
         if self.unwatched:
             raise PipelineMismatchError(
                 f"under ghost clipping, the optimizer's parameters changed since attach "

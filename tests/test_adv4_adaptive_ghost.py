@@ -14,7 +14,7 @@ uses in place of the ``noise_multiplier`` attach charges. On main:
   the step at σ′·C and the step was charged ``SubsampledGaussian(σ, q)``: an under-count.
 
 Both are now refused with ``InvalidArgumentError`` naming the argument, before anything is
-charged or applied (``integrations/_adaptive_ghost.py``).
+charged or applied (``integrations/_adaptive_clipping.py``).
 """
 
 from __future__ import annotations
