@@ -1010,7 +1010,8 @@ def attach(
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
             :class:`LedgerAccountant`), or clips adaptively (Opacus'
-            ``AdaClipDPOptimizer``, docs/theory.md §14.8).
+            ``AdaClipDPOptimizer``, docs/theory.md §14.8), or ``data_loader``
+            makes up a record for an empty batch (``rand_on_empty=True``).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
             or a ghost-clipping optimizer (which reports one micro-batch per
             step whatever ran) comes with neither ``data_loader`` nor
@@ -1117,6 +1118,8 @@ def attach(
         if declared > 1:
             raise _accumulated_allocation(declared)
 
+    if data_loader is not None:  # review radv4: also without the Poisson check, or allocated
+        _sampling.refuse_rand_on_empty(data_loader)
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
         _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
