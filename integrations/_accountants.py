@@ -112,17 +112,18 @@ class LedgerAccountant(IAccountant):
         opacus_hook = super().get_optimizer_hook_fn(sample_rate)
 
         def hook_fn(optim: DPOptimizer) -> None:
-            if self._charge and is_distributed(optim):
+            if not self._charge:  # Opacus' record only (attach charges)
+                opacus_hook(optim)
+                return
+            if is_distributed(optim):
                 # Raised on every rank alike (each runs this hook), before any update.
                 raise InvalidArgumentError(
                     "optimizer", type(optim).__name__,
                     "is distributed: a LedgerAccountant would charge once per rank; call "
                     "attach(optimizer, ledger) on every rank instead")
-            if self._charge:  # task adv3: its step is not SubsampledGaussian(σ, q) (§14.8)
-                refuse_adaptive_clipping(optim)
-            k = self._micro_batches(optim) if self._charge else 1
-            if self._charge:
-                _refuse_clip_above_noise(optim)  # task adv4: Lemma 14.8's σ·C/C′ < σ
+            refuse_adaptive_clipping(optim)  # task adv3: not SubsampledGaussian(σ, q) (§14.8)
+            k = self._micro_batches(optim)
+            _refuse_clip_above_noise(optim)  # task adv4: Lemma 14.8's σ·C/C′ < σ
             if k == 1:
                 opacus_hook(optim)
                 return
