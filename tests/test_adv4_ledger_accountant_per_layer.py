@@ -29,9 +29,9 @@ from privguard.integrations.opacus import LedgerAccountant  # noqa: E402
 SIGMA = 1.0
 
 
-def _per_layer(ledger):
-    """make_private with per-layer clipping at [1, 1] (noise bound √2), charged by a
-    LedgerAccountant."""
+def _per_layer(ledger, bounds=(1.0, 1.0)):
+    """make_private with per-layer clipping at ``bounds`` (by default [1, 1], noise bound √2),
+    charged by a LedgerAccountant."""
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
     engine = opacus.PrivacyEngine()
@@ -42,7 +42,7 @@ def _per_layer(ledger):
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=DataLoader(TensorDataset(100 * torch.randn(40, 3), torch.randn(40, 1)),
                                    batch_size=10),
-            noise_multiplier=SIGMA, max_grad_norm=[1.0, 1.0], clipping="per_layer")
+            noise_multiplier=SIGMA, max_grad_norm=list(bounds), clipping="per_layer")
     return model, opt, loader
 
 
@@ -78,3 +78,25 @@ def test_per_layer_bounds_at_or_below_the_noise_bound_are_charged():
     _step(model, opt, loader)
     assert len(ledger.history) == 2
     assert {r.mechanism.noise_multiplier for r in ledger.history} == {SIGMA}
+
+
+def test_a_list_lowered_then_raised_is_compared_with_the_noise_bound():
+    """Review radv4: a list lowered, then raised back to the bounds it was built with, is
+    charged; one raised by one float32 step above them, or the noise's max_grad_norm lowered
+    under the list's norm, is refused before the update, nothing charged."""
+    ledger = Ledger(delta=1e-5)
+    model, opt, loader = _per_layer(ledger, (0.3, 0.7))
+    built = opt.max_grad_norm  # ‖[0.3, 0.7]‖, in float32 as Opacus computes it
+    for bounds in ([0.1, 0.1], [0.3, 0.7]):  # lowered, then back as built: C′ ≤ C
+        opt.max_grad_norms = bounds
+        _step(model, opt, loader)
+    assert len(ledger.history) == 2
+    for name, value in (("max_grad_norms", [0.3, 0.7000001]), ("max_grad_norm", 0.5)):
+        opt.max_grad_norms, opt.max_grad_norm = [0.3, 0.7], built
+        setattr(opt, name, value)
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(InvalidArgumentError) as info:
+            _step(model, opt, loader)
+        assert info.value.argument == "optimizer" and "clips each record at" in str(info.value)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        assert len(ledger.history) == 2
