@@ -23,6 +23,7 @@ from privguard.integrations._adaptive_clipping import refuse_adaptive_clipping
 from privguard.integrations._checkpoint import check_entry, is_step_row, ledger_entry, restore
 from privguard.integrations._distributed import is_distributed
 from privguard.integrations._recorded import History, history_of
+from privguard.integrations._skips import _bound, noise_bound
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -64,7 +65,11 @@ class LedgerAccountant(IAccountant):
     ``make_private_with_epsilon`` calibrates σ through Opacus' accountants
     by name and cannot use this one; keep Opacus' accountant there and
     :func:`attach` the ledger to the optimizer instead. It does not
-    coordinate ranks: under DDP its hook raises; use :func:`attach`.
+    coordinate ranks: under DDP its hook raises; use :func:`attach`. A step
+    clipped above its noise's bound (per-layer ``max_grad_norms`` raised above
+    the ``max_grad_norm`` the noise uses) is refused before the update, since
+    Opacus' hook reports σ for a step of noise multiplier σ·C/C′
+    (docs/theory.md §14.7); :func:`attach` charges that.
 
     Its ``state_dict`` (what ``engine.save_checkpoint`` stores) holds the
     steps it recorded and the ledger's checkpoint entry; ``load_state_dict``
@@ -107,15 +112,18 @@ class LedgerAccountant(IAccountant):
         opacus_hook = super().get_optimizer_hook_fn(sample_rate)
 
         def hook_fn(optim: DPOptimizer) -> None:
-            if self._charge and is_distributed(optim):
+            if not self._charge:  # Opacus' record only (attach charges)
+                opacus_hook(optim)
+                return
+            if is_distributed(optim):
                 # Raised on every rank alike (each runs this hook), before any update.
                 raise InvalidArgumentError(
                     "optimizer", type(optim).__name__,
                     "is distributed: a LedgerAccountant would charge once per rank; call "
                     "attach(optimizer, ledger) on every rank instead")
-            if self._charge:  # task adv3: its step is not SubsampledGaussian(σ, q) (§14.8)
-                refuse_adaptive_clipping(optim)
-            k = self._micro_batches(optim) if self._charge else 1
+            refuse_adaptive_clipping(optim)  # task adv3: not SubsampledGaussian(σ, q) (§14.8)
+            k = self._micro_batches(optim)
+            _refuse_clip_above_noise(optim)  # task adv4: Lemma 14.8's σ·C/C′ < σ
             if k == 1:
                 opacus_hook(optim)
                 return
@@ -164,6 +172,28 @@ class LedgerAccountant(IAccountant):
                 f"Opacus' {state_dict.get('mechanism')!r} accountant); load it into Opacus' "
                 "accountant and attach() the ledger, which charges the steps it recorded")
         self.history = history
+
+
+def _refuse_clip_above_noise(optim: DPOptimizer) -> None:
+    """Refuse a step whose records were clipped above the noise's bound (task adv4).
+
+    ``DPPerLayerOptimizer`` clips at its ``max_grad_norms`` and noises with ``max_grad_norm``,
+    the norm of that list when it was built: a list raised since clips each record at
+    C′ = ‖max_grad_norms‖ > C under noise σ·C, the Gaussian of noise multiplier σ·C/C′
+    (docs/theory.md §14.7, Lemma 14.8), which Opacus' hook records as σ. ``attach`` charges
+    σ·C/C′; this accountant, which charges what Opacus' hook reports, refuses the step
+    before the update (``_skips._bound``: the bound clipped at, ``noise_bound``: the noise's)."""
+    clipped, noised = _bound(optim), noise_bound(optim)
+    if clipped > noised:
+        raise InvalidArgumentError(
+            "optimizer", type(optim).__name__,
+            f"clips each record at {clipped!r} (its max_grad_norms, or max_grad_norm) while "
+            f"its noise is noise_multiplier·{noised!r}: the step's noise multiplier is "
+            f"{optim.noise_multiplier!r}·{noised!r}/{clipped!r}, below the one Opacus' hook "
+            "reports (docs/theory.md §14.7). A LedgerAccountant charges what the hook "
+            "reports, so the step is refused before the update; use attach(optimizer, ledger) "
+            "(it charges the effective noise multiplier), or keep max_grad_norm equal to the "
+            "norm of max_grad_norms")
 
 
 def _opacus_history(value: Any, where: str) -> list[tuple]:

@@ -131,6 +131,7 @@ def check_poisson(loader: Any, name: str = "data_loader") -> float:
         ...     exc.argument
         'train_dataloader'
     """
+    refuse_rand_on_empty(loader, name)
     rate = poisson_rate(loader)
     if rate is None or getattr(loader, "drop_last", False):  # issue 27: refused by name
         sampler = type(getattr(loader, "batch_sampler", None)).__name__
@@ -142,6 +143,34 @@ def check_poisson(loader: Any, name: str = "data_loader") -> float:
     if mismatch is not None:
         raise NonPoissonSamplingError(name, f"{type(loader).__name__} (q = {exact(rate)})", mismatch)
     return rate
+
+
+def refuse_rand_on_empty(loader: Any, name: str = "data_loader") -> None:
+    """Raise :class:`~privguard.InvalidArgumentError` naming ``name`` if ``loader``'s collate
+    function is Opacus' ``CollateFnWithEmpty`` with ``rand_on_empty=True``
+    (``make_private(..., rand_on_empty=True)``); otherwise return.
+
+    Review radv4: such a loader replaces an empty batch by one made-up record of random
+    0/1 values, whose clipped gradient (norm up to C) enters the noised sum. The batch
+    function then has add/remove sensitivity 2C, not C, where the rest of the batch is
+    empty: the step of a record x drawn alone releases clip(g_x) + N(0, σ²C²) against
+    clip(g_fake) + N(0, σ²C²) without it, a shift of up to 2C, so the step is not the
+    ``SubsampledGaussian(σ, q)`` it would be charged as (an under-count whose weight is the
+    chance (1 − q)^(n−1) that the rest of the batch is empty: large for small data sets).
+    Opacus' default (``rand_on_empty=False``, a batch of 0 rows) adds nothing and is sound.
+
+    Example:
+        >>> refuse_rand_on_empty([1, 2, 3])
+    """
+    collate = getattr(loader, "collate_fn", None)
+    if getattr(collate, "rand_on_empty", False) is not True:
+        return
+    raise InvalidArgumentError(
+        name, f"{type(loader).__name__} (rand_on_empty=True)",
+        "makes up one random record for an empty batch, whose clipped gradient is added to "
+        "the noised sum: a record drawn alone then moves the sum by up to 2·max_grad_norm, "
+        "not max_grad_norm, so the step is not the SubsampledGaussian it would be charged "
+        "as. Use make_private(..., rand_on_empty=False) (Opacus' default)")
 
 
 def warn_unverified(stacklevel: int) -> None:

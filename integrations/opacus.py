@@ -114,7 +114,10 @@ from privguard.integrations import (
     _skips,
 )
 from privguard.integrations._accountants import EngineView, LedgerAccountant
-from privguard.integrations._adaptive_clipping import refuse_adaptive_clipping
+from privguard.integrations._adaptive_clipping import (
+    refuse_adaptive_clipping,
+    refuse_adjusted_noise,
+)
 from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
@@ -619,11 +622,13 @@ class AttachHandle:
         inside the step's collective (:meth:`_checked_mechanism`, and the random-allocation
         step's :meth:`Coordinator.together`), so a refusal on one rank is every rank's.
         Review radv3: first, Opacus' ghost-clipping adaptive criterion, seen only once its
-        backward has set the optimizer's noise (integrations/_adaptive_clipping.py); its
-        optimizer is a ghost-clipping one, which always has a backward counter (attach
-        refused the other adaptive optimizers by their class)."""
+        backward has set the optimizer's ``_adjusted_noise_multiplier`` (or that attribute
+        set by hand), integrations/_adaptive_clipping.py; its optimizer is a ghost-clipping
+        one, which always has a backward counter (attach refused the other adaptive
+        optimizers by their class). Review radv4: the one step check of adaptive clipping
+        (task adv4's copy in ``BackwardCounter.check`` is gone)."""
         if self.ghost is not None:
-            refuse_adaptive_clipping(self.optimizer)
+            refuse_adjusted_noise(self.optimizer)
             self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
@@ -956,6 +961,9 @@ def attach(
             (until detach) by a view that reports the ledger's ε
             (``engine.get_epsilon(delta)``) and puts the ledger's entry into
             ``engine.save_checkpoint`` next to Opacus' own accountant state.
+            Under ghost clipping, Opacus' adaptive ``PrivacyEngineAdaptiveClipping``
+            (or an optimizer carrying its ``_adjusted_noise_multiplier``) is refused
+            with :class:`InvalidArgumentError` (``integrations/_adaptive_clipping.py``).
         check_poisson: check ``data_loader`` for Poisson sampling (default
             True; without ``data_loader`` a warning says it was not checked).
             ``False`` is the documented opt-out: you accept that the reported
@@ -1019,7 +1027,8 @@ def attach(
         InvalidArgumentError: bad arguments, no way to know the sample rate,
             or the optimizer is already attached (or charged by a
             :class:`LedgerAccountant`), or clips adaptively (Opacus'
-            ``AdaClipDPOptimizer``, docs/theory.md §14.8).
+            ``AdaClipDPOptimizer``, docs/theory.md §14.8), or ``data_loader``
+            makes up a record for an empty batch (``rand_on_empty=True``).
         NonPoissonSamplingError: ``data_loader`` does not do Poisson sampling,
             or a ghost-clipping optimizer (which reports one micro-batch per
             step whatever ran) comes with neither ``data_loader`` nor
@@ -1048,7 +1057,9 @@ def attach(
                                    "must be an Opacus DPOptimizer (see PrivacyEngine.make_private)")
     if not isinstance(ledger, Ledger):
         raise InvalidArgumentError("ledger", ledger, "must be a privguard Ledger")
-    refuse_adaptive_clipping(optimizer)  # task adv3: its step is not the charge (§14.8)
+    # tasks adv3, adv4: its step is not the charge (§14.8); an adaptive engine names
+    # privacy_engine (its type is not checked yet: an engine of another type is not one)
+    refuse_adaptive_clipping(optimizer, privacy_engine)
     if not isinstance(on_exhausted, str) or on_exhausted not in ("raise", "stop"):  # review fs
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):
@@ -1124,6 +1135,8 @@ def attach(
         if declared > 1:
             raise _accumulated_allocation(declared)
 
+    if data_loader is not None:  # review radv4: also without the Poisson check, or allocated
+        _sampling.refuse_rand_on_empty(data_loader)
     if data_loader is not None and check_poisson and sampler is None:
         _sampling.check_poisson(data_loader)
         _check_records(data_loader, optimizer, ledger)  # issue 27: q against the records
