@@ -158,14 +158,21 @@ class PostgresStore:
             options["connect_timeout"] = max(1, int(min(self.timeout, 10)))
         if "application_name" not in self._conninfo:
             options["application_name"] = f"privguard:{self.ledger}"
+        # What the rows are read and written in, whatever the URL, the role or the database
+        # set (task adv5): UTF-8, as a LATIN1 client encoding let a label outside it raise
+        # UnicodeEncodeError out of charge(); and every float's shortest exact text, as
+        # extra_float_digits <= 0 (a database or role default) rounded the run times read
+        # back to 15 digits, and every replay refused the journal as edited.
+        options["client_encoding"] = "UTF8"
         conn = pg.connect(self._conninfo, **options)
-        if self._role is not None:
-            try:
+        try:
+            conn.execute("SET extra_float_digits = 3")
+            if self._role is not None:
                 conn.execute(pg.sql.SQL("SET ROLE {}").format(pg.sql.Identifier(self._role)))
-            except BaseException:  # a role it may not take: close, never leave it to the GC
-                with contextlib.suppress(Exception):
-                    conn.close()
-                raise
+        except BaseException:  # a role it may not take: close, never leave it to the GC
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -358,10 +365,18 @@ class PostgresStore:
         while True:
             try:
                 conn = self._connect()
+                # The head's lock first (task adv5): the lost session's COMMIT may still be
+                # running on the server (a slow flush, a synchronous standby, a deferred
+                # trigger), its row not yet visible; read at once, a charge committed a
+                # moment later was reported as NOT recorded. The lock is the old session's
+                # until its transaction ends, either way; waited for up to the timeout.
+                conn.execute(f"BEGIN; {self._lock_timeout()}")
+                conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,))
                 row = conn.execute("SELECT e.digest FROM privguard.entries e JOIN "
                                    "privguard.ledgers l ON l.name = e.ledger WHERE e.ledger = %s "
                                    "AND e.idx = %s AND l.ledger_id = %s",
                                    (self.ledger, idx, self.ledger_id)).fetchone()
+                conn.execute("ROLLBACK")
                 break
             except pg.Error as exc:
                 self._disconnect()

@@ -1,0 +1,154 @@
+"""An adversarial pass over the PostgreSQL store (task adv5), each finding kept as a test:
+a client encoding or a float output setting of the URL, the role or the database that made
+the client fail (a built-in exception out of ``charge``, a legitimate journal refused as
+edited), a wall clock stepped back between two charges of one run (SQLite's journal too),
+and a COMMIT still running on the server when the client lost its connection, which the
+read-back reported as not recorded."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from unittest import mock
+
+import _pgserver
+import psycopg
+
+from privguard import Ledger
+from privguard import mechanisms as M
+
+STEP = M.SubsampledGaussian(1.0, 0.01)
+OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
+
+
+def _team(pg):
+    """The owner's and the charging role's URLs of a new ledger with one charge."""
+    srv, db, name = pg
+    Ledger(3.0, 1e-5, path=srv.url(OWNER, db, name)).close()
+    _pgserver.allow_charger(db, name)
+    job = Ledger(3.0, 1e-5, path=srv.url(CHARGER, db, name))
+    job.charge(STEP, label="first")
+    job.close()
+    return srv.url(OWNER, db, name), srv.url(CHARGER, db, name)
+
+
+# -- what the session reads and writes in ------------------------------------------------------
+def test_a_label_outside_a_latin1_client_encoding_is_charged(pg):
+    """``client_encoding=LATIN1`` in the URL: the label was encoded by psycopg as Latin-1,
+    and UnicodeEncodeError escaped ``charge`` (a built-in exception; the ledger broke)."""
+    _, charger_url = _team(pg)
+    job = Ledger.open(charger_url + "&client_encoding=LATIN1")
+    job.charge(STEP, label="日本")
+    job.charge(STEP, label="日本")  # the ledger goes on
+    job.close()
+    assert [r.label for r in Ledger.open(charger_url).history] == ["first", "日本", "日本"]
+    assert Ledger.open(charger_url)._store.verify()["charges"] == 3
+
+
+def test_a_database_that_rounds_floats_does_not_make_the_journal_read_as_edited(pg_server):
+    """``extra_float_digits = 0`` (a database default here; a role's or the URL's
+    ``options`` as well) rounds every float8 the server sends to 15 digits: the run times
+    read back differed from the ones digested, and every replay refused the journal as
+    edited (the ledger could never be opened again)."""
+    srv = pg_server
+    db, name = srv.new_database(), "t" + uuid.uuid4().hex[:12]
+    srv.admin(f"ALTER DATABASE {db} SET extra_float_digits = 0")
+    url = srv.url(db=db, ledger=name)
+    with mock.patch("time.time", lambda: 1795800000.1234567):  # 17 significant digits
+        first = Ledger(3.0, 1e-5, path=url)
+        first.charge(STEP, label="a")
+        first.close()
+    again = Ledger.open(url)  # replays the row written
+    again.charge(STEP, label="b")
+    assert [r.label for r in again.history] == ["a", "b"]
+    assert again.history[0].time == 1795800000.1234567
+    assert again._store.verify()["charges"] == 2
+
+
+# -- a wall clock stepped back ------------------------------------------------------------------
+def _charge_across_a_clock_step(path):
+    ledger = Ledger(3.0, 1e-5, path=path)
+    ledger.charge(STEP, label="a")
+    real = time.time
+    with mock.patch("time.time", lambda: real() - 3600.0):  # NTP steps the clock back
+        ledger.charge(STEP, label="a")  # the same run grows
+    ledger.close()
+    again = Ledger.open(path)
+    assert [r.label for r in again.history] == ["a", "a"]
+    runs = again._store.runs()
+    assert len(runs) == 1 and runs[0].count == 2 and runs[0].last_time >= runs[0].first_time
+    again.charge(STEP, label="a")
+    assert len(Ledger.open(path).history) == 3
+
+
+def test_a_clock_stepped_back_inside_a_run_on_the_server(pg):
+    """The run's last time went back: the server's triggers refused the charge (reported
+    as a permission denied) and the ledger had to be reopened."""
+    srv, db, name = pg
+    _charge_across_a_clock_step(srv.url(OWNER, db, name))
+
+
+def test_a_clock_stepped_back_inside_a_run_in_sqlite(tmp_path):
+    """SQLite wrote a run whose last time is before its first: no open replayed the
+    journal again ("run 0 does not follow the journal"), a ledger lost for good."""
+    _charge_across_a_clock_step(str(tmp_path / "budget.db"))
+
+
+# -- a COMMIT whose outcome the client did not see -----------------------------------------------
+class _CommitSentThenLost:
+    """A connection that sends COMMIT and drops at once, while the server still runs it."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, query, *args, **kw):
+        if query == "COMMIT":
+            self._conn.pgconn.send_query(b"COMMIT")
+            self._conn.pgconn.flush()
+            self._conn.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return self._conn.execute(query, *args, **kw)
+
+
+def test_a_commit_still_running_when_the_connection_dropped_is_read_back_as_recorded(pg):
+    """The server finishes a COMMIT whose client went away (here a deferred trigger takes
+    2 s; a slow flush or a synchronous standby in production). The read-back ran at once,
+    saw no row yet and said "the charge was NOT recorded", which was recorded a moment
+    later: the caller was told wrong (and a retry charged twice). It now waits for the
+    head's lock, which the old session holds until its transaction ends."""
+    srv, db, name = pg
+    _, charger_url = _team(pg)
+    job = Ledger.open(charger_url)
+    job.charge(STEP, label="before")
+    label, trigger = f"adv5-{name}", f"adv5_slow_{name}"
+    srv.admin("CREATE OR REPLACE FUNCTION public.adv5_slow() RETURNS trigger LANGUAGE plpgsql "
+              "AS $$ BEGIN IF NEW.label LIKE 'adv5-%' THEN PERFORM pg_sleep(2); END IF; "
+              "RETURN NEW; END $$", db=db)
+    srv.admin(f"CREATE CONSTRAINT TRIGGER {trigger} AFTER INSERT ON privguard.entries "
+              "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.adv5_slow()",
+              db=db)
+    try:
+        job._store._conn = _CommitSentThenLost(job._store._conn)
+        outcome = {}
+
+        def charge():
+            try:
+                outcome["record"] = job.charge(STEP, label=label)
+            except Exception as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=charge)
+        thread.start()
+        thread.join(timeout=60)
+    finally:
+        srv.admin(f"DROP TRIGGER {trigger} ON privguard.entries", db=db)
+    labels = [r.label for r in Ledger.open(charger_url).history]
+    assert labels.count(label) == 1  # the server committed it
+    assert "record" in outcome, outcome  # and the client says so, and goes on
+    job.charge(STEP, label="after")
+    assert [r.label for r in Ledger.open(charger_url).history] == ["first", "before", label,
+                                                                   "after"]
