@@ -2,8 +2,8 @@
 a client encoding or a float output setting of the URL, the role or the database that made
 the client fail (a built-in exception out of ``charge``, a legitimate journal refused as
 edited), a wall clock stepped back between two charges of one run (SQLite's journal too),
-and a COMMIT still running on the server when the client lost its connection, which the
-read-back reported as not recorded."""
+a COMMIT still running on the server when the client lost its connection, which the
+read-back reported as not recorded, and server-init's role names and client encoding."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from unittest import mock
 
 import _pgserver
 import psycopg
+import pytest
 
-from privguard import Ledger
+from privguard import InvalidArgumentError, Ledger
 from privguard import mechanisms as M
+from privguard._stores._pgadmin import server_init
 
 STEP = M.SubsampledGaussian(1.0, 0.01)
 OWNER, CHARGER = _pgserver.OWNER, _pgserver.CHARGER
@@ -152,3 +154,32 @@ def test_a_commit_still_running_when_the_connection_dropped_is_read_back_as_reco
     job.charge(STEP, label="after")
     assert [r.label for r in Ledger.open(charger_url).history] == ["first", "before", label,
                                                                    "after"]
+
+
+# -- server-init's role names and encoding ---------------------------------------------------
+@pytest.mark.parametrize("arg", ["charger", "owner"])
+@pytest.mark.parametrize("role", ["\ud800x", "a\x00b", "Ü" * 32])
+def test_server_init_refuses_a_role_name_the_server_would_not_keep(pg_server, arg, role):
+    """A lone surrogate raised UnicodeEncodeError out of server-init, a NUL was reported as
+    the server's failure, and a name of 32 "Ü" (64 bytes, 32 characters) was truncated by
+    the server to another role's name, 31 "Ü", which then owned the schema."""
+    srv = pg_server
+    db = srv.new_database()
+    roles = {"charger": "c" + uuid.uuid4().hex[:8], "owner": "o" + uuid.uuid4().hex[:8]}
+    roles[arg] = role
+    with pytest.raises(InvalidArgumentError, match=f"^{arg}="):
+        server_init(srv.url(db=db), "team", 1.0, 1e-5, **roles)
+    assert srv.admin("SELECT 1 FROM pg_namespace WHERE nspname = 'privguard'", db=db) == []
+
+
+def test_server_init_under_a_latin1_client_encoding_names_any_role(pg_server):
+    """``client_encoding=LATIN1`` in the URL: a role name outside Latin-1 raised
+    UnicodeEncodeError out of server-init."""
+    srv = pg_server
+    db, tag = srv.new_database(), uuid.uuid4().hex[:8]
+    charger, owner = f"訓練{tag}", f"o{tag}"
+    done = server_init(srv.url(db=db) + "?client_encoding=LATIN1", "team", 1.0, 1e-5,
+                       charger=charger, owner=owner)
+    assert done["charger"] == charger
+    assert srv.admin("SELECT 1 FROM privguard.chargers WHERE ledger = 'team' AND role = %s",
+                     (charger,), db=db) == [(1,)]
