@@ -383,8 +383,9 @@ class PostgresStore:
                 if time.monotonic() >= deadline:
                     self._desync = "a commit's outcome is unknown; reopen the ledger"
                     raise self._error(exc, "the connection was lost during COMMIT and the "
-                                      "server stayed unreachable: the charge may or may not "
-                                      "have been recorded; reopen the ledger to see") from exc
+                                      "server stayed unreachable (or the lost session kept "
+                                      "the ledger's lock): the charge may or may not have "
+                                      "been recorded; reopen the ledger to see") from exc
                 time.sleep(_RETRY_PAUSE)
         if row is not None and row[0] == digest:
             return  # it was committed: the ledger goes on
