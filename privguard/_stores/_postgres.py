@@ -29,9 +29,10 @@ libm), so it cannot carry weaker filter weights.
 
 A connection lost before anything was written (a restarted server, a
 terminated backend) is reopened and the transaction retried. A connection
-lost during the write or the commit is resolved: the store reconnects and
-reads back the row it wrote, so the caller learns whether the charge was
-recorded; either way that ledger then fails closed (its memory may be ahead
+lost during the write or the commit is resolved: the store reconnects and,
+once the lost session has let go of the head's lock (its COMMIT may still be
+running on the server), reads back the row it wrote, so the caller learns
+whether the charge was recorded; either way that ledger then fails closed (its memory may be ahead
 of the journal) and must be reopened, unless the charge was recorded.
 """
 
