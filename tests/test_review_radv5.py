@@ -15,8 +15,11 @@ import pickle
 import shutil
 import sqlite3
 import time
+import uuid
 from pathlib import Path
 from unittest import mock
+
+import pytest
 
 from privguard import Ledger
 from privguard import mechanisms as M
@@ -87,3 +90,31 @@ def test_a_0_1_file_whose_clock_stepped_back_inside_a_run_upgrades(tmp_path):
     assert [(r.label, r.count) for r in ledger.runs] == [("train", 40), ("eval", 1),
                                                          ("train", 30)]
     assert ledger.runs[0].last_time == first - 3600.0
+
+
+# -- server-init: a role name the server truncates in its own encoding ---------------------------
+def test_server_init_refuses_a_role_name_the_server_truncates_in_its_encoding(pg_server):
+    """adv5 counts a role name's bytes in UTF-8 (63 at most), but the server truncates it
+    in the database's encoding: "万" is 3 bytes in UTF-8 and 4 in EUC_TW, so 21 of them
+    (63 bytes) became 15 there, another role, which then owned the schema (server-init
+    said it gave it to the one named)."""
+    import psycopg
+    from psycopg import sql
+
+    from privguard import InvalidArgumentError
+    from privguard._stores._pgadmin import server_init
+
+    srv = pg_server
+    db = "db_" + uuid.uuid4().hex[:12]
+    srv.admin(f"CREATE DATABASE {db} ENCODING 'EUC_TW' TEMPLATE template0 LC_COLLATE 'C' "
+              "LC_CTYPE 'C'")
+    other = "万" * 15
+    with psycopg.connect(srv.url(db=db), autocommit=True, client_encoding="UTF8") as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (other,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(other)))
+    with pytest.raises(InvalidArgumentError, match=r"^owner="):
+        server_init(srv.url(db=db), "team", 1.0, 1e-5, owner="万" * 21,
+                    charger="c" + uuid.uuid4().hex[:8])
+    with psycopg.connect(srv.url(db=db), autocommit=True, client_encoding="UTF8") as conn:
+        assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'privguard'"
+                            ).fetchone() is None

@@ -82,6 +82,15 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
         with pg.connect(conninfo, autocommit=True, client_encoding="UTF8") as conn:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
+                for arg, role in (("charger", charger), ("owner", owner)):
+                    # The server truncates a name to 63 bytes of the database's encoding,
+                    # not UTF-8's (review radv5: 21 "万", 63 bytes of UTF-8, are 84 of
+                    # EUC_TW, and became 15, another role, which then owned the schema).
+                    if not conn.execute("SELECT %s::text::name::text = %s::text",
+                                        (role, role)).fetchone()[0]:
+                        raise InvalidArgumentError(arg, role, "must be a role name the server "
+                                                   "keeps whole (at most 63 bytes in the "
+                                                   "database's encoding)")
                 for role in (owner, charger):
                     if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
                                     (role,)).fetchone() is None:
