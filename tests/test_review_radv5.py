@@ -5,7 +5,10 @@ adv5 made every new run keep last time ≥ first time, but left the replay's ref
 run whose last time is before its first: a SQLite file, a pickled ledger or a 0.1 journal
 written across such a clock step (as every privguard before adv5 wrote it) still raised
 "run 0 does not follow the journal" at every open, a ledger lost for good. The times count
-for nothing in the accounting; the rows still verify by their digests."""
+for nothing in the accounting; the rows still verify by their digests.
+
+And server-init's role names: adv5 counted their bytes in UTF-8, where the server truncates
+them in the database's encoding."""
 
 from __future__ import annotations
 
