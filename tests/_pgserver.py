@@ -193,6 +193,22 @@ def allow_charger(db: str, ledger: str) -> None:
                    (ledger, CHARGER), db=db, user=OWNER)
 
 
+def team(pg: tuple, label: str | None = None) -> tuple[str, str]:
+    """A new ledger (ε=3, δ=1e-5) of the ``pg`` fixture's database that the test charging role
+    may charge, charged once by it (the fix row and one run, under ``label``): its owner's
+    and its charging role's URLs."""
+    from privguard import Ledger
+    from privguard import mechanisms as M
+
+    srv, db, name = pg
+    Ledger(3.0, 1e-5, path=srv.url(OWNER, db, name)).close()
+    allow_charger(db, name)
+    job = Ledger(3.0, 1e-5, path=srv.url(CHARGER, db, name))
+    job.charge(M.SubsampledGaussian(1.0, 0.01), label=label)
+    job.close()
+    return srv.url(OWNER, db, name), srv.url(CHARGER, db, name)
+
+
 def server() -> Server:
     """The process's server, started on first use; PGPASSFILE points at its passwords."""
     global _SERVER

@@ -572,8 +572,12 @@ class Accounting:
                 journal.extend_current(run.count, run.last_time, verdict.curve,
                                        verdict.spent_after)
             return
-        if run.index != journal.run_count or run.start != journal.charges \
-                or run.count < 1 or run.last_time < run.first_time:
+        # A run whose last time is before its first is not refused (review radv5): the
+        # times are the wall clock's, which NTP can step back, and count for nothing in
+        # the accounting; before task adv5 a journal wrote one at such a step (SQLite
+        # files, pickles, 0.1 journals being upgraded), and refusing it lost those
+        # ledgers for good. A run's rows still verify by their digests.
+        if run.index != journal.run_count or run.start != journal.charges or run.count < 1:
             raise LedgerStateError(f"{where}: run {run.index} does not follow the journal")
         if self._plan_of_first_run:  # the first charge after a fix without a declared plan
             self._plan_of_first_run = False

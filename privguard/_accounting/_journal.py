@@ -322,7 +322,10 @@ class Journal:
         if c is not None and c[4] == mechanism and c[3] == label and c[7] == pid \
                 and (self._own or not self.own_runs_only):
             c[2] += times
-            c[6] = t
+            # A wall clock stepped back (NTP) between two charges of a run never moves its
+            # last time back (task adv5: SQLite wrote last < first, a journal no open
+            # replayed again; the server's triggers refused the charge as an edit).
+            c[6] = max(c[6], t)
             run = self._cur_run = Run(*c)
             return run, True
         self.close_current()
@@ -366,7 +369,7 @@ class Journal:
         c = self._cur
         assert c is not None
         c[2] += 1
-        c[6] = t
+        c[6] = max(c[6], t)  # as append: a run's last time never goes back (task adv5)
         self.charges += 1
         self._streak_count += 1
         self._spent_cache = None  # materialised lazily as base + count × curve (as append)

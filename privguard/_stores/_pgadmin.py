@@ -25,6 +25,24 @@ DEFAULT_OWNER = "privguard_owner"
 DEFAULT_CHARGER = "privguard_charger"
 
 
+def _role_name(role: Any) -> bool:
+    """Whether ``role`` names a PostgreSQL role as written (task adv5): the server truncates
+    a name past 63 bytes (NAMEDATALEN - 1), so a role of 40 "Ü" became another role of 31
+    (the count was of characters); a lone surrogate raised UnicodeEncodeError out of
+    server-init, and a NUL was reported as the server's failure, not as bad input.
+
+    Example:
+        >>> _role_name("trainer"), _role_name("Ü" * 32), _role_name("a\\x00b"), _role_name("pg_x")
+        (True, False, False, False)
+    """
+    if not isinstance(role, str) or not role or role.startswith("pg_") or "\x00" in role:
+        return False
+    try:
+        return len(role.encode("utf-8")) <= 63
+    except UnicodeEncodeError:
+        return False
+
+
 def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
                 charger: str = DEFAULT_CHARGER, owner: str = DEFAULT_OWNER) -> dict[str, Any]:
     """Create (or check) the schema, the owner and charging roles, and the ledger.
@@ -54,16 +72,25 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
         raise InvalidArgumentError("ledger", ledger, "must be a ledger name alone (letters, "
                                    "digits, '_', '.' and '-'), which a URL's ledger= can name")
     for arg, role in (("charger", charger), ("owner", owner)):
-        if not isinstance(role, str) or not role or len(role) > 63 or role.startswith("pg_"):
-            raise InvalidArgumentError(arg, role, "must be a role name (1-63 characters, not "
-                                       "starting with pg_)")
+        if not _role_name(role):
+            raise InvalidArgumentError(arg, role, "must be a role name (1-63 bytes of UTF-8, "
+                                       "no NUL, not starting with pg_)")
     if charger == owner:
         raise InvalidArgumentError("charger", charger, "must differ from the owner role")
     config = _config.build(epsilon, delta)
     try:
-        with pg.connect(conninfo, autocommit=True) as conn:
+        with pg.connect(conninfo, autocommit=True, client_encoding="UTF8") as conn:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")
+                for arg, role in (("charger", charger), ("owner", owner)):
+                    # The server truncates a name to 63 bytes of the database's encoding,
+                    # not UTF-8's (review radv5: 21 "万", 63 bytes of UTF-8, are 84 of
+                    # EUC_TW, and became 15, another role, which then owned the schema).
+                    if not conn.execute("SELECT %s::text::name::text = %s::text",
+                                        (role, role)).fetchone()[0]:
+                        raise InvalidArgumentError(arg, role, "must be a role name the server "
+                                                   "keeps whole (at most 63 bytes in the "
+                                                   "database's encoding)")
                 for role in (owner, charger):
                     if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
                                     (role,)).fetchone() is None:
@@ -97,7 +124,7 @@ def server_init(url: str, ledger: str, epsilon: float, delta: float, *,
             schema_version = store._schema  # an existing schema is left at its version
         finally:
             store.close()
-        with pg.connect(conninfo, autocommit=True) as conn:
+        with pg.connect(conninfo, autocommit=True, client_encoding="UTF8") as conn:
             with conn.transaction():
                 conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(owner)))
                 for statement in _pgschema.grants(sql.Identifier(charger).as_string(conn)):
@@ -143,7 +170,7 @@ def server_upgrade(url: str, *, lock_timeout: float = 10.0) -> dict[str, Any]:
         raise InvalidArgumentError("lock_timeout", lock_timeout, "must be seconds, > 0")
     target = _pgschema.SCHEMA_VERSION
     try:
-        with pg.connect(conninfo, autocommit=True) as conn:
+        with pg.connect(conninfo, autocommit=True, client_encoding="UTF8") as conn:
             with conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('privguard schema'))")

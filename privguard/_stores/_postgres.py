@@ -29,9 +29,10 @@ libm), so it cannot carry weaker filter weights.
 
 A connection lost before anything was written (a restarted server, a
 terminated backend) is reopened and the transaction retried. A connection
-lost during the write or the commit is resolved: the store reconnects and
-reads back the row it wrote, so the caller learns whether the charge was
-recorded; either way that ledger then fails closed (its memory may be ahead
+lost during the write or the commit is resolved: the store reconnects and,
+once the lost session has let go of the head's lock (its COMMIT may still be
+running on the server), reads back the row it wrote, so the caller learns
+whether the charge was recorded; either way that ledger then fails closed (its memory may be ahead
 of the journal) and must be reopened, unless the charge was recorded.
 """
 
@@ -158,14 +159,21 @@ class PostgresStore:
             options["connect_timeout"] = max(1, int(min(self.timeout, 10)))
         if "application_name" not in self._conninfo:
             options["application_name"] = f"privguard:{self.ledger}"
+        # What the rows are read and written in, whatever the URL, the role or the database
+        # set (task adv5): UTF-8, as a LATIN1 client encoding let a label outside it raise
+        # UnicodeEncodeError out of charge(); and every float's shortest exact text, as
+        # extra_float_digits <= 0 (a database or role default) rounded the run times read
+        # back to 15 digits, and every replay refused the journal as edited.
+        options["client_encoding"] = "UTF8"
         conn = pg.connect(self._conninfo, **options)
-        if self._role is not None:
-            try:
+        try:
+            conn.execute("SET extra_float_digits = 3")
+            if self._role is not None:
                 conn.execute(pg.sql.SQL("SET ROLE {}").format(pg.sql.Identifier(self._role)))
-            except BaseException:  # a role it may not take: close, never leave it to the GC
-                with contextlib.suppress(Exception):
-                    conn.close()
-                raise
+        except BaseException:  # a role it may not take: close, never leave it to the GC
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
         self._conn, self._pid = conn, os.getpid()
         return conn
 
@@ -358,18 +366,27 @@ class PostgresStore:
         while True:
             try:
                 conn = self._connect()
+                # The head's lock first (task adv5): the lost session's COMMIT may still be
+                # running on the server (a slow flush, a synchronous standby, a deferred
+                # trigger), its row not yet visible; read at once, a charge committed a
+                # moment later was reported as NOT recorded. The lock is the old session's
+                # until its transaction ends, either way; waited for up to the timeout.
+                conn.execute(f"BEGIN; {self._lock_timeout()}")
+                conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,))
                 row = conn.execute("SELECT e.digest FROM privguard.entries e JOIN "
                                    "privguard.ledgers l ON l.name = e.ledger WHERE e.ledger = %s "
                                    "AND e.idx = %s AND l.ledger_id = %s",
                                    (self.ledger, idx, self.ledger_id)).fetchone()
+                conn.execute("ROLLBACK")
                 break
             except pg.Error as exc:
                 self._disconnect()
                 if time.monotonic() >= deadline:
                     self._desync = "a commit's outcome is unknown; reopen the ledger"
                     raise self._error(exc, "the connection was lost during COMMIT and the "
-                                      "server stayed unreachable: the charge may or may not "
-                                      "have been recorded; reopen the ledger to see") from exc
+                                      "server stayed unreachable (or the lost session kept "
+                                      "the ledger's lock): the charge may or may not have "
+                                      "been recorded; reopen the ledger to see") from exc
                 time.sleep(_RETRY_PAUSE)
         if row is not None and row[0] == digest:
             return  # it was committed: the ledger goes on
