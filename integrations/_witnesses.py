@@ -654,7 +654,7 @@ class Witnesses:
                 f"charged C = {_exact(c)} (tolerance {_up(tolerance, '.3g')}): contributions "
                 "above C reached "
                 "the sum, and the charge assumes each record moves the sum by at most C (no "
-                "per-sample norm is reported: it is a record's data, review rt). Nothing was "
+                "per-sample norm is reported: it is a record's data). Nothing was "
                 "charged or applied",
                 witness="clipping", charged=c, measured=deviation, interval=None,
                 step=self.steps + 1))

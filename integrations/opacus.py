@@ -885,7 +885,7 @@ def _rdp_warning(kind: str, ledger: Ledger, mech: M.SubsampledGaussian,
         text += (f" By RDP, σ = {exact(mech.noise_multiplier)} and q = {exact(q)} over {what} "
                  f"{steps} steps give ε = {upper(probe.nonadaptive_epsilon(), '.4g')} at δ = "
                  f"{exact(ledger.delta)} (running ε, valid at any stopping time: "
-                 f"{upper(probe.epsilon(), '.4g')}; rounded up, review rlo2).")
+                 f"{upper(probe.epsilon(), '.4g')}; rounded up).")
     left = None if ledger.target is None else ledger.remaining(mech).repeats
     if ledger.target is not None and left is not None:  # a float for a mechanism queried
         text += (f" The ledger's filter (ε = {exact(ledger.target[0])}, "

@@ -121,7 +121,7 @@ def test_a_refused_poisson_tuning_state_names_both_curve_changes(monkeypatch):
         Ledger.load_state_dict(state)
     message = str(info.value)
     assert 'docs/theory.md §7 "K = 0 (Poisson)"' in message, message
-    assert "Rounding of δ̂" in message and "task lo4" in message, message  # only K = 0 before
+    assert "Rounding of δ̂" in message and "(2)" in message, message  # only K = 0 before
 
 
 # -- 6. EngineView.load_state_dict: all or nothing ---------------------------------------

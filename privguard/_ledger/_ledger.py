@@ -884,7 +884,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         """
         if budget is None:  # Ledger(rdp_budget=None) is report-only: a child that never refuses
             raise InvalidArgumentError("budget", budget, "must be a mechanism, an RDPCurve or "
-                                       "per-order values (a child is strict; review bx)")
+                                       "per-order values (a child is strict)")
         cfg = self._acc.config
         mode = cfg.odometer if cfg.odometer in _config.NEW_ODOMETER_MODES else None
         try:
