@@ -99,8 +99,7 @@ def batch_size(batch: Any) -> int:
 
 def reported_micro_batches(optimizer: Any) -> int | None:
     """The optimizer's ``accumulated_iterations``, or None where it cannot be trusted."""
-    cls: type = type(optimizer)
-    if _ghost_class(cls):  # is_ghost(optimizer), one call less at every step (task hm)
+    if is_ghost(optimizer):
         return None
     try:
         value = optimizer.accumulated_iterations

@@ -337,11 +337,9 @@ class AttachHandle:
         return _describe.reported_micro_batches(self.optimizer)
 
     def _micro_batches(self, predict: bool) -> int:
-        counter, ghost, skips = self.counter, self.ghost, self.skips
+        counter, skips = self.counter, self.skips
         counted = 0 if counter is None else counter.count
-        # :meth:`_reported`, without its call (read at every step: issue 26, task hm)
-        reported = (ghost.reported() if ghost is not None
-                    else _describe.reported_micro_batches(self.optimizer)) or 1
+        reported = self._reported() or 1
         k = max(counted, reported, self.declared_micro_batches)
         if skips is not None:  # the loop's own skipped steps (u27: an iterator made
             k = max(k, skips.floor(reported))  # before attach is not counted above)
@@ -487,17 +485,9 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        # each written out, not a loop over a tuple (at every step: issue 26, task hm)
-        if self.counter is not None:
-            self.counter.take()
-        if self.skips is not None:
-            self.skips.take()
-        if self.ghost is not None:
-            self.ghost.take()
-        if self.drawn is not None:
-            self.drawn.take()
-        if self.layer_noise is not None:
-            self.layer_noise.take()
+        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
+            if count is not None:
+                count.take()
 
     def _charge_step(self, optimizer: DPOptimizer) -> None:
         """Charge the real step about to update the parameters; raises if refused."""

@@ -253,13 +253,9 @@ def _check_reached(opt: Any, loss_from: str) -> None:
     per-sample gradients (review radv3: a loss of a tensor that requires grad but not of the
     model let Opacus' ValueError "Per sample gradient is not initialized" escape). Opacus'
     ghost-clipping optimizer keeps none (it clips by norms), so it is not checked here."""
-    try:
-        from opacus.optimizers import DPOptimizerFastGradientClipping
-    except ImportError:  # pragma: no cover - an Opacus without ghost clipping
-        ghost: tuple[type, ...] = ()
-    else:
-        ghost = (DPOptimizerFastGradientClipping,)
-    if isinstance(opt, ghost):
+    from privguard.integrations._describe import is_ghost
+
+    if is_ghost(opt):
         return
     if any(getattr(p, "grad_sample", None) is None for p in getattr(opt, "params", ())):
         raise InvalidArgumentError(
