@@ -32,6 +32,15 @@ def as_installed(checkout: str, into: str) -> str:
     return into
 
 
+def library_env(library: str) -> dict[str, str]:
+    """This process's environment with ``library`` (an :func:`as_installed` folder) first on
+    ``PYTHONPATH``, for a worker that must import that library's ``privguard``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [library, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
 def require_library(library: str) -> None:
     """In a worker: exit at once, naming what it imported, unless its ``privguard`` and
     ``privguard.integrations.opacus`` are ``library``'s (review rhk: a worker that imported

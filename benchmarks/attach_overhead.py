@@ -50,7 +50,7 @@ import time
 import warnings
 
 import torch
-from _installed_layout import as_installed, ask, close, require_library
+from _installed_layout import as_installed, ask, close, library_env, require_library
 from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -305,15 +305,12 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
         trees = {"this tree": _this_tree(tmp), commit: _library_of(commit, tmp)}
         workers = {}
         for i, (name, path) in enumerate(trees.items()):
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
             files = os.path.join(tmp, f"ledgers{i}")  # each worker its own ledger files
             os.mkdir(files)
             workers[name] = subprocess.Popen(
                 [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
                  "--library", path, *(["--cpu-time"] if cpu_time else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=library_env(path))
         try:
             for r in range(rounds):
                 order = list(trees) if r % 2 == 0 else list(trees)[::-1]

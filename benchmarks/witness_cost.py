@@ -93,7 +93,7 @@ def _worker(library: str, warmup: int) -> None:
 def against_library(commit: str, rounds: int, block: int, warmup: int = 30) -> None:
     """This tree's library against ``commit``'s in one run (``--against-library``); each
     worker warms up ``warmup`` rounds first."""
-    from _installed_layout import ask, close
+    from _installed_layout import ask, close, library_env
     from attach_overhead import _library_of, _this_tree
 
     here = os.path.abspath(__file__)
@@ -102,12 +102,9 @@ def against_library(commit: str, rounds: int, block: int, warmup: int = 30) -> N
         trees = {"this tree": _this_tree(tmp), commit: _library_of(commit, tmp)}
         workers = {}
         for name, path in trees.items():
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(
-                [path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
             workers[name] = subprocess.Popen(
                 [sys.executable, here, "--worker", path, "--warmup", str(warmup)], cwd=path,
-                env=env,
+                env=library_env(path),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             times[name] = {mode: [] for mode in MODES}
         try:
