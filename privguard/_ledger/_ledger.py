@@ -67,6 +67,10 @@ class _GuardedTxn:
                                 "reopen the ledger")
             raise
 
+    def accepts(self, label: str | None) -> None:
+        """The store's refusal of a label it cannot keep (nothing written yet)."""
+        self._txn.accepts(label)
+
 
 def _listener_list(listeners: Any) -> list[Callable[[LedgerEvent], None]]:
     """``listeners=`` as a new list, checked before any store is opened (review bd: a bad
@@ -611,6 +615,7 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             refused = _Refused()
             if leased is None:
                 with refused, self._synced(write=True) as txn:
+                    txn.accepts(label)  # one the store cannot keep: refused, nothing decided
                     verdict, carry, abandon, streak, beside = self._decide_leased(
                         mechanism, label, pid, times)
                     if not verdict.admitted:

@@ -16,6 +16,9 @@ class _NoTransaction:
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         pass
 
+    def accepts(self, label: str | None) -> None:
+        pass  # memory keeps any label
+
 
 class MemoryStore:
     """Keeps nothing outside the process; ``state_dict()`` is how it travels."""

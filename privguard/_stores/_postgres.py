@@ -51,7 +51,12 @@ from privguard._accounting import _config
 from privguard._accounting._accounting import Accounting, Change
 from privguard._accounting._config import Config
 from privguard._accounting._journal import Run
-from privguard._errors import LedgerStateError, PrivguardError, SchemaUpgradeWarning
+from privguard._errors import (
+    InvalidArgumentError,
+    LedgerStateError,
+    PrivguardError,
+    SchemaUpgradeWarning,
+)
 from privguard._mechanisms._base import Mechanism
 from privguard._optional import require
 from privguard._stores import _devnull, _extent, _handles, _pgschema, _pgurl, _rows
@@ -84,6 +89,9 @@ class _Txn:
 
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         self.store._write_guarded(acc, changes)
+
+    def accepts(self, label: str | None) -> None:
+        self.store._accepts(label)
 
 
 _TOLD_UPGRADE: set[str] = set()  # ledger ids whose owner was told (SchemaUpgradeWarning)
@@ -129,6 +137,7 @@ class PostgresStore:
         self._written: tuple[int, str] | None = None  # (row, digest) written in this transaction
         self._desync: str | None = None
         self._closed = False  # by the owning ledger (:meth:`close`)
+        self._labels_fit: set[str] = set()  # non-ASCII labels this database can keep
         self.live = False
 
     @property
@@ -142,8 +151,10 @@ class PostgresStore:
     def _pg(self) -> Any:
         return require("psycopg", "postgres")
 
-    def _connect(self) -> Any:
-        """The open connection (a new one after a fork or a broken one); raises psycopg errors."""
+    def _connect(self, within: float | None = None) -> Any:
+        """The open connection (a new one after a fork or a broken one); raises psycopg errors.
+        ``within``: the seconds left to a caller's deadline, which a new connection's
+        ``connect_timeout`` does not exceed (at least 1 s, libpq's least)."""
         conn = self._conn
         if conn is not None and self._pid == os.getpid() and not conn.closed and not conn.broken:
             return conn
@@ -156,7 +167,8 @@ class PostgresStore:
         pg = self._pg
         options: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in self._conninfo:
-            options["connect_timeout"] = max(1, int(min(self.timeout, 10)))
+            limit = min(self.timeout, 10) if within is None else min(self.timeout, 10, within)
+            options["connect_timeout"] = max(1, int(limit))
         if "application_name" not in self._conninfo:
             options["application_name"] = f"privguard:{self.ledger}"
         # What the rows are read and written in, whatever the URL, the role or the database
@@ -241,9 +253,11 @@ class PostgresStore:
                                                            or conn.broken)
 
     # -- transactions ----------------------------------------------------------------------
-    def _lock_timeout(self) -> str:
-        """How long a transaction waits for a lock: the store's timeout, at least 1 ms."""
-        return f"SET LOCAL lock_timeout = '{max(1, int(self.timeout * 1000))}ms'"
+    def _lock_timeout(self, seconds: float | None = None) -> str:
+        """How long a transaction waits for a lock: ``seconds`` (default: the store's
+        timeout), at least 1 ms."""
+        wait = self.timeout if seconds is None else seconds
+        return f"SET LOCAL lock_timeout = '{max(1, int(wait * 1000))}ms'"
 
     def _begin(self, conn: Any, write: bool) -> _Cursor | None:
         """BEGIN; the head, locked when writing (None if the ledger does not exist)."""
@@ -353,7 +367,6 @@ class PostgresStore:
 
     def _resolve(self, failure: Exception) -> None:
         """After a failed COMMIT: read back the row written, to tell the caller what happened."""
-        pg = self._pg
         assert self._written is not None
         idx, digest = self._written
         if not self._lost(failure):
@@ -362,38 +375,57 @@ class PostgresStore:
             raise self._error(failure, "the database refused the commit; the charge was NOT "
                               "recorded") from failure
         self._disconnect()
+        # One deadline for the whole read-back (task lo7): each attempt's connect and lock
+        # wait get what is left of it, never the whole timeout again (a lock wait of the
+        # full timeout begun just before the deadline took up to about twice the timeout).
         deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                conn = self._connect()
-                # The head's lock first (task adv5): the lost session's COMMIT may still be
-                # running on the server (a slow flush, a synchronous standby, a deferred
-                # trigger), its row not yet visible; read at once, a charge committed a
-                # moment later was reported as NOT recorded. The lock is the old session's
-                # until its transaction ends, either way; waited for up to the timeout.
-                conn.execute(f"BEGIN; {self._lock_timeout()}")
-                conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,))
-                row = conn.execute("SELECT e.digest FROM privguard.entries e JOIN "
-                                   "privguard.ledgers l ON l.name = e.ledger WHERE e.ledger = %s "
-                                   "AND e.idx = %s AND l.ledger_id = %s",
-                                   (self.ledger, idx, self.ledger_id)).fetchone()
-                conn.execute("ROLLBACK")
-                break
-            except pg.Error as exc:
-                self._disconnect()
-                if time.monotonic() >= deadline:
-                    self._desync = "a commit's outcome is unknown; reopen the ledger"
-                    raise self._error(exc, "the connection was lost during COMMIT and the "
-                                      "server stayed unreachable (or the lost session kept "
-                                      "the ledger's lock): the charge may or may not have "
-                                      "been recorded; reopen the ledger to see") from exc
-                time.sleep(_RETRY_PAUSE)
+        try:
+            row = self._read_back(idx, deadline)
+        except BaseException:
+            # An interrupt (or any other failure) while reading back leaves the outcome
+            # unknown: this store refuses everything until reopened (task lo7: a
+            # KeyboardInterrupt during the lock wait left it usable), as the ledger does.
+            self._disconnect()
+            if self._desync is None:
+                self._desync = "a commit's outcome is unknown; reopen the ledger"
+            raise
         if row is not None and row[0] == digest:
             return  # it was committed: the ledger goes on
         self._desync = "a charge was not recorded; reopen the ledger"
         raise self._error(failure, "the connection was lost before the commit completed; "
                           "the charge was NOT recorded. This ledger now refuses charges: "
                           "reopen it") from failure
+
+    def _read_back(self, idx: int, deadline: float) -> Any:
+        """The digest row at ``idx`` (None if absent), read once the lost session let go of
+        the head's lock; retried on a new connection until ``deadline`` (monotonic)."""
+        pg = self._pg
+        while True:  # at least one attempt, each with what is left of the deadline
+            try:
+                conn = self._connect(deadline - time.monotonic())
+                # The head's lock first (task adv5): the lost session's COMMIT may still be
+                # running on the server (a slow flush, a synchronous standby, a deferred
+                # trigger), its row not yet visible; read at once, a charge committed a
+                # moment later was reported as NOT recorded. The lock is the old session's
+                # until its transaction ends, either way; waited for what is left of the
+                # deadline.
+                conn.execute(f"BEGIN; {self._lock_timeout(deadline - time.monotonic())}")
+                conn.execute("SELECT * FROM privguard.lock_head(%s)", (self.ledger,))
+                row = conn.execute("SELECT e.digest FROM privguard.entries e JOIN "
+                                   "privguard.ledgers l ON l.name = e.ledger WHERE e.ledger = %s "
+                                   "AND e.idx = %s AND l.ledger_id = %s",
+                                   (self.ledger, idx, self.ledger_id)).fetchone()
+                conn.execute("ROLLBACK")
+                return row
+            except pg.Error as exc:
+                self._disconnect()
+                if time.monotonic() + _RETRY_PAUSE >= deadline:
+                    self._desync = "a commit's outcome is unknown; reopen the ledger"
+                    raise self._error(exc, "the connection was lost during COMMIT and the "
+                                      "server stayed unreachable (or the lost session kept "
+                                      "the ledger's lock): the charge may or may not have "
+                                      "been recorded; reopen the ledger to see") from exc
+                time.sleep(_RETRY_PAUSE)
 
     def transaction(self, acc: Accounting, write: bool) -> contextlib.AbstractContextManager[_Txn]:
         return self._transaction(acc, write)
@@ -654,6 +686,31 @@ class PostgresStore:
         return _rows.decode_mechanism(self, mech_id, row, where)
 
     # -- writing -------------------------------------------------------------------------------
+    def _accepts(self, label: str | None) -> None:
+        """Refuse a label this database's encoding cannot hold, before anything is decided
+        or written (task lo7: a LATIN1 database refused a label outside LATIN1 at the
+        write, the charge failed as a LedgerStateError and the ledger was broken for good).
+        ASCII fits every server encoding, and UTF8 and SQL_ASCII (no conversion) take any
+        label; otherwise the server itself converts the label, once per label and store
+        (the conversion the write would make; a refusal aborts this transaction, which
+        the caller's error rolls back)."""
+        if label is None or label.isascii() or label in self._labels_fit:
+            return
+        conn = self._conn
+        encoding = str(conn.info.parameter_status("server_encoding") or "")
+        if encoding.upper() not in ("UTF8", "SQL_ASCII"):
+            pg = self._pg
+            try:
+                conn.execute("SELECT %s::text", (label,))
+            except pg.errors.UntranslatableCharacter:
+                raise InvalidArgumentError(
+                    "label", label, f"cannot be stored in this PostgreSQL database (its "
+                    f"encoding is {encoding}); nothing was "
+                    "charged") from None
+            except pg.Error as exc:
+                raise self._error(exc, "cannot check the label") from exc
+        self._labels_fit.add(label)
+
     def _write_guarded(self, acc: Accounting, changes: list[Change]) -> None:
         pg = self._pg
         try:

@@ -16,6 +16,10 @@ class Transaction(Protocol):
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         """Persist ``changes`` (already applied to ``acc``), durably at commit."""
 
+    def accepts(self, label: str | None) -> None:
+        """Refuse (InvalidArgumentError naming ``label``), before anything is decided or
+        written, a valid label (``check_label``'s) that this store cannot keep."""
+
 
 class Store(Protocol):
     @property

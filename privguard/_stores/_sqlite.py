@@ -158,6 +158,10 @@ class _Txn:
     def write(self, acc: Accounting, changes: list[Change]) -> None:
         self.store._write(self.conn, acc, changes)
 
+    def accepts(self, label: str | None) -> None:
+        """SQLite keeps every label ``check_label`` lets through (UTF-8 text without NUL
+        or lone surrogates, which it refuses up front; task lo7)."""
+
 
 def _identity_before_connect(path: str) -> tuple[int, int] | None:
     """The (st_dev, st_ino) of the file at ``path`` before SQLite opens it (None: missing).
