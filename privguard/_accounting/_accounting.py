@@ -518,8 +518,10 @@ class Accounting:
                     or not lim.holds(journal, flt, self.config):
                 return None
             flt.apply(None)  # the RDP and strict filters keep no state (as apply())
-        t = clock()
-        return ChargeRecord(journal.repeat_current(t), run_label, m, t, pid)
+        index = journal.repeat_current(clock())
+        # the run's last time as kept (a clock stepped back is clamped to the previous
+        # charge's: task lo7, the record carried the clock's time and history the kept one)
+        return ChargeRecord(index, run_label, m, journal.current_last_time(), pid)
 
     def apply(self, verdict: Verdict, label: str | None, t: float, pid: int) -> list[Change]:
         """Commit an admitted verdict; returns the journal changes to persist."""

@@ -376,6 +376,14 @@ class Journal:
         self._cur_run = None
         return c[1] + c[2] - 1
 
+    def current_last_time(self) -> float:
+        """The current run's last time (the clamped one :meth:`repeat_current` and
+        :meth:`append` keep: never before an earlier charge's), which the record of its
+        newest charge carries."""
+        c = self._cur
+        assert c is not None
+        return c[6]
+
     def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
 
