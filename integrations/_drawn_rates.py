@@ -24,6 +24,7 @@ more than one step is not seen: lower the rate where it holds none.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections import deque
@@ -71,6 +72,7 @@ class DrawnRates:
         # one preempted between marking the record mixed and recording its rate, while
         # the other re-armed the shortcut over it: a step charged below its window)
         self._recording_lock = threading.Lock()
+        _LIVE.add(self)  # its lock is made anew in a forked child (task lo7)
         self._original, self._recording = swap_iter(self.sampler, self._drawn)
         # the sampler's iterators alive (a DataLoader iterator holds its own until it is
         # dropped): each may hold ``ahead`` draws in flight
@@ -149,3 +151,23 @@ class DrawnRates:
         """Give the batch sampler its own class back."""
         if type(self.sampler) is self._recording:
             self.sampler.__class__ = self._original
+
+
+#: Every DrawnRates alive, whose lock a forked child makes anew (:func:`_after_fork_in_child`).
+_LIVE: weakref.WeakSet[DrawnRates] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A fresh recording lock for every DrawnRates in a forked child (task lo7): a thread of
+    the parent inside :meth:`DrawnRates._drawn` at the fork (another thread drawing from the
+    sampler) left the child's copy of the lock held by a thread the child does not have,
+    and the child's next draw waited for ever. The child has one thread, so no draw of its
+    own is under way; what the parent's thread was recording is lost to the child, whose
+    batches are its own draws from here on (as ``privguard._stores._handles`` does for its
+    lock)."""
+    for rates in list(_LIVE):
+        rates._recording_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
