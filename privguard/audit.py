@@ -177,6 +177,17 @@ class _Canaries:
         self.score += step_log_likelihood_ratio(x, float(opt.noise_multiplier), self.rate)
         self.steps += 1
 
+    def check(self, loss_from: str) -> None:
+        """Refuse, after a step, scores that are NaN (task lo7: a finite loss
+        whose gradients overflowed made the released update, hence every score, NaN, and
+        the audit ended with a vacuous ε_lower = 0). The step ran and stays charged (a
+        release is never refunded); no further step runs. No value is shown."""
+        if np.isnan(self.score).any():  # (±inf alone ranks: a σ whose square underflows)
+            raise InvalidArgumentError(
+                loss_from, "a loss whose gradients are not finite (NaN or inf)",
+                "must give a loss whose gradients stay finite: the released update, and so "
+                "the canaries' scores, were not finite; the audit stopped")
+
     def scores(self) -> np.ndarray:
         """Each canary's score: Σ_t log(1 − q + q·exp((x_t − ½)/σ²)), x_t its projection."""
         return self.score
@@ -189,10 +200,10 @@ class _Canaries:
 
 
 def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
-           loss_from: str = "loss") -> int:
+           loss_from: str = "loss", after_step: Callable[[str], None] | None = None) -> int:
     """Train ``steps`` real steps; ``loss_from`` names the argument the loss came from
     (``loss``, or ``build`` for a 4th item), which a loss that cannot be back-propagated
-    is refused under."""
+    is refused under; ``after_step(loss_from)`` runs after each step (it may refuse)."""
     done = 0
     while done < steps:
         seen = False
@@ -207,10 +218,12 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
             x, y = batch
             seen = True
             opt.zero_grad()
-            _backward(loss(model(x), y), loss_from)
+            _backward(loss(model(x), y), loss_from, _empty(x))
             _check_reached(opt, loss_from)
             opt.step()
             done += 1
+            if after_step is not None:
+                after_step(loss_from)
             if done >= steps:
                 break
         if not seen:
@@ -218,7 +231,14 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
     return done
 
 
-def _backward(value: Any, loss_from: str) -> None:
+def _empty(x: Any) -> bool:
+    """Whether a batch's inputs hold no example (Poisson sampling draws empty batches, whose
+    mean loss is NaN with no gradient of any example: not refused)."""
+    shape = getattr(x, "shape", None)
+    return shape is not None and len(shape) > 0 and shape[0] == 0
+
+
+def _backward(value: Any, loss_from: str, empty: bool = False) -> None:
     """``value.backward()``, after refusing a loss value it cannot run on (task adv3: a
     per-sample loss, ``CrossEntropyLoss(reduction="none")``, or one detached from the model
     raised torch's RuntimeError out of audit_opacus). Refused before this step's backward, so
@@ -235,6 +255,11 @@ def _backward(value: Any, loss_from: str) -> None:
             what = "a loss without a gradient"
         elif not value.is_floating_point():  # review radv3: complex, torch's RuntimeError
             what = "a loss that is not real"
+        elif not empty and not bool(torch.isfinite(value.detach()).all()):
+            # task lo7: a NaN (or inf) loss made every later score NaN, and the audit ended
+            # with a vacuous ε_lower = 0; the value itself is not shown (it is the data's).
+            # An empty batch's mean loss is NaN with no example's gradient: it goes on
+            what = "a loss that is not finite (NaN or inf)"
         else:
             what = ""
         if what:
@@ -379,7 +404,8 @@ def audit_opacus(build: Callable[[], Any], *, steps: int, canaries: int = 1000,
         handle.detach()
         raise
     try:
-        _train(model, opt, loader, steps, loss, "build" if len(built) == 4 else "loss")
+        _train(model, opt, loader, steps, loss, "build" if len(built) == 4 else "loss",
+               probe.check)
     finally:
         probe.remove()
         handle.detach()
