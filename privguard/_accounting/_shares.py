@@ -56,7 +56,10 @@ class Concentrated(DeltaShares):
     run is cheapest relative to its budget, i.e. the α maximising
     b_α / plan(α) where b_α is the RDP level that converts to the target
     (ε, share·δ) — the order that lets the most repetitions of the plan
-    through. The plan is the one declared on the ledger, or else the first
+    through; among orders whose ratios are exactly equal (a plan of 0 at several
+    orders, or an exact tie), the smallest order: the grid is strictly increasing
+    and the first maximum is taken, so the choice depends on the grid's values
+    alone, never on how the tie arose. The plan is the one declared on the ledger, or else the first
     charged mechanism (chosen before any output exists, so the weights stay
     data-independent). ``Concentrated(share=1.0, order=a)`` is the
     single-order filter of seed 001 Theorem 1.
@@ -103,6 +106,8 @@ class Concentrated(DeltaShares):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             ratio = np.where(plan > 0, budget / plan, np.where(budget >= 0, np.inf, -np.inf))
         ratio = np.where(np.isnan(ratio), -np.inf, ratio)
+        # exact ties: the smallest order (np.argmax takes the first maximum, and the grid is
+        # strictly increasing: check.orders), as the class docstring states (task lo7)
         return int(np.argmax(ratio))
 
 
