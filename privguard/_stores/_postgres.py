@@ -94,6 +94,10 @@ class _Txn:
         self.store._accepts(label)
 
 
+#: How many non-ASCII labels a store of a non-UTF8 database remembers as kept (review
+#: rlo7: one set that grew with every distinct label).
+_LABELS_KEPT = 1024
+
 _TOLD_UPGRADE: set[str] = set()  # ledger ids whose owner was told (SchemaUpgradeWarning)
 
 
@@ -137,7 +141,7 @@ class PostgresStore:
         self._written: tuple[int, str] | None = None  # (row, digest) written in this transaction
         self._desync: str | None = None
         self._closed = False  # by the owning ledger (:meth:`close`)
-        self._labels_fit: set[str] = set()  # non-ASCII labels this database can keep
+        self._labels_fit: set[str] = set()  # non-ASCII labels a non-UTF8 database keeps
         self.live = False
 
     @property
@@ -691,24 +695,33 @@ class PostgresStore:
         or written (task lo7: a LATIN1 database refused a label outside LATIN1 at the
         write, the charge failed as a LedgerStateError and the ledger was broken for good).
         ASCII fits every server encoding, and UTF8 and SQL_ASCII (no conversion) take any
-        label; otherwise the server itself converts the label, once per label and store
-        (the conversion the write would make; a refusal aborts this transaction, which
-        the caller's error rolls back)."""
+        label, asked nothing; otherwise the server itself converts the label and sends it
+        back, once per label and store (up to ``_LABELS_KEPT`` remembered): refused when
+        the conversion fails (any data error: review rlo7, EUC_JIS_2004 refuses U+0085 as
+        an invalid byte sequence, not as untranslatable) or gives another string (review
+        rlo7: EUC_JP keeps "¦" as what reads back "￤", and the row then failed its digest:
+        the ledger never opened again). A refusal aborts this transaction, which the
+        caller's error rolls back."""
         if label is None or label.isascii() or label in self._labels_fit:
             return
         conn = self._conn
         encoding = str(conn.info.parameter_status("server_encoding") or "")
-        if encoding.upper() not in ("UTF8", "SQL_ASCII"):
-            pg = self._pg
-            try:
-                conn.execute("SELECT %s::text", (label,))
-            except pg.errors.UntranslatableCharacter:
-                raise InvalidArgumentError(
-                    "label", label, f"cannot be stored in this PostgreSQL database (its "
-                    f"encoding is {encoding}); nothing was "
-                    "charged") from None
-            except pg.Error as exc:
-                raise self._error(exc, "cannot check the label") from exc
+        if encoding.upper() in ("UTF8", "SQL_ASCII"):
+            return
+        pg = self._pg
+        try:
+            back = conn.execute("SELECT %s::text", (label,)).fetchone()[0]
+        except pg.DataError:
+            back = None
+        except pg.Error as exc:
+            raise self._error(exc, "cannot check the label") from exc
+        if back != label:
+            raise InvalidArgumentError(
+                "label", label, f"cannot be stored in this PostgreSQL database (its encoding "
+                f"is {encoding}{'' if back is None else ', which reads it back changed'}); "
+                "nothing was charged")
+        if len(self._labels_fit) >= _LABELS_KEPT:
+            self._labels_fit.clear()
         self._labels_fit.add(label)
 
     def _write_guarded(self, acc: Accounting, changes: list[Change]) -> None:
