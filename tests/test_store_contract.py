@@ -293,3 +293,41 @@ def test_a_write_that_fails_breaks_the_ledger_and_records_nothing(kind, monkeypa
     assert [(r.label, r.count) for r in again.runs] == [("x", 3)]
     again.charge(STEP, label="x")  # another ledger: a row of its own (review rr)
     assert [(r.label, r.count) for r in kind.reopen(again).runs] == [("x", 3), ("x", 1)]
+
+
+def test_every_store_is_asked_about_a_label_before_the_decision(kind, monkeypatch):
+    """Review rlo7 (task lo7's accepts): every store's transaction answers ``accepts``,
+    asked on the charging path before anything is decided; its refusal charges nothing and
+    the ledger goes on, and a non-ASCII label the store keeps comes back whole."""
+    from privguard import InvalidArgumentError
+    from privguard._accounting._accounting import Accounting
+    from privguard._stores import _memory, _postgres, _sqlite
+
+    asked = []
+    decide = Accounting.decide
+    for txn in (_memory._NoTransaction, _sqlite._Txn, _postgres._Txn):
+        real = txn.accepts
+
+        def accepts(self, label, real=real):
+            asked.append(label)
+            real(self, label)
+            if label == "refused":
+                raise InvalidArgumentError("label", label, "cannot be kept here")
+
+        monkeypatch.setattr(txn, "accepts", accepts)
+
+    def deciding(self, mechanism, label, *args, **kwargs):
+        assert asked and asked[-1] == label  # asked first
+        return decide(self, mechanism, label, *args, **kwargs)
+
+    monkeypatch.setattr(Accounting, "decide", deciding)
+    ledger = kind.make(3.0, 1e-5, lease=1)
+    ledger.charge(STEP, label="日本¦")
+    spent = ledger.epsilon()
+    with pytest.raises(InvalidArgumentError, match=r"^label="):
+        ledger.charge(STEP, label="refused")
+    assert ledger.epsilon() == spent and len(ledger.history) == 1
+    ledger.charge(STEP, label="日本¦")
+    assert asked == ["日本¦", "refused", "日本¦"]
+    monkeypatch.undo()
+    assert [(r.label, r.count) for r in kind.reopen(ledger).runs] == [("日本¦", 2)]
