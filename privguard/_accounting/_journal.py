@@ -384,6 +384,21 @@ class Journal:
         assert c is not None
         return c[6]
 
+    def time_at(self, i: int) -> float | None:
+        """The time the journal shows for charge ``i`` (its run's first or last time, None
+        between, as :meth:`Run.record`): what a step handed out from a lease carries
+        (review rlo7: it carried the clock's time at hand-out, which history never shows).
+        The current run first (a lease's, unless a charge beside it came after), then the
+        held runs from the newest; None for a charge not held (before a checkpoint)."""
+        c = self._cur
+        if c is not None and c[1] <= i < c[1] + c[2]:
+            return c[5] if i == c[1] else c[6] if i == c[1] + c[2] - 1 else None
+        for run in reversed(self._closed):
+            if run.start <= i:
+                return run._record(i - run.start).time if i < run.start + run.count \
+                    else None
+        return None
+
     def start_run(self, run: Run, curve: np.ndarray, spent_after: np.ndarray | None) -> None:
         """Make ``run`` (read back from a store, already admitted) the current run.
 

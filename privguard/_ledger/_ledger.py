@@ -736,7 +736,11 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def _take(self, lease: leases.Lease, label: str | None, pid: int, times: int
               ) -> ChargeRecord:
         """Under ``_lock``, the lease checked: ``times`` steps of it handed out."""
-        record = ChargeRecord(lease.take(times), label, lease.mechanism, time.time(), pid)
+        index = lease.take(times)
+        # the time the journal shows for it (review rlo7: the clock's at hand-out, which
+        # history never shows: a run keeps its first and last time, None between)
+        record = ChargeRecord(index, label, lease.mechanism, self._acc.journal.time_at(index),
+                              pid)
         self._handed_out(lease)
         return record
 
@@ -767,7 +771,8 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
         first = cur.left
         cur.take(first)
         self._promote()  # the prefetched lease continues the streak
-        record = ChargeRecord(nxt.take(times - first), label, nxt.mechanism, time.time(), pid)
+        index = nxt.take(times - first)
+        record = ChargeRecord(index, label, nxt.mechanism, self._acc.journal.time_at(index), pid)
         self._handed_out(nxt)
         return record
 
