@@ -183,6 +183,12 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             if not isinstance(retarget, str) or not retarget.strip():
                 raise InvalidArgumentError("retarget", retarget,
                                            "must be a non-empty reason (it is logged)")
+            try:  # review rlo7: a lone surrogate escaped the store's write as Python's
+                retarget.encode("utf-8")  # UnicodeEncodeError
+            except UnicodeEncodeError:
+                raise InvalidArgumentError("retarget", retarget, "must be encodable as UTF-8 "
+                                           "(no lone surrogates), so that every store can "
+                                           "keep it") from None
         cap = leases.check_cap(lease, path is not None)
         prefetch = check.optional_flag("prefetch", prefetch)
         listeners = _listener_list(listeners)  # every argument before the store (review bd)

@@ -669,6 +669,8 @@ class PostgresStore:
                 f"({acc.config.mismatch(config)}). " + _config.retarget_remedy(differs, "Ledger.open(url)", owner=True))
         # not while a tuner holds this ledger in this process (review radv2)
         _handles.refuse_if_held(self)
+        if not reason.isascii():  # kept as written, or refused (review rlo7)
+            self._keeps(conn, "retarget", reason, "nothing was written")
         body = {"event": "retarget", "time": time.time(), "pid": os.getpid(), "reason": reason,
                 "old": acc.config.to_dict(), "new": config.to_dict()}
         acc.replay_event(body)
@@ -704,25 +706,32 @@ class PostgresStore:
         caller's error rolls back."""
         if label is None or label.isascii() or label in self._labels_fit:
             return
-        conn = self._conn
-        encoding = str(conn.info.parameter_status("server_encoding") or "")
-        if encoding.upper() in ("UTF8", "SQL_ASCII"):
-            return
-        pg = self._pg
-        try:
-            back = conn.execute("SELECT %s::text", (label,)).fetchone()[0]
-        except pg.DataError:
-            back = None
-        except pg.Error as exc:
-            raise self._error(exc, "cannot check the label") from exc
-        if back != label:
-            raise InvalidArgumentError(
-                "label", label, f"cannot be stored in this PostgreSQL database (its encoding "
-                f"is {encoding}{'' if back is None else ', which reads it back changed'}); "
-                "nothing was charged")
+        if not self._keeps(self._conn, "label", label, "nothing was charged"):
+            return  # a UTF8 or SQL_ASCII database: nothing asked, nothing remembered
         if len(self._labels_fit) >= _LABELS_KEPT:
             self._labels_fit.clear()
         self._labels_fit.add(label)
+
+    def _keeps(self, conn: Any, argument: str, text: str, outcome: str) -> bool:
+        """Refuse (InvalidArgumentError naming ``argument``) a non-ASCII ``text`` this
+        database cannot keep as written (:meth:`_accepts`); True when the server was asked
+        (a database that converts), False when its encoding takes any text."""
+        encoding = str(conn.info.parameter_status("server_encoding") or "")
+        if encoding.upper() in ("UTF8", "SQL_ASCII"):
+            return False
+        pg = self._pg
+        try:
+            back = conn.execute("SELECT %s::text", (text,)).fetchone()[0]
+        except pg.DataError:
+            back = None
+        except pg.Error as exc:
+            raise self._error(exc, f"cannot check the {argument}") from exc
+        if back != text:
+            raise InvalidArgumentError(
+                argument, text, f"cannot be stored in this PostgreSQL database (its encoding "
+                f"is {encoding}{'' if back is None else ', which reads it back changed'}); "
+                f"{outcome}")
+        return True
 
     def _write_guarded(self, acc: Accounting, changes: list[Change]) -> None:
         pg = self._pg
