@@ -308,12 +308,14 @@ class Elapsed:
 
     def __enter__(self) -> Elapsed:
         if self.enabled and not inside_candidate():  # a nested tuner's bar would count K
-            from tqdm.auto import tqdm
+            from privguard._progress import Lines, progress
 
-            self._bar = tqdm(desc=self.label, bar_format="{desc}: running for {elapsed}",
-                             leave=False)
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
+            # not a terminal: one line when the run ends, no carriage returns (task rd)
+            self._bar = progress(self.label, bar_format="{desc}: running for {elapsed}",
+                                 leave=False, elapsed_only=True)
+            if not isinstance(self._bar, Lines):
+                self._thread = threading.Thread(target=self._tick, daemon=True)
+                self._thread.start()
         return self
 
     def show_budget(self, ledger: Any) -> None:
