@@ -149,3 +149,4 @@ def test_the_on_disk_and_leases_blocks_run_one_after_the_other_in_one_folder(tmp
         exec(compile(_first_python_block_after(heading), f"README {heading}", "exec"), names)
         names["ledger"].close()
     assert names["ledger"].target[0] == 3.0
+
