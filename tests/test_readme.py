@@ -150,3 +150,33 @@ def test_the_on_disk_and_leases_blocks_run_one_after_the_other_in_one_folder(tmp
         names["ledger"].close()
     assert names["ledger"].target[0] == 3.0
 
+
+def test_the_opacus_block_prints_what_the_readme_quotes(tmp_path, monkeypatch):
+    # README "Under an existing Opacus loop" (task rd): the loop with Opacus' default (PRV)
+    # accountant, as written, prints the output the README quotes; the ledger's non-adaptive
+    # ε is Opacus' RDP accountant's for the same steps (not below it by more than a better
+    # order gives, never below by rounding) and Opacus' PRV ε is the last line.
+    import warnings
+
+    from opacus.accountants import RDPAccountant
+
+    monkeypatch.chdir(tmp_path)
+    after = README.split("\n## Under an existing Opacus loop", 1)[1]
+    quoted = after.split("It prints", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0]
+    names: dict = {"__name__": "readme"}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(_first_python_block_after("## Under an existing Opacus loop"),
+                     "README Opacus loop", "exec"), names)
+    lines = out.getvalue().splitlines()
+    assert lines == quoted.splitlines()
+    ledger, engine = names["ledger"], names["engine"]
+    assert lines[0] == str(ledger.guarantee()) and lines[1] == str(ledger.budget())
+    rdp = RDPAccountant()
+    rdp.history = list(engine.accountant.wrapped.history)
+    assert sum(n for _, _, n in rdp.history) == len(ledger.history) == 192
+    assert float(lines[2]) == ledger.nonadaptive_epsilon() == pytest.approx(rdp.get_epsilon(1e-5),
+                                                                             rel=1e-9)
+    assert float(lines[3]) == engine.accountant.wrapped.get_epsilon(1e-5) < float(lines[2])
+
