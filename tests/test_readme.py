@@ -180,3 +180,21 @@ def test_the_opacus_block_prints_what_the_readme_quotes(tmp_path, monkeypatch):
                                                                              rel=1e-9)
     assert float(lines[3]) == engine.accountant.wrapped.get_epsilon(1e-5) < float(lines[2])
 
+
+def test_the_numbers_table_is_what_its_script_prints(monkeypatch):
+    # README "What the numbers mean" (task rd): the table of one run's numbers is what
+    # `python examples/five_numbers.py` prints, row for row, and its rows say what the
+    # ledger says (the hybrid meter sits beside Opacus' PRV ε, the non-adaptive ε on
+    # Opacus' RDP ε).
+    monkeypatch.syspath_prepend(str(SOURCE / "examples"))
+    import five_numbers
+
+    table = five_numbers.table()
+    assert table in README
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    values = {row[0].lstrip("| "): row[1].strip("`") for row in rows}
+    assert values["`ledger.nonadaptive_epsilon()`"] == values["Opacus `RDPAccountant`"]
+    prv = float(values["Opacus `PRVAccountant` (its default)"])
+    hybrid = float(values['`ledger.budget()`, `filter="hybrid"`'].split()[1])
+    assert prv <= hybrid <= prv * 1.01  # the hybrid filter admits what PRV calibrated
+    assert values["`ledger.guarantee()`"].startswith("(ε = 3, δ = 1e-05)-DP")
