@@ -68,12 +68,14 @@ def _moved_measurements() -> str:
     return after[1].split("\n## ", 1)[0]
 
 
-@pytest.mark.parametrize("page", ["README", "moved"])
+@pytest.mark.parametrize("page", ["README", "moved", "reference"])
 def test_the_files_and_options_the_readme_cites_exist(page):
     # Every path the README names, and every option of a `python benchmarks/...` or
     # `python examples/...` command it gives, exists in the script it names; so do those
-    # of the measurements moved from the README to docs/performance.md (task rd).
-    text = README if page == "README" else _moved_measurements()
+    # of the measurements and details moved from the README to docs/performance.md and
+    # docs/reference.md (task rd).
+    text = {"README": README, "moved": _moved_measurements(),
+            "reference": DOCS["docs/reference.md"]}[page]
     paths = {p.rstrip(".,)") for p in re.findall(
         r"\b(?:benchmarks|tests|examples|scripts|docs|privguard|integrations)/[\w./-]+", text)}
     missing = sorted(p for p in paths
