@@ -69,8 +69,11 @@ class Lines:
         else:
             count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
             text = f"{self.desc}: {count} {self.unit}s" + (f", {self.postfix}" if self.postfix else "")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # closed, or a pipe whose reader left: dropped, as tqdm does
+            pass
 
 
 def progress(desc: str, *, unit: str = "it", total: int | None = None, shown: bool = True,
@@ -82,6 +85,8 @@ def progress(desc: str, *, unit: str = "it", total: int | None = None, shown: bo
     from tqdm.auto import tqdm
 
     stream = sys.stderr
+    if stream is None:  # no standard error at all (pythonw, a detached service): show nothing
+        shown = False
     # inside Jupyter tqdm.auto is the notebook widget, which writes no carriage returns
     notebook = any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__)
     if not shown or notebook or is_terminal(stream):

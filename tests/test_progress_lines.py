@@ -59,3 +59,26 @@ def test_nothing_when_not_shown():
                      progress=False).run(lambda params, child: 1.0,
                                          Ledger(epsilon=50.0, delta=1e-5))
     assert err.getvalue() == ""
+
+
+class Closed(io.StringIO):
+    """Standard error closed under the run (review rrd)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.close()
+
+
+@pytest.mark.parametrize("stream", [None, Closed], ids=["none", "closed"])
+def test_a_missing_or_closed_stderr_raises_nothing(stream):
+    # review rrd: off a terminal the line was written to sys.stderr as it was: a closed
+    # stream raised ValueError and a None one (pythonw, a detached service) AttributeError
+    # out of RandomSearch.run and ProposeTest.select, after the charge, the result lost
+    # (main's tqdm dropped its frames on a closed stream)
+    with redirect_stderr(stream() if stream else None):  # type: ignore[type-var]
+        found = RandomSearch({"x": [1, 2]}, Poisson(5.0), cost=M.Gaussian(10.0), seed=3,
+                             progress=True).run(lambda params, child: 1.0,
+                                                Ledger(epsilon=50.0, delta=1e-5))
+        rounds = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=1.0, partitions=4, seed=0,
+                             progress=True).select([0.2, 0.9], Ledger(epsilon=50.0, delta=1e-5))
+    assert found.selected and rounds.rounds >= 1
