@@ -49,16 +49,18 @@ def table() -> str:
     rows = [
         ("`ledger.budget()`", f"`{plain.budget()}`",
          "the budget meter: how much of the target the filter has used. Consumption, "
-         "not a privacy statement", "never as the privacy claim; log it while training"),
+         "not a privacy statement (why it reads above the RDP ε: below the table)",
+         "never as the privacy claim; log it while training"),
         ("`ledger.budget()`, `filter=\"hybrid\"`", f"`{hybrid.budget()}`",
-         "the same meter when the hybrid filter decides: PLD accounting of the plan's steps",
-         "never as the claim; it is the number to set beside Opacus' PRV ε"),
+         "the same meter when the hybrid filter decides: the plan's steps counted by PLD, "
+         "as Opacus' PRV accountant counts them, so it reads close to Opacus' PRV ε",
+         "never as the claim: it is consumption, even where it matches Opacus' PRV ε"),
         ("`ledger.guarantee()`", f"`{str(plain.guarantee()).split(' (a ')[0]}`",
          "the filter's (ε, δ)-DP for the whole interaction: the target, whatever the run "
          "spent below it (either filter)", "**report this**"),
         ("`ledger.epsilon()`", up(plain.epsilon()),
-         "the any-time ε (odometer): valid under adaptive choices and at any stopping time, "
-         "without the filter", "the claim of a ledger without a target; beside the "
+         "the any-time ε (odometer): a tail bound valid under adaptive choices and at any "
+         "stopping time, without the filter, so it usually reads above the non-adaptive ε", "the claim of a ledger without a target; beside the "
          "guarantee only as another statement (not the smaller of the two)"),
         ("`ledger.nonadaptive_epsilon()`", up(plain.nonadaptive_epsilon()),
          "the spent curve's RDP conversion, as if every choice was fixed in advance",
