@@ -221,3 +221,26 @@ def test_the_numbers_table_is_what_its_script_prints(monkeypatch):
     flat = re.sub(r"\s+", " ", README)
     assert f"(here {book.orders[int(np.argmax(weights))]:g}; this run's best order is {best:g})" in flat
     assert book.budget().spent > book.nonadaptive_epsilon() < book.epsilon()
+
+
+def test_the_readme_summaries_hold_the_moved_measurements():
+    # review rrd: task rd replaced the README's measurements by short summaries and moved
+    # them to docs/performance.md; each summary must hold every moved number. "seconds to
+    # about a minute" stood for the one-run audit's 9.5 s and 79 s of wall time.
+    moved = re.sub(r"\s+", " ", _moved_measurements())
+    flat = re.sub(r"\s+", " ", README)
+    walls = [float(w) for w in re.findall(r"([\d.]+) s wall", moved.split(
+        "The one-run audit's cost", 1)[1].split("False alarms", 1)[0])]
+    low, high = map(float, re.search(r"`privguard audit --quick` (\d+) to (\d+) s of wall time",
+                                     flat).groups())
+    assert walls and low <= min(walls) * 1.1 and max(walls) <= high
+    optuna = re.search(r"bare Optuna: ([\d.]+)–([\d.]+) ms", moved)
+    assert optuna and float(optuna.group(2)) < 1 and "bare Optuna: under a millisecond" in flat
+    lease = moved.split("Leases, the bound", 1)[1].split("Examples (README)", 1)[0]
+    measured = [float(p) for p in re.findall(r"([\d.]+)% (?:with|at|when)", lease)]
+    lo, hi = map(float, re.search(r"and ([\d.]+)–([\d.]+)% with prefetch",
+                                  re.sub(r"\s+", " ", DOCS["docs/reference.md"])).groups())
+    assert measured and lo <= min(measured) and max(measured) <= hi, measured
+    witness = re.search(r"\*\*(1\.\d+)–(1\.\d+)×\*\* paired after task t28", moved)
+    assert witness, "the witnesses' latest step cost moved"
+    assert f"about **{float(witness.group(1)):.2f}–{float(witness.group(2)):.2f}× plain Opacus**" in flat
