@@ -76,11 +76,26 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def orders() -> tuple[float, float]:
+    """The order the default δ shares sit at (where the target would be reached) and the
+    order at which this run's RDP ε is smallest: why the meter reads above that ε."""
+    import numpy as np
+
+    book = ledger("rdp")
+    weights = np.asarray(book._acc.filter.resolve_weights(None))
+    spent = np.asarray(book._acc.spent())
+    alphas = np.asarray(book.orders)
+    eps = spent - (np.log(DELTA) + np.log(alphas)) / (alphas - 1) + np.log((alphas - 1) / alphas)
+    return float(alphas[int(np.argmax(weights))]), float(alphas[int(np.argmin(eps))])
+
+
 def main() -> str:
     text = table()
     print(f"{STEPS} steps of SubsampledGaussian(σ = {SIGMA}, q = 256/60000), "
           f"target (ε = {TARGET:g}, δ = {DELTA:g}), plan declared:\n")
     print(text)
+    shares, best = orders()
+    print(f"\nthe δ shares sit at order {shares:g}; this run's best order is {best:g}")
     return text
 
 
