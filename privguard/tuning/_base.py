@@ -295,9 +295,10 @@ def held(ledger: Ledger) -> Iterator[None]:
 class Elapsed:
     """A progress indicator that shows the elapsed time and nothing else.
 
-    It never shows a count: the number of runs is not released. It redraws
-    once a second on a timer, never per candidate, so what it writes does
-    not depend on K or on any outcome (only on the run's duration).
+    It never shows a count: the number of runs is not released. On a terminal
+    it redraws once a second on a timer, elsewhere it writes one line when the
+    run ends (:mod:`privguard._progress`); never per candidate, so what it
+    writes does not depend on K or on any outcome (only on the run's duration).
     """
 
     def __init__(self, label: str, enabled: bool) -> None:
