@@ -11,7 +11,7 @@ import tempfile
 import torch
 from _fmt import up
 from opacus import PrivacyEngine
-from opacus.accountants import PRVAccountant
+from opacus.accountants import RDPAccountant
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -20,9 +20,9 @@ from privguard.integrations.opacus import attach
 
 
 def make_private(data):
-    """The user's Opacus setup. accountant="rdp": Opacus then counts as the ledger does."""
+    """The user's Opacus setup, with Opacus' default accountant (PRV), as most users have it."""
     model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 2))
-    engine = PrivacyEngine(accountant="rdp")
+    engine = PrivacyEngine()
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
         data_loader=DataLoader(data, batch_size=128), noise_multiplier=1.5, max_grad_norm=1.0)
@@ -70,13 +70,16 @@ def main(argv=None) -> Ledger:
         print(f"stopped: {exc.remaining}")
 
     steps = sum(n for _, _, n in engine.accountant.history)  # Opacus' own record, kept too
-    prv = PRVAccountant()
-    prv.history = list(engine.accountant.history)
+    rdp = RDPAccountant()
+    rdp.history = list(engine.accountant.history)
     print(f"{len(ledger.history)} steps charged ({steps} recorded by Opacus); "
           f"report: {ledger.guarantee()}; running ε (odometer) {up(ledger.epsilon())}")
-    print(f"the same steps by Opacus' RDP accountant: ε = {ledger.nonadaptive_epsilon():.3f} "
-          "(valid only for a run fixed in advance); by Opacus' default PRV accountant: "
-          f"ε = {prv.get_epsilon(1e-5):.3f}")
+    # neither Opacus number is valid under adaptive choices; compare like with like:
+    # the ledger's non-adaptive RDP conversion with Opacus' RDP accountant
+    print(f"the same steps as if fixed in advance: ledger.nonadaptive_epsilon() = "
+          f"{up(ledger.nonadaptive_epsilon())}, Opacus' RDP accountant ε = {up(rdp.get_epsilon(1e-5))}, "
+          f"Opacus' default PRV accountant (engine.accountant.wrapped) ε = "
+          f"{up(engine.accountant.wrapped.get_epsilon(1e-5))}")
     return ledger
 
 

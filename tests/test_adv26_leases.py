@@ -94,7 +94,7 @@ def _race(tmp_path, released_before: int):
 
 
 def test_thread_race_keeps_the_remainder_within_prop2_bound(tmp_path):
-    # Promise (theory §13 Prop. 2, README "The bound"): the unused remainder of a lease is
+    # Promise (theory §13 Prop. 2, docs/reference.md "Leases", "The bound"): the unused remainder of a lease is
     # fewer than min(max(C, r // 64), max(1, r)) steps, r = steps the streak released.
     # A second thread that passed the lease check before another thread took a lease
     # decides with need = times - carry <= 0 and takes a NEW lease on top of the prepaid
@@ -126,7 +126,7 @@ def _swap(path, older: bytes, how: str) -> None:
 @pytest.mark.parametrize("lease", [1, None])
 def test_a_step_is_never_released_after_the_file_went_backwards(tmp_path, monkeypatch, how,
                                                                  lease):
-    # Promise (README "What the file format detects"): a file replaced by another, or a
+    # Promise (docs/reference.md "The ledger file", "What the file format detects"): a file replaced by another, or a
     # journal that went backwards, under an open ledger is detected at every transaction:
     # LedgerStateError, nothing charged. lease=1 keeps it. With leases a charge is no
     # transaction: steps are handed out from memory that the ledger's file (now the
@@ -134,7 +134,7 @@ def test_a_step_is_never_released_after_the_file_went_backwards(tmp_path, monkey
     if how == "rolled back":
         # In WAL mode (the default) the main file alone is not the ledger (its -wal holds
         # the newer charges), so writing older main-file bytes back is no rollback, and
-        # the header's change counter does not move at WAL commits (README "On disk"):
+        # the header's change counter does not move at WAL commits (docs/reference.md "The ledger file"):
         # the in-place rollback is a rollback-journal scenario.
         monkeypatch.setenv("PRIVGUARD_SQLITE_JOURNAL", "rollback")
     path = tmp_path / "swap.db"
@@ -290,7 +290,7 @@ def test_tampered_lease_rows_fail_closed(tmp_path):
 
 # --------------------------------------------------------------------------- hybrid part A
 def test_hybrid_lease_takes_at_most_a_tenth_of_part_a_left(fast_dir):
-    # Promise (README "Sizes"): a lease's cost in the budget meter's currency is at most
+    # Promise (docs/reference.md "Leases", "Sizes"): a lease's cost in the budget meter's currency is at most
     # 10% of the budget left. With filter="hybrid" while part A is alive the meter is
     # A's count of envelope steps (T_A - c left), and leases are capped only by T_A - c
     # (theory §13 says so; README does not): a lease can take all of A's remaining steps,
@@ -325,7 +325,7 @@ def test_hybrid_lease_takes_at_most_a_tenth_of_part_a_left(fast_dir):
                 pass
         released[lease] = n
         ledger.close()
-    # Leases abandon their remainder at a mechanism change (README "Never under-counted":
+    # Leases abandon their remainder at a mechanism change (docs/reference.md "Leases", "Never under-counted":
     # an over-count, never refunded), so equality with lease=1 cannot hold; the promise
     # is the bound: two changes while A is alive, each abandoning fewer than FRACTION of
     # the T_A - c left (released[1] = T_A here). Without the cap: 98 vs 114.
@@ -336,7 +336,7 @@ def test_hybrid_lease_takes_at_most_a_tenth_of_part_a_left(fast_dir):
 # --------------------------------------------------------------------------- interrupted commit
 @pytest.mark.parametrize("lease", [1, None])
 def test_no_step_is_released_from_a_lease_whose_commit_was_interrupted(tmp_path, lease):
-    # Promise (theory §13 Lemma 1, README "Never under-counted"): a lease's steps are
+    # Promise (theory §13 Lemma 1, docs/reference.md "Leases", "Never under-counted"): a lease's steps are
     # committed before the first is handed out. charge() creates the Lease inside the
     # transaction and commits afterwards; an interrupt (SIGINT -> KeyboardInterrupt, a
     # SIGTERM handler's SystemExit; psycopg turns SIGINT during the COMMIT round trip into
@@ -447,7 +447,7 @@ def test_a_non_mechanism_is_refused_while_a_lease_is_held(tmp_path):
 
 
 def test_strict_lease_takes_at_most_a_tenth_of_the_budget_left(fast_dir):
-    # Promise (README "Sizes"): a lease costs at most 10% of the budget left; under the
+    # Promise (docs/reference.md "Leases", "Sizes"): a lease costs at most 10% of the budget left; under the
     # strict filter, of the smallest remaining per-order budget (in steps of this curve).
     import numpy as np
 

@@ -367,7 +367,7 @@ def test_a_leased_step_through_the_lane_checks_the_file(tmp_path, how):
 
 
 def test_a_commit_under_a_leased_step_is_synced_and_verified(tmp_path, monkeypatch):
-    # Promise (README "What the file format detects"; rollback journal, where the header's
+    # Promise (docs/reference.md "The ledger file", "What the file format detects"; rollback journal, where the header's
     # change counter moves at every commit): a file changed since the ledger's last
     # transaction is synced and verified before a leased step is released, through the
     # lane as on the ordinary path: another writer's charge is read in at that step, an

@@ -65,7 +65,7 @@ def test_a_charge_from_a_refusal_listener_is_durable(tmp_path, request, where, l
 
 
 def test_strict_lease_cap_holds_where_the_budget_is_infinite_at_an_order(tmp_path):
-    # Promise (README "Sizes"; docs/theory.md §13): under a strict per-order budget a lease
+    # Promise (docs/reference.md "Leases", "Sizes"; docs/theory.md §13): under a strict per-order budget a lease
     # costs at most 10% of the budget left at every order it charges. A budget of +inf at
     # an order that the step also charges +inf gave inf − inf = NaN there, and the NaN
     # turned the cap off: leases then took the whole budget left (worst 1.0).

@@ -74,7 +74,9 @@ def test_console_script_is_installed(fixture_ledger):
 def test_demo_runs_end_to_end(tmp_path, capsys):
     db = tmp_path / "demo.db"
     assert main(["demo", "--quick", "--db", str(db)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # standard error is not a terminal here: one line per epoch, no "\r" frames (task rd)
+    assert "\r" not in err and "final training: 1/6 epochs, budget " in err
     assert "reduced size" in out and "What to report" in out
     ledger = Ledger.open(db)
     labels = {r.label for r in ledger.history}

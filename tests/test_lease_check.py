@@ -76,7 +76,7 @@ def test_the_header_counter_is_read_at_a_leased_step_in_rollback_mode_only(tmp_p
 
 def test_wal_a_checkpoint_by_another_process_is_read_in_at_the_next_leased_step(
         tmp_path, monkeypatch):
-    # Promise (README "What the file format detects"): a file changed since the ledger's
+    # Promise (docs/reference.md "The ledger file", "What the file format detects"): a file changed since the ledger's
     # last transaction is synced and verified before a leased step is released. In WAL
     # mode the main file changes at checkpoints (another process's close checkpoints),
     # which the header's counter does not show; the stat's times do: the other process's

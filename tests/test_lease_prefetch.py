@@ -276,7 +276,7 @@ def test_fork_while_a_prefetch_is_in_flight(tmp_path, gate):
 
 
 def test_a_prefetched_lease_keeps_the_tenth_rule(tmp_path, deferred):
-    # README "Sizes": a lease costs at most 10% of the budget left when it is taken, and
+    # docs/reference.md "Leases", "Sizes": a lease costs at most 10% of the budget left when it is taken, and
     # (Proposition 2) the remainder it follows plus itself at most 10% of what was left
     # without that remainder. Strict budget of 400 steps: every count is in steps.
     import numpy as np

@@ -278,7 +278,7 @@ def test_auto_find_batch_size_retry_replays_the_failed_attempts_steps_an_over_co
     # A retry of accelerate's find_executable_batch_size runs the training loop again: the
     # callback attaches again and charges the steps Opacus' accountant recorded in the failed
     # attempt ("before attach"), which the first attach had already charged. Documented in
-    # the README's Hugging Face section; pinned here (counted twice, never less).
+    # docs/reference.md's "Framework callbacks" (README summarises it); pinned here (counted twice, never less).
     transformers = pytest.importorskip("transformers")
     from opacus import GradSampleModule
     from opacus.accountants import RDPAccountant

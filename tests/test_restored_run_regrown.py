@@ -6,7 +6,7 @@ place. Before the fix, any ledger of the process that wrote a run could grow it:
 older copy restored (the run at 116 charges) and charged again by the same process past
 the pickled count (212) read, at loading, as the pickled run grown, and loaded; the
 charges the restore dropped were lost. Now a run's row grows only through the ledger
-that wrote it (README, "a run's row grows in place"), so another ledger, even in the
+that wrote it (docs/reference.md "Framework callbacks", "a run's row grows in place"), so another ledger, even in the
 same process, starts a row of its own, and the older copy no longer extends the pickle.
 """
 

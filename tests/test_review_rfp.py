@@ -78,7 +78,7 @@ def test_the_audit_runs_a_plain_model_in_a_process_group_of_one_rank(tmp_path):
     assert result.steps == 2
 
 
-# --- parameters stated as charged in the integrations' other messages (README: "the
+# --- parameters stated as charged in the integrations' other messages (docs/reference.md: "the
 # integrations' warnings and refusals ... as stored, never rounded"); ":g" printed
 # 1.2345649 as 1.23456 and 0.12345649 as 0.123456 ---------------------------------------
 def test_the_below_hook_warning_states_the_rates_as_charged():

@@ -86,7 +86,7 @@ def _fresh_fit_refused(folder, ledger, match):
 
 @pytest.mark.parametrize("file_backed", [False, True])
 def test_the_same_weights_in_two_runs_entries_refuse_a_fresh_fit(tmp_path, file_backed):
-    # README (task fw): the same weights in two runs' entries refuse the fit (a copy of a
+    # docs/reference.md "Framework callbacks" (task fw): the same weights in two runs' entries refuse the fit (a copy of a
     # checkpoint whose entry names another run), the ledger left as it was (a file-backed
     # one's journal too)
     folder = tmp_path / "ckpts"
@@ -101,7 +101,7 @@ def test_the_same_weights_in_two_runs_entries_refuse_a_fresh_fit(tmp_path, file_
 
 
 def test_an_unreadable_checkpoint_in_the_folders_refuses_a_fresh_fit(tmp_path):
-    # README (task fw): a .ckpt in the folders a fit without ckpt_path= saves to that cannot
+    # docs/reference.md "Framework callbacks" (task fw): a .ckpt in the folders a fit without ckpt_path= saves to that cannot
     # be read refuses the fit (it may hold the module's weights), the ledger left as it was
     folder = tmp_path / "ckpts"
     _run_to_4(folder)

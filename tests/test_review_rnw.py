@@ -199,13 +199,14 @@ def test_a_callback_takes_a_good_sample_rate(rate):
 
 
 # ---------------------------------------------------------------- 10: README's python -c
-@pytest.mark.parametrize("page", ["README.md", "docs/theory.md", "docs/performance.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/theory.md", "docs/performance.md",
+                                  "docs/reference.md"])  # the README's details, moved (task rd)
 def test_every_python_c_of_the_docs_pastes_from_the_markdown(page):
     # the command of README "What the numbers mean" was wrapped across lines: pasted from
     # the markdown, `from opacus.accountants import\n  RDPAccountant` is a SyntaxError (and
     # so were one more in the README, four in docs/theory.md, one in docs/performance.md)
     text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
     found = re.findall(r'python -c\s+"((?:[^"\\]|\\.)*)"`', text)
-    assert len(found) >= 2
+    assert len(found) >= (1 if page == "docs/reference.md" else 2)
     for code in found:
         compile(code, f"{page} python -c", "exec")

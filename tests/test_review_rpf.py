@@ -29,7 +29,7 @@ def test_charges_of_several_steps_go_on_into_the_prefetched_lease(tmp_path, time
     # recorded the whole prefetched lease unused ("prefetch unused") and took a new lease,
     # at every lease: 762 of 1,200 steps over-counted at k = 5 (64%), against 14 without
     # prefetch, far past Proposition 2 (one abandonment of fewer than B(r) steps a streak;
-    # README "The bound"). It now takes the remainder and then the prefetched lease.
+    # docs/reference.md "Leases", "The bound"). It now takes the remainder and then the prefetched lease.
     ledger = Ledger(8.0, 1e-5, path=tmp_path / "k.db", prefetch=True)
     n = 1200 // times
     for i in range(n):

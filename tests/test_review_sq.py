@@ -133,7 +133,7 @@ def _forge_checkpoint(path, tmp_path) -> None:
 
 
 def test_a_forged_checkpoint_fools_an_unkeyed_opener_and_verify_finds_it(tmp_path):
-    # What README "On disk" states: an unkeyed file is not protected against a forger;
+    # What docs/reference.md "The ledger file" states: an unkeyed file is not protected against a forger;
     # one inserted checkpoint row is enough, and `privguard verify` refuses the file.
     from privguard._cli._cli import main
 

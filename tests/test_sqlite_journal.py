@@ -104,7 +104,7 @@ def test_a_network_filesystem_keeps_the_rollback_journal(tmp_path, monkeypatch):
 
 
 def test_known_limit_a_copy_without_its_wal_drops_charges_while_open(tmp_path):
-    # README "On disk": WAL's known limit, pinned so that the README stays true. A copy of
+    # docs/reference.md "The ledger file" (README "On disk" summarises it): WAL's known limit, pinned so that the README stays true. A copy of
     # budget.db alone, taken while a ledger is open, is a self-consistent older ledger.
     path = tmp_path / "budget.db"
     with Ledger(3.0, 1e-5, path=path, lease=1) as ledger:

@@ -211,14 +211,22 @@ def normalised(text: str) -> list[str]:
     return out
 
 
-def test_progress_shows_neither_k_nor_failures():
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal: tqdm draws its bar there (task rd)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream", [Terminal, io.StringIO])  # the bar, and the log's lines
+def test_progress_shows_neither_k_nor_failures(stream):
     def run(mean, fail):
         def objective(params, child):
             if fail:
                 raise RuntimeError(SECRET)
             return 1.0
 
-        err = io.StringIO()
+        err = stream()
         with redirect_stderr(err):
             RandomSearch({"x": [1]}, Poisson(mean), cost=M.Gaussian(10.0), seed=1,
                          progress=True).run(objective, Ledger(epsilon=50.0, delta=1e-5))

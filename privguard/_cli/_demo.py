@@ -104,10 +104,9 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     if db is not None:
         open_store(db).close()  # a malformed path is refused here, before the demo starts
     _require_extras()
-    from tqdm.auto import tqdm
-
     from privguard._cli._report import plot, print_report, report
     from privguard._cli._risk import risk_sentence
+    from privguard._progress import progress
     from privguard.integrations.opacus import attach
     from privguard.tuning import Poisson, RandomSearch
 
@@ -163,7 +162,8 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
     best, stale, stop_reason, epochs = -np.inf, 0, f"planned {final_epochs} epochs done", 0
     print(f"2. final training (up to {final_epochs} epochs; stop after 2 epochs without "
           "improvement of a noisy validation count)")
-    with tqdm(total=final_epochs, desc="final training", unit="epoch") as bar:
+    # on a terminal a bar; in a log file or a pipe one line per epoch, no carriage returns
+    with progress("final training", total=final_epochs, unit="epoch", per_update=True) as bar:
         try:
             for epoch in range(1, final_epochs + 1):
                 _epoch(model, opt, loader)

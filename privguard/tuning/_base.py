@@ -295,9 +295,10 @@ def held(ledger: Ledger) -> Iterator[None]:
 class Elapsed:
     """A progress indicator that shows the elapsed time and nothing else.
 
-    It never shows a count: the number of runs is not released. It redraws
-    once a second on a timer, never per candidate, so what it writes does
-    not depend on K or on any outcome (only on the run's duration).
+    It never shows a count: the number of runs is not released. On a terminal
+    it redraws once a second on a timer, elsewhere it writes one line when the
+    run ends (:mod:`privguard._progress`); never per candidate, so what it
+    writes does not depend on K or on any outcome (only on the run's duration).
     """
 
     def __init__(self, label: str, enabled: bool) -> None:
@@ -308,12 +309,14 @@ class Elapsed:
 
     def __enter__(self) -> Elapsed:
         if self.enabled and not inside_candidate():  # a nested tuner's bar would count K
-            from tqdm.auto import tqdm
+            from privguard._progress import Lines, progress
 
-            self._bar = tqdm(desc=self.label, bar_format="{desc}: running for {elapsed}",
-                             leave=False)
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
+            # not a terminal: one line when the run ends, no carriage returns (task rd)
+            self._bar = progress(self.label, bar_format="{desc}: running for {elapsed}",
+                                 leave=False, elapsed_only=True)
+            if not isinstance(self._bar, Lines):
+                self._thread = threading.Thread(target=self._tick, daemon=True)
+                self._thread.start()
         return self
 
     def show_budget(self, ledger: Any) -> None:

@@ -246,10 +246,11 @@ class ProposeTest:
               ) -> ProposeTestResult:
         mech = self.round_mechanism()
         u, step, chosen, rounds, refused = self.u0, 1, None, 0, False
-        from tqdm.auto import tqdm
+        from privguard._progress import progress
 
         shown = self.progress and not inside_candidate()  # nested in a candidate: nothing shown
-        with tqdm(desc="propose-test", unit="round", disable=not shown, leave=False) as bar:
+        # not a terminal: one line when the rounds end, no carriage returns (task rd)
+        with progress("propose-test", unit="round", shown=shown, leave=False) as bar:
             while step != 0 and u < 1:
                 try:
                     ledger.charge(mech, label=label)  # before the round's noise is drawn
