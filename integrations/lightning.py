@@ -6,7 +6,9 @@ Install: ``pip install 'privguard[lightning]'``.
     trainer = Trainer(callbacks=[LedgerCallback(ledger)])
 
 The LightningModule trains with an Opacus ``DPOptimizer`` (returned from
-``configure_optimizers``) on Poisson-sampled batches (Opacus'
+``configure_optimizers``, the only optimizer: another one beside it, which manual
+optimization would step on unclipped, unnoised gradients, is refused at the start
+with ``InvalidArgumentError`` naming ``optimizer``; task adv7) on Poisson-sampled batches (Opacus'
 ``DPDataLoader``). When training starts the callback checks the training
 loader(s) Lightning will use — a loader that does not sample by Poisson
 sampling raises :class:`~privguard.integrations.opacus.NonPoissonSamplingError`
