@@ -102,6 +102,7 @@ from privguard.integrations._frameworks import (
 )
 from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
+from privguard.integrations._reused_batches import refuse_reused_batches
 from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
@@ -635,6 +636,10 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              witnesses=self.witnesses)
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
+        # task adv7: a batch backpropagated twice (two manual_backward) is one draw at
+        # weight 2, not two draws; refused before the step's charge
+        self.handle.step_checks.append(
+            lambda: refuse_reused_batches(optimizer, self._batches_since_step()))
         self._loaders = loaders
         self._watch(self.handle)
 
@@ -662,6 +667,14 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             handle.counter.count = max(handle.counter.count, self._batches)
         else:
             handle.declared_micro_batches = max(self._declared, self._batches)
+
+    def _batches_since_step(self) -> int:
+        """The Poisson draws Lightning delivered since the last real step (the count of
+        :meth:`on_train_batch_start`, which restarts at the first batch after a step)."""
+        handle = self.handle
+        if handle is None or handle.steps_charged != self._steps_seen:
+            return 0  # a second real step in one batch: no batch delivered since
+        return self._batches
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Review ra: with reload_dataloaders_every_n_epochs Lightning builds a new loader (a

@@ -223,6 +223,8 @@ class AttachHandle:
         self._refusal_charged = False  # a step_charged refusal's step was charged (review rwl)
         self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
+        # a framework callback's own refusals of a step, run with _rank_checks (task adv7)
+        self.step_checks: list[Callable[[], None]] = []
         self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
         self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
         self._replacing: Any = None  # a step hook that replaced ours, behind _chain (rsmp)
@@ -622,6 +624,8 @@ class AttachHandle:
             self.ghost.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
+        for check_step in self.step_checks:  # e.g. Lightning's batches (_reused_batches)
+            check_step()
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""

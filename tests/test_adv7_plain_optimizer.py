@@ -18,14 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("lightning.pytorch")
 
+from _adv7_manual import fit_one_epoch, poisson_loader  # noqa: E402
 from opacus import GradSampleModule  # noqa: E402
-from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
 
 from privguard import InvalidArgumentError, Ledger  # noqa: E402
-from privguard.integrations.lightning import LedgerCallback  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")
@@ -68,27 +67,20 @@ class _TwoOptimizers(pl.LightningModule):
         return [private, torch.optim.SGD(self.head.parameters(), lr=0.1)]
 
     def train_dataloader(self):
-        return DPDataLoader.from_data_loader(DataLoader(self.data, batch_size=BATCH),
-                                             generator=torch.Generator().manual_seed(0))
+        return poisson_loader(self.data, BATCH)
 
 
-def _fit(ledger: Ledger, model: pl.LightningModule) -> pl.Trainer:
-    trainer = pl.Trainer(callbacks=[LedgerCallback(ledger)], accelerator="cpu", logger=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False, max_epochs=1)
-    trainer.fit(model)
-    return trainer
 
 
 def test_a_plain_optimizer_beside_the_dp_optimizer_is_refused_before_any_step():
     ledger, model = Ledger(delta=1e-5), _TwoOptimizers(plain=True)
     with pytest.raises(InvalidArgumentError) as info:
-        _fit(ledger, model)
+        fit_one_epoch(ledger, model)
     assert info.value.argument == "optimizer" and "SGD" in str(info.value)
     assert len(ledger.history) == 0 and model.plain_updates == 0  # nothing charged or run
 
 
 def test_the_dp_optimizer_alone_still_trains_and_is_charged():
     ledger, model = Ledger(delta=1e-5), _TwoOptimizers(plain=False)
-    trainer = _fit(ledger, model)
+    trainer = fit_one_epoch(ledger, model)
     assert trainer.global_step > 0 and len(ledger.history) == trainer.global_step
