@@ -1,4 +1,4 @@
-"""A Lightning step whose optimizer holds more backward passes than batches (private).
+"""A trainer's step whose optimizer holds more backward passes than batches (private).
 
 Task adv7. Lightning hands every training batch to ``training_step`` (the callback counts
 them in ``on_train_batch_start``: one Poisson draw per batch and loader). Under Opacus'
@@ -20,6 +20,10 @@ both releases hold each of the draw's records, one draw released twice, the curv
 noisy sums), charged as two independent draws: 4 pairs at σ = 1, q = 1/4 charged
 ε ≈ 8.3 against ≈ 11.6. Lightning delivered no batch since the first step: it holds
 more sets (1) than batches (0), and is refused.
+
+The Hugging Face Trainer calls ``training_step`` once per micro-batch, one draw each
+(``on_substep_end`` after each but the step's last): a ``training_step`` overridden to
+backpropagate its inputs twice is the same one draw at weight 2, refused alike.
 
 Counts cannot tell these cases from a batch split by hand into chunks (each record once,
 an over-count with k = the chunks) or from a second stream drawn inside
@@ -52,9 +56,9 @@ def refuse_reused_batches(optimizer: Any, batches: int) -> None:
     if reported is not None and reported > batches:
         raise InvalidArgumentError(
             "optimizer", f"{reported} backward passes over {batches} batch(es)",
-            "holds more sets of per-sample gradients than the batches Lightning delivered "
+            "holds more sets of per-sample gradients than the batches the trainer delivered "
             "since the last step: a batch backpropagated twice is in the noised sum at weight "
             "2, and a second step on the batch of the first releases that draw again, which "
             "the charge does not cover (docs/theory.md §14.5); call manual_backward once per "
             "batch, on the sum of the losses, step once per batch, or split batches with "
-            "accumulate_grad_batches")
+            "accumulate_grad_batches (gradient_accumulation_steps)")
