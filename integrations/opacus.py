@@ -122,6 +122,7 @@ from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._drawn_rates import DrawnRates
+from privguard.integrations._forward_pairing import PairingCheck
 from privguard.integrations._layer_noise import LayerNoise
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
@@ -229,6 +230,9 @@ class AttachHandle:
         self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
         self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
+        # rows against the records the loader delivered: batches paired in one backward (adv6)
+        self.pairing: PairingCheck | None = None
+        self.fetch_ahead = 0  # batches the loop fetches before training on them (Lightning: 1)
         # without a data loader: the largest rate of the Opacus accountant hooks seen on the
         # optimizer, which the charged q never falls below (lo2; hooks set later: rlo2)
         self.hook_floor: _HookFloor | None = None
@@ -256,6 +260,11 @@ class AttachHandle:
         self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
+        if self.ghost is None and self.layer_noise is None and self.counter is not None:
+            # per-sample rows against the records delivered (adv6; after the witnesses,
+            # which give the counter its list of sizes)
+            self.pairing = PairingCheck(optimizer, lambda: self.counter, self.fetch_ahead)
+            self.pairing.install()
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
@@ -485,7 +494,8 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
+        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise,
+                      self.pairing):
             if count is not None:
                 count.take()
 
@@ -620,6 +630,8 @@ class AttachHandle:
         if self.ghost is not None:
             refuse_adjusted_noise(self.optimizer)
             self.ghost.check(self.steps_charged + 1)
+        if self.pairing is not None:  # batches paired in one backward (adv6, §14.9)
+            self.pairing.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
 
@@ -685,6 +697,8 @@ class AttachHandle:
             self.ghost.restore()
         if self.layer_noise is not None:
             self.layer_noise.restore()
+        if self.pairing is not None:
+            self.pairing.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,
