@@ -123,7 +123,7 @@ from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._drawn_rates import DrawnRates
 from privguard.integrations._forward_pairing import PairingCheck
-from privguard.integrations._layer_noise import LayerNoise
+from privguard.integrations._layer_noise import LayerNoise, refuse_insecure
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -1064,6 +1064,7 @@ def attach(
     # tasks adv3, adv4: its step is not the charge (§14.8); an adaptive engine names
     # privacy_engine (its type is not checked yet: an engine of another type is not one)
     refuse_adaptive_clipping(optimizer, privacy_engine)
+    refuse_insecure(optimizer)  # secure_mode without its generator (adv6)
     if not isinstance(on_exhausted, str) or on_exhausted not in ("raise", "stop"):  # review fs
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):
