@@ -735,3 +735,78 @@ def replaced_hook(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 SCENARIOS["replaced_hook"] = replaced_hook
+
+
+def _ghost_adaptive_ddp(rank: int):
+    """make_private of Opacus' PrivacyEngineAdaptiveClipping with ghost clipping of a DPDDP
+    linear model (task adv6; as :func:`_ghost_ddp`)."""
+    import torch
+    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+    from opacus.utils.adaptive_clipping import PrivacyEngineAdaptiveClipping
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    x = torch.randn(N, 8)
+    model = DPDDP(nn.Linear(8, 2))
+    made = PrivacyEngineAdaptiveClipping(accountant="rdp").make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
+        criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
+        grad_sample_mode="ghost", target_unclipped_quantile=0.5, min_clipbound=0.01,
+        max_clipbound=10.0, clipbound_learning_rate=0.2)
+    torch.manual_seed(1000 + rank)
+    return made
+
+
+def ghost_adaptive(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task adv6 (e): Opacus' adaptive ghost clipping under DDP, attached without the engine:
+    the first step is refused on every rank inside the step's collective (the criterion's
+    backward set ``_adjusted_noise_multiplier``), nothing charged or applied, no hang."""
+    model, opt, criterion, loader = _ghost_adaptive_ddp(rank)
+    batches = _batches(loader)
+    return _adjusted_steps(model, opt, loader, criterion, [next(batches) for _ in range(2)],
+                           lambda i: False)
+
+
+def ghost_adjusted_rank_1(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task adv6 (e): plain ghost clipping under DDP, rank 1 alone sets
+    ``_adjusted_noise_multiplier`` below σ at the second step: refused on both ranks."""
+    model, opt, criterion, loader = _ghost_ddp(rank)
+    batches = _batches(loader)
+    return _adjusted_steps(model, opt, loader, criterion, [next(batches) for _ in range(3)],
+                           lambda i: i == 1 and rank == 1)
+
+
+def _adjusted_steps(model, opt, loader, criterion, batches, adjust) -> dict:
+    """Attach a ledger replica and step on ``batches`` (``adjust(i)``: set the optimizer's
+    ``_adjusted_noise_multiplier`` to 0.5 before step i's backward): what each step raised,
+    whether it left the parameters unchanged, and the steps charged."""
+    from privguard import Ledger, PrivguardError
+    from privguard.integrations.opacus import attach
+
+    ledger = Ledger(50.0, DELTA)
+    handle = attach(opt, ledger, data_loader=loader)
+    out: dict = {"refused": [], "unchanged": []}
+    for i, (xb, yb) in enumerate(batches):
+        if adjust(i):
+            opt._adjusted_noise_multiplier = 0.5
+        opt.zero_grad()
+        criterion(model(xb), yb).backward()
+        before = _params(model)
+        try:
+            opt.step()
+            out["refused"].append(None)
+        except PrivguardError as exc:
+            out["refused"].append(type(exc).__name__)
+        if adjust(i):
+            del opt._adjusted_noise_multiplier
+        out["unchanged"].append(_params(model) == before)
+    out["charged"] = handle.steps_charged
+    out["history"] = len(ledger.history)
+    handle.detach()
+    return out
+
+
+SCENARIOS["ghost_adaptive"] = ghost_adaptive
+SCENARIOS["ghost_adjusted_rank_1"] = ghost_adjusted_rank_1
