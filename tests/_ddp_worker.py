@@ -634,6 +634,16 @@ def _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion, plain, ba
     """Attach a ledger replica and step on ``batches``, rank 1 backpropagating ``plain``'s
     loss (not the wrapped one) at the second step: what each step raised, whether it
     left the parameters unchanged, and the steps charged."""
+    def backward(i, xb, yb):
+        (plain if i == 1 and rank == 1 else criterion)(model(xb), yb).backward()
+
+    return _watched_steps(epsilon, model, opt, loader, batches, backward)
+
+
+def _watched_steps(epsilon, model, opt, loader, batches, backward) -> dict:
+    """Attach a ledger replica and step on ``batches`` (``backward(i, x, y)``: step i's
+    backward): what each step raised, whether it left the parameters unchanged, and the
+    steps charged."""
     from privguard import Ledger, PrivguardError
     from privguard.integrations.opacus import attach
 
@@ -642,7 +652,7 @@ def _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion, plain, ba
     out: dict = {"refused": [], "unchanged": []}
     for i, (xb, yb) in enumerate(batches):
         opt.zero_grad()
-        (plain if i == 1 and rank == 1 else criterion)(model(xb), yb).backward()
+        backward(i, xb, yb)
         before = _params(model)
         try:
             opt.step()
@@ -779,33 +789,19 @@ def ghost_adjusted_rank_1(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 def _adjusted_steps(model, opt, loader, criterion, batches, adjust) -> dict:
-    """Attach a ledger replica and step on ``batches`` (``adjust(i)``: set the optimizer's
-    ``_adjusted_noise_multiplier`` to 0.5 before step i's backward): what each step raised,
-    whether it left the parameters unchanged, and the steps charged."""
-    from privguard import Ledger, PrivguardError
-    from privguard.integrations.opacus import attach
-
-    ledger = Ledger(50.0, DELTA)
-    handle = attach(opt, ledger, data_loader=loader)
-    out: dict = {"refused": [], "unchanged": []}
-    for i, (xb, yb) in enumerate(batches):
+    """:func:`_watched_steps` with the wrapped loss, the optimizer's
+    ``_adjusted_noise_multiplier`` set to 0.5 for step i's backward and step where
+    ``adjust(i)``."""
+    def backward(i, xb, yb):
         if adjust(i):
             opt._adjusted_noise_multiplier = 0.5
-        opt.zero_grad()
+        elif "_adjusted_noise_multiplier" in vars(opt) and not adjust(i - 1):
+            pass  # set by Opacus' adaptive criterion itself: left as it is
+        elif "_adjusted_noise_multiplier" in vars(opt):
+            del opt._adjusted_noise_multiplier  # set by hand for the step before
         criterion(model(xb), yb).backward()
-        before = _params(model)
-        try:
-            opt.step()
-            out["refused"].append(None)
-        except PrivguardError as exc:
-            out["refused"].append(type(exc).__name__)
-        if adjust(i):
-            del opt._adjusted_noise_multiplier
-        out["unchanged"].append(_params(model) == before)
-    out["charged"] = handle.steps_charged
-    out["history"] = len(ledger.history)
-    handle.detach()
-    return out
+
+    return _watched_steps(50.0, model, opt, loader, batches, backward)
 
 
 SCENARIOS["ghost_adaptive"] = ghost_adaptive
