@@ -530,9 +530,10 @@ SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witnes
              "allocation_uneven": allocation_uneven, "allocation_sigma": allocation_sigma}
 
 
-def _ghost_ddp(rank: int):
+def _ghost_ddp(rank: int, adaptive: bool = False):
     """make_private with ghost clipping of a DPDDP linear model (the same data on every
-    rank; each rank's Poisson draws seeded by its rank)."""
+    rank; each rank's Poisson draws seeded by its rank); ``adaptive``: by Opacus'
+    ``PrivacyEngineAdaptiveClipping`` (task adv6)."""
     import torch
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -542,11 +543,19 @@ def _ghost_ddp(rank: int):
     torch.manual_seed(0)
     x = torch.randn(N, 8)
     model = DPDDP(nn.Linear(8, 2))
-    made = PrivacyEngine(accountant="rdp").make_private(
+    extra: dict = {}
+    engine = PrivacyEngine
+    if adaptive:
+        from opacus.utils.adaptive_clipping import PrivacyEngineAdaptiveClipping
+
+        engine = PrivacyEngineAdaptiveClipping
+        extra = dict(target_unclipped_quantile=0.5, min_clipbound=0.01, max_clipbound=10.0,
+                     clipbound_learning_rate=0.2)
+    made = engine(accountant="rdp").make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
         criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
-        grad_sample_mode="ghost")
+        grad_sample_mode="ghost", **extra)
     torch.manual_seed(1000 + rank)
     return made
 
@@ -747,33 +756,11 @@ def replaced_hook(rank: int, workdir: str, epsilon: float) -> dict:
 SCENARIOS["replaced_hook"] = replaced_hook
 
 
-def _ghost_adaptive_ddp(rank: int):
-    """make_private of Opacus' PrivacyEngineAdaptiveClipping with ghost clipping of a DPDDP
-    linear model (task adv6; as :func:`_ghost_ddp`)."""
-    import torch
-    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-    from opacus.utils.adaptive_clipping import PrivacyEngineAdaptiveClipping
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    torch.manual_seed(0)
-    x = torch.randn(N, 8)
-    model = DPDDP(nn.Linear(8, 2))
-    made = PrivacyEngineAdaptiveClipping(accountant="rdp").make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
-        criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
-        grad_sample_mode="ghost", target_unclipped_quantile=0.5, min_clipbound=0.01,
-        max_clipbound=10.0, clipbound_learning_rate=0.2)
-    torch.manual_seed(1000 + rank)
-    return made
-
-
 def ghost_adaptive(rank: int, workdir: str, epsilon: float) -> dict:
     """Task adv6 (e): Opacus' adaptive ghost clipping under DDP, attached without the engine:
     the first step is refused on every rank inside the step's collective (the criterion's
     backward set ``_adjusted_noise_multiplier``), nothing charged or applied, no hang."""
-    model, opt, criterion, loader = _ghost_adaptive_ddp(rank)
+    model, opt, criterion, loader = _ghost_ddp(rank, adaptive=True)
     batches = _batches(loader)
     return _adjusted_steps(model, opt, loader, criterion, [next(batches) for _ in range(2)],
                            lambda i: False)
