@@ -634,6 +634,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
+        if self.handle.pairing is not None:  # Lightning's fetcher draws one batch ahead (adv6)
+            self.handle.pairing.ahead = 1
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
         # task adv7: a batch backpropagated twice (two manual_backward) is one draw at
