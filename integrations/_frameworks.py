@@ -47,7 +47,10 @@ def find_dp_optimizer(candidates: Any):
             f"holds {len(plain)} optimizer(s) beside the Opacus DPOptimizer ({', '.join(plain)}): "
             "their updates are computed from the training data without Opacus' clipping and "
             "noise, and no ledger charges them; train every parameter through the one "
-            "DPOptimizer")
+            "DPOptimizer. An optimizer whose loss reads no training record (a GAN's generator "
+            "trained through the discriminator, a head trained on public data) is sound, but "
+            "privguard cannot check that: step it outside this fit (its own loop or Trainer "
+            "without the callback)")
     return found[0]
 
 

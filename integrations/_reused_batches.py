@@ -33,32 +33,91 @@ delivered batches since the last real step, before anything is charged or applie
 once, or split batches with ``accumulate_grad_batches``. Ghost clipping reports no sets
 (its optimizer reports 1; its own check, ``integrations/_ghost.py``, refuses a batch
 added twice): not checked here.
+
+Review radv7: the count over the step's window alone let a batch left untrained pay for
+another backpropagated twice (Lightning: a ``training_step`` that returns before any
+backward on one batch and calls ``manual_backward`` twice on the next; Hugging Face: the
+same over the micro-batches of ``gradient_accumulation_steps``): sets = batches, charged
+``AccumulatedSubsampledGaussian(σ, q, 2)``, one draw at weight 2. :class:`BatchSets` also
+counts the sets each batch added (the entries of the optimizer's ``grad_sample`` that
+were not held when the batch was handed over), at most its draws. And a second real step
+inside one Hugging Face step (a ``training_step`` that calls ``optimizer.step()`` itself,
+then the Trainer's own step on the same per-sample gradients) has no batch since the
+first, refused like Lightning's.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
 from privguard.integrations import _describe
 
-__all__ = ["refuse_reused_batches"]
+__all__ = ["BatchSets"]
 
 
-def refuse_reused_batches(optimizer: Any, batches: int) -> None:
-    """Refuse the step if ``optimizer`` holds more per-sample gradient sets than the
-    ``batches`` (Poisson draws) the trainer delivered since the last real step.
+def _refuse(sets: int, batches: int, where: str) -> None:
+    raise InvalidArgumentError(
+        "optimizer", f"{sets} backward passes over {batches} batch(es) {where}",
+        "holds more sets of per-sample gradients than the batches the trainer delivered: a "
+        "batch backpropagated twice is in the noised sum at weight 2, and a second step on "
+        "the batch of the first releases that draw again, which the charge does not cover "
+        "(docs/theory.md §14.5); call manual_backward (backward) once per batch, on the sum "
+        "of the losses, and step once per batch; a batch split by hand into chunks (each "
+        "backpropagated once) cannot be told from these and is refused too: train on "
+        "smaller Poisson batches, several a step with accumulate_grad_batches "
+        "(gradient_accumulation_steps), or split one batch with Opacus' BatchMemoryManager "
+        "in a plain attach loop")
 
-    Raises:
-        InvalidArgumentError: naming ``optimizer``.
+
+class BatchSets:
+    """The per-sample gradient sets of a trainer's steps against the batches it delivered.
+
+    The trainer calls :meth:`start` when it hands a batch to the loop and :meth:`end` when
+    the loop is done with it (before the step, if the batch is its last); the handle runs
+    :meth:`check` before the step's charge (``AttachHandle.step_checks``).
     """
-    reported = _describe.reported_micro_batches(optimizer)  # None under ghost clipping
-    if reported is not None and reported > batches:
-        raise InvalidArgumentError(
-            "optimizer", f"{reported} backward passes over {batches} batch(es)",
-            "holds more sets of per-sample gradients than the batches the trainer delivered "
-            "since the last step: a batch backpropagated twice is in the noised sum at weight "
-            "2, and a second step on the batch of the first releases that draw again, which "
-            "the charge does not cover (docs/theory.md §14.5); call manual_backward once per "
-            "batch, on the sum of the losses, step once per batch, or split batches with "
-            "accumulate_grad_batches (gradient_accumulation_steps)")
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+        self._before: list[Any] = []  # weak references to the sets held when the batch came
+        self._over: list[Any] = []  # sets added by a batch beyond its draws, once ended
+
+    @staticmethod
+    def _refs(sets: list[Any]) -> list[Any]:
+        return [weakref.ref(t) for t in sets]  # a set cleared by zero_grad() is let go
+
+    def _added(self, held: list[Any]) -> list[Any]:
+        return [t for t in held if not any(r() is t for r in self._before)]
+
+    def start(self) -> None:
+        """A batch was handed to the loop."""
+        self._before = self._refs(_describe.held_sets(self.optimizer))
+
+    def end(self, draws: int) -> None:
+        """The loop is done with the batch (``draws`` Poisson draws): sets it added beyond
+        them are refused at the step that would release them."""
+        held = _describe.held_sets(self.optimizer)
+        added = self._added(held)
+        if len(added) > draws:
+            self._over += self._refs(added)
+        self._over = [r for r in self._over if r() is not None]
+        self._before = self._refs(held)
+
+    def check(self, draws: int, batches: int) -> None:
+        """Refuse the step if the optimizer holds more sets than the ``batches`` delivered
+        since the last real step, the current batch added more than its ``draws``, or an
+        earlier batch's surplus is still held.
+
+        Raises:
+            InvalidArgumentError: naming ``optimizer``.
+        """
+        held = _describe.held_sets(self.optimizer)
+        if len(held) > batches:
+            _refuse(len(held), batches, "since the last step")
+        added = self._added(held)
+        if len(added) > draws:
+            _refuse(len(added), draws, "in the batch of the step")
+        if any(r() is t for r in self._over for t in held):
+            _refuse(len(held), batches, "with one earlier batch's sets above its draws")

@@ -77,6 +77,7 @@ def test_a_plain_optimizer_beside_the_dp_optimizer_is_refused_before_any_step():
     with pytest.raises(InvalidArgumentError) as info:
         fit_one_epoch(ledger, model)
     assert info.value.argument == "optimizer" and "SGD" in str(info.value)
+    assert "outside this fit" in str(info.value)  # review radv7: what to do instead
     assert len(ledger.history) == 0 and model.plain_updates == 0  # nothing charged or run
 
 

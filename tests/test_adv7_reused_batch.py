@@ -61,12 +61,26 @@ class _Manual(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         opt = self.optimizers()
+        if self.mode in ("skip_then_twice", "twice_then_step"):  # review radv7
+            self._pairs(opt, batch, batch_idx)
+            return
         self.manual_backward(self._loss(batch))
         if self.mode == "two_backward":
             self.manual_backward(0.5 * self._loss(batch))
         self._step(opt)
         if self.mode == "two_steps":
             self.manual_backward(self._loss(batch))
+            self._step(opt)
+
+    def _pairs(self, opt, batch, batch_idx) -> None:
+        """Two batches a step; one of them backpropagated twice, the other not at all
+        ("skip_then_twice": the second twice, then the step; "twice_then_step": the first
+        twice, the step in the second)."""
+        twice = batch_idx % 2 == (1 if self.mode == "skip_then_twice" else 0)
+        if twice:
+            self.manual_backward(self._loss(batch))
+            self.manual_backward(0.5 * self._loss(batch))
+        if batch_idx % 2 == 1:
             self._step(opt)
 
     def configure_optimizers(self):
@@ -115,3 +129,15 @@ def test_one_backward_and_one_step_per_batch_still_trains():
     trainer = fit_one_epoch(ledger, model)
     assert model.updates == trainer.global_step == len(ledger.history) > 0
     assert {r.mechanism for r in ledger.history} == {M.SubsampledGaussian(SIGMA, BATCH / N)}
+
+
+@pytest.mark.parametrize("mode", ["skip_then_twice", "twice_then_step"])
+def test_a_batch_left_untrained_does_not_pay_for_one_backpropagated_twice(mode):
+    """Review radv7: two batches, two sets, one step passed adv7's count (sets <= batches
+    since the step) and was charged AccumulatedSubsampledGaussian(σ, q, 2), where one
+    batch is in the sum at weight 2 (the other not at all): SubsampledGaussian(σ/2, q)."""
+    ledger, model = Ledger(delta=1e-5), _Manual(mode)
+    with pytest.raises(InvalidArgumentError) as info:
+        fit_one_epoch(ledger, model)
+    assert info.value.argument == "optimizer"
+    assert len(ledger.history) == 0 and model.updates == 0
