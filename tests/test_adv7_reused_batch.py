@@ -64,6 +64,13 @@ class _Manual(pl.LightningModule):
         if self.mode in ("skip_then_twice", "twice_then_step"):  # review radv7
             self._pairs(opt, batch, batch_idx)
             return
+        if self.mode == "chunks":  # review radv7: each record once, by hand
+            x, y = batch
+            half = len(x) // 2
+            self.manual_backward(self._loss((x[:half], y[:half])))
+            self.manual_backward(self._loss((x[half:], y[half:])))
+            self._step(opt)
+            return
         self.manual_backward(self._loss(batch))
         if self.mode == "two_backward":
             self.manual_backward(0.5 * self._loss(batch))
@@ -140,4 +147,15 @@ def test_a_batch_left_untrained_does_not_pay_for_one_backpropagated_twice(mode):
     with pytest.raises(InvalidArgumentError) as info:
         fit_one_epoch(ledger, model)
     assert info.value.argument == "optimizer"
+    assert len(ledger.history) == 0 and model.updates == 0
+
+
+def test_a_batch_split_by_hand_is_refused_with_what_to_do_instead():
+    """Review radv7: chunks of one batch, each backpropagated once (an over-count), cannot
+    be told from a batch backpropagated twice; the message says so and names the ways that
+    are charged."""
+    ledger, model = Ledger(delta=1e-5), _Manual("chunks")
+    with pytest.raises(InvalidArgumentError) as info:
+        fit_one_epoch(ledger, model)
+    assert "split by hand" in str(info.value) and "accumulate_grad_batches" in str(info.value)
     assert len(ledger.history) == 0 and model.updates == 0
