@@ -108,6 +108,20 @@ def reported_micro_batches(optimizer: Any) -> int | None:
     return value if isinstance(value, int) and value >= 1 else None
 
 
+def held_sets(optimizer: Any) -> list[Any]:
+    """The sets of per-sample gradients ``optimizer`` holds, one per ``backward()`` since
+    its last ``zero_grad()`` (the ``grad_sample`` entries of its first parameter holding
+    any; their leading dimension is the batch's rows); none under ghost clipping, which
+    keeps none (review radv7; ``_forward_pairing.held_rows`` reads the same entries)."""
+    if is_ghost(optimizer):
+        return []
+    for p in getattr(optimizer, "params", ()):
+        gs = getattr(p, "grad_sample", None)
+        if gs is not None:
+            return list(gs) if isinstance(gs, list) else [gs]
+    return []
+
+
 class _Each:
     """The iterator of a :func:`swap_iter` subclass: the original's items, ``each`` called on each.
 

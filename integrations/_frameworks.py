@@ -14,21 +14,43 @@ __all__ = ["AttachedCallback", "check_callback_arguments", "find_dp_optimizer", 
 
 
 def find_dp_optimizer(candidates: Any):
-    """The Opacus DPOptimizer among ``candidates``, unwrapping framework wrappers."""
+    """The Opacus DPOptimizer among ``candidates``, unwrapping framework wrappers.
+
+    Every candidate must be that one DPOptimizer (task adv7: Lightning's manual
+    optimization trains with every optimizer ``configure_optimizers`` returns, and a plain
+    ``torch.optim`` optimizer beside the DPOptimizer was passed over: its updates, from
+    the batch's gradients without clipping or noise, were released uncharged).
+
+    Raises:
+        InvalidArgumentError: naming ``optimizer``, when ``candidates`` hold no DPOptimizer,
+            several, or another optimizer beside it.
+    """
     from opacus.optimizers import DPOptimizer
 
-    found = []
-    for opt in candidates if isinstance(candidates, (list, tuple)) else [candidates]:
-        seen = 0
+    found, plain = [], []
+    for given in candidates if isinstance(candidates, (list, tuple)) else [candidates]:
+        opt, seen = given, 0
         while opt is not None and not isinstance(opt, DPOptimizer) and seen < 5:
             opt = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
             seen += 1
         if isinstance(opt, DPOptimizer):
             found.append(opt)
+        else:
+            plain.append(type(given).__name__)
     if len(found) != 1:
         raise InvalidArgumentError(
             "optimizer", candidates,
             f"expected exactly one Opacus DPOptimizer, found {len(found)}")
+    if plain:
+        raise InvalidArgumentError(
+            "optimizer", candidates,
+            f"holds {len(plain)} optimizer(s) beside the Opacus DPOptimizer ({', '.join(plain)}): "
+            "their updates are computed from the training data without Opacus' clipping and "
+            "noise, and no ledger charges them; train every parameter through the one "
+            "DPOptimizer. An optimizer whose loss reads no training record (a GAN's generator "
+            "trained through the discriminator, a head trained on public data) is sound, but "
+            "privguard cannot check that: step it outside this fit (its own loop or Trainer "
+            "without the callback)")
     return found[0]
 
 

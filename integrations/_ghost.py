@@ -72,6 +72,19 @@ def _ghost_backward_frame(frame: Any) -> Any:
     return None
 
 
+def _misreduced(tensor: Any) -> tuple[Any, Any] | None:
+    """(the loss' reduction, its module's) where a wrapped loss averages over a module that
+    does not (task adv6), else None. Opacus' first pass backpropagates the mean of the
+    per-sample losses (each gradient / n) and a module of ``loss_reduction="mean"`` scales
+    the backprops by n again; a module of ``"sum"`` does not, so its per-sample norms are
+    n times too small and the clipping factors C/‖g‖ up to n times too large. The other
+    mismatch (a sum into a module of ``"mean"``) reads norms n times too large: clipped
+    harder, never above C."""
+    loss = getattr(tensor, "loss_reduction", None)
+    module = getattr(getattr(tensor, "module", None), "loss_reduction", None)
+    return (loss, module) if loss == "mean" and module != "mean" else None
+
+
 def _module_bound(frame: Any) -> float:
     """The clipping bound of the wrapped backward in ``frame``: its module's
     ``max_grad_norm`` (Opacus clips the per-sample gradients there, with that bound); inf
@@ -119,6 +132,9 @@ class BackwardCounter:
         # same clipped batch twice, one draw at weight 2, which no count k covers
         self.added = False  # p.grad was added to the sum and not cleared since
         self.readded = False  # some step() since the last real one added it again
+        # a wrapped backward whose loss was averaged over a module that sums (task adv6):
+        # (the loss' reduction, the module's), the first seen since the last real step
+        self.misreduced: tuple[Any, Any] | None = None
         # task gz: per parameter, whether the next gradient accumulated is a wrapped
         # backward's second pass (its clipped sum), and how many accumulated since p.grad
         # was last cleared came through no wrapped backward (unclipped)
@@ -211,6 +227,8 @@ class BackwardCounter:
             bound = _module_bound(frame)
             self.clip_bound = bound if self.clip_bound is None else max(self.clip_bound, bound)
             self.added = False  # p.grad cleared before the second pass writes the new batch
+            if self.misreduced is None:
+                self.misreduced = _misreduced(frame.f_locals.get("self"))
         elif self._clears:
             self.count = 0  # the loop's own: p.grad is cleared below
             self.added = False
@@ -240,7 +258,8 @@ class BackwardCounter:
 
     def check(self, step: int) -> None:
         """Refuse the real step (the ``step``-th of the handle) whose clipped sum holds a
-        gradient of no wrapped backward (task gz) or one batch twice (review rgc)."""
+        gradient of no wrapped backward (task gz), one batch twice (review rgc), or one
+        clipped at norms read n times too small (a mean loss into a summing module, adv6)."""
         from privguard._errors import PipelineMismatchError
 
         if self.unwatched:
@@ -282,6 +301,21 @@ class BackwardCounter:
                 "nothing charged or applied; run backward() on a new batch (or zero_grad()) "
                 "before every step()")
 
+        if self.misreduced is not None:
+            from privguard._errors import InvalidArgumentError
+
+            loss, module = self.misreduced
+            raise InvalidArgumentError(
+                "loss_reduction", loss,
+                f"of a DPTensorFastGradientClipping backpropagated into a module whose "
+                f"loss_reduction is {module!r}: Opacus' first pass takes the mean of the "
+                f"per-sample losses while the module reads their gradients as a sum's, so "
+                f"each per-sample norm is read n times too small (n the batch size) and a "
+                f"record's clipped gradient reaches n·C under noise σ·C (docs/theory.md "
+                f"§14.9). Step {step} is refused, nothing charged or applied; build the "
+                f"loss with the module's loss_reduction (or use the criterion make_private "
+                f"returned)")
+
     def reported(self) -> int | None:
         """The backward passes counted (None for none: nothing to add to the other counts)."""
         return self.count or None
@@ -291,6 +325,7 @@ class BackwardCounter:
         self.count = 0
         self.clip_bound = None
         self.added = self.readded = False
+        self.misreduced = None
         self.unclipped = 0
         self._awaiting = [False] * len(self._params)
         self._raw = [0] * len(self._params)

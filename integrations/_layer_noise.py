@@ -22,6 +22,28 @@ from typing import Any
 from privguard.integrations import _skips
 
 
+def refuse_insecure(optimizer: Any) -> None:
+    """Refuse ``secure_mode=True`` with an optimizer whose backward hooks draw the noise.
+
+    Task adv6: Opacus' ``DistributedPerLayerOptimizer._add_noise_parameter`` calls
+    ``_generate_noise(..., generator=None, secure_mode=...)``: under ``secure_mode`` the
+    noise comes from torch's default generator (a Mersenne twister anyone who knows the
+    seed can replay), not the cryptographically secure one ``make_private`` built. σ and
+    the accounting are unchanged, but the guarantee the user asked for is not there, and
+    a replayable noise is no noise to an attacker who holds the seed: refused (fail
+    closed), nothing charged."""
+    if LayerNoise.applies(optimizer) and getattr(optimizer, "secure_mode", False):
+        from privguard._errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            "optimizer", type(optimizer).__name__,
+            "has secure_mode=True, but Opacus' DistributedPerLayerOptimizer draws each "
+            "layer's noise in its backward hook with generator=None (torch's default, "
+            "replayable generator), not the secure generator secure_mode set up: its noise "
+            "is not what secure_mode promises. Nothing charged; use "
+            "clipping='flat' (or secure_mode=False, knowingly)")
+
+
 class LayerNoise:
     """Records the (σ, C) of the noise the backward hooks drew since the last real step."""
 

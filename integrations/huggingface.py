@@ -82,6 +82,11 @@ and weights are unknown, so it may hold charges of these weights (task fw: fail 
 The Trainer clears gradients with ``model.zero_grad()``, which does not clear
 Opacus' per-sample state; the callback therefore calls the DPOptimizer's
 ``zero_grad`` after every optimizer step (``on_step_end``), as Opacus requires.
+
+A step whose optimizer holds more backward passes than the Trainer's micro-batches of
+that step (a ``training_step`` that backpropagates its inputs twice: one draw at weight
+2) is refused before its charge and update, ``InvalidArgumentError`` naming
+``optimizer`` (task adv7, :mod:`privguard.integrations._reused_batches`).
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ from privguard.integrations._frameworks import (
     running_epsilon,
 )
 from privguard.integrations._later import carry_later, lineage
+from privguard.integrations._reused_batches import BatchSets
 from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, attach
 
@@ -306,6 +312,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
     _run: str | None = None  # id of the running train(), in its checkpoints (review rcb)
     _from: tuple[str, ...] = ()  # the runs of the lineage this train() began from (task fw, rfw)
     _base = 0  # the ledger's charges when this train() began (task fw)
+    _substeps = 0  # micro-batches of the current step before its last (task adv7)
+    _stepped = 0  # the handle's charged steps at the end of the last Trainer step (radv7)
+    _sets: BatchSets | None = None  # per-sample gradient sets against micro-batches (radv7)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy_epsilon", label: str = "step",
@@ -347,6 +356,29 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=model if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
+        # task adv7: the Trainer's micro-batches of the step (on_substep_end counts all but
+        # the last); more backward passes than that (a training_step that backpropagates
+        # one batch twice) is one draw at weight 2, refused before the step's charge
+        # (review radv7: also per micro-batch, and a second real step within one Trainer
+        # step, a training_step that calls optimizer.step() itself, has no batch since)
+        self._substeps, self._stepped = 0, self.handle.steps_charged
+        sets = self._sets = BatchSets(optimizer)
+        self.handle.step_checks.append(lambda: sets.check(1, self._batches_since_step()))
+
+    def _batches_since_step(self) -> int:
+        """The micro-batches of this Trainer step (0 once a real step was charged in it)."""
+        if self.handle is None or self.handle.steps_charged != self._stepped:
+            return 0
+        return self._substeps + 1
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._sets is not None:
+            self._sets.start()
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._substeps += 1
+        if self._sets is not None:
+            self._sets.end(1)  # review radv7: one draw, at most one set
 
     def _resume(self, args: Any, state: Any, model: Any) -> list[str]:
         """Bring the ledger to the entry saved with the checkpoint resumed from; return the
@@ -478,8 +510,10 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
                               and isinstance(saved["checkpoint"].get("run"), str)})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._substeps = 0
         if self.handle is None:
             return
+        self._stepped = self.handle.steps_charged
         self.handle.optimizer.zero_grad(set_to_none=True)
         if self.handle.should_stop:
             control.should_training_stop = True

@@ -6,7 +6,9 @@ Install: ``pip install 'privguard[lightning]'``.
     trainer = Trainer(callbacks=[LedgerCallback(ledger)])
 
 The LightningModule trains with an Opacus ``DPOptimizer`` (returned from
-``configure_optimizers``) on Poisson-sampled batches (Opacus'
+``configure_optimizers``, the only optimizer: another one beside it, which manual
+optimization would step on unclipped, unnoised gradients, is refused at the start
+with ``InvalidArgumentError`` naming ``optimizer``; task adv7) on Poisson-sampled batches (Opacus'
 ``DPDataLoader``). When training starts the callback checks the training
 loader(s) Lightning will use — a loader that does not sample by Poisson
 sampling raises :class:`~privguard.integrations.opacus.NonPoissonSamplingError`
@@ -100,6 +102,7 @@ from privguard.integrations._frameworks import (
 )
 from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
+from privguard.integrations._reused_batches import BatchSets
 from privguard.integrations._weights import weights_digest
 from privguard.integrations.opacus import AttachHandle, _check_records, attach
 
@@ -359,6 +362,7 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
     _base = 0  # the ledger's charges when this fit began (task fw)
     _resumed: Any = None  # the entry this fit's checkpoint brought (load_state_dict)
     _module: Any = None  # the module being fitted: its weights are tied to each entry
+    _sets: BatchSets | None = None  # per-sample gradient sets against batches (adv7, radv7)
 
     def __init__(self, ledger: Ledger, *, sample_rate: float | Callable[[], float] | None = None,
                  log_name: str = "privacy/epsilon", label: str = "step",
@@ -631,8 +635,16 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
+        if self.handle.pairing is not None:  # Lightning's fetcher draws one batch ahead (adv6)
+            self.handle.pairing.ahead = 1
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
+        # task adv7: a batch backpropagated twice (two manual_backward) is one draw at
+        # weight 2, not two draws; refused before the step's charge
+        # (review radv7: also per batch, so a batch left untrained does not pay for it)
+        sets = self._sets = BatchSets(optimizer)
+        self.handle.step_checks.append(
+            lambda: sets.check(self._draws(), self._batches_since_step()))
         self._loaders = loaders
         self._watch(self.handle)
 
@@ -655,11 +667,25 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
         # draw of each, from records they may share: len(loaders) Poisson draws, not one (on
         # main two loaders over one dataset were charged SubsampledGaussian(σ, q) a step; an
         # over-count where their records are disjoint)
-        self._batches += max(1, len(self._loaders))
+        self._batches += self._draws()
+        if self._sets is not None:
+            self._sets.start()
         if handle.counter is not None:
             handle.counter.count = max(handle.counter.count, self._batches)
         else:
             handle.declared_micro_batches = max(self._declared, self._batches)
+
+    def _draws(self) -> int:
+        """The Poisson draws in one batch Lightning hands over: one per training loader."""
+        return max(1, len(self._loaders))
+
+    def _batches_since_step(self) -> int:
+        """The Poisson draws Lightning delivered since the last real step (the count of
+        :meth:`on_train_batch_start`, which restarts at the first batch after a step)."""
+        handle = self.handle
+        if handle is None or handle.steps_charged != self._steps_seen:
+            return 0  # a second real step in one batch: no batch delivered since
+        return self._batches
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Review ra: with reload_dataloaders_every_n_epochs Lightning builds a new loader (a
@@ -766,6 +792,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                            batch_idx: int) -> None:
         if self.handle is None:
             return
+        if self._sets is not None:
+            self._sets.end(self._draws())  # review radv7: a batch adds at most its draws' sets
         eps = running_epsilon(self.ledger)
         if eps is not None:
             pl_module.log(self.log_name, float32_up(eps), on_step=True, on_epoch=False,

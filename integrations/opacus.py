@@ -122,7 +122,8 @@ from privguard.integrations._aligned import DropoutGuard, check_model, guard_for
 from privguard.integrations._checkpoint import is_entry, restore
 from privguard.integrations._distributed import Coordinator, RankDisagreementError, is_distributed
 from privguard.integrations._drawn_rates import DrawnRates
-from privguard.integrations._layer_noise import LayerNoise
+from privguard.integrations._forward_pairing import PairingCheck
+from privguard.integrations._layer_noise import LayerNoise, refuse_insecure
 from privguard.integrations._provenance import SampleRateWarning
 from privguard.integrations._recorded import (
     History,
@@ -223,12 +224,17 @@ class AttachHandle:
         self._refusal_charged = False  # a step_charged refusal's step was charged (review rwl)
         self.aligned_micro_batches = False  # the user's opt-in to the aligned curve (§14)
         self.dropout_guard: DropoutGuard | None = None  # its per-step re-check
+        # a framework callback's own refusals of a step, run with _rank_checks (task adv7)
+        self.step_checks: list[Callable[[], None]] = []
         self._awaiting_charge = False  # a real step was noised and not yet seen by _hook
         self._gate: Any = None  # the wrapped optimizer's step pre-hook (_release_gate)
         self._replacing: Any = None  # a step hook that replaced ours, behind _chain (rsmp)
         self._chaining = False  # _chain is calling that hook
         self.drawn: DrawnRates | None = None  # the rates the Poisson loader drew at (smp)
         self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
+        # rows against the records the loader delivered: batches paired in one backward (adv6)
+        self.pairing: PairingCheck | None = None
+        self.fetch_ahead = 0  # batches the loop fetches before training on them (Lightning: 1)
         # without a data loader: the largest rate of the Opacus accountant hooks seen on the
         # optimizer, which the charged q never falls below (lo2; hooks set later: rlo2)
         self.hook_floor: _HookFloor | None = None
@@ -256,6 +262,11 @@ class AttachHandle:
         self._gate = _release_gate(optimizer, self._unhooked_release)
         if self.witnesses is not None:
             self.witnesses.install(self.counter)
+        if self.ghost is None and self.layer_noise is None and self.counter is not None:
+            # per-sample rows against the records delivered (adv6; after the witnesses,
+            # which give the counter its list of sizes)
+            self.pairing = PairingCheck(optimizer, lambda: self.counter, self.fetch_ahead)
+            self.pairing.install()
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
             optimizer.step = self._graceful_step  # instance attribute; restored on detach
@@ -485,7 +496,8 @@ class AttachHandle:
 
     def _restart_counts(self) -> None:
         """A real step was charged or dropped: every micro-batch count restarts."""
-        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise):
+        for count in (self.counter, self.skips, self.ghost, self.drawn, self.layer_noise,
+                      self.pairing):
             if count is not None:
                 count.take()
 
@@ -620,8 +632,12 @@ class AttachHandle:
         if self.ghost is not None:
             refuse_adjusted_noise(self.optimizer)
             self.ghost.check(self.steps_charged + 1)
+        if self.pairing is not None:  # batches paired in one backward (adv6, §14.9)
+            self.pairing.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
+        for check_step in self.step_checks:  # e.g. Lightning's batches (_reused_batches)
+            check_step()
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
@@ -685,6 +701,8 @@ class AttachHandle:
             self.ghost.restore()
         if self.layer_noise is not None:
             self.layer_noise.restore()
+        if self.pairing is not None:
+            self.pairing.restore()
 
     # -------------------------------------------------------- recorded steps
     def _charge_recorded(self, current: History, held: History | None, label: str, *,
@@ -1050,6 +1068,7 @@ def attach(
     # tasks adv3, adv4: its step is not the charge (§14.8); an adaptive engine names
     # privacy_engine (its type is not checked yet: an engine of another type is not one)
     refuse_adaptive_clipping(optimizer, privacy_engine)
+    refuse_insecure(optimizer)  # secure_mode without its generator (adv6)
     if not isinstance(on_exhausted, str) or on_exhausted not in ("raise", "stop"):  # review fs
         raise InvalidArgumentError("on_exhausted", on_exhausted, "must be 'raise' or 'stop'")
     if label is not None and not isinstance(label, str):

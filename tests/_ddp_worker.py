@@ -530,9 +530,10 @@ SCENARIOS = {"aligned": aligned, "witness_precision": witness_precision, "witnes
              "allocation_uneven": allocation_uneven, "allocation_sigma": allocation_sigma}
 
 
-def _ghost_ddp(rank: int):
+def _ghost_ddp(rank: int, adaptive: bool = False):
     """make_private with ghost clipping of a DPDDP linear model (the same data on every
-    rank; each rank's Poisson draws seeded by its rank)."""
+    rank; each rank's Poisson draws seeded by its rank); ``adaptive``: by Opacus'
+    ``PrivacyEngineAdaptiveClipping`` (task adv6)."""
     import torch
     from opacus import PrivacyEngine
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -542,11 +543,19 @@ def _ghost_ddp(rank: int):
     torch.manual_seed(0)
     x = torch.randn(N, 8)
     model = DPDDP(nn.Linear(8, 2))
-    made = PrivacyEngine(accountant="rdp").make_private(
+    extra: dict = {}
+    engine = PrivacyEngine
+    if adaptive:
+        from opacus.utils.adaptive_clipping import PrivacyEngineAdaptiveClipping
+
+        engine = PrivacyEngineAdaptiveClipping
+        extra = dict(target_unclipped_quantile=0.5, min_clipbound=0.01, max_clipbound=10.0,
+                     clipbound_learning_rate=0.2)
+    made = engine(accountant="rdp").make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         data_loader=DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=BATCH),
         criterion=nn.CrossEntropyLoss(), noise_multiplier=SIGMA, max_grad_norm=1.0,
-        grad_sample_mode="ghost")
+        grad_sample_mode="ghost", **extra)
     torch.manual_seed(1000 + rank)
     return made
 
@@ -634,6 +643,16 @@ def _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion, plain, ba
     """Attach a ledger replica and step on ``batches``, rank 1 backpropagating ``plain``'s
     loss (not the wrapped one) at the second step: what each step raised, whether it
     left the parameters unchanged, and the steps charged."""
+    def backward(i, xb, yb):
+        (plain if i == 1 and rank == 1 else criterion)(model(xb), yb).backward()
+
+    return _watched_steps(epsilon, model, opt, loader, batches, backward)
+
+
+def _watched_steps(epsilon, model, opt, loader, batches, backward) -> dict:
+    """Attach a ledger replica and step on ``batches`` (``backward(i, x, y)``: step i's
+    backward): what each step raised, whether it left the parameters unchanged, and the
+    steps charged."""
     from privguard import Ledger, PrivguardError
     from privguard.integrations.opacus import attach
 
@@ -642,7 +661,7 @@ def _unclipped_on_rank_1(rank, epsilon, model, opt, loader, criterion, plain, ba
     out: dict = {"refused": [], "unchanged": []}
     for i, (xb, yb) in enumerate(batches):
         opt.zero_grad()
-        (plain if i == 1 and rank == 1 else criterion)(model(xb), yb).backward()
+        backward(i, xb, yb)
         before = _params(model)
         try:
             opt.step()
@@ -735,3 +754,42 @@ def replaced_hook(rank: int, workdir: str, epsilon: float) -> dict:
 
 
 SCENARIOS["replaced_hook"] = replaced_hook
+
+
+def ghost_adaptive(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task adv6 (e): Opacus' adaptive ghost clipping under DDP, attached without the engine:
+    the first step is refused on every rank inside the step's collective (the criterion's
+    backward set ``_adjusted_noise_multiplier``), nothing charged or applied, no hang."""
+    model, opt, criterion, loader = _ghost_ddp(rank, adaptive=True)
+    batches = _batches(loader)
+    return _adjusted_steps(model, opt, loader, criterion, [next(batches) for _ in range(2)],
+                           lambda i: False)
+
+
+def ghost_adjusted_rank_1(rank: int, workdir: str, epsilon: float) -> dict:
+    """Task adv6 (e): plain ghost clipping under DDP, rank 1 alone sets
+    ``_adjusted_noise_multiplier`` below σ at the second step: refused on both ranks."""
+    model, opt, criterion, loader = _ghost_ddp(rank)
+    batches = _batches(loader)
+    return _adjusted_steps(model, opt, loader, criterion, [next(batches) for _ in range(3)],
+                           lambda i: i == 1 and rank == 1)
+
+
+def _adjusted_steps(model, opt, loader, criterion, batches, adjust) -> dict:
+    """:func:`_watched_steps` with the wrapped loss, the optimizer's
+    ``_adjusted_noise_multiplier`` set to 0.5 for step i's backward and step where
+    ``adjust(i)``."""
+    def backward(i, xb, yb):
+        if adjust(i):
+            opt._adjusted_noise_multiplier = 0.5
+        elif "_adjusted_noise_multiplier" in vars(opt) and not adjust(i - 1):
+            pass  # set by Opacus' adaptive criterion itself: left as it is
+        elif "_adjusted_noise_multiplier" in vars(opt):
+            del opt._adjusted_noise_multiplier  # set by hand for the step before
+        criterion(model(xb), yb).backward()
+
+    return _watched_steps(50.0, model, opt, loader, batches, backward)
+
+
+SCENARIOS["ghost_adaptive"] = ghost_adaptive
+SCENARIOS["ghost_adjusted_rank_1"] = ghost_adjusted_rank_1

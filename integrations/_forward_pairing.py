@@ -1,0 +1,224 @@
+"""Several Poisson batches through one ``backward()``: their rows are paired (private).
+
+Opacus' hooks (``GradSampleModule``) compute the per-sample gradients of one
+``backward()`` by adding, row by row, the rows of every forward pass that
+backward ran through (``create_or_accumulate_grad_sample`` in
+``opacus/grad_sample/grad_sample_module.py``: ``_current_grad_sample[:n] +=
+grad_sample``, promoted to one ``grad_sample`` entry when the module's forward
+counter reaches 0). That is what makes weight tying, an RNN's time steps and two
+forwards of the *same* records (augmentations, consistency regularisation)
+right: row i stays record i's. Two *different* batches x¹, x² through one
+``backward()`` (``crit(model(x1), y1) + crit(model(x2), y2)``) give rows
+g(x¹ᵢ) + g(x²ᵢ), each clipped once: one record added to x¹ moves every later row
+of x¹ against x², so the clipped sum moves by up to 2C per row, not by C
+(docs/theory.md §14.9). Such a step is neither ``SubsampledGaussian(σ, q)`` nor
+``AccumulatedSubsampledGaussian(σ, q, 2)``.
+
+Neither the rows nor the loader alone tell it from a sound loop (a batch split
+by hand over skipped steps, a batch drawn ahead, two iterators of one loader
+hold fewer rows than the records delivered at a clip; the same batch twice runs
+two forwards through one backward). :class:`PairingCheck` takes both: Opacus'
+accumulation into ``_current_grad_sample`` is wrapped once per process
+(:func:`watch_opacus`; a flag on the parameter, nothing else changes) to mark a
+parameter that a backward reached through several forward passes, and at each
+clip (Opacus' ``clip_and_accumulate``, real or skipped step), where *every*
+parameter holding per-sample gradients is so marked (several forwards of the
+whole model: weight tying and an RNN mark only their own layers) and the rows
+the optimizer holds (the leading dimensions of a parameter's ``grad_sample``
+entries) are fewer than the records of the batches the training loader handed
+to the loop since the last clip (``MicroBatchCounter.sizes``), the clip is
+marked and the real step refused before its charge (:meth:`PairingCheck.check`).
+A loop known to fetch ``ahead`` batches before training on them (Lightning's
+fetcher) may hold that many of the window's last batches for the next clip.
+The sound cases keep a row per record and are charged as before.
+
+Not seen: a second batch that is not from the counted loader (another
+loader), a model with no parameter outside tied or recurrent layers run on the
+same batch twice while the loop holds a batch drawn ahead (refused: fail
+closed), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
+checks its own backward passes, ``integrations/_ghost.py``), Opacus'
+``DistributedPerLayerOptimizer`` (it clips inside ``backward()``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from privguard._errors import InvalidArgumentError
+from privguard.integrations._describe import MicroBatchCounter
+
+_MARK = "_privguard_forwards"  # set on a parameter one backward reached through 2+ forwards
+_MARKS = [0]  # parameters marked so far in this process: unchanged, no clip needs a look
+
+
+@functools.lru_cache(maxsize=1)
+def watch_opacus() -> bool:
+    """Wrap Opacus' ``create_or_accumulate_grad_sample`` (once per process): a second
+    accumulation into a parameter's ``_current_grad_sample`` within one backward marks it.
+    False where Opacus has no such function (nothing is watched)."""
+    try:
+        from opacus.grad_sample import grad_sample_module as gsm
+    except ImportError:  # pragma: no cover - opacus is a dependency of the integration
+        return False
+    original = getattr(gsm, "create_or_accumulate_grad_sample", None)
+    if original is None:  # pragma: no cover - another Opacus layout
+        return False
+
+    @functools.wraps(original)
+    def create_or_accumulate_grad_sample(*, param: Any, **kwargs: Any) -> None:
+        if hasattr(param, "_current_grad_sample"):  # the same backward, another forward
+            setattr(param, _MARK, True)
+            _MARKS[0] += 1
+        original(param=param, **kwargs)
+
+    gsm.create_or_accumulate_grad_sample = create_or_accumulate_grad_sample
+    return True
+
+
+def _every_param_marked(optimizer: Any) -> bool:
+    """Whether every parameter holding per-sample gradients was marked (and unmark all)."""
+    every, seen = True, False
+    for p in getattr(optimizer, "params", ()):
+        if getattr(p, "grad_sample", None) is None:
+            continue
+        seen = True
+        if getattr(p, _MARK, False):
+            setattr(p, _MARK, False)
+        else:
+            every = False
+    return seen and every
+
+
+def held_rows(optimizer: Any) -> tuple[int, int] | None:
+    """(entries, rows) of the first parameter holding per-sample gradients, or None.
+
+    An entry is one ``backward()`` (``grad_sample`` is a list after several); its
+    rows are the leading dimension Opacus put the batch in."""
+    for p in getattr(optimizer, "params", ()):
+        gs = getattr(p, "grad_sample", None)
+        if gs is None:
+            continue
+        if isinstance(gs, list):
+            return len(gs), sum(int(t.shape[0]) for t in gs)
+        return 1, int(gs.shape[0])
+    return None
+
+
+class PairingCheck:
+    """Marks a clip whose per-sample rows are fewer than the records delivered for it."""
+
+    def __init__(self, optimizer: Any, counter: Callable[[], MicroBatchCounter | None],
+                 ahead: int = 0) -> None:
+        self.optimizer = optimizer
+        self._counter = counter  # read live: Lightning moves it to a reloaded loader
+        self.ahead = ahead  # batches the loop fetches before training on them
+        self._held: list[int] = []  # sizes of batches delivered, not yet clipped
+        self._sizes: list[int] | None = None  # the counter's list at the last clip
+        self._seen = 0  # how much of it the last clip took in
+        self.failure: str | None = None  # what a marked clip saw
+        self._own: Any = None
+        self._marks = _MARKS[0]  # the process's marks at the last clip
+
+    def install(self) -> None:
+        """Start recording the loader's batch sizes; wrap the optimizer's
+        ``clip_and_accumulate`` (an instance attribute)."""
+        watch_opacus()
+        counter = self._counter()
+        if counter is not None:
+            if counter.sizes is None:
+                counter.sizes = []
+            self._sizes, self._seen = counter.sizes, len(counter.sizes)
+        optimizer = self.optimizer
+        self._saved = vars(optimizer).get("clip_and_accumulate")
+        original = optimizer.clip_and_accumulate
+
+        def clip_and_accumulate(*args: Any, **kwargs: Any) -> Any:
+            self.see()
+            return original(*args, **kwargs)
+
+        self._own = clip_and_accumulate
+        optimizer.clip_and_accumulate = clip_and_accumulate
+
+    def restore(self) -> None:
+        """Give the optimizer its ``clip_and_accumulate`` back (if still ours)."""
+        if self._own is not None and vars(self.optimizer).get("clip_and_accumulate") is self._own:
+            if self._saved is None:
+                del self.optimizer.clip_and_accumulate
+            else:
+                self.optimizer.clip_and_accumulate = self._saved
+        self._own = None
+
+    def _window(self) -> list[int] | None:
+        """Sizes of the batches delivered since the last clip (None: not known)."""
+        counter = self._counter()
+        if counter is None:
+            return None
+        sizes = counter.sizes
+        if sizes is None:  # start recording; this window is not known
+            counter.sizes = self._sizes = []
+            self._seen = 0
+            return None
+        if sizes is not self._sizes:  # a new counter or list: its first window is unknown
+            self._sizes, self._seen = sizes, len(sizes)
+            self._held = []
+            return None
+        if len(sizes) < self._seen:  # cleared by the counter's take() (a real step)
+            self._seen = 0
+        new = sizes[self._seen:]
+        self._seen = len(sizes)
+        return new
+
+    def see(self) -> None:
+        """Opacus is about to clip what the optimizer holds: compare rows and records."""
+        new = self._window()
+        if new is None:
+            return
+        window = self._held + new if self._held else new
+        self._held = []
+        marks = _MARKS[0]
+        if marks == self._marks:  # no parameter marked since: one forward per backward
+            return
+        self._marks = marks
+        if not _every_param_marked(self.optimizer):  # tied weights, an RNN's layers
+            return
+        if not window or min(window) < 0:  # nothing delivered, or a size not readable
+            return
+        held = held_rows(self.optimizer)
+        if held is None:
+            return
+        entries, rows = held
+        # docs/theory.md §14.9: a row per record; the last `ahead` batches may wait
+        for h in range(min(self.ahead, len(window) - 1) + 1):
+            used = window[:len(window) - h]
+            if rows >= sum(used):
+                self._held = window[len(window) - h:]
+                return
+        if self.failure is None:
+            self.failure = (
+                f"the data loader handed the loop {len(window)} batch(es) of "
+                f"{sum(window)} records ({window}) since the optimizer last clipped, and "
+                f"it clipped {entries} backward() pass(es) holding {rows} per-sample rows")
+
+    def check(self, step: int) -> None:
+        """Refuse the real step (the ``step``-th of the handle) if a clip was marked."""
+        if self.failure is None:
+            return
+        seen = self.failure
+        raise InvalidArgumentError(
+            "optimizer", type(self.optimizer).__name__,
+            f"step {step}: {seen}. Fewer rows than records: several batches went through "
+            f"one backward() (Opacus adds their per-sample gradients row by row, so one "
+            f"record moves the rows of the other batch's records and the sum is not "
+            f"C-sensitive: docs/theory.md §14.9), or the loop drew a batch it did not "
+            f"train on (a batch drawn ahead, a batch left out), which privguard cannot "
+            f"tell apart. The step is refused, nothing charged or applied; run one "
+            f"backward() per batch (accumulate: backward() on each, then step()), and "
+            f"draw each batch in the step that trains on it")
+
+    def take(self) -> None:
+        """The real step was charged or refused (the counter's sizes were cleared): a new
+        window (held batches stay held)."""
+        self.failure = None
+        self._seen = 0
