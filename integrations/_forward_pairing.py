@@ -54,10 +54,14 @@ same batch twice while the loop holds a batch drawn ahead (refused: fail
 closed), any marked clip (the same batch twice in one backward) of a loop that
 draws a batch ahead without Lightning (refused: fail closed), one batch through
 several backward() calls while the loop holds a batch drawn ahead or across
-skipped steps (counted as k micro-batches, as on main), one batch concatenated
-with its own augmentation in one forward (rows 2n, one pass), a clip
+skipped steps, and one batch concatenated with its own augmentation in one
+forward (rows 2n, one pass): charged as on main, under-counts left open, a clip
 accumulating a batch of another loader without a skipped step (refused: fail
-closed), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
+closed), anything under ``BatchMemoryManager`` (its physical batches come
+from a loader of its own, which is not counted: review radv6), a Lightning step
+that pairs its batch with one drawn by hand at least as large as it and the batch
+Lightning drew ahead together (held as drawn ahead: refused a step later, after
+that step's charge), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
 checks its own backward passes, ``integrations/_ghost.py``), Opacus'
 ``DistributedPerLayerOptimizer`` (it clips inside ``backward()``).
 """
@@ -77,7 +81,9 @@ _MARK = "_privguard_forwards"  # set on a parameter one backward reached through
 _TAG = "_privguard_watch"
 
 
+@functools.lru_cache(maxsize=1)
 def _module() -> Any:
+    """Opacus' ``grad_sample_module`` (a reload keeps the module object)."""
     try:
         from opacus.grad_sample import grad_sample_module as gsm
     except ImportError:  # pragma: no cover - opacus is a dependency of the integration
