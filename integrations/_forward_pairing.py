@@ -59,9 +59,9 @@ forward (rows 2n, one pass): charged as on main, under-counts left open, a clip
 accumulating a batch of another loader without a skipped step (refused: fail
 closed), anything under ``BatchMemoryManager`` (its physical batches come
 from a loader of its own, which is not counted: review radv6), a Lightning step
-that pairs its batch with one drawn by hand at least as large as it and the batch
-Lightning drew ahead together (held as drawn ahead: refused a step later, after
-that step's charge), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
+over a loader without ``len()`` (fetched one ahead) that pairs its batch with one
+drawn by hand at least as large as it and the batch drawn ahead together (held as
+drawn ahead: refused a step later, after that step's charge), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
 checks its own backward passes, ``integrations/_ghost.py``), Opacus'
 ``DistributedPerLayerOptimizer`` (it clips inside ``backward()``).
 """
