@@ -265,8 +265,8 @@ class PairingCheck:
             watch_opacus()  # marked (fail closed), later backward passes watched again
         elif not _every_param_marked(self.optimizer):
             return  # one forward per backward, or tied weights, an RNN's layers
-        if min(window) < 0:  # a size not readable
-            return
+        if not window or min(window) < 0:  # nothing delivered (a batch split over skipped
+            return  # steps), or a size not readable
         # docs/theory.md §14.9: a row per record; the last `ahead` batches may wait
         for h in range(min(self.ahead, len(window) - 1) + 1):
             used = window[:len(window) - h]
