@@ -32,10 +32,36 @@ A loop known to fetch ``ahead`` batches before training on them (Lightning's
 fetcher) may hold that many of the window's last batches for the next clip.
 The sound cases keep a row per record and are charged as before.
 
+Review radv6: (1) one batch through several ``backward()`` calls (two views of a
+batch, each backpropagated on its own) holds an entry per pass: a record at
+weight 2 in one Poisson draw, its sum moved by 2C with probability q, which
+``AccumulatedSubsampledGaussian(σ, q, k)`` (k *independent* draws, a record in
+each with probability q) does not cover (σ = 1, q = 1/8, 8 steps: ε ≈ 11.6 charged,
+20.3 for the ``SubsampledGaussian(σ/2, q)`` it is, δ = 1e-5); a clip holding more
+passes than batches and more rows than records is refused. (2) The batches an
+unmarked clip leaves (drawn ahead) stay held for the next clip (adv6 dropped
+them, so a later marked clip compared its rows with the wrong batch). (3) The
+wrapper carries a tag: it is made once even across an ``importlib.reload``, and
+a clip that finds Opacus' function unwrapped (a reload) or missing (renamed) is
+treated as marked (fail closed) and wraps it again. No process-wide counter:
+only the parameters' own flags, so threads training other models do not meet.
+The wrap cannot move to public hooks: ``attach`` is given the optimizer, not the
+module whose forwards would be watched.
+
 Not seen: a second batch that is not from the counted loader (another
 loader), a model with no parameter outside tied or recurrent layers run on the
 same batch twice while the loop holds a batch drawn ahead (refused: fail
-closed), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
+closed), any marked clip (the same batch twice in one backward) of a loop that
+draws a batch ahead without Lightning (refused: fail closed), one batch through
+several backward() calls while the loop holds a batch drawn ahead or across
+skipped steps, and one batch concatenated with its own augmentation in one
+forward (rows 2n, one pass): charged as on main, under-counts left open, a clip
+accumulating a batch of another loader without a skipped step (refused: fail
+closed), anything under ``BatchMemoryManager`` (its physical batches come
+from a loader of its own, which is not counted: review radv6), a Lightning step
+over a loader without ``len()`` (fetched one ahead) that pairs its batch with one
+drawn by hand at least as large as it and the batch drawn ahead together (held as
+drawn ahead: refused a step later, after that step's charge), Opacus' ``grad_sample_mode="ew"`` (no accumulation to watch), ghost clipping (no ``grad_sample``; its wrapped loss
 checks its own backward passes, ``integrations/_ghost.py``), Opacus'
 ``DistributedPerLayerOptimizer`` (it clips inside ``backward()``).
 """
@@ -50,44 +76,67 @@ from privguard._errors import InvalidArgumentError
 from privguard.integrations._describe import MicroBatchCounter
 
 _MARK = "_privguard_forwards"  # set on a parameter one backward reached through 2+ forwards
-_MARKS = [0]  # parameters marked so far in this process: unchanged, no clip needs a look
+# review radv6: the wrapper carries this attribute (so an ``importlib.reload`` of either
+# module neither wraps twice nor loses the wrap unseen: :func:`watched` reads it at each clip)
+_TAG = "_privguard_watch"
 
 
 @functools.lru_cache(maxsize=1)
-def watch_opacus() -> bool:
-    """Wrap Opacus' ``create_or_accumulate_grad_sample`` (once per process): a second
-    accumulation into a parameter's ``_current_grad_sample`` within one backward marks it.
-    False where Opacus has no such function (nothing is watched)."""
+def _module() -> Any:
+    """Opacus' ``grad_sample_module`` (a reload keeps the module object)."""
     try:
         from opacus.grad_sample import grad_sample_module as gsm
     except ImportError:  # pragma: no cover - opacus is a dependency of the integration
-        return False
+        return None
+    return gsm
+
+
+def watched() -> bool:
+    """Whether Opacus' ``create_or_accumulate_grad_sample`` is (still) wrapped."""
+    gsm = _module()
+    return getattr(getattr(gsm, "create_or_accumulate_grad_sample", None), _TAG, False) is True
+
+
+def watch_opacus() -> bool:
+    """Wrap Opacus' ``create_or_accumulate_grad_sample`` (once: a wrapped one is left as it
+    is): a second accumulation into a parameter's ``_current_grad_sample`` within one
+    backward marks it. False where Opacus has no such function (nothing is watched: the
+    check then treats every clip as marked, review radv6)."""
+    gsm = _module()
     original = getattr(gsm, "create_or_accumulate_grad_sample", None)
-    if original is None:  # pragma: no cover - another Opacus layout
+    if original is None:
         return False
+    if getattr(original, _TAG, False) is True:
+        return True
 
     @functools.wraps(original)
-    def create_or_accumulate_grad_sample(*, param: Any, **kwargs: Any) -> None:
+    def create_or_accumulate_grad_sample(*args: Any, **kwargs: Any) -> Any:
+        param = kwargs["param"] if "param" in kwargs else (args[0] if args else None)
         if hasattr(param, "_current_grad_sample"):  # the same backward, another forward
             setattr(param, _MARK, True)
-            _MARKS[0] += 1
-        original(param=param, **kwargs)
+        return original(*args, **kwargs)
 
+    setattr(create_or_accumulate_grad_sample, _TAG, True)
     gsm.create_or_accumulate_grad_sample = create_or_accumulate_grad_sample
     return True
 
 
 def _every_param_marked(optimizer: Any) -> bool:
-    """Whether every parameter holding per-sample gradients was marked (and unmark all)."""
+    """Whether every parameter holding per-sample gradients was marked (and unmark all).
+
+    The first such parameter unmarked answers at once (a plain step: one look); marks
+    left on later parameters only widen the next answer (fail closed)."""
     every, seen = True, False
     for p in getattr(optimizer, "params", ()):
         if getattr(p, "grad_sample", None) is None:
             continue
-        seen = True
         if getattr(p, _MARK, False):
             setattr(p, _MARK, False)
+        elif not seen:
+            return False
         else:
             every = False
+        seen = True
     return seen and every
 
 
@@ -106,6 +155,19 @@ def held_rows(optimizer: Any) -> tuple[int, int] | None:
     return None
 
 
+_PAIRED = (
+    "Fewer rows than records: several batches went through one backward() (Opacus adds "
+    "their per-sample gradients row by row, so one record moves the rows of the other "
+    "batch's records and the sum is not C-sensitive: docs/theory.md §14.9), or the loop "
+    "drew a batch it did not train on (a batch drawn ahead, a batch left out), which "
+    "privguard cannot tell apart.")
+_REUSED = (
+    "More backward() passes than batches: a batch went through several backward() calls, "
+    "so a record is in several rows of one Poisson draw: its sum moves by 2C with probability q, which "
+    "AccumulatedSubsampledGaussian(σ, q, k) (k independent draws) does not cover "
+    "(docs/theory.md §14.9, review radv6).")
+
+
 class PairingCheck:
     """Marks a clip whose per-sample rows are fewer than the records delivered for it."""
 
@@ -117,9 +179,9 @@ class PairingCheck:
         self._held: list[int] = []  # sizes of batches delivered, not yet clipped
         self._sizes: list[int] | None = None  # the counter's list at the last clip
         self._seen = 0  # how much of it the last clip took in
-        self.failure: str | None = None  # what a marked clip saw
+        self.failure: tuple[str, str] | None = None  # what a marked clip saw, and why
         self._own: Any = None
-        self._marks = _MARKS[0]  # the process's marks at the last clip
+        self._counted = False  # the counter saw a batch (an iterator made before attach: not)
 
     def install(self) -> None:
         """Start recording the loader's batch sizes; wrap the optimizer's
@@ -171,51 +233,65 @@ class PairingCheck:
         return new
 
     def see(self) -> None:
-        """Opacus is about to clip what the optimizer holds: compare rows and records."""
+        """Opacus is about to clip what the optimizer holds: compare it with what the
+        loader delivered since the last clip (and what an earlier clip left held)."""
         new = self._window()
         if new is None:
             return
         window = self._held + new if self._held else new
         self._held = []
-        marks = _MARKS[0]
-        if marks == self._marks:  # no parameter marked since: one forward per backward
-            return
-        self._marks = marks
-        if not _every_param_marked(self.optimizer):  # tied weights, an RNN's layers
-            return
-        if not window or min(window) < 0:  # nothing delivered, or a size not readable
-            return
+        self._counted = self._counted or bool(new)
         held = held_rows(self.optimizer)
-        if held is None:
+        if held is None or not self._counted:
             return
         entries, rows = held
+        if entries > max(len(window), 1) and min(window, default=0) >= 0 and rows > sum(window):
+            # review radv6: one clip holds more backward() passes than batches, and more
+            # rows than records: one batch went through several (a record at weight 2 in
+            # one Poisson draw, which Accumulated(σ, q, k) does not cover). A clip of one
+            # pass each (skipped steps) is left to the counts, as on main: a micro-batch
+            # from another loader or an iterator made before attach is not counted here.
+            self._fail(f"the data loader handed the loop {len(window)} batch(es) of "
+                       f"{sum(window)} records since the optimizer last clipped (with those "
+                       f"drawn ahead before), and it clipped {entries} backward() passes "
+                       f"holding {rows} per-sample rows", _REUSED)
+            return
+        # an unmarked clip: up to `ahead` batches after those trained on were drawn ahead
+        # (review radv6: adv6 forgot them here, and compared a later marked clip's rows
+        # with the batch after its own)
+        keep = min(self.ahead, max(len(window) - entries, 0))
+        self._held = window[len(window) - keep:]
+        if not watched():  # Opacus renamed it, or a reload unwrapped it: this clip is
+            watch_opacus()  # marked (fail closed), later backward passes watched again
+        elif not _every_param_marked(self.optimizer):
+            return  # one forward per backward, or tied weights, an RNN's layers
+        if not window or min(window) < 0:  # nothing delivered (a batch split over skipped
+            return  # steps), or a size not readable
         # docs/theory.md §14.9: a row per record; the last `ahead` batches may wait
         for h in range(min(self.ahead, len(window) - 1) + 1):
             used = window[:len(window) - h]
             if rows >= sum(used):
                 self._held = window[len(window) - h:]
                 return
+        self._fail(f"the data loader handed the loop {len(window)} batch(es) of "
+                   f"{sum(window)} records ({window}) since the optimizer last clipped, "
+                   f"and it clipped {entries} backward() pass(es) holding {rows} "
+                   f"per-sample rows", _PAIRED)
+
+    def _fail(self, seen: str, why: str) -> None:
         if self.failure is None:
-            self.failure = (
-                f"the data loader handed the loop {len(window)} batch(es) of "
-                f"{sum(window)} records ({window}) since the optimizer last clipped, and "
-                f"it clipped {entries} backward() pass(es) holding {rows} per-sample rows")
+            self.failure = seen, why
 
     def check(self, step: int) -> None:
         """Refuse the real step (the ``step``-th of the handle) if a clip was marked."""
         if self.failure is None:
             return
-        seen = self.failure
+        seen, why = self.failure
         raise InvalidArgumentError(
             "optimizer", type(self.optimizer).__name__,
-            f"step {step}: {seen}. Fewer rows than records: several batches went through "
-            f"one backward() (Opacus adds their per-sample gradients row by row, so one "
-            f"record moves the rows of the other batch's records and the sum is not "
-            f"C-sensitive: docs/theory.md §14.9), or the loop drew a batch it did not "
-            f"train on (a batch drawn ahead, a batch left out), which privguard cannot "
-            f"tell apart. The step is refused, nothing charged or applied; run one "
-            f"backward() per batch (accumulate: backward() on each, then step()), and "
-            f"draw each batch in the step that trains on it")
+            f"step {step}: {seen}. {why} The step is refused, nothing charged or applied; "
+            f"run one backward() per batch (accumulate: backward() on each, then step()), "
+            f"and draw each batch in the step that trains on it")
 
     def take(self) -> None:
         """The real step was charged or refused (the counter's sizes were cleared): a new

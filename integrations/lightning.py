@@ -146,6 +146,15 @@ def _check_rates(loaders: list, charged: float) -> None:
                 "loader's rate across reloads")
 
 
+def _sized(loader: Any) -> bool:
+    """Whether ``len(loader)`` answers (Lightning then fetches no batch ahead)."""
+    try:
+        len(loader)
+    except (TypeError, NotImplementedError, AttributeError):
+        return False
+    return True
+
+
 def _charged_rate(sample_rate: Any, optimizer: Any) -> float | None:
     """The q attach will charge without a data loader (several training loaders): the given
     ``sample_rate`` (a callable's current value), else the rate of Opacus' accountant hook;
@@ -635,8 +644,12 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
                              aligned_micro_batches=self.aligned_micro_batches,
                              model=pl_module if self.aligned_micro_batches else None,
                              witnesses=self.witnesses)
-        if self.handle.pairing is not None:  # Lightning's fetcher draws one batch ahead (adv6)
-            self.handle.pairing.ahead = 1
+        if self.handle.pairing is not None:  # (adv6) batches Lightning's fetcher draws ahead:
+            # one, only where it cannot take the loader's len() (_PrefetchDataFetcher.__iter__
+            # in lightning/pytorch/loops/fetchers.py); a sized loader hands one per step, and
+            # review radv6: with the allowance a step pairing its batch with one it drew from
+            # the loader itself passed (that batch held as drawn ahead), refused a step later
+            self.handle.pairing.ahead = 0 if _sized(single) else 1
         self._steps_seen, self._batches = self.handle.steps_charged, 0
         self._declared = self.handle.declared_micro_batches  # accumulate_grad_batches
         # task adv7: a batch backpropagated twice (two manual_backward) is one draw at

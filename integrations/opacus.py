@@ -234,7 +234,6 @@ class AttachHandle:
         self.layer_noise: LayerNoise | None = None  # DistributedPerLayerOptimizer's (lo2)
         # rows against the records the loader delivered: batches paired in one backward (adv6)
         self.pairing: PairingCheck | None = None
-        self.fetch_ahead = 0  # batches the loop fetches before training on them (Lightning: 1)
         # without a data loader: the largest rate of the Opacus accountant hooks seen on the
         # optimizer, which the charged q never falls below (lo2; hooks set later: rlo2)
         self.hook_floor: _HookFloor | None = None
@@ -265,7 +264,7 @@ class AttachHandle:
         if self.ghost is None and self.layer_noise is None and self.counter is not None:
             # per-sample rows against the records delivered (adv6; after the witnesses,
             # which give the counter its list of sizes)
-            self.pairing = PairingCheck(optimizer, lambda: self.counter, self.fetch_ahead)
+            self.pairing = PairingCheck(optimizer, lambda: self.counter)
             self.pairing.install()
         if self.on_exhausted == "stop":
             self._original_step = optimizer.step
