@@ -251,10 +251,12 @@ class PairingCheck:
             # one Poisson draw, which Accumulated(σ, q, k) does not cover). A clip of one
             # pass each (skipped steps) is left to the counts, as on main: a micro-batch
             # from another loader or an iterator made before attach is not counted here.
-            self._fail(f"the data loader handed the loop {len(window)} batch(es) of "
-                       f"{sum(window)} records since the optimizer last clipped (with those "
-                       f"drawn ahead before), and it clipped {entries} backward() passes "
-                       f"holding {rows} per-sample rows", _REUSED)
+            # the message names counts of batches and passes only: the records and rows
+            # are drawn batch sizes, which depend on who is in the data (not shown)
+            self._fail(f"the data loader handed the loop {len(window)} batch(es) since the "
+                       f"optimizer last clipped (with those drawn ahead before), and it "
+                       f"clipped {entries} backward() passes holding more per-sample rows "
+                       f"than those batches' records", _REUSED)
             return
         # an unmarked clip: up to `ahead` batches after those trained on were drawn ahead
         # (review radv6: adv6 forgot them here, and compared a later marked clip's rows
@@ -273,10 +275,9 @@ class PairingCheck:
             if rows >= sum(used):
                 self._held = window[len(window) - h:]
                 return
-        self._fail(f"the data loader handed the loop {len(window)} batch(es) of "
-                   f"{sum(window)} records ({window}) since the optimizer last clipped, "
-                   f"and it clipped {entries} backward() pass(es) holding {rows} "
-                   f"per-sample rows", _PAIRED)
+        self._fail(f"the data loader handed the loop {len(window)} batch(es) since the "
+                   f"optimizer last clipped, and it clipped {entries} backward() pass(es) "
+                   f"holding fewer per-sample rows than those batches' records", _PAIRED)
 
     def _fail(self, seen: str, why: str) -> None:
         if self.failure is None:

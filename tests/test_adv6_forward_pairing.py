@@ -95,8 +95,11 @@ def test_two_batches_through_one_backward_are_refused_before_the_charge(witnesse
     # main charged AccumulatedSubsampledGaussian(σ, q, 2) and applied the step
     with pytest.raises(InvalidArgumentError, match="one backward") as info:
         opt.step()
-    assert f"{len(x1) + len(x2)} records" in str(info.value)
-    assert f"holding {max(len(x1), len(x2))} per-sample rows" in str(info.value)
+    assert "2 batch(es)" in str(info.value)
+    assert "fewer per-sample rows than those batches' records" in str(info.value)
+    # the drawn batch sizes depend on who is in the data: the message does not show them
+    assert f"{len(x1) + len(x2)} records" not in str(info.value)
+    assert f"{max(len(x1), len(x2))} per-sample rows" not in str(info.value)
     assert handle.steps_charged == 0
     assert [r for r in ledger.history if "witnesses" not in r.label] == []
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
