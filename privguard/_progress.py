@@ -61,6 +61,10 @@ class Lines:
         if not self.per_update:
             self._write()
 
+    def discard(self) -> None:
+        """Close without writing: what was displayed did not run (a refused charge)."""
+        self._closed = True
+
     def _write(self) -> None:
         from tqdm import tqdm
 

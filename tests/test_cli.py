@@ -171,3 +171,24 @@ def test_version_is_the_installed_package_version():
     assert done.returncode == 0
     assert done.stdout.strip() == f"privguard {privguard.__version__}" == \
         f"privguard {version('privguard')}"
+
+
+def test_the_demo_shows_the_epoch_whose_noisy_count_is_refused(tmp_path, capsys, monkeypatch):
+    # a newcomer's log ended at "final training: 7/40 epochs" above "stopped after 8 epochs:
+    # the filter refused the next noisy validation count": epoch 8 trained, with no line
+    from privguard._cli import _demo
+
+    real, counts = _demo._noisy_count, []
+
+    def noisy(model, val, ledger_like, rng, label):
+        if label == "early-stopping check":
+            counts.append(label)
+            if len(counts) == 2:  # far beyond any budget: the filter refuses this count
+                ledger_like.charge(M.Gaussian(1e-3), label=label)
+        return real(model, val, ledger_like, rng, label)
+
+    monkeypatch.setattr(_demo, "_noisy_count", noisy)
+    assert main(["demo", "--quick", "--db", str(tmp_path / "d.db")]) == 0
+    out, err = capsys.readouterr()
+    assert "stopped after 2 epochs: the filter refused the next noisy validation count" in out
+    assert "final training: 2/6 epochs" in err

@@ -82,3 +82,16 @@ def test_a_missing_or_closed_stderr_raises_nothing(stream):
         rounds = ProposeTest([{"a": 1}, {"a": 2}], epsilon0=1.0, partitions=4, seed=0,
                              progress=True).select([0.2, 0.9], Ledger(epsilon=50.0, delta=1e-5))
     assert found.selected and rounds.rounds >= 1
+
+
+def test_a_refused_run_writes_no_line_off_a_terminal():
+    # a newcomer's log showed "random-K tuning: ran for 00:00" just before the refusal of
+    # the run's up-front charge: a line for a run that never ran
+    from privguard import BudgetExhausted
+
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(BudgetExhausted):
+        RandomSearch({"x": [1, 2]}, Poisson(5.0), cost=M.Gaussian(1.0), seed=3,
+                     progress=True).run(lambda params, child: 1.0,
+                                        Ledger(epsilon=0.5, delta=1e-5), label="lr search")
+    assert err.getvalue() == ""

@@ -171,11 +171,13 @@ def run(db: str | None = None, quick: bool | None = None, epsilon: float = 10.0)
                     stop_reason = "the filter refused the next step"
                     break
                 epochs = epoch
-                score = _noisy_count(model, val, ledger, rng, "early-stopping check")
-                meter = ledger.budget()
-                bar.set_postfix_str(f"budget {upper(meter.spent, '.3f')} of ε = {exact(meter.epsilon)}"
-                                    if meter is not None else "")
-                bar.update(1)
+                try:
+                    score = _noisy_count(model, val, ledger, rng, "early-stopping check")
+                finally:  # the epoch trained: its line, also when the count is refused
+                    meter = ledger.budget()
+                    bar.set_postfix_str(f"budget {upper(meter.spent, '.3f')} of ε = "
+                                        f"{exact(meter.epsilon)}" if meter is not None else "")
+                    bar.update(1)
                 best, stale = (score, 0) if score > best + VAL_STD else (best, stale + 1)
                 if stale >= 2:
                     stop_reason = "no significant improvement for 2 epochs"

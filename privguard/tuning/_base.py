@@ -334,7 +334,13 @@ class Elapsed:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._bar is not None:
+        if self._bar is None:
+            return
+        if exc and exc[0] is not None and hasattr(self._bar, "discard"):
+            # off a terminal: no "ran for" line for a run that raised (its up-front charge
+            # refused, say: it never ran); a terminal's bar (leave=False) vanishes alike
+            self._bar.discard()
+        else:
             self._bar.close()
 
 
