@@ -38,7 +38,10 @@ class Lines:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc and exc[0] is not None:  # what it would show did not run to its end
+            self.discard()
+        else:
+            self.close()
 
     def set_description_str(self, desc: str) -> None:
         self.desc = desc

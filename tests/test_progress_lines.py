@@ -95,3 +95,18 @@ def test_a_refused_run_writes_no_line_off_a_terminal():
                      progress=True).run(lambda params, child: 1.0,
                                         Ledger(epsilon=0.5, delta=1e-5), label="lr search")
     assert err.getvalue() == ""
+
+
+
+def test_a_display_left_by_an_exception_writes_no_line_off_a_terminal():
+    from privguard._progress import progress
+
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(KeyboardInterrupt):
+        with progress("propose-test", unit="round") as bar:
+            bar.update(1)
+            raise KeyboardInterrupt
+    assert err.getvalue() == ""
+    with redirect_stderr(err), progress("propose-test", unit="round") as bar:
+        bar.update(1)
+    assert err.getvalue() == "propose-test: 1 rounds\n"

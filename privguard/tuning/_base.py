@@ -297,7 +297,7 @@ class Elapsed:
 
     It never shows a count: the number of runs is not released. On a terminal
     it redraws once a second on a timer, elsewhere it writes one line when the
-    run ends (:mod:`privguard._progress`); never per candidate, so what it
+    run ends, none when it raised (:mod:`privguard._progress`); never per candidate, so what it
     writes does not depend on K or on any outcome (only on the run's duration).
     """
 
