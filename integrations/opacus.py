@@ -631,12 +631,12 @@ class AttachHandle:
         if self.ghost is not None:
             refuse_adjusted_noise(self.optimizer)
             self.ghost.check(self.steps_charged + 1)
+        for check_step in self.step_checks:  # e.g. Lightning's batches (_reused_batches):
+            check_step()  # a trainer's own count first, its message names the trainer's remedy
         if self.pairing is not None:  # batches paired in one backward (adv6, §14.9)
             self.pairing.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
-        for check_step in self.step_checks:  # e.g. Lightning's batches (_reused_batches)
-            check_step()
 
     def _charge_reserve(self) -> None:
         """Charge the witnesses' δ reserve once (under DDP once per distinct ledger)."""
