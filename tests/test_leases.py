@@ -382,3 +382,30 @@ def test_can_afford_checks_the_file_as_a_leased_step_does(tmp_path):
         ledger.can_afford(STEP)
     with pytest.raises(LedgerStateError):
         ledger.charge(STEP, label="train")
+
+
+def test_report_shows_each_lease_unused_events_steps(tmp_path, capsys):
+    """Task lo8: one close records a lease-unused event per lease held, the current one's
+    remainder and the prefetched next lease's; the report's event lines showed each
+    event's reason but neither's steps. Each line now names its steps and label, and the
+    charges line the total, separately from the released steps. Nothing is refunded."""
+    from privguard._cli._report import print_report, report
+
+    path = tmp_path / "two.db"
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
+    for _ in range(40):
+        ledger.charge(STEP, label="train")
+    spent = len(ledger.history)
+    ledger.close()
+    again = Ledger.open(path)
+    events = [e for e in again.events if e["event"] == _lease.UNUSED]
+    assert len(events) == 2, events  # one per lease: the current and the prefetched
+    assert len(again.history) == spent  # still spent
+    data = report(again)
+    assert data["released"] == 40 and data["leased_unused"] == sum(e["steps"] for e in events)
+    print_report(data)
+    out = capsys.readouterr().out
+    for e in events:
+        assert (f"{e['reason']!r}, {e['steps']} steps of label 'train' leased but unused "
+                "(spent)") in out
+    assert f"40 released, {data['leased_unused']} leased but unused (spent)" in out

@@ -30,6 +30,7 @@ from privguard._accounting._accounting import Accounting, nonadaptive_epsilon
 from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run, _bound, scaled_sum
+from privguard._accounting._lease import UNUSED
 from privguard._accounting._results import describe, exact, lower, upper
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
@@ -252,6 +253,17 @@ def _above(x: float, target: float | None, why: str) -> str:
     return f" — above the target ε = {exact(target)}: {why}" if target is not None and x > target else ""
 
 
+def _unused_steps(event: dict[str, Any]) -> str:
+    """A lease-unused event's steps and label, as the report's event line ends (task lo8:
+    a close records one event per lease, the current one and the prefetched next one, and
+    the line showed neither's steps); empty for any other event. The steps stay spent
+    (docs/theory.md §13): the line says so, as the charges line does."""
+    if event.get("event") != UNUSED:
+        return ""
+    return (f", {event.get('steps')} steps of label {event.get('label')!r} leased but "
+            "unused (spent)")
+
+
 def print_report(data: dict[str, Any]) -> None:
     """The report; its first lines answer: how much is left, what to report, why ε differs."""
     target, delta = data["target_epsilon"], data["delta"]
@@ -311,7 +323,7 @@ def print_report(data: dict[str, Any]) -> None:
               f"the last mechanism, {data['last_mechanism']}")
     for e in data["events"]:
         print(f"event       {e['event']} at {_time(e.get('time'))}: "
-              f"{e.get('reason', e.get('from'))!r}")
+              f"{e.get('reason', e.get('from'))!r}{_unused_steps(e)}")
     print("\ncharges by label")
     for g in data["by_label"]:
         mechs = "; ".join(g["mechanisms"][:3]) + (" ..." if len(g["mechanisms"]) > 3 else "")
