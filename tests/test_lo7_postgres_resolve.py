@@ -104,3 +104,32 @@ def test_an_interrupt_during_the_lock_wait_leaves_the_store_failed_closed(monkey
     with pytest.raises(LedgerStateError, match="reopen"):
         with store._session(False, None):
             pass
+
+
+class _Recorded(Exception):
+    """Raised by the fake ``psycopg.connect`` below, once it has recorded its options."""
+
+
+@pytest.mark.parametrize("url_timeout, within, most", [
+    ("60", 3.0, 3), ("0", 4.0, 4), ("2", 9.0, 2), ("nonsense", 5.0, 5)])
+def test_a_url_connect_timeout_does_not_overrun_the_read_back_deadline(
+        monkeypatch, url_timeout, within, most):
+    """Task lo8: a ``connect_timeout`` in the user's URL was passed on as given, so one
+    read-back connect could take 60 s (or, with 0, wait indefinitely) of a 3 s deadline.
+    Each connect within a deadline now waits at most the smaller of the two."""
+    seen: list[dict] = []
+
+    def connect(conninfo: str, **options: object) -> object:
+        seen.append(options)
+        raise _Recorded
+
+    url = f"postgresql://nobody@127.0.0.1:1/db?ledger=lost&connect_timeout={url_timeout}"
+    store = PostgresStore(url, timeout=TIMEOUT)
+    monkeypatch.setattr(psycopg, "connect", connect)
+    with pytest.raises(_Recorded):
+        store._connect(within)
+    assert seen and "connect_timeout" in seen[0], seen
+    assert 1 <= int(seen[0]["connect_timeout"]) <= most, seen
+    with pytest.raises(_Recorded):  # no deadline (an ordinary connect): the URL's value
+        store._connect()
+    assert "connect_timeout" not in seen[1], seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
 
@@ -68,6 +69,31 @@ def parse(url: str) -> tuple[str, str, str]:
                     if pair and urllib.parse.unquote_plus(pair.partition("=")[0]) != "ledger")
     conninfo = _unsplit(parts._replace(query=rest))
     return conninfo, name, _masked(url)
+
+
+def connect_timeout(conninfo: str) -> float | None:
+    """The ``connect_timeout`` a connection string sets, in seconds: None where it sets
+    none, or one libpq would not read as a number (libpq refuses it itself); infinity for
+    zero or less (libpq waits indefinitely). The last of repeated ones, as libpq reads them.
+
+    Example:
+        >>> connect_timeout("postgresql://ann@db/b?connect_timeout=30&sslmode=require")
+        30.0
+        >>> connect_timeout("postgresql://ann@db/b?connect_timeout=0")
+        inf
+        >>> connect_timeout("postgresql://ann@db/b") is None
+        True
+    """
+    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(conninfo).query,
+                                   keep_blank_values=True)
+    given = [v for k, v in query if k == "connect_timeout"]
+    if not given:
+        return None
+    try:
+        seconds = int(given[-1].strip())
+    except ValueError:
+        return None
+    return float(seconds) if seconds > 0 else math.inf
 
 
 def _unsplit(parts: urllib.parse.SplitResult) -> str:

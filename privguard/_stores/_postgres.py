@@ -170,9 +170,15 @@ class PostgresStore:
         self._conn = None
         pg = self._pg
         options: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in self._conninfo:
+        given = _pgurl.connect_timeout(self._conninfo)
+        if given is None and "connect_timeout" not in self._conninfo:
             limit = min(self.timeout, 10) if within is None else min(self.timeout, 10, within)
             options["connect_timeout"] = max(1, int(limit))
+        elif within is not None:  # the URL's own value, never past the caller's deadline
+            # (task lo8: connect_timeout=60 in the URL let one read-back connect take 60 s
+            # of a 10 s deadline); a keyword argument overrides the URL's value in psycopg
+            options["connect_timeout"] = max(1, int(within if given is None
+                                                    else min(given, within)))
         if "application_name" not in self._conninfo:
             options["application_name"] = f"privguard:{self.ledger}"
         # What the rows are read and written in, whatever the URL, the role or the database
