@@ -249,3 +249,36 @@ def test_the_hook_is_registered_for_every_ledger(tmp_path):
     memory, stored = Ledger(3.0, 1e-5), Ledger(3.0, 1e-5, path=tmp_path / "r.db")
     assert memory in _fork._LEDGERS and stored in _fork._LEDGERS
     stored.close()
+
+
+@needs_fork
+def test_a_fork_while_another_thread_holds_the_snapshot_lock(tmp_path):
+    # Task lo8: privguard._stores._snapshot's lock was not made anew in a forked child. A
+    # thread of the parent holding it at the fork (counting a snapshot in or out) left the
+    # child's copy held by a thread the child does not have: the child's first snapshot
+    # (`privguard report` run in a forked worker) waited forever (here: its alarm).
+    from privguard._stores import _snapshot
+
+    path = tmp_path / "s.db"
+    Ledger(3.0, 1e-5, path=path).close()
+    holding, go = threading.Event(), threading.Event()
+
+    def hold():
+        with _snapshot._lock:
+            holding.set()
+            assert go.wait(30)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    assert holding.wait(30)
+
+    def body():
+        with _snapshot.snapshot(path):
+            return 0 if _snapshot.held_path(str(path)) is not None else 3
+
+    pid = _child(body)
+    go.set()
+    other.join(30)
+    assert _exit_code(pid) == 0
+    with _snapshot.snapshot(path):  # the parent's lock is its own, released
+        assert _snapshot.held_path(str(path)) is not None

@@ -84,3 +84,18 @@ def held_path(path: str) -> tuple[int, int] | None:
         return None
     identity = (st.st_dev, st.st_ino)
     return identity if held(identity) else None
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock in a forked child (task lo8): a thread of the parent counting a snapshot
+    in or out at the fork left the child's copy of the lock held by a thread the child does
+    not have, and the child's next snapshot (or read-only store) waited for ever. The
+    counts stay: a snapshot the parent held at the fork is still held in the child, whose
+    copy of its descriptor keeps the shared flock (as ``_lockfds.forked`` does for its own
+    lock)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
