@@ -177,16 +177,18 @@ class _Canaries:
         self.score += step_log_likelihood_ratio(x, float(opt.noise_multiplier), self.rate)
         self.steps += 1
 
-    def check(self, loss_from: str) -> None:
-        """Refuse, after a step, scores that are NaN (task lo7: a finite loss
+    def check(self, loss_from: str, step: int) -> None:
+        """Refuse, after step ``step`` (from 1), scores that are NaN (task lo7: a finite loss
         whose gradients overflowed made the released update, hence every score, NaN, and
         the audit ended with a vacuous ε_lower = 0). The step ran and stays charged (a
-        release is never refunded); no further step runs. No value is shown."""
+        release is never refunded); no further step runs. No value is shown; the message
+        says at which step (task lo8), which is all it tells of the data."""
         if np.isnan(self.score).any():  # (±inf alone ranks: a σ whose square underflows)
             raise InvalidArgumentError(
                 loss_from, "a loss whose gradients are not finite (NaN or inf)",
-                "must give a loss whose gradients stay finite: the released update, and so "
-                "the canaries' scores, were not finite; the audit stopped")
+                f"must give a loss whose gradients stay finite: at step {step}, the released "
+                "update, and so the canaries' scores, were NaN or infinite; that step stays "
+                "charged, and the audit stopped")
 
     def scores(self) -> np.ndarray:
         """Each canary's score: Σ_t log(1 − q + q·exp((x_t − ½)/σ²)), x_t its projection."""
@@ -200,10 +202,12 @@ class _Canaries:
 
 
 def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
-           loss_from: str = "loss", after_step: Callable[[str], None] | None = None) -> int:
+           loss_from: str = "loss",
+           after_step: Callable[[str, int], None] | None = None) -> int:
     """Train ``steps`` real steps; ``loss_from`` names the argument the loss came from
     (``loss``, or ``build`` for a 4th item), which a loss that cannot be back-propagated
-    is refused under; ``after_step(loss_from)`` runs after each step (it may refuse)."""
+    is refused under; ``after_step(loss_from, k)`` runs after the k-th step, from 1 (it may
+    refuse)."""
     done = 0
     while done < steps:
         seen = False
@@ -218,12 +222,12 @@ def _train(model: Any, opt: Any, loader: Any, steps: int, loss: Callable,
             x, y = batch
             seen = True
             opt.zero_grad()
-            _backward(loss(model(x), y), loss_from, _empty(x))
+            _backward(loss(model(x), y), loss_from, _empty(x), done + 1)
             _check_reached(opt, loss_from)
             opt.step()
             done += 1
             if after_step is not None:
-                after_step(loss_from)
+                after_step(loss_from, done)
             if done >= steps:
                 break
         if not seen:
@@ -238,12 +242,13 @@ def _empty(x: Any) -> bool:
     return shape is not None and len(shape) > 0 and shape[0] == 0
 
 
-def _backward(value: Any, loss_from: str, empty: bool = False) -> None:
+def _backward(value: Any, loss_from: str, empty: bool = False, step: int = 1) -> None:
     """``value.backward()``, after refusing a loss value it cannot run on (task adv3: a
     per-sample loss, ``CrossEntropyLoss(reduction="none")``, or one detached from the model
     raised torch's RuntimeError out of audit_opacus). Refused before this step's backward, so
     the step is neither taken nor charged. Opacus' ghost-clipping criterion returns its own
-    tensor type, which is back-propagated as it is."""
+    tensor type, which is back-propagated as it is. ``step``: the step's number, from 1,
+    which a loss that is not finite is refused at."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -258,8 +263,13 @@ def _backward(value: Any, loss_from: str, empty: bool = False) -> None:
         elif not empty and not bool(torch.isfinite(value.detach()).all()):
             # task lo7: a NaN (or inf) loss made every later score NaN, and the audit ended
             # with a vacuous ε_lower = 0; the value itself is not shown (it is the data's).
-            # An empty batch's mean loss is NaN with no example's gradient: it goes on
-            what = "a loss that is not finite (NaN or inf)"
+            # An empty batch's mean loss is NaN with no example's gradient: it goes on.
+            # Task lo8: it said "must give a scalar loss" (it was one); now what was wrong
+            # and at which step, all it tells of the data (NaN and inf are not told apart)
+            raise InvalidArgumentError(
+                loss_from, "a loss that is not finite (NaN or inf)",
+                f"must give a finite loss: the loss at step {step} was NaN or infinite; "
+                "that step was neither taken nor charged, and the audit stopped")
         else:
             what = ""
         if what:

@@ -62,3 +62,32 @@ def test_empty_poisson_batches_under_a_mean_loss_are_not_refused():
     1 of 64: most batches are empty); the audit runs to its end."""
     result = _audit(_pipeline(batch_size=1), loss=_CE)
     assert result.steps == 5
+
+
+def _from_step(k, broken):
+    """A cross-entropy loss that turns into ``broken`` from its k-th call (the k-th step)
+    on; ``calls`` counts the steps it was asked for."""
+    calls = []
+
+    def loss(logits, labels):
+        calls.append(1)
+        return broken(logits, labels) if len(calls) >= k else _CE(logits, labels)
+
+    return loss, calls
+
+
+@pytest.mark.parametrize("broken, wording", [
+    (_nan_loss, "must give a finite loss: the loss at step {k} was NaN or infinite"),
+    (_inf_loss, "must give a finite loss: the loss at step {k} was NaN or infinite"),
+    (_nan_gradient, "at step {k}, the released update, and so the canaries' scores, were "
+                    "NaN or infinite")], ids=["nan-loss", "inf-loss", "nan-gradient"])
+def test_the_refusal_says_what_was_wrong_and_at_which_step(broken, wording):
+    """Task lo8: a NaN or infinite loss was refused with "must give a scalar loss of the
+    batch that depends on the model", which it was. The message now says what was wrong
+    and at which step, and still no value of the loss or the batch."""
+    loss, calls = _from_step(3, broken)
+    with pytest.raises(InvalidArgumentError) as caught:
+        _audit(_pipeline(), loss=loss)
+    text = str(caught.value)
+    assert wording.format(k=len(calls)) in text, text
+    assert "scalar loss" not in text and len(calls) >= 3
