@@ -133,3 +133,31 @@ def test_a_url_connect_timeout_does_not_overrun_the_read_back_deadline(
     with pytest.raises(_Recorded):  # no deadline (an ordinary connect): the URL's value
         store._connect()
     assert "connect_timeout" not in seen[1], seen
+
+
+@pytest.mark.parametrize("url, within, most", [
+    # a password (percent-encoded or not) holding the parameter's name sets no timeout
+    ("postgresql://nobody:my_connect_timeout@127.0.0.1:1/db?ledger=pw", None, 10),
+    ("postgresql://nobody:connect_timeout%3D5@127.0.0.1:1/db?ledger=pw", None, 10),
+    ("postgresql://nobody@127.0.0.1:1/db?ledger=pw&application_name=connect_timeout", 3.0, 3),
+    # the parameter percent-encoded is the parameter (libpq decodes names): the URL's value
+    ("postgresql://nobody@127.0.0.1:1/db?ledger=pw&connect%5Ftimeout=60", 3.0, 3)],
+    ids=["password", "password-encoded", "other-value", "encoded-name"])
+def test_connect_timeout_is_the_urls_parameter_not_a_substring(monkeypatch, url, within, most):
+    """Review rlo8: ``_connect`` tested ``"connect_timeout" not in conninfo`` as a
+    substring, so a password (or another parameter's value) holding those letters was
+    taken for the parameter: an ordinary connection was then made with no
+    ``connect_timeout`` at all, and libpq waits indefinitely for an unreachable server.
+    The URL is now read as libpq reads it."""
+    seen: list[dict] = []
+
+    def connect(conninfo: str, **options: object) -> object:
+        seen.append(options)
+        raise _Recorded
+
+    store = PostgresStore(url, timeout=TIMEOUT)
+    monkeypatch.setattr(psycopg, "connect", connect)
+    with pytest.raises(_Recorded):
+        store._connect(within)
+    assert "connect_timeout" in seen[0], seen
+    assert 1 <= int(seen[0]["connect_timeout"]) <= most, seen

@@ -71,28 +71,23 @@ def parse(url: str) -> tuple[str, str, str]:
     return conninfo, name, _masked(url)
 
 
-def connect_timeout(conninfo: str) -> float | None:
-    """The ``connect_timeout`` a connection string sets, in seconds: None where it sets
-    none, or one libpq would not read as a number (libpq refuses it itself); infinity for
-    zero or less (libpq waits indefinitely). The last of repeated ones, as libpq reads them.
+def connect_timeout(value: str) -> float | None:
+    """A ``connect_timeout`` parameter's value (as libpq's parse of a connection string
+    gives it: psycopg's ``conninfo_to_dict``), in seconds: None where libpq would not read
+    it as a number (libpq refuses it itself); infinity for zero or less (libpq waits
+    indefinitely).
 
     Example:
-        >>> connect_timeout("postgresql://ann@db/b?connect_timeout=30&sslmode=require")
-        30.0
-        >>> connect_timeout("postgresql://ann@db/b?connect_timeout=0")
-        inf
-        >>> connect_timeout("postgresql://ann@db/b") is None
+        >>> connect_timeout("30"), connect_timeout(" 7 ")
+        (30.0, 7.0)
+        >>> connect_timeout("0"), connect_timeout("-5")
+        (inf, inf)
+        >>> connect_timeout("ten") is None
         True
     """
-    query = urllib.parse.parse_qsl(urllib.parse.urlsplit(conninfo).query,
-                                   keep_blank_values=True)
-    given = [v for k, v in query if k == "connect_timeout"]
-    if not given:
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", value):  # (int() also takes "1_0", "١")
         return None
-    try:
-        seconds = int(given[-1].strip())
-    except ValueError:
-        return None
+    seconds = int(value)
     return float(seconds) if seconds > 0 else math.inf
 
 

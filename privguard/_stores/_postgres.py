@@ -170,16 +170,20 @@ class PostgresStore:
         self._conn = None
         pg = self._pg
         options: dict[str, Any] = {"autocommit": True}
-        given = _pgurl.connect_timeout(self._conninfo)
-        if given is None and "connect_timeout" not in self._conninfo:
+        # The URL's parameters as libpq reads them (review rlo8: a substring test took a
+        # password holding "connect_timeout" for the parameter, and such a connection had
+        # no connect_timeout at all: libpq then waits indefinitely)
+        given = pg.conninfo.conninfo_to_dict(self._conninfo)
+        if "connect_timeout" not in given:
             limit = min(self.timeout, 10) if within is None else min(self.timeout, 10, within)
             options["connect_timeout"] = max(1, int(limit))
         elif within is not None:  # the URL's own value, never past the caller's deadline
             # (task lo8: connect_timeout=60 in the URL let one read-back connect take 60 s
             # of a 10 s deadline); a keyword argument overrides the URL's value in psycopg
-            options["connect_timeout"] = max(1, int(within if given is None
-                                                    else min(given, within)))
-        if "application_name" not in self._conninfo:
+            seconds = _pgurl.connect_timeout(given["connect_timeout"])
+            options["connect_timeout"] = max(1, int(within if seconds is None
+                                                    else min(seconds, within)))
+        if "application_name" not in given:
             options["application_name"] = f"privguard:{self.ledger}"
         # What the rows are read and written in, whatever the URL, the role or the database
         # set (task adv5): UTF-8, as a LATIN1 client encoding let a label outside it raise
