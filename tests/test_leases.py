@@ -384,6 +384,15 @@ def test_can_afford_checks_the_file_as_a_leased_step_does(tmp_path):
         ledger.charge(STEP, label="train")
 
 
+def _prefetched(ledger):
+    """Wait for a prefetch in flight (review rlo8: a close before its background commit
+    began cancels it, and records one lease-unused event, not two: the test failed at
+    random under load)."""
+    pending = ledger._pending
+    if pending is not None:
+        assert pending.done.wait(30)
+
+
 def test_report_shows_each_lease_unused_events_steps(tmp_path, capsys):
     """Task lo8: one close records a lease-unused event per lease held, the current one's
     remainder and the prefetched next lease's; the report's event lines showed each
@@ -393,8 +402,9 @@ def test_report_shows_each_lease_unused_events_steps(tmp_path, capsys):
 
     path = tmp_path / "two.db"
     ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
-    for _ in range(40):
+    for _ in range(42):
         ledger.charge(STEP, label="train")
+        _prefetched(ledger)  # (review rlo8: one event, not two, when close came first)
     spent = len(ledger.history)
     ledger.close()
     again = Ledger.open(path)
@@ -402,10 +412,71 @@ def test_report_shows_each_lease_unused_events_steps(tmp_path, capsys):
     assert len(events) == 2, events  # one per lease: the current and the prefetched
     assert len(again.history) == spent  # still spent
     data = report(again)
-    assert data["released"] == 40 and data["leased_unused"] == sum(e["steps"] for e in events)
+    assert data["released"] == 42 and data["leased_unused"] == sum(e["steps"] for e in events)
     print_report(data)
     out = capsys.readouterr().out
     for e in events:
         assert (f"{e['reason']!r}, {e['steps']} steps of label 'train' leased but unused "
                 "(spent)") in out
-    assert f"40 released, {data['leased_unused']} leased but unused (spent)" in out
+    assert f"42 released, {data['leased_unused']} leased but unused (spent)" in out
+
+
+def test_history_counts_released_and_leased_unused_steps_separately(tmp_path):
+    """Review rlo8 (issue 26 item 1: "report the unused remainder in `report` and `history`
+    (released steps and leased-but-unused steps, separately)"): `history` listed every spent
+    step but did not tell the released ones from the leased-but-unused ones. It keeps every
+    step (nothing refunded) and counts each kind, open (a live lease) and reopened (the
+    lease-unused events)."""
+    path = tmp_path / "h.db"
+    ledger = Ledger(3.0, 1e-5, path=path, prefetch=True)
+    for _ in range(42):
+        ledger.charge(STEP, label="train")
+        _prefetched(ledger)
+    live = ledger.history
+    assert live.released == 42 and live.leased_unused == ledger.leased_unused > 0
+    assert len(live) == 42 + live.leased_unused  # still spent, still listed
+    ledger.close()
+    again = Ledger.open(path)
+    history = again.history
+    events = [e for e in again.events if e["event"] == _lease.UNUSED]
+    assert len(events) == 2  # the current lease's remainder and the prefetched one's
+    assert len(history) == len(live)
+    assert history.leased_unused == sum(e["steps"] for e in events) == live.leased_unused
+    assert history.released == 42
+    assert Ledger(3.0, 1e-5).history.leased_unused == 0  # in memory: no leases
+
+
+@pytest.mark.parametrize("bad", [-1, 2, 1.0, True])
+def test_a_history_refuses_a_leased_unused_count_it_does_not_hold(bad):
+    from privguard import History
+
+    ledger = Ledger(3.0, 1e-5)
+    ledger.charge(STEP)
+    with pytest.raises(InvalidArgumentError, match="leased_unused"):
+        History(ledger.runs, bad)
+
+
+def test_report_reads_its_charges_and_unused_steps_together(tmp_path, monkeypatch):
+    """Review rlo8: `report` read the runs, then `leased_unused` twice, each in its own
+    transaction: another process that charged under a lease and closed in between made
+    `released` (charges read before, unused steps after) too small, or negative."""
+    from privguard._cli._report import report
+
+    path = tmp_path / "r.db"
+    reader = Ledger(3.0, 1e-5, path=path)
+    reader.charge(STEP, label="eval")
+    runs = type(reader).runs
+
+    def runs_then_another_process(self):
+        got = runs.fget(self)
+        other = Ledger.open(path, prefetch=True)
+        for _ in range(40):
+            other.charge(STEP, label="train")
+        other.close()
+        monkeypatch.setattr(type(reader), "runs", runs)  # once
+        return got
+
+    monkeypatch.setattr(type(reader), "runs", property(runs_then_another_process))
+    data = report(reader)
+    assert data["released"] + data["leased_unused"] == data["charges"], data
+    assert data["released"] in (1, 41), data

@@ -151,12 +151,35 @@ class History(Sequence[ChargeRecord]):
     A read-only sequence as a list is, except that a bad argument (a float or bool index,
     a zero slice step, a value not held) raises :class:`InvalidArgumentError` naming it;
     an index out of range raises one that is also an ``IndexError``.
+
+    Every spent step is in it, leases' unused steps included (nothing is refunded):
+    :attr:`released` and :attr:`leased_unused` count the two kinds separately.
     """
 
-    def __init__(self, runs: Sequence[Run]) -> None:
+    def __init__(self, runs: Sequence[Run], leased_unused: int = 0) -> None:
         self._runs = list(runs)
         self._starts = [r.start for r in self._runs]
         self._len = self._runs[-1].start + self._runs[-1].count if self._runs else 0
+        self._unused = check._as_int("leased_unused", leased_unused)
+        if not 0 <= self._unused <= self._len:
+            raise InvalidArgumentError("leased_unused", leased_unused,
+                                       f"must lie in [0, {self._len}] (the history's charges)")
+
+    @property
+    def leased_unused(self) -> int:
+        """How many of these charges were leased but never released (docs/theory.md §13):
+        the ``lease-unused`` events' steps, and the ledger's own open leases'. They stay
+        in the history, spent. Which records they are is not told: an event records a
+        lease's remainder as a count (its last steps), not where the lease began, and
+        another process's charges (or another ledger's in this one) may lie between a
+        lease and the one prefetched after it."""
+        return self._unused
+
+    @property
+    def released(self) -> int:
+        """How many of these charges were released: ``len(self) - leased_unused`` (a
+        process that died holding a lease left its remainder unrecorded: counted here)."""
+        return self._len - self._unused
 
     def __len__(self) -> int:
         return self._len

@@ -167,7 +167,8 @@ def json_ready(value: Any) -> Any:
 
 def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
     """Everything ``privguard report`` shows, as plain (JSON-ready) data."""
-    runs = ledger.runs
+    history = ledger.history  # its runs and its leased-but-unused count, read together
+    runs = history._runs
     cfg = ledger._acc.config
     groups: OrderedDict[str, dict] = OrderedDict()
     for r in runs:
@@ -224,8 +225,8 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
         "strict_budget": cfg.filter == "strict",
         "charges": charges,
         # leases (docs/theory.md §13): spent in the journal, never released (still spent)
-        "leased_unused": ledger.leased_unused,
-        "released": charges - ledger.leased_unused,
+        "leased_unused": history.leased_unused,
+        "released": history.released,
         "runs": len(runs),
         "running_delta": running_delta,
         "running_epsilon": None if running_delta is None else ledger.epsilon(running_delta),

@@ -321,10 +321,15 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
             0
         """
         with self._synced(write=False):
-            self._settle()
-            live = sum(lease.left for lease in (self._lease, self._next)
-                       if lease is not None and lease.pid == os.getpid())
-            return leases.unused_steps(self._acc.events) + live
+            return self._unused_now()
+
+    def _unused_now(self) -> int:
+        """Under :meth:`_synced`: :attr:`leased_unused` (also :attr:`history`'s, read in the
+        same transaction as its charges)."""
+        self._settle()
+        live = sum(lease.left for lease in (self._lease, self._next)
+                   if lease is not None and lease.pid == os.getpid())
+        return leases.unused_steps(self._acc.events) + live
 
     def _logs_unused(self) -> bool:
         """Whether this ledger's store takes a lease-unused event (a PostgreSQL charging

@@ -33,6 +33,7 @@ class LedgerQueries:
 
     if TYPE_CHECKING:  # provided by the Ledger
         def _synced(self, write: bool) -> AbstractContextManager[Any]: ...
+        def _unused_now(self) -> int: ...
 
     def epsilon(self, delta: float | None = None) -> float:
         """The running ε: a bound on the privacy loss valid at any stopping time.
@@ -216,5 +217,8 @@ class LedgerQueries:
 
     @property
     def history(self) -> History:
-        """Every admitted charge, one :class:`ChargeRecord` each, expanded from :attr:`runs`."""
-        return History(self.runs)
+        """Every admitted charge, one :class:`ChargeRecord` each, expanded from :attr:`runs`;
+        its :attr:`~History.released` and :attr:`~History.leased_unused` split them into
+        the steps released and those leased but never released (all spent)."""
+        with self._synced(write=False):
+            return History(self._acc.journal.runs(), self._unused_now())
