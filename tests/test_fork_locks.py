@@ -282,3 +282,44 @@ def test_a_fork_while_another_thread_holds_the_snapshot_lock(tmp_path):
     assert _exit_code(pid) == 0
     with _snapshot.snapshot(path):  # the parent's lock is its own, released
         assert _snapshot.held_path(str(path)) is not None
+
+
+@needs_fork
+def test_a_forked_child_holds_none_of_its_parents_snapshots(tmp_path):
+    # Review rlo8: the child kept the parent's snapshot counts. The parent's thread that
+    # held the snapshot is not in the child, and its end unlocks the shared flock (one open
+    # file description for both): the child still took the file as held, and a read-only
+    # store it opened read it as immutable, with no lock against a writer.
+    from privguard._stores import _snapshot
+
+    path = tmp_path / "h.db"
+    Ledger(3.0, 1e-5, path=path).close()
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with _snapshot.snapshot(path):
+            inside.set()
+            assert leave.wait(30)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    assert inside.wait(30)
+    ended_r, ended_w = os.pipe()
+
+    def body():
+        os.read(ended_r, 1)  # the parent's snapshot has ended: the flock is gone
+        if _snapshot.held_path(str(path)) is not None:
+            return 3
+        with _snapshot.snapshot(path):  # its own: counted in and out
+            if _snapshot.held_path(str(path)) is None:
+                return 4
+        return 0 if _snapshot.held_path(str(path)) is None else 5
+
+    pid = _child(body)
+    leave.set()
+    other.join(30)
+    os.write(ended_w, b"x")
+    os.close(ended_w)
+    os.close(ended_r)
+    assert _exit_code(pid) == 0
+    assert _snapshot.held_path(str(path)) is None

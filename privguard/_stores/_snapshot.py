@@ -62,10 +62,10 @@ def snapshot(path: str | os.PathLike[str]) -> Iterator[None]:
         try:
             yield
         finally:
-            with _lock:
-                _held[identity] -= 1
-                if not _held[identity]:
-                    del _held[identity]
+            with _lock:  # (none left in a child forked inside the block: its count was
+                left = _held.pop(identity, 0) - 1  # cleared at the fork)
+                if left > 0:
+                    _held[identity] = left
     finally:
         _lockfds.release(identity, fd)  # unlocks, then closes once no store has it open
 
@@ -89,12 +89,18 @@ def held_path(path: str) -> tuple[int, int] | None:
 def _after_fork_in_child() -> None:
     """A fresh lock in a forked child (task lo8): a thread of the parent counting a snapshot
     in or out at the fork left the child's copy of the lock held by a thread the child does
-    not have, and the child's next snapshot (or read-only store) waited for ever. The
-    counts stay: a snapshot the parent held at the fork is still held in the child, whose
-    copy of its descriptor keeps the shared flock (as ``_lockfds.forked`` does for its own
-    lock)."""
+    not have, and the child's next snapshot (or read-only store) waited for ever.
+
+    No snapshot held either (review rlo8): the parent's counts were copied, but the
+    threads that hold those snapshots are the parent's, and when one ends it unlocks the
+    shared flock (the open file description is the parent's too). A child that kept the
+    count read the file as immutable, with no lock, for ever after: a stale read once a
+    writer commits. A child forked inside a snapshot block holds none either: its
+    read-only stores read as outside one (``mode=ro``), and an immutable one opened
+    before the fork refuses to read (fail closed)."""
     global _lock
     _lock = threading.Lock()
+    _held.clear()
 
 
 if hasattr(os, "register_at_fork"):
