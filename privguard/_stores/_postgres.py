@@ -158,7 +158,9 @@ class PostgresStore:
     def _connect(self, within: float | None = None) -> Any:
         """The open connection (a new one after a fork or a broken one); raises psycopg errors.
         ``within``: the seconds left to a caller's deadline, which a new connection's
-        ``connect_timeout`` does not exceed (at least 1 s, libpq's least)."""
+        ``connect_timeout`` does not exceed, but for psycopg's least (2 s: a deadline with
+        less left is overrun by up to 2 s) and a URL of several hosts (psycopg waits that
+        long for each)."""
         conn = self._conn
         if conn is not None and self._pid == os.getpid() and not conn.closed and not conn.broken:
             return conn
