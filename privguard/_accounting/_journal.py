@@ -177,8 +177,9 @@ class History(Sequence[ChargeRecord]):
 
     @property
     def released(self) -> int:
-        """How many of these charges were released: ``len(self) - leased_unused`` (a
-        process that died holding a lease left its remainder unrecorded: counted here)."""
+        """How many of these charges were released: ``len(self) - leased_unused`` (another
+        process's open lease, and the remainder of one that died holding it, unrecorded,
+        are counted here)."""
         return self._len - self._unused
 
     def __len__(self) -> int:
