@@ -114,7 +114,8 @@ class LedgerQueries:
         default grid lacks does better, and then smaller: 11 (Opacus goes 10.9, 12), or
         64 to 1024 where Opacus' best is its largest, 63. NOT a guarantee when noise, batch size or stopping were chosen
         adaptively: it is valid only for a sequence fixed in advance. Use
-        :meth:`epsilon` for a number you may report.
+        :meth:`epsilon` for a number you may report. Returns 0.0 before any charge, as
+        Opacus does for an empty history.
         """
         with self._synced(write=False):
             return self._acc.nonadaptive_epsilon(self._query_delta(delta, stated=False))
