@@ -71,3 +71,52 @@ def test_a_ledger_accountant_answers_get_privacy_spent_too():
     assert eps == acc.get_epsilon(DELTA) > 0 and math.isnan(order)
     with pytest.raises(InvalidArgumentError, match="alphas"):
         acc.get_privacy_spent(delta=DELTA, alphas=(2, 3))
+def _witnessed(path, retarget: bool) -> Ledger:
+    ledger = Ledger(8.0, DELTA, path=path)
+    step = M.SubsampledGaussian(1.0, 0.01)
+    ledger.charge(step)
+    ledger.charge(M.DeltaReserve(share=1e-3, min_order=float(ledger.orders[0])),
+                  label="witnesses: δ set aside for false alarms")
+    ledger.charge(step, times=99)
+    if not retarget:
+        return ledger
+    ledger.close()
+    return Ledger(9.0, DELTA, path=path, retarget="after the witnessed run")
+
+
+def test_a_witnessed_ledgers_odometer_statement_says_what_is_proven(tmp_path):
+    from privguard._accounting._results import WITNESSED  # task radv9
+    from privguard._cli._report import report
+
+    ledger = _witnessed(str(tmp_path / "w.db"), retarget=True)
+    claim = ledger.guarantee()
+    assert claim.kind == "odometer" and claim.delta == DELTA
+    assert claim.statement.endswith(WITNESSED) and "§16.5" in claim.statement
+    assert report(ledger)["running_statement"].endswith(WITNESSED)
+    ledger.close()
+    # with its target fixed in advance the filter's statement is Proposition 16.4's: unchanged
+    fixed = _witnessed(str(tmp_path / "f.db"), retarget=False)
+    assert fixed.guarantee().kind == "filter" and WITNESSED not in fixed.guarantee().statement
+    assert report(fixed)["running_statement"].endswith(WITNESSED)
+    fixed.close()
+    # a run without witnesses states the tail bound alone
+    plain = Ledger(delta=DELTA)
+    plain.charge(M.SubsampledGaussian(1.0, 0.01), times=100)
+    assert WITNESSED not in plain.guarantee().statement
+    assert WITNESSED not in report(plain)["running_statement"]
+
+
+@pytest.mark.parametrize("steps", [1, 100, 3000])
+def test_the_reserve_makes_the_mixture_odometer_hold_at_the_freed_delta(steps):
+    """Proposition 16.5: with the reserve in its spent curve the mixture odometer at δ is
+    never below the one of the run without it at (1 − r)·δ."""
+    share = 1e-3
+    with_reserve, without = Ledger(8.0, DELTA), Ledger(8.0, DELTA)
+    step = M.SubsampledGaussian(1.0, 0.01)
+    with_reserve.charge(step)
+    with_reserve.charge(M.DeltaReserve(share=share, min_order=float(with_reserve.orders[0])))
+    without.charge(step)
+    if steps > 1:
+        with_reserve.charge(step, times=steps - 1)
+        without.charge(step, times=steps - 1)
+    assert with_reserve.epsilon() >= without.epsilon((1 - share) * DELTA) > without.epsilon()

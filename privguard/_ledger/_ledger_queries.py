@@ -49,6 +49,10 @@ class LedgerQueries:
         target: the smaller of two statements that each hold at δ holds only
         at 2δ (docs/theory.md §4). Returns 0.0 before any charge.
 
+        For a run with ``attach(..., witnesses=True)`` the tail bound is proven for the
+        run without the witnesses' refusals; for the witnessed run, as (ε, δ)-DP where it
+        stops before this value passes an ε up to the target (docs/theory.md §16.5).
+
         Raises:
             InvalidArgumentError: no ``delta`` given and no δ was fixed before the first
                 output (the ledger has none, or only one set by a later retarget).
