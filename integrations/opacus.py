@@ -1298,7 +1298,12 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
                 "after charges, so ledger.guarantee() is this odometer's statement, and a "
                 "running ε read at the retargeted δ is not covered (docs/theory.md §4)."
                 if ledger._acc.retargeted else
-                "and it may exceed the target while the filter's guarantee holds."))
+                "and it may exceed the target while the filter's guarantee holds."
+                if ledger.target is not None else
+                # review radv9: said of a ledger without an (ε, δ) target too, which has no
+                # filter and no guarantee but this odometer's
+                "and this ledger has no (ε, δ) target: this odometer's tail bound is its "
+                "statement (ledger.guarantee())."))
     meter = ledger.budget()
     if meter is not None:
         text += (f" Log ledger.budget() ({meter}) for how much of the target is used, and "

@@ -120,3 +120,29 @@ def test_the_reserve_makes_the_mixture_odometer_hold_at_the_freed_delta(steps):
         with_reserve.charge(step, times=steps - 1)
         without.charge(step, times=steps - 1)
     assert with_reserve.epsilon() >= without.epsilon((1 - share) * DELTA) > without.epsilon()
+
+
+@pytest.mark.parametrize("make", [lambda: Ledger(delta=DELTA),
+                                  lambda: Ledger(orders=[2.0, 8.0], rdp_budget=[1.0, 4.0],
+                                                 delta=DELTA)],
+                         ids=["odometer", "rdp-budget"])
+def test_the_engine_warning_claims_no_filter_for_a_ledger_without_a_target(make):
+    """Review radv9: attach's ``engine.get_epsilon`` warning said "it may exceed the target
+    while the filter's guarantee holds" for a ledger with no (ε, δ) target."""
+    pytest.importorskip("opacus")
+    from test_opacus_integration import make_private
+
+    from privguard.integrations.opacus import AccountantWarning, attach
+
+    ledger = make()
+    assert ledger.target is None
+    engine, _model, opt, loader = make_private(accountant="prv")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine)
+    about = [str(w.message) for w in caught if issubclass(w.category, AccountantWarning)
+             and "engine.get_epsilon" in str(w.message)]
+    assert len(about) == 1
+    assert "filter's guarantee" not in about[0] and "no (ε, δ) target" in about[0], about[0]
+    assert ledger.guarantee().kind == "odometer"
+    handle.detach()
