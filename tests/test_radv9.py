@@ -146,3 +146,41 @@ def test_the_engine_warning_claims_no_filter_for_a_ledger_without_a_target(make)
     assert "filter's guarantee" not in about[0] and "no (ε, δ) target" in about[0], about[0]
     assert ledger.guarantee().kind == "odometer"
     handle.detach()
+
+
+def _retargeted(path: str) -> Ledger:
+    first = Ledger(6.0, 1e-6, path=path)
+    first.charge(M.SubsampledGaussian(1.0, 0.02), times=50)
+    first.close()
+    return Ledger(6.0, 1e-3, path=path, retarget="looser δ, after outputs")
+
+
+def test_lightning_logs_the_delta_its_epsilon_is_stated_at(tmp_path):
+    """Review radv9: ``privacy/epsilon`` was logged alone; after a retarget it is stated at
+    the δ the ledger was created with, not ``ledger.delta``."""
+    pytest.importorskip("lightning")
+    from test_lightning import Tiny, trainer
+
+    from privguard.integrations.lightning import LedgerCallback
+
+    ledger = _retargeted(str(tmp_path / "l.db"))
+    t = trainer(LedgerCallback(ledger), max_steps=3)
+    t.fit(Tiny())
+    logged = t.callback_metrics
+    assert ledger.delta == 1e-3
+    assert 1e-6 <= logged["privacy/delta"].item() < 1.0001e-6  # float32, rounded up
+    assert logged["privacy/epsilon"].item() >= ledger.epsilon() == ledger.epsilon(1e-6)
+    ledger.close()
+
+
+def test_hugging_face_logs_the_delta_its_epsilon_is_stated_at(tmp_path):
+    pytest.importorskip("transformers")
+    from test_huggingface import make_trainer
+
+    ledger = _retargeted(str(tmp_path / "l.db"))
+    trainer, _cb = make_trainer(tmp_path, ledger, max_steps=2, save_strategy="no")
+    trainer.train()
+    rows = [h for h in trainer.state.log_history if "privacy_epsilon" in h]
+    assert rows and all(1e-6 <= h["privacy_delta"] < 1.0001e-6 for h in rows)
+    assert rows[-1]["privacy_epsilon"] >= ledger.epsilon(1e-6)
+    ledger.close()
