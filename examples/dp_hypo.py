@@ -48,6 +48,7 @@ import time
 
 import numpy as np
 from _common import OUT, write_outputs
+from _fmt import up
 from threadpoolctl import threadpool_limits
 
 from privguard import Ledger
@@ -220,7 +221,7 @@ def _print_block(table: dict, gamma: float, sigma: float) -> None:
           f"{'within 0.05 of best':>20s}")
     for arm in ARMS:
         e = table[(gamma, arm)]
-        print(f"  {NAMES[arm]:18s} {e['expected_runs']:7.0f} {e['total_epsilon']:8.3f} "
+        print(f"  {NAMES[arm]:18s} {e['expected_runs']:7.0f} {up(e['total_epsilon']):>8s} "
               f"{e['mean_accuracy']:10.4f} ± {e['std_error']:.4f} {e['near_best']:20.2f}")
     print()
 

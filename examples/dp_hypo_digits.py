@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 from _common import OUT, write_outputs
+from _fmt import up
 
 from privguard import Ledger
 from privguard import mechanisms as M
@@ -94,7 +95,7 @@ def main(argv=None) -> dict:
     for method, name in (("gp", "GP (C=2,c=.75)"), ("uniform", "Uniform")):
         print(f"{name:>14} " + " ".join(
             f"{table[(method, g)][0]:.4f} ± {table[(method, g)][1]:.4f}" for g in GAMMAS))
-        print(f"{'ε':>14} " + " ".join(f"{table[(method, g)][2]:16.3f}" for g in GAMMAS))
+        print(f"{'ε':>14} " + " ".join(f"{up(table[(method, g)][2]):>16s}" for g in GAMMAS))
     print("(budgets matched, ε = 8 for both, only at γ = 0.1)")
     os.makedirs(OUT, exist_ok=True)
     png = os.path.join(OUT, "dp_hypo_digits.png")

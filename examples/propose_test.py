@@ -149,7 +149,7 @@ def main(argv=None) -> dict:
     print(f"\n2. digits (ε₀ = {EPS0_REAL}, k = 10, g = 0.01): selected lr = {real['selected_lr']} "
           f"after {real['rounds']} rounds "
           f"(running ε after tuning {up(real['tuning_running_epsilon'])}; the paper's "
-          f"worst-case bound for the tuning alone: {real['worst_case_tuning_epsilon']:.3f})")
+          f"worst-case bound for the tuning alone: {up(real['worst_case_tuning_epsilon'])}, rounded up)")
     print(f"   final DP-SGD: {real['final_epochs']} epochs, test accuracy "
           f"{real['test_accuracy']:.4f}; total ε = {up(real['total_epsilon'])} at δ = {DELTA:g}")
     summary = {"simulation": {"seeds": args.seeds, "mean_rounds": float(r.mean()),

@@ -20,6 +20,7 @@ import time
 import numpy as np
 import ray
 from _common import correct_count, digits, make_private, mlp, opacus_rate_and_steps, train_epoch
+from _fmt import up
 
 from privguard import Ledger
 from privguard import mechanisms as M
@@ -87,7 +88,7 @@ def _compare(space, cost, mean_runs: float) -> dict:
         out[name]["spent"] = ledger.spent
         print(f"{name:18s}: selected lr = {result.params['lr']} "
               f"(candidate seed {result.params['seed']}), tuning ε = "
-              f"{out[name]['tuning_epsilon']:.3f} at δ = 1e-5, {out[name]['seconds']:.1f} s")
+              f"{up(out[name]['tuning_epsilon'])} at δ = 1e-5 (rounded up), {out[name]['seconds']:.1f} s")
     return out
 
 

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from _common import OUT, write_outputs
 from _fast_dpsgd import DPMLP, correct, poisson_batch
+from _fmt import up
 from sklearn.datasets import make_classification
 
 from privguard import DEFAULT_ORDERS, Ledger, RDPCurve
@@ -196,7 +197,7 @@ def main(argv=None) -> dict:
         summary[m] = {"sigma": sigmas[m], "epsilon": r[0]["epsilon"], "accuracy": acc,
                       "grad_evals": evals, "predicted_grad_evals": predicted_grad_evals(m),
                       "seconds": secs}
-        print(f"{m:10s} {sigmas[m]:6.3f} {r[0]['epsilon']:6.3f} {acc[0]:8.4f} ± {acc[1]:.4f} "
+        print(f"{m:10s} {sigmas[m]:6.3f} {up(r[0]['epsilon']):>6s} {acc[0]:8.4f} ± {acc[1]:.4f} "
               f"{evals[0]:9.0f} ± {evals[1]:6.0f} {predicted_grad_evals(m):10.0f} "
               f"{secs[0]:6.2f} ± {secs[1]:.2f}")
     base_evals = np.array([x["grad_evals"] for x in per["baseline"]], float)

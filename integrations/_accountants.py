@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,8 @@ class LedgerAccountant(IAccountant):
 
     Usable wherever Opacus expects an accountant: ``get_epsilon(delta)``
     returns the ledger's valid running ε (the odometer's tail bound, not capped
-    by a filter's target), and ``step(...)`` charges the ledger (raising
+    by a filter's target; ``get_privacy_spent(delta=)`` the same as ``(ε, nan)``, no best
+    order), and ``step(...)`` charges the ledger (raising
     :class:`privguard.BudgetExhausted` if the filter refuses). Set it on a
     ``PrivacyEngine`` before ``make_private`` to have Opacus' own hook charge
     the ledger::
@@ -100,6 +102,11 @@ class LedgerAccountant(IAccountant):
 
     def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
         return self.ledger.epsilon(delta)
+
+    def get_privacy_spent(self, *, delta: float, alphas: Any = None) -> tuple[float, float]:
+        """``(get_epsilon(delta), nan)``: Opacus' RDP accountant's call; the mixture odometer
+        has no best order (:func:`_privacy_spent`)."""
+        return _privacy_spent(self.ledger, delta, alphas)
 
     def __len__(self) -> int:
         return len(self.ledger.history)
@@ -174,6 +181,25 @@ class LedgerAccountant(IAccountant):
         self.history = history
 
 
+def _privacy_spent(ledger: Ledger, delta: Any, alphas: Any) -> tuple[float, float]:
+    """Opacus' ``RDPAccountant.get_privacy_spent(delta=, alphas=)``, answered by the ledger
+    (task radv9: the attribute was missing, and Opacus code that calls it after ``attach``
+    met an ``AttributeError``).
+
+    The ε is ``get_epsilon(delta)``'s: the ledger's odometer at ``delta`` (its tail bound,
+    docs/theory.md §3). Opacus' second number is the single order its conversion took;
+    the mixture odometer is a root over all of its orders at once, with no such order, so
+    it is ``nan`` (a number there would name an order that does not give the ε). The
+    ledger's orders were fixed before the first output: ``alphas`` other than None is
+    refused rather than ignored."""
+    if alphas is not None:
+        raise InvalidArgumentError(
+            "alphas", check.short(alphas),
+            "cannot be chosen here: the ledger's odometer uses the orders fixed when it was "
+            "created (ledger.orders), over all of them at once; call get_privacy_spent(delta=...)")
+    return float(ledger.epsilon(delta)), math.nan
+
+
 def _refuse_clip_above_noise(optim: DPOptimizer) -> None:
     """Refuse a step whose records were clipped above the noise's bound (task adv4).
 
@@ -221,7 +247,10 @@ def _record(history: list, sigma: float, rate: float) -> None:
 class EngineView(IAccountant):
     """What ``attach(..., privacy_engine=engine)`` puts in ``engine.accountant`` until detach.
 
-    ``get_epsilon`` reports the ledger. Opacus' own accountant (``wrapped``)
+    ``get_epsilon`` reports the ledger, and so does ``get_privacy_spent(delta=)`` (Opacus'
+    RDP accountant's call), as ``(ε, nan)``: the mixture odometer has no best order.
+    ``history``, ``len()``, ``step`` and ``state_dict`` keep Opacus' record (``history``
+    is the wrapped accountant's). Opacus' own accountant (``wrapped``)
     keeps recording every step through its hook on the optimizer, and its
     state is saved and loaded next to the ledger's entry, so an Opacus
     accountant can load this checkpoint too.
@@ -247,6 +276,11 @@ class EngineView(IAccountant):
 
     def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
         return self.ledger.epsilon(delta)
+
+    def get_privacy_spent(self, *, delta: float, alphas: Any = None) -> tuple[float, float]:
+        """``(get_epsilon(delta), nan)``: Opacus' RDP accountant's call; the mixture odometer
+        has no best order (:func:`_privacy_spent`)."""
+        return _privacy_spent(self.ledger, delta, alphas)
 
     def __len__(self) -> int:
         return len(self.wrapped)

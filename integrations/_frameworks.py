@@ -81,14 +81,29 @@ def check_callback_arguments(ledger: Any, log_name: Any, label: Any, check_poiss
     check.flag("check_poisson", check_poisson)
 
 
-def running_epsilon(ledger: Any) -> float | None:
-    """The running ε a callback logs: the odometer at the δ it is stated at (the ledger's,
-    after a retarget the one it was created with: docs/theory.md §4), or None when no δ was
-    fixed before the first output (nothing to log, rather than an error mid-training)."""
+def running_statement(ledger: Any) -> tuple[float, float] | None:
+    """The running ε a callback logs and the δ it is stated at: the odometer at the ledger's
+    δ, after a retarget the one it was created with (docs/theory.md §4); None when no δ was
+    fixed before the first output (nothing to log, rather than an error mid-training).
+    The callbacks log the δ beside the ε (:func:`delta_name`; review radv9: the ε was logged
+    alone, and after a retarget its δ is not ``ledger.delta``)."""
     from privguard._accounting._results import stated_delta
 
     delta = stated_delta(ledger._acc)
-    return None if delta is None else float(ledger.epsilon(delta))
+    return None if delta is None else (float(ledger.epsilon(delta)), float(delta))
+
+
+def delta_name(log_name: str) -> str:
+    """The metric under which a callback logs the δ of the ε it logs as ``log_name``: its
+    last ``epsilon`` made ``delta`` (``privacy/epsilon`` → ``privacy/delta``), else
+    ``log_name + "_delta"``.
+
+    Example:
+        >>> delta_name("privacy/epsilon"), delta_name("privacy_epsilon"), delta_name("eps")
+        ('privacy/delta', 'privacy_delta', 'eps_delta')
+    """
+    head, found, tail = log_name.rpartition("epsilon")
+    return f"{head}delta{tail}" if found else f"{log_name}_delta"
 
 
 _FLOAT32_TINY = 2.0 ** -126  # the least positive normal float32

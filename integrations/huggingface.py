@@ -112,10 +112,11 @@ from privguard.integrations._checkpoint import is_entry, ledger_entry, restore
 from privguard.integrations._frameworks import (
     AttachedCallback,
     check_callback_arguments,
+    delta_name,
     find_dp_optimizer,
     float32_up,
     require,
-    running_epsilon,
+    running_statement,
 )
 from privguard.integrations._later import carry_later, lineage
 from privguard.integrations._reused_batches import BatchSets
@@ -276,7 +277,9 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
             default: the rate of the training loader's Poisson sampler, else
             of Opacus' accountant hook on the optimizer. A number outside
             (0, 1] is refused here, with :class:`InvalidArgumentError`.
-        log_name: key of the running ε in the Trainer's logs.
+        log_name: key of the running ε in the Trainer's logs; the δ it is
+            stated at is logged beside it, under ``log_name`` with its last
+            ``epsilon`` made ``delta`` (``privacy_delta``).
         label: label of each charge.
         check_poisson: refuse a training loader that does not sample by
             Poisson sampling (default True). ``False`` is the explicit
@@ -520,13 +523,17 @@ class LedgerTrainerCallback(AttachedCallback, _tf.TrainerCallback):  # type: ign
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
                **kwargs: Any) -> None:
-        eps = None if logs is None else running_epsilon(self.ledger)
-        if eps is None or logs is None:
+        stated = None if logs is None else running_statement(self.ledger)
+        if stated is None or logs is None:
             return
-        eps = float32_up(eps)  # trackers such as TensorBoard keep a float32 (review rcb)
+        # trackers such as TensorBoard keep a float32 (review rcb); the δ it is stated at
+        # beside it, rounded up too (review radv9)
+        eps, delta = float32_up(stated[0]), float32_up(stated[1])
         logs[self.log_name] = _PrintedUp(eps)
+        logs[delta_name(self.log_name)] = delta
         if state.log_history:
             state.log_history[-1][self.log_name] = eps
+            state.log_history[-1][delta_name(self.log_name)] = delta
 
     def on_save(self, args: Any, state: Any, control: Any, model: Any = None,
                 **kwargs: Any) -> None:

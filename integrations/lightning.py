@@ -95,10 +95,11 @@ from privguard.integrations._distributed import is_distributed
 from privguard.integrations._frameworks import (
     AttachedCallback,
     check_callback_arguments,
+    delta_name,
     find_dp_optimizer,
     float32_up,
     require,
-    running_epsilon,
+    running_statement,
 )
 from privguard.integrations._later import carry_later, check_branches
 from privguard.integrations._recorded import find_opacus_hook
@@ -331,7 +332,8 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             from Opacus' accountant hook on the optimizer. A number outside
             (0, 1] is refused here, with :class:`InvalidArgumentError`.
         log_name: the metric name for the running ε (logged when the ledger
-            has a δ).
+            has a δ); the δ it is stated at is logged beside it, under
+            ``log_name`` with its last ``epsilon`` made ``delta`` (``privacy/delta``).
         label: label of each charge.
         prog_bar: show ε in the progress bar.
         check_poisson: refuse training loaders that do not sample by Poisson
@@ -807,10 +809,14 @@ class LedgerCallback(AttachedCallback, _pl.Callback):  # type: ignore[name-defin
             return
         if self._sets is not None:
             self._sets.end(self._draws())  # review radv7: a batch adds at most its draws' sets
-        eps = running_epsilon(self.ledger)
-        if eps is not None:
+        stated = running_statement(self.ledger)
+        if stated is not None:
+            eps, delta = stated
             pl_module.log(self.log_name, float32_up(eps), on_step=True, on_epoch=False,
                           prog_bar=self.prog_bar, logger=True)
+            # the δ it is stated at, rounded up as the ε (review radv9)
+            pl_module.log(delta_name(self.log_name), float32_up(delta), on_step=True,
+                          on_epoch=False, prog_bar=False, logger=True)
         if self.handle.should_stop:
             trainer.should_stop = True
 

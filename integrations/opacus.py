@@ -94,7 +94,7 @@ from typing import Any
 
 from privguard import _validation as check
 from privguard import mechanisms as M
-from privguard._accounting._results import exact, upper, whole_count
+from privguard._accounting._results import exact, stated_delta, upper, whole_count
 from privguard._errors import (
     BudgetExhausted,
     InvalidArgumentError,
@@ -1266,8 +1266,12 @@ def attach(
 
 
 def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
-    """Said once, at attach with ``privacy_engine=``: engine.get_epsilon changes meaning."""
-    delta = ledger.delta
+    """Said once, at attach with ``privacy_engine=``: engine.get_epsilon changes meaning.
+
+    Its numbers are at the δ a running ε is stated at: the ledger's, after a retarget the
+    one it was created with (docs/theory.md §4). Task adv9: it named the retargeted δ,
+    chosen after outputs, and called the odometer there valid under adaptive choices."""
+    delta = stated_delta(ledger._acc)
     kind = str(getattr(wrapped, "mechanism", lambda: "?")()).upper()
     if delta is None:
         return ("engine.get_epsilon(delta) now reports the ledger's any-time ε (valid under "
@@ -1289,8 +1293,17 @@ def _engine_warning(ledger: Ledger, wrapped: Any) -> str:
     text = (f"engine.get_epsilon({exact(delta)}) now reports the ledger's any-time ε{now}: "
             "the ledger's number stays valid under adaptive choices and early stopping, "
             "so it is usually larger (smaller only where the ledger's orders above Opacus' 63 "
-            "convert better), and it may exceed the target while the filter's guarantee "
-            "holds.")
+            "convert better), " + (
+                "and at this δ, the one the ledger was created with: its target was changed "
+                "after charges, so ledger.guarantee() is this odometer's statement, and a "
+                "running ε read at the retargeted δ is not covered (docs/theory.md §4)."
+                if ledger._acc.retargeted else
+                "and it may exceed the target while the filter's guarantee holds."
+                if ledger.target is not None else
+                # review radv9: said of a ledger without an (ε, δ) target too, which has no
+                # filter and no guarantee but this odometer's
+                "and this ledger has no (ε, δ) target: this odometer's tail bound is its "
+                "statement (ledger.guarantee())."))
     meter = ledger.budget()
     if meter is not None:
         text += (f" Log ledger.budget() ({meter}) for how much of the target is used, and "

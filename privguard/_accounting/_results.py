@@ -194,7 +194,31 @@ def guarantee_of(acc: Any) -> Guarantee:
     eps = acc.epsilon(cfg.delta)
     return Guarantee("odometer", eps, cfg.delta,
                      f"privacy loss ≤ {upper(eps, '.4g')} with probability ≥ 1 − {exact(cfg.delta)}, valid "
-                     "at the adaptively chosen stopping time (privacy odometer)")
+                     "at the adaptively chosen stopping time (privacy odometer)" + witnessed_note(acc))
+
+
+WITNESSED = ("; a witnessed run (this ledger holds the witnesses' δ reserve): the tail bound "
+             "is proven for the run without the witnesses' refusals, and for the witnessed run "
+             "only as (ε, δ)-DP where it stops before the running ε passes an ε at most the "
+             "target the witnesses were sized for (docs/theory.md §16.5)")
+"""What a statement of the odometer adds for a witnessed run (task radv9, docs/theory.md §16.5)."""
+
+
+def witnessed_note(acc: Any) -> str:
+    """:data:`WITNESSED` when the ledger holds a :class:`~privguard.mechanisms.DeltaReserve`
+    charge (a run with ``attach(..., witnesses=True)``), else ``""``. The odometer's tail
+    bound holds for that run without its witnesses' refusals (at (1 − r)·δ, the reserve being
+    in its spent curve); the refusals condition the released steps, and what is proven for
+    the witnessed run is Proposition 16.1's (ε, δ)-DP at an ε fixed in advance (§16.5). A
+    journal whose runs before its checkpoint cannot be read gets the note too (fail closed)."""
+    from privguard._errors import LedgerStateError
+    from privguard._mechanisms._reserve import DeltaReserve
+
+    try:
+        runs = acc.journal.runs()
+    except LedgerStateError:
+        return WITNESSED
+    return WITNESSED if any(isinstance(run.mechanism, DeltaReserve) for run in runs) else ""
 
 
 def created_delta(acc: Any) -> float | None:
@@ -236,7 +260,7 @@ def _retargeted_guarantee(acc: Any) -> Guarantee:
                       "is not covered)")
     else:
         statement += ")"
-    return Guarantee("odometer", eps, delta, statement)
+    return Guarantee("odometer", eps, delta, statement + witnessed_note(acc))
 
 
 def describe(value: Any) -> str:

@@ -31,7 +31,7 @@ from privguard._accounting._budget import meter, meter_after
 from privguard._accounting._hybrid import HybridState
 from privguard._accounting._journal import Run, _bound, scaled_sum
 from privguard._accounting._lease import UNUSED
-from privguard._accounting._results import describe, exact, lower, upper
+from privguard._accounting._results import describe, exact, lower, upper, witnessed_note
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._cli._risk import risk_sentence
 from privguard._errors import InvalidArgumentError
@@ -234,7 +234,8 @@ def report(ledger: Ledger, *, compare_prv: bool = False) -> dict[str, Any]:
                               f"P(privacy loss > running ε) ≤ {exact(running_delta)}, at any "
                               "stopping time" + (", at the δ fixed before the first output "
                                                  "(the target was changed afterwards)"
-                                                 if retargeted else "")),
+                                                 if retargeted else "")
+                              + witnessed_note(ledger._acc)),
         "naive_epsilon_not_a_guarantee": (None if compare_delta is None else
                                           ledger.nonadaptive_epsilon(compare_delta)),
         "opacus_prv_epsilon_not_a_guarantee": (prv_epsilon(runs, compare_delta)

@@ -38,7 +38,7 @@ from privguard._accounting import _lease as leases
 from privguard._accounting._accounting import Accounting, Change, check_label
 from privguard._accounting._journal import ChargeRecord
 from privguard._accounting._plan import Plan
-from privguard._accounting._results import LedgerEvent, exact
+from privguard._accounting._results import LedgerEvent, exact, stated_delta
 from privguard._errors import BudgetExhausted, InvalidArgumentError, LedgerStateError
 from privguard._ledger import _fork
 from privguard._ledger._ledger_queries import LedgerQueries
@@ -918,7 +918,13 @@ class Ledger(LedgerQueries, LedgerListeners, LedgerState):
     def __repr__(self) -> str:
         cfg = self._acc.config
         parts = [f"{cfg.orders.size} orders", cfg.describe()]
-        if cfg.delta is not None:
-            parts.append(f"odometer={cfg.odometer!r} at δ={exact(cfg.delta)}")
+        # the δ the odometer is stated at: after a retarget the one the ledger was created
+        # with (docs/theory.md §4; task adv9: it named the retargeted δ)
+        stated = stated_delta(self._acc)
+        if stated is not None:
+            parts.append(f"odometer={cfg.odometer!r} at δ={exact(stated)}"
+                         + (" (fixed before the first output)" if stated != cfg.delta else ""))
+        elif cfg.delta is not None:
+            parts.append(f"odometer={cfg.odometer!r} with no δ fixed before the first output")
         parts.append(f"{self._acc.journal.charges} charges")
         return f"Ledger({', '.join(parts)})"

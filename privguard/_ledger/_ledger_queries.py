@@ -50,6 +50,10 @@ class LedgerQueries:
         target: the smaller of two statements that each hold at δ holds only
         at 2δ (docs/theory.md §4). Returns 0.0 before any charge.
 
+        For a run with ``attach(..., witnesses=True)`` the tail bound is proven for the
+        run without the witnesses' refusals; for the witnessed run, as (ε, δ)-DP where it
+        stops before this value passes an ε up to the target (docs/theory.md §16.5).
+
         Raises:
             InvalidArgumentError: no ``delta`` given and no δ was fixed before the first
                 output (the ledger has none, or only one set by a later retarget).
@@ -115,7 +119,8 @@ class LedgerQueries:
         default grid lacks does better, and then smaller: 11 (Opacus goes 10.9, 12), or
         64 to 1024 where Opacus' best is its largest, 63. NOT a guarantee when noise, batch size or stopping were chosen
         adaptively: it is valid only for a sequence fixed in advance. Use
-        :meth:`epsilon` for a number you may report.
+        :meth:`epsilon` for a number you may report. Returns 0.0 before any charge, as
+        Opacus does for an empty history.
         """
         with self._synced(write=False):
             return self._acc.nonadaptive_epsilon(self._query_delta(delta, stated=False))

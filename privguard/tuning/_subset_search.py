@@ -198,8 +198,13 @@ class SubsetSearch:
         mech = self.cost(grid)
         curve = mech._rdp_checked(grid)
         inner = self.tuner.plan(d, grid)
+        # the naive counterpart of the same work (task adv9): ⌈E[K]⌉ runs and the final
+        # training on the whole data set, composed as if fixed in advance
+        runs = math.ceil(inner.expected_runs)
+        naive = RDPCurve._trusted(grid, runs * self.tuner._per_candidate_curve(grid)
+                                  + mech.final._rdp_checked(grid)).epsilon(d)
         return TuningPlan(mech, grid, curve, RDPCurve._trusted(grid, curve).epsilon(d), d,
-                          inner.expected_runs, inner.naive_epsilon)
+                          inner.expected_runs, naive, with_final=True)
 
     def rehearse(self, tune_objective: Callable[[dict, Ledger, np.ndarray], Any],
                  final_objective: Callable[[dict, Ledger, np.ndarray, Any], Any],
