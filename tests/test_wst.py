@@ -8,7 +8,10 @@
    δ any statement of the ledger is made at (failed on radv9's head).
 2. A reserve charge the ledger refuses (``BudgetExhausted`` after the witnessed step's own
    charge) leaves that step unapplied: no step is released under witnesses without its
-   reserve in the ledger.
+   reserve in the ledger. (Passes on radv9's head too: it pins the fail-closed order.)
+3. The sentence a witnessed ledger's odometer statement carries (``WITNESSED``) names
+   Proposition 16.6's conditions: ε fixed before the first output, at most the target ε the
+   witnesses were sized for (failed on radv9's head).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
 from privguard import BudgetExhausted, Ledger
 from privguard import mechanisms as M
+
+torch = pytest.importorskip("torch")
 
 
 def _false_alarm_total(ledger: Ledger) -> float:
@@ -96,3 +99,19 @@ def test_a_refused_reserve_leaves_the_witnessed_step_unapplied():
     assert runs and not any(isinstance(r.mechanism, M.DeltaReserve) for r in runs)
     assert handle.steps_charged == 0
     handle.detach()
+
+
+def test_the_witnessed_sentence_names_proposition_16_6s_conditions(tmp_path):
+    """Item 4 of task wst: the sentence a witnessed ledger's odometer statement carries named
+    neither that Proposition 16.6's ε is fixed before the first output nor that it is at most
+    the target ε the witnesses were sized for (their δ is sized at it)."""
+    path = str(tmp_path / "w.db")
+    ledger = Ledger(8.0, 1e-5, path=path)
+    ledger.charge(M.SubsampledGaussian(1.0, 0.01))
+    ledger.charge(M.DeltaReserve(share=1e-3, min_order=float(ledger.orders[0])))
+    ledger.close()
+    ledger = Ledger(9.0, 1e-5, path=path, retarget="after the witnessed run")
+    statement = ledger.guarantee().statement
+    assert "fixed before the first output" in statement
+    assert "at most the target ε the witnesses were sized for" in statement
+    ledger.close()
