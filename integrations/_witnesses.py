@@ -97,6 +97,7 @@ from scipy import special
 
 from privguard._accounting._results import exact as _exact
 from privguard._accounting._results import lower as _down
+from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._accounting._results import upper as _up
 from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
 from privguard._mechanisms._reserve import DeltaReserve
@@ -196,7 +197,8 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     aside, r = :data:`DELTA_SHARE`) and the witnesses' total false-alarm
     probability ``a = STATISTICAL·α`` has ``(1 + e^ε)·a ≤ r·δ``
     (docs/theory.md §16.2, Propositions 16.1 and 16.4); α is also at most
-    :data:`FALSE_ALARM`.
+    :data:`FALSE_ALARM`. After a retarget δ is the smaller of the target's and the one the
+    ledger was created with, at which its odometer is stated (§16.5, Proposition 16.6).
 
     Raises:
         InvalidArgumentError: the ledger has no (ε, δ) target (an odometer or
@@ -216,6 +218,14 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
             "(ε, δ + (1+e^ε)·a)-DP for the witnesses' false-alarm probability a, and that δ "
             "is set aside from the target (docs/theory.md §16.2)")
     epsilon, delta = target
+    # Task wst: the odometer's statements (guarantee() after a retarget, privguard report's
+    # running ε) are made at the δ the ledger was created with (docs/theory.md §4), and
+    # Proposition 16.6 needs (1+e^ε)·a ≤ r·δ at that δ too: a is sized at the smallest δ
+    # any statement of this ledger is made at. (A ledger at 1e-6 retargeted to 1e-3 before
+    # attach had a sized at 1e-3: (1+e^8)·a ≈ 1e-6, the whole δ of its statement.)
+    stated = _stated_delta(ledger._acc)
+    if stated is not None:
+        delta = min(delta, stated)
     # log a = log(r·δ) − log(1 + e^ε), in log space (no overflow for a large ε)
     log_a = math.log(DELTA_SHARE * delta) - float(np.logaddexp(0.0, epsilon))
     alpha = min(FALSE_ALARM, math.exp(log_a) / STATISTICAL * (1.0 - 1e-9))

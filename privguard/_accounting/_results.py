@@ -199,9 +199,13 @@ def guarantee_of(acc: Any) -> Guarantee:
 
 WITNESSED = ("; a witnessed run (this ledger holds the witnesses' δ reserve): the tail bound "
              "is proven for the run without the witnesses' refusals, and for the witnessed run "
-             "only as (ε, δ)-DP where it stops before the running ε passes an ε at most the "
-             "target the witnesses were sized for (docs/theory.md §16.5)")
-"""What a statement of the odometer adds for a witnessed run (task radv9, docs/theory.md §16.5)."""
+             "only as (ε, δ)-DP for an ε fixed before the first output, at most the target ε "
+             "the witnesses were sized for, where the run stops before the running ε passes "
+             "it (docs/theory.md §16.5)")
+"""What a statement of the odometer adds for a witnessed run (task radv9, docs/theory.md §16.5;
+Proposition 16.6's conditions: ε fixed before the first output, ε ≤ the target ε the
+witnesses' δ was sized for, task wst). Its δ is the statement's: ``reserve_for`` sizes the
+witnesses at the smallest δ a statement of the ledger is made at."""
 
 
 def witnessed_note(acc: Any) -> str:
