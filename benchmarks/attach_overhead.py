@@ -81,8 +81,10 @@ def _path(variant: str, tmp: str) -> str | None:
     return path
 
 
-def make_step(variant: str, tmp: str):
-    """A closure running one DP-SGD step of the MLP under ``variant``."""
+def make_step(variant: str, tmp: str, draw: bool = False):
+    """A closure running one DP-SGD step of the MLP under ``variant``: on one fixed batch,
+    or with ``draw`` on the next batch the (Poisson) loader draws, as a training loop
+    does (attach_hook_parts.py ``--draw``: the pairing check then compares each clip)."""
     torch.manual_seed(0)
     x = torch.randn(8192, 20)
     data = TensorDataset(x, (x.sum(1) > 0).long())
@@ -102,14 +104,22 @@ def make_step(variant: str, tmp: str):
             ledger._acc.fast = False  # the grid arithmetic on every charge (before issue 26)
         attach(opt, ledger, data_loader=loader)
     xb, yb = x[:128], data.tensors[1][:128]
+    batches = _endless(loader) if draw else None
 
     def step():
         opt.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
+        xs, ys = (xb, yb) if batches is None else next(batches)
+        nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
 
     step.optimizer = opt  # type: ignore[attr-defined]
     return step, ledger
+
+
+def _endless(loader):
+    """The loader's batches, epoch after epoch (each epoch's iterator made when reached)."""
+    while True:
+        yield from loader
 
 
 #: Steps of :func:`hook_cost` not timed (warm-up): a run needs more than this many.
