@@ -27,6 +27,7 @@ import tempfile
 import time
 from typing import Any
 
+import opacus.optimizers.optimizer as _optimizer  # its `params` property calls this
 from attach_overhead import make_step  # benchmarks/ (the script's folder)
 from witness_profile import _timed  # a call's time appended to a list
 
@@ -40,6 +41,11 @@ SKIPPED = 200  # first steps not reported (warm-up)
 #: (owner, attribute, row name): the layers timed, in the order they run
 LAYERS: list[tuple[Any, str, str]] = [
     (_forward_pairing.PairingCheck, "see", "pairing check at the clip (see)"),
+    (_forward_pairing.PairingCheck, "_window", "  the batches delivered (_window)"),
+    (_forward_pairing, "held_rows", "  the rows held (held_rows)"),
+    (_forward_pairing, "watched", "  Opacus' accumulation still wrapped (watched)"),
+    (_forward_pairing, "_every_param_marked", "  the marks (_every_param_marked)"),
+    (_optimizer, "params", "Opacus' optimizer.params, per read (every caller)"),
     (_skips.SkipCounter, "_on_check", "skip counter (pre_step)"),
     (_skips, "_bound", "  its clipping bound"),
     (AttachHandle, "_expect_charge", "  _expect_charge"),
