@@ -12,6 +12,17 @@ hook alone (the charge), per call: what attach
 adds to a step, less sensitive to a loaded machine than the difference of two
 step times.
 
+What these leave out (review rhk3): the pairing check (``integrations/_forward_pairing.py``)
+runs at Opacus' clip whether attach's hook is active or not, so "off" runs it too and
+on/off leaves it out; its wrap of Opacus' accumulation is process-wide, so "plain Opacus"
+in the same process runs the wrap too and on/plain leaves that out; and on one fixed
+batch (the default) the loader counts no batch, so the check returns before comparing
+anything. ``--draw`` steps on the batches the Poisson loader draws, as a training loop
+does. ``--apart`` (:func:`apart`) is the measure with nothing left out: attach's steps in
+one worker process, plain Opacus' in another that never imports privguard (it exits if it
+finds privguard imported or Opacus' accumulation wrapped), taking turns, both on the
+loader's batches.
+
 "lease=1" variants commit every charge; "leases" variants take leases (the default for a
 file or server ledger, docs/theory.md §13). ``--postgres`` adds a PostgreSQL ledger on a
 local throwaway server (tests/_pgserver.py; needs the PostgreSQL binaries).
@@ -31,7 +42,7 @@ thread of its own (docs/theory.md §13 "Prefetch"), which wall time on a busy ma
 and CPU time of the stepping thread does not.
 
 Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300] [--postgres]
-     [--against COMMIT] [--cpu-time]
+     [--against COMMIT] [--cpu-time] [--draw] [--apart]
 """
 
 from __future__ import annotations
@@ -55,14 +66,12 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privguard import Ledger
-from privguard.integrations.opacus import attach
-
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 DELTA = 1e-5
 PG: dict[str, str] = {}  # with --postgres: the database of a local throwaway server
 CLOCK = {"now": time.perf_counter}  # the interleaved steps' clock (--cpu-time: the thread's)
+DRAW = {"draw": False}  # --draw: every step on the next batch the Poisson loader draws
 _NAMES = itertools.count()
 
 
@@ -81,10 +90,15 @@ def _path(variant: str, tmp: str) -> str | None:
     return path
 
 
-def make_step(variant: str, tmp: str, draw: bool = False):
+def make_step(variant: str, tmp: str, draw: bool | None = None):
     """A closure running one DP-SGD step of the MLP under ``variant``: on one fixed batch,
-    or with ``draw`` on the next batch the (Poisson) loader draws, as a training loop
-    does (attach_hook_parts.py ``--draw``: the pairing check then compares each clip)."""
+    or with ``draw`` (default: ``--draw``) on the next batch the (Poisson) loader draws, as
+    a training loop does (the pairing check then compares each clip; on the fixed batch the
+    loader counts no batch and the check returns before comparing: review rhk3).
+    ``privguard`` is imported only for an attach variant (``--apart``'s plain worker never
+    imports it)."""
+    if draw is None:
+        draw = DRAW["draw"]
     torch.manual_seed(0)
     x = torch.randn(8192, 20)
     data = TensorDataset(x, (x.sum(1) > 0).long())
@@ -96,6 +110,9 @@ def make_step(variant: str, tmp: str, draw: bool = False):
         max_grad_norm=1.0, poisson_sampling=True)
     ledger = None
     if variant != "plain Opacus":
+        from privguard import Ledger
+        from privguard.integrations.opacus import attach
+
         path = _path(variant, tmp)
         # "lease=1": a durable commit per step; otherwise a file takes leases (theory §13)
         ledger = Ledger(delta=DELTA, path=path, lease=1 if "lease=1" in variant else None,
@@ -319,7 +336,8 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
             os.mkdir(files)
             workers[name] = subprocess.Popen(
                 [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
-                 "--library", path, *(["--cpu-time"] if cpu_time else [])],
+                 "--library", path, *(["--cpu-time"] if cpu_time else []),
+                 *(["--draw"] if DRAW["draw"] else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=library_env(path))
         try:
             for r in range(rounds):
@@ -330,9 +348,11 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                         results.setdefault((name, v), []).append(json.loads(answer))
         finally:
             close(workers.values())
+    batches = "the loader's batches" if DRAW["draw"] else "one fixed batch"
     print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
           f"{steps} steps of on, off and plain Opacus interleaved "
-          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}, on {batches}); "
+          f"medians over rounds")
     print("| variant | library | on/off (medians) | on/off (means) | on/plain | hook in place |")
     print("|---|---|---|---|---|---|")
     for v in variants:
@@ -342,6 +362,114 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                   f"{statistics.median(r[3] for r in rows):.4f}× | "
                   f"{statistics.median(r[0] / r[2] for r in rows):.4f}× | "
                   f"{statistics.median(r[4] for r in rows) * 1e6:.1f} µs |")
+
+
+#: Steps a worker of :func:`apart` runs per request (the two workers alternate by requests)
+CHUNK = 10
+
+
+def _require_plain() -> None:
+    """In ``--apart``'s plain worker: exit, naming what it found, if ``privguard`` was
+    imported or Opacus' accumulation is wrapped (the pairing check's wrap is process-wide:
+    plain Opacus steps in a process that attached anything run it; review rhk3)."""
+    from opacus.grad_sample import grad_sample_module as gsm
+
+    imported = sorted(m for m in sys.modules if m.split(".")[0] == "privguard")
+    accumulate = getattr(gsm, "create_or_accumulate_grad_sample", None)
+    if imported or getattr(accumulate, "_privguard_watch", False) or hasattr(
+            accumulate, "__wrapped__"):
+        sys.exit(f"plain worker: not plain Opacus (privguard modules {imported[:3]}, "
+                 f"Opacus' accumulation {accumulate!r}): the timing would not be plain")
+
+
+def _apart_worker(tmp: str, library: str | None) -> None:
+    """``--apart-worker``: answer each request line (a variant and a step count) with one
+    JSON line, the time of each step, run on the loader's batches (:func:`make_step` with
+    ``draw``). With ``library`` (attach's worker): its ``privguard`` must be that one, and
+    a variant's pairing check must have compared a clip by the end of its warm-up. Without
+    (the plain worker): only ``"plain Opacus"``, and :func:`_require_plain` at each request."""
+    if library is not None:
+        import privguard.integrations.opacus  # noqa: F401 - what require_library reads
+
+        require_library(library)
+    made: dict[str, object] = {}
+    for line in sys.stdin:
+        variant, steps = line.rstrip("\n").split("\t")
+        if library is None:
+            if variant != "plain Opacus":
+                sys.exit(f"plain worker: asked for {variant!r}")
+            _require_plain()
+        if variant not in made:
+            step, _ledger = make_step(variant, tmp, draw=True)
+            for _ in range(WARMUP):
+                step()
+            if library is not None:
+                from privguard.integrations.opacus import _ATTACHED
+
+                pairing = _ATTACHED[step.optimizer].pairing
+                if pairing is None or not pairing._counted:
+                    sys.exit(f"attach worker: {variant}: the pairing check compared no clip")
+            made[variant] = step
+        step = made[variant]
+        clock, times = CLOCK["now"], []
+        for _ in range(int(steps)):
+            t0 = clock()
+            step()  # type: ignore[operator]
+            times.append(clock() - t0)
+        print(json.dumps(times), flush=True)
+
+
+def apart(rounds: int, steps: int, variants: list[str], cpu_time: bool = False
+          ) -> dict[str, list[float]]:
+    """Attach (this tree) against plain Opacus in a process that never imported privguard
+    (``--apart``, review rhk3): the two worker processes step in turn, :data:`CHUNK` steps
+    a request, in alternating order, ``steps`` steps of each per variant and round, every
+    step on the next batch the Poisson loader draws (a training loop's steps: the pairing
+    check compares each clip). Unlike :func:`interleaved`'s plain Opacus (the same process,
+    where the accumulation's wrap is installed) and its hook off (which still runs the
+    pairing check at the clip), this ratio contains all of attach's per-step work.
+    Returns per variant the rounds' [attach median, plain median, ratio of medians, ratio
+    of means], and prints their medians over rounds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    results: dict[str, list[list[float]]] = {v: [] for v in variants}
+    clock = ["--cpu-time"] if cpu_time else []
+    with tempfile.TemporaryDirectory() as tmp:
+        library = _this_tree(tmp)
+        script = os.path.join(here, "attach_overhead.py")
+        workers = {
+            "attach": subprocess.Popen(
+                [sys.executable, script, "--apart-worker", tmp, "--library", library, *clock],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env=library_env(library)),
+            "plain": subprocess.Popen(
+                [sys.executable, script, "--apart-worker", tmp, *clock],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)}
+        try:
+            for r in range(rounds):
+                for v in variants:
+                    times: dict[str, list[float]] = {"attach": [], "plain": []}
+                    for c in range((steps + CHUNK - 1) // CHUNK):
+                        for name in (("attach", "plain") if (r + c) % 2 else
+                                     ("plain", "attach")):
+                            asked = v if name == "attach" else "plain Opacus"
+                            times[name] += json.loads(ask(workers[name], f"{name} ({asked})",
+                                                          f"{asked}\t{CHUNK}"))
+                    a, p = times["attach"], times["plain"]
+                    results[v].append([statistics.median(a), statistics.median(p),
+                                       statistics.median(a) / statistics.median(p),
+                                       statistics.mean(a) / statistics.mean(p)])
+        finally:
+            close(workers.values())
+    print(f"attach (this tree) against plain Opacus in a process without privguard: "
+          f"{rounds} rounds, each {CHUNK * ((steps + CHUNK - 1) // CHUNK)} steps of each in "
+          f"turns of {CHUNK}, on the Poisson loader's batches "
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
+    print("| variant | attach | plain Opacus (apart) | attach/plain (medians) | "
+          "attach/plain (means) |\n|---|---|---|---|---|")
+    for v, rows in results.items():
+        a, p, ratio, means = (statistics.median(row[k] for row in rows) for k in range(4))
+        print(f"| {v} | {a * 1e6:,.0f} µs | {p * 1e6:,.0f} µs | {ratio:.4f}× | {means:.4f}× |")
+    return results
 
 
 def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
@@ -379,11 +507,25 @@ def main() -> None:
                         help="this tree against COMMIT's library, in one run")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the interleaved steps in CPU time of the thread")
+    parser.add_argument("--draw", action="store_true",
+                        help="step on the loader's Poisson batches (default: one fixed batch)")
+    parser.add_argument("--apart", action="store_true",
+                        help="attach against plain Opacus in a process without privguard, "
+                             "on the loader's batches")
     parser.add_argument("--worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--apart-worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--library", default=None, help=argparse.SUPPRESS)  # the worker's
     args = parser.parse_args()
     if args.cpu_time:
         CLOCK["now"] = time.thread_time
+    DRAW["draw"] = args.draw
+    if args.apart_worker is not None:
+        _apart_worker(args.apart_worker, args.library)
+        return
+    if args.apart:
+        apart(args.rounds, args.steps, ["attach, in memory", "attach, SQLite file, leases"],
+              args.cpu_time)
+        return
     if args.worker is not None:
         if args.library is None:
             parser.error("--worker needs --library (the folder its privguard must come from)")
@@ -403,8 +545,9 @@ def main() -> None:
         extra += ["attach, PostgreSQL, lease=1", "attach, PostgreSQL, leases"]
     med = run(args.rounds, args.steps, VARIANTS + extra)
     base = med["plain Opacus"]
-    print(f"20-64-2 MLP, batch 128, 1 thread; medians of {args.rounds} alternating rounds "
-          f"of {args.steps} steps")
+    batches = "the loader's batches" if args.draw else "one fixed batch"
+    print(f"20-64-2 MLP, batch 128 ({batches}), 1 thread; medians of {args.rounds} "
+          f"alternating rounds of {args.steps} steps")
     print("| | per step | vs plain Opacus |\n|---|---|---|")
     for v, t in med.items():
         print(f"| {v} | {t * 1e6:,.0f} µs | {t / base:.3f}× |")
