@@ -420,41 +420,47 @@ def _apart_worker(tmp: str, library: str | None) -> None:
 
 
 def apart(rounds: int, steps: int, variants: list[str], cpu_time: bool = False
-          ) -> dict[str, list[float]]:
+          ) -> dict[str, list[list[float]]]:
     """Attach (this tree) against plain Opacus in a process that never imported privguard
-    (``--apart``, review rhk3): the two worker processes step in turn, :data:`CHUNK` steps
-    a request, in alternating order, ``steps`` steps of each per variant and round, every
+    (``--apart``, review rhk3): two worker processes step in turn, :data:`CHUNK` steps a
+    request, in alternating order, ``steps`` steps of each per variant and round, every
     step on the next batch the Poisson loader draws (a training loop's steps: the pairing
     check compares each clip). Unlike :func:`interleaved`'s plain Opacus (the same process,
     where the accumulation's wrap is installed) and its hook off (which still runs the
-    pairing check at the clip), this ratio contains all of attach's per-step work.
-    Returns per variant the rounds' [attach median, plain median, ratio of medians, ratio
-    of means], and prints their medians over rounds."""
+    pairing check at the clip), this ratio contains all of attach's per-step work. The
+    variant ``"plain Opacus"`` is the measure's control: plain Opacus in a second worker
+    without privguard against the first (1× but for noise and the two processes' own
+    difference). Returns per variant the rounds' [variant's median, plain median, ratio of
+    medians, ratio of means], and prints their medians over rounds."""
     here = os.path.dirname(os.path.abspath(__file__))
     results: dict[str, list[list[float]]] = {v: [] for v in variants}
     clock = ["--cpu-time"] if cpu_time else []
     with tempfile.TemporaryDirectory() as tmp:
         library = _this_tree(tmp)
         script = os.path.join(here, "attach_overhead.py")
-        workers = {
-            "attach": subprocess.Popen(
-                [sys.executable, script, "--apart-worker", tmp, "--library", library, *clock],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                env=library_env(library)),
-            "plain": subprocess.Popen(
-                [sys.executable, script, "--apart-worker", tmp, *clock],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)}
+
+        def worker(*library_args: str, env: dict[str, str] | None = None
+                   ) -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [sys.executable, script, "--apart-worker", tmp, *library_args, *clock],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+        workers = {"plain": worker()}
+        if any(v != "plain Opacus" for v in variants):
+            workers["attach"] = worker("--library", library, env=library_env(library))
+        if "plain Opacus" in variants:
+            workers["control"] = worker()
         try:
             for r in range(rounds):
                 for v in variants:
-                    times: dict[str, list[float]] = {"attach": [], "plain": []}
+                    first = "control" if v == "plain Opacus" else "attach"
+                    times: dict[str, list[float]] = {first: [], "plain": []}
                     for c in range((steps + CHUNK - 1) // CHUNK):
-                        for name in (("attach", "plain") if (r + c) % 2 else
-                                     ("plain", "attach")):
+                        for name in ((first, "plain") if (r + c) % 2 else ("plain", first)):
                             asked = v if name == "attach" else "plain Opacus"
                             times[name] += json.loads(ask(workers[name], f"{name} ({asked})",
                                                           f"{asked}\t{CHUNK}"))
-                    a, p = times["attach"], times["plain"]
+                    a, p = times[first], times["plain"]
                     results[v].append([statistics.median(a), statistics.median(p),
                                        statistics.median(a) / statistics.median(p),
                                        statistics.mean(a) / statistics.mean(p)])
@@ -463,9 +469,10 @@ def apart(rounds: int, steps: int, variants: list[str], cpu_time: bool = False
     print(f"attach (this tree) against plain Opacus in a process without privguard: "
           f"{rounds} rounds, each {CHUNK * ((steps + CHUNK - 1) // CHUNK)} steps of each in "
           f"turns of {CHUNK}, on the Poisson loader's batches "
-          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
-    print("| variant | attach | plain Opacus (apart) | attach/plain (medians) | "
-          "attach/plain (means) |\n|---|---|---|---|---|")
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds; "
+          f"plain Opacus: a second plain worker (the control)")
+    print("| variant | its step | plain Opacus (apart) | ratio (medians) | ratio (means) |"
+          "\n|---|---|---|---|---|")
     for v, rows in results.items():
         a, p, ratio, means = (statistics.median(row[k] for row in rows) for k in range(4))
         print(f"| {v} | {a * 1e6:,.0f} µs | {p * 1e6:,.0f} µs | {ratio:.4f}× | {means:.4f}× |")
@@ -523,7 +530,8 @@ def main() -> None:
         _apart_worker(args.apart_worker, args.library)
         return
     if args.apart:
-        apart(args.rounds, args.steps, ["attach, in memory", "attach, SQLite file, leases"],
+        apart(args.rounds, args.steps,
+              ["plain Opacus", "attach, in memory", "attach, SQLite file, leases"],
               args.cpu_time)
         return
     if args.worker is not None:

@@ -37,14 +37,16 @@ sys.path.insert(0, {str(_BENCHMARKS)!r})
 import attach_overhead as bench
 
 assert "privguard" not in sys.modules, "the benchmark imports privguard before attaching"
-results = bench.apart(1, bench.CHUNK, ["attach, in memory"])
+results = bench.apart(1, bench.CHUNK, ["plain Opacus", "attach, in memory"])
 (attach, plain, ratio, means), = results["attach, in memory"]
 assert attach > 0 and plain > 0 and ratio == attach / plain and means > 0
+assert len(results["plain Opacus"]) == 1  # the control: a second plain worker
 """
     done = _run(code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| attach, in memory")]
-    assert len(rows) == 1, done.stdout
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines()
+            if line.startswith("| ") and "µs" in line]
+    assert rows == ["plain Opacus", "attach, in memory"], done.stdout
 
 
 def test_the_plain_worker_refuses_a_process_that_imported_privguard(tmp_path):
