@@ -252,22 +252,33 @@ def interleaved(variant: str, steps: int, tmp: str) -> tuple[float, float, float
 def _interleave(step, plain, steps: int, spent: list[int] | None = None
                 ) -> tuple[float, float, float, float]:
     """:func:`interleaved`'s measure on made steps; ``spent`` (the list :func:`hook_timed`
-    fills): kept to the hook's times of the steps with the hook on."""
+    fills): kept to the hook's times of the steps with the hook on. Plain Opacus steps
+    with Opacus' accumulation unwrapped (the pairing check's wrap is process-wide: before
+    review rhk3 plain Opacus ran it too, and on/plain left it out); the hook off still
+    runs the pairing check at the clip and the wrap (on/off leaves them out)."""
+    from opacus.grad_sample import grad_sample_module as gsm
+
     from privguard.integrations.opacus import _ATTACHED
 
     handle = _ATTACHED[step.optimizer]
+    wrapped = gsm.create_or_accumulate_grad_sample
+    bare = wrapped.__wrapped__ if getattr(wrapped, "_privguard_watch", False) else wrapped
     times: dict[int, list[float]] = {0: [], 1: [], 2: []}  # on, off, plain
-    for i in range(steps):
-        for kind in ((0, 1, 2) if i % 2 else (2, 1, 0)):
-            handle._active = kind == 0
-            run_one = plain if kind == 2 else step
-            kept = None if spent is None else len(spent)
-            clock = CLOCK["now"]
-            t0 = clock()
-            run_one()
-            times[kind].append(clock() - t0)
-            if kept is not None and kind != 0:
-                del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
+    try:
+        for i in range(steps):
+            for kind in ((0, 1, 2) if i % 2 else (2, 1, 0)):
+                handle._active = kind == 0
+                run_one = plain if kind == 2 else step
+                gsm.create_or_accumulate_grad_sample = bare if kind == 2 else wrapped
+                kept = None if spent is None else len(spent)
+                clock = CLOCK["now"]
+                t0 = clock()
+                run_one()
+                times[kind].append(clock() - t0)
+                if kept is not None and kind != 0:
+                    del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
+    finally:
+        gsm.create_or_accumulate_grad_sample = wrapped
     handle._active = True
     on, off, pl = (statistics.median(times[k]) for k in range(3))
     return on, off, pl, statistics.mean(times[0]) / statistics.mean(times[1])

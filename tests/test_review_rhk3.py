@@ -101,3 +101,33 @@ for draw in (False, True):
     done = _run(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["False False", "True True"], done.stdout
+
+
+def test_interleaved_plain_opacus_steps_without_the_pairing_wrap(tmp_path):
+    # the wrap of Opacus' accumulation is process-wide: hk3's plain Opacus steps ran it
+    code = f"""
+import sys
+sys.path.insert(0, {str(_BENCHMARKS)!r})
+import attach_overhead as bench
+from opacus.grad_sample import grad_sample_module as gsm
+from privguard.integrations import _forward_pairing
+
+step, _ = bench.make_step("attach, in memory", {str(tmp_path)!r}, draw=True)
+plain, _ = bench.make_step("plain Opacus", {str(tmp_path)!r}, draw=True)
+seen = []
+
+def spied():
+    seen.append(_forward_pairing.watched())
+    plain()
+
+def attached():
+    seen.append(("attach", _forward_pairing.watched()))
+    step()
+
+attached.optimizer = step.optimizer
+bench._interleave(attached, spied, 3)
+print(seen.count(False), seen.count(("attach", True)), _forward_pairing.watched())
+"""
+    done = _run(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["3", "6", "True"], done.stdout
