@@ -131,3 +131,29 @@ print(seen.count(False), seen.count(("attach", True)), _forward_pairing.watched(
     done = _run(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["3", "6", "True"], done.stdout
+
+
+def test_interleaved_on_drawn_batches_runs_no_step_with_the_hook_off(tmp_path):
+    # an "off" step on a drawn batch counts that batch in the next charged step's window
+    # (two micro-batches: another mechanism every step, no fast path, a lease per step)
+    code = f"""
+import math, sys
+sys.path.insert(0, {str(_BENCHMARKS)!r})
+import attach_overhead as bench
+
+bench.DRAW["draw"] = True
+step, _ = bench.make_step("attach, in memory", {str(tmp_path)!r})
+plain, _ = bench.make_step("plain Opacus", {str(tmp_path)!r})
+calls = []
+
+def attached():
+    calls.append(1)
+    step()
+
+attached.optimizer = step.optimizer
+on, off, pl, means = bench._interleave(attached, plain, 4)
+print(len(calls), math.isnan(off), math.isnan(means), on > 0 and pl > 0)
+"""
+    done = _run(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["4", "True", "True", "True"], done.stdout
