@@ -11,7 +11,12 @@ includes ``_micro_batches``, ``ledger.charge`` includes ``Accounting.repeat``) a
 wrapper's own cost (well under a microsecond per layer): a diagnosis, not the hook's
 cost (``attach_overhead.py`` times that unwrapped).
 
+``--draw`` steps on the batches the Poisson loader draws instead of one fixed batch (a
+training loop's steps): the pairing check (``integrations/_forward_pairing.py``, run at
+Opacus' clip, before the hook) then compares every clip's rows with the batch delivered.
+
 Run: python benchmarks/attach_hook_parts.py [--steps 2000] [--variant "attach, in memory"]
+     [--draw]
 """
 
 from __future__ import annotations
@@ -22,18 +27,25 @@ import tempfile
 import time
 from typing import Any
 
+import opacus.optimizers.optimizer as _optimizer  # its `params` property calls this
 from attach_overhead import make_step  # benchmarks/ (the script's folder)
 from witness_profile import _timed  # a call's time appended to a list
 
 from privguard._accounting._accounting import Accounting
 from privguard._ledger._ledger import Ledger
-from privguard.integrations import _describe, _drawn_rates, _skips
+from privguard.integrations import _describe, _drawn_rates, _forward_pairing, _skips
 from privguard.integrations.opacus import _ATTACHED, AttachHandle
 
 SKIPPED = 200  # first steps not reported (warm-up)
 
 #: (owner, attribute, row name): the layers timed, in the order they run
 LAYERS: list[tuple[Any, str, str]] = [
+    (_forward_pairing.PairingCheck, "see", "pairing check at the clip (see)"),
+    (_forward_pairing.PairingCheck, "_window", "  the batches delivered (_window)"),
+    (_forward_pairing, "held_rows", "  the rows held (held_rows)"),
+    (_forward_pairing, "watched", "  Opacus' accumulation still wrapped (watched)"),
+    (_forward_pairing, "_every_param_marked", "  the marks (_every_param_marked)"),
+    (_optimizer, "params", "Opacus' optimizer.params, per read (every caller)"),
     (_skips.SkipCounter, "_on_check", "skip counter (pre_step)"),
     (_skips, "_bound", "  its clipping bound"),
     (AttachHandle, "_expect_charge", "  _expect_charge"),
@@ -43,6 +55,7 @@ LAYERS: list[tuple[Any, str, str]] = [
     (AttachHandle, "_micro_batches", "    _micro_batches"),
     (_describe, "reported_micro_batches", "      Opacus' accumulated_iterations"),
     (AttachHandle, "_rank_checks", "    _rank_checks"),
+    (_forward_pairing.PairingCheck, "check", "      the pairing check's refusal (check)"),
     (AttachHandle, "_sigma_and_bound", "    _sigma_and_bound"),
     (AttachHandle, "_mechanism_for", "    _mechanism_for"),
     (_drawn_rates.DrawnRates, "rate", "      DrawnRates.rate"),
@@ -56,6 +69,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--variant", default="attach, in memory")
+    parser.add_argument("--draw", action="store_true",
+                        help="step on the loader's batches (default: one fixed batch)")
     args = parser.parse_args()
     times: dict[str, list[int]] = {}
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in LAYERS]
@@ -63,7 +78,7 @@ def main() -> None:
         for owner, name, row in LAYERS:
             setattr(owner, name, _timed(times.setdefault(row, []), getattr(owner, name)))
         with tempfile.TemporaryDirectory() as tmp:
-            step, ledger = make_step(args.variant, tmp)
+            step, ledger = make_step(args.variant, tmp, draw=args.draw)
             handle = _ATTACHED[step.optimizer]
             previous = handle._previous_hook
             handle._previous_hook = _timed(times.setdefault(
@@ -78,8 +93,9 @@ def main() -> None:
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
-    print(f"{args.variant}: {args.steps} steps of the issue-26 MLP, the first {SKIPPED} not "
-          "reported; per step, µs")
+    batches = "the loader's batches" if args.draw else "one fixed batch"
+    print(f"{args.variant}: {args.steps} steps of the issue-26 MLP on {batches}, the first "
+          f"{SKIPPED} not reported; per step, µs")
     print("| layer | median | mean |\n|---|---|---|")
     for row, spent in times.items():
         kept = spent[SKIPPED:]

@@ -12,6 +12,17 @@ hook alone (the charge), per call: what attach
 adds to a step, less sensitive to a loaded machine than the difference of two
 step times.
 
+What these leave out (review rhk3): the pairing check (``integrations/_forward_pairing.py``)
+runs at Opacus' clip whether attach's hook is active or not, so "off" runs it too and
+on/off leaves it out; its wrap of Opacus' accumulation is process-wide, so "plain Opacus"
+in the same process runs the wrap too and on/plain leaves that out; and on one fixed
+batch (the default) the loader counts no batch, so the check returns before comparing
+anything. ``--draw`` steps on the batches the Poisson loader draws, as a training loop
+does. ``--apart`` (:func:`apart`) is the measure with nothing left out: attach's steps in
+one worker process, plain Opacus' in another that never imports privguard (it exits if it
+finds privguard imported or Opacus' accumulation wrapped), taking turns, both on the
+loader's batches.
+
 "lease=1" variants commit every charge; "leases" variants take leases (the default for a
 file or server ledger, docs/theory.md §13). ``--postgres`` adds a PostgreSQL ledger on a
 local throwaway server (tests/_pgserver.py; needs the PostgreSQL binaries).
@@ -31,7 +42,7 @@ thread of its own (docs/theory.md §13 "Prefetch"), which wall time on a busy ma
 and CPU time of the stepping thread does not.
 
 Run: python benchmarks/attach_overhead.py [--rounds 5] [--steps 300] [--postgres]
-     [--against COMMIT] [--cpu-time]
+     [--against COMMIT] [--cpu-time] [--draw] [--apart]
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import tarfile
 import tempfile
 import time
 import warnings
+from math import nan
 
 import torch
 from _installed_layout import as_installed, ask, close, library_env, require_library
@@ -55,14 +67,12 @@ from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from privguard import Ledger
-from privguard.integrations.opacus import attach
-
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
 DELTA = 1e-5
 PG: dict[str, str] = {}  # with --postgres: the database of a local throwaway server
 CLOCK = {"now": time.perf_counter}  # the interleaved steps' clock (--cpu-time: the thread's)
+DRAW = {"draw": False}  # --draw: every step on the next batch the Poisson loader draws
 _NAMES = itertools.count()
 
 
@@ -81,8 +91,15 @@ def _path(variant: str, tmp: str) -> str | None:
     return path
 
 
-def make_step(variant: str, tmp: str):
-    """A closure running one DP-SGD step of the MLP under ``variant``."""
+def make_step(variant: str, tmp: str, draw: bool | None = None):
+    """A closure running one DP-SGD step of the MLP under ``variant``: on one fixed batch,
+    or with ``draw`` (default: ``--draw``) on the next batch the (Poisson) loader draws, as
+    a training loop does (the pairing check then compares each clip; on the fixed batch the
+    loader counts no batch and the check returns before comparing: review rhk3).
+    ``privguard`` is imported only for an attach variant (``--apart``'s plain worker never
+    imports it)."""
+    if draw is None:
+        draw = DRAW["draw"]
     torch.manual_seed(0)
     x = torch.randn(8192, 20)
     data = TensorDataset(x, (x.sum(1) > 0).long())
@@ -94,6 +111,9 @@ def make_step(variant: str, tmp: str):
         max_grad_norm=1.0, poisson_sampling=True)
     ledger = None
     if variant != "plain Opacus":
+        from privguard import Ledger
+        from privguard.integrations.opacus import attach
+
         path = _path(variant, tmp)
         # "lease=1": a durable commit per step; otherwise a file takes leases (theory §13)
         ledger = Ledger(delta=DELTA, path=path, lease=1 if "lease=1" in variant else None,
@@ -102,14 +122,22 @@ def make_step(variant: str, tmp: str):
             ledger._acc.fast = False  # the grid arithmetic on every charge (before issue 26)
         attach(opt, ledger, data_loader=loader)
     xb, yb = x[:128], data.tensors[1][:128]
+    batches = _endless(loader) if draw else None
 
     def step():
         opt.zero_grad()
-        nn.functional.cross_entropy(model(xb), yb).backward()
+        xs, ys = (xb, yb) if batches is None else next(batches)
+        nn.functional.cross_entropy(model(xs), ys).backward()
         opt.step()
 
     step.optimizer = opt  # type: ignore[attr-defined]
     return step, ledger
+
+
+def _endless(loader):
+    """The loader's batches, epoch after epoch (each epoch's iterator made when reached)."""
+    while True:
+        yield from loader
 
 
 #: Steps of :func:`hook_cost` not timed (warm-up): a run needs more than this many.
@@ -225,23 +253,40 @@ def interleaved(variant: str, steps: int, tmp: str) -> tuple[float, float, float
 def _interleave(step, plain, steps: int, spent: list[int] | None = None
                 ) -> tuple[float, float, float, float]:
     """:func:`interleaved`'s measure on made steps; ``spent`` (the list :func:`hook_timed`
-    fills): kept to the hook's times of the steps with the hook on."""
+    fills): kept to the hook's times of the steps with the hook on. Plain Opacus steps
+    with Opacus' accumulation unwrapped (the pairing check's wrap is process-wide: before
+    review rhk3 plain Opacus ran it too, and on/plain left it out); the hook off still
+    runs the pairing check at the clip and the wrap (on/off leaves them out)."""
+    from opacus.grad_sample import grad_sample_module as gsm
+
     from privguard.integrations.opacus import _ATTACHED
 
     handle = _ATTACHED[step.optimizer]
+    wrapped = gsm.create_or_accumulate_grad_sample
+    bare = wrapped.__wrapped__ if getattr(wrapped, "_privguard_watch", False) else wrapped
     times: dict[int, list[float]] = {0: [], 1: [], 2: []}  # on, off, plain
-    for i in range(steps):
-        for kind in ((0, 1, 2) if i % 2 else (2, 1, 0)):
-            handle._active = kind == 0
-            run_one = plain if kind == 2 else step
-            kept = None if spent is None else len(spent)
-            clock = CLOCK["now"]
-            t0 = clock()
-            run_one()
-            times[kind].append(clock() - t0)
-            if kept is not None and kind != 0:
-                del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
+    # review rhk3: on the loader's batches (--draw) no step with the hook off: its batch
+    # would count in the next charged step's window (two micro-batches, another mechanism
+    # each step: no fast path, a lease per step), a cost no loop pays
+    kinds = (0, 2) if DRAW["draw"] else (0, 1, 2)
+    try:
+        for i in range(steps):
+            for kind in (kinds if i % 2 else kinds[::-1]):
+                handle._active = kind == 0
+                run_one = plain if kind == 2 else step
+                gsm.create_or_accumulate_grad_sample = bare if kind == 2 else wrapped
+                kept = None if spent is None else len(spent)
+                clock = CLOCK["now"]
+                t0 = clock()
+                run_one()
+                times[kind].append(clock() - t0)
+                if kept is not None and kind != 0:
+                    del spent[kept:]  # the hook inactive (or plain Opacus'): not attach's cost
+    finally:
+        gsm.create_or_accumulate_grad_sample = wrapped
     handle._active = True
+    if not times[1]:  # --draw: on/off not measured (nan)
+        return statistics.median(times[0]), nan, statistics.median(times[2]), nan
     on, off, pl = (statistics.median(times[k]) for k in range(3))
     return on, off, pl, statistics.mean(times[0]) / statistics.mean(times[1])
 
@@ -309,7 +354,8 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
             os.mkdir(files)
             workers[name] = subprocess.Popen(
                 [sys.executable, os.path.join(here, "attach_overhead.py"), "--worker", files,
-                 "--library", path, *(["--cpu-time"] if cpu_time else [])],
+                 "--library", path, *(["--cpu-time"] if cpu_time else []),
+                 *(["--draw"] if DRAW["draw"] else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=library_env(path))
         try:
             for r in range(rounds):
@@ -320,9 +366,11 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                         results.setdefault((name, v), []).append(json.loads(answer))
         finally:
             close(workers.values())
+    batches = "the loader's batches" if DRAW["draw"] else "one fixed batch"
     print(f"this tree against {commit}: {rounds} rounds in alternating order, each "
           f"{steps} steps of on, off and plain Opacus interleaved "
-          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds")
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}, on {batches}); "
+          f"medians over rounds")
     print("| variant | library | on/off (medians) | on/off (means) | on/plain | hook in place |")
     print("|---|---|---|---|---|---|")
     for v in variants:
@@ -332,6 +380,123 @@ def against(commit: str, rounds: int, steps: int, variants: list[str], cpu_time:
                   f"{statistics.median(r[3] for r in rows):.4f}× | "
                   f"{statistics.median(r[0] / r[2] for r in rows):.4f}× | "
                   f"{statistics.median(r[4] for r in rows) * 1e6:.1f} µs |")
+
+
+#: Steps a worker of :func:`apart` runs per request (the two workers alternate by requests):
+#: one, as :func:`interleaved` alternates single steps (turns of 10 at load 6-7 gave the
+#: control row 0.89x and 0.97x; turns of 1, 1.002x and 0.989x: review rhk3)
+CHUNK = 1
+
+
+def _require_plain() -> None:
+    """In ``--apart``'s plain worker: exit, naming what it found, if ``privguard`` was
+    imported or Opacus' accumulation is wrapped (the pairing check's wrap is process-wide:
+    plain Opacus steps in a process that attached anything run it; review rhk3)."""
+    from opacus.grad_sample import grad_sample_module as gsm
+
+    imported = sorted(m for m in sys.modules if m.split(".")[0] == "privguard")
+    accumulate = getattr(gsm, "create_or_accumulate_grad_sample", None)
+    if imported or getattr(accumulate, "_privguard_watch", False) or hasattr(
+            accumulate, "__wrapped__"):
+        sys.exit(f"plain worker: not plain Opacus (privguard modules {imported[:3]}, "
+                 f"Opacus' accumulation {accumulate!r}): the timing would not be plain")
+
+
+def _apart_worker(tmp: str, library: str | None) -> None:
+    """``--apart-worker``: answer each request line (a variant and a step count) with one
+    JSON line, the time of each step, run on the loader's batches (:func:`make_step` with
+    ``draw``). With ``library`` (attach's worker): its ``privguard`` must be that one, and
+    a variant's pairing check must have compared a clip by the end of its warm-up. Without
+    (the plain worker): only ``"plain Opacus"``, and :func:`_require_plain` at each request."""
+    if library is not None:
+        import privguard.integrations.opacus  # noqa: F401 - what require_library reads
+
+        require_library(library)
+    made: dict[str, object] = {}
+    for line in sys.stdin:
+        variant, steps = line.rstrip("\n").split("\t")
+        if library is None:
+            if variant != "plain Opacus":
+                sys.exit(f"plain worker: asked for {variant!r}")
+            _require_plain()
+        if variant not in made:
+            step, _ledger = make_step(variant, tmp, draw=True)
+            for _ in range(WARMUP):
+                step()
+            if library is not None:
+                from privguard.integrations.opacus import _ATTACHED
+
+                pairing = _ATTACHED[step.optimizer].pairing
+                if pairing is None or not pairing._counted:
+                    sys.exit(f"attach worker: {variant}: the pairing check compared no clip")
+            made[variant] = step
+        step = made[variant]
+        clock, times = CLOCK["now"], []
+        for _ in range(int(steps)):
+            t0 = clock()
+            step()  # type: ignore[operator]
+            times.append(clock() - t0)
+        print(json.dumps(times), flush=True)
+
+
+def apart(rounds: int, steps: int, variants: list[str], cpu_time: bool = False
+          ) -> dict[str, list[list[float]]]:
+    """Attach (this tree) against plain Opacus in a process that never imported privguard
+    (``--apart``, review rhk3): two worker processes step in turn, :data:`CHUNK` steps a
+    request, in alternating order, ``steps`` steps of each per variant and round, every
+    step on the next batch the Poisson loader draws (a training loop's steps: the pairing
+    check compares each clip). Unlike :func:`interleaved`'s plain Opacus (the same process,
+    where the accumulation's wrap is installed) and its hook off (which still runs the
+    pairing check at the clip), this ratio contains all of attach's per-step work. The
+    variant ``"plain Opacus"`` is the measure's control: plain Opacus in a second worker
+    without privguard against the first (1× but for noise and the two processes' own
+    difference). Returns per variant the rounds' [variant's median, plain median, ratio of
+    medians, ratio of means], and prints their medians over rounds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    results: dict[str, list[list[float]]] = {v: [] for v in variants}
+    clock = ["--cpu-time"] if cpu_time else []
+    with tempfile.TemporaryDirectory() as tmp:
+        library = _this_tree(tmp)
+        script = os.path.join(here, "attach_overhead.py")
+
+        def worker(*library_args: str, env: dict[str, str] | None = None
+                   ) -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [sys.executable, script, "--apart-worker", tmp, *library_args, *clock],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+        workers = {"plain": worker()}
+        if any(v != "plain Opacus" for v in variants):
+            workers["attach"] = worker("--library", library, env=library_env(library))
+        if "plain Opacus" in variants:
+            workers["control"] = worker()
+        try:
+            for r in range(rounds):
+                for v in variants:
+                    first = "control" if v == "plain Opacus" else "attach"
+                    times: dict[str, list[float]] = {first: [], "plain": []}
+                    for c in range((steps + CHUNK - 1) // CHUNK):
+                        for name in ((first, "plain") if (r + c) % 2 else ("plain", first)):
+                            asked = v if name == "attach" else "plain Opacus"
+                            times[name] += json.loads(ask(workers[name], f"{name} ({asked})",
+                                                          f"{asked}\t{CHUNK}"))
+                    a, p = times[first], times["plain"]
+                    results[v].append([statistics.median(a), statistics.median(p),
+                                       statistics.median(a) / statistics.median(p),
+                                       statistics.mean(a) / statistics.mean(p)])
+        finally:
+            close(workers.values())
+    print(f"attach (this tree) against plain Opacus in a process without privguard: "
+          f"{rounds} rounds, each {CHUNK * ((steps + CHUNK - 1) // CHUNK)} steps of each in "
+          f"turns of {CHUNK}, on the Poisson loader's batches "
+          f"({'CPU time of the thread' if cpu_time else 'wall time'}); medians over rounds; "
+          f"plain Opacus: a second plain worker (the control)")
+    print("| variant | its step | plain Opacus (apart) | ratio (medians) | ratio (means) |"
+          "\n|---|---|---|---|---|")
+    for v, rows in results.items():
+        a, p, ratio, means = (statistics.median(row[k] for row in rows) for k in range(4))
+        print(f"| {v} | {a * 1e6:,.0f} µs | {p * 1e6:,.0f} µs | {ratio:.4f}× | {means:.4f}× |")
+    return results
 
 
 def run(rounds: int, steps: int, variants: list[str]) -> dict[str, float]:
@@ -369,11 +534,26 @@ def main() -> None:
                         help="this tree against COMMIT's library, in one run")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the interleaved steps in CPU time of the thread")
+    parser.add_argument("--draw", action="store_true",
+                        help="step on the loader's Poisson batches (default: one fixed batch)")
+    parser.add_argument("--apart", action="store_true",
+                        help="attach against plain Opacus in a process without privguard, "
+                             "on the loader's batches")
     parser.add_argument("--worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--apart-worker", metavar="TMP", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--library", default=None, help=argparse.SUPPRESS)  # the worker's
     args = parser.parse_args()
     if args.cpu_time:
         CLOCK["now"] = time.thread_time
+    DRAW["draw"] = args.draw
+    if args.apart_worker is not None:
+        _apart_worker(args.apart_worker, args.library)
+        return
+    if args.apart:
+        apart(args.rounds, args.steps,
+              ["plain Opacus", "attach, in memory", "attach, SQLite file, leases"],
+              args.cpu_time)
+        return
     if args.worker is not None:
         if args.library is None:
             parser.error("--worker needs --library (the folder its privguard must come from)")
@@ -393,8 +573,9 @@ def main() -> None:
         extra += ["attach, PostgreSQL, lease=1", "attach, PostgreSQL, leases"]
     med = run(args.rounds, args.steps, VARIANTS + extra)
     base = med["plain Opacus"]
-    print(f"20-64-2 MLP, batch 128, 1 thread; medians of {args.rounds} alternating rounds "
-          f"of {args.steps} steps")
+    batches = "the loader's batches" if args.draw else "one fixed batch"
+    print(f"20-64-2 MLP, batch 128 ({batches}), 1 thread; medians of {args.rounds} "
+          f"alternating rounds of {args.steps} steps")
     print("| | per step | vs plain Opacus |\n|---|---|---|")
     for v, t in med.items():
         print(f"| {v} | {t * 1e6:,.0f} µs | {t / base:.3f}× |")

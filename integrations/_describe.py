@@ -36,7 +36,7 @@ not: ``integrations/_skips.py``), and by the loader's count where there is one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from privguard import mechanisms as M
@@ -108,18 +108,29 @@ def reported_micro_batches(optimizer: Any) -> int | None:
     return value if isinstance(value, int) and value >= 1 else None
 
 
-def held_sets(optimizer: Any) -> list[Any]:
-    """The sets of per-sample gradients ``optimizer`` holds, one per ``backward()`` since
-    its last ``zero_grad()`` (the ``grad_sample`` entries of its first parameter holding
-    any; their leading dimension is the batch's rows); none under ghost clipping, which
-    keeps none (review radv7; ``_forward_pairing.held_rows`` reads the same entries)."""
-    if is_ghost(optimizer):
-        return []
-    for p in getattr(optimizer, "params", ()):
+def first_grad_sample(params: Iterable[Any]) -> Any:
+    """The ``grad_sample`` of the first of ``params`` (an optimizer's) holding one, as Opacus
+    left it: a tensor after one ``backward()`` since the last ``zero_grad()``, a list of them
+    after several (their leading dimension is each batch's rows); None where no parameter
+    holds any. Read by :func:`held_sets` and ``_forward_pairing.held_rows`` (task hk3: one
+    walk for both)."""
+    for p in params:
         gs = getattr(p, "grad_sample", None)
         if gs is not None:
-            return list(gs) if isinstance(gs, list) else [gs]
-    return []
+            return gs
+    return None
+
+
+def held_sets(optimizer: Any) -> list[Any]:
+    """The sets of per-sample gradients ``optimizer`` holds, one per ``backward()`` since
+    its last ``zero_grad()`` (:func:`first_grad_sample`'s entries); none under ghost
+    clipping, which keeps none (review radv7)."""
+    if is_ghost(optimizer):
+        return []
+    gs = first_grad_sample(getattr(optimizer, "params", ()))
+    if gs is None:
+        return []
+    return list(gs) if isinstance(gs, list) else [gs]
 
 
 class _Each:

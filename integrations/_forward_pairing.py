@@ -69,11 +69,12 @@ checks its own backward passes, ``integrations/_ghost.py``), Opacus'
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from privguard._errors import InvalidArgumentError
-from privguard.integrations._describe import MicroBatchCounter
+from privguard.integrations._describe import MicroBatchCounter, first_grad_sample
 
 _MARK = "_privguard_forwards"  # set on a parameter one backward reached through 2+ forwards
 # review radv6: the wrapper carries this attribute (so an ``importlib.reload`` of either
@@ -109,25 +110,69 @@ def watch_opacus() -> bool:
     if getattr(original, _TAG, False) is True:
         return True
 
-    @functools.wraps(original)
-    def create_or_accumulate_grad_sample(*args: Any, **kwargs: Any) -> Any:
-        param = kwargs["param"] if "param" in kwargs else (args[0] if args else None)
-        if hasattr(param, "_current_grad_sample"):  # the same backward, another forward
-            setattr(param, _MARK, True)
-        return original(*args, **kwargs)
-
-    setattr(create_or_accumulate_grad_sample, _TAG, True)
-    gsm.create_or_accumulate_grad_sample = create_or_accumulate_grad_sample
+    wrapper = _marking(original)
+    setattr(wrapper, _TAG, True)
+    gsm.create_or_accumulate_grad_sample = wrapper
     return True
 
 
-def _every_param_marked(optimizer: Any) -> bool:
+#: Opacus' ``create_or_accumulate_grad_sample(*, param, grad_sample, max_batch_len)`` (1.4-1.6)
+_OPACUS_ARGUMENTS = ("param", "grad_sample", "max_batch_len")
+
+
+def _keywords_only(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` itself takes exactly Opacus' three arguments, by keyword only, none
+    with a default (a wrapper's own signature, not the one it wraps)."""
+    try:
+        params = inspect.signature(fn, follow_wrapped=False).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: the general wrapper
+        return False
+    return tuple(p.name for p in params) == _OPACUS_ARGUMENTS and all(
+        p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
+        for p in params)
+
+
+def _marking(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` wrapped to mark a parameter that a backward reached through another
+    forward already (its ``_current_grad_sample`` is there), then run as it is.
+
+    It runs once per parameter per backward (task hk3). Where ``original`` has Opacus'
+    keyword-only signature, the wrapper has the same one: it takes and passes the three
+    arguments by name, without packing them into a tuple and a dict and unpacking them
+    again (three times cheaper a call in a loop); a call that signature refuses is refused
+    by the wrapper with the same ``TypeError`` (before the mark: the backward fails either
+    way). Otherwise the general ``*args, **kwargs`` wrapper."""
+    if _keywords_only(original):
+        @functools.wraps(original)
+        def create_or_accumulate_grad_sample(*, param: Any, grad_sample: Any,
+                                             max_batch_len: Any) -> Any:
+            if hasattr(param, "_current_grad_sample"):  # the same backward, another forward
+                param._privguard_forwards = True  # _MARK
+            return original(param=param, grad_sample=grad_sample, max_batch_len=max_batch_len)
+
+        return create_or_accumulate_grad_sample
+
+    @functools.wraps(original)
+    def create_or_accumulate_grad_sample_(*args: Any, **kwargs: Any) -> Any:
+        try:
+            param = kwargs["param"]  # Opacus passes it by keyword
+        except KeyError:
+            param = args[0] if args else None
+        if hasattr(param, "_current_grad_sample"):  # the same backward, another forward
+            param._privguard_forwards = True  # _MARK
+        return original(*args, **kwargs)
+
+    return create_or_accumulate_grad_sample_
+
+
+def _every_param_marked(params: Iterable[Any]) -> bool:
     """Whether every parameter holding per-sample gradients was marked (and unmark all).
 
-    The first such parameter unmarked answers at once (a plain step: one look); marks
-    left on later parameters only widen the next answer (fail closed)."""
+    ``params``: the optimizer's. The first such parameter unmarked answers at once (a plain
+    step: one look); marks left on later parameters only widen the next answer (fail
+    closed)."""
     every, seen = True, False
-    for p in getattr(optimizer, "params", ()):
+    for p in params:
         if getattr(p, "grad_sample", None) is None:
             continue
         if getattr(p, _MARK, False):
@@ -140,19 +185,19 @@ def _every_param_marked(optimizer: Any) -> bool:
     return seen and every
 
 
-def held_rows(optimizer: Any) -> tuple[int, int] | None:
-    """(entries, rows) of the first parameter holding per-sample gradients, or None.
+def held_rows(params: Iterable[Any]) -> tuple[int, int] | None:
+    """(entries, rows) of the first of ``params`` (an optimizer's) holding per-sample
+    gradients, or None.
 
     An entry is one ``backward()`` (``grad_sample`` is a list after several); its
-    rows are the leading dimension Opacus put the batch in."""
-    for p in getattr(optimizer, "params", ()):
-        gs = getattr(p, "grad_sample", None)
-        if gs is None:
-            continue
-        if isinstance(gs, list):
-            return len(gs), sum(int(t.shape[0]) for t in gs)
-        return 1, int(gs.shape[0])
-    return None
+    rows are the leading dimension Opacus put the batch in (the entries of
+    :func:`~privguard.integrations._describe.first_grad_sample`, as ``held_sets``)."""
+    gs = first_grad_sample(params)
+    if gs is None:
+        return None
+    if isinstance(gs, list):
+        return len(gs), sum(int(t.shape[0]) for t in gs)
+    return 1, int(gs.shape[0])
 
 
 _PAIRED = (
@@ -240,11 +285,20 @@ class PairingCheck:
             return
         window = self._held + new if self._held else new
         self._held = []
-        self._counted = self._counted or bool(new)
-        held = held_rows(self.optimizer)
-        if held is None or not self._counted:
+        if not (new or self._counted):  # no batch counted yet (an iterator made before
+            return  # attach): nothing to compare (task hk3: the rows are not read either)
+        self._counted = True
+        # the optimizer's parameters read once (Opacus builds the list at each read), for
+        # the rows and the marks: nothing between the two reads changes them (task hk3)
+        params = getattr(self.optimizer, "params", ())
+        if not isinstance(params, (list, tuple)):
+            params = list(params)
+        held = held_rows(params)
+        if held is None:
             return
         entries, rows = held
+        # one backward (entries 1, the common case) leaves at the first comparison: 1 >
+        # max(len(window), 1) is false, so this refusal cannot be reached (task hk3)
         if entries > max(len(window), 1) and min(window, default=0) >= 0 and rows > sum(window):
             # review radv6: one clip holds more backward() passes than batches, and more
             # rows than records: one batch went through several (a record at weight 2 in
@@ -262,10 +316,13 @@ class PairingCheck:
         # (review radv6: adv6 forgot them here, and compared a later marked clip's rows
         # with the batch after its own)
         keep = min(self.ahead, max(len(window) - entries, 0))
-        self._held = window[len(window) - keep:]
+        self._held = window[len(window) - keep:] if keep else []
+        # the marks are read even where the rows cover the window (one batch, one backward):
+        # this clip clears them, and a mark left would make a later clip look marked, a
+        # refusal main does not make (task hk3: not skipped)
         if not watched():  # Opacus renamed it, or a reload unwrapped it: this clip is
             watch_opacus()  # marked (fail closed), later backward passes watched again
-        elif not _every_param_marked(self.optimizer):
+        elif not _every_param_marked(params):
             return  # one forward per backward, or tied weights, an RNN's layers
         if not window or min(window) < 0:  # nothing delivered (a batch split over skipped
             return  # steps), or a size not readable

@@ -633,8 +633,9 @@ class AttachHandle:
             self.ghost.check(self.steps_charged + 1)
         for check_step in self.step_checks:  # e.g. Lightning's batches (_reused_batches):
             check_step()  # a trainer's own count first, its message names the trainer's remedy
-        if self.pairing is not None:  # batches paired in one backward (adv6, §14.9)
-            self.pairing.check(self.steps_charged + 1)
+        pairing = self.pairing  # batches paired in one backward (adv6, §14.9): a marked
+        if pairing is not None and pairing.failure is not None:  # clip, else no call (hk3)
+            pairing.check(self.steps_charged + 1)
         if self.dropout_guard is not None:
             self.dropout_guard.check()
 
