@@ -13,7 +13,10 @@ cost (``attach_overhead.py`` times that unwrapped).
 
 ``--draw`` steps on the batches the Poisson loader draws instead of one fixed batch (a
 training loop's steps): the pairing check (``integrations/_forward_pairing.py``, run at
-Opacus' clip, before the hook) then compares every clip's rows with the batch delivered.
+Opacus' clip, before the hook) then compares every clip's rows with the batch delivered,
+and the "per draw" rows time attach's work on each batch drawn (task hk4), per call: the
+swapped ``__iter__``'s ``next`` runs twice a batch (the loader's, around the batch
+counter; the sampler's, around the rate recorded) and includes the draw itself.
 
 Run: python benchmarks/attach_hook_parts.py [--steps 2000] [--variant "attach, in memory"]
      [--draw]
@@ -62,6 +65,10 @@ LAYERS: list[tuple[Any, str, str]] = [
     (Ledger, "charge", "    ledger.charge"),
     (Accounting, "repeat", "      Accounting.repeat"),
     (AttachHandle, "_restart_counts", "    _restart_counts"),
+    # per draw (--draw; task hk4): per call, and each wraps the next
+    (_describe._Each, "__next__", "per draw: a swapped __iter__'s next (loader's, sampler's)"),
+    (_describe.MicroBatchCounter, "_one", "  per draw: the loader's batch counter (_one)"),
+    (_drawn_rates.DrawnRates, "_drawn", "  per draw: the rate recorded (DrawnRates._drawn)"),
 ]
 
 
