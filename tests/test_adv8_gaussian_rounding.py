@@ -1,0 +1,74 @@
+"""Task adv8: the Gaussian and zCDP curves are rounded to nearest, not up.
+
+``Gaussian(σ)`` charges fl(α / fl(2σ²)) (Mironov 2017, Prop. 7, as Opacus computes it) and
+``ZCDP(ρ)`` charges fl(ρ·α) (Bun & Steinke 2016, Def. 1.1): each value can lie an ulp or two
+below the exact value of its formula at the float inputs (about half of the values of a grid
+do). Every other curve privguard computes itself is rounded up (docs/theory.md §1.2). Not
+fixed (task adv8's report): raising these curves changes the plan curves that fixed δ
+shares were derived from and the spent totals checkpoints hold, so it needs a legacy rule
+for re-deriving fix entries and a CHECKPOINT_CURVES bump. The filter's admission is sound
+regardless: the conversion's slack (32 u of the RDP value, ~3 u used by its own rounding)
+covers a curve value 2 u low, which the second test checks at the budget's edge.
+Exact values in mpmath (50 digits).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from privguard import mechanisms as M
+from privguard._curves import _conversion as conv
+
+mp.mp.dps = 50
+ORDERS = np.array([1.5, 2.0, 3.0, 8.0, 32.0, 256.0, 1e4])
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _float(i: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", i))[0]
+
+
+@pytest.mark.xfail(strict=True, reason="task adv8: Gaussian and ZCDP curves round to nearest "
+                   "(an ulp or two below the exact formula); not fixed, see the module")
+def test_gaussian_and_zcdp_curves_are_not_below_their_exact_formulas():
+    low = []
+    for sigma in [0.3, 0.7, 1.1, 3.0, 1e3]:
+        curve = M.Gaussian(sigma).rdp(ORDERS)
+        low += [(sigma, a) for a, v in zip(ORDERS.tolist(), curve.tolist())
+                if mp.mpf(v) < mp.mpf(a) / (2 * mp.mpf(sigma) ** 2)]
+    for rho in [1e-10, 0.1, 0.3]:
+        curve = M.ZCDP(rho).rdp(ORDERS)
+        low += [(rho, a) for a, v in zip(ORDERS.tolist(), curve.tolist())
+                if mp.mpf(v) < mp.mpf(rho) * mp.mpf(a)]
+    assert not low, low
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 8.0, 256.0])
+def test_filter_edge_gaussian_is_within_target_at_the_exact_curve(alpha):
+    # The smallest float σ whose Gaussian the filter's rounded-up comparison admits (all of δ
+    # on one order): the improved conversion (Canonne, Kamath & Steinke 2020, Prop. 12) of the
+    # EXACT α/(2σ²), not of its float, is still at most the target.
+    delta = 1e-5
+    orders = np.array([alpha])
+    terms = conv.improved_terms(orders, delta)
+    a = mp.mpf(alpha)
+    floor = float(conv.improved_upper(np.zeros(1), terms)[0])  # ε of a zero curve
+    for eps in [floor + 0.05 + 0.61 * k for k in range(12)]:
+        def admitted(sigma: float) -> bool:
+            return bool(conv.improved_upper(M.Gaussian(sigma).rdp(orders), terms)[0] <= eps)
+        lo, hi = _bits(1e-2), _bits(1e4)
+        assert admitted(_float(hi)) and not admitted(_float(lo))
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if admitted(_float(mid)) else (mid, hi)
+        sigma = _float(hi)
+        tau = a / (2 * mp.mpf(sigma) ** 2)
+        exact = tau - (mp.log(mp.mpf(delta)) + mp.log(a)) / (a - 1) + mp.log((a - 1) / a)
+        assert exact <= eps, (alpha, eps, sigma)
