@@ -1,18 +1,19 @@
-"""Review radv8: the reported numbers of a ledger of Gaussian or zCDP charges are not below
-their exact values, although those curves were rounded to nearest (task adv8: α/fl(2σ²)
-and fl(ρα), up to about 2u relative below α/(2σ²) and ρα, u = 2⁻⁵³; ledgers written
-before checkpoint curves version 8 still hold such spent totals).
+"""Review radv8: the reported numbers of Gaussian or zCDP curves are not below their exact
+values, even from the curves rounded to nearest that privguard computed before checkpoint
+curves version 8 (task adv8: α/fl(2σ²) and fl(ρα), up to about 2u relative below α/(2σ²)
+and ρα, u = 2⁻⁵³), as a caller's own curve (an ``RDPCurve``, a spent array given to an
+``Odometer``) may still be.
 
 Each output has an upward rounding margin with room for that input error (the argument is
 beside each margin): the mixture odometer's stopping test (``_odometer._error_bound``, twice
 its rounding bound), the paper odometer's eligibility slack (``_odometer._slack``), the
 conversions' ``SLACK`` (nonadaptive ε, ``RDPCurve.epsilon`` and ``delta``, the filter and
-budget meter, tests/test_adv8_gaussian_rounding.py). Each test below takes the curve at the
-float parameter, the spent value at an output's edge where one decides, and compares the
-output with its formula evaluated in mpmath at the EXACT curve α/(2σ²) or ρα. Each fails
-with its margin set to 0 (``_error_bound`` returning 0 and ``_SUM_EXCESS = 0``: the 11
-mixture tests fail; ``_slack`` returning 0: the 8 paper tests; ``SLACK = 0``: the 10
-conversion tests; review radv8).
+budget meter, tests/test_adv8_gaussian_rounding.py). Each test below takes the curve to nearest at
+the float parameter, the spent value at an output's edge where one decides, and compares
+the output with its formula evaluated in mpmath at the EXACT curve α/(2σ²) or ρα. Each fails
+with its margin set to 0 (``_error_bound`` returning 0 and ``_SUM_EXCESS = 0``: the 10
+mixture tests on those curves fail; ``_slack`` returning 0: the 8 paper tests; ``SLACK = 0``:
+the 10 conversion tests; review radv8).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def _mechanism(kind: str, param: float) -> M.Mechanism:
     return M.Gaussian(param) if kind == "gaussian" else M.ZCDP(param)
 
 
+def _nearest(kind: str, param: float, orders) -> np.ndarray:
+    """The curve as privguard computed it before checkpoint curves version 8: α/fl(2σ²) and
+    fl(ρα), to nearest (about half the values up to 2.2u below the exact ones)."""
+    grid = np.asarray(orders, dtype=float)
+    return grid / (2 * param**2) if kind == "gaussian" else param * grid
+
+
 def _params(kind: str, count: int, seed: int) -> list[float]:
     rng = np.random.default_rng(seed)
     if kind == "gaussian":
@@ -64,7 +72,7 @@ def test_mixture_epsilon_is_not_below_the_exact_root(kind, orders):
     w = [mp.mpf(float(x)) for x in odo.weights]
     for delta in (1e-5, 1e-10):
         for param in _params(kind, 40, len(orders) + int(orders[0])):
-            eps = odo.epsilon(_mechanism(kind, param).rdp(grid), delta)
+            eps = odo.epsilon(_nearest(kind, param, grid), delta)
             exact = [_exact_curve(kind, param, a) for a in orders]
             left = mp.fsum(wi * mp.exp((mp.mpf(a) - 1) * (mp.mpf(eps) - s))
                            for wi, a, s in zip(w, orders, exact))
@@ -72,7 +80,8 @@ def test_mixture_epsilon_is_not_below_the_exact_root(kind, orders):
 
 
 def test_ledger_epsilon_one_order_gaussian():
-    # the same through a ledger (the mixture odometer with the plan's weights, one order)
+    # through a ledger (the mixture odometer with the plan's weights, one order; today's
+    # curve, rounded up)
     delta, alpha, sigma = 1e-6, 8.0, 0.9
     ledger = Ledger(delta=delta, orders=[alpha])
     ledger.charge(M.Gaussian(sigma))
@@ -113,10 +122,10 @@ def test_paper_epsilon_at_a_filter_size_edge_is_not_below_the_exact_formula(kind
             limit = float(formula(f) * (1 + mp.mpf(2) ** -40))
 
             def uses_f(x: float, limit=limit) -> bool:
-                return odo.epsilon(_mechanism(kind, x).rdp(np.array([alpha])), delta) <= limit
+                return odo.epsilon(_nearest(kind, x, [alpha]), delta) <= limit
 
             x = _edge(uses_f, 1e-4, 1e6) if kind == "gaussian" else _edge(uses_f, 1e-14, 1e6)
-            eps = odo.epsilon(_mechanism(kind, x).rdp(np.array([alpha])), delta)
+            eps = odo.epsilon(_nearest(kind, x, [alpha]), delta)
             exact_spent, g = _exact_curve(kind, x, alpha), 1
             while exact_spent > 2 ** (g - 1) * size:
                 g += 1
@@ -126,18 +135,20 @@ def test_paper_epsilon_at_a_filter_size_edge_is_not_below_the_exact_formula(kind
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
 @pytest.mark.parametrize("alpha", [1.5, 2.0, 8.0, 64.0, 256.0])
 def test_nonadaptive_epsilon_is_not_below_the_exact_conversion(kind, alpha):
-    # improved conversion (Canonne, Kamath & Steinke 2020, Prop. 12) of the exact curve; and
+    # improved conversion (Canonne, Kamath & Steinke 2020, Prop. 12) of the exact curve, as
+    # nonadaptive_epsilon and RDPCurve.epsilon compute it (conv.epsilon_per_order); and
     # RDPCurve's classic ε (Mironov 2017, Prop. 3) and δ (its inverse) of the same curve
     a = mp.mpf(alpha)
     for delta in (1e-5, 1e-9):
         d = mp.mpf(delta)
         for param in _params(kind, 30, int(alpha)):
-            ledger = Ledger(delta=delta, orders=[alpha])
-            ledger.charge(_mechanism(kind, param))
             tau = _exact_curve(kind, param, alpha)
             improved = tau - (mp.log(d) + mp.log(a)) / (a - 1) + mp.log((a - 1) / a)
+            curve = RDPCurve([alpha], _nearest(kind, param, [alpha]))
+            assert mp.mpf(curve.epsilon(delta)) >= improved, (kind, alpha, param)
+            ledger = Ledger(delta=delta, orders=[alpha])  # today's curve, rounded up
+            ledger.charge(_mechanism(kind, param))
             assert mp.mpf(ledger.nonadaptive_epsilon()) >= improved, (kind, alpha, param)
-            curve = RDPCurve([alpha], _mechanism(kind, param).rdp([alpha]))
             classic = tau + mp.log(1 / d) / (a - 1)
             assert mp.mpf(curve.epsilon(delta, method="classic")) >= classic
             eps = float(improved) + 0.5

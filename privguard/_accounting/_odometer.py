@@ -124,8 +124,8 @@ def _slack(exponent: np.ndarray) -> np.ndarray:
     at most about 11 of the 32 ulps (4 each for the log and the exp, half of one for each of
     five more operations), so the eligibility test ``spent ≤ size·(1 − slack)`` also holds
     for a spent value up to 2.2u (1.1 ulps) below the exact curve, as a Gaussian's
-    α/fl(2σ²) or a zCDP's fl(ρα) rounded to nearest is (task adv8; ledgers written before
-    checkpoint curves version 8; review radv8, tests/test_radv8_curve_rounding_margins.py)."""
+    α/fl(2σ²) or a zCDP's fl(ρα) rounded to nearest is (privguard's before checkpoint curves
+    version 8, task adv8; review radv8, tests/test_radv8_curve_rounding_margins.py)."""
     return (32.0 + 4.0 * np.abs(exponent)) * _ULP
 
 
@@ -184,8 +184,8 @@ def _error_bound(f, top, eps, slope, mean_abs_z, n: int):
     Works on floats and, element-wise, on arrays. Twice the rounding bound, so half of it,
     8u·(2|ε|·slope + mean|z| + |top| + ...) with u = 2⁻⁵³, is spare. That half also covers a
     spent curve up to 2.2u (relative) below the exact one (a Gaussian's α/fl(2σ²) or a
-    zCDP's fl(ρα) rounded to nearest, task adv8; ledgers written before checkpoint curves
-    version 8): since (α−1)S(α) = (α−1)ε − x_α − log(1/(w_α δ)) ≤ (α−1)|ε| + |z_α| + |top|,
+    zCDP's fl(ρα) rounded to nearest, as privguard's were before checkpoint curves version
+    8, task adv8; a caller's spent array may still be): since (α−1)S(α) = (α−1)ε − x_α − log(1/(w_α δ)) ≤ (α−1)|ε| + |z_α| + |top|,
     each exact exponent lies below the computed one by at most 2.2u times that, and f by
     their softmax-weighted mean, ≤ 2.2u·(|ε|·slope + mean|z| + |top|) (review radv8,
     tests/test_radv8_curve_rounding_margins.py).
