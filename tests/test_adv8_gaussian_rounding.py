@@ -1,15 +1,15 @@
-"""Task adv8: the Gaussian and zCDP curves are rounded to nearest, not up.
+"""Task adv8: the Gaussian and zCDP curves were rounded to nearest, not up.
 
-``Gaussian(σ)`` charges fl(α / fl(2σ²)) (Mironov 2017, Prop. 7, as Opacus computes it) and
-``ZCDP(ρ)`` charges fl(ρ·α) (Bun & Steinke 2016, Def. 1.1): each value can lie an ulp or two
-below the exact value of its formula at the float inputs (about half of the values of a grid
-do). Every other curve privguard computes itself is rounded up (docs/theory.md §1.2). Not
-fixed (task adv8's report): raising these curves changes the plan curves that fixed δ
-shares were derived from and the spent totals checkpoints hold, so it needs a legacy rule
-for re-deriving fix entries and a CHECKPOINT_CURVES bump. The filter's admission is sound
-regardless: the conversion's slack (32 u of the RDP value, ~3 u used by its own rounding)
-covers a curve value 2 u low, which the second test checks at the budget's edge.
-Exact values in mpmath (50 digits).
+``Gaussian(σ)`` charged fl(α / fl(2σ²)) (Mironov 2017, Prop. 7, as Opacus computes it) and
+``ZCDP(ρ)`` charged fl(ρ·α) (Bun & Steinke 2016, Def. 1.1): each value could lie an ulp or
+two below the exact value of its formula at the float inputs (about half of the values of a
+grid did). Review radv8 fixed it (checkpoint curves version 8: each raised to the smallest
+float at or above the exact value where it was below; a fix entry derived before is
+re-derived with the older curves, ``_legacy.pre_gaussian_up``,
+tests/test_radv8_gaussian_up_legacy.py). The filter's admission was sound regardless: the
+conversion's slack (32 u of the RDP value, ~3 u used by its own rounding) covers a curve
+value 2 u low, which the second test checks at the budget's edge (a ledger written before
+version 8 still holds such totals). Exact values in mpmath (50 digits).
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ def _float(i: int) -> float:
     return struct.unpack("<d", struct.pack("<q", i))[0]
 
 
-@pytest.mark.xfail(strict=True, reason="task adv8: Gaussian and ZCDP curves round to nearest "
-                   "(an ulp or two below the exact formula); not fixed, see the module")
 def test_gaussian_and_zcdp_curves_are_not_below_their_exact_formulas():
     low = []
     for sigma in [0.3, 0.7, 1.1, 3.0, 1e3]:
