@@ -108,7 +108,7 @@ def scaled_up(values: np.ndarray, orders: np.ndarray, factor: Fraction) -> np.nd
     out = np.array(values, dtype=float)
     n_f, d_f = factor.numerator, factor.denominator
     for i, (v, a) in enumerate(zip(out.tolist(), np.asarray(orders, dtype=float).tolist())):
-        if v == math.inf:
+        if not (math.isfinite(v) and math.isfinite(a)):  # +inf is above; NaN stays (a bug)
             continue
         n_a, d_a = a.as_integer_ratio()
         n_v, d_v = v.as_integer_ratio()
