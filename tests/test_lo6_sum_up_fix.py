@@ -30,6 +30,7 @@ def nearest(self, orders):  # Composed._rdp before 4fcbec5: numpy's sum, to near
     return np.sum([m._rdp_checked(orders) for m in self.mechanisms], axis=0)
 
 M.Composed._rdp = nearest
+M.ZCDP._rdp = lambda self, o: self.rho * o  # fl(ρα), to nearest before version 8 (radv8)
 plan = M.Composed((M.ZCDP(0.3), M.ZCDP(0.07)))
 ledger = Ledger(epsilon=float(sys.argv[2]), delta=float(sys.argv[3]), path=sys.argv[1],
                 plan=Plan(plan, steps=3))

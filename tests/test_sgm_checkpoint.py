@@ -93,7 +93,7 @@ def test_a_writable_open_writes_a_checkpoint_of_todays_version_then_resumes(tmp_
     shutil.copy(OLD_V5, path)
     ledger, rows = _open(path, replayed, read_only=False)
     ledger.close()
-    assert rows == ROWS and _versions(path)[-1] == _rows.CHECKPOINT_CURVES == 7
+    assert rows == ROWS and _versions(path)[-1] == _rows.CHECKPOINT_CURVES == 8
     ledger, rows = _open(path, replayed)
     assert rows <= 1 and np.array_equal(ledger.spent, _todays())
     ledger.close()

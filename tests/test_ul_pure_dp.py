@@ -75,7 +75,8 @@ def test_a_version_5_checkpoint_is_resumed_from_unless_a_curve_task_ul_changed_i
     from privguard._stores._rows import CHECKPOINT_CURVES
 
     # version 7 (task sr) resumes from no older checkpoint; changed() still decides for 2-5
-    assert CHECKPOINT_CURVES == 7 and not RESUMABLE and set(UNCHANGED_SINCE) == {2, 3, 4, 5}
+    # (version 8, review radv8: the Gaussian's and zCDP's curves rounded up)
+    assert CHECKPOINT_CURVES == 8 and not RESUMABLE and set(UNCHANGED_SINCE) == {2, 3, 4, 5}
 
     def pure(e):
         return {"type": "PureDP", "params": {"epsilon": e}}

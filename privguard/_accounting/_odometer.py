@@ -120,7 +120,12 @@ def _slack(exponent: np.ndarray) -> np.ndarray:
     """A relative bound on the rounding of :meth:`_Family.bound`'s size and penalty: a
     few ulps for each log, product, quotient and sum (32: generous), and exp(x)'s error
     from x's, |x|·4 ulps (x = (f − 1)·log r: log r = log √2 errs by about 2.5 ulps, its
-    rounded √2 included, and the product by half an ulp more)."""
+    rounded √2 included, and the product by half an ulp more). The size's own rounding needs
+    at most about 11 of the 32 ulps (4 each for the log and the exp, half of one for each of
+    five more operations), so the eligibility test ``spent ≤ size·(1 − slack)`` also holds
+    for a spent value up to 2.2u (1.1 ulps) below the exact curve, as a Gaussian's
+    α/fl(2σ²) or a zCDP's fl(ρα) rounded to nearest is (privguard's before checkpoint curves
+    version 8, task adv8; review radv8, tests/test_radv8_curve_rounding_margins.py)."""
     return (32.0 + 4.0 * np.abs(exponent)) * _ULP
 
 
@@ -176,7 +181,14 @@ sum is <= 1; review rlo3)."""
 def _error_bound(f, top, eps, slope, mean_abs_z, n: int):
     """A bound on the floating-point error of the computed f (see :func:`_mixture_epsilon_1d`).
 
-    Works on floats and, element-wise, on arrays.
+    Works on floats and, element-wise, on arrays. Twice the rounding bound, so half of it,
+    8u·(2|ε|·slope + mean|z| + |top| + ...) with u = 2⁻⁵³, is spare. That half also covers a
+    spent curve up to 2.2u (relative) below the exact one (a Gaussian's α/fl(2σ²) or a
+    zCDP's fl(ρα) rounded to nearest, as privguard's were before checkpoint curves version
+    8, task adv8; a caller's spent array may still be): since (α−1)S(α) = (α−1)ε − x_α − log(1/(w_α δ)) ≤ (α−1)|ε| + |z_α| + |top|,
+    each exact exponent lies below the computed one by at most 2.2u times that, and f by
+    their softmax-weighted mean, ≤ 2.2u·(|ε|·slope + mean|z| + |top|) (review radv8,
+    tests/test_radv8_curve_rounding_margins.py).
     """
     return 8.0 * _ULP * (2.0 * np.abs(eps) * slope + mean_abs_z + np.abs(top) + np.abs(f) + n)
 

@@ -27,6 +27,12 @@ METHODS = (IMPROVED, CLASSIC)
 #: b = log((α−1)/α) (the quotient's u twice, 2.1 u absolute, and log's 8 u·|b|); the
 #: classic one by 11 u·|log δ|/(α−1) + u·τ. 16 u covers each; the other 16 u cover the
 #: rounding of the slack itself and of the final addition (at most u of the sum).
+#: The SLACK·τ part needs at most 2.1 u·τ + u·τ (the final addition's share), so it also
+#: covers a τ up to 2.2 u (relative) below the exact curve, as a Gaussian's α/fl(2σ²) or a
+#: zCDP's fl(ρα) rounded to nearest is (privguard's before checkpoint curves version 8,
+#: task adv8; a caller's RDPCurve may still be): ε moves by at most 2.2 u·τ, and δ's exponent by
+#: 2.2 u·(α−1)·τ of :func:`log_delta_per_order`'s 32 u·(α−1)·τ (review radv8,
+#: tests/test_radv8_curve_rounding_margins.py, tests/test_adv8_gaussian_rounding.py).
 SLACK = 2.0**-48
 
 

@@ -40,6 +40,15 @@ cheapest against its budget (an argmax), which that ulp moves where two orders n
 a fix entry of then was refused on load (task lo6, tests/test_lo6_sum_up_fix.py).
 :func:`pre_sum_up` adds to nearest for the load paths; :func:`pre_sg`, :func:`pre_flat`
 and :func:`pre_revision` imply it (all predate 4fcbec5).
+
+Review radv8 (checkpoint curves version 8) rounds up ``Gaussian``'s α/(2σ²), the bound
+every curve built on the Gaussian uses (``_sgm.gaussian_bound``: the subsampled Gaussian at
+q = 1 and its cap, ``RandomAllocation``, ``AccumulatedSubsampledGaussian``), and ``ZCDP``'s
+ρα; before, α/fl(2σ²) and fl(ρα) were rounded to nearest, up to about 2u (u = 2⁻⁵³)
+below the exact value (task adv8). Values rose by at most 2 ulps, none fell; a fix entry's
+argmax or weights derived from such a plan may move at a near tie, as with the sums of
+version 7. :func:`pre_gaussian_up` computes them to nearest for the load paths; every
+older context implies it (all predate version 8).
 """
 
 from __future__ import annotations
@@ -67,10 +76,42 @@ _NEAREST_SUMS: contextvars.ContextVar[bool] = contextvars.ContextVar("_NEAREST_S
                                                                     default=False)
 
 
+_NEAREST_CURVES: contextvars.ContextVar[bool] = contextvars.ContextVar("_NEAREST_CURVES",
+                                                                      default=False)
+
+
 def active() -> bool:
     """Whether this context computes older curves (then nothing may cache them)."""
     return (_FRACTIONAL_RTOL.get() is not None or _PRE_FLAT.get() or _PRE_SG.get()
-            or _NEAREST_SUMS.get())
+            or _NEAREST_SUMS.get() or _NEAREST_CURVES.get())
+
+
+def nearest_curves() -> bool:
+    """Whether the Gaussian's α/fl(2σ²) and zCDP's fl(ρα) are left rounded to nearest in
+    this context, as before checkpoint curves version 8 (review radv8): inside
+    :func:`pre_gaussian_up` or any older context (today's are rounded up)."""
+    return _NEAREST_CURVES.get() or nearest_sums()
+
+
+@contextlib.contextmanager
+def pre_gaussian_up() -> Iterator[None]:
+    """Compute the Gaussian's and zCDP's curves rounded to nearest within the block, as
+    before checkpoint curves version 8 (all else as today), in this context only
+    (thread-safe; curves computed inside are not cached).
+
+    Example:
+        >>> from privguard._curves import _legacy
+        >>> with _legacy.pre_gaussian_up():
+        ...     _legacy.nearest_curves(), _legacy.nearest_sums()
+        (True, False)
+        >>> _legacy.nearest_curves()
+        False
+    """
+    token = _NEAREST_CURVES.set(True)
+    try:
+        yield
+    finally:
+        _NEAREST_CURVES.reset(token)
 
 
 def nearest_sums() -> bool:
@@ -82,8 +123,10 @@ def nearest_sums() -> bool:
 
 @contextlib.contextmanager
 def pre_sum_up() -> Iterator[None]:
-    """Add a ``Composed``'s curves to nearest within the block, as before 4fcbec5 (all else
-    as today), in this context only (thread-safe; curves computed inside are not cached).
+    """Add a ``Composed``'s curves to nearest within the block, as before 4fcbec5, and the
+    Gaussian's and zCDP's curves to nearest (:func:`nearest_curves`: version 8 came later;
+    all else as today), in this context only (thread-safe; curves computed inside are not
+    cached).
 
     Example:
         >>> from privguard._curves import _legacy

@@ -83,11 +83,12 @@ step 5 raises them by that much.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from scipy.special import binom, gammaln, log_ndtr, logsumexp
 
-from privguard._curves import _legacy, _opacus_rdp, _sgm_upper
+from privguard._curves import _legacy, _opacus_rdp, _sgm_upper, _upward
 from privguard._validation import RDP_RTOL, rdp_tolerance
 
 OPACUS_MAX_ORDER = 1024
@@ -132,16 +133,25 @@ tests/test_adv_cv_curves.py)."""
 
 
 def gaussian_bound(orders: np.ndarray, sigma: float) -> np.ndarray:
-    """α/(2σ²) (Mironov 2017, Prop. 7), as Opacus' q = 1 branch computes it, without raising."""
+    """α/(2σ²) (Mironov 2017, Prop. 7), never below its exact value at the float σ and α:
+    Opacus' q = 1 expression α/fl(2σ²), raised where it lies below (task adv8: up to about
+    2u, u = 2⁻⁵³, for about half the values of a grid) to the smallest float at or above
+    the exact value (:func:`privguard._curves._upward.scaled_up`, exact integer comparison;
+    review radv8, checkpoint curves version 8). Opacus' value, bit for bit, wherever it is
+    at or above the exact one. Without raising."""
     try:
         two_var = 2 * sigma**2  # the same float expression as Opacus'
     except OverflowError:
         two_var = math.inf
     with np.errstate(divide="ignore", over="ignore"):
-        # σ² overflowing gives α/inf = 0, below the true α/(2σ²) > 0: the smallest positive
-        # float instead (never below the truth, as PureDP and Laplace floor; review acc). A
-        # finite 2σ² leaves α/(2σ²) ≥ 5.6e-309 > 0 for α ≥ 1: Opacus' value, bit for bit.
-        return np.maximum(orders / two_var, _TINY)
+        # σ² overflowing gives α/inf = 0, below the true α/(2σ²) > 0: at least the smallest
+        # positive float (as PureDP and Laplace floor; review acc), and above it the exact
+        # value rounded up (a subnormal up to σ ≈ 10¹⁶¹√α: the smallest float alone was
+        # below it there). A σ² that underflows gives +inf, above the truth.
+        nearest = np.maximum(orders / two_var, _TINY)
+    if _legacy.nearest_curves():  # re-deriving a fix entry of before version 8
+        return nearest
+    return _upward.scaled_up(nearest, orders, 1 / (2 * Fraction(sigma) ** 2))
 
 
 def _opacus_can_run(sigma: float) -> bool:

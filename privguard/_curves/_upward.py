@@ -16,8 +16,11 @@ a sum of values ≥ 0 only if both are). docs/theory.md §6, "Rounding up".
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
+
+from privguard._floats import float_above
 
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitting constant for binary64
 _TINY, _HUGE = 2.0 ** -900, 2.0 ** 900  # where Dekker's products cannot under- or overflow
@@ -95,6 +98,25 @@ def scaled_sum_up(base: np.ndarray | None, n: int, curve: np.ndarray, finite: bo
     return part if base is None else _sum_up(base, part)
 
 
+def scaled_up(values: np.ndarray, orders: np.ndarray, factor: Fraction) -> np.ndarray:
+    """``values`` (round-to-nearest evaluations of α·``factor`` at each of ``orders``, ≥ 0 or
+    +inf) raised, where below the exact rational α·factor, to the smallest float at or above
+    it (:func:`privguard._floats.float_above`); values at or above it are kept bit for bit.
+    The comparison is exact (Python integers): αF > v ⇔ n_α·n_F·d_v > n_v·d_α·d_F, each
+    float n/d with d a power of 2. The Gaussian's α/(2σ²) (F = 1/(2σ²)) and zCDP's ρα
+    (F = ρ), task adv8 / review radv8, checkpoint curves version 8."""
+    out = np.array(values, dtype=float)
+    n_f, d_f = factor.numerator, factor.denominator
+    for i, (v, a) in enumerate(zip(out.tolist(), np.asarray(orders, dtype=float).tolist())):
+        if not (math.isfinite(v) and math.isfinite(a)):  # +inf is above; NaN stays (a bug)
+            continue
+        n_a, d_a = a.as_integer_ratio()
+        n_v, d_v = v.as_integer_ratio()
+        if n_a * n_f * d_v > n_v * d_a * d_f:
+            out[i] = float_above(Fraction(n_a * n_f, d_a * d_f))
+    return out
+
+
 def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
     """A curve nowhere above the round-to-nearest evaluation of the sums that
     evaluated rounding up (:func:`scaled_sum_up`) to ``spent``, given at most ``ops`` operations (each a product or
@@ -114,4 +136,4 @@ def below_nearest_sums(spent: np.ndarray, ops: int) -> np.ndarray:
     return np.maximum(low, 0.0)
 
 
-__all__ = ["below_nearest_sums", "scaled_sum_up", "sum_up", "times_up"]
+__all__ = ["below_nearest_sums", "scaled_sum_up", "scaled_up", "sum_up", "times_up"]

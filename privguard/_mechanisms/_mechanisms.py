@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from privguard._curves import (
     _sgm,
     _stable,
 )
-from privguard._curves._upward import sum_up, times_up
+from privguard._curves._upward import scaled_up, sum_up, times_up
 from privguard._errors import InvalidArgumentError
 from privguard._mechanisms._base import Mechanism, mechanism_from_dict, take
 
@@ -176,12 +177,13 @@ class PureDP(Mechanism):
 
 @dataclasses.dataclass(frozen=True)
 class ZCDP(Mechanism):
-    """A ρ-zCDP mechanism: ε(α) = ρα (Bun & Steinke 2016, Def. 1.1).
+    """A ρ-zCDP mechanism: ε(α) = ρα (Bun & Steinke 2016, Def. 1.1), rounded up: the float
+    0.1 is 0.1000000000000000055…, so ρα at α = 10 is just above 1.
 
     Example:
         >>> from privguard import mechanisms as M
         >>> M.ZCDP(rho=0.1).rdp([2.0, 10.0]).tolist()
-        [0.2, 1.0]
+        [0.2, 1.0000000000000002]
     """
 
     rho: float
@@ -190,8 +192,13 @@ class ZCDP(Mechanism):
         object.__setattr__(self, "rho", check.positive_finite("rho", self.rho))
 
     def _rdp(self, orders: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):  # ρα beyond the float range: +inf
-            return self.rho * orders
+        with np.errstate(over="ignore", under="ignore"):  # ρα beyond the float range: +inf
+            nearest = self.rho * orders
+        if _legacy.nearest_curves():  # re-deriving a fix entry of before version 8
+            return nearest
+        # fl(ρα) is up to u below the exact ρα for about half the values (task adv8): the
+        # smallest float at or above it there (review radv8, checkpoint curves version 8)
+        return scaled_up(nearest, orders, Fraction(self.rho))
 
 
 @dataclasses.dataclass(frozen=True)

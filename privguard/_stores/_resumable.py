@@ -64,7 +64,11 @@ from typing import Any
 
 RESUMABLE: frozenset[int] = frozenset()
 """The older curve versions whose checkpoints may be resumed from where :func:`changed`
-says no row before them changed: none since version 7 (task sr). Version 7 sums the
+says no row before them changed: none since version 7 (task sr). Version 8 (review radv8)
+rounds up the Gaussian's α/(2σ²) and zCDP's ρα: ``Gaussian``, ``ZCDP``,
+``RandomAllocation`` and a subsampled Gaussian at q = 1 changed since every older
+version, which :data:`UNCHANGED_SINCE` does not record (a version added here must first
+remove those types from it). Version 7 sums the
 journal's spent curve rounding every product and sum up (docs/theory.md §6, "Rounding up");
 a checkpoint of versions 2 to 6 holds spent totals summed to nearest, which may lie up to
 about an ulp per run below the exact sum of the charged curves, whatever its mechanisms, so

@@ -138,7 +138,7 @@ def checked_head(store: Any, row: tuple) -> Cursor:
     return head
 
 
-CHECKPOINT_CURVES = 7
+CHECKPOINT_CURVES = 8
 """The curve evaluation a checkpoint's snapshot was computed with. A checkpoint holds spent
 totals, not charges: one written before the subsampled Gaussian's fractional orders were
 revised up (e08c1f5; privguard/_stores/_revision.py) holds the older, lower totals, up to
@@ -165,7 +165,11 @@ checkpoint's spent totals were summed to nearest, up to about an ulp per run bel
 sum of the charged curves, so no checkpoint of an older version is resumed from
 (:data:`privguard._stores._resumable.RESUMABLE` is empty; docs/theory.md §7, "Resuming from
 an older checkpoint"): the journal is replayed from the genesis, and a writable open writes
-a fresh checkpoint (task ckw)."""
+a fresh checkpoint (task ckw). 8: the Gaussian's α/(2σ²) (and every curve built on it: the
+subsampled Gaussian at q = 1 and its cap, ``RandomAllocation``,
+``AccumulatedSubsampledGaussian``) and zCDP's ρα are rounded up (review radv8; they were
+rounded to nearest, up to about 2u below the exact value, task adv8): a version-7
+checkpoint's totals may lie up to 2 ulps per such charge below today's."""
 
 
 def checkpoint_body(acc: Accounting, last_kind: str | None) -> dict[str, Any]:
@@ -655,9 +659,11 @@ def check_fix(acc: Accounting, fixed: Any, where: str, derivation: int = DERIVAT
         # version 4) or before e08c1f5 (docs/theory.md §1.1, "Fix entries derived before
         # the revision"): another data-independent choice
         # with Composed's sums to nearest (before 4fcbec5: _legacy.pre_sum_up; the older
-        # three imply it), where a near tie moved Concentrated's order (task lo6)
-        for context in (_legacy.pre_sum_up, _legacy.pre_sg, _legacy.pre_flat,
-                        _legacy.pre_revision):
+        # three imply it), where a near tie moved Concentrated's order (task lo6); with
+        # the Gaussian's and zCDP's curves to nearest (before checkpoint curves version 8:
+        # _legacy.pre_gaussian_up; every older context implies it; review radv8)
+        for context in (_legacy.pre_gaussian_up, _legacy.pre_sum_up, _legacy.pre_sg,
+                        _legacy.pre_flat, _legacy.pre_revision):
             try:
                 legacy = _at_recorded_steps(fixed, acc.derive_fixed_legacy(plan, context))
             except (PrivguardError, KeyError, TypeError, ValueError, AttributeError) as exc:
