@@ -214,15 +214,46 @@ def witnessed_note(acc: Any) -> str:
     bound holds for that run without its witnesses' refusals (at (1 − r)·δ, the reserve being
     in its spent curve); the refusals condition the released steps, and what is proven for
     the witnessed run is Proposition 16.1's (ε, δ)-DP at an ε fixed in advance (§16.5). A
-    journal whose runs before its checkpoint cannot be read gets the note too (fail closed)."""
+    journal whose runs before its checkpoint cannot be read gets the note too (fail closed).
+    The note names that ε's bound first, as a number (:func:`_sized_for`, task wr)."""
     from privguard._errors import LedgerStateError
     from privguard._mechanisms._reserve import DeltaReserve
 
     try:
         runs = acc.journal.runs()
     except LedgerStateError:
-        return WITNESSED
-    return WITNESSED if any(isinstance(run.mechanism, DeltaReserve) for run in runs) else ""
+        return _sized_for(acc) + WITNESSED
+    if not any(isinstance(run.mechanism, DeltaReserve) for run in runs):
+        return ""
+    return _sized_for(acc) + WITNESSED
+
+
+def _smallest_target_epsilon(acc: Any) -> float | None:
+    """The smallest target ε a ledger has had: its own, the ones it was created with and
+    retargeted to (a 0.1 file's retargets listed in its migrate event too); None if none.
+
+    The witnesses' false alarms are sized at the target in force at ``attach`` (``reserve_for``,
+    docs/theory.md §16.2), one of these, and a retarget does not resize them: Proposition
+    16.6's ε ≤ ε_T holds for every witnessed run of the ledger below this one (task wr)."""
+    chain: list[dict[str, Any]] = []
+    for event in acc.events:
+        for retarget in ([event] if event.get("event") == "retarget"
+                         else list(event.get("retargets") or ())):
+            chain += [retarget["old"], retarget["new"]]
+    targets = [c.get("epsilon") for c in chain] + [acc.config.epsilon]
+    return min((e for e in targets if e is not None), default=None)
+
+
+def _sized_for(acc: Any) -> str:
+    """Proposition 16.6's bound on ε as a number (task wr): after a retarget to a larger ε
+    the sentence's "target ε the witnesses were sized for" read as the new target, which the
+    witnesses' δ does not cover ((1+e^ε)·a > r·δ above the ε they were sized at)."""
+    epsilon = _smallest_target_epsilon(acc)
+    if epsilon is None:  # never: witnesses need an (ε, δ) target (reserve_for)
+        return ""
+    return (f"; for the witnessed run take ε ≤ {exact(epsilon)}, the smallest target ε this "
+            "ledger has had (the witnesses were sized at the target in force at attach, and "
+            "a retarget does not resize them)")
 
 
 def created_delta(acc: Any) -> float | None:

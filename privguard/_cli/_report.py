@@ -290,9 +290,13 @@ def print_report(data: dict[str, Any]) -> None:
         run = data["running_epsilon"]
         above = (f"above the target ε = {exact(target)}, " if target is not None and run > target
                  else "")
+        # the filter's guarantee is stated only with a target fixed in advance: after a
+        # retarget (statement_kind "odometer") there is none to hold (task wr)
+        holds = (" while the filter's guarantee holds" if data.get("statement_kind") == "filter"
+                 else "; no filter's guarantee is stated: the target was set by a retarget")
         why = ("" if target is None else f" — {above}a different statement: it must hold at "
                "any stopping time without the filter, so it is usually larger than the meter "
-               "and may exceed the target while the filter's guarantee holds")
+               f"and may exceed the target{holds}")
         print(f"any-time ε  {upper(run, '.4f')} at δ = {exact(data['running_delta'])} "
               f"({data['running_statement']}; valid under adaptivity){why}")
         prv = data["opacus_prv_epsilon_not_a_guarantee"]
