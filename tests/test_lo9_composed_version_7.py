@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_radv8_gaussian_up_legacy import opens_and_goes_on
 
 from privguard import Ledger, LedgerStateError
 from privguard import mechanisms as M
@@ -67,13 +68,7 @@ def version_7_file(tmp_path) -> str:
 
 
 def test_a_version_7_composed_fix_entry_opens(version_7_file):
-    ledger = Ledger.open(version_7_file)
-    try:
-        assert len(ledger.history) == 1
-        ledger.charge(M.Gaussian(30.0))
-        assert len(ledger.history) == 2
-    finally:
-        ledger.close()
+    opens_and_goes_on(version_7_file)
 
 
 def test_it_is_refused_without_pre_gaussian_up(version_7_file, monkeypatch):
