@@ -136,7 +136,7 @@ def main(argv=None) -> dict:
         print(f"{seed:4d} {row['best_epoch']:4d} {row['stop_epoch']:4d} "
               f"{row['pretrained_test_accuracy']:10.4f} {row['test_accuracy']:8.4f} "
               f"{up(row['odometer_epsilon_at_stop']):>9s} {up(row['odometer_epsilon_at_best']):>9s} "
-              f"{row['full_run_nonadaptive_epsilon']:18.3f} {up(row['full_run_odometer_epsilon']):>14s}",
+              f"{up(row['full_run_nonadaptive_epsilon']):>18s} {up(row['full_run_odometer_epsilon']):>14s}",
               flush=True)
     summary = {"seeds": seeds, "planned_epochs": planned, "delta": args.delta}
     for key in ("best_epoch", "stop_epoch", "test_accuracy", "pretrained_test_accuracy",
@@ -153,7 +153,7 @@ def main(argv=None) -> dict:
           f"{m['stop_epoch'][1]:.1f}, test accuracy {m['test_accuracy'][0]:.4f} ± "
           f"{m['test_accuracy'][1]:.4f}, reported ε {m['odometer_epsilon_at_stop'][0]:.3f} ± "
           f"{m['odometer_epsilon_at_stop'][1]:.3f} (δ = {args.delta:g})")
-    print(f"the full {planned}-epoch run: ε = {summary['full_run_nonadaptive_epsilon']:.3f} "
+    print(f"the full {planned}-epoch run: ε = {up(summary['full_run_nonadaptive_epsilon'])} "
           f"(non-adaptive RDP, valid only if all {planned} epochs are committed to in advance), "
           f"{up(summary['full_run_odometer_epsilon'])} (odometer)")
     print(f"reported ε at the stop ÷ the full run's non-adaptive ε: mean {ratio.mean():.3f} "
@@ -162,7 +162,7 @@ def main(argv=None) -> dict:
     write_outputs("early_stopping_odometer", rows, summary)
     plot_epsilon(png, {"fine-tuning": trace0}, None,
                  f"early stopping under an odometer (seed 0); full plan ε = "
-                 f"{summary['full_run_nonadaptive_epsilon']:.2f}")
+                 f"{up(summary['full_run_nonadaptive_epsilon'], 2)}")
     print(f"wrote {png} and early_stopping_odometer.csv/.json ({time.time() - start:.0f} s)")
     return summary
 

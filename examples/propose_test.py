@@ -151,7 +151,8 @@ def main(argv=None) -> dict:
           f"(running ε after tuning {up(real['tuning_running_epsilon'])}; the paper's "
           f"worst-case bound for the tuning alone: {up(real['worst_case_tuning_epsilon'])}, rounded up)")
     print(f"   final DP-SGD: {real['final_epochs']} epochs, test accuracy "
-          f"{real['test_accuracy']:.4f}; total ε = {up(real['total_epsilon'])} at δ = {DELTA:g}")
+          f"{real['test_accuracy']:.4f}; the filter's target, which it guarantees for tuning "
+          f"and training together: ε = {up(real['total_epsilon'])} at δ = {DELTA:g}")
     summary = {"simulation": {"seeds": args.seeds, "mean_rounds": float(r.mean()),
                               "max_rounds": int(r.max()),
                               "growth": {str(g): v for g, v in sim["growth"].items()}},

@@ -15,8 +15,6 @@ Each test failed before its fix:
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -60,8 +58,7 @@ def test_the_naive_epsilon_after_one_charge_is_still_the_conversion():
 def test_the_engine_warning_after_a_retarget_states_the_delta_fixed_first(tmp_path):
     pytest.importorskip("opacus")
     from test_opacus_integration import make_private
-
-    from privguard.integrations.opacus import AccountantWarning, attach
+    from test_review_rnw import _engine_warning
 
     path = str(tmp_path / "l.db")
     first = Ledger(6.0, 1e-6, path=path)
@@ -69,13 +66,7 @@ def test_the_engine_warning_after_a_retarget_states_the_delta_fixed_first(tmp_pa
     first.close()
     ledger = Ledger(6.0, 1e-3, path=path, retarget="looser δ, after outputs")
     engine, _model, opt, loader = make_private(accountant="prv")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        attach(opt, ledger, data_loader=loader, privacy_engine=engine)
-    about = [str(w.message) for w in caught if issubclass(w.category, AccountantWarning)
-             and "engine.get_epsilon" in str(w.message)]
-    assert len(about) == 1
-    text = about[0]
+    _handle, text = _engine_warning(engine, opt, loader, ledger)
     # the δ the ledger was created with, and the running ε there: what guarantee() states
     assert ledger.guarantee().delta == 1e-6
     assert "engine.get_epsilon(1e-06)" in text and "engine.get_epsilon(0.001)" not in text

@@ -327,6 +327,10 @@ def test_a_version_2_checkpoint_whose_fixed_choices_differ_is_replayed(tmp_path,
     M.AccumulatedSubsampledGaussian(1.0, 0.01, 4).to_dict(),
     M.RepeatAndSelect(M.SubsampledGaussian(1.0, 0.01), Poisson(0.5)).to_dict(),
     M.Composed((M.Gaussian(2.0), M.SubsampledGaussian(1.0, 0.01))).to_dict(),
+    # review radv8 (curve version 8): the Gaussian's α/(2σ²) and zCDP's ρα rounded up
+    M.RandomAllocation(1.0, 100).to_dict(),
+    M.Gaussian(1e149).to_dict(),
+    M.Composed((M.Laplace(1.0), M.PureDP(0.5), M.ZCDP(0.1))).to_dict(),
 ])
 def test_changed_fails_closed(data):
     from privguard._stores._resumable import changed
@@ -335,11 +339,10 @@ def test_changed_fails_closed(data):
 
 
 @pytest.mark.parametrize("data", [
-    M.RandomAllocation(1.0, 100).to_dict(),  # only the Gaussian bound of _sgm (task sg)
-    M.Gaussian(1e149).to_dict(),
+    M.Laplace(1e149).to_dict(),
     {"shares": {"type": "Concentrated", "params": {"share": 0.9, "order": None}},
      "base": [1e300, float("inf")]},
-    M.Composed((M.Laplace(1.0), M.PureDP(0.5), M.ZCDP(0.1))).to_dict(),
+    M.Composed((M.Laplace(1.0), M.PureDP(0.5))).to_dict(),
 ])
 def test_changed_passes_what_did_not_change(data):
     from privguard._stores._resumable import changed

@@ -69,10 +69,18 @@ def test_adaptive_noise_both_policies_report_the_same_filter():
     assert os.path.getsize(os.path.join(EXAMPLES, "out", "adaptive_noise.png")) > 0
 
 
-def test_early_stopping_reports_the_odometer_at_the_stop():
+def test_early_stopping_reports_the_odometer_at_the_stop(capsys):
     import early_stopping_odometer as ex
+    from _fmt import up
 
-    ex.main(["--quick"])
+    summary = ex.main(["--quick"])
+    # the non-adaptive comparison is printed as a bound too: rounded up (task lo9)
+    out = capsys.readouterr().out
+    printed = out.split("-epoch run: ε = ")[1].split()[0]
+    assert printed == up(summary["full_run_nonadaptive_epsilon"])  # not f"{x:.3f}"
+    assert float(printed) >= summary["full_run_nonadaptive_epsilon"]
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["0"])
+    assert row[7] == printed  # seed 0's row, its non-adaptive column
     rows = list(csv.DictReader(open(os.path.join(EXAMPLES, "out", "early_stopping_odometer.csv"))))
     assert len(rows) == 1
     r = rows[0]
@@ -117,10 +125,13 @@ def test_tune_random_k_selects_from_the_grid_and_beats_naive_composition(capsys)
     assert running >= summary["ledger_running_epsilon"]
 
 
-def test_propose_test_example():
+def test_propose_test_example(capsys):
     import propose_test
 
     summary = propose_test.main(["--quick"])
+    # the target the filter guarantees is not called a total (a spent ε): task lo9
+    out = capsys.readouterr().out
+    assert "total ε" not in out and "the filter's target" in out
     sim, real = summary["simulation"], summary["digits"]
     assert sim["max_rounds"] <= 201 and sim["mean_rounds"] > 1
     means = [v[1] for v in sim["growth"].values()]

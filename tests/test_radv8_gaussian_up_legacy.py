@@ -103,9 +103,9 @@ def test_the_case_is_a_flip_of_the_concentrated_order():
     assert old != new
 
 
-def test_a_ledger_fixed_with_the_nearest_curves_opens(tmp_path):
-    path = tmp_path / "old.db"
-    _write_old(path, EPSILON, DELTA, PLAN_SIGMA, 30.0)
+def opens_and_goes_on(path) -> None:
+    """Open the ledger at ``path`` (one charge in it) and charge once more (also used by
+    tests/test_lo9_composed_version_7.py)."""
     ledger = Ledger.open(str(path))  # refused without pre_gaussian_up: "the choices fixed ..."
     try:
         assert len(ledger.history) == 1
@@ -113,6 +113,12 @@ def test_a_ledger_fixed_with_the_nearest_curves_opens(tmp_path):
         assert len(ledger.history) == 2
     finally:
         ledger.close()
+
+
+def test_a_ledger_fixed_with_the_nearest_curves_opens(tmp_path):
+    path = tmp_path / "old.db"
+    _write_old(path, EPSILON, DELTA, PLAN_SIGMA, 30.0)
+    opens_and_goes_on(path)
 
 
 # a charge admitted at the edge of its budget with the nearest curves, refused with today's

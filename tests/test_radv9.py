@@ -131,19 +131,13 @@ def test_the_engine_warning_claims_no_filter_for_a_ledger_without_a_target(make)
     while the filter's guarantee holds" for a ledger with no (ε, δ) target."""
     pytest.importorskip("opacus")
     from test_opacus_integration import make_private
-
-    from privguard.integrations.opacus import AccountantWarning, attach
+    from test_review_rnw import _engine_warning
 
     ledger = make()
     assert ledger.target is None
     engine, _model, opt, loader = make_private(accountant="prv")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        handle = attach(opt, ledger, data_loader=loader, privacy_engine=engine)
-    about = [str(w.message) for w in caught if issubclass(w.category, AccountantWarning)
-             and "engine.get_epsilon" in str(w.message)]
-    assert len(about) == 1
-    assert "filter's guarantee" not in about[0] and "no (ε, δ) target" in about[0], about[0]
+    handle, text = _engine_warning(engine, opt, loader, ledger)
+    assert "filter's guarantee" not in text and "no (ε, δ) target" in text, text
     assert ledger.guarantee().kind == "odometer"
     handle.detach()
 

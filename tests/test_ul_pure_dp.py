@@ -90,6 +90,6 @@ def test_a_version_5_checkpoint_is_resumed_from_unless_a_curve_task_ul_changed_i
         params = {"base": pure(0.5), "runs": tnb, **({"C": 2.0, "c": 0.5} if kind == "DPHyPO"
                                                      else {})}
         assert changed({"type": kind, "params": params}, 5)
-    assert not changed(M.RepeatAndSelect(M.Gaussian(1.0), _tnb(1.0)).to_dict(), 5)
+    assert not changed(M.RepeatAndSelect(M.Laplace(1.0), _tnb(1.0)).to_dict(), 5)
     assert changed(M.SubsampledGaussian(1.0, 0.01).to_dict(), 5)  # task sg's, version 6 too
     assert changed({"type": "Composed", "params": {"parts": [pure(1e-200)]}}, 5)

@@ -65,10 +65,9 @@ from typing import Any
 RESUMABLE: frozenset[int] = frozenset()
 """The older curve versions whose checkpoints may be resumed from where :func:`changed`
 says no row before them changed: none since version 7 (task sr). Version 8 (review radv8)
-rounds up the Gaussian's α/(2σ²) and zCDP's ρα: ``Gaussian``, ``ZCDP``,
-``RandomAllocation`` and a subsampled Gaussian at q = 1 changed since every older
-version, which :data:`UNCHANGED_SINCE` does not record (a version added here must first
-remove those types from it). Version 7 sums the
+rounds up the Gaussian's α/(2σ²) and zCDP's ρα: :data:`GAUSSIAN_UP_CHANGED` changed since
+every older version, and :data:`UNCHANGED_SINCE` leaves them out of every version (task
+lo9). Version 7 sums the
 journal's spent curve rounding every product and sum up (docs/theory.md §6, "Rounding up");
 a checkpoint of versions 2 to 6 holds spent totals summed to nearest, which may lie up to
 about an ulp per run below the exact sum of the charged curves, whatever its mechanisms, so
@@ -106,16 +105,25 @@ VERSION_5 = MECHANISMS | {"Poisson", "TruncatedNegativeBinomial", "SubsetTuning"
 """The types whose curves version 5 wrote as they are (versions 2–4 counted the last three
 changed: review al), ``PureDP`` at every ε₀ (task cv's rule was version 5's)."""
 
-UNCHANGED_SINCE = {2: MECHANISMS - SG_CHANGED, 3: MECHANISMS - SG_CHANGED,
-                   4: MECHANISMS - SG_CHANGED,
-                   5: VERSION_5 - SG_CHANGED - {"Poisson"}}  # tasks sg and lo4
+GAUSSIAN_UP_CHANGED = frozenset({"Gaussian", "ZCDP", "RandomAllocation"})
+"""Review radv8 (curve version 8): the Gaussian's α/(2σ²) (``_curves._sgm.gaussian_bound``,
+used by ``Gaussian`` and ``RandomAllocation``, and by the subsampled Gaussian at q = 1 and
+``AccumulatedSubsampledGaussian``, already in :data:`SG_CHANGED`) and zCDP's ρα are rounded
+up, up to 2 ulps above the older values: changed for every older version (task lo9)."""
+
+UNCHANGED_SINCE = {2: MECHANISMS - SG_CHANGED - GAUSSIAN_UP_CHANGED,
+                   3: MECHANISMS - SG_CHANGED - GAUSSIAN_UP_CHANGED,
+                   4: MECHANISMS - SG_CHANGED - GAUSSIAN_UP_CHANGED,
+                   5: VERSION_5 - SG_CHANGED - GAUSSIAN_UP_CHANGED - {"Poisson"}}
+# tasks sg, lo4 and lo9 (review radv8)
 """Per older curve version (:data:`RESUMABLE`): the types (mechanisms and laws of runs) whose
 curves are the same floats today as when a checkpoint of that version was written. Version
 4 adds ``Poisson``: its last change (a05d7b9) precedes version 4 (review ral). Version 5 adds
 review al's types. Task sg removes :data:`SG_CHANGED` from every version. Task lo4 (version
 7) rounds the Poisson law's δ̂ up (docs/theory.md §7, "Rounding of δ̂"): ``Poisson`` counts as
 changed for every older version again (none is resumed from since version 7 anyway:
-:data:`RESUMABLE`)."""
+:data:`RESUMABLE`). Review radv8 (version 8) removes :data:`GAUSSIAN_UP_CHANGED` from every
+version (task lo9)."""
 
 PURE_DP_CHANGED = frozenset({2, 3, 4})
 """The older versions for which task cv's ``PureDP`` rule (ε₀ ≥ 40) counts as a change
@@ -165,8 +173,10 @@ def changed(data: Any, version: int = 2) -> bool:
     see the module; anything else counts as changed). Iterative: no recursion limit.
 
     Example:
-        >>> changed({"type": "Gaussian", "params": {"noise_multiplier": 1.0}})
+        >>> changed({"type": "Laplace", "params": {"scale": 1.0}})
         False
+        >>> changed({"type": "Gaussian", "params": {"noise_multiplier": 1.0}})  # version 8
+        True
         >>> changed({"type": "SubsampledGaussian",
         ...          "params": {"noise_multiplier": 1.0, "sample_rate": 0.01, "steps": 1}}, 5)
         True
