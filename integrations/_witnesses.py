@@ -87,7 +87,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -99,7 +101,12 @@ from privguard._accounting._results import exact as _exact
 from privguard._accounting._results import lower as _down
 from privguard._accounting._results import stated_delta as _stated_delta
 from privguard._accounting._results import upper as _up
-from privguard._errors import InvalidArgumentError, PipelineMismatchError, PrivguardError
+from privguard._errors import (
+    InvalidArgumentError,
+    LedgerStateError,
+    PipelineMismatchError,
+    PrivguardError,
+)
 from privguard._mechanisms._reserve import DeltaReserve
 from privguard.integrations import _skips
 from privguard.integrations._inclusion import AllocationEpochs, InclusionCounts
@@ -189,6 +196,47 @@ def level(t: int, total: float = FALSE_ALARM) -> float:
     return total * 6.0 / (math.pi ** 2 * t * t)
 
 
+_UNCHARGED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Attach handles of this process whose δ reserve is sized and not yet charged (task wr2)."""
+
+
+def hold(handle: Any) -> None:
+    """Count ``handle``'s uncharged :class:`~privguard.mechanisms.DeltaReserve` (its
+    ``witness_reserve``) in every later :func:`reserve_for` on the same ledger, until it is
+    charged (``witness_reserve`` None) or the handle is gone."""
+    _UNCHARGED.add(handle)
+
+
+def _same_ledger(a: Any, b: Any) -> bool:
+    """One ledger object, or two opened on one file."""
+    if a is b:
+        return True
+    pa, pb = a.path, b.path
+    return pa is not None and pb is not None and os.path.realpath(pa) == os.path.realpath(pb)
+
+
+def _reserves_before(ledger: Any) -> float:
+    """log Π (1 − r_j) over the δ reserves already set aside on ``ledger``: every
+    :class:`~privguard.mechanisms.DeltaReserve` charge in its journal (as many times as charged)
+    and every reserve sized by an earlier attach of this process and not yet charged
+    (docs/theory.md §16.2, Proposition 16.4b). Fail closed: a journal whose runs cannot be
+    read raises :class:`~privguard.LedgerStateError`."""
+    try:
+        with ledger._synced(write=False):
+            runs = ledger._acc.journal.runs()
+    except LedgerStateError as exc:
+        raise LedgerStateError(
+            f"witnesses=True needs the δ reserves already set aside on this ledger, and its "
+            f"journal cannot be read ({exc}); nothing was attached (docs/theory.md §16.2)") from exc
+    log_kept = sum(run.count * math.log1p(-run.mechanism.share) for run in runs
+                   if isinstance(run.mechanism, DeltaReserve))
+    for handle in list(_UNCHARGED):
+        reserve = handle.witness_reserve
+        if isinstance(reserve, DeltaReserve) and _same_ledger(handle.ledger, ledger):
+            log_kept += math.log1p(-reserve.share)
+    return log_kept
+
+
 def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     """The false-alarm budget α of each statistical witness and the charge that pays for it.
 
@@ -199,10 +247,15 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     (docs/theory.md §16.2, Propositions 16.1 and 16.4); α is also at most
     :data:`FALSE_ALARM`. After a retarget δ is the smaller of the target's and the one the
     ledger was created with, at which its odometer is stated (§16.5, Proposition 16.6).
+    The k-th witnessed attach on one ledger (task wr2) has ``(1 + e^ε)·a ≤ r·δ·Π_{j<k}(1 − r_j)``
+    over the reserves already charged in its journal or sized by an earlier attach of this
+    process (Proposition 16.4b): the reserves and the alarms then add to at most δ.
 
     Raises:
         InvalidArgumentError: the ledger has no (ε, δ) target (an odometer or
             an RDP budget): the δ of the false alarms has nothing to come from.
+        LedgerStateError: the ledger's journal cannot be read (the reserves already set aside
+            are unknown).
 
     Example:
         >>> from privguard import Ledger
@@ -226,14 +279,17 @@ def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:
     stated = _stated_delta(ledger._acc)
     if stated is not None:
         delta = min(delta, stated)
-    # log a = log(r·δ) − log(1 + e^ε), in log space (no overflow for a large ε)
-    log_a = math.log(DELTA_SHARE * delta) - float(np.logaddexp(0.0, epsilon))
+    # log a = log(r·δ·Π_{j<k}(1 − r_j)) − log(1 + e^ε), in log space (no overflow for a large
+    # ε): the k-th reserve's share of δ (docs/theory.md §16.2, Proposition 16.4b; task wr2: each
+    # attach took r·δ, and two added δ(1 + r²))
+    log_a = (math.log(DELTA_SHARE * delta) + _reserves_before(ledger)
+             - float(np.logaddexp(0.0, epsilon)))
     alpha = min(FALSE_ALARM, math.exp(log_a) / STATISTICAL * (1.0 - 1e-9))
     if not alpha > 0.0:
         raise InvalidArgumentError(
             "witnesses", True,
             f"cannot be paid for at the target ε = {_exact(epsilon)}: the false-alarm budget "
-            f"r·δ/(1+e^ε) underflows")
+            f"r·δ·Π(1 − r_j)/(1+e^ε) underflows")
     return alpha, DeltaReserve(share=DELTA_SHARE, min_order=float(ledger.orders[0]))
 
 

@@ -339,13 +339,13 @@ def test_witnesses_need_a_target_and_change_nothing_when_refused():
 def test_delta_reserve_is_charged_once_after_the_first_step():
     model, opt, loader, crit = pipeline()
     ledger = Ledger(epsilon=EPSILON, delta=DELTA)
+    alpha, reserve = reserve_for(ledger)  # before: a later attach sizes after this reserve (wr2)
     handle = attach(opt, ledger, data_loader=loader, witnesses=True)
     assert len(ledger.history) == 0  # nothing at attach
     run(model, opt, loader, crit, 4)
     kinds = [type(r.mechanism) for r in ledger.history]
     assert kinds == [SubsampledGaussian, DeltaReserve] + [SubsampledGaussian] * 3
     assert isinstance(ledger.plan.step, SubsampledGaussian)  # the plan is the step
-    alpha, reserve = reserve_for(ledger)
     assert ledger.history[1].mechanism == reserve and handle.witnesses.false_alarm == alpha
     # Proposition 16.4 + 16.1: the alarms' δ fits in the share set aside
     assert STATISTICAL * alpha * (1 + math.exp(EPSILON)) <= DELTA_SHARE * DELTA
