@@ -89,6 +89,7 @@ import functools
 import math
 import os
 import random
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -200,11 +201,18 @@ _UNCHARGED: weakref.WeakSet[Any] = weakref.WeakSet()
 """Attach handles of this process whose δ reserve is sized and not yet charged (task wr2)."""
 
 
+_SIZING = threading.RLock()
+"""Held across one attach's :func:`reserve_for` and :func:`hold` (and every read of
+:data:`_UNCHARGED`): two threads attaching at once would otherwise both size as first."""
+
+
 def hold(handle: Any) -> None:
     """Count ``handle``'s uncharged :class:`~privguard.mechanisms.DeltaReserve` (its
     ``witness_reserve``) in every later :func:`reserve_for` on the same ledger, until it is
-    charged (``witness_reserve`` None) or the handle is gone."""
-    _UNCHARGED.add(handle)
+    charged (``witness_reserve`` None) or the handle is gone. Call it under :data:`_SIZING`,
+    in the same block as the :func:`reserve_for` that sized it."""
+    with _SIZING:
+        _UNCHARGED.add(handle)
 
 
 def _same_ledger(a: Any, b: Any) -> bool:
@@ -221,6 +229,14 @@ def _reserves_before(ledger: Any) -> float:
     and every reserve sized by an earlier attach of this process and not yet charged
     (docs/theory.md §16.2, Proposition 16.4b). Fail closed: a journal whose runs cannot be
     read raises :class:`~privguard.LedgerStateError`."""
+    # the uncharged reserves first, then the journal: a reserve another thread's first step
+    # charges in between is counted twice (fewer false alarms: safe), never missed (review
+    # of task wr2: read the other way round, it was counted in neither)
+    with _SIZING:
+        pending = [handle.witness_reserve for handle in list(_UNCHARGED)
+                   if _same_ledger(handle.ledger, ledger)]
+    log_kept = sum(math.log1p(-reserve.share) for reserve in pending
+                   if isinstance(reserve, DeltaReserve))
     try:
         with ledger._synced(write=False):
             runs = ledger._acc.journal.runs()
@@ -228,13 +244,8 @@ def _reserves_before(ledger: Any) -> float:
         raise LedgerStateError(
             f"witnesses=True needs the δ reserves already set aside on this ledger, and its "
             f"journal cannot be read ({exc}); nothing was attached (docs/theory.md §16.2)") from exc
-    log_kept = sum(run.count * math.log1p(-run.mechanism.share) for run in runs
-                   if isinstance(run.mechanism, DeltaReserve))
-    for handle in list(_UNCHARGED):
-        reserve = handle.witness_reserve
-        if isinstance(reserve, DeltaReserve) and _same_ledger(handle.ledger, ledger):
-            log_kept += math.log1p(-reserve.share)
-    return log_kept
+    return log_kept + sum(run.count * math.log1p(-run.mechanism.share) for run in runs
+                          if isinstance(run.mechanism, DeltaReserve))
 
 
 def reserve_for(ledger: Any) -> tuple[float, DeltaReserve]:

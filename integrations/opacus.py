@@ -134,7 +134,7 @@ from privguard.integrations._recorded import (
     total_steps,
 )
 from privguard.integrations._sampling import NonPoissonSamplingError, PoissonUnverifiedWarning
-from privguard.integrations._witnesses import Witnesses, hold, reserve_for
+from privguard.integrations._witnesses import _SIZING, Witnesses, hold, reserve_for
 
 try:  # opacus is a runtime dependency of privguard
     from opacus.accountants.accountant import IAccountant
@@ -1214,9 +1214,10 @@ def attach(
             size = None if dataset is None else len(dataset)
         except TypeError:
             size = None
-        alpha, handle.witness_reserve = reserve_for(ledger)  # docs/theory.md §16.2
-        if coordinator is None:  # a later attach on this ledger counts it (task wr2, Prop. 16.4b)
-            hold(handle)
+        with _SIZING:  # sized and held in one block: another thread's attach
+            alpha, handle.witness_reserve = reserve_for(ledger)  # waits (docs/theory.md §16.2)
+            if coordinator is None:  # later attaches on this ledger count it (task wr2, 16.4b)
+                hold(handle)
         if ledger._acc.config.filter == "hybrid":
             warnings.warn("witnesses=True with the hybrid filter: the δ reserve for the "
                           "witnesses' false alarms is not the plan's step, so the run leaves its "

@@ -101,3 +101,32 @@ def test_an_unreadable_journal_refuses_the_attach(monkeypatch):
     assert "clip_and_accumulate" not in vars(opt)
     with pytest.raises(LedgerStateError):
         ledger.charge(DeltaReserve(share=1e-3, min_order=float(ledger.orders[0])))
+
+
+def test_a_reserve_charged_while_the_journal_is_read_is_still_counted():
+    """Review of task wr2: another thread's first step can charge its reserve while a second
+    attach reads the journal. Read before that charge, the journal misses it; scanned after,
+    the uncharged handles miss it too, and the second attach sized as first. The uncharged
+    reserves are now read before the journal (a reserve charged in between counts twice)."""
+    ledger = Ledger(epsilon=EPSILON, delta=DELTA)
+    first = pipeline(seed=2)
+    h1 = attach(first[1], ledger, data_loader=first[2], witnesses=True)
+    read, calls = ledger._acc.journal.runs, []
+
+    def runs_then_charge():  # what the other thread's first step does at this moment
+        runs = read()
+        calls.append(1)
+        if len(calls) == 2 and h1.witness_reserve is not None:  # attach's sizing read (the
+            h1._charge_reserve()  # first is its early check that the ledger has a target)
+        return runs
+
+    ledger._acc.journal.runs = runs_then_charge
+    try:
+        second = pipeline(seed=3)
+        h2 = attach(second[1], ledger, data_loader=second[2], witnesses=True)
+    finally:
+        del ledger._acc.journal.runs
+    assert len(calls) == 2 and h1.witness_reserve is None  # charged during the sizing read
+    assert h2.witnesses.false_alarm < h1.witnesses.false_alarm
+    run(*second, 1)
+    assert _total_delta(ledger, [h1, h2]) <= DELTA
